@@ -1,0 +1,3 @@
+"""shoal's compute core: tensors on numpy or cupy, autograd, nn, optim, CUDA kernels."""
+
+from core.errors import ShoalError  # noqa: F401
