@@ -1,0 +1,93 @@
+"""TCPStore basics: construction, master/worker joining, errors that name the server."""
+
+import socket
+import threading
+
+import pytest
+
+from collectives.api import StoreError, StoreTimeout
+from collectives.store_tcp import TCPStore
+
+
+def test_master_picks_a_port_and_a_client_reaches_it():
+    with TCPStore("127.0.0.1", 0, is_master=True, timeout=5) as master:
+        assert master.port > 0 and master.host == "127.0.0.1"
+        with TCPStore("127.0.0.1", master.port, timeout=5) as client:
+            client.set("k", "v")
+            assert master.get("k") == b"v"
+
+
+def test_master_waits_for_world_size_and_names_how_many_joined():
+    with pytest.raises(StoreTimeout, match=r"waited 0.5s for 3 workers to join; only 1 joined\."):
+        TCPStore("127.0.0.1", 0, world_size=3, is_master=True, timeout=0.5)
+
+
+def test_master_returns_once_world_size_stores_joined():
+    # The master binds port 0, so a worker can only learn the port from a master built without
+    # waiting; the wait itself is exercised through the server's join counter.
+    master = TCPStore("127.0.0.1", 0, world_size=2, is_master=True, timeout=5,
+                      wait_for_workers=False)
+    try:
+        done = threading.Event()
+
+        def wait():
+            master._wait_for_workers(2, 5.0)
+            done.set()
+
+        t = threading.Thread(target=wait)
+        t.start()
+        assert not done.wait(0.2)
+        worker = TCPStore("127.0.0.1", master.port, timeout=5)
+        t.join(5)
+        assert done.is_set() and master.server.joined == 2
+        worker.close()
+    finally:
+        master.close()
+
+
+def _bound_not_listening():
+    """A port that refuses connections and that nobody else can take while we hold it."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    return sock, sock.getsockname()[1]
+
+
+def test_client_without_server_fails_naming_the_address():
+    placeholder, port = _bound_not_listening()
+    with placeholder, pytest.raises(StoreError, match=rf"could not reach the server at 127\.0\.0\.1:{port} within 0\.3s"):
+        TCPStore("127.0.0.1", port, timeout=0.3)
+
+
+def test_client_retries_until_the_server_comes_up():
+    placeholder, port = _bound_not_listening()
+    result = {}
+
+    def connect():
+        result["store"] = TCPStore("127.0.0.1", port, timeout=10)
+
+    t = threading.Thread(target=connect)
+    t.start()
+    assert t.is_alive()
+    placeholder.close()
+    late = TCPStore("127.0.0.1", port, is_master=True, timeout=5)
+    t.join(10)
+    result["store"].set("x", "1")
+    assert late.get("x") == b"1"
+    result["store"].close()
+    late.close()
+
+
+def test_closed_store_refuses_calls():
+    with TCPStore("127.0.0.1", 0, is_master=True, timeout=5) as store:
+        pass
+    with pytest.raises(StoreError, match=r"This TCPStore \(server 127\.0\.0\.1:\d+\) is closed\."):
+        store.set("k", "v")
+
+
+def test_bad_constructor_arguments():
+    with pytest.raises(ValueError, match="only the master may pass 0"):
+        TCPStore("127.0.0.1", 0)
+    with pytest.raises(ValueError, match="port must be an int in 0..65535, got 70000"):
+        TCPStore("127.0.0.1", 70000)
+    with pytest.raises(ValueError, match="world_size must be a positive int or None, got 0"):
+        TCPStore("127.0.0.1", 1, world_size=0)
