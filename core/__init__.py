@@ -1,3 +1,85 @@
 """shoal's compute core: tensors on numpy or cupy, autograd, nn, optim, CUDA kernels."""
 
-from core.errors import ShoalError  # noqa: F401
+from core import dtypes
+from core.tensor import Tensor  # first: it binds the ops as methods (core/ops/bind.py)
+from core.autograd import (
+    AutogradError,
+    RemovableHandle,
+    enable_grad,
+    is_grad_enabled,
+    no_grad,
+    set_grad_enabled,
+)
+from core.backend import Device
+from core.backend import Device as device
+from core.dtypes import DType, DTypeError, bfloat16, float16, float32, float64, int32, int64
+from core.dtypes import bool_ as bool  # noqa: A001 - torch's name (core.bool)
+from core.errors import DeviceError, ShapeError, ShoalError
+from core.ops.arith import add, div, mul, pow, sub  # noqa: A004
+from core.ops.creation import (
+    arange,
+    as_tensor,
+    empty,
+    empty_like,
+    eye,
+    from_numpy,
+    full,
+    full_like,
+    linspace,
+    ones,
+    ones_like,
+    rand,
+    randint,
+    randn,
+    randperm,
+    tensor,
+    zeros,
+    zeros_like,
+)
+from core.ops.interop import DLPackError, from_dlpack, to_dlpack
+from core.ops.linalg import matmul
+from core.ops.random import initial_seed, manual_seed
+from core.ops.reduce import (
+    amax,
+    amin,
+    argmax,
+    argmin,
+    log_softmax,
+    logsumexp,
+    max,  # noqa: A004
+    mean,
+    min,  # noqa: A004
+    softmax,
+    sum,  # noqa: A004
+)
+from core.ops.shape import (
+    cat,
+    chunk,
+    clone,
+    flatten,
+    maximum,
+    minimum,
+    permute,
+    reshape,
+    split,
+    squeeze,
+    stack,
+    transpose,
+    unsqueeze,
+    where,
+)
+from core.ops.unary import abs, clamp, exp, gelu, log, relu, sigmoid, sqrt, tanh  # noqa: A004
+
+# torch's dtype aliases (core.float is float32, as torch.float).
+half, float, double, long, int = float16, float32, float64, int64, int32  # noqa: A001
+
+# nn and optim belong to another part of the tree and may not exist yet in a partial checkout;
+# import them only once their packages are real (this guard can go when both have landed).
+import os as _os  # noqa: E402
+
+_here = _os.path.dirname(__file__)
+if _os.path.exists(_os.path.join(_here, "nn", "__init__.py")):
+    from core import nn  # noqa: E402
+if _os.path.exists(_os.path.join(_here, "optim", "__init__.py")):
+    from core import optim  # noqa: E402
+del _os, _here

@@ -1,0 +1,102 @@
+"""torch-named dtypes over numpy dtypes.
+
+bfloat16: numpy has no bfloat16, so shoal uses `ml_dtypes.bfloat16` (the numpy extension type
+JAX and TensorFlow use). Its arrays are ordinary numpy arrays whose elementwise math numpy runs
+through ml_dtypes' ufunc loops (matmul included, slower than float32). cupy has no bfloat16
+type, so asking for bfloat16 on a cuda device raises `DTypeError`; cast to float16 or float32
+there.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from core.errors import ShoalError
+
+
+class DTypeError(ShoalError, TypeError):
+    """A dtype shoal does not know, or one the chosen device cannot hold."""
+
+
+class DType:
+    """A tensor element type, named as in torch (`core.float32`); wraps a numpy dtype."""
+
+    __slots__ = ("name", "np", "is_floating_point", "itemsize")
+
+    def __init__(self, name: str, np_dtype: Any, is_floating_point: bool) -> None:
+        self.name = name
+        self.np = np.dtype(np_dtype)
+        self.is_floating_point = is_floating_point
+        self.itemsize = self.np.itemsize
+
+    def __repr__(self) -> str:
+        return f"core.{self.name}"
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, DType):
+            return self is other
+        try:
+            return get(other) is self  # type: ignore[arg-type]
+        except DTypeError:
+            return False
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+    def __reduce__(self) -> Any:
+        return (get, (self.name,))
+
+
+float16 = DType("float16", np.float16, True)
+bfloat16 = DType("bfloat16", ml_dtypes.bfloat16, True)
+float32 = DType("float32", np.float32, True)
+float64 = DType("float64", np.float64, True)
+int32 = DType("int32", np.int32, False)
+int64 = DType("int64", np.int64, False)
+bool_ = DType("bool", np.bool_, False)
+# Types numpy produces that have no shoal name still get a DType so `.dtype` never fails.
+uint8 = DType("uint8", np.uint8, False)
+int8 = DType("int8", np.int8, False)
+int16 = DType("int16", np.int16, False)
+
+ALL = (float16, bfloat16, float32, float64, int32, int64, bool_, uint8, int8, int16)
+_BY_NP = {d.np: d for d in ALL}
+_BY_NAME = {d.name: d for d in ALL}
+_BY_NAME.update(half=float16, float=float32, double=float64, long=int64, int=int32)
+
+
+def get(spec: Any) -> DType:
+    """Resolve a DType, a name ('float32'), or a numpy dtype/type to a shoal DType."""
+    if isinstance(spec, DType):
+        return spec
+    if isinstance(spec, str):
+        found = _BY_NAME.get(spec.removeprefix("core.").removeprefix("torch."))
+        if found is None:
+            raise DTypeError(f"Unknown dtype {spec!r}; shoal knows {sorted(_BY_NAME)}.")
+        return found
+    try:
+        return _BY_NP[np.dtype(spec)]
+    except (TypeError, KeyError) as exc:
+        raise DTypeError(f"Unsupported dtype {spec!r}; shoal knows {sorted(_BY_NAME)}.") from exc
+
+
+def from_np(np_dtype: Any) -> DType:
+    """The shoal DType of a numpy (or cupy) array's dtype."""
+    found = _BY_NP.get(np_dtype)
+    if found is None:
+        return get(np_dtype)
+    return found
+
+
+def to_np(spec: Any, device_type: str = "cpu") -> np.dtype:
+    """The numpy dtype to allocate `spec` with on a device type, refusing bfloat16 on cuda."""
+    dt = get(spec)
+    if device_type == "cuda" and dt is bfloat16:
+        raise DTypeError(
+            "cupy has no bfloat16 type, so shoal cannot hold bfloat16 on a cuda device; "
+            "use float16 or float32 there."
+        )
+    return dt.np

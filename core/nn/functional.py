@@ -1,0 +1,64 @@
+"""torch.nn.functional's names over shoal's ops (imported as `core.nn.functional`, or F)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from core.ops import reduce as _reduce
+from core.ops import unary as _unary
+from core.ops.nn import (  # noqa: F401 - re-exported public names
+    cross_entropy,
+    dropout,
+    embedding,
+    layer_norm,
+    linear,
+    mse_loss,
+    nll_loss,
+)
+from core.tensor import Tensor
+
+__all__ = [
+    "linear",
+    "relu",
+    "gelu",
+    "sigmoid",
+    "tanh",
+    "softmax",
+    "log_softmax",
+    "dropout",
+    "cross_entropy",
+    "nll_loss",
+    "mse_loss",
+    "layer_norm",
+    "embedding",
+]
+
+
+def relu(input: Tensor, inplace: bool = False) -> Tensor:  # noqa: A002 - torch's name
+    """max(x, 0); `inplace` is accepted for torch compatibility and ignored."""
+    return _unary.relu(input)
+
+
+def gelu(input: Tensor, approximate: str = "none") -> Tensor:  # noqa: A002
+    """GELU, exact (erf) or approximate='tanh'."""
+    return _unary.gelu(input, approximate)
+
+
+def sigmoid(input: Tensor) -> Tensor:  # noqa: A002
+    """The logistic function."""
+    return _unary.sigmoid(input)
+
+
+def tanh(input: Tensor) -> Tensor:  # noqa: A002
+    """Hyperbolic tangent."""
+    return _unary.tanh(input)
+
+
+def softmax(input: Tensor, dim: int = -1, dtype: Any = None) -> Tensor:  # noqa: A002
+    """Softmax along dim."""
+    return _reduce.softmax(input if dtype is None else input.to(dtype), dim)
+
+
+def log_softmax(input: Tensor, dim: int = -1, dtype: Any = None) -> Tensor:  # noqa: A002
+    """Log-softmax along dim."""
+    return _reduce.log_softmax(input if dtype is None else input.to(dtype), dim)

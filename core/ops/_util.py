@@ -1,0 +1,131 @@
+"""Helpers every op uses: wrapping results (and recording the graph), broadcasting, scalars."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from core import autograd, backend
+from core.autograd import Node
+from core.errors import ShapeError
+from core.tensor import Tensor
+
+_new = object.__new__
+_mode = autograd._mode
+
+
+def wrap(data: Any) -> Tensor:
+    """A new tensor around `data` with no graph (the fast path of Tensor(data))."""
+    out = _new(Tensor)
+    out.data = data
+    out.grad = None
+    out.requires_grad = False
+    out.grad_fn = None
+    out._hooks = None
+    out._post_hooks = None
+    out._retains_grad = False
+    return out
+
+
+def result(data: Any, name: str, backward: Callable, inputs: tuple) -> Tensor:
+    """Wrap an op's output; record a Node when grad mode is on and an input requires grad.
+
+    `inputs` may hold non-tensors (Python scalars, arrays): they become None in the node, and
+    the backward closure returns None (or anything; it is ignored) in their place.
+    """
+    out = _new(Tensor)
+    out.data = data
+    out.grad = None
+    out.requires_grad = False
+    out.grad_fn = None
+    out._hooks = None
+    out._post_hooks = None
+    out._retains_grad = False
+    if _mode.enabled:
+        for t in inputs:
+            if t.__class__ is not Tensor and not isinstance(t, Tensor):
+                continue
+            if t.requires_grad:
+                out.requires_grad = True
+                out.grad_fn = Node(
+                    name,
+                    backward,
+                    tuple(i if isinstance(i, Tensor) else None for i in inputs),
+                )
+                break
+    return out
+
+
+class UnsupportedOperand(TypeError):
+    """An operand a tensor op cannot take; operators turn it into NotImplemented."""
+
+
+def needs_grad(x: Any) -> bool:
+    """True when x is a tensor that requires grad (so its gradient is worth computing)."""
+    return isinstance(x, Tensor) and x.requires_grad
+
+
+def val(x: Any) -> Any:
+    """An operand as the op sees it: a tensor's array, a Python scalar as is.
+
+    numpy scalars become Python scalars so that, as in torch, they do not promote a float32
+    tensor to float64 (numpy treats np.float64(2.0) as a strong type, 2.0 as a weak one).
+    """
+    if isinstance(x, Tensor):
+        return x.data
+    if isinstance(x, (int, float, bool)):
+        return x
+    if isinstance(x, np.generic):
+        return x.item()
+    if backend.is_array(x):
+        return x
+    if isinstance(x, (list, tuple)):
+        return np.asarray(x)
+    raise UnsupportedOperand(f"unsupported operand of type {type(x).__name__!r} for a tensor op")
+
+
+def shape_of(x: Any) -> tuple:
+    """The shape of an operand (() for a Python scalar)."""
+    return getattr(x, "shape", ())
+
+
+def unbroadcast(g: Any, shape: tuple) -> Any:
+    """Sum a broadcast gradient back down to `shape` (the inverse of numpy broadcasting)."""
+    if g.shape == shape:
+        return g
+    lead = g.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(
+        lead + i for i, n in enumerate(shape) if n == 1 and g.shape[lead + i] != 1
+    )
+    if not axes:
+        return g.reshape(shape)
+    return g.sum(axis=axes, keepdims=True).reshape(shape)
+
+
+def broadcast_error(op: str, a: Any, b: Any, exc: Exception) -> ShapeError:
+    """The ShapeError for operands that do not broadcast."""
+    return ShapeError(
+        f"{op}: cannot broadcast shapes {tuple(shape_of(a))} and {tuple(shape_of(b))} "
+        f"(trailing dimensions must match or be 1)."
+    )
+
+
+def norm_dims(dim: Any, ndim: int, op: str) -> tuple | None:
+    """Normalise a dim argument (int, tuple, None) to a tuple of non-negative axes."""
+    if dim is None:
+        return None
+    dims = (dim,) if isinstance(dim, int) else tuple(dim)
+    out = []
+    for d in dims:
+        if not -max(ndim, 1) <= d < max(ndim, 1):
+            raise ShapeError(
+                f"{op}: dimension {d} is out of range for a tensor of {ndim} dimensions."
+            )
+        out.append(d % max(ndim, 1))
+    return tuple(out)
+
+
+def xp_of(arr: Any) -> Any:
+    """numpy or cupy, whichever `arr` belongs to."""
+    return np if isinstance(arr, np.ndarray) else backend.array_module(arr)

@@ -1,0 +1,156 @@
+"""Elementwise arithmetic with broadcasting: + - * / pow neg, and comparisons (no grad)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from core.ops._util import UnsupportedOperand, broadcast_error, needs_grad, result, unbroadcast, val, wrap
+
+
+def add(x: Any, y: Any) -> Any:
+    """x + y."""
+    xd, yd = val(x), val(y)
+    try:
+        out = xd + yd
+    except ValueError as exc:
+        raise broadcast_error("add", xd, yd, exc) from exc
+
+    def backward(g: Any) -> tuple:
+        return (
+            unbroadcast(g, xd.shape) if needs_grad(x) else None,
+            unbroadcast(g, yd.shape) if needs_grad(y) else None,
+        )
+
+    return result(out, "AddBackward", backward, (x, y))
+
+
+def sub(x: Any, y: Any) -> Any:
+    """x - y."""
+    xd, yd = val(x), val(y)
+    try:
+        out = xd - yd
+    except ValueError as exc:
+        raise broadcast_error("sub", xd, yd, exc) from exc
+
+    def backward(g: Any) -> tuple:
+        return (
+            unbroadcast(g, xd.shape) if needs_grad(x) else None,
+            unbroadcast(-g, yd.shape) if needs_grad(y) else None,
+        )
+
+    return result(out, "SubBackward", backward, (x, y))
+
+
+def rsub(x: Any, y: Any) -> Any:
+    """y - x (the reflected form)."""
+    return sub(y, x)
+
+
+def mul(x: Any, y: Any) -> Any:
+    """x * y."""
+    xd, yd = val(x), val(y)
+    try:
+        out = xd * yd
+    except ValueError as exc:
+        raise broadcast_error("mul", xd, yd, exc) from exc
+
+    def backward(g: Any) -> tuple:
+        return (
+            unbroadcast(g * yd, xd.shape) if needs_grad(x) else None,
+            unbroadcast(g * xd, yd.shape) if needs_grad(y) else None,
+        )
+
+    return result(out, "MulBackward", backward, (x, y))
+
+
+def div(x: Any, y: Any) -> Any:
+    """x / y (true division)."""
+    xd, yd = val(x), val(y)
+    try:
+        out = xd / yd
+    except ValueError as exc:
+        raise broadcast_error("div", xd, yd, exc) from exc
+
+    def backward(g: Any) -> tuple:
+        return (
+            unbroadcast(g / yd, xd.shape) if needs_grad(x) else None,
+            unbroadcast(-g * out / yd, yd.shape) if needs_grad(y) else None,
+        )
+
+    return result(out, "DivBackward", backward, (x, y))
+
+
+def rdiv(x: Any, y: Any) -> Any:
+    """y / x (the reflected form)."""
+    return div(y, x)
+
+
+def pow(x: Any, y: Any) -> Any:  # noqa: A001 - torch's name
+    """x ** y; y may be a tensor or a Python number."""
+    xd, yd = val(x), val(y)
+    try:
+        out = xd**yd
+    except ValueError as exc:
+        raise broadcast_error("pow", xd, yd, exc) from exc
+
+    def backward(g: Any) -> tuple:
+        gx = gy = None
+        if needs_grad(x):
+            if isinstance(yd, (int, float)):
+                gx = g * (2 * xd) if yd == 2 else g * (yd * xd ** (yd - 1))
+            else:
+                gx = unbroadcast(g * (yd * xd ** (yd - 1)), xd.shape)
+        if needs_grad(y):
+            if isinstance(xd, (int, float)):
+                gy = g * (out * math.log(xd))
+            else:
+                gy = unbroadcast(g * (out * _xp_log(xd)), yd.shape)
+        return gx, gy
+
+    return result(out, "PowBackward", backward, (x, y))
+
+
+def rpow(x: Any, y: Any) -> Any:
+    """y ** x (the reflected form)."""
+    return pow(y, x)
+
+
+def _xp_log(a: Any) -> Any:
+    from core.ops._util import xp_of  # noqa: PLC0415
+
+    return xp_of(a).log(a)
+
+
+def neg(x: Any) -> Any:
+    """-x."""
+    out = -x.data
+
+    def backward(g: Any) -> tuple:
+        return (-g,)
+
+    return result(out, "NegBackward", backward, (x,))
+
+
+def _compare(op: str, fn: Any) -> Any:
+    def compare(x: Any, y: Any) -> Any:
+        try:
+            xd, yd = val(x), val(y)
+        except UnsupportedOperand:
+            return NotImplemented  # `t == None` falls back to identity, as in torch
+        try:
+            return wrap(fn(xd, yd))
+        except ValueError as exc:
+            raise broadcast_error(op, xd, yd, exc) from exc
+
+    compare.__name__ = op
+    compare.__doc__ = f"Elementwise {op}; a bool tensor without grad."
+    return compare
+
+
+eq = _compare("eq", lambda a, b: a == b)
+ne = _compare("ne", lambda a, b: a != b)
+lt = _compare("lt", lambda a, b: a < b)
+le = _compare("le", lambda a, b: a <= b)
+gt = _compare("gt", lambda a, b: a > b)
+ge = _compare("ge", lambda a, b: a >= b)

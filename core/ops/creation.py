@@ -1,0 +1,226 @@
+"""Tensor constructors as torch names them: tensor, zeros, ones, full, randn, rand, arange, ..."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from core import backend, dtypes
+from core.ops import random as _random
+from core.tensor import Tensor
+
+
+def _dims(size: Sequence) -> tuple:
+    if len(size) == 1 and isinstance(size[0], (tuple, list)):
+        return tuple(int(n) for n in size[0])
+    return tuple(int(n) for n in size)
+
+
+def _finish(data: Any, requires_grad: bool) -> Tensor:
+    return Tensor(data, requires_grad=requires_grad)
+
+
+def _target(dtype: Any, device: Any, default: Any = dtypes.float32) -> tuple:
+    dev = backend.device(device)
+    np_dtype = dtypes.to_np(default if dtype is None else dtype, dev.type)
+    return dev, np_dtype, backend.xp_for(dev)
+
+
+def tensor(data: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    """A new tensor holding a copy of data (lists, numbers, numpy/cupy arrays, tensors).
+
+    Python floats become float32 and ints int64, as in torch; arrays keep their dtype.
+    """
+    if isinstance(data, Tensor):
+        data = data.data
+    if backend.is_array(data):
+        src = data
+        dev = backend.device(device) if device is not None else backend.device_of(data)
+        np_dtype = dtypes.to_np(dtype if dtype is not None else data.dtype, dev.type)
+        arr = backend.to_device(src, dev)
+        arr = arr.astype(np_dtype, copy=arr is src)
+        return _finish(arr, requires_grad)
+    arr = np.asarray(data)
+    if dtype is None:
+        if arr.dtype == np.float64:
+            arr = arr.astype(np.float32)
+        elif arr.dtype.kind == "i":
+            arr = arr.astype(np.int64, copy=False)
+        elif arr.dtype.kind not in "fb":
+            raise dtypes.DTypeError(
+                f"tensor(): cannot make a tensor from data of numpy dtype {arr.dtype}."
+            )
+    else:
+        arr = arr.astype(dtypes.to_np(dtype), copy=False)
+    if device is not None:
+        dev = backend.device(device)
+        dtypes.to_np(dtypes.from_np(arr.dtype), dev.type)
+        arr = backend.to_device(arr, dev)
+    elif not arr.flags.owndata or arr is data:
+        arr = arr.copy()
+    return _finish(arr, requires_grad)
+
+
+def as_tensor(data: Any, dtype: Any = None, device: Any = None) -> Tensor:
+    """Like tensor(), but shares an array's memory when dtype and device already match."""
+    if isinstance(data, Tensor) and dtype is None and device is None:
+        return data
+    if backend.is_array(data) and (dtype is None or dtypes.get(dtype).np == data.dtype) and (
+        device is None or backend.device(device) == backend.device_of(data)
+    ):
+        return Tensor(data)
+    return tensor(data, dtype=dtype, device=device)
+
+
+def from_numpy(arr: np.ndarray) -> Tensor:
+    """A tensor sharing a numpy array's memory."""
+    return Tensor(arr)
+
+
+def zeros(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    """A tensor of zeros."""
+    dev, dt, xp = _target(dtype, device)
+    with backend.device_context(dev):
+        return _finish(xp.zeros(_dims(size), dtype=dt), requires_grad)
+
+
+def ones(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    """A tensor of ones."""
+    dev, dt, xp = _target(dtype, device)
+    with backend.device_context(dev):
+        return _finish(xp.ones(_dims(size), dtype=dt), requires_grad)
+
+
+def empty(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    """An uninitialised tensor."""
+    dev, dt, xp = _target(dtype, device)
+    with backend.device_context(dev):
+        return _finish(xp.empty(_dims(size), dtype=dt), requires_grad)
+
+
+def full(
+    size: Sequence[int], fill_value: Any, dtype: Any = None, device: Any = None,
+    requires_grad: bool = False,
+) -> Tensor:
+    """A tensor filled with fill_value (dtype inferred from it as torch does)."""
+    if dtype is None:
+        dtype = (
+            dtypes.bool_ if isinstance(fill_value, bool)
+            else dtypes.int64 if isinstance(fill_value, int) else dtypes.float32
+        )
+    dev, dt, xp = _target(dtype, device)
+    with backend.device_context(dev):
+        return _finish(xp.full(tuple(size), fill_value, dtype=dt), requires_grad)
+
+
+def _like(x: Tensor, dtype: Any, device: Any) -> tuple:
+    dev = backend.device(device) if device is not None else backend.device_of(x.data)
+    dt = dtypes.to_np(dtype, dev.type) if dtype is not None else x.data.dtype
+    return dev, dt, backend.xp_for(dev)
+
+
+def zeros_like(x: Tensor, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    """Zeros with x's shape (and dtype/device unless given)."""
+    dev, dt, xp = _like(x, dtype, device)
+    with backend.device_context(dev):
+        return _finish(xp.zeros(x.data.shape, dtype=dt), requires_grad)
+
+
+def ones_like(x: Tensor, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    """Ones with x's shape (and dtype/device unless given)."""
+    dev, dt, xp = _like(x, dtype, device)
+    with backend.device_context(dev):
+        return _finish(xp.ones(x.data.shape, dtype=dt), requires_grad)
+
+
+def empty_like(x: Tensor, dtype: Any = None, device: Any = None) -> Tensor:
+    """Uninitialised with x's shape (and dtype/device unless given)."""
+    dev, dt, xp = _like(x, dtype, device)
+    with backend.device_context(dev):
+        return _finish(xp.empty(x.data.shape, dtype=dt), False)
+
+
+def full_like(x: Tensor, fill_value: Any, dtype: Any = None, device: Any = None) -> Tensor:
+    """fill_value with x's shape (and dtype/device unless given)."""
+    dev, dt, xp = _like(x, dtype, device)
+    with backend.device_context(dev):
+        return _finish(xp.full(x.data.shape, fill_value, dtype=dt), False)
+
+
+def _random_float(kind: str, size: tuple, dtype: Any, device: Any, requires_grad: bool) -> Tensor:
+    dev, dt, xp = _target(dtype, device)
+    if np.dtype(dt).kind != "f" and dt != dtypes.bfloat16.np:
+        raise dtypes.DTypeError(f"{kind}: needs a floating point dtype, got {dtypes.from_np(dt)!r}.")
+    gen = _random.generator(xp, dev.index)
+    # numpy/cupy generators draw float32 or float64 directly; other floats are cast after.
+    draw = dt if dt in (np.float32, np.float64) else np.float32
+    with backend.device_context(dev):
+        if kind == "randn":
+            arr = gen.standard_normal(size, dtype=draw)
+        else:
+            arr = gen.random(size, dtype=draw)
+        if arr.dtype != dt:
+            arr = arr.astype(dt)
+    return _finish(arr, requires_grad)
+
+
+def randn(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    """Standard normal samples from the global generator (see manual_seed)."""
+    return _random_float("randn", _dims(size), dtype, device, requires_grad)
+
+
+def rand(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    """Uniform [0, 1) samples from the global generator (see manual_seed)."""
+    return _random_float("rand", _dims(size), dtype, device, requires_grad)
+
+
+def randint(
+    low: int, high: int | None = None, size: Sequence[int] = (), dtype: Any = None,
+    device: Any = None,
+) -> Tensor:
+    """Uniform integers in [low, high) (int64 by default)."""
+    if high is None:
+        low, high = 0, low
+    dev, dt, xp = _target(dtype, device, dtypes.int64)
+    gen = _random.generator(xp, dev.index)
+    with backend.device_context(dev):
+        arr = gen.integers(low, high, size=tuple(size)).astype(dt, copy=False)
+    return _finish(arr, False)
+
+
+def randperm(n: int, dtype: Any = None, device: Any = None) -> Tensor:
+    """A random permutation of 0..n-1."""
+    dev, dt, xp = _target(dtype, device, dtypes.int64)
+    gen = _random.generator(np, None)
+    arr = gen.permutation(n).astype(dt)
+    return _finish(backend.to_device(arr, dev), False)
+
+
+def arange(
+    start: Any, end: Any = None, step: Any = 1, dtype: Any = None, device: Any = None,
+    requires_grad: bool = False,
+) -> Tensor:
+    """Evenly spaced values in [start, end); int64 for integer arguments, else float32."""
+    if end is None:
+        start, end = 0, start
+    if dtype is None:
+        ints = all(isinstance(v, int) for v in (start, end, step))
+        dtype = dtypes.int64 if ints else dtypes.float32
+    dev, dt, xp = _target(dtype, device)
+    with backend.device_context(dev):
+        return _finish(xp.arange(start, end, step, dtype=dt), requires_grad)
+
+
+def linspace(start: float, end: float, steps: int, dtype: Any = None, device: Any = None) -> Tensor:
+    """`steps` evenly spaced values from start to end inclusive."""
+    dev, dt, xp = _target(dtype, device)
+    with backend.device_context(dev):
+        return _finish(xp.linspace(start, end, steps, dtype=dt), False)
+
+
+def eye(n: int, m: int | None = None, dtype: Any = None, device: Any = None) -> Tensor:
+    """The identity matrix."""
+    dev, dt, xp = _target(dtype, device)
+    with backend.device_context(dev):
+        return _finish(xp.eye(n, m, dtype=dt), False)

@@ -1,0 +1,336 @@
+"""Fused neural-network ops: linear, embedding, layer_norm, dropout, cross_entropy, mse_loss."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from core import backend
+from core.errors import ShapeError
+from core.ops import random as _random
+from core.ops._util import broadcast_error, needs_grad, result, unbroadcast, val, xp_of
+from core.tensor import Tensor
+
+_REDUCTIONS = ("mean", "sum", "none")
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """x @ weight.T + bias as one node; weight has shape (out_features, in_features)."""
+    xd, wd = x.data, weight.data
+    bd = None if bias is None else bias.data
+    if wd.ndim != 2 or xd.ndim == 0 or xd.shape[-1] != wd.shape[1]:
+        raise ShapeError(
+            f"linear: input of shape {tuple(xd.shape)} does not fit weight of shape "
+            f"{tuple(wd.shape)} (weight is (out_features, in_features), so the input's last "
+            f"dim must be {wd.shape[1] if wd.ndim == 2 else '?'})."
+        )
+    out = xd @ wd.T  # a transposed view: BLAS reads it with a transpose flag, no copy
+    if bd is not None:
+        if bd.shape != (wd.shape[0],):
+            raise ShapeError(
+                f"linear: bias of shape {tuple(bd.shape)} does not match weight of shape "
+                f"{tuple(wd.shape)}; expected ({wd.shape[0]},)."
+            )
+        out += bd
+
+    def backward(g: Any) -> tuple:
+        gx = gw = gb = None
+        g2 = g.reshape(-1, g.shape[-1]) if g.ndim != 2 else g
+        if needs_grad(x):
+            gx = g @ wd
+        if needs_grad(weight):
+            x2 = xd.reshape(-1, xd.shape[-1]) if xd.ndim != 2 else xd
+            gw = g2.T @ x2
+        if bias is not None and bias.requires_grad:
+            gb = g2.sum(axis=0)
+        return gx, gw, gb
+
+    return result(out, "AddmmBackward", backward, (x, weight, bias))
+
+
+def embedding(input: Any, weight: Tensor, padding_idx: int | None = None) -> Tensor:  # noqa: A002
+    """Rows of weight picked by integer indices; the padding row gets no gradient."""
+    idx = val(input)
+    wd = weight.data
+    xp = xp_of(wd)
+    if not backend.is_array(idx):
+        idx = xp.asarray(idx)
+    if idx.dtype.kind not in "iu":
+        raise ShapeError(f"embedding: indices must be integers, got dtype {idx.dtype}.")
+    if idx.size and (int(idx.max()) >= wd.shape[0] or int(idx.min()) < -wd.shape[0]):
+        raise ShapeError(
+            f"embedding: index out of range for a table of {wd.shape[0]} rows "
+            f"(indices span {int(idx.min())}..{int(idx.max())})."
+        )
+    out = xp.take(wd, idx, axis=0)
+
+    def backward(g: Any) -> tuple:
+        gw = xp.zeros(wd.shape, dtype=g.dtype)
+        from core.ops.shape import _scatter_add  # noqa: PLC0415
+
+        _scatter_add(xp, gw, idx.reshape(-1), g.reshape(-1, wd.shape[1]))
+        if padding_idx is not None:
+            gw[padding_idx] = 0
+        return None, gw
+
+    return result(out, "EmbeddingBackward", backward, (input, weight))
+
+
+def layer_norm(
+    x: Tensor,
+    normalized_shape: Any,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    eps: float = 1e-5,
+) -> Tensor:
+    """Normalise over the trailing `normalized_shape` dims, then scale and shift."""
+    xd = x.data
+    xp = xp_of(xd)
+    norm = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    k = len(norm)
+    if tuple(xd.shape[xd.ndim - k :]) != norm or k == 0:
+        raise ShapeError(
+            f"layer_norm: normalized_shape {norm} does not match the trailing dims of input "
+            f"shape {tuple(xd.shape)}."
+        )
+    axes = tuple(range(xd.ndim - k, xd.ndim))
+    lead = tuple(range(xd.ndim - k))
+    mu = xd.mean(axis=axes, keepdims=True)
+    xc = xd - mu
+    var = (xc * xc).mean(axis=axes, keepdims=True)
+    rstd = 1.0 / xp.sqrt(var + eps)
+    xhat = xc * rstd
+    wd = None if weight is None else weight.data
+    out = xhat * wd if wd is not None else xhat.copy()
+    if bias is not None:
+        out += bias.data
+
+    def backward(g: Any) -> tuple:
+        gxhat = g * wd if wd is not None else g
+        gx = gw = gb = None
+        if needs_grad(x):
+            m1 = gxhat.mean(axis=axes, keepdims=True)
+            m2 = (gxhat * xhat).mean(axis=axes, keepdims=True)
+            gx = (gxhat - m1 - xhat * m2) * rstd
+        if needs_grad(weight):
+            gw = (g * xhat).sum(axis=lead) if lead else g * xhat
+        if needs_grad(bias):
+            gb = g.sum(axis=lead) if lead else g.copy()
+        return gx, gw, gb
+
+    return result(out, "LayerNormBackward", backward, (x, weight, bias))
+
+
+def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
+    """Zero each element with probability p and scale the rest by 1/(1-p) (training only)."""
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout: probability must be in [0, 1], got {p}.")
+    if not training or p == 0.0:
+        return x
+    xd = x.data
+    xp = xp_of(xd)
+    if p == 1.0:
+        mask = xp.zeros(xd.shape, dtype=xd.dtype)
+    else:
+        dev = backend.device_of(xd)
+        gen = _random.generator(xp, dev.index)
+        keep = gen.random(xd.shape, dtype=np.float32) >= p
+        mask = xp.multiply(keep, 1.0 / (1.0 - p), dtype=xd.dtype)
+    out = xd * mask
+
+    def backward(g: Any) -> tuple:
+        return (g * mask,)
+
+    return result(out, "DropoutBackward", backward, (x,))
+
+
+def _check_reduction(reduction: str, op: str) -> None:
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"{op}: reduction must be one of {_REDUCTIONS}, got {reduction!r}.")
+
+
+def mse_loss(input: Tensor, target: Any, reduction: str = "mean") -> Tensor:  # noqa: A002
+    """Mean (or sum, or elementwise) squared error."""
+    _check_reduction(reduction, "mse_loss")
+    xd, td = val(input), val(target)
+    try:
+        diff = xd - td
+    except ValueError as exc:
+        raise broadcast_error("mse_loss", xd, td, exc) from exc
+    sq = diff * diff
+    if reduction == "none":
+        out = sq
+    else:
+        out = xp_of(sq).asarray(sq.sum() if reduction == "sum" else sq.mean())
+    scale = 2.0 / sq.size if reduction == "mean" else 2.0
+
+    def backward(g: Any) -> tuple:
+        gd = diff * (g * scale) if reduction != "none" else diff * g * 2.0
+        return (
+            unbroadcast(gd, xd.shape) if needs_grad(input) else None,
+            unbroadcast(-gd, td.shape) if needs_grad(target) else None,
+        )
+
+    return result(out, "MseLossBackward", backward, (input, target))
+
+
+def cross_entropy(
+    input: Tensor,  # noqa: A002 - torch's name
+    target: Any,
+    weight: Tensor | None = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+) -> Tensor:
+    """Softmax cross entropy over dim 1 (or the only dim) with class indices or probabilities."""
+    _check_reduction(reduction, "cross_entropy")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}.")
+    xd, td = input.data, val(target)
+    xp = xp_of(xd)
+    if not backend.is_array(td):
+        td = xp.asarray(td)
+    wv = None if weight is None else val(weight)
+    probs_target = td.dtype.kind == "f"
+    if xd.ndim == 0:
+        raise ShapeError("cross_entropy: input must have a class dimension, got a 0-d tensor.")
+    n_classes = xd.shape[0] if xd.ndim == 1 else xd.shape[1]
+    expected_t = xd.shape if probs_target else (xd.shape[:1] + xd.shape[2:] if xd.ndim > 1 else ())
+    if tuple(td.shape) != tuple(expected_t):
+        raise ShapeError(
+            f"cross_entropy: target of shape {tuple(td.shape)} does not match input of shape "
+            f"{tuple(xd.shape)}; expected target shape {tuple(expected_t)}."
+        )
+    # Work on a (rows, classes) matrix; remember how to map the gradient back.
+    if xd.ndim == 1:
+        x2 = xd[None, :]
+    elif xd.ndim == 2:
+        x2 = xd
+    else:
+        x2 = xp.moveaxis(xd, 1, -1).reshape(-1, n_classes)
+    t2 = td.reshape(-1, n_classes) if probs_target and xd.ndim <= 2 else (
+        xp.moveaxis(td, 1, -1).reshape(-1, n_classes) if probs_target else td.reshape(-1)
+    )
+    rows = x2.shape[0]
+    dt = xd.dtype
+    e = x2 - x2.max(axis=1, keepdims=True)  # shifted logits; becomes exp() below
+    eps = float(label_smoothing)
+    if probs_target:
+        tt = t2 * (1.0 - eps) + eps / n_classes if eps else t2
+        wt = tt * wv if wv is not None else tt
+        row_w = None
+        valid = None
+        shifted_dot = (e * wt).sum(axis=1)
+        xp.exp(e, out=e)
+        se = e.sum(axis=1)
+        lse = xp.log(se)
+        loss_rows = lse * wt.sum(axis=1) - shifted_dot
+        denom = float(rows) if reduction == "mean" else 1.0
+    else:
+        if td.dtype.kind not in "iu":
+            raise ShapeError(f"cross_entropy: class targets must be integers, got dtype {td.dtype}.")
+        valid = t2 != ignore_index
+        all_valid = bool(valid.all())
+        safe_t = t2 if all_valid else xp.where(valid, t2, 0)
+        if safe_t.size and (int(safe_t.max()) >= n_classes or int(safe_t.min()) < 0):
+            raise ShapeError(
+                f"cross_entropy: target class out of range [0, {n_classes}) "
+                f"(targets span {int(safe_t.min())}..{int(safe_t.max())})."
+            )
+        ar = xp.arange(rows)
+        picked = e[ar, safe_t]
+        smooth_sum = None
+        if eps:
+            smooth_sum = (e * wv).sum(axis=1) if wv is not None else e.sum(axis=1)
+        xp.exp(e, out=e)
+        se = e.sum(axis=1)
+        lse = xp.log(se)
+        if wv is not None:
+            row_w = wv[safe_t]
+            if not all_valid:
+                row_w = row_w * valid
+        else:
+            row_w = None if all_valid else valid.astype(dt)
+        nll = lse - picked
+        loss_rows = nll * row_w if row_w is not None else nll
+        if eps:
+            wsum = float(wv.sum()) if wv is not None else float(n_classes)
+            smooth = (lse * wsum - smooth_sum) / n_classes
+            if not all_valid:
+                smooth = smooth * valid
+            loss_rows = loss_rows * (1.0 - eps) + smooth * eps
+        if reduction == "mean":
+            denom = float(row_w.sum()) if row_w is not None else float(rows)
+        else:
+            denom = 1.0
+    if reduction == "none":
+        out_shape = xd.shape[:1] + xd.shape[2:] if xd.ndim > 1 else ()
+        out = loss_rows.reshape(out_shape).astype(dt, copy=False)
+    else:
+        total = loss_rows.sum()
+        out = xp.asarray(total / denom if reduction == "mean" else total, dtype=dt)
+
+    def backward(g: Any) -> tuple:
+        # d loss_row / d logits = softmax * (sum of target weights) - weighted target.
+        if reduction == "none":
+            r = g.reshape(-1).astype(dt, copy=False)
+        else:
+            r = g / denom if reduction == "mean" else g
+        p = e * (1.0 / se)[:, None]  # softmax, in a fresh buffer
+        if probs_target:
+            p *= wt.sum(axis=1, keepdims=True)
+            p -= wt
+            grad = p * (r[:, None] if reduction == "none" else r)
+        else:
+            coef = row_w if row_w is not None else None
+            if eps:
+                wvec = wv if wv is not None else 1.0
+                wsum = float(wv.sum()) if wv is not None else float(n_classes)
+                vmask = valid[:, None] if not all_valid else 1.0
+                base = p * ((1.0 - eps) * (coef[:, None] if coef is not None else 1.0))
+                base += (p * wsum - wvec) * (eps / n_classes) * vmask
+                base[ar, safe_t] -= (1.0 - eps) * (coef if coef is not None else 1.0)
+                grad = base
+            else:
+                if coef is not None:
+                    p *= coef[:, None]
+                    p[ar, safe_t] -= coef
+                else:
+                    p[ar, safe_t] -= 1.0
+                grad = p
+            grad *= r[:, None] if reduction == "none" else r
+        if xd.ndim == 1:
+            grad = grad.reshape(xd.shape)
+        elif xd.ndim > 2:
+            moved = (xd.shape[0],) + xd.shape[2:] + (n_classes,)
+            grad = xp.moveaxis(grad.reshape(moved), -1, 1)
+        return grad, None
+
+    return result(out, "CrossEntropyBackward", backward, (input, target))
+
+
+def nll_loss(
+    input: Tensor, target: Any, weight: Tensor | None = None, ignore_index: int = -100,  # noqa: A002
+    reduction: str = "mean",
+) -> Tensor:
+    """Negative log likelihood of log-probabilities (input is log_softmax output)."""
+    _check_reduction(reduction, "nll_loss")
+    from core.ops.shape import getitem  # noqa: PLC0415
+
+    td = val(target)
+    xp = xp_of(input.data)
+    if not backend.is_array(td):
+        td = xp.asarray(td)
+    rows = xp.arange(td.shape[0])
+    valid = td != ignore_index
+    safe = xp.where(valid, td, 0)
+    picked = getitem(input, (rows, safe))
+    w = valid.astype(input.data.dtype)
+    if weight is not None:
+        w = w * val(weight)[safe]
+    losses = -(picked * w)
+    if reduction == "none":
+        return losses
+    total = losses.sum()
+    return total / float(w.sum()) if reduction == "mean" else total

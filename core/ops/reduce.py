@@ -1,0 +1,202 @@
+"""Reductions over dims with keepdim (sum, mean, max, min, ...) and softmax/log_softmax."""
+
+from __future__ import annotations
+
+from collections import namedtuple
+from typing import Any
+
+from core.ops._util import norm_dims, result, wrap, xp_of
+
+MaxResult = namedtuple("MaxResult", ["values", "indices"])
+
+
+def _expand_back(g: Any, dims: tuple | None, keepdim: bool, shape: tuple) -> Any:
+    """Broadcast a reduced gradient back to the input shape (a read-only view)."""
+    xp = xp_of(g)
+    if dims is not None and not keepdim:
+        g = xp.expand_dims(g, dims)
+    return xp.broadcast_to(g, shape)
+
+
+def sum(x: Any, dim: Any = None, keepdim: bool = False, dtype: Any = None) -> Any:  # noqa: A001
+    """Sum over `dim` (all dims when None)."""
+    xd = x.data
+    dims = norm_dims(dim, xd.ndim, "sum")
+    np_dtype = None
+    if dtype is not None:
+        from core import dtypes  # noqa: PLC0415
+
+        np_dtype = dtypes.get(dtype).np
+    out = xd.sum(axis=dims, keepdims=keepdim, dtype=np_dtype)
+
+    def backward(g: Any) -> tuple:
+        return (_expand_back(g, dims, keepdim, xd.shape),)
+
+    return result(_as_array(out, xd), "SumBackward", backward, (x,))
+
+
+def mean(x: Any, dim: Any = None, keepdim: bool = False) -> Any:
+    """Arithmetic mean over `dim` (all dims when None)."""
+    xd = x.data
+    dims = norm_dims(dim, xd.ndim, "mean")
+    out = xd.mean(axis=dims, keepdims=keepdim)
+    count = xd.size // max(_as_array(out, xd).size, 1) if xd.size else 1
+
+    def backward(g: Any) -> tuple:
+        return (_expand_back(g / count, dims, keepdim, xd.shape),)
+
+    return result(_as_array(out, xd), "MeanBackward", backward, (x,))
+
+
+def _as_array(out: Any, like: Any) -> Any:
+    # numpy returns numpy scalars for full reductions; tensors always hold arrays.
+    if hasattr(out, "flags"):
+        return out
+    return xp_of(like).asarray(out)
+
+
+def _extreme(x: Any, dim: Any, keepdim: bool, largest: bool) -> Any:
+    op = "max" if largest else "min"
+    xd = x.data
+    xp = xp_of(xd)
+    if dim is None:
+        out = _as_array(xd.max() if largest else xd.min(), xd)
+
+        def backward_all(g: Any) -> tuple:
+            # Ties share the gradient evenly (torch's rule for a full max/min).
+            mask = xd == out
+            return (mask * (g / mask.sum()),)
+
+        return result(out, f"{op.capitalize()}Backward", backward_all, (x,))
+    (axis,) = norm_dims(dim, xd.ndim, op)
+    idx = (xd.argmax if largest else xd.argmin)(axis=axis, keepdims=True)
+    values = xp.take_along_axis(xd, idx, axis=axis)
+    if not keepdim:
+        values = values.squeeze(axis)
+
+    def backward(g: Any) -> tuple:
+        if not keepdim:
+            g = xp.expand_dims(g, axis)
+        positions = xp.arange(xd.shape[axis]).reshape(
+            (-1,) + (1,) * (xd.ndim - axis - 1)
+        )
+        return ((positions == idx) * g,)
+
+    vals = result(values, f"{op.capitalize()}Backward", backward, (x,))
+    indices = wrap(idx if keepdim else idx.squeeze(axis))
+    return MaxResult(vals, indices)
+
+
+def max(x: Any, dim: Any = None, keepdim: bool = False) -> Any:  # noqa: A001
+    """The maximum; with dim, a (values, indices) pair as in torch."""
+    from core.tensor import Tensor  # noqa: PLC0415
+
+    if isinstance(dim, Tensor):
+        from core.ops.shape import maximum  # noqa: PLC0415
+
+        return maximum(x, dim)
+    return _extreme(x, dim, keepdim, True)
+
+
+def min(x: Any, dim: Any = None, keepdim: bool = False) -> Any:  # noqa: A001
+    """The minimum; with dim, a (values, indices) pair as in torch."""
+    return _extreme(x, dim, keepdim, False)
+
+
+def _amax(x: Any, dim: Any, keepdim: bool, largest: bool) -> Any:
+    xd = x.data
+    dims = norm_dims(dim, xd.ndim, "amax" if largest else "amin")
+    fn = xd.max if largest else xd.min
+    out = _as_array(fn(axis=dims, keepdims=keepdim), xd)
+
+    def backward(g: Any) -> tuple:
+        full = _expand_back(out, dims, keepdim, xd.shape)
+        mask = xd == full
+        count = mask.sum(axis=dims, keepdims=True)
+        gk = g if keepdim or dims is None else xp_of(g).expand_dims(g, dims)
+        return (mask * (gk / count),)
+
+    return result(out, "AmaxBackward" if largest else "AminBackward", backward, (x,))
+
+
+def amax(x: Any, dim: Any = None, keepdim: bool = False) -> Any:
+    """The maximum over dims; ties share the gradient evenly."""
+    return _amax(x, dim, keepdim, True)
+
+
+def amin(x: Any, dim: Any = None, keepdim: bool = False) -> Any:
+    """The minimum over dims; ties share the gradient evenly."""
+    return _amax(x, dim, keepdim, False)
+
+
+def argmax(x: Any, dim: Any = None, keepdim: bool = False) -> Any:
+    """Indices of the maxima (int64, no grad)."""
+    xd = x.data
+    if dim is None:
+        return wrap(_as_array(xd.argmax(), xd))
+    (axis,) = norm_dims(dim, xd.ndim, "argmax")
+    return wrap(xd.argmax(axis=axis, keepdims=keepdim))
+
+
+def argmin(x: Any, dim: Any = None, keepdim: bool = False) -> Any:
+    """Indices of the minima (int64, no grad)."""
+    xd = x.data
+    if dim is None:
+        return wrap(_as_array(xd.argmin(), xd))
+    (axis,) = norm_dims(dim, xd.ndim, "argmin")
+    return wrap(xd.argmin(axis=axis, keepdims=keepdim))
+
+
+def var(x: Any, dim: Any = None, keepdim: bool = False, correction: int = 1) -> Any:
+    """Variance with Bessel's correction by default (as torch)."""
+    mu = mean(x, dim, keepdim=True)
+    d = x - mu
+    n = x.data.size // mu.data.size
+    return sum(d * d, dim, keepdim) / (n - correction)
+
+
+def softmax(x: Any, dim: int = -1) -> Any:
+    """exp(x) / sum(exp(x)) along dim, shifted by the max for stability."""
+    xd = x.data
+    xp = xp_of(xd)
+    (axis,) = norm_dims(dim, xd.ndim, "softmax")
+    out = xd - xd.max(axis=axis, keepdims=True)
+    xp.exp(out, out=out)
+    out /= out.sum(axis=axis, keepdims=True)
+
+    def backward(g: Any) -> tuple:
+        gy = g * out
+        gy -= out * gy.sum(axis=axis, keepdims=True)
+        return (gy,)
+
+    return result(out, "SoftmaxBackward", backward, (x,))
+
+
+def log_softmax(x: Any, dim: int = -1) -> Any:
+    """x - logsumexp(x) along dim."""
+    xd = x.data
+    xp = xp_of(xd)
+    (axis,) = norm_dims(dim, xd.ndim, "log_softmax")
+    out = xd - xd.max(axis=axis, keepdims=True)
+    out -= xp.log(xp.exp(out).sum(axis=axis, keepdims=True))
+
+    def backward(g: Any) -> tuple:
+        return (g - xp.exp(out) * g.sum(axis=axis, keepdims=True),)
+
+    return result(out, "LogSoftmaxBackward", backward, (x,))
+
+
+def logsumexp(x: Any, dim: Any, keepdim: bool = False) -> Any:
+    """log(sum(exp(x))) along dim, stably."""
+    xd = x.data
+    xp = xp_of(xd)
+    dims = norm_dims(dim, xd.ndim, "logsumexp")
+    m = xd.max(axis=dims, keepdims=True)
+    lse = xp.log(xp.exp(xd - m).sum(axis=dims, keepdims=True)) + m
+    out = lse if keepdim else lse.squeeze(dims)
+
+    def backward(g: Any) -> tuple:
+        gk = g if keepdim else xp.expand_dims(g, dims)
+        return (gk * xp.exp(xd - lse),)
+
+    return result(out, "LogsumexpBackward", backward, (x,))

@@ -1,0 +1,425 @@
+"""`Tensor`: an ndarray (numpy or cupy) in `.data`, plus the autograd state torch users expect.
+
+Ops live in core/ops (forward and backward side by side) and are bound as methods at the end
+of this module.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from core import autograd, backend, dtypes
+from core.autograd import AutogradError, RemovableHandle
+
+
+class Tensor:
+    """An n-dimensional array with autograd; `.data` is the numpy/cupy array it wraps."""
+
+    # Slots keep attribute access fast on the hot path; __dict__ stays so that callers (DDP,
+    # nn) may attach their own attributes as they can on torch tensors.
+    __slots__ = (
+        "data",
+        "grad",
+        "requires_grad",
+        "grad_fn",
+        "_hooks",
+        "_post_hooks",
+        "_retains_grad",
+        "__dict__",
+        "__weakref__",
+    )
+    # Makes `ndarray <op> Tensor` call Tensor's reflected operator instead of numpy's.
+    __array_priority__ = 1000.0
+
+    def __init__(self, data: Any, requires_grad: bool = False) -> None:
+        if isinstance(data, Tensor):
+            data = data.data
+        elif not backend.is_array(data):
+            data = np.asarray(data)
+        self.data = data
+        self.grad: Tensor | None = None
+        self.requires_grad = bool(requires_grad)
+        self.grad_fn: autograd.Node | None = None
+        self._hooks: dict | None = None
+        self._post_hooks: dict | None = None
+        self._retains_grad = False
+        if requires_grad:
+            _check_float(self, "requires_grad=True")
+
+    # -- metadata ---------------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple:
+        """The shape as a tuple of ints."""
+        return self.data.shape
+
+    @property
+    def dtype(self) -> dtypes.DType:
+        """The element type (a core dtype such as core.float32)."""
+        return dtypes.from_np(self.data.dtype)
+
+    @property
+    def device(self) -> backend.Device:
+        """Where the data lives: device('cpu') or device('cuda:N')."""
+        return backend.device_of(self.data)
+
+    @property
+    def ndim(self) -> int:
+        """The number of dimensions."""
+        return self.data.ndim
+
+    @property
+    def is_leaf(self) -> bool:
+        """True for tensors no recorded op produced (user-created tensors, parameters)."""
+        return self.grad_fn is None
+
+    @property
+    def is_cuda(self) -> bool:
+        """True when the data is a cupy array."""
+        return not isinstance(self.data, np.ndarray)
+
+    def dim(self) -> int:
+        """The number of dimensions."""
+        return self.data.ndim
+
+    def size(self, dim: int | None = None) -> Any:
+        """The shape, or one dimension's length."""
+        return self.data.shape if dim is None else self.data.shape[dim]
+
+    def numel(self) -> int:
+        """The number of elements."""
+        return int(self.data.size)
+
+    def element_size(self) -> int:
+        """Bytes per element."""
+        return self.data.dtype.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of data."""
+        return int(self.data.nbytes)
+
+    def is_floating_point(self) -> bool:
+        """True for float16/bfloat16/float32/float64."""
+        return self.dtype.is_floating_point
+
+    def __len__(self) -> int:
+        if self.data.ndim == 0:
+            raise TypeError("len() of a 0-d tensor")
+        return self.data.shape[0]
+
+    __hash__ = object.__hash__  # tensors hash by identity, as in torch (== is elementwise)
+
+    # -- conversion -------------------------------------------------------------------------
+    def item(self) -> Any:
+        """The single element as a Python number."""
+        if self.data.size != 1:
+            raise ValueError(
+                f"item(): only one-element tensors can be converted to a Python number, "
+                f"got shape {tuple(self.data.shape)}."
+            )
+        return self.data.item() if isinstance(self.data, np.ndarray) else self.data.get().item()
+
+    def tolist(self) -> Any:
+        """The data as nested Python lists."""
+        return self.numpy(force=True).tolist()
+
+    def numpy(self, force: bool = False) -> np.ndarray:
+        """The data as a numpy array, shared without a copy on cpu (copied from cuda)."""
+        if self.requires_grad and not force:
+            raise AutogradError(
+                "numpy(): the tensor requires grad; call tensor.detach().numpy() instead."
+            )
+        data = self.data
+        return data if isinstance(data, np.ndarray) else data.get()
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        arr = self.numpy(force=True)
+        return arr if dtype is None else arr.astype(dtype, copy=False)
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
+    def __index__(self) -> int:
+        if self.dtype.is_floating_point or self.data.size != 1:
+            raise TypeError("only integer tensors of a single element can be used as an index")
+        return int(self.item())
+
+    def __bool__(self) -> bool:
+        if self.data.size != 1:
+            raise ValueError(
+                f"The truth value of a tensor with {self.data.size} elements is ambiguous."
+            )
+        return bool(self.item())
+
+    def __repr__(self) -> str:
+        body = np.array2string(self.numpy(force=True), separator=", ", prefix="tensor(")
+        extras = []
+        if self.device.type != "cpu":
+            extras.append(f"device='{self.device}'")
+        if self.data.dtype not in (np.float32, np.int64, np.bool_):
+            extras.append(f"dtype={self.dtype!r}")
+        if self.grad_fn is not None:
+            extras.append(f"grad_fn=<{self.grad_fn.name()}>")
+        elif self.requires_grad:
+            extras.append("requires_grad=True")
+        return "tensor(" + body + "".join(", " + e for e in extras) + ")"
+
+    def to(self, *args: Any, **kwargs: Any) -> "Tensor":
+        """Move to a device and/or cast to a dtype: t.to('cuda'), t.to(core.float16)."""
+        target_dev = kwargs.pop("device", None)
+        target_dt = kwargs.pop("dtype", None)
+        kwargs.pop("non_blocking", None)
+        copy = kwargs.pop("copy", False)
+        if kwargs:
+            raise TypeError(f"to(): unexpected keyword arguments {sorted(kwargs)}")
+        for a in args:
+            if isinstance(a, Tensor):
+                target_dev, target_dt = a.device, a.dtype
+            elif isinstance(a, dtypes.DType) or (
+                not isinstance(a, (str, backend.Device)) and a is not None
+            ):
+                target_dt = a
+            else:
+                target_dev = a
+        from core.ops import shape as _shape_ops  # noqa: PLC0415
+
+        return _shape_ops.to(self, target_dev, target_dt, copy)
+
+    def cpu(self) -> "Tensor":
+        """This tensor on the cpu."""
+        return self.to("cpu")
+
+    def cuda(self, index: int | None = None) -> "Tensor":
+        """This tensor on a cuda device."""
+        return self.to("cuda" if index is None else f"cuda:{index}")
+
+    def float(self) -> "Tensor":
+        """Cast to float32."""
+        return self.to(dtypes.float32)
+
+    def double(self) -> "Tensor":
+        """Cast to float64."""
+        return self.to(dtypes.float64)
+
+    def half(self) -> "Tensor":
+        """Cast to float16."""
+        return self.to(dtypes.float16)
+
+    def bfloat16(self) -> "Tensor":
+        """Cast to bfloat16."""
+        return self.to(dtypes.bfloat16)
+
+    def long(self) -> "Tensor":
+        """Cast to int64."""
+        return self.to(dtypes.int64)
+
+    def int(self) -> "Tensor":
+        """Cast to int32."""
+        return self.to(dtypes.int32)
+
+    def bool(self) -> "Tensor":
+        """Cast to bool."""
+        return self.to(dtypes.bool_)
+
+    def type(self, dtype: Any) -> "Tensor":
+        """Cast to a dtype."""
+        return self.to(dtypes.get(dtype))
+
+    def type_as(self, other: "Tensor") -> "Tensor":
+        """Cast to another tensor's dtype."""
+        return self.to(other.dtype)
+
+    # -- autograd ---------------------------------------------------------------------------
+    def detach(self) -> "Tensor":
+        """A tensor sharing this data, cut from the graph."""
+        return Tensor(self.data)
+
+    def detach_(self) -> "Tensor":
+        """Cut this tensor from the graph in place."""
+        self.grad_fn = None
+        self.requires_grad = False
+        return self
+
+    def requires_grad_(self, requires_grad: bool = True) -> "Tensor":
+        """Set requires_grad on a leaf; returns self."""
+        if self.grad_fn is not None and not requires_grad:
+            raise AutogradError(
+                "requires_grad_(False) on a non-leaf tensor; use detach() to cut it from the graph."
+            )
+        if requires_grad:
+            _check_float(self, "requires_grad_()")
+        self.requires_grad = bool(requires_grad)
+        return self
+
+    def retain_grad(self) -> None:
+        """Keep .grad on this non-leaf tensor after backward."""
+        if not self.requires_grad:
+            raise AutogradError("retain_grad() on a tensor that does not require grad.")
+        if self.grad_fn is not None:
+            self._retains_grad = True
+
+    @property
+    def retains_grad(self) -> bool:
+        """Whether a non-leaf keeps its .grad."""
+        return self._retains_grad
+
+    def backward(
+        self, gradient: "Tensor | None" = None, retain_graph: bool | None = None,
+        create_graph: bool = False,
+    ) -> None:
+        """Accumulate d(self)/d(leaf) into every leaf's .grad; `gradient` is needed unless scalar."""
+        if create_graph:
+            raise AutogradError("backward(create_graph=True): higher-order gradients are not supported.")
+        g = None
+        if gradient is not None:
+            g = gradient.data if isinstance(gradient, Tensor) else gradient
+            if not backend.is_array(g):
+                g = np.asarray(g, dtype=self.data.dtype)
+        autograd.backward(self, g, bool(retain_graph))
+
+    def register_hook(self, hook: Callable[["Tensor"], "Tensor | None"]) -> RemovableHandle:
+        """Call hook(grad) when this tensor's grad is computed; a returned tensor replaces it."""
+        if not self.requires_grad:
+            raise AutogradError(
+                "register_hook() on a tensor that does not require grad; no gradient will reach it."
+            )
+        if self._hooks is None:
+            self._hooks = {}
+        handle = RemovableHandle(self._hooks)
+        self._hooks[handle._key] = hook
+        return handle
+
+    def register_post_accumulate_grad_hook(
+        self, hook: Callable[["Tensor"], None]
+    ) -> RemovableHandle:
+        """On a leaf: call hook(tensor) right after its .grad received a backward's gradient."""
+        if self.grad_fn is not None:
+            raise AutogradError(
+                "register_post_accumulate_grad_hook() only works on leaf tensors; this one was "
+                f"produced by {self.grad_fn.name()}."
+            )
+        if not self.requires_grad:
+            raise AutogradError(
+                "register_post_accumulate_grad_hook() on a tensor that does not require grad."
+            )
+        if self._post_hooks is None:
+            self._post_hooks = {}
+        handle = RemovableHandle(self._post_hooks)
+        self._post_hooks[handle._key] = hook
+        return handle
+
+    # -- in-place updates (for optimizers; refused where they would corrupt the graph) -----
+    def _check_inplace(self, op: str) -> None:
+        if self.requires_grad and autograd._mode.enabled:
+            raise AutogradError(
+                f"{op}: in-place update of a tensor that requires grad while grad mode is on; "
+                "wrap it in core.no_grad() (optimizers do)."
+            )
+
+    def zero_(self) -> "Tensor":
+        """Fill with zeros in place."""
+        self._check_inplace("zero_")
+        self.data.fill(0)
+        return self
+
+    def fill_(self, value: Any) -> "Tensor":
+        """Fill with a value in place."""
+        self._check_inplace("fill_")
+        self.data.fill(_scalar(value))
+        return self
+
+    def add_(self, other: Any, alpha: Any = 1) -> "Tensor":
+        """self += alpha * other, in place."""
+        self._check_inplace("add_")
+        o = _raw(other)
+        if alpha != 1:
+            o = o * _scalar(alpha)
+        self.data += o
+        return self
+
+    def sub_(self, other: Any, alpha: Any = 1) -> "Tensor":
+        """self -= alpha * other, in place."""
+        self._check_inplace("sub_")
+        o = _raw(other)
+        if alpha != 1:
+            o = o * _scalar(alpha)
+        self.data -= o
+        return self
+
+    def mul_(self, other: Any) -> "Tensor":
+        """self *= other, in place."""
+        self._check_inplace("mul_")
+        self.data *= _raw(other)
+        return self
+
+    def div_(self, other: Any) -> "Tensor":
+        """self /= other, in place."""
+        self._check_inplace("div_")
+        self.data /= _raw(other)
+        return self
+
+    def addcmul_(self, t1: Any, t2: Any, value: Any = 1) -> "Tensor":
+        """self += value * t1 * t2, in place."""
+        self._check_inplace("addcmul_")
+        prod = _raw(t1) * _raw(t2)
+        if value != 1:
+            prod *= _scalar(value)
+        self.data += prod
+        return self
+
+    def addcdiv_(self, t1: Any, t2: Any, value: Any = 1) -> "Tensor":
+        """self += value * t1 / t2, in place."""
+        self._check_inplace("addcdiv_")
+        q = _raw(t1) / _raw(t2)
+        if value != 1:
+            q *= _scalar(value)
+        self.data += q
+        return self
+
+    def copy_(self, src: Any) -> "Tensor":
+        """Copy src's values into this tensor in place (broadcasting, casting, across devices)."""
+        self._check_inplace("copy_")
+        s = _raw(src)
+        if backend.is_array(s) and backend.device_of(s) != backend.device_of(self.data):
+            s = backend.to_device(s, backend.device_of(self.data))
+        xp = backend.array_module(self.data)
+        xp.copyto(self.data, s, casting="unsafe")
+        return self
+
+    # -- DLPack -----------------------------------------------------------------------------
+    # __dlpack__ is bound from core/ops/interop.py (it wraps dtype errors).
+
+    def __dlpack_device__(self) -> tuple:
+        """The DLPack (device type, index) of the data."""
+        return self.data.__dlpack_device__()
+
+
+def _check_float(t: Tensor, what: str) -> None:
+    if t.data.dtype.kind not in "fV" and t.data.dtype != dtypes.bfloat16.np:
+        raise AutogradError(
+            f"{what}: only floating point tensors can require gradients, got dtype {t.dtype!r}."
+        )
+
+
+def _raw(x: Any) -> Any:
+    """A Tensor's array, or a Python scalar as it is (so float32 arrays stay float32)."""
+    if isinstance(x, Tensor):
+        return x.data
+    return x
+
+
+def _scalar(x: Any) -> Any:
+    if isinstance(x, Tensor):
+        return x.item()
+    return x
+
+
+# Bind the ops as methods (ops import Tensor from this module, which is complete by now).
+from core.ops import bind as _bind  # noqa: E402
+
+_bind.bind_methods(Tensor)
