@@ -1,0 +1,96 @@
+"""Copy a worker's output to the console with a rank prefix, to its log file, and keep its tail."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+from typing import IO, Optional, TextIO
+
+logger = logging.getLogger(__name__)
+
+TAIL_LINES = 20
+
+# One lock for every worker's console writes, so that lines never interleave mid-line.
+_console_lock = threading.Lock()
+
+
+class LogTee:
+    """Reader threads for one worker's stdout and stderr pipes.
+
+    Each line goes to the console (stdout lines to `console_out`, stderr lines to
+    `console_err`) as `[rank R] line` when `to_console`, unprefixed to `log_path` when given,
+    and into a ring buffer of the last `TAIL_LINES` lines for failure summaries.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        stdout: Optional[IO[bytes]],
+        stderr: Optional[IO[bytes]],
+        *,
+        console_out: TextIO,
+        console_err: TextIO,
+        to_console: bool,
+        log_path: Optional[str] = None,
+    ):
+        self.rank = rank
+        self.log_path = log_path
+        self._prefix = f"[rank {rank}] "
+        self._to_console = to_console
+        self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self._tail_lock = threading.Lock()
+        self._file = None
+        if log_path is not None:
+            os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
+            self._file = open(log_path, "ab", buffering=0)
+        self._threads = [
+            threading.Thread(target=self._pump, args=(pipe, console), daemon=True,
+                             name=f"shoal-log-rank{rank}-{name}")
+            for name, pipe, console in (("out", stdout, console_out), ("err", stderr, console_err))
+            if pipe is not None
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _pump(self, pipe: IO[bytes], console: TextIO) -> None:
+        try:
+            for raw in iter(pipe.readline, b""):
+                line = raw.decode("utf-8", errors="replace")
+                if not line.endswith("\n"):
+                    line += "\n"
+                with self._tail_lock:
+                    self._tail.append(line.rstrip("\n"))
+                if self._file is not None:
+                    try:
+                        self._file.write(raw if raw.endswith(b"\n") else raw + b"\n")
+                    except (OSError, ValueError) as exc:
+                        logger.warning("Cannot write rank %s's log %s: %s", self.rank,
+                                       self.log_path, exc)
+                if self._to_console:
+                    with _console_lock:
+                        try:
+                            console.write(self._prefix + line)
+                            console.flush()
+                        except (OSError, ValueError):
+                            pass  # a closed console must not stop the worker's pipe draining
+        except (OSError, ValueError) as exc:
+            logger.debug("Output pipe of rank %s closed: %s", self.rank, exc)
+        finally:
+            try:
+                pipe.close()
+            except OSError:
+                pass
+
+    def join(self, timeout: float) -> None:
+        """Wait for both pipes to reach EOF (the worker and its children exited), then close."""
+        for thread in self._threads:
+            thread.join(timeout)
+        if self._file is not None and not any(t.is_alive() for t in self._threads):
+            self._file.close()
+
+    def tail(self) -> list[str]:
+        """The last lines the worker wrote (stdout and stderr together)."""
+        with self._tail_lock:
+            return list(self._tail)

@@ -1,0 +1,523 @@
+"""The node agent: one per node, it runs this node's workers through rendezvous rounds.
+
+Each round: join the rendezvous, host (node rank 0) or look up the workers' TCPStore, start the
+local workers with torchrun's environment, and watch them. A worker failure stops this node's
+workers and ends the round for every node at once (through the rendezvous, not a collective
+timeout); then everyone meets again and restarts from the last checkpoint. Restarts are
+counted for the whole job in the run's store, once per round whichever node saw the failure
+first. A lost node or a waiting one ends the round too, without costing a restart.
+
+Keys the agents share in the run's store (all under `agent/`):
+    restarts                  job-wide count of restarts caused by worker failures
+    round/<r>/ended           who ended round r and why (compare-and-set: the first one wins)
+    round/<r>/failure         JSON of the worker failure that ended round r
+    round/<r>/exit, exit_done exit barrier of round r
+    round/<r>/ack/<node rank> the nodes that saw the barrier (the store's host waits for them)
+    nproc/<node rank>         (in the round's own store) each node's worker count
+    final_failure             JSON summary once restarts ran out; then the rendezvous closes
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Callable, Mapping, Optional, Sequence
+
+from collectives.api import StoreError, StoreTimeout
+from elastic import metrics
+from elastic._agent_workers import WorkerExit, WorkerGroup, describe_exit
+from elastic.api import (
+    RendezvousClosedError,
+    RendezvousError,
+    RendezvousInfo,
+    RendezvousTimeoutError,
+)
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_EXIT_BARRIER_TIMEOUT_S = 300.0
+DEFAULT_MASTER_TIMEOUT_S = 60.0
+# The exit statuses a worker ends with when a *peer* failed (its collective watchdog aborted):
+# such a failure is a consequence, so the agent waits briefly for the node that caused it.
+PEER_FAILURE_EXIT_CODES = frozenset({int(os.environ.get("SHOAL_WATCHDOG_EXIT_CODE", "0")) or 75})
+_STORE_ACK_TIMEOUT_S = 5.0
+
+
+class AgentInterrupted(Exception):
+    """SIGTERM or SIGINT reached the agent; `signum` says which."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"The agent received {signal.Signals(signum).name}.")
+        self.signum = signum
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerSpec:
+    """What to run on this node and how."""
+
+    argv: tuple[str, ...]                # the worker's command line (python, script, args)
+    nproc_per_node: int
+    run_id: str
+    checkpoint_dir: str
+    auth_token: str
+    local_addr: str                      # where other nodes reach this node's master store
+    max_restarts: int
+    monitor_interval: float = 0.1
+    grace_period: float = 5.0
+    log_dir: Optional[str] = None
+    tee: bool = False
+    multiproc_dir: Optional[str] = None  # PROMETHEUS_MULTIPROC_DIR for the workers
+    base_env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    exit_barrier_timeout: float = DEFAULT_EXIT_BARRIER_TIMEOUT_S
+    master_timeout: float = DEFAULT_MASTER_TIMEOUT_S
+
+    def __post_init__(self):
+        if not self.argv:
+            raise ValueError("WorkerSpec.argv must name a program to run.")
+        if self.nproc_per_node < 1:
+            raise ValueError(f"nproc_per_node must be >= 1, got {self.nproc_per_node}.")
+        if self.max_restarts < 0:
+            raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}.")
+        if not self.monitor_interval > 0:
+            raise ValueError(f"monitor_interval must be > 0 seconds, got {self.monitor_interval}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentResult:
+    """How the agent ended: its exit status, and the failure summary when it failed."""
+
+    exit_code: int
+    summary: Optional[str] = None
+    rounds: int = 0
+
+
+def _summary_text(run_id: str, failure: Mapping, restarts: int, max_restarts: int) -> str:
+    lines = [
+        f"shoal run: job {run_id!r} failed after {restarts} restart(s) "
+        f"(--max-restarts {max_restarts}).",
+        f"The failing worker: rank {failure['rank']} (local rank {failure['local_rank']} on node "
+        f"{failure['node']}, pid {failure['pid']}) ended with {failure['exit']} in round "
+        f"{failure['round']}.",
+    ]
+    where = f" ({failure['log_path']})" if failure.get("log_path") else ""
+    if failure.get("tail"):
+        lines.append(f"Last lines of its log{where}:")
+        lines.extend(f"    {line}" for line in failure["tail"])
+    else:
+        lines.append(f"It wrote no output{where}.")
+    return "\n".join(lines)
+
+
+class Agent:
+    """Run this node's workers until the job succeeds, fails for good, or is interrupted.
+
+    Args:
+        spec: the workers and the restart policy.
+        handler: this node's `RendezvousHandler` (its `store` is the run's store).
+        is_store_host: this process hosts the run's store (the embedded TCPStore); it then
+            waits for the other nodes to leave the exit barrier before returning.
+    """
+
+    def __init__(self, spec: WorkerSpec, handler, *, is_store_host: bool = False,
+                 console_out=None, console_err=None):
+        self.spec = spec
+        self.handler = handler
+        self.store = handler.store
+        self.node_id = handler.node_id
+        self._is_store_host = is_store_host
+        self._console_out = console_out
+        self._console_err = console_err
+        self._group: Optional[WorkerGroup] = None
+        self._master_store = None
+        self._signum: Optional[int] = None
+        self._in_rendezvous = False
+        self._wake = threading.Event()
+        self._rounds = 0
+        self._last_exits: list[WorkerExit] = []
+
+    # ------------------------------------------------------------------ signals
+
+    def install_signal_handlers(self) -> Callable[[], None]:
+        """Forward SIGTERM/SIGINT to the workers and end the agent; returns a restorer."""
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+
+        def restore() -> None:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+        return restore
+
+    def _on_signal(self, signum, frame) -> None:
+        first = self._signum is None
+        self._signum = signum
+        group = self._group
+        if group is not None:
+            group.send_signal(signum)
+            group.changed.set()
+        self._wake.set()
+        if first:
+            logger.warning("Received %s: forwarding it to the workers (grace period %gs)",
+                           signal.Signals(signum).name, self.spec.grace_period)
+        if self._in_rendezvous:
+            # Break out of a blocking rendezvous wait; elsewhere the monitor loop notices.
+            raise AgentInterrupted(signum)
+
+    # ------------------------------------------------------------------ main loop
+
+    def run(self) -> AgentResult:
+        """Run rounds until done; never raises for worker failures (see the exit code)."""
+        try:
+            return self._run()
+        except AgentInterrupted as exc:
+            return self._interrupted(exc.signum)
+        finally:
+            self._stop_workers("the agent is exiting")
+            self._close_master_store()
+
+    def _run(self) -> AgentResult:
+        while True:
+            if self._signum is not None:
+                return self._interrupted(self._signum)
+            try:
+                info = self._rendezvous()
+            except RendezvousClosedError:
+                return self._closed_result()
+            except RendezvousTimeoutError as exc:
+                logger.error("%s", exc)
+                return AgentResult(1, f"shoal run: {exc}", self._rounds)
+            except RendezvousError as exc:
+                logger.error("The rendezvous failed: %s", exc)
+                return AgentResult(1, f"shoal run: the rendezvous failed: {exc}", self._rounds)
+            outcome = self._run_round(info)
+            if isinstance(outcome, AgentResult):
+                return outcome
+            metrics.RESTARTS.labels(reason=outcome).inc()
+
+    def _rendezvous(self) -> RendezvousInfo:
+        started = time.monotonic()
+        self._in_rendezvous = True
+        try:
+            if self._signum is not None:
+                raise AgentInterrupted(self._signum)
+            info = self.handler.next_rendezvous()
+        finally:
+            self._in_rendezvous = False
+        metrics.RENDEZVOUS_DURATION.observe(time.monotonic() - started)
+        metrics.RENDEZVOUS_ROUND.set(info.round)
+        self._rounds += 1
+        return info
+
+    def _run_round(self, info: RendezvousInfo):
+        """Start and watch one round's workers; return a restart reason or a final result."""
+        try:
+            envs, ranks, restarts = self._prepare(info)
+        except (StoreError, RendezvousError) as exc:
+            if self.handler.is_closed():
+                return self._closed_result()
+            logger.warning("Round %s could not start (%s); meeting again", info.round, exc)
+            self._signal_restart(f"node {self.node_id} could not start round {info.round}: {exc}")
+            return "peer_request"
+        argv = list(self.spec.argv)
+        log_paths = [self._log_path(info.round, rank) for rank in ranks]
+        self._group = WorkerGroup(
+            argv, envs, ranks, log_paths=log_paths,
+            to_console=self.spec.tee or self.spec.log_dir is None,
+            multiproc_dir=self.spec.multiproc_dir, console_out=self._console_out,
+            console_err=self._console_err,
+        )
+        logger.info("Round %s: node rank %d of %d runs ranks %s of %d (restart %d)",
+                    info.round, info.group_rank, info.num_nodes, ranks,
+                    int(envs[0]["WORLD_SIZE"]), restarts)
+        self._group.start()
+        return self._monitor(info, restarts)
+
+    # ------------------------------------------------------------------ round setup
+
+    def _prepare(self, info: RendezvousInfo) -> tuple[list[dict], list[int], int]:
+        """Agree on the master store, every node's worker count, and the restart count."""
+        nproc = self.spec.nproc_per_node
+        info.store.set(f"agent/nproc/{info.group_rank}", str(nproc))
+        if info.group_rank == 0:
+            self._close_master_store()
+            from collectives.store_tcp import TCPStore
+
+            # A fresh store per round: restarted workers never see the dead attempt's keys.
+            self._master_store = TCPStore(
+                self.spec.local_addr, 0, is_master=True, timeout=self.spec.master_timeout,
+                token=self.spec.auth_token,
+            )
+            info.publish_master(self.spec.local_addr, self._master_store.port)
+            master_addr, master_port = self.spec.local_addr, self._master_store.port
+        else:
+            master_addr, master_port = info.read_master(self.spec.master_timeout)
+        counts = [int(v) for v in info.store.multi_get(
+            [f"agent/nproc/{r}" for r in range(info.num_nodes)], self.spec.master_timeout)]
+        first = sum(counts[: info.group_rank])
+        world = sum(counts)
+        restarts = int(self.store.add("agent/restarts", 0))
+        ranks = [first + i for i in range(nproc)]
+        envs = [self._worker_env(info, rank, local, world, master_addr, master_port, restarts)
+                for local, rank in enumerate(ranks)]
+        return envs, ranks, restarts
+
+    def _worker_env(self, info: RendezvousInfo, rank: int, local_rank: int, world: int,
+                    master_addr: str, master_port: int, restarts: int) -> dict[str, str]:
+        s = self.spec
+        env = dict(s.base_env)
+        env.update({
+            "RANK": str(rank),
+            "LOCAL_RANK": str(local_rank),
+            "WORLD_SIZE": str(world),
+            "LOCAL_WORLD_SIZE": str(s.nproc_per_node),
+            "GROUP_RANK": str(info.group_rank),
+            "GROUP_WORLD_SIZE": str(info.num_nodes),
+            "ROLE_RANK": str(rank),
+            "ROLE_WORLD_SIZE": str(world),
+            "ROLE_NAME": "default",
+            "MASTER_ADDR": master_addr,
+            "MASTER_PORT": str(master_port),
+            "SHOAL_RUN_ID": s.run_id,
+            "SHOAL_RESTART_COUNT": str(restarts),
+            "SHOAL_MAX_RESTARTS_ALLOWED": str(s.max_restarts),
+            "SHOAL_RDZV_ROUND": str(info.round),
+            "SHOAL_CHECKPOINT_DIR": s.checkpoint_dir,
+            "SHOAL_AUTH_TOKEN": s.auth_token,
+            "SHOAL_ASYNC_ERROR_HANDLING": "1",
+            # The agent hosts the workers' store: every rank connects as a client.
+            "SHOAL_USE_AGENT_STORE": "1",
+            # torchrun's names, so scripts written for torchrun run unchanged.
+            "TORCHELASTIC_RUN_ID": s.run_id,
+            "TORCHELASTIC_RESTART_COUNT": str(restarts),
+            "TORCHELASTIC_MAX_RESTARTS": str(s.max_restarts),
+            "TORCHELASTIC_USE_AGENT_STORE": "True",
+            "PYTHONUNBUFFERED": "1",
+        })
+        if s.multiproc_dir:
+            env["PROMETHEUS_MULTIPROC_DIR"] = s.multiproc_dir
+        return env
+
+    def _log_path(self, round_: int, rank: int) -> Optional[str]:
+        if self.spec.log_dir is None:
+            return None
+        return os.path.join(self.spec.log_dir, self.spec.run_id, f"round_{round_}",
+                            f"rank_{rank}.log")
+
+    # ------------------------------------------------------------------ monitoring
+
+    def _monitor(self, info: RendezvousInfo, restarts: int):
+        group = self._group
+        next_check = 0.0
+        while True:
+            group.changed.wait(self.spec.monitor_interval)
+            group.changed.clear()
+            if self._signum is not None:
+                return self._interrupted(self._signum)
+            state = group.state()
+            if state == "failed":
+                return self._on_failure(info)
+            if state == "succeeded":
+                group.wait_output()
+                return self._exit_barrier(info)
+            # Worker exits wake us at once; the rendezvous is read once per interval.
+            now = time.monotonic()
+            if now < next_check:
+                continue
+            next_check = now + self.spec.monitor_interval
+            try:
+                reason = self.handler.restart_requested()
+                if reason is None and self.handler.num_nodes_waiting() > 0:
+                    if self._claim_round(info, "scale_up"):
+                        self._signal_restart("a node is waiting to join: scaling up")
+                        self._stop_workers("scaling up for a waiting node")
+                        return "scale_up"
+                    continue
+            except RendezvousError as exc:
+                logger.warning("Could not read the rendezvous (retrying): %s", exc)
+                continue
+            if reason is not None:
+                if self.handler.is_closed():
+                    self._stop_workers("the rendezvous was closed")
+                    return self._closed_result()
+                logger.warning("Round %s ends: %s", info.round, reason)
+                self._stop_workers(f"round {info.round} ends")
+                lost = self._safe(self.handler.dead_nodes, [])
+                return "node_lost" if lost else "peer_request"
+
+    def _on_failure(self, info: RendezvousInfo):
+        group = self._group
+        failures = group.failures()
+        first = failures[0]
+        self._last_exits = failures
+        record = {
+            "round": info.round, "rank": first.rank, "local_rank": first.local_rank,
+            "node": self.node_id, "pid": first.pid, "exitcode": first.exitcode,
+            "exit": describe_exit(first.exitcode), "time": first.time,
+            "tail": list(first.tail), "log_path": first.log_path,
+        }
+        logger.error("Round %s: %s", info.round, first.describe())
+        if all(f.exitcode in PEER_FAILURE_EXIT_CODES for f in failures):
+            # Our workers only saw a peer fail: give the node at fault a moment to claim it.
+            self._await_other_claim(info)
+        counted = self._claim_round(info, "worker_failure", record)
+        if not counted:
+            self._stop_workers(f"round {info.round} ends after a failure elsewhere")
+            lost = self._safe(self.handler.dead_nodes, [])
+            return "node_lost" if lost else "peer_request"
+        used = int(self.store.add("agent/restarts", 1))
+        if used > self.spec.max_restarts:
+            self._stop_workers("restarts are exhausted")
+            summary = _summary_text(self.spec.run_id, record, used - 1, self.spec.max_restarts)
+            self._safe(lambda: self.store.set("agent/final_failure",
+                                              json.dumps({**record, "summary": summary})))
+            self._safe(self.handler.set_closed)
+            return AgentResult(1, summary, self._rounds)
+        self._signal_restart(f"rank {first.rank} on node {self.node_id} ended with "
+                             f"{describe_exit(first.exitcode)}")
+        self._stop_workers("restarting after a worker failure")
+        logger.warning("Restarting the job (restart %d of %d)", used, self.spec.max_restarts)
+        return "worker_failure"
+
+    def _await_other_claim(self, info: RendezvousInfo) -> None:
+        settings = getattr(self.handler, "settings", None)
+        wait = (getattr(settings, "heartbeat_timeout", 5.0) or 5.0) + 1.0
+        deadline = time.monotonic() + wait
+        key = f"agent/round/{info.round}/ended"
+        while time.monotonic() < deadline:
+            if self._safe(lambda: self.store.check([key]), False):
+                return
+            if self._safe(self.handler.dead_nodes, []):
+                return
+            time.sleep(self.spec.monitor_interval)
+
+    def _claim_round(self, info: RendezvousInfo, why: str, record: Optional[dict] = None) -> bool:
+        """End round `info.round` for `why`; True if we were first (only then does it count)."""
+        key = f"agent/round/{info.round}/ended"
+        mine = f"{why}:{self.node_id}"
+        try:
+            if record is not None:
+                self.store.set(f"agent/round/{info.round}/failure/{self.node_id}",
+                               json.dumps(record))
+            won = self.store.compare_set(key, "", mine).decode() == mine
+        except StoreError as exc:
+            logger.warning("Could not record the end of round %s in the store: %s", info.round,
+                           exc)
+            return why == "worker_failure"  # count it: safer to over-count than loop forever
+        if not won:
+            logger.info("Round %s was already ended by another node; not counting it", info.round)
+        return won
+
+    def _signal_restart(self, reason: str) -> None:
+        try:
+            self.handler.signal_restart(reason)
+        except RendezvousError as exc:
+            logger.warning("Could not signal the restart through the rendezvous: %s", exc)
+
+    # ------------------------------------------------------------------ endings
+
+    def _exit_barrier(self, info: RendezvousInfo):
+        """Wait until every node's workers succeeded; rerun if some node restarts instead."""
+        base = f"agent/round/{info.round}"
+        deadline = time.monotonic() + self.spec.exit_barrier_timeout
+        try:
+            if int(self.store.add(f"{base}/exit", 1)) >= info.num_nodes:
+                self.store.set(f"{base}/exit_done", "1")
+            while True:
+                try:
+                    self.store.wait([f"{base}/exit_done"], self.spec.monitor_interval)
+                    break
+                except StoreTimeout:
+                    pass
+                if self._signum is not None:
+                    return self._interrupted(self._signum)
+                reason = self.handler.restart_requested()
+                if reason is not None and not self.handler.is_closed():
+                    logger.warning("Another node restarts round %s (%s): rejoining", info.round,
+                                   reason)
+                    return "peer_request"
+                if time.monotonic() >= deadline:
+                    logger.warning("The exit barrier timed out after %gs; finishing anyway",
+                                   self.spec.exit_barrier_timeout)
+                    break
+            self.store.set(f"{base}/ack/{info.group_rank}", "1")
+            if self._is_store_host:
+                # Keep serving the store until every node has read the barrier.
+                try:
+                    self.store.wait([f"{base}/ack/{r}" for r in range(info.num_nodes)],
+                                    _STORE_ACK_TIMEOUT_S)
+                except StoreTimeout:
+                    logger.warning("Not every node acknowledged the exit barrier")
+            self._safe(self.handler.set_closed)
+        except (StoreError, RendezvousError) as exc:
+            logger.warning("The exit barrier failed (%s); this node's workers succeeded", exc)
+        logger.info("All workers succeeded after %d round(s)", self._rounds)
+        return AgentResult(0, None, self._rounds)
+
+    def _closed_result(self) -> AgentResult:
+        try:
+            raw = self.store.get("agent/final_failure", 2.0)
+        except (StoreError, RendezvousError):
+            raw = None
+        if raw:
+            try:
+                summary = json.loads(raw)["summary"]
+            except (ValueError, KeyError, TypeError):
+                summary = "shoal run: the job failed on another node (its summary is unreadable)."
+            return AgentResult(1, summary, self._rounds)
+        if self._rounds == 0:
+            return AgentResult(
+                1, f"shoal run: the rendezvous of job {self.spec.run_id!r} is closed: the job "
+                   "already ended, so this node cannot join it.", self._rounds)
+        return AgentResult(0, None, self._rounds)
+
+    def _interrupted(self, signum: int) -> AgentResult:
+        name = signal.Signals(signum).name
+        group = self._group
+        if group is not None:
+            logger.warning("Stopping the workers after %s (grace period %gs)", name,
+                           self.spec.grace_period)
+            group.stop(self.spec.grace_period, signum)
+        return AgentResult(128 + signum, f"shoal run: stopped by {name}.", self._rounds)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _stop_workers(self, why: str) -> None:
+        group, self._group = self._group, None
+        if group is not None:
+            logger.info("Stopping this node's workers: %s", why)
+            group.stop(self.spec.grace_period)
+        self._close_master_store()
+
+    def _close_master_store(self) -> None:
+        store, self._master_store = self._master_store, None
+        if store is not None:
+            try:
+                store.close()
+            except Exception as exc:  # noqa: BLE001  (closing must not mask the real outcome)
+                logger.debug("Closing the master store failed: %s", exc)
+
+    @staticmethod
+    def _safe(call, default=None):
+        try:
+            return call()
+        except (StoreError, RendezvousError) as exc:
+            logger.warning("%s", exc)
+            return default
+
+
+def default_node_id(node_rank: Optional[int] = None) -> str:
+    """A unique node id; with a node rank, ids sort (and so get group ranks) in that order."""
+    import socket
+
+    base = f"{socket.gethostname()}-{os.getpid()}"
+    return base if node_rank is None else f"n{node_rank:05d}-{base}"
+
+
+def python_argv(script: str, args: Sequence[str], module: bool = False) -> tuple[str, ...]:
+    """The worker command line: this interpreter running `script` (or `-m module`)."""
+    head = [sys.executable, "-u"]
+    return tuple(head + (["-m", script] if module else [script]) + list(args))

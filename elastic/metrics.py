@@ -1,0 +1,109 @@
+"""The elastic layer's metrics, and the node agent's /metrics server.
+
+The agent serves its own metrics (the `shoal_elastic_*` families below, kept in this process's
+default registry) together with its workers' metrics, which the workers write as files in
+`PROMETHEUS_MULTIPROC_DIR` (prometheus_client's multiprocess mode, one directory per job).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Iterable, Optional
+
+import prometheus_client
+from prometheus_client import multiprocess
+from prometheus_client.registry import CollectorRegistry
+
+from core.telemetry import counter, gauge, histogram
+
+logger = logging.getLogger(__name__)
+
+# Reasons a node restarts its workers (the label set is fixed).
+RESTART_REASONS = ("worker_failure", "peer_request", "scale_up", "node_lost")
+WORKER_STATES = ("running", "succeeded", "failed", "stopped")
+
+RESTARTS = counter(
+    "shoal_elastic_restarts_total",
+    "Times this node's agent restarted its workers, by reason.",
+    ["reason"],
+)
+RENDEZVOUS_ROUND = gauge(
+    "shoal_elastic_rendezvous_round",
+    "The rendezvous round this node's workers run in (rounds count from 0).",
+    multiprocess_mode="max",
+)
+RENDEZVOUS_DURATION = histogram(
+    "shoal_elastic_rendezvous_duration_seconds",
+    "Seconds from joining a rendezvous to the round being complete.",
+)
+WORKERS = gauge(
+    "shoal_elastic_workers",
+    "This node's workers, by state.",
+    ["state"],
+)
+
+
+def set_worker_states(counts: dict[str, int]) -> None:
+    """Publish how many of this node's workers are in each state (missing states are 0)."""
+    for state in WORKER_STATES:
+        WORKERS.labels(state=state).set(counts.get(state, 0))
+
+
+class _AgentAndWorkers:
+    """A collector: the workers' multiprocess files, then this process's own families.
+
+    A family that both sides have (say a store metric the agent touched itself) is taken from
+    the workers only: Prometheus rejects a scrape that declares one family twice.
+    """
+
+    def __init__(self, multiproc_dir: Optional[str]):
+        self._dir = multiproc_dir
+
+    def collect(self) -> Iterable:
+        names = set()
+        if self._dir and os.path.isdir(self._dir):
+            workers = CollectorRegistry()
+            multiprocess.MultiProcessCollector(workers, path=self._dir)
+            for family in workers.collect():
+                names.add(family.name)
+                yield family
+        for family in prometheus_client.REGISTRY.collect():
+            if family.name not in names:
+                yield family
+
+
+class MetricsServer:
+    """Serve /metrics for this agent and its workers on `host:port` (port 0: any free one)."""
+
+    def __init__(self, host: str, port: int, multiproc_dir: Optional[str]):
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_AgentAndWorkers(multiproc_dir))
+        self._httpd, self._thread = prometheus_client.start_http_server(
+            port, addr=host, registry=registry
+        )
+        self.host = host
+        self.port = int(self._httpd.server_port)
+
+    @property
+    def url(self) -> str:
+        """The scrape URL."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/metrics"
+
+    def stop(self) -> None:
+        """Stop serving and release the port."""
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5.0)
+
+
+def mark_worker_dead(pid: int, multiproc_dir: Optional[str]) -> None:
+    """Drop a dead worker's live gauges (its counters and histograms stay, as they should)."""
+    if not multiproc_dir:
+        return
+    try:
+        multiprocess.mark_process_dead(pid, multiproc_dir)
+    except OSError as exc:
+        logger.warning("Could not mark worker pid %s dead in %s: %s", pid, multiproc_dir, exc)
+

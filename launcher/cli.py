@@ -1,0 +1,240 @@
+"""`shoal run` (an elastic job's node agent) and `shoal store` (a standalone TCPStore).
+
+Heavy imports (prometheus_client, the rendezvous, the stores) happen inside the commands, so
+that `shoal --help` is quick and PROMETHEUS_MULTIPROC_DIR can be taken out of this process's
+environment before prometheus_client reads it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import shutil
+import socket
+import sys
+import tempfile
+from typing import Optional, Sequence
+
+from launcher import env as flags
+
+logger = logging.getLogger("shoal.run")
+
+USAGE = """usage: shoal {run,store} ...
+
+  shoal run [flags] SCRIPT [ARGS...]   run an elastic job's workers on this node
+  shoal store [--host H] [--port P]     serve a standalone TCPStore for rendezvous
+
+`shoal run --help` lists every flag; each also reads SHOAL_<FLAG>."""
+
+# Where the launcher's own log lines go, and their prefix.
+_LOG_FORMAT = "[shoal] %(asctime)s %(levelname)s %(message)s"
+
+
+def _configure_logging() -> None:
+    level = os.environ.get("SHOAL_LOG_LEVEL", "INFO").upper()
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(_LOG_FORMAT, datefmt="%H:%M:%S"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    try:
+        root.setLevel(level)
+    except ValueError:
+        root.setLevel(logging.INFO)
+        logger.warning("SHOAL_LOG_LEVEL=%r is not a logging level; using INFO", level)
+
+
+def _usage_error(message: str) -> int:
+    sys.stderr.write(f"{USAGE}\nshoal: error: {message}\n")
+    return 2
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of the `shoal` command; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:
+        return _usage_error("name a command: run or store")
+    command, rest = argv[0], argv[1:]
+    if command in ("-h", "--help", "help"):
+        sys.stdout.write(USAGE + "\n")
+        return 0
+    if command == "run":
+        return run(rest)
+    if command == "store":
+        return store(rest)
+    return _usage_error(f"unknown command {command!r}; choose run or store")
+
+
+# ----------------------------------------------------------------------------- shoal run
+
+def _auth_token(settings: flags.RunSettings) -> str:
+    """The job's secret: --auth-token-file, else SHOAL_AUTH_TOKEN, else a fresh one."""
+    if settings.auth_token_file is not None:
+        with open(settings.auth_token_file, "rb") as f:
+            token = f.read().strip()
+        if not token:
+            flags.run_parser().error(
+                f"argument --auth-token-file/--auth_token_file: {settings.auth_token_file!r} "
+                "is empty; put the job's secret in it"
+            )
+        return token.decode("utf-8", errors="surrogateescape")
+    if os.environ.get("SHOAL_AUTH_TOKEN"):
+        return os.environ["SHOAL_AUTH_TOKEN"]
+    if settings.max_nodes > 1:
+        flags.run_parser().error(
+            "argument --auth-token-file/--auth_token_file: a job of several nodes needs one "
+            "shared secret; give --auth-token-file or set SHOAL_AUTH_TOKEN on every node"
+        )
+    from core.auth import generate_token
+
+    return generate_token()
+
+
+def _is_loopback(host: str) -> bool:
+    if host in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _local_addr(settings: flags.RunSettings) -> str:
+    if settings.local_addr:
+        return settings.local_addr
+    if not settings.rdzv_endpoints or all(_is_loopback(h) for h, _ in settings.rdzv_endpoints):
+        return "127.0.0.1"
+    return socket.getfqdn()
+
+
+def _make_handler(settings: flags.RunSettings, node_id: str):
+    from elastic.api import RendezvousSettings
+    from elastic.rendezvous import create_handler
+
+    conf = dict(settings.rdzv_conf)
+    timing = {k: conf[k] for k in
+              ("last_call_timeout", "join_timeout", "heartbeat_interval", "heartbeat_timeout")
+              if k in conf}
+    try:
+        rdzv_settings = RendezvousSettings(run_id=settings.rdzv_id, min_nodes=settings.min_nodes,
+                                           max_nodes=settings.max_nodes, **timing)
+    except ValueError as exc:
+        flags.run_parser().error(f"argument --rdzv-conf/--rdzv_conf: {exc}")
+    timeout = float(conf.get("store_timeout", 30.0))
+    if settings.embedded_store and not settings.rdzv_endpoints:
+        endpoint = "127.0.0.1:0"
+    else:
+        endpoint = ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}"
+                            for h, p in settings.rdzv_endpoints)
+    kwargs = {"timeout": timeout}
+    if settings.rdzv_backend == "store":
+        kwargs["is_host"] = settings.embedded_store
+    return create_handler(settings.rdzv_backend, endpoint, rdzv_settings, node_id, **kwargs)
+
+
+def run(argv: Sequence[str]) -> int:
+    """`shoal run`: parse, set up the rendezvous, metrics and directories, run the agent."""
+    settings = flags.parse_run(argv)
+    _configure_logging()
+    token = _auth_token(settings)
+    # Stores this process opens (the embedded one, the workers' master store) use it too.
+    os.environ["SHOAL_AUTH_TOKEN"] = token
+    # The agent's own metrics live in its registry; only its workers write multiprocess files.
+    metrics_parent = os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+
+    from elastic.agent import Agent, WorkerSpec, default_node_id, python_argv
+    from elastic.api import RendezvousError
+
+    cleanup: list[str] = []
+    metrics_server = None
+    handler = None
+    try:
+        if settings.checkpoint_dir is not None:
+            checkpoint_dir = os.path.abspath(settings.checkpoint_dir)
+            os.makedirs(checkpoint_dir, exist_ok=True)
+        else:
+            checkpoint_dir = tempfile.mkdtemp(prefix=f"shoal-{settings.rdzv_id}-checkpoints-")
+            cleanup.append(checkpoint_dir)
+        if metrics_parent:
+            os.makedirs(metrics_parent, exist_ok=True)
+        multiproc_dir = tempfile.mkdtemp(prefix=f"shoal-{settings.rdzv_id}-metrics-",
+                                         dir=metrics_parent or None)
+        cleanup.append(multiproc_dir)
+        if settings.metrics_port is not None:
+            from elastic.metrics import MetricsServer
+
+            metrics_server = MetricsServer(settings.metrics_host, settings.metrics_port,
+                                           multiproc_dir)
+            logger.info("Metrics of this node's agent and workers at %s", metrics_server.url)
+
+        node_id = default_node_id(settings.node_rank)
+        try:
+            handler = _make_handler(settings, node_id)
+        except (RendezvousError, OSError, ValueError) as exc:
+            sys.stderr.write(f"shoal run: cannot reach the {settings.rdzv_backend} rendezvous "
+                             f"at {settings.rdzv_endpoints or 'an embedded store'}: {exc}\n")
+            return 1
+        if settings.embedded_store:
+            logger.info("Rendezvous store listening on %s:%s (run id %s)",
+                        handler.store.host, handler.store.port, settings.rdzv_id)
+        logger.info("Node %s joins run %s (%s backend, nodes %d:%d, %d worker(s) here)",
+                    node_id, settings.rdzv_id, settings.rdzv_backend, settings.min_nodes,
+                    settings.max_nodes, settings.nproc_per_node)
+
+        spec = WorkerSpec(
+            argv=python_argv(settings.script, settings.script_args, settings.module),
+            nproc_per_node=settings.nproc_per_node, run_id=settings.rdzv_id,
+            checkpoint_dir=checkpoint_dir, auth_token=token, local_addr=_local_addr(settings),
+            max_restarts=settings.max_restarts, monitor_interval=settings.monitor_interval,
+            grace_period=settings.grace_period,
+            log_dir=os.path.abspath(settings.log_dir) if settings.log_dir else None,
+            tee=settings.tee, multiproc_dir=multiproc_dir, base_env=dict(os.environ),
+            exit_barrier_timeout=float(settings.rdzv_conf.get("exit_barrier_timeout", 300.0)),
+        )
+        agent = Agent(spec, handler, is_store_host=settings.embedded_store)
+        restore = agent.install_signal_handlers()
+        try:
+            result = agent.run()
+        finally:
+            restore()
+        if result.summary:
+            sys.stderr.write(result.summary + "\n")
+            sys.stderr.flush()
+        return result.exit_code
+    finally:
+        if handler is not None:
+            handler.shutdown()
+        if metrics_server is not None:
+            metrics_server.stop()
+        for path in cleanup:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------- shoal store
+
+def store(argv: Sequence[str]) -> int:
+    """`shoal store`: serve a TCPStore until SIGTERM/SIGINT; the first line names the port."""
+    settings = flags.parse_store(argv)
+    _configure_logging()
+    if settings.auth_token_file is not None:
+        with open(settings.auth_token_file, "rb") as f:
+            token = f.read().strip()
+    else:
+        token = os.environ.get("SHOAL_AUTH_TOKEN", "").encode()
+    if not token:
+        flags.store_parser().error(
+            "argument --auth-token-file/--auth_token_file: the store needs the job's secret; "
+            "give --auth-token-file or set SHOAL_AUTH_TOKEN"
+        )
+    from collectives.store_tcp import serve_forever
+
+    def announce(server) -> None:
+        sys.stdout.write(f"shoal store listening on {server.host}:{server.port}\n")
+        sys.stdout.flush()
+
+    try:
+        serve_forever(settings.host, settings.port, token=token, on_ready=announce)
+    except OSError as exc:
+        sys.stderr.write(f"shoal store: cannot serve on {settings.host}:{settings.port}: {exc}\n")
+        return 1
+    return 0
