@@ -126,7 +126,10 @@ class TCPStoreServer:
         self._deadlines: list = []
         self._seq = itertools.count()
         self._conns: dict[socket.socket, _Conn] = {}
+        # Published for monitoring and tests; written by the loop thread only.
         self.joined = 0
+        self.num_connections = 0
+        self.num_parked = 0
 
     @property
     def address(self) -> str:
@@ -203,6 +206,7 @@ class TCPStoreServer:
             conn = _Conn(sock, peer)
             self._conns[sock] = conn
             self._sel.register(sock, selectors.EVENT_READ, None)
+            self.num_connections = len(self._conns)
 
     # ------------------------------------------------------------------ accept and authenticate
 
@@ -315,6 +319,7 @@ class TCPStoreServer:
         if conn.parked is not None:
             self._unpark(conn.parked)
         self._conns.pop(conn.sock, None)
+        self.num_connections = len(self._conns)
         try:
             self._sel.unregister(conn.sock)
         except (KeyError, ValueError):
@@ -456,6 +461,7 @@ class TCPStoreServer:
 
     def _park(self, waiter: _Waiter) -> None:
         waiter.conn.parked = waiter
+        self.num_parked += 1
         if waiter.op is Op.WAIT_WORKERS:
             self._worker_waiters.add(waiter)
         heapq.heappush(self._deadlines, (waiter.deadline, next(self._seq), waiter))
@@ -463,6 +469,7 @@ class TCPStoreServer:
     def _unpark(self, waiter: _Waiter) -> None:
         waiter.done = True
         waiter.conn.parked = None
+        self.num_parked -= 1
         self._worker_waiters.discard(waiter)
         for k in waiter.keys:
             bucket = self._waiters.get(k)

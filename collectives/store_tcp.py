@@ -159,7 +159,11 @@ class TCPStore(Store):
                 )
             except OSError as exc:
                 left = end - time.monotonic()
-                if not retry or left <= 0:
+                if not retry:
+                    raise StoreError(
+                        f"TCPStore could not reach the server at {self.address}: {exc}"
+                    ) from exc
+                if left <= 0:
                     raise StoreError(
                         f"TCPStore could not reach the server at {self.address} within "
                         f"{timeout:g}s: {exc}"

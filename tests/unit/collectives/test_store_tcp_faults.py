@@ -1,0 +1,234 @@
+"""The TCPStore server under hostile or broken clients, over real sockets: it logs the peer and
+the fault, drops that connection, and keeps serving everyone else."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+
+import pytest
+
+from collectives._store_server import TCPStoreServer
+from collectives._store_wire import LENGTH, MAX_FRAME_BYTES, Op, encode
+from collectives.api import StoreError
+from collectives.store_tcp import TCPStore
+from core.auth import client_handshake, load_token
+from core.errors import AuthenticationError
+
+LOGGER = "collectives._store_server"
+WAIT_S = 10.0
+
+
+@pytest.fixture
+def server():
+    server = TCPStoreServer("127.0.0.1", 0, handshake_timeout=0.5, max_pending_handshakes=4)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def client(server):
+    with TCPStore("127.0.0.1", server.port, timeout=5) as store:
+        yield store
+
+
+def wait_until(condition, what, timeout=WAIT_S):
+    end = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > end:
+            pytest.fail(f"timed out after {timeout}s waiting until {what}")
+        time.sleep(0.01)
+
+
+def wait_for_log(caplog, pattern):
+    def found():
+        return any(pattern in r.getMessage() for r in caplog.records if r.name == LOGGER)
+
+    wait_until(found, f"the server logs {pattern!r}")
+    return next(r for r in caplog.records if pattern in r.getMessage())
+
+
+def raw_connection(server, authenticate=True):
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=WAIT_S)
+    if authenticate:
+        client_handshake(sock, load_token(), "store")
+    return sock
+
+
+def assert_dropped(sock):
+    """The server closed this connection: recv sees EOF (or a reset) after any greeting."""
+    sock.settimeout(WAIT_S)
+    try:
+        for _ in range(100):
+            if sock.recv(4096) == b"":
+                break
+        else:
+            pytest.fail("the server kept the connection open")
+    except ConnectionResetError:
+        pass
+    sock.close()
+
+
+def assert_serving(client, tag):
+    client.set(f"alive/{tag}", tag)
+    assert client.get(f"alive/{tag}", timeout=5) == tag.encode()
+
+
+def test_garbage_instead_of_the_handshake(server, client, caplog):
+    caplog.set_level(logging.WARNING, LOGGER)
+    sock = raw_connection(server, authenticate=False)
+    sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + b"\xff" * 64)
+    record = wait_for_log(caplog, "failed authentication")
+    port = sock.getsockname()[1]
+    assert f"dropped the connection from 127.0.0.1:{port}" in record.getMessage()
+    assert "does not match this job's secret" in record.getMessage()
+    assert_dropped(sock)
+    assert_serving(client, "garbage")
+
+
+def test_garbage_after_authenticating(server, client, caplog):
+    caplog.set_level(logging.WARNING, LOGGER)
+    sock = raw_connection(server)
+    sock.sendall(LENGTH.pack(9) + b"\x77garbage!")
+    record = wait_for_log(caplog, "sent a malformed")
+    assert f"from 127.0.0.1:{sock.getsockname()[1]}" in record.getMessage()
+    assert_dropped(sock)
+    assert_serving(client, "garbage2")
+
+
+def test_arguments_that_overrun_the_frame(server, client, caplog):
+    caplog.set_level(logging.WARNING, LOGGER)
+    sock = raw_connection(server)
+    body = bytes([Op.SET]) + (2).to_bytes(4, "big") + (1000).to_bytes(4, "big") + b"k"
+    sock.sendall(LENGTH.pack(len(body)) + body)
+    record = wait_for_log(caplog, "argument 0 claims 1000 bytes but only 1 remain")
+    assert "malformed frame" in record.getMessage() or "malformed request" in record.getMessage()
+    assert_dropped(sock)
+    assert_serving(client, "overrun")
+
+
+def test_truncated_frame_then_close(server, client, caplog):
+    caplog.set_level(logging.WARNING, LOGGER)
+    sock = raw_connection(server)
+    frame = encode(Op.SET, [b"truncated", b"x" * 100])
+    sock.sendall(frame[:40])
+    sock.close()
+    wait_for_log(caplog, "closed the connection in the middle of a frame (40 bytes)")
+    assert not client.check(["truncated"])
+    assert_serving(client, "truncated")
+
+
+def test_oversized_length_prefix_is_refused_before_reading(server, client, caplog):
+    caplog.set_level(logging.WARNING, LOGGER)
+    sock = raw_connection(server)
+    sock.sendall(LENGTH.pack(MAX_FRAME_BYTES + 1))  # and no body at all
+    wait_for_log(caplog, f"frame length {MAX_FRAME_BYTES + 1} exceeds the {MAX_FRAME_BYTES}-byte")
+    assert_dropped(sock)
+    assert_serving(client, "oversized")
+
+
+def read_challenge(sock):
+    """The server's 36-byte challenge (magic and nonce), which a silent peer never answers."""
+    got = b""
+    while len(got) < 36:
+        chunk = sock.recv(36 - len(got))
+        assert chunk, "the server closed before sending its challenge"
+        got += chunk
+    assert got.startswith(b"SHL1")
+
+
+def test_silent_connection_stalls_nobody_and_is_dropped(caplog):
+    caplog.set_level(logging.WARNING, LOGGER)
+    server = TCPStoreServer("127.0.0.1", 0, handshake_timeout=1.5).start()
+    try:
+        silent = raw_connection(server, authenticate=False)
+        read_challenge(silent)
+        with TCPStore("127.0.0.1", server.port, timeout=5) as client:
+            assert_serving(client, "silent")
+            with TCPStore("127.0.0.1", server.port, timeout=5) as other:
+                assert other.get("alive/silent") == b"silent"
+        # all of that happened while the silent peer still held its handshake
+        assert not any("no auth proof" in r.getMessage() for r in caplog.records)
+        record = wait_for_log(caplog, "sent no auth proof for 'store' within 1.5s")
+        assert f"from 127.0.0.1:{silent.getsockname()[1]}" in record.getMessage()
+        assert_dropped(silent)
+    finally:
+        server.stop()
+
+
+def test_too_many_pending_handshakes_are_refused(server, client, caplog):
+    caplog.set_level(logging.WARNING, LOGGER)
+    silent = [raw_connection(server, authenticate=False) for _ in range(4)]
+    for s in silent:
+        read_challenge(s)
+    extra = raw_connection(server, authenticate=False)
+    wait_for_log(caplog, "4 handshakes are already pending")
+    assert_dropped(extra)
+    for s in silent:
+        s.close()
+
+
+def test_wrong_token_is_refused_with_a_clear_error(server, caplog):
+    caplog.set_level(logging.WARNING, LOGGER)
+    with pytest.raises(
+        AuthenticationError,
+        match=rf"TCPStore could not authenticate to the server at 127\.0\.0\.1:{server.port}: .*"
+              r"same SHOAL_AUTH_TOKEN",
+    ):
+        TCPStore("127.0.0.1", server.port, timeout=5, token="not-the-job-secret")
+    wait_for_log(caplog, "does not match this job's secret")
+
+
+def test_flood_of_requests_behind_a_parked_wait_is_dropped(server, client, caplog):
+    caplog.set_level(logging.WARNING, LOGGER)
+    sock = raw_connection(server)
+    get = encode(Op.GET, [b"30.0", b"flood/never"])
+    sock.sendall(get * 40)
+    wait_for_log(caplog, "requests without waiting for the replies")
+    assert_dropped(sock)
+    wait_until(lambda: server.num_parked == 0, "the flooder's parked wait is gone")
+    assert_serving(client, "flood")
+
+
+def test_client_that_disconnects_while_waiting_disturbs_no_one(server, client):
+    sock = raw_connection(server)
+    sock.sendall(encode(Op.GET, [b"30.0", b"gone/key"]))
+    wait_until(lambda: server.num_parked == 1, "the raw client's get is parked")
+    result = {}
+    waiter = threading.Thread(target=lambda: result.setdefault("v", client.get("gone/key", 10)))
+    waiter.start()
+    wait_until(lambda: server.num_parked == 2, "the store client's get is parked too")
+    sock.close()
+    wait_until(lambda: server.num_parked == 1, "the closed connection's wait is dropped")
+    other = TCPStore("127.0.0.1", server.port, timeout=5)
+    other.set("gone/key", "v")
+    waiter.join(10)
+    assert result == {"v": b"v"}
+    other.close()
+
+
+def test_server_stop_fails_waiting_clients_promptly(server):
+    client = TCPStore("127.0.0.1", server.port, timeout=30)
+    errors = []
+
+    def wait():
+        try:
+            client.get("stop/never", timeout=30)
+        except StoreError as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=wait)
+    t.start()
+    wait_until(lambda: server.num_parked == 1, "the get is parked")
+    start = time.monotonic()
+    server.stop()
+    t.join(10)
+    assert time.monotonic() - start < 5
+    assert len(errors) == 1
+    assert f"lost the server at 127.0.0.1:{server.port}" in str(errors[0])
+    with pytest.raises(StoreError, match=rf"could not reach the server at 127\.0\.0\.1:{server.port}"):
+        client.set("stop/k", "v")
+    client.close()
