@@ -28,9 +28,14 @@ def sgd_step_reference(
     first: bool = False,
     scratch: np.ndarray | None = None,
 ) -> None:
-    """One SGD step on numpy arrays, in place; `first` seeds the momentum buffer with d_p."""
+    """One SGD step on numpy arrays, in place; `first` seeds the momentum buffer with d_p.
+
+    `scratch`, when given, is an array of param's dtype with at least param.size elements.
+    """
     if scratch is None:
         scratch = np.empty_like(param)
+    else:
+        scratch = scratch.reshape(-1)[: param.size].reshape(param.shape)
     # d_p = (-grad if maximize else grad) + weight_decay * param, built in scratch only if needed.
     if weight_decay != 0.0:
         np.multiply(param, weight_decay, out=scratch)
