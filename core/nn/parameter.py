@@ -1,0 +1,35 @@
+"""`Parameter`: a leaf Tensor with requires_grad=True that Module registers on assignment."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from core.tensor import Tensor
+
+
+class Parameter(Tensor):
+    """A Tensor a Module owns as a trainable weight; shares `data`'s array when given a Tensor."""
+
+    __slots__ = ()
+
+    def __init__(self, data: Any = None, requires_grad: bool = True) -> None:
+        if data is None:
+            import numpy as np  # noqa: PLC0415
+
+            data = np.empty((0,), dtype=np.float32)
+        if isinstance(data, Tensor):
+            data = data.data
+        super().__init__(data, requires_grad=requires_grad)
+
+    def __repr__(self) -> str:
+        return "Parameter containing:\n" + super().__repr__()
+
+    def __deepcopy__(self, memo: dict) -> "Parameter":
+        copied = Parameter(self.data.copy(), requires_grad=self.requires_grad)
+        if self.grad is not None:
+            copied.grad = Tensor(self.grad.data.copy())
+        memo[id(self)] = copied
+        return copied
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return (Parameter, (self.data, self.requires_grad))
