@@ -12,7 +12,7 @@ Keys the agents share in the run's store (all under `agent/`):
     round/<r>/ended           who ended round r and why (compare-and-set: the first one wins)
     round/<r>/failure         JSON of the worker failure that ended round r
     round/<r>/exit, exit_done exit barrier of round r
-    round/<r>/ack/<node rank> the nodes that saw the barrier (the store's host waits for them)
+    bye/<node>                a node left for good (the store's host waits for them)
     nproc/<node rank>         (in the round's own store) each node's worker count
     final_failure             JSON summary once restarts ran out; then the rendezvous closes
 """
@@ -139,7 +139,7 @@ class Agent:
         self._in_rendezvous = False
         self._wake = threading.Event()
         self._rounds = 0
-        self._last_exits: list[WorkerExit] = []
+        self._last_info: Optional[RendezvousInfo] = None
 
     # ------------------------------------------------------------------ signals
 
@@ -170,14 +170,44 @@ class Agent:
     # ------------------------------------------------------------------ main loop
 
     def run(self) -> AgentResult:
-        """Run rounds until done; never raises for worker failures (see the exit code)."""
+        """Run rounds until done; never raises for worker failures (see the exit code).
+
+        On return the agent has left the rendezvous (`handler.shutdown()`); closing the
+        handler's backend and store is the caller's job, after this returns.
+        """
         try:
-            return self._run()
+            result = self._run()
         except AgentInterrupted as exc:
-            return self._interrupted(exc.signum)
+            result = self._interrupted(exc.signum)
         finally:
             self._stop_workers("the agent is exiting")
             self._close_master_store()
+        self._leave(result)
+        return result
+
+    def _leave(self, result: AgentResult) -> None:
+        """Leave the rendezvous; when the job is over, the store's host waits for the others.
+
+        Each node writes `agent/bye/<node>` only after its own `shutdown()`, so the host (whose
+        process serves the store) stops serving only once nobody needs the store any more.
+        """
+        try:
+            self.handler.shutdown()
+        except Exception as exc:  # noqa: BLE001  (leaving must not mask the job's outcome)
+            logger.warning("Leaving the rendezvous failed: %s", exc)
+        info = self._last_info
+        if info is None or result.exit_code >= 128:
+            return
+        if not self._is_store_host:
+            self._safe(lambda: self.store.set(f"agent/bye/{self.node_id}", "1"))
+            return
+        others = [f"agent/bye/{p}" for p in info.participants if p != self.node_id]
+        if others:
+            try:
+                self.store.wait(others, _STORE_ACK_TIMEOUT_S)
+            except StoreError:
+                logger.warning("Not every node said goodbye within %gs; stopping the store "
+                               "anyway", _STORE_ACK_TIMEOUT_S)
 
     def _run(self) -> AgentResult:
         while True:
@@ -210,6 +240,7 @@ class Agent:
         metrics.RENDEZVOUS_DURATION.observe(time.monotonic() - started)
         metrics.RENDEZVOUS_ROUND.set(info.round)
         self._rounds += 1
+        self._last_info = info
         return info
 
     def _run_round(self, info: RendezvousInfo):
@@ -352,7 +383,6 @@ class Agent:
         group = self._group
         failures = group.failures()
         first = failures[0]
-        self._last_exits = failures
         record = {
             "round": info.round, "rank": first.rank, "local_rank": first.local_rank,
             "node": self.node_id, "pid": first.pid, "exitcode": first.exitcode,
@@ -443,14 +473,6 @@ class Agent:
                     logger.warning("The exit barrier timed out after %gs; finishing anyway",
                                    self.spec.exit_barrier_timeout)
                     break
-            self.store.set(f"{base}/ack/{info.group_rank}", "1")
-            if self._is_store_host:
-                # Keep serving the store until every node has read the barrier.
-                try:
-                    self.store.wait([f"{base}/ack/{r}" for r in range(info.num_nodes)],
-                                    _STORE_ACK_TIMEOUT_S)
-                except StoreTimeout:
-                    logger.warning("Not every node acknowledged the exit barrier")
             self._safe(self.handler.set_closed)
         except (StoreError, RendezvousError) as exc:
             logger.warning("The exit barrier failed (%s); this node's workers succeeded", exc)

@@ -43,6 +43,10 @@ WORKERS = gauge(
     ["state"],
 )
 
+# Series exist from the start (at 0), so dashboards and alerts see them before any restart.
+for _reason in RESTART_REASONS:
+    RESTARTS.labels(reason=_reason)
+
 
 def set_worker_states(counts: dict[str, int]) -> None:
     """Publish how many of this node's workers are in each state (missing states are 0)."""

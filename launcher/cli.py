@@ -109,7 +109,7 @@ def _local_addr(settings: flags.RunSettings) -> str:
 
 def _make_handler(settings: flags.RunSettings, node_id: str):
     from elastic.api import RendezvousSettings
-    from elastic.rendezvous import create_handler
+    from elastic.rendezvous import RendezvousHandler, create_backend
 
     conf = dict(settings.rdzv_conf)
     timing = {k: conf[k] for k in
@@ -129,7 +129,11 @@ def _make_handler(settings: flags.RunSettings, node_id: str):
     kwargs = {"timeout": timeout}
     if settings.rdzv_backend == "store":
         kwargs["is_host"] = settings.embedded_store
-    return create_handler(settings.rdzv_backend, endpoint, rdzv_settings, node_id, **kwargs)
+    backend, store = create_backend(settings.rdzv_backend, endpoint, settings.rdzv_id, **kwargs)
+    # Not owned: the agent leaves the rendezvous first, then tells the store's host it is done,
+    # and only then are the backend and store closed (see `run`).
+    return RendezvousHandler(backend, rdzv_settings, node_id, store, owns=False,
+                             backend_timeout=timeout)
 
 
 def run(argv: Sequence[str]) -> int:
@@ -203,7 +207,12 @@ def run(argv: Sequence[str]) -> int:
         return result.exit_code
     finally:
         if handler is not None:
-            handler.shutdown()
+            handler.shutdown()  # a no-op after the agent's own shutdown
+            for resource in (handler.backend, handler.store):
+                try:
+                    resource.close()
+                except Exception as exc:  # noqa: BLE001  (closing must not mask the outcome)
+                    logger.debug("Closing %r failed: %s", resource, exc)
         if metrics_server is not None:
             metrics_server.stop()
         for path in cleanup:

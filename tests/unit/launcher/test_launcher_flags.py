@@ -1,0 +1,118 @@
+"""`shoal run` and `shoal store` flags: spellings, SHOAL_<FLAG> fallbacks, and exit 2 on bad values."""
+
+import subprocess
+import sys
+
+import pytest
+
+from launcher import cli
+from launcher.env import RUN_GROUPS, parse_run, parse_store
+
+
+def _error(capsys, argv, environ=None, store=False):
+    with pytest.raises(SystemExit) as info:
+        (parse_store if store else parse_run)(argv, environ or {})
+    assert info.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_defaults_for_one_command_on_one_machine():
+    s = parse_run(["train.py"], {})
+    assert (s.min_nodes, s.max_nodes, s.nproc_per_node) == (1, 1, 1)
+    assert s.rdzv_backend == "store" and s.rdzv_endpoints == () and s.embedded_store
+    assert s.max_restarts == 3 and s.monitor_interval == 0.1
+    assert s.script == "train.py" and s.script_args == ()
+    assert len(s.rdzv_id) == 12  # a random id: two embedded jobs never share a run
+
+
+def test_every_flag_in_both_spellings_and_script_args_kept():
+    argv = ["--nnodes", "2:4", "--nproc_per_node", "3", "--node-rank", "1",
+            "--rdzv_backend", "etcd", "--rdzv-endpoint", "h1:2379,[::1]:2380", "--rdzv_id", "job.7",
+            "--rdzv-conf", "join_timeout=5,last-call-timeout=0,is_host=1",
+            "--max_restarts", "0", "--monitor-interval", "0.5", "--checkpoint_dir", "/tmp/ck",
+            "--metrics_port", "0", "--log_dir", "/tmp/logs", "--tee", "train.py",
+            "--nnodes", "9", "-x"]
+    s = parse_run(argv, {})
+    assert (s.min_nodes, s.max_nodes, s.nproc_per_node, s.node_rank) == (2, 4, 3, 1)
+    assert s.rdzv_endpoints == (("h1", 2379), ("::1", 2380)) and s.rdzv_id == "job.7"
+    assert s.rdzv_conf == {"join_timeout": 5.0, "last_call_timeout": 0.0, "is_host": True}
+    assert (s.max_restarts, s.monitor_interval, s.metrics_port, s.tee) == (0, 0.5, 0, True)
+    assert s.script_args == ("--nnodes", "9", "-x")  # after the script: the script's own
+
+
+def test_variables_fill_in_and_flags_beat_them():
+    environ = {"SHOAL_NNODES": "1:3", "SHOAL_NPROC_PER_NODE": "2", "SHOAL_MAX_RESTARTS": "7",
+               "SHOAL_TEE": "yes", "SHOAL_RDZV_ID": "from-env", "SHOAL_STANDALONE": "0"}
+    s = parse_run(["x.py"], environ)
+    assert (s.min_nodes, s.max_nodes, s.nproc_per_node, s.max_restarts, s.tee) == (1, 3, 2, 7, True)
+    assert s.rdzv_id == "from-env"
+    s = parse_run(["--max-restarts", "1", "--nnodes", "2", "x.py"], environ)
+    assert (s.max_restarts, s.min_nodes, s.max_nodes) == (1, 2, 2)
+
+
+@pytest.mark.parametrize("argv, names", [
+    (["--nnodes", "3:1", "x.py"], "--nnodes"),
+    (["--nnodes", "0", "x.py"], "--nnodes"),
+    (["--nnodes", "a:b", "x.py"], "--nnodes"),
+    (["--nproc-per-node", "0", "x.py"], "--nproc-per-node"),
+    (["--max_restarts", "-1", "x.py"], "--max-restarts"),
+    (["--monitor-interval", "0", "x.py"], "--monitor-interval"),
+    (["--monitor-interval", "nan", "x.py"], "--monitor-interval"),
+    (["--metrics-port", "70000", "x.py"], "--metrics-port"),
+    (["--rdzv-backend", "zookeeper", "x.py"], "--rdzv-backend"),
+    (["--rdzv-endpoint", "host:notaport", "x.py"], "--rdzv-endpoint"),
+    (["--rdzv-id", "a/b", "x.py"], "--rdzv-id"),
+    (["--rdzv-conf", "colour=blue", "x.py"], "--rdzv-conf"),
+    (["--rdzv-conf", "join_timeout", "x.py"], "--rdzv-conf"),
+    (["--auth-token-file", "/no/such/file", "x.py"], "--auth-token-file"),
+    (["--standalone", "--nnodes", "2", "x.py"], "--standalone"),
+    (["--rdzv-backend", "etcd", "x.py"], "--rdzv-endpoint"),
+    (["--bogus", "x.py"], "--bogus"),
+])
+def test_bad_values_exit_2_naming_the_flag(capsys, argv, names):
+    assert names in _error(capsys, argv)
+
+
+def test_a_bad_variable_names_flag_and_variable(capsys):
+    err = _error(capsys, ["x.py"], {"SHOAL_NPROC_PER_NODE": "two"})
+    assert "--nproc-per-node" in err and "SHOAL_NPROC_PER_NODE='two'" in err
+
+
+def test_every_flag_reads_its_variable():
+    # Each flag's variable is SHOAL_<FLAG>; check the table is complete and names them so.
+    names = {flag.env for group in RUN_GROUPS.values() for flag in group}
+    for expected in ("SHOAL_NNODES", "SHOAL_NPROC_PER_NODE", "SHOAL_NODE_RANK",
+                     "SHOAL_RDZV_BACKEND", "SHOAL_RDZV_ENDPOINT", "SHOAL_RDZV_ID",
+                     "SHOAL_RDZV_CONF", "SHOAL_STANDALONE", "SHOAL_MAX_RESTARTS",
+                     "SHOAL_MONITOR_INTERVAL", "SHOAL_CHECKPOINT_DIR", "SHOAL_METRICS_PORT",
+                     "SHOAL_LOG_DIR", "SHOAL_TEE", "SHOAL_AUTH_TOKEN_FILE"):
+        assert expected in names
+
+
+def test_who_hosts_the_embedded_store():
+    assert parse_run(["--rdzv-endpoint", "127.0.0.1:0", "--nnodes", "2", "x"], {}).embedded_store
+    assert parse_run(["--rdzv-endpoint", "h:29400", "--node-rank", "0", "x"], {}).embedded_store
+    assert not parse_run(["--rdzv-endpoint", "h:29400", "--node-rank", "1", "x"], {}).embedded_store
+    assert not parse_run(["--rdzv-backend", "etcd", "--rdzv-endpoint", "h:2379", "x"],
+                         {}).embedded_store
+
+
+def test_store_flags(capsys):
+    s = parse_store(["--host", "0.0.0.0", "--port", "0"], {})
+    assert (s.host, s.port) == ("0.0.0.0", 0)
+    assert parse_store([], {"SHOAL_STORE_PORT": "1234"}).port == 1234
+    assert "--port" in _error(capsys, ["--port", "-5"], store=True)
+
+
+def test_main_rejects_unknown_commands(capsys):
+    assert cli.main(["launch"]) == 2
+    assert "unknown command 'launch'" in capsys.readouterr().err
+    assert cli.main([]) == 2
+
+
+def test_shoal_and_python_m_launcher_agree_on_errors():
+    for argv in (["shoal"], [sys.executable, "-m", "launcher"]):
+        proc = subprocess.run(argv + ["run", "--nnodes", "x", "s.py"], capture_output=True,
+                              text=True, timeout=30)
+        assert proc.returncode == 2, proc.stderr
+        assert "argument --nnodes: 'x' is not N or MIN:MAX" in proc.stderr
