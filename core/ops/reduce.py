@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import namedtuple
 from typing import Any
 
+import numpy as np
+
 from core.ops._util import norm_dims, result, wrap, xp_of
 
 MaxResult = namedtuple("MaxResult", ["values", "indices"])
@@ -50,9 +52,9 @@ def mean(x: Any, dim: Any = None, keepdim: bool = False) -> Any:
 
 def _as_array(out: Any, like: Any) -> Any:
     # numpy returns numpy scalars for full reductions; tensors always hold arrays.
-    if hasattr(out, "flags"):
-        return out
-    return xp_of(like).asarray(out)
+    if isinstance(out, np.generic) or not hasattr(out, "flags"):
+        return xp_of(like).asarray(out)
+    return out
 
 
 def _extreme(x: Any, dim: Any, keepdim: bool, largest: bool) -> Any:
