@@ -1,0 +1,50 @@
+"""The few process-group calls DDP makes, in one place: rank, size, all_reduce, broadcast.
+
+Arrays passed here are numpy (or cupy) arrays, reduced or overwritten in place.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from collectives.api import ReduceOp
+
+
+def default_group() -> Any:
+    """The process group init_process_group created."""
+    from collectives import distributed  # noqa: PLC0415 - DDP must import without a group
+
+    return distributed._default_group()
+
+
+def resolve(group: Optional[Any]) -> Any:
+    """`group`, or the default group when None."""
+    return default_group() if group is None else group
+
+
+def rank(group: Any) -> int:
+    """This process's rank in `group`."""
+    return group.rank()
+
+
+def size(group: Any) -> int:
+    """The number of ranks in `group`."""
+    return group.size()
+
+
+def all_reduce(group: Any, array: Any, op: ReduceOp = ReduceOp.SUM, async_op: bool = False):
+    """Reduce `array` in place across `group`; returns the Work when async_op."""
+    work = group.all_reduce(array, op=op, async_op=True)
+    if async_op:
+        return work
+    work.wait()
+    return None
+
+
+def broadcast(group: Any, array: Any, src: int, async_op: bool = False):
+    """Overwrite `array` with rank `src`'s copy; returns the Work when async_op."""
+    work = group.broadcast(array, src=src, async_op=True)
+    if async_op:
+        return work
+    work.wait()
+    return None

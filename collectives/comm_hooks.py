@@ -1,0 +1,55 @@
+"""Built-in DDP communication hooks, as torch.distributed.algorithms.ddp_comm_hooks.default_hooks.
+
+A hook is `hook(state, bucket) -> Future`: it reduces one GradBucket's flat buffer and returns
+a Future whose value is the averaged buffer. For these hooks `state` is the process group
+(None: the default group). Register one with `ddp.register_comm_hook(state, hook)`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from collectives import _ddp_comm as comm
+from collectives._ddp_future import Future, future_from_work
+from collectives._ddp_reducer import GradBucket
+from collectives.api import ReduceOp
+from core import backend, dtypes
+from core.tensor import Tensor
+
+__all__ = ["allreduce_hook", "fp16_compress_hook", "bf16_compress_hook"]
+
+
+def allreduce_hook(process_group: Optional[Any], bucket: GradBucket) -> Future:
+    """Average the bucket with one all_reduce (what DDP does without a hook)."""
+    group = comm.resolve(process_group)
+    buffer = bucket.buffer()
+    data = buffer.data
+    backend.array_module(data).divide(data, comm.size(group), out=data)
+    work = comm.all_reduce(group, data, ReduceOp.SUM, async_op=True)
+    return future_from_work(work, buffer)
+
+
+def _compress_hook(process_group: Optional[Any], bucket: GradBucket, np_dtype: Any) -> Future:
+    group = comm.resolve(process_group)
+    buffer = bucket.buffer()
+    compressed = buffer.data.astype(np_dtype)
+    backend.array_module(compressed).divide(compressed, comm.size(group), out=compressed)
+    work = comm.all_reduce(group, compressed, ReduceOp.SUM, async_op=True)
+
+    def decompress(fut: Future) -> Tensor:
+        reduced = fut.value()
+        # Into the bucket's own buffer, so that the reducer needs no further copy.
+        backend.array_module(buffer.data).copyto(buffer.data, reduced, casting="unsafe")
+        return buffer
+
+    return future_from_work(work, compressed).then(decompress)
+
+
+def fp16_compress_hook(process_group: Optional[Any], bucket: GradBucket) -> Future:
+    """Cast the bucket to float16, average it with all_reduce, and cast back (half the bytes)."""
+    return _compress_hook(process_group, bucket, dtypes.float16.np)
+
+
+def bf16_compress_hook(process_group: Optional[Any], bucket: GradBucket) -> Future:
+    """Cast the bucket to bfloat16, average it with all_reduce, and cast back (half the bytes)."""
+    return _compress_hook(process_group, bucket, dtypes.bfloat16.np)
