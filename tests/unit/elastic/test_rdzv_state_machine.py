@@ -1,0 +1,344 @@
+"""The rendezvous state machine with several handlers as threads over one in-process store.
+
+Dead nodes are simulated by stopping a handler's heartbeat thread without leaving, which is
+what the others see of a node whose process was killed.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+
+import pytest
+
+from collectives.store_hash import HashStore
+from elastic._rdzv_state import RendezvousState
+from elastic.api import (
+    RendezvousBackend,
+    RendezvousClosedError,
+    RendezvousError,
+    RendezvousSettings,
+    RendezvousStateError,
+    RendezvousTimeoutError,
+)
+from elastic.rdzv_store import StoreRendezvousBackend
+from elastic.rendezvous import RendezvousHandler, create_backend
+
+WAIT_S = 30.0  # generous: things that should happen
+
+
+def settings(**kw) -> RendezvousSettings:
+    base = dict(run_id="job", min_nodes=2, max_nodes=2, last_call_timeout=0.3,
+                join_timeout=20.0, heartbeat_interval=0.1, heartbeat_timeout=1.5)
+    base.update(kw)
+    return RendezvousSettings(**base)
+
+
+class Cluster:
+    """Handlers over one HashStore, and a pool to run their blocking calls on."""
+
+    def __init__(self, backend_wrapper=None, **kw):
+        self.store = HashStore(timeout=10)
+        self.settings = settings(**kw)
+        self.wrapper = backend_wrapper
+        self.handlers: dict[str, RendezvousHandler] = {}
+        self.dead: dict[str, threading.Event] = {}
+        self.pool = concurrent.futures.ThreadPoolExecutor(8)
+
+    def handler(self, node: str, **kw) -> RendezvousHandler:
+        backend: RendezvousBackend = StoreRendezvousBackend(self.store, self.settings.run_id)
+        if self.wrapper is not None:
+            backend = self.wrapper(backend)
+        # A killed node's backend goes silent, so no thread of it can write any more.
+        self.dead[node] = threading.Event()
+        backend = FlakyBackend(backend, self.dead[node])
+        s = settings(**{**self.settings.__dict__, **kw}) if kw else self.settings
+        h = RendezvousHandler(backend, s, node, self.store)
+        self.handlers[node] = h
+        return h
+
+    def join(self, *nodes: str) -> list[concurrent.futures.Future]:
+        return [self.pool.submit(self.handlers[n].next_rendezvous) for n in nodes]
+
+    def kill(self, node: str) -> None:
+        """Stop a node's heartbeats without leaving, as a SIGKILL would."""
+        h = self.handlers[node]
+        self.dead[node].set()
+        h._stop.set()
+        h._heartbeat_thread.join(10)
+        assert not h._heartbeat_thread.is_alive()
+
+    def close(self):
+        for node, h in self.handlers.items():
+            if not self.dead[node].is_set():
+                h.shutdown()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+@pytest.fixture
+def cluster():
+    made = []
+
+    def make(**kw):
+        c = Cluster(**kw)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.close()
+
+
+def results(futures):
+    return [f.result(WAIT_S) for f in futures]
+
+
+def wait_for(predicate, what: str, timeout: float = WAIT_S):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    pytest.fail(f"{what} did not happen within {timeout}s")
+
+
+def test_max_nodes_completes_at_once_with_sorted_ranks(cluster):
+    c = cluster(min_nodes=1, max_nodes=3, last_call_timeout=60)
+    for n in ("c", "a", "b"):
+        c.handler(n)
+    start = time.monotonic()
+    infos = results(c.join("c", "a", "b"))
+    assert time.monotonic() - start < 30  # far below the 60 s last call
+    assert [i.round for i in infos] == [0, 0, 0]
+    assert all(i.participants == ["a", "b", "c"] and i.num_nodes == 3 for i in infos)
+    assert [i.group_rank for i in infos] == [2, 0, 1]
+
+
+def test_min_nodes_complete_after_the_last_call(cluster):
+    c = cluster(min_nodes=2, max_nodes=4, last_call_timeout=0.5)
+    c.handler("a"), c.handler("b")
+    start = time.monotonic()
+    infos = results(c.join("a", "b"))
+    assert time.monotonic() - start >= 0.5
+    assert [i.participants for i in infos] == [["a", "b"], ["a", "b"]]
+
+
+def test_one_node_short_of_min_times_out_naming_who_joined(cluster):
+    c = cluster(min_nodes=2, max_nodes=2, join_timeout=1.0)
+    c.handler("a")
+    with pytest.raises(RendezvousTimeoutError,
+                       match=r"Node a timed out after 1s joining round 0 of run 'job', "
+                             r"with 1 of min_nodes=2 joined \(a\)"):
+        c.handlers["a"].next_rendezvous()
+    # The node left: the state no longer lists it.
+    state = RendezvousState.decode(c.handlers["a"].backend.get_state()[0])
+    assert state.participants == []
+
+
+def test_round_store_is_scoped_and_master_address_is_shared(cluster):
+    c = cluster()
+    c.handler("a"), c.handler("b")
+    ia, ib = results(c.join("a", "b"))
+    ia.publish_master("127.0.0.1", 29500)
+    assert ib.read_master(timeout=5) == ("127.0.0.1", 29500)
+    assert c.store.get("rdzv/job/round_0/master_addr_port") == b"127.0.0.1:29500"
+
+
+def test_dead_node_requests_restart_and_survivors_form_the_next_round(cluster):
+    c = cluster(min_nodes=2, max_nodes=3, last_call_timeout=0.2)
+    for n in "abc":
+        c.handler(n)
+    infos = results(c.join("a", "b", "c"))
+    assert infos[0].participants == ["a", "b", "c"]
+    assert c.handlers["a"].restart_requested() is None
+    c.kill("c")
+    reason = wait_for(c.handlers["a"].restart_requested, "a seeing c's death")
+    assert "node c sent no heartbeat" in reason
+    assert c.handlers["b"].restart_requested() == reason
+    assert c.handlers["a"].dead_nodes() == ["c"]
+    start = time.monotonic()
+    a1, b1 = results(c.join("a", "b"))
+    assert (a1.round, a1.participants, b1.participants) == (1, ["a", "b"], ["a", "b"])
+    assert time.monotonic() - start < 10  # no last call: both expected survivors came back
+    assert c.handlers["a"].restart_requested() is None
+
+
+def test_late_joiner_waits_and_triggers_a_scale_up_round(cluster):
+    c = cluster(min_nodes=2, max_nodes=3, last_call_timeout=0.2)
+    for n in "abc":
+        c.handler(n)
+    results(c.join("a", "b"))
+    assert c.handlers["a"].num_nodes_waiting() == 0
+    (late,) = c.join("c")
+    wait_for(lambda: c.handlers["a"].num_nodes_waiting() == 1, "c counted as waiting")
+    assert not late.done()
+    infos = results(c.join("a", "b")) + [late.result(WAIT_S)]
+    assert [(i.round, i.participants) for i in infos] == [(1, ["a", "b", "c"])] * 3
+    assert c.handlers["a"].num_nodes_waiting() == 0
+
+
+def test_a_full_round_reports_no_waiting_nodes(cluster):
+    c = cluster(min_nodes=2, max_nodes=2)
+    for n in "abc":
+        c.handler(n)
+    results(c.join("a", "b"))
+    (late,) = c.join("c")
+    wait_for(lambda: "c" in RendezvousState.decode(c.store.get("shoal/rdzv/job/state")
+                                                  .partition(b"\n")[2]).wait_list, "c waiting")
+    assert c.handlers["a"].num_nodes_waiting() == 0
+    c.handlers["a"].set_closed()
+    with pytest.raises(RendezvousClosedError):
+        late.result(WAIT_S)
+
+
+def test_signal_restart_reaches_every_node_and_a_new_round_follows(cluster):
+    c = cluster()
+    c.handler("a"), c.handler("b")
+    results(c.join("a", "b"))
+    c.handlers["b"].signal_restart("worker 3 exited with code -9")
+    assert c.handlers["a"].restart_requested() == (
+        "worker 3 exited with code -9 (signalled by node b)")
+    infos = results(c.join("a", "b"))
+    assert [i.round for i in infos] == [1, 1]
+    assert c.handlers["a"].restart_requested() is None
+
+
+def test_a_participant_rejoining_opens_a_round_the_others_notice(cluster):
+    c = cluster()
+    c.handler("a"), c.handler("b")
+    results(c.join("a", "b"))
+    (fa,) = c.join("a")
+    reason = wait_for(c.handlers["b"].restart_requested, "b noticing a new round")
+    assert reason == "node a asked for a new round after round 0"
+    assert c.handlers["b"].next_rendezvous().round == 1
+    assert fa.result(WAIT_S).round == 1
+
+
+def test_shutdown_leaves_and_the_others_restart_at_the_smaller_size(cluster):
+    c = cluster(min_nodes=1, max_nodes=2)
+    c.handler("a"), c.handler("b")
+    results(c.join("a", "b"))
+    c.handlers["b"].shutdown()
+    assert c.handlers["a"].restart_requested() == "node b left the rendezvous"
+    assert c.handlers["a"].dead_nodes() == ["b"]
+    info = c.handlers["a"].next_rendezvous()
+    assert (info.round, info.participants) == (1, ["a"])
+
+
+def test_close_ends_the_job_everywhere(cluster):
+    c = cluster()
+    for n in "abc":
+        c.handler(n)
+    results(c.join("a", "b"))
+    assert not c.handlers["b"].is_closed()
+    c.handlers["a"].set_closed()
+    assert c.handlers["b"].is_closed()
+    with pytest.raises(RendezvousClosedError, match="run 'job' is closed; node b cannot join"):
+        c.handlers["b"].next_rendezvous()
+    with pytest.raises(RendezvousClosedError):
+        c.handlers["c"].next_rendezvous()
+
+
+def test_a_forming_round_drops_a_joiner_that_died(cluster):
+    # The last call outlasts x's heartbeat timeout, so x is dropped before the round completes.
+    c = cluster(min_nodes=2, max_nodes=4, last_call_timeout=3.0, heartbeat_timeout=1.0)
+    for n in "ab":
+        c.handler(n)
+    # x joins and dies alone (its own min of 3 keeps it from completing anything).
+    c.handler("x", min_nodes=3, max_nodes=4, join_timeout=5.0)
+    fx = c.join("x")[0]
+    wait_for(lambda: "x" in RendezvousState.decode(c.store.get("shoal/rdzv/job/state")
+                                                  .partition(b"\n")[2]).participants, "x joined")
+    c.kill("x")
+    infos = results(c.join("a", "b"))
+    assert all(i.participants == ["a", "b"] for i in infos)
+    fx.cancel()
+
+
+class FlakyBackend(RendezvousBackend):
+    """Passes through, but raises like an unreachable server while `down` is set."""
+
+    def __init__(self, inner: RendezvousBackend, down: threading.Event):
+        self.inner, self.down = inner, down
+
+    @property
+    def name(self):
+        return "flaky"
+
+    def _check(self):
+        if self.down.is_set():
+            raise RendezvousError("flaky backend is down")
+
+    def get_state(self):
+        self._check()
+        return self.inner.get_state()
+
+    def set_state(self, state, token=None):
+        self._check()
+        return self.inner.set_state(state, token)
+
+    def watch(self, token, timeout):
+        self._check()
+        return self.inner.watch(token, timeout)
+
+
+def test_a_backend_outage_longer_than_the_heartbeat_timeout_kills_nobody(cluster):
+    down = threading.Event()
+    c = cluster(backend_wrapper=lambda b: FlakyBackend(b, down), heartbeat_timeout=1.0)
+    c.handler("a"), c.handler("b")
+    results(c.join("a", "b"))
+    down.set()
+    time.sleep(2.5)  # the outage itself: longer than heartbeat_timeout on purpose
+    with pytest.raises(RendezvousError, match="flaky backend is down"):
+        c.handlers["a"].is_closed()
+    down.clear()
+    # Heartbeats resume; nobody is declared dead over the next two timeouts.
+    end = time.monotonic() + 2.0
+    while time.monotonic() < end:
+        assert c.handlers["a"].restart_requested() is None
+        assert c.handlers["b"].restart_requested() is None
+        time.sleep(0.1)
+    assert c.handlers["a"].dead_nodes() == []
+
+
+def test_garbage_state_is_a_clear_error():
+    store = HashStore(timeout=5)
+    store.set("shoal/rdzv/job/state", b"1\nnot json")
+    h = RendezvousHandler(StoreRendezvousBackend(store, "job"), settings(), "a", store)
+    with pytest.raises(RendezvousStateError, match="is not JSON"):
+        h.is_closed()
+    store.set("shoal/rdzv/job/state", b"no version line")
+    with pytest.raises(RendezvousStateError, match="does not start with a version line"):
+        h.is_closed()
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (dict(min_nodes=0), r"min_nodes must be an integer >= 1, got 0"),
+        (dict(min_nodes=3, max_nodes=2), r"max_nodes \(2\) must be >= min_nodes \(3\)"),
+        (dict(run_id="a/b"), r"may not contain '/'"),
+        (dict(join_timeout=0), r"join_timeout must be more than zero seconds, got 0.0"),
+        (dict(heartbeat_interval=2, heartbeat_timeout=1),
+         r"heartbeat_timeout \(1s\) must exceed heartbeat_interval \(2s\)"),
+        (dict(last_call_timeout="x"), r"last_call_timeout must be a number of seconds"),
+    ],
+)
+def test_settings_are_validated(kw, message):
+    with pytest.raises(ValueError, match=message):
+        settings(**kw)
+
+
+def test_settings_from_conf_and_factory_errors():
+    s = RendezvousSettings.from_conf("r", 1, 2, {"join-timeout": "7", "ttl": "3"})
+    assert s.join_timeout == 7.0
+    with pytest.raises(ValueError, match=r"--rdzv-conf last_call_timeout='soon' is not a number"):
+        RendezvousSettings.from_conf("r", 1, 2, {"last_call_timeout": "soon"})
+    with pytest.raises(ValueError, match="Unknown rendezvous backend 'zk'"):
+        create_backend("zk", "h:1", "r")
+    with pytest.raises(ValueError, match=r"endpoint 'nohost' is not 'HOST:PORT'"):
+        create_backend("store", "nohost", "r")
+    with pytest.raises(ValueError, match="exactly one 'HOST:PORT' endpoint"):
+        create_backend("store", "a:1,b:2", "r")
