@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from core.kernels._blocks import blocks
 from core.kernels._cuda import ACC_PREAMBLE, cached_kernel, cupy, is_cuda_array
 
 
@@ -37,9 +38,36 @@ def adam_step_reference(
     `step` is the step count after this step (1 on the first call); `scratch`, when given, is a
     flat array of param's dtype holding at least 2 * param.size elements.
     """
+    work = np.empty(2 * param.size, param.dtype) if scratch is None else scratch.reshape(-1)
+    kwargs = dict(
+        lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
+        decoupled=decoupled, maximize=maximize, step_size=lr / (1.0 - beta1**step),
+        bias_correction2_sqrt=math.sqrt(1.0 - beta2**step),
+    )
+    arrays = (param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq)
+    for (p, g, m, v, vmax), s in blocks(arrays, work, factor=2):
+        _adam_block(p, g, m, v, vmax, scratch=s, **kwargs)
+
+
+def _adam_block(
+    param: np.ndarray,
+    grad: np.ndarray,
+    exp_avg: np.ndarray,
+    exp_avg_sq: np.ndarray,
+    max_exp_avg_sq: np.ndarray | None,
+    *,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    decoupled: bool,
+    maximize: bool,
+    step_size: float,
+    bias_correction2_sqrt: float,
+    scratch: np.ndarray,
+) -> None:
     n = param.size
-    if scratch is None:
-        scratch = np.empty(2 * n, dtype=param.dtype)
     tmp = scratch[:n].reshape(param.shape)
     g = grad
     if decoupled:
@@ -66,18 +94,16 @@ def adam_step_reference(
     np.subtract(g, exp_avg, out=tmp)
     tmp *= 1.0 - beta1
     exp_avg += tmp
-    bias_correction1 = 1.0 - beta1**step
-    bias_correction2_sqrt = math.sqrt(1.0 - beta2**step)
     second = exp_avg_sq
     if max_exp_avg_sq is not None:
         np.maximum(max_exp_avg_sq, exp_avg_sq, out=max_exp_avg_sq)
         second = max_exp_avg_sq
-    # param -= (lr / bc1) * exp_avg / (sqrt(second) / sqrt(bc2) + eps)
+    # param -= step_size * exp_avg / (sqrt(second) / sqrt(bc2) + eps), step_size = lr / bc1
     np.sqrt(second, out=tmp)
     tmp /= bias_correction2_sqrt
     tmp += eps
     np.divide(exp_avg, tmp, out=tmp)
-    tmp *= -(lr / bias_correction1)
+    tmp *= -step_size
     param += tmp
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from core.kernels._blocks import blocks
 from core.kernels._cuda import ACC_PREAMBLE, cached_kernel, cupy, is_cuda_array
 
 
@@ -32,10 +33,28 @@ def sgd_step_reference(
 
     `scratch`, when given, is an array of param's dtype with at least param.size elements.
     """
-    if scratch is None:
-        scratch = np.empty_like(param)
-    else:
-        scratch = scratch.reshape(-1)[: param.size].reshape(param.shape)
+    kwargs = dict(lr=lr, momentum=momentum, dampening=dampening, nesterov=nesterov,
+                  weight_decay=weight_decay, maximize=maximize, first=first)
+    work = np.empty(param.size, param.dtype) if scratch is None else scratch.reshape(-1)
+    for (p, g, b), s in blocks((param, grad, momentum_buffer), work):
+        _sgd_block(p, g, b, scratch=s, **kwargs)
+
+
+def _sgd_block(
+    param: np.ndarray,
+    grad: np.ndarray,
+    momentum_buffer: np.ndarray | None,
+    *,
+    lr: float,
+    momentum: float = 0.0,
+    dampening: float = 0.0,
+    nesterov: bool = False,
+    weight_decay: float = 0.0,
+    maximize: bool = False,
+    first: bool = False,
+    scratch: np.ndarray,
+) -> None:
+    scratch = scratch[: param.size].reshape(param.shape)
     # d_p = (-grad if maximize else grad) + weight_decay * param, built in scratch only if needed.
     if weight_decay != 0.0:
         np.multiply(param, weight_decay, out=scratch)

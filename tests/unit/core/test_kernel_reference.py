@@ -212,3 +212,32 @@ def test_fp16_compress_reference_scales_before_rounding():
     np.testing.assert_allclose(out, x, rtol=1e-3)
     with pytest.raises(ShapeError, match=r"compress needs equal shapes"):
         compress_reference(x, out=np.empty(3, np.float16))
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "transposed-view"])
+def test_large_parameters_go_through_blocks_and_still_match_torch(layout):
+    # 300 x 301 float64 is 706 KiB: three blocks of 256 KiB, the last one partial.
+    rng = np.random.default_rng(7)
+    base = rng.standard_normal((301, 300))
+    param = base.copy() if layout == "contiguous" else base.copy().T
+    grads = [rng.standard_normal(param.shape) for _ in range(2)]
+    sgd_p = torch.tensor(param.copy(), requires_grad=True)
+    adam_p = torch.tensor(param.copy(), requires_grad=True)
+    sgd = torch.optim.SGD([sgd_p], lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01,
+                          foreach=False)
+    adam = torch.optim.AdamW([adam_p], lr=0.01, weight_decay=0.1, amsgrad=True, foreach=False)
+    ours_sgd, ours_adam = param.copy(), param.copy()
+    if layout != "contiguous":
+        ours_sgd, ours_adam = np.asfortranarray(ours_sgd), np.asfortranarray(ours_adam)
+    buf = np.zeros_like(param)
+    m, v, vmax = np.zeros_like(param), np.zeros_like(param), np.zeros_like(param)
+    for step, g in enumerate(grads, start=1):
+        sgd_p.grad, adam_p.grad = torch.tensor(g), torch.tensor(g)
+        sgd.step()
+        adam.step()
+        sgd_step_reference(ours_sgd, g, buf, lr=0.1, momentum=0.9, nesterov=True,
+                           weight_decay=0.01, first=step == 1)
+        adam_step_reference(ours_adam, g, m, v, vmax, step=step, lr=0.01, beta1=0.9,
+                            beta2=0.999, eps=1e-8, weight_decay=0.1, decoupled=True)
+    np.testing.assert_allclose(ours_sgd, sgd_p.detach().numpy(), rtol=1e-13, atol=1e-14)
+    np.testing.assert_allclose(ours_adam, adam_p.detach().numpy(), rtol=1e-12, atol=1e-14)
