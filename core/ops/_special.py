@@ -18,6 +18,8 @@ _CF_DEPTH = 60  # continued-fraction depth; converges to double precision for |x
 
 def erf(x: Any) -> Any:
     """The error function, elementwise."""
+    if isinstance(x, np.generic):
+        x = np.asarray(x)
     if not isinstance(x, np.ndarray):
         import cupyx.scipy.special  # noqa: PLC0415 - cuda only
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import ml_dtypes
 import numpy as np
 
 from core import autograd, backend
@@ -13,10 +14,15 @@ from core.tensor import Tensor
 
 _new = object.__new__
 _mode = autograd._mode
+_ndarray = np.ndarray
+_F32 = np.dtype(np.float32)
+_BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
 def wrap(data: Any) -> Tensor:
     """A new tensor around `data` with no graph (the fast path of Tensor(data))."""
+    if data.__class__ is not _ndarray and isinstance(data, np.generic):
+        data = np.asarray(data)
     out = _new(Tensor)
     out.data = data
     out.grad = None
@@ -34,6 +40,10 @@ def result(data: Any, name: str, backward: Callable, inputs: tuple) -> Tensor:
     `inputs` may hold non-tensors (Python scalars, arrays): they become None in the node, and
     the backward closure returns None (or anything; it is ignored) in their place.
     """
+    if data.__class__ is not _ndarray and isinstance(data, np.generic):
+        data = np.asarray(data)  # numpy ufuncs turn 0-d results into scalars; keep arrays
+    if data.dtype is _F32:
+        data = _keep_bfloat16(data, inputs)
     out = _new(Tensor)
     out.data = data
     out.grad = None
@@ -61,6 +71,24 @@ class UnsupportedOperand(TypeError):
     """An operand a tensor op cannot take; operators turn it into NotImplemented."""
 
 
+def _keep_bfloat16(data: Any, inputs: tuple) -> Any:
+    """Undo ml_dtypes' promotion of bfloat16 with Python floats to float32.
+
+    numpy keeps float32 with a Python float (NEP 50), but ml_dtypes' bfloat16 promotes it, and
+    ops multiply by Python constants all the time; torch keeps bfloat16, so cast back unless a
+    float32/float64 tensor took part (then float32 is the right result, as in torch).
+    """
+    saw_bf16 = False
+    for t in inputs:
+        if isinstance(t, Tensor):
+            dt = t.data.dtype
+            if dt is _BF16:
+                saw_bf16 = True
+            elif dt.kind == "f" and dt.itemsize >= 4:
+                return data
+    return data.astype(_BF16) if saw_bf16 else data
+
+
 def needs_grad(x: Any) -> bool:
     """True when x is a tensor that requires grad (so its gradient is worth computing)."""
     return isinstance(x, Tensor) and x.requires_grad
@@ -74,10 +102,10 @@ def val(x: Any) -> Any:
     """
     if isinstance(x, Tensor):
         return x.data
+    if isinstance(x, np.generic):  # before float: np.float64 subclasses float
+        return x.item()
     if isinstance(x, (int, float, bool)):
         return x
-    if isinstance(x, np.generic):
-        return x.item()
     if backend.is_array(x):
         return x
     if isinstance(x, (list, tuple)):

@@ -5,9 +5,14 @@ from __future__ import annotations
 from collections import namedtuple
 from typing import Any
 
+import builtins
+
+import ml_dtypes
 import numpy as np
 
 from core.ops._util import norm_dims, result, wrap, xp_of
+
+_HALF = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 
 MaxResult = namedtuple("MaxResult", ["values", "indices"])
 
@@ -29,7 +34,11 @@ def sum(x: Any, dim: Any = None, keepdim: bool = False, dtype: Any = None) -> An
         from core import dtypes  # noqa: PLC0415
 
         np_dtype = dtypes.get(dtype).np
-    out = xd.sum(axis=dims, keepdims=keepdim, dtype=np_dtype)
+    if np_dtype is None and xd.dtype in _HALF:
+        # Accumulate half precisions in float32 (as torch does), then return the input's dtype.
+        out = _as_array(xd.sum(axis=dims, keepdims=keepdim, dtype=np.float32), xd).astype(xd.dtype)
+    else:
+        out = xd.sum(axis=dims, keepdims=keepdim, dtype=np_dtype)
 
     def backward(g: Any) -> tuple:
         return (_expand_back(g, dims, keepdim, xd.shape),)
@@ -41,8 +50,11 @@ def mean(x: Any, dim: Any = None, keepdim: bool = False) -> Any:
     """Arithmetic mean over `dim` (all dims when None)."""
     xd = x.data
     dims = norm_dims(dim, xd.ndim, "mean")
-    out = xd.mean(axis=dims, keepdims=keepdim)
-    count = xd.size // max(_as_array(out, xd).size, 1) if xd.size else 1
+    if xd.dtype in _HALF:
+        out = _as_array(xd.mean(axis=dims, keepdims=keepdim, dtype=np.float32), xd).astype(xd.dtype)
+    else:
+        out = xd.mean(axis=dims, keepdims=keepdim)
+    count = xd.size // builtins.max(_as_array(out, xd).size, 1) if xd.size else 1
 
     def backward(g: Any) -> tuple:
         return (_expand_back(g / count, dims, keepdim, xd.shape),)
