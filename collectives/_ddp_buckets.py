@@ -56,7 +56,7 @@ class Bucket:
 
     __slots__ = (
         "index", "param_indices", "params", "offsets", "numels", "buffer", "views",
-        "pending", "is_last", "work", "launched_at", "result",
+        "pending", "is_last", "work", "launched_at", "done_at",
     )
 
     def __init__(self, index: int, param_indices: list[int], params: Sequence[Any]) -> None:
@@ -77,7 +77,7 @@ class Bucket:
         self.is_last = False
         self.work = None
         self.launched_at = 0.0
-        self.result = None
+        self.done_at: float | None = None
 
     def _make_views(self, buffer: Any) -> list:
         return [
@@ -105,4 +105,4 @@ class Bucket:
         """Forget the last iteration's readiness and communication."""
         self.pending = len(self.params)
         self.work = None
-        self.result = None
+        self.done_at = None

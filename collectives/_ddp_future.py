@@ -92,6 +92,14 @@ class Future:
         run(self)
         return child
 
+    def add_done_callback(self, callback: Callable[["Future"], None]) -> None:
+        """Call `callback(self)` once done (right away if it already is)."""
+        with self._lock:
+            if not self._event.is_set():
+                self._callbacks.append(callback)
+                return
+        callback(self)
+
     def _drive(self, seconds: Optional[float]) -> None:
         if not self._event.is_set() and self._driver is not None:
             self._driver(seconds)
@@ -99,16 +107,21 @@ class Future:
 
 
 def future_from_work(work: Any, result: Any) -> Future:
-    """A Future that completes with `result` once the process-group `work` finishes."""
+    """A Future that completes with `result` once the process-group `work` finishes.
+
+    When the work offers `add_done_callback`, the Future completes (and runs what is chained
+    on it) in the backend's thread as soon as the collective ends; otherwise the first wait()
+    completes it.
+    """
     fut = Future()
-    state = {"claimed": False}
     claim = threading.Lock()
+    claimed = []
 
     def finish(exc: Optional[BaseException]) -> None:
         with claim:
-            if state["claimed"]:
+            if claimed:
                 return
-            state["claimed"] = True
+            claimed.append(True)
         if exc is None:
             fut.set_result(result)
         else:
@@ -116,13 +129,16 @@ def future_from_work(work: Any, result: Any) -> Future:
 
     def driver(seconds: Optional[float]) -> None:
         try:
-            work.wait(seconds) if seconds is not None else work.wait()
+            work.wait(seconds)
         except BaseException as exc:
             finish(exc)
         else:
             finish(None)
 
     fut._driver = driver
+    add_done_callback = getattr(work, "add_done_callback", None)
+    if add_done_callback is not None:
+        add_done_callback(lambda w: finish(w.exception()))
     return fut
 
 

@@ -94,6 +94,11 @@ def _same_memory(a: Any, b: Any) -> bool:
     return a.data.ptr == b.data.ptr  # cupy
 
 
+def _stamp_done(bucket: Bucket, _work: Any) -> None:
+    # Runs in the backend's thread when the bucket's collective ends (for the metric).
+    bucket.done_at = time.perf_counter()
+
+
 # ------------------------------------------------------------------------------ GradBucket
 
 class GradBucket:
@@ -483,6 +488,9 @@ class Reducer:
                     "Future (e.g. collectives.ddp.Future) whose value is the reduced buffer."
                 )
             bucket.work = fut
+        on_done = getattr(bucket.work, "add_done_callback", None)
+        if on_done is not None:
+            on_done(functools.partial(_stamp_done, bucket))
 
     # ------------------------------------------------------------------ end of backward
 
@@ -528,8 +536,8 @@ class Reducer:
         start = time.perf_counter()
         for bucket in self._buckets:
             result = bucket.work.wait()
-            done = time.perf_counter()
-            ddp_metrics.BUCKET_ALLREDUCE_SECONDS.observe(done - bucket.launched_at)
+            done = bucket.done_at or time.perf_counter()
+            ddp_metrics.BUCKET_ALLREDUCE_SECONDS.observe(max(0.0, done - bucket.launched_at))
             if isinstance(bucket.work, Future):
                 self._take_hook_result(bucket, result)
         if used_work is not None:

@@ -1,0 +1,199 @@
+"""Train a small MLP with DistributedDataParallel on generated data, checkpointing as it goes.
+
+    shoal run --nproc-per-node 2 examples/train_ddp.py --steps 50 --checkpoint-every 10
+    python examples/train_ddp.py --steps 20            # no launcher: one process
+
+Each rank's batch at step s is drawn from (seed, s, rank), so a run that is killed and resumed
+from its latest checkpoint ends with exactly the parameters of one that never stopped; the last
+line, `final step S params_sha256 HEX`, lets tests compare runs. Rank 0 saves a checkpoint every
+--checkpoint-every steps into SHOAL_CHECKPOINT_DIR (or --checkpoint-dir); every rank loads the
+latest one when it starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import pickle
+import sys
+import time
+
+import numpy as np
+
+import core
+from collectives.ddp import DistributedDataParallel
+from core import nn
+
+D_IN, D_HIDDEN, D_OUT = 16, 64, 4
+
+
+class MLP(nn.Module):
+    """16 -> 64 -> 64 -> 4 with tanh."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(D_IN, D_HIDDEN)
+        self.fc2 = nn.Linear(D_HIDDEN, D_HIDDEN)
+        self.fc3 = nn.Linear(D_HIDDEN, D_OUT)
+
+    def forward(self, x):
+        return self.fc3(self.fc2(self.fc1(x).tanh()).tanh())
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=30, help="total optimizer steps")
+    parser.add_argument("--checkpoint-every", "--checkpoint_every", type=int, default=10,
+                        help="save a checkpoint every N steps (0: never)")
+    parser.add_argument("--checkpoint-dir", "--checkpoint_dir", default=None,
+                        help="where checkpoints go (default: $SHOAL_CHECKPOINT_DIR; none: off)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batch-size", "--batch_size", type=int, default=32, help="per rank")
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--step-sleep", "--step_sleep", type=float, default=0.0,
+                        help="seconds to sleep after each step (lets fault tests kill mid-run)")
+    args = parser.parse_args(argv)
+    for name in ("steps", "batch_size"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.checkpoint_every < 0 or args.step_sleep < 0:
+        parser.error("--checkpoint-every and --step-sleep must not be negative")
+    return args
+
+
+def teacher(seed: int):
+    """The fixed function the model learns: a random two-layer map drawn from the seed."""
+    rng = np.random.default_rng([seed, 0xC0FFEE])
+    w1 = rng.standard_normal((D_IN, 32)).astype(np.float32) / np.sqrt(D_IN)
+    w2 = rng.standard_normal((32, D_OUT)).astype(np.float32) / np.sqrt(32)
+    return lambda x: np.tanh(x @ w1) @ w2
+
+
+def make_batch(seed: int, step: int, rank: int, batch_size: int, target_fn):
+    """Rank `rank`'s batch at `step`: a function of (seed, step, rank) only."""
+    rng = np.random.default_rng([seed, step, rank])
+    x = rng.standard_normal((batch_size, D_IN)).astype(np.float32)
+    return core.Tensor(x), core.Tensor(target_fn(x).astype(np.float32))
+
+
+def params_sha256(module: nn.Module) -> str:
+    digest = hashlib.sha256()
+    for _, p in module.named_parameters():
+        digest.update(np.ascontiguousarray(p.data).tobytes())
+    return digest.hexdigest()
+
+
+class _FallbackCheckpointer:
+    """Stand-in for elastic.Checkpointer until it lands: atomic pickle files, newest `keep` kept."""
+
+    def __init__(self, directory: str, keep: int = 3) -> None:
+        self.directory = directory
+        self.keep = keep
+        os.makedirs(directory, exist_ok=True)
+
+    def _steps(self) -> list[int]:
+        steps = []
+        for name in os.listdir(self.directory):
+            if name.startswith("ckpt-") and name.endswith(".pkl"):
+                try:
+                    steps.append(int(name[5:-4]))
+                except ValueError:
+                    continue
+        return sorted(steps)
+
+    def save(self, step: int, state: dict) -> None:
+        path = os.path.join(self.directory, f"ckpt-{step:09d}.pkl")
+        tmp = f"{path}.tmp.{os.getpid()}"
+        with open(tmp, "wb") as f:
+            pickle.dump({"step": step, "state": state}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        for old in self._steps()[: -self.keep]:
+            os.unlink(os.path.join(self.directory, f"ckpt-{old:09d}.pkl"))
+
+    def load_latest(self):
+        for step in reversed(self._steps()):
+            path = os.path.join(self.directory, f"ckpt-{step:09d}.pkl")
+            try:
+                with open(path, "rb") as f:
+                    blob = pickle.load(f)
+            except (OSError, EOFError, pickle.UnpicklingError):
+                continue  # a damaged file: fall back to the one before
+            return blob["step"], blob["state"]
+        return None
+
+
+def make_checkpointer(directory: str | None):
+    if not directory:
+        return None
+    try:
+        from elastic.checkpoint import Checkpointer  # noqa: PLC0415 - lands with elastic
+    except ImportError:
+        return _FallbackCheckpointer(directory, keep=3)
+    return Checkpointer(directory, keep=3)
+
+
+def init_distributed():
+    """(rank, world_size, group) from the torchrun environment; (0, 1, None) without one."""
+    if "WORLD_SIZE" not in os.environ or "RANK" not in os.environ:
+        return 0, 1, None
+    import collectives  # noqa: PLC0415
+
+    collectives.init_process_group("tcp", init_method="env://")
+    group = collectives.distributed._default_group()
+    return group.rank(), group.size(), group
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    rank, world, group = init_distributed()
+    directory = args.checkpoint_dir or os.environ.get("SHOAL_CHECKPOINT_DIR")
+    checkpointer = make_checkpointer(directory)
+    restarts = int(os.environ.get("SHOAL_RESTART_COUNT", "0") or 0)
+
+    core.manual_seed(args.seed)
+    model = MLP()
+    net = DistributedDataParallel(model, process_group=group) if group is not None else model
+    opt = core.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9)
+
+    start = 0
+    loaded = checkpointer.load_latest() if checkpointer is not None else None
+    if loaded is not None:
+        start, state = loaded
+        model.load_state_dict({k: core.Tensor(v) for k, v in state["model"].items()})
+        opt.load_state_dict(state["optim"])
+        if rank == 0:
+            print(f"resumed from step {start} (restart {restarts})", flush=True)
+
+    target_fn = teacher(args.seed)
+    for step in range(start, args.steps):
+        x, y = make_batch(args.seed, step, rank, args.batch_size, target_fn)
+        opt.zero_grad()
+        diff = (net(x) - y) * float(1.0 / np.sqrt(y.numel()))
+        loss = (diff * diff).sum()
+        loss.backward()
+        opt.step()
+        done = step + 1
+        if rank == 0:
+            print(f"step {done} loss {loss.item():.4f}", flush=True)
+            if checkpointer is not None and args.checkpoint_every and done % args.checkpoint_every == 0:
+                checkpointer.save(done, {
+                    "model": {k: v.data.copy() for k, v in model.state_dict().items()},
+                    "optim": opt.state_dict(),
+                })
+        if args.step_sleep:
+            time.sleep(args.step_sleep)
+
+    if rank == 0:
+        print(f"final step {args.steps} params_sha256 {params_sha256(model)}", flush=True)
+    if group is not None:
+        import collectives  # noqa: PLC0415
+
+        collectives.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
