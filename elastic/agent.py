@@ -465,7 +465,13 @@ class Agent:
                 if self._signum is not None:
                     return self._interrupted(self._signum)
                 reason = self.handler.restart_requested()
-                if reason is not None and not self.handler.is_closed():
+                if reason is not None:
+                    if self.handler.is_closed():
+                        # Closed before every node arrived: the job failed elsewhere.
+                        result = self._closed_result()
+                        if result.exit_code != 0:
+                            return result
+                        continue
                     logger.warning("Another node restarts round %s (%s): rejoining", info.round,
                                    reason)
                     return "peer_request"
