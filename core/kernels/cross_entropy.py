@@ -81,6 +81,10 @@ def cross_entropy_backward_reference(
 # the 32 lanes' partial results. Out-of-range targets cannot raise inside a kernel, so their
 # loss is NaN, which surfaces in the loss the caller reads.
 _CE_FORWARD_SOURCE = ACC_PREAMBLE + r"""
+// NVRTC compiles without <math.h>, so infinity and NaN come from their bit patterns.
+#define SHOAL_INF __int_as_float(0x7f800000)
+#define SHOAL_NAN __int_as_float(0x7fffffff)
+
 template <typename T>
 __global__ void shoal_ce_forward(const T* logits, const long long* target, T* loss, T* lse,
                                  long long n, long long c, long long ignore_index) {
@@ -89,7 +93,7 @@ __global__ void shoal_ce_forward(const T* logits, const long long* target, T* lo
     int lane = threadIdx.x % 32;
     if (row >= n) return;
     const T* x = logits + row * c;
-    A m = -INFINITY, s = 0;
+    A m = -SHOAL_INF, s = 0;
     for (long long j = lane; j < c; j += 32) {
         A v = (A)x[j];
         if (v > m) { s = s * exp(m - v) + (A)1; m = v; } else { s += exp(v - m); }
@@ -98,8 +102,8 @@ __global__ void shoal_ce_forward(const T* logits, const long long* target, T* lo
         A m2 = __shfl_xor_sync(0xffffffffu, m, offset);
         A s2 = __shfl_xor_sync(0xffffffffu, s, offset);
         A mn = max(m, m2);
-        A a = (m == -INFINITY) ? (A)0 : s * exp(m - mn);
-        A b = (m2 == -INFINITY) ? (A)0 : s2 * exp(m2 - mn);
+        A a = (m == -SHOAL_INF) ? (A)0 : s * exp(m - mn);
+        A b = (m2 == -SHOAL_INF) ? (A)0 : s2 * exp(m2 - mn);
         s = a + b;
         m = mn;
     }
@@ -108,7 +112,7 @@ __global__ void shoal_ce_forward(const T* logits, const long long* target, T* lo
         lse[row] = (T)l;
         long long t = target[row];
         if (t == ignore_index) loss[row] = (T)0;
-        else if (t < 0 || t >= c) loss[row] = (T)NAN;
+        else if (t < 0 || t >= c) loss[row] = (T)SHOAL_NAN;
         else loss[row] = (T)(l - (A)x[t]);
     }
 }
