@@ -169,3 +169,32 @@ def test_fp16_kernels_match_reference(dtype):
     K.decompress(h, out, scale=8.0)
     ref = K.decompress_reference(cp.asnumpy(h), np.empty_like(x), 8.0)
     np.testing.assert_array_equal(cp.asnumpy(out), ref)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adam", "adamw"])
+def test_optimizers_on_cuda_parameters_match_the_cpu_path(kind):
+    import core  # noqa: PLC0415
+    from core import nn, optim  # noqa: PLC0415
+
+    core.manual_seed(0)
+    cpu_model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).double()
+    gpu_model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).double()
+    gpu_model.load_state_dict(cpu_model.state_dict())
+    gpu_model.to("cuda")
+    assert all(K.is_cuda_array(p.data) for p in gpu_model.parameters())
+    make = {
+        "sgd": lambda ps: optim.SGD(ps, lr=0.1, momentum=0.9, nesterov=True),
+        "adam": lambda ps: optim.Adam(ps, lr=0.01, amsgrad=True),
+        "adamw": lambda ps: optim.AdamW(ps, lr=0.01, weight_decay=0.1),
+    }[kind]
+    cpu_opt, gpu_opt = make(cpu_model.parameters()), make(gpu_model.parameters())
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        x = rng.standard_normal((5, 8))
+        for model, opt, dev in ((cpu_model, cpu_opt, "cpu"), (gpu_model, gpu_opt, "cuda")):
+            opt.zero_grad()
+            (model(core.tensor(x, device=dev)) ** 2).mean().backward()
+            opt.step()
+    for (name, a), b in zip(cpu_model.state_dict().items(), gpu_model.state_dict().values()):
+        np.testing.assert_allclose(cp.asnumpy(b.data), a.data, rtol=1e-10, atol=1e-12,
+                                   err_msg=name)
