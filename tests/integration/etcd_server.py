@@ -20,6 +20,7 @@ import pytest
 
 STARTUP_S = 30.0
 STOP_S = 10.0
+MAX_REQUEST_BYTES = 32 * 1024 * 1024
 _SERVING = re.compile(rb"serving insecure client requests on 127\.0\.0\.1:(\d+)")
 _READY = re.compile(rb"ready to serve client requests")
 
@@ -73,6 +74,8 @@ class EtcdServer:
             "--initial-advertise-peer-urls", "http://127.0.0.1:0",
             "--initial-cluster", "shoal-test=http://127.0.0.1:0",
             "--enable-grpc-gateway=false", "--log-level", "info",
+            # The Store contract sends 4 MiB values; etcd's default limit is 1.5 MiB.
+            "--max-request-bytes", str(MAX_REQUEST_BYTES),
         ]
         with open(self.log_path, "ab") as log:
             self._log_offset = log.tell()

@@ -1,0 +1,209 @@
+"""A blocking, failover-capable front to aetcd, run on one private event-loop thread per process.
+
+aetcd is asyncio-only. Each process gets one daemon thread running an event loop; blocking
+callers submit coroutines to it and wait with a timeout. `EtcdClient.call` retries connection
+errors across the configured endpoints until its deadline, rebuilding the gRPC channel on each
+failure so a restarted etcd is reached again at once instead of after gRPC's reconnect backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import threading
+from typing import Any, Awaitable, Callable, Optional, Sequence, TypeVar
+
+import aetcd
+import aetcd.exceptions as aexc
+
+from elastic.api import RendezvousError
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# gRPC reconnects with exponential backoff up to minutes; keep it short, etcd is local or near.
+_CHANNEL_OPTIONS = {
+    "grpc.initial_reconnect_backoff_ms": 100,
+    "grpc.min_reconnect_backoff_ms": 100,
+    "grpc.max_reconnect_backoff_ms": 1000,
+    "grpc.max_receive_message_length": 256 * 1024 * 1024 + 4096,
+    "grpc.max_send_message_length": 256 * 1024 * 1024 + 4096,
+}
+# Errors after which another attempt (maybe on another endpoint) may succeed.
+RETRYABLE = (
+    aexc.ConnectionFailedError,
+    aexc.ConnectionTimeoutError,
+    aexc.InternalError,
+    asyncio.TimeoutError,
+    ConnectionError,
+    OSError,
+)
+
+
+class EtcdUnavailable(RendezvousError, ConnectionError):
+    """No etcd endpoint answered within the timeout."""
+
+
+class _LoopThread:
+    """The process's private event loop, started on first use (and again after a fork)."""
+
+    _lock = threading.Lock()
+    _instance: Optional["_LoopThread"] = None
+
+    def __init__(self):
+        self.pid = os.getpid()
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self._run, name="shoal-etcd-loop", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    @classmethod
+    def get(cls) -> "_LoopThread":
+        with cls._lock:
+            if cls._instance is None or cls._instance.pid != os.getpid():
+                cls._instance = cls()
+            return cls._instance
+
+
+def run(coro: Awaitable[T], timeout: float) -> T:
+    """Run `coro` on the etcd loop and wait for it up to `timeout` seconds.
+
+    Raises:
+        asyncio.TimeoutError: it did not finish in time (it is cancelled).
+    """
+    loop_thread = _LoopThread.get()
+    if threading.current_thread() is loop_thread.thread:
+        raise RuntimeError("Blocking etcd calls cannot run on the etcd loop thread itself.")
+    future = asyncio.run_coroutine_threadsafe(coro, loop_thread.loop)
+    try:
+        return future.result(timeout)
+    except concurrent.futures.TimeoutError as exc:
+        future.cancel()
+        raise asyncio.TimeoutError(f"etcd call took longer than {timeout:g}s") from exc
+
+
+def spawn(coro: Awaitable[Any]) -> concurrent.futures.Future:
+    """Start `coro` on the etcd loop in the background (keepalives)."""
+    return asyncio.run_coroutine_threadsafe(coro, _LoopThread.get().loop)
+
+
+def parse_endpoint(endpoint: str) -> tuple[str, int]:
+    """'host:port' or 'http://host:port' -> (host, port).
+
+    Raises:
+        ValueError: anything else.
+    """
+    text = endpoint.strip()
+    for scheme in ("http://", "https://"):
+        if text.startswith(scheme):
+            text = text[len(scheme):]
+    text = text.rstrip("/")
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"etcd endpoint {endpoint!r} is not 'HOST:PORT' with a port in 1..65535.")
+    return host.strip("[]"), int(port)
+
+
+class EtcdClient:
+    """aetcd clients over several endpoints, failing over on connection errors.
+
+    Args:
+        endpoints: 'host:port' strings (an 'http://' prefix is accepted).
+        timeout: the default deadline of every call, in seconds.
+    """
+
+    def __init__(self, endpoints: Sequence[str], timeout: float):
+        if isinstance(endpoints, str):
+            endpoints = endpoints.split(",")
+        parsed = [parse_endpoint(e) for e in endpoints if e.strip()]
+        if not parsed:
+            raise ValueError("etcd needs at least one 'HOST:PORT' endpoint.")
+        self.endpoints = parsed
+        self.timeout = timeout
+        self._index = 0
+        self._client: Optional[aetcd.Client] = None
+        self._pid = os.getpid()
+        self._closed = False
+
+    def describe(self) -> str:
+        """The endpoints, for messages."""
+        return ",".join(f"{h}:{p}" for h, p in self.endpoints)
+
+    async def _current(self) -> aetcd.Client:
+        if self._pid != os.getpid():
+            # A forked child must not touch its parent's channel.
+            self._client, self._pid = None, os.getpid()
+        if self._client is None:
+            host, port = self.endpoints[self._index]
+            self._client = aetcd.Client(host=host, port=port, timeout=self.timeout,
+                                        options=dict(_CHANNEL_OPTIONS))
+        return self._client
+
+    async def _fail_over(self, client: aetcd.Client) -> None:
+        if self._client is client:
+            self._client = None
+            self._index = (self._index + 1) % len(self.endpoints)
+        try:
+            await asyncio.wait_for(client.close(), 2.0)
+        except Exception as exc:  # noqa: BLE001  (a broken channel may fail to close)
+            logger.debug("Closing a failed etcd channel raised %r", exc)
+
+    async def acall(
+        self, fn: Callable[[aetcd.Client], Awaitable[T]], op: str, timeout: Optional[float] = None
+    ) -> T:
+        """Run `fn(client)` on the loop, retrying connection errors until the deadline."""
+        loop = asyncio.get_running_loop()
+        budget = self.timeout if timeout is None else timeout
+        deadline = loop.time() + budget
+        attempt = 0
+        while True:
+            if self._closed:
+                raise EtcdUnavailable(f"The etcd client for {self.describe()} is closed ({op}).")
+            attempt += 1
+            client = await self._current()
+            left = deadline - loop.time()
+            try:
+                return await asyncio.wait_for(fn(client), max(left, 0.001))
+            except RETRYABLE as exc:
+                await self._fail_over(client)
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise EtcdUnavailable(
+                        f"etcd at {self.describe()} did not answer {op} within {budget:g}s "
+                        f"({attempt} attempts); last error: {exc!r}"
+                    ) from exc
+                logger.debug("etcd %s failed on attempt %d (%r); retrying", op, attempt, exc)
+                await asyncio.sleep(min(0.02 * 2 ** min(attempt, 5), 0.5, left))
+
+    def call(
+        self, fn: Callable[[aetcd.Client], Awaitable[T]], op: str, timeout: Optional[float] = None
+    ) -> T:
+        """Blocking `acall`, bounded by its timeout plus a small margin for the loop."""
+        budget = self.timeout if timeout is None else timeout
+        try:
+            return run(self.acall(fn, op, budget), budget + 5.0)
+        except asyncio.TimeoutError as exc:
+            raise EtcdUnavailable(
+                f"etcd at {self.describe()} did not answer {op} within {budget:g}s."
+            ) from exc
+        except aexc.ClientError as exc:
+            raise RendezvousError(f"etcd at {self.describe()} rejected {op}: {exc}") from exc
+
+    def close(self) -> None:
+        """Close the channel; later calls fail."""
+        if self._closed:
+            return
+        self._closed = True
+        client = self._client
+        self._client = None
+        if client is not None and self._pid == os.getpid():
+            try:
+                run(client.close(), 5.0)
+            except Exception as exc:  # noqa: BLE001
+                logger.debug("Closing the etcd channel raised %r", exc)

@@ -1,0 +1,140 @@
+"""`EtcdStore` passes the Store contract against a real etcd, and survives an etcd restart."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import uuid
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "contracts"))
+
+from store_contract import StoreContract  # noqa: E402
+
+from collectives.api import StoreError, StoreTimeout, missing_keys_message  # noqa: E402
+from elastic.store_etcd import EtcdStore  # noqa: E402
+
+
+class TestEtcdStore(StoreContract):
+    @pytest.fixture(autouse=True)
+    def _server(self, shared_etcd):
+        self.server = shared_etcd
+
+    def make_store(self, tmp_path):
+        # A fresh prefix per test: the server is shared by the whole session.
+        return EtcdStore([self.server.endpoint], prefix=f"/test/{uuid.uuid4().hex}/",
+                         timeout=self.timeout_s)
+
+    def make_peer(self, store):
+        return EtcdStore([self.server.endpoint], prefix=store.prefix, timeout=self.timeout_s)
+
+    def missing_message(self, store, keys, timeout):
+        return missing_keys_message(
+            f"EtcdStore at {self.server.endpoint} under {store.prefix!r}", keys, timeout)
+
+
+def test_fails_over_to_a_live_endpoint(shared_etcd):
+    # The first endpoint refuses connections (the server's own port on a loopback address
+    # nothing listens on); the second is real.
+    port = shared_etcd.port
+    store = EtcdStore([f"127.0.0.2:{port}", shared_etcd.endpoint], prefix="/failover/", timeout=10)
+    try:
+        store.set("k", b"v")
+        assert store.get("k", timeout=5) == b"v"
+    finally:
+        store.close()
+
+
+def test_no_reachable_endpoint_is_a_store_error_naming_it(shared_etcd):
+    store = EtcdStore([f"127.0.0.2:{shared_etcd.port}"], prefix="/nowhere/", timeout=1.0)
+    try:
+        with pytest.raises(StoreError, match=rf"EtcdStore at 127\.0\.0\.2:{shared_etcd.port} "
+                                             r"under '/nowhere/' failed set of key 'k'"):
+            store.set("k", b"v")
+    finally:
+        store.close()
+
+
+def test_a_value_over_the_server_limit_is_a_clear_error(shared_etcd):
+    store = EtcdStore([shared_etcd.endpoint], prefix=f"/big/{uuid.uuid4().hex}/", timeout=10)
+    try:
+        with pytest.raises(StoreError, match="larger than etcd's --max-request-bytes"):
+            store.set("huge", b"x" * (40 * 1024 * 1024))
+        assert not store.check(["huge"])
+    finally:
+        store.close()
+
+
+def test_store_keeps_working_across_an_etcd_restart(etcd):
+    store = EtcdStore([etcd.endpoint], prefix="/outage/", timeout=30)
+    peer = EtcdStore([etcd.endpoint], prefix="/outage/", timeout=30)
+    try:
+        store.set("before", b"1")
+        got = {}
+        waiter = threading.Thread(
+            target=lambda: got.setdefault("v", store.get("during", timeout=60)))
+        waiter.start()
+        etcd.stop()
+        time.sleep(3.0)  # the outage itself
+        restarter = threading.Thread(target=etcd.start)
+        restarter.start()
+        # Calls made while etcd is down block until it is back, then succeed.
+        assert peer.add("counter", 2) == 2
+        restarter.join(30)
+        peer.set("during", b"2")
+        waiter.join(60)
+        assert got == {"v": b"2"}
+        assert store.get("before") == b"1"
+        with pytest.raises(StoreTimeout):
+            store.get("never", timeout=0.2)
+    finally:
+        store.close()
+        peer.close()
+
+
+def _child_exchange(endpoint: str, prefix: str, errors) -> None:
+    """In a spawned process: answer the parent's key and add to a counter beside it."""
+    import traceback
+
+    try:
+        store = EtcdStore([endpoint], prefix=prefix, timeout=30)
+        ping = store.get("xproc/to_child", timeout=30)
+        store.set("xproc/from_child", ping + b" pong")
+        for _ in range(100):
+            store.add("xproc/counter", 1)
+        store.set("xproc/child_done", b"1")
+        store.close()
+        errors.put(None)
+    except BaseException:
+        errors.put(traceback.format_exc())
+
+
+def test_another_process_wakes_a_waiter_and_adds_atomically(shared_etcd):
+    import multiprocessing
+
+    prefix = f"/xproc/{uuid.uuid4().hex}/"
+    store = EtcdStore([shared_etcd.endpoint], prefix=prefix, timeout=30)
+    ctx = multiprocessing.get_context("spawn")
+    errors = ctx.Queue()
+    child = ctx.Process(target=_child_exchange, args=(shared_etcd.endpoint, prefix, errors))
+    child.start()
+    try:
+        store.set("xproc/to_child", b"ping")
+        assert store.get("xproc/from_child", timeout=30) == b"ping pong"
+        for _ in range(100):
+            store.add("xproc/counter", 1)
+        store.wait(["xproc/child_done"], timeout=30)
+        assert store.get("xproc/counter") == b"200"
+        child.join(60)
+        assert not child.is_alive(), "the child process did not exit within 60s"
+        error = errors.get(timeout=5)
+        assert error is None, f"child failed:\n{error}"
+        assert child.exitcode == 0, f"child exited with code {child.exitcode}"
+    finally:
+        if child.is_alive():
+            child.kill()
+            child.join(5)
+        store.close()
