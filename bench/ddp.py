@@ -55,16 +55,15 @@ def _shoal_model(seed):
 
 def _shoal_rank(rank, world, port, cfg, out):
     try:
-        import collectives
         import core
         from collectives import ddp_metrics
         from collectives.ddp import DistributedDataParallel
+        from collectives.pg_tcp import ProcessGroupTCP
         from collectives.store_tcp import TCPStore
         from core.nn import functional as F
 
         store = TCPStore("127.0.0.1", port, timeout=60)
-        collectives.init_process_group("tcp", store=store, rank=rank, world_size=world)
-        group = collectives.distributed._default_group()
+        group = ProcessGroupTCP(store, rank, world, timeout=120)
 
         local = _shoal_model(cfg["seed"])
         local_opt = core.optim.SGD(local.parameters(), lr=0.01)
@@ -100,7 +99,7 @@ def _shoal_rank(rank, world, port, cfg, out):
         result["comm"] = [comm_once() for _ in range(cfg["comm_iters"])]
         result["buckets"] = sizes
         out.put((rank, "ok", result))
-        collectives.destroy_process_group()
+        group.shutdown()
     except BaseException:
         out.put((rank, "error", traceback.format_exc()))
 

@@ -23,7 +23,7 @@ from collectives import _ddp_comm as comm
 from collectives import ddp_metrics
 from collectives._ddp_buckets import Bucket, compute_bucket_assignment
 from collectives._ddp_future import Future
-from collectives.api import ReduceOp
+from collectives.api import CollectiveError, ReduceOp
 from core import backend
 from core.autograd import Node
 from core.errors import ShoalError
@@ -92,6 +92,21 @@ def _same_memory(a: Any, b: Any) -> bool:
             a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
         )
     return a.data.ptr == b.data.ptr  # cupy
+
+
+def _with_ddp_context(exc: CollectiveError, rank: int, bucket: int, buckets: int,
+                      iteration: int) -> CollectiveError:
+    """The same error type, its message extended with what DDP was doing and the usual cause."""
+    message = (
+        f"{exc} DistributedDataParallel on rank {rank} was reducing gradient bucket {bucket} "
+        f"of {buckets} in its synchronised iteration {iteration}. If the ranks have different "
+        "numbers of batches, wrap the training loop in `with ddp.join():` so that ranks that "
+        "run out of data shadow the others' collectives."
+    )
+    try:
+        return type(exc)(message)
+    except TypeError:  # an error class with another signature: keep the original
+        return exc
 
 
 def _stamp_done(bucket: Bucket, _work: Any) -> None:
@@ -339,6 +354,11 @@ class Reducer:
             self._counts_left = list(self._static_counts)
         for bucket in self._buckets:
             bucket.reset()
+            if not self._as_view:
+                # A fresh buffer per round: the last round's averaged gradients stay where
+                # they are, adopted as .grad, instead of being copied out (saves a memcpy of
+                # every gradient; malloc hands back the buffers the freed gradients held).
+                bucket.set_buffer(backend.array_module(bucket.buffer).empty_like(bucket.buffer))
         self._sentinel = self._make_sentinel()
 
     def attach(self, outputs: Any) -> Any:
@@ -535,7 +555,11 @@ class Reducer:
     def _wait_and_unpack(self, used_work: Any, used: Any) -> None:
         start = time.perf_counter()
         for bucket in self._buckets:
-            result = bucket.work.wait()
+            try:
+                result = bucket.work.wait()
+            except CollectiveError as exc:
+                raise _with_ddp_context(exc, self._rank, bucket.index, len(self._buckets),
+                                        self.rounds_synced + 1) from exc
             done = bucket.done_at or time.perf_counter()
             ddp_metrics.BUCKET_ALLREDUCE_SECONDS.observe(max(0.0, done - bucket.launched_at))
             if isinstance(bucket.work, Future):
@@ -574,21 +598,13 @@ class Reducer:
             xp.copyto(bucket.buffer, result.reshape(-1), casting="unsafe")
 
     def _unpack(self, param: Tensor, view: Any) -> None:
+        # The view becomes the gradient: with gradient_as_bucket_view the bucket is reused (the
+        # next round reduces in place), otherwise the next round gets a fresh buffer.
         grad = param.grad
-        if self._as_view:
-            if grad is None:
-                param.grad = Tensor(view)
-            elif not _same_memory(grad.data, view):
-                grad.data = view
-            return
         if grad is None:
-            param.grad = Tensor(view.copy())
-            return
-        g = grad.data
-        if g.flags.writeable and g.flags.c_contiguous and g.shape == view.shape:
-            backend.array_module(g).copyto(g, view)
-        else:
-            grad.data = view.copy()
+            param.grad = Tensor(view)
+        elif not _same_memory(grad.data, view):
+            grad.data = view
 
     # ------------------------------------------------------------------ join: shadow a round
 
@@ -597,7 +613,8 @@ class Reducer:
         works = []
         for bucket in self._buckets:
             bucket.reset()
-            bucket.buffer.fill(0)
+            # New zeros: the old buffer may hold this rank's last gradients (adopted as .grad).
+            bucket.set_buffer(backend.array_module(bucket.buffer).zeros_like(bucket.buffer))
             bucket.launched_at = time.perf_counter()
             if self._hook is None:
                 works.append(comm.all_reduce(self._group, bucket.buffer, async_op=True))
