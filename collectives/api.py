@@ -10,13 +10,16 @@ from __future__ import annotations
 import abc
 import datetime
 import enum
-from typing import Iterable, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 from core.errors import ShoalError
 from core.timeouts import TimeoutLike, to_seconds
 
 DEFAULT_STORE_TIMEOUT_S = 300.0
 DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0
+# Exit status of a worker that SHOAL_ASYNC_ERROR_HANDLING=1 ended after a failed collective; the
+# elastic agent treats it as "restart the group" (EX_TEMPFAIL in sysexits.h).
+ASYNC_ERROR_EXIT_CODE = 75
 MAX_KEY_BYTES = 4096
 MAX_VALUE_BYTES = 256 * 1024 * 1024
 
@@ -47,6 +50,14 @@ class CollectiveMismatch(CollectiveError):
 
 class PeerLost(CollectiveError, ConnectionError):
     """A peer's connection closed or failed mid-collective; names the dead rank."""
+
+
+class BackendUnavailable(CollectiveError):
+    """A process-group backend cannot run here (unknown name, missing module or device)."""
+
+
+class GroupDestroyed(CollectiveError):
+    """A collective was called on a process group that was destroyed or never joined."""
 
 
 class ReduceOp(enum.Enum):
@@ -227,3 +238,334 @@ def missing_keys_message(store_name: str, keys: Iterable[str], timeout: float) -
     keys = list(keys)
     shown = ", ".join(repr(k) for k in keys[:10]) + (" ..." if len(keys) > 10 else "")
     return f"{store_name} waited {timeout:g}s for {len(keys)} key(s) that never appeared: {shown}."
+
+
+# ----------------------------------------------------------------------------- Work
+
+class Work(abc.ABC):
+    """The handle of one collective; `async_op=True` hands it to the caller, as torch does."""
+
+    @abc.abstractmethod
+    def wait(self, timeout: TimeoutLike = None) -> bool:
+        """Block until the collective finished; True on success.
+
+        Raises:
+            CollectiveError: the collective failed (the subclass says why).
+            CollectiveTimeout: it did not finish within `timeout` (it keeps running).
+        """
+
+    @abc.abstractmethod
+    def is_completed(self) -> bool:
+        """True once the collective finished, successfully or not."""
+
+    @abc.abstractmethod
+    def is_success(self) -> bool:
+        """True once the collective finished without an error."""
+
+    @abc.abstractmethod
+    def exception(self) -> Optional[BaseException]:
+        """The error it failed with, or None."""
+
+    @abc.abstractmethod
+    def result(self) -> list:
+        """The output arrays (after waiting)."""
+
+    @abc.abstractmethod
+    def add_done_callback(self, fn: Callable[["Work"], Any]) -> None:
+        """Call `fn(work)` once it finishes (at once if it already has), in the finishing thread."""
+
+
+# ----------------------------------------------------------------------------- ProcessGroup
+
+def _rank_arg(value: Any, size: int, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < size:
+        raise ValueError(f"{what} must be a rank in 0..{size - 1} of this group, got {value!r}.")
+    return value
+
+
+class ProcessGroup(abc.ABC):
+    """A set of ranks that run collectives together; ranks here are the group's own (0..size-1).
+
+    Public methods validate and unwrap their arguments (numpy arrays, cupy arrays or
+    `core.Tensor`s, used in place) and hand them to the backend's private `_` hooks. Every
+    collective takes `async_op` and `timeout` (seconds or timedelta; default: the group's) and
+    returns a `Work`, already completed when `async_op` is False.
+    """
+
+    backend_name = "?"
+
+    def __init__(self, rank: int, size: int, name: str, timeout: TimeoutLike):
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"A process group's size must be a positive int, got {size!r}.")
+        _rank_arg(rank, size, "rank")
+        self._rank = rank
+        self._size = size
+        self._name = name
+        self._timeout = to_seconds(timeout, DEFAULT_COLLECTIVE_TIMEOUT_S)
+        from collectives import _pg_arrays
+
+        self._arrays = _pg_arrays
+
+    # -- identity and settings
+
+    def rank(self) -> int:
+        """This process's rank in the group."""
+        return self._rank
+
+    def size(self) -> int:
+        """Number of ranks in the group."""
+        return self._size
+
+    @property
+    def name(self) -> str:
+        """The group's name ("default" for the world)."""
+        return self._name
+
+    @property
+    def timeout(self) -> float:
+        """Default timeout of this group's collectives, in seconds."""
+        return self._timeout
+
+    def set_timeout(self, timeout: TimeoutLike) -> None:
+        """Change the default timeout of later collectives."""
+        self._timeout = to_seconds(timeout, DEFAULT_COLLECTIVE_TIMEOUT_S)
+
+    def _t(self, timeout: TimeoutLike) -> float:
+        seconds = to_seconds(timeout)
+        return self._timeout if seconds is None else seconds
+
+    # -- collectives
+
+    def all_reduce(self, tensor, op: ReduceOp = ReduceOp.SUM, async_op: bool = False,
+                   timeout: TimeoutLike = None) -> Work:
+        """Reduce `tensor` across ranks, leaving the result in every rank's `tensor`."""
+        a = self._arrays
+        arr = a.unwrap(tensor, "all_reduce tensor")
+        if type(op) is not ReduceOp:
+            op = a.reduce_op(op)
+        if op is not ReduceOp.SUM:
+            a.check_reducible(op, arr.dtype)
+        return self._all_reduce(tensor, arr, op, async_op, self._t(timeout))
+
+    def broadcast(self, tensor, src: int = 0, async_op: bool = False,
+                  timeout: TimeoutLike = None) -> Work:
+        """Copy rank `src`'s `tensor` into every rank's `tensor`."""
+        arr = self._arrays.unwrap(tensor, "broadcast tensor")
+        _rank_arg(src, self._size, "broadcast src")
+        return self._broadcast(tensor, arr, src, async_op, self._t(timeout))
+
+    def reduce(self, tensor, dst: int = 0, op: ReduceOp = ReduceOp.SUM, async_op: bool = False,
+               timeout: TimeoutLike = None) -> Work:
+        """Reduce `tensor` across ranks into rank `dst`'s `tensor` (others keep theirs)."""
+        a = self._arrays
+        arr = a.unwrap(tensor, "reduce tensor")
+        op = a.reduce_op(op)
+        a.check_reducible(op, arr.dtype)
+        _rank_arg(dst, self._size, "reduce dst")
+        return self._reduce(tensor, arr, dst, op, async_op, self._t(timeout))
+
+    def all_gather(self, tensor_list: Sequence, tensor, async_op: bool = False,
+                   timeout: TimeoutLike = None) -> Work:
+        """Fill `tensor_list[j]` with rank j's `tensor` on every rank."""
+        a = self._arrays
+        arr = a.unwrap(tensor, "all_gather tensor")
+        outs = a.unwrap_list(tensor_list, "all_gather tensor_list", self._size)
+        a.same_layout(outs, arr, "all_gather tensor_list", "the input tensor")
+        return self._all_gather(list(tensor_list), outs, arr, async_op, self._t(timeout))
+
+    def all_gather_into_tensor(self, output, input, async_op: bool = False,
+                               timeout: TimeoutLike = None) -> Work:
+        """Concatenate every rank's `input` along a new leading block into `output`."""
+        a = self._arrays
+        arr = a.unwrap(input, "all_gather_into_tensor input")
+        out = a.unwrap(output, "all_gather_into_tensor output")
+        if out.dtype != arr.dtype or out.size != arr.size * self._size:
+            from core.errors import ShapeError
+
+            raise ShapeError(
+                f"all_gather_into_tensor output is {a.describe(out)} but must hold {self._size} x "
+                f"{a.describe(arr)} (the input on each of the {self._size} ranks)."
+            )
+        flat = out.reshape(-1)
+        outs = [flat[i * arr.size:(i + 1) * arr.size].reshape(arr.shape) for i in range(self._size)]
+        return self._all_gather([output], outs, arr, async_op, self._t(timeout))
+
+    def gather(self, tensor, gather_list: Optional[Sequence] = None, dst: int = 0,
+               async_op: bool = False, timeout: TimeoutLike = None) -> Work:
+        """Collect every rank's `tensor` into `gather_list` on rank `dst`."""
+        a = self._arrays
+        arr = a.unwrap(tensor, "gather tensor")
+        _rank_arg(dst, self._size, "gather dst")
+        outs = None
+        if self._rank == dst:
+            if gather_list is None:
+                raise ValueError(f"gather needs gather_list on the destination rank {dst}.")
+            outs = a.unwrap_list(gather_list, "gather gather_list", self._size)
+            a.same_layout(outs, arr, "gather gather_list", "the input tensor")
+        elif gather_list:
+            raise ValueError(f"gather_list must be None or empty on rank {self._rank}, which is not dst {dst}.")
+        return self._gather(gather_list, outs, arr, dst, async_op, self._t(timeout))
+
+    def scatter(self, tensor, scatter_list: Optional[Sequence] = None, src: int = 0,
+                async_op: bool = False, timeout: TimeoutLike = None) -> Work:
+        """Rank `src` sends `scatter_list[j]` to rank j's `tensor`."""
+        a = self._arrays
+        out = a.unwrap(tensor, "scatter tensor")
+        _rank_arg(src, self._size, "scatter src")
+        ins = None
+        if self._rank == src:
+            if scatter_list is None:
+                raise ValueError(f"scatter needs scatter_list on the source rank {src}.")
+            ins = a.unwrap_list(scatter_list, "scatter scatter_list", self._size)
+            a.same_layout(ins, out, "scatter scatter_list", "the output tensor")
+        elif scatter_list:
+            raise ValueError(f"scatter_list must be None or empty on rank {self._rank}, which is not src {src}.")
+        return self._scatter(tensor, out, ins, src, async_op, self._t(timeout))
+
+    def reduce_scatter(self, output, input_list: Sequence, op: ReduceOp = ReduceOp.SUM,
+                       async_op: bool = False, timeout: TimeoutLike = None) -> Work:
+        """Reduce `input_list[j]` across ranks into rank j's `output`."""
+        a = self._arrays
+        out = a.unwrap(output, "reduce_scatter output")
+        ins = a.unwrap_list(input_list, "reduce_scatter input_list", self._size)
+        a.same_layout(ins, out, "reduce_scatter input_list", "the output tensor")
+        op = a.reduce_op(op)
+        a.check_reducible(op, out.dtype)
+        return self._reduce_scatter(output, out, ins, op, async_op, self._t(timeout))
+
+    def all_to_all(self, output_list: Sequence, input_list: Sequence, async_op: bool = False,
+                   timeout: TimeoutLike = None) -> Work:
+        """Send `input_list[j]` to rank j, which receives it in its `output_list[i]`."""
+        a = self._arrays
+        outs = a.unwrap_list(output_list, "all_to_all output_list", self._size)
+        ins = a.unwrap_list(input_list, "all_to_all input_list", self._size)
+        for i, (o, x) in enumerate(zip(outs, ins)):
+            if o.dtype != x.dtype:
+                raise TypeError(
+                    f"all_to_all output_list[{i}] is {a.describe(o)} but input_list[{i}] is "
+                    f"{a.describe(x)}; all arrays must share one dtype."
+                )
+        return self._all_to_all(list(output_list), outs, ins, async_op, self._t(timeout))
+
+    def send(self, tensor, dst: int, tag: int = 0, async_op: bool = False,
+             timeout: TimeoutLike = None) -> Work:
+        """Send `tensor` to rank `dst`; the matching `recv` must use the same tag."""
+        arr = self._arrays.unwrap(tensor, "send tensor")
+        _rank_arg(dst, self._size, "send dst")
+        if dst == self._rank:
+            raise ValueError(f"Rank {self._rank} cannot send to itself.")
+        return self._send(arr, dst, self._tag(tag), async_op, self._t(timeout))
+
+    def recv(self, tensor, src: Optional[int] = None, tag: int = 0, async_op: bool = False,
+             timeout: TimeoutLike = None) -> Work:
+        """Receive into `tensor` from rank `src` (None: any rank); `work.source_rank` says who."""
+        arr = self._arrays.unwrap(tensor, "recv tensor")
+        if src is not None:
+            _rank_arg(src, self._size, "recv src")
+            if src == self._rank:
+                raise ValueError(f"Rank {self._rank} cannot receive from itself.")
+        return self._recv(tensor, arr, src, self._tag(tag), async_op, self._t(timeout))
+
+    def barrier(self, async_op: bool = False, timeout: TimeoutLike = None) -> Work:
+        """Return once every rank of the group has called barrier."""
+        return self._barrier(async_op, self._t(timeout))
+
+    def monitored_barrier(self, timeout: TimeoutLike = None, wait_all_ranks: bool = False) -> None:
+        """A barrier whose rank 0 names the ranks that did not arrive within `timeout`.
+
+        Raises:
+            CollectiveTimeout: on rank 0 naming the first missing rank (all of them with
+                `wait_all_ranks`); on the others, the same reason relayed by rank 0.
+        """
+        self._monitored_barrier(self._t(timeout), bool(wait_all_ranks))
+
+    def all_gather_object(self, obj: Any, timeout: TimeoutLike = None) -> list:
+        """Every rank's picklable `obj`, in rank order."""
+        import numpy as np
+
+        a = self._arrays
+        data = a.pickle_to_array(obj)
+        mine = np.array([data.size], dtype=np.int64)
+        sizes = [np.zeros(1, dtype=np.int64) for _ in range(self._size)]
+        self.all_gather(sizes, mine, timeout=timeout)
+        longest = int(max(s[0] for s in sizes))
+        padded = np.zeros(longest, dtype=np.uint8)
+        padded[: data.size] = data
+        outs = [np.empty(longest, dtype=np.uint8) for _ in range(self._size)]
+        self.all_gather(outs, padded, timeout=timeout)
+        return [a.array_to_object(o[: int(s[0])]) for o, s in zip(outs, sizes)]
+
+    def broadcast_object_list(self, object_list: list, src: int = 0,
+                              timeout: TimeoutLike = None) -> None:
+        """Replace every rank's `object_list` items with rank `src`'s (lists of equal length)."""
+        import numpy as np
+
+        a = self._arrays
+        _rank_arg(src, self._size, "broadcast_object_list src")
+        if self._rank == src:
+            blobs = [a.pickle_to_array(o) for o in object_list]
+            sizes = np.array([b.size for b in blobs], dtype=np.int64)
+        else:
+            sizes = np.zeros(len(object_list), dtype=np.int64)
+        self.broadcast(sizes, src=src, timeout=timeout)
+        data = (np.concatenate(blobs) if self._rank == src and blobs
+                else np.empty(int(sizes.sum()), dtype=np.uint8))
+        self.broadcast(data, src=src, timeout=timeout)
+        if self._rank != src:
+            offsets = np.concatenate([[0], np.cumsum(sizes)])
+            for i in range(len(object_list)):
+                object_list[i] = a.array_to_object(data[offsets[i]:offsets[i + 1]])
+
+    # -- lifecycle
+
+    @abc.abstractmethod
+    def abort(self) -> None:
+        """Fail every pending and later collective of this group on every rank, now."""
+
+    @abc.abstractmethod
+    def shutdown(self) -> None:
+        """Leave the group: say goodbye to peers and release sockets and threads."""
+
+    @staticmethod
+    def _tag(tag: Any) -> int:
+        if isinstance(tag, bool) or not isinstance(tag, int) or not -(2 ** 31) <= tag < 2 ** 31:
+            raise ValueError(f"tag must be a 32-bit int, got {tag!r}.")
+        return tag
+
+    # -- private hooks (each gets the caller's objects and their unwrapped arrays)
+
+    @abc.abstractmethod
+    def _all_reduce(self, tensor, arr, op: ReduceOp, async_op: bool, timeout: float) -> Work: ...
+
+    @abc.abstractmethod
+    def _broadcast(self, tensor, arr, src: int, async_op: bool, timeout: float) -> Work: ...
+
+    @abc.abstractmethod
+    def _reduce(self, tensor, arr, dst: int, op: ReduceOp, async_op: bool, timeout: float) -> Work: ...
+
+    @abc.abstractmethod
+    def _all_gather(self, outputs, outs, arr, async_op: bool, timeout: float) -> Work: ...
+
+    @abc.abstractmethod
+    def _gather(self, outputs, outs, arr, dst: int, async_op: bool, timeout: float) -> Work: ...
+
+    @abc.abstractmethod
+    def _scatter(self, tensor, out, ins, src: int, async_op: bool, timeout: float) -> Work: ...
+
+    @abc.abstractmethod
+    def _reduce_scatter(self, output, out, ins, op: ReduceOp, async_op: bool, timeout: float) -> Work: ...
+
+    @abc.abstractmethod
+    def _all_to_all(self, outputs, outs, ins, async_op: bool, timeout: float) -> Work: ...
+
+    @abc.abstractmethod
+    def _send(self, arr, dst: int, tag: int, async_op: bool, timeout: float) -> Work: ...
+
+    @abc.abstractmethod
+    def _recv(self, tensor, arr, src: Optional[int], tag: int, async_op: bool, timeout: float) -> Work: ...
+
+    @abc.abstractmethod
+    def _barrier(self, async_op: bool, timeout: float) -> Work: ...
+
+    @abc.abstractmethod
+    def _monitored_barrier(self, timeout: float, wait_all_ranks: bool) -> None: ...

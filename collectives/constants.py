@@ -1,0 +1,54 @@
+"""Defaults and tuning knobs of the process-group layer, in one table.
+
+The tcp backend's size thresholds were chosen with `bench/allreduce.py` on a 2-core machine:
+direct exchange wins while a message fits the socket buffers in one go, a single-threaded
+non-blocking ring wins up to a few MiB, and a sender thread beside a blocking
+receive-and-reduce wins above that, where the copy work of both directions must overlap.
+"""
+
+from __future__ import annotations
+
+from collectives.api import ASYNC_ERROR_EXIT_CODE, DEFAULT_COLLECTIVE_TIMEOUT_S
+
+__all__ = [
+    "ASYNC_ERROR_EXIT_CODE",
+    "DEFAULT_COLLECTIVE_TIMEOUT_S",
+    "DEFAULT_GROUP_NAME",
+    "SOCKET_BUFFER_BYTES",
+    "SMALL_MAX_BYTES",
+    "THREADED_MIN_BYTES",
+    "PUMP_CHUNK_BYTES",
+    "THREADED_CHUNK_BYTES",
+]
+
+DEFAULT_GROUP_NAME = "default"
+
+# Fixed socket buffers: small ones keep the bytes in flight inside the CPU caches, which on
+# loopback beats the kernel's autotuned multi-MiB buffers (see bench/allreduce.py).
+SOCKET_BUFFER_BYTES = 256 * 1024
+# Largest payload sent in one message by the direct (all-to-all exchange) algorithms; it must
+# stay below the socket buffers so that every rank can send before it receives.
+SMALL_MAX_BYTES = 64 * 1024
+# From this size on, all_reduce runs its ring with a sender thread.
+THREADED_MIN_BYTES = 8 * 1024 * 1024
+# Chunk sizes: the unit of overlap between sending, receiving and reducing.
+PUMP_CHUNK_BYTES = 512 * 1024
+THREADED_CHUNK_BYTES = 1024 * 1024
+
+# Flight recorder: how many recent collectives a dump shows.
+HISTORY_LENGTH = 64
+# Watchdog cadence and the progress each rank publishes through the store.
+WATCHDOG_TICK_S = 0.1
+PROGRESS_PUBLISH_S = 0.5
+# A collective running longer than this gets its progress published at once.
+PROGRESS_EAGER_AFTER_S = 0.2
+# How long the watchdog waits for other ranks' progress (the store may be down too).
+PROGRESS_QUERY_TIMEOUT_S = 2.0
+# After a data socket breaks, how long to wait for the control channel to say why.
+LINK_REASON_GRACE_S = 2.0
+# Auth handshake and hello on a new backend connection.
+CONNECT_HANDSHAKE_TIMEOUT_S = 10.0
+# Largest frame on the control channel (point-to-point payloads travel there).
+MAX_CONTROL_FRAME_BYTES = 1 << 34
+# Longest fingerprint accepted in a header.
+MAX_FINGERPRINT_BYTES = 4096

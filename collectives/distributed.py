@@ -1,0 +1,506 @@
+"""`init_process_group` and the module-level collectives on the default group, as in
+`torch.distributed`.
+
+Ranks given to module-level functions (`src`, `dst`, `new_group(ranks)`) are world ranks, as in
+torch; `ProcessGroup` methods take the group's own ranks. Backends are found by name in a
+registry and imported only when used: "tcp" (alias "gloo") is `collectives.pg_tcp`, "nccl" is
+`collectives.pg_nccl`. A backend class is called as
+`cls(store, rank, size, timeout=..., name=..., global_ranks=...)`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import threading
+import urllib.parse
+from typing import Any, Callable, Optional, Sequence, Union
+
+from collectives import env
+from collectives.api import (
+    DEFAULT_COLLECTIVE_TIMEOUT_S,
+    BackendUnavailable,
+    CollectiveError,
+    ProcessGroup,
+    ReduceOp,
+    Store,
+    Work,
+)
+from collectives.constants import DEFAULT_GROUP_NAME
+from core.timeouts import TimeoutLike, to_seconds
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "init_process_group", "destroy_process_group", "is_initialized", "get_rank", "get_world_size",
+    "get_backend", "new_group", "get_default_group", "get_process_group_ranks", "register_backend",
+    "GroupMember", "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
+    "all_gather_object", "broadcast_object_list", "gather", "scatter", "reduce_scatter",
+    "all_to_all", "send", "recv", "isend", "irecv", "barrier", "monitored_barrier",
+]
+
+_BACKENDS: dict[str, Union[str, Callable[..., ProcessGroup]]] = {
+    "tcp": "collectives.pg_tcp:ProcessGroupTCP",
+    "gloo": "collectives.pg_tcp:ProcessGroupTCP",
+    "nccl": "collectives.pg_nccl:ProcessGroupNCCL",
+}
+NCCL_UNAVAILABLE = "backend 'nccl' needs a CUDA device; none was found"
+
+
+def register_backend(name: str, target: Union[str, Callable[..., ProcessGroup]]) -> None:
+    """Make `init_process_group(backend=name)` use `target` ("module:Class" or a callable)."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"A backend name must be a non-empty str, got {name!r}.")
+    _BACKENDS[name.lower()] = target
+
+
+def _cuda_device_present() -> bool:
+    try:
+        import cupy  # noqa: F401  (optional dependency)
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # no cupy, no driver, no device: all mean "none found"
+        return False
+
+
+def _backend_class(name: str) -> Callable[..., ProcessGroup]:
+    key = (name or "tcp").lower()
+    target = _BACKENDS.get(key)
+    if target is None:
+        raise BackendUnavailable(
+            f"Unknown process-group backend {name!r}; known backends: {', '.join(sorted(_BACKENDS))}."
+        )
+    if key == "nccl":
+        if importlib.util.find_spec("collectives.pg_nccl") is None or not _cuda_device_present():
+            raise BackendUnavailable(NCCL_UNAVAILABLE + ".")
+    if callable(target):
+        return target
+    module_name, _, attr = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        if key == "nccl":
+            raise BackendUnavailable(f"{NCCL_UNAVAILABLE} ({exc}).") from exc
+        raise BackendUnavailable(f"Backend {name!r} could not be imported from {module_name}: {exc}") from exc
+    return getattr(module, attr)
+
+
+class _NonMember:
+    """What `new_group` returns on ranks outside the group (collectives on it do nothing)."""
+
+    def __repr__(self) -> str:
+        return "GroupMember.NON_GROUP_MEMBER"
+
+
+class GroupMember:
+    """torch's names for the default group (None) and for "not in this group"."""
+
+    WORLD = None
+    NON_GROUP_MEMBER = _NonMember()
+
+
+class _World:
+    def __init__(self):
+        self.lock = threading.RLock()
+        self.default: Optional[ProcessGroup] = None
+        self.store: Optional[Store] = None
+        self.own_store = False
+        self.backend = ""
+        self.rank = -1
+        self.size = -1
+        self.timeout = DEFAULT_COLLECTIVE_TIMEOUT_S
+        self.groups: dict[ProcessGroup, list[int]] = {}
+        self.group_count = 0
+
+
+_world = _World()
+
+
+# ----------------------------------------------------------------------------- setup
+
+def _int_or_none(value: Any) -> Optional[int]:
+    if value is None or (isinstance(value, int) and value < 0):
+        return None
+    return int(value)
+
+
+def _store_for(init_method: str, rank: Optional[int], size: Optional[int], timeout: float):
+    """(store, rank, size) from an init method URL."""
+    from collectives.store_file import FileStore
+    from collectives.store_tcp import TCPStore
+
+    url = urllib.parse.urlparse(init_method)
+    query = dict(urllib.parse.parse_qsl(url.query))
+    if rank is None and "rank" in query:
+        rank = int(query["rank"])
+    if size is None and "world_size" in query:
+        size = int(query["world_size"])
+    if url.scheme == "env":
+        rank = rank if rank is not None else env.env_rank()
+        size = size if size is not None else env.env_world_size()
+        host, port = env.env_master()
+        missing = [n for n, v in (("MASTER_ADDR", host), ("MASTER_PORT", port), ("RANK", rank),
+                                  ("WORLD_SIZE", size)) if v is None]
+        if missing:
+            raise ValueError(
+                f"init_method 'env://' needs the environment variables {', '.join(missing)} "
+                "(or rank=/world_size= arguments); shoal run sets them for you."
+            )
+    elif url.scheme == "tcp":
+        host, port = url.hostname, url.port
+        if not host or port is None:
+            raise ValueError(f"init_method {init_method!r} must look like tcp://HOST:PORT.")
+        rank = rank if rank is not None else env.env_rank()
+        size = size if size is not None else env.env_world_size()
+        if rank is None or size is None:
+            raise ValueError(f"init_method {init_method!r} needs rank= and world_size=.")
+    elif url.scheme == "file":
+        path = urllib.parse.unquote(url.path)
+        if not path:
+            raise ValueError(f"init_method {init_method!r} must look like file:///PATH.")
+        rank = rank if rank is not None else env.env_rank()
+        size = size if size is not None else env.env_world_size()
+        if rank is None or size is None:
+            raise ValueError(f"init_method {init_method!r} needs rank= and world_size=.")
+        return FileStore(path, world_size=size, timeout=timeout), rank, size
+    else:
+        raise ValueError(
+            f"init_method {init_method!r} is not supported; use env://, tcp://HOST:PORT or file:///PATH."
+        )
+    if not 0 <= rank < size:
+        raise ValueError(f"rank {rank} is outside 0..{size - 1} (world_size {size}).")
+    if port == 0 and size > 1:
+        raise ValueError("MASTER_PORT 0 only works for a world of one; the other ranks need a real port.")
+    is_master = rank == 0 and not (url.scheme == "env" and env.use_agent_store())
+    store = TCPStore(host, port, world_size=size, is_master=is_master, timeout=timeout)
+    return store, rank, size
+
+
+def init_process_group(
+    backend: Optional[str] = "tcp",
+    init_method: Optional[str] = None,
+    timeout: TimeoutLike = None,
+    world_size: int = -1,
+    rank: int = -1,
+    store: Optional[Store] = None,
+    group_name: str = DEFAULT_GROUP_NAME,
+    host: Optional[str] = None,
+) -> ProcessGroup:
+    """Join the default process group (every rank calls it) and return it.
+
+    `init_method` is "env://" (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE; rank 0 hosts the
+    TCPStore unless SHOAL_USE_AGENT_STORE=1 says the launcher's agent hosts it),
+    "tcp://HOST:PORT" (rank 0 hosts) or "file:///PATH"; or pass `store` with `rank` and
+    `world_size`. `timeout` bounds forming the group and is every collective's default.
+
+    Raises:
+        ValueError: missing or inconsistent rank, world size or init method.
+        BackendUnavailable: the backend cannot run here.
+        CollectiveTimeout: the other ranks did not join within the timeout.
+    """
+    seconds = to_seconds(timeout, DEFAULT_COLLECTIVE_TIMEOUT_S)
+    with _world.lock:
+        if _world.default is not None:
+            raise CollectiveError(
+                "init_process_group was called twice; call destroy_process_group() first."
+            )
+        cls = _backend_class(backend or "tcp")
+        rank_, size_ = _int_or_none(rank), _int_or_none(world_size)
+        own_store = store is None
+        if store is None:
+            store, rank_, size_ = _store_for(init_method or "env://", rank_, size_, seconds)
+        elif init_method is not None:
+            raise ValueError("Pass either init_method or store to init_process_group, not both.")
+        elif rank_ is None or size_ is None:
+            raise ValueError("init_process_group with store= needs rank= and world_size=.")
+        kwargs = dict(timeout=seconds, name=group_name, global_ranks=list(range(size_)))
+        if host is not None:
+            kwargs["host"] = host
+        try:
+            pg = cls(store, rank_, size_, **kwargs)
+        except BaseException:
+            if own_store:
+                store.close()
+            raise
+        _world.default = pg
+        _world.store = store
+        _world.own_store = own_store
+        _world.backend = (backend or "tcp").lower()
+        _world.rank = rank_
+        _world.size = size_
+        _world.timeout = seconds
+        _world.groups = {pg: list(range(size_))}
+        _world.group_count = 0
+        logger.debug("Rank %d joined the default group of %d ranks (%s)", rank_, size_, _world.backend)
+        return pg
+
+
+def is_initialized() -> bool:
+    """True between init_process_group and destroy_process_group."""
+    return _world.default is not None
+
+
+def _default() -> ProcessGroup:
+    pg = _world.default
+    if pg is None:
+        raise CollectiveError(
+            "The default process group is not initialized; call collectives.init_process_group() first."
+        )
+    return pg
+
+
+def get_default_group() -> ProcessGroup:
+    """The default (world) group."""
+    return _default()
+
+
+def _group(group) -> Optional[ProcessGroup]:
+    if group is None:
+        return _default()
+    if group is GroupMember.NON_GROUP_MEMBER:
+        return None
+    if not isinstance(group, ProcessGroup):
+        raise TypeError(f"group must be a ProcessGroup or None, got {type(group).__name__}.")
+    return group
+
+
+def _local(group: ProcessGroup, world_rank: int, what: str) -> int:
+    ranks = _world.groups.get(group)
+    if ranks is None:
+        ranks = getattr(group, "global_ranks", None) or list(range(group.size()))
+    try:
+        return ranks.index(world_rank)
+    except ValueError:
+        raise ValueError(
+            f"{what} {world_rank} is not a member of group '{group.name}' (its ranks: {ranks})."
+        ) from None
+
+
+def get_rank(group=None) -> int:
+    """This process's rank in `group` (default: the world); -1 if it is not a member."""
+    pg = _group(group)
+    return -1 if pg is None else pg.rank()
+
+
+def get_world_size(group=None) -> int:
+    """Number of ranks in `group` (default: the world); -1 if this rank is not a member."""
+    pg = _group(group)
+    return -1 if pg is None else pg.size()
+
+
+def get_backend(group=None) -> str:
+    """The backend's name ("tcp", "nccl")."""
+    pg = _group(group)
+    return getattr(pg, "backend_name", _world.backend)
+
+
+def get_process_group_ranks(group) -> list[int]:
+    """World ranks of `group`'s members."""
+    pg = _group(group)
+    return list(_world.groups.get(pg, range(pg.size())))
+
+
+def new_group(ranks: Optional[Sequence[int]] = None, timeout: TimeoutLike = None,
+              backend: Optional[str] = None, group_name: Optional[str] = None):
+    """A group of some world ranks; every world rank must call it, in the same order.
+
+    Returns the group on members and `GroupMember.NON_GROUP_MEMBER` on the others.
+    """
+    with _world.lock:
+        _default()
+        _world.group_count += 1
+        ranks = list(range(_world.size)) if ranks is None else sorted(int(r) for r in ranks)
+        if not ranks or len(set(ranks)) != len(ranks) or not all(0 <= r < _world.size for r in ranks):
+            raise ValueError(
+                f"new_group ranks must be distinct world ranks in 0..{_world.size - 1}, got {ranks}."
+            )
+        name = group_name or f"group{_world.group_count}"
+        if _world.rank not in ranks:
+            return GroupMember.NON_GROUP_MEMBER
+        cls = _backend_class(backend or _world.backend)
+        seconds = to_seconds(timeout, _world.timeout)
+        pg = cls(_world.store, ranks.index(_world.rank), len(ranks), timeout=seconds, name=name,
+                 global_ranks=ranks)
+        _world.groups[pg] = ranks
+        return pg
+
+
+def destroy_process_group(group=None) -> None:
+    """Leave `group`, or with None every group and the default one (closing its store)."""
+    with _world.lock:
+        if group is GroupMember.NON_GROUP_MEMBER:
+            return
+        if group is not None and group is not _world.default:
+            group.shutdown()
+            _world.groups.pop(group, None)
+            return
+        if _world.default is None:
+            return
+        for pg in list(_world.groups):
+            try:
+                pg.shutdown()
+            except Exception:  # keep tearing down the rest
+                logger.exception("Shutting down group %r failed", pg.name)
+        if _world.own_store and _world.store is not None:
+            _world.store.close()
+        _world.__init__()
+
+
+# ----------------------------------------------------------------------------- collectives
+
+def _ret(work: Work, async_op: bool) -> Optional[Work]:
+    return work if async_op else None
+
+
+def all_reduce(tensor, op: ReduceOp = ReduceOp.SUM, group=None, async_op: bool = False,
+               timeout: TimeoutLike = None) -> Optional[Work]:
+    """Reduce `tensor` across the group in place on every rank."""
+    pg = _group(group)
+    if pg is None:
+        return None
+    return _ret(pg.all_reduce(tensor, op, async_op=async_op, timeout=timeout), async_op)
+
+
+def broadcast(tensor, src: int = 0, group=None, async_op: bool = False,
+              timeout: TimeoutLike = None) -> Optional[Work]:
+    """Copy world rank `src`'s `tensor` to every rank of the group."""
+    pg = _group(group)
+    if pg is None:
+        return None
+    return _ret(pg.broadcast(tensor, _local(pg, src, "src"), async_op=async_op, timeout=timeout), async_op)
+
+
+def reduce(tensor, dst: int = 0, op: ReduceOp = ReduceOp.SUM, group=None, async_op: bool = False,
+           timeout: TimeoutLike = None) -> Optional[Work]:
+    """Reduce `tensor` into world rank `dst`."""
+    pg = _group(group)
+    if pg is None:
+        return None
+    return _ret(pg.reduce(tensor, _local(pg, dst, "dst"), op, async_op=async_op, timeout=timeout), async_op)
+
+
+def all_gather(tensor_list: list, tensor, group=None, async_op: bool = False,
+               timeout: TimeoutLike = None) -> Optional[Work]:
+    """Fill `tensor_list[j]` with group rank j's `tensor`."""
+    pg = _group(group)
+    if pg is None:
+        return None
+    return _ret(pg.all_gather(tensor_list, tensor, async_op=async_op, timeout=timeout), async_op)
+
+
+def all_gather_into_tensor(output, input, group=None, async_op: bool = False,
+                           timeout: TimeoutLike = None) -> Optional[Work]:
+    """Every rank's `input`, concatenated in rank order into `output`."""
+    pg = _group(group)
+    if pg is None:
+        return None
+    return _ret(pg.all_gather_into_tensor(output, input, async_op=async_op, timeout=timeout), async_op)
+
+
+def all_gather_object(object_list: list, obj: Any, group=None, timeout: TimeoutLike = None) -> None:
+    """Fill `object_list` (one slot per rank) with every rank's picklable `obj`."""
+    pg = _group(group)
+    if pg is None:
+        return None
+    if len(object_list) != pg.size():
+        raise ValueError(
+            f"all_gather_object needs an object_list of {pg.size()} slots, got {len(object_list)}."
+        )
+    object_list[:] = pg.all_gather_object(obj, timeout=timeout)
+
+
+def broadcast_object_list(object_list: list, src: int = 0, group=None, timeout: TimeoutLike = None) -> None:
+    """Replace `object_list`'s items with world rank `src`'s."""
+    pg = _group(group)
+    if pg is None:
+        return None
+    pg.broadcast_object_list(object_list, _local(pg, src, "src"), timeout=timeout)
+
+
+def gather(tensor, gather_list: Optional[list] = None, dst: int = 0, group=None,
+           async_op: bool = False, timeout: TimeoutLike = None) -> Optional[Work]:
+    """Collect every rank's `tensor` into `gather_list` on world rank `dst`."""
+    pg = _group(group)
+    if pg is None:
+        return None
+    return _ret(pg.gather(tensor, gather_list, _local(pg, dst, "dst"), async_op=async_op, timeout=timeout), async_op)
+
+
+def scatter(tensor, scatter_list: Optional[list] = None, src: int = 0, group=None,
+            async_op: bool = False, timeout: TimeoutLike = None) -> Optional[Work]:
+    """World rank `src` sends `scatter_list[j]` to group rank j."""
+    pg = _group(group)
+    if pg is None:
+        return None
+    return _ret(pg.scatter(tensor, scatter_list, _local(pg, src, "src"), async_op=async_op, timeout=timeout), async_op)
+
+
+def reduce_scatter(output, input_list: list, op: ReduceOp = ReduceOp.SUM, group=None,
+                   async_op: bool = False, timeout: TimeoutLike = None) -> Optional[Work]:
+    """Reduce `input_list[j]` across ranks into group rank j's `output`."""
+    pg = _group(group)
+    if pg is None:
+        return None
+    return _ret(pg.reduce_scatter(output, input_list, op, async_op=async_op, timeout=timeout), async_op)
+
+
+def all_to_all(output_tensor_list: list, input_tensor_list: list, group=None,
+               async_op: bool = False, timeout: TimeoutLike = None) -> Optional[Work]:
+    """Send `input_tensor_list[j]` to group rank j; receive into `output_tensor_list[i]`."""
+    pg = _group(group)
+    if pg is None:
+        return None
+    return _ret(pg.all_to_all(output_tensor_list, input_tensor_list, async_op=async_op, timeout=timeout), async_op)
+
+
+def isend(tensor, dst: int, group=None, tag: int = 0, timeout: TimeoutLike = None) -> Optional[Work]:
+    """Send to world rank `dst` without waiting; returns the Work."""
+    pg = _group(group)
+    if pg is None:
+        return None
+    return pg.send(tensor, _local(pg, dst, "dst"), tag, async_op=True, timeout=timeout)
+
+
+def irecv(tensor, src: Optional[int] = None, group=None, tag: int = 0,
+          timeout: TimeoutLike = None) -> Optional[Work]:
+    """Receive from world rank `src` (None: any) without waiting; returns the Work."""
+    pg = _group(group)
+    if pg is None:
+        return None
+    local = None if src is None else _local(pg, src, "src")
+    return pg.recv(tensor, local, tag, async_op=True, timeout=timeout)
+
+
+def send(tensor, dst: int, group=None, tag: int = 0, timeout: TimeoutLike = None) -> None:
+    """Send `tensor` to world rank `dst`."""
+    work = isend(tensor, dst, group, tag, timeout)
+    if work is not None:
+        work.wait()
+
+
+def recv(tensor, src: Optional[int] = None, group=None, tag: int = 0,
+         timeout: TimeoutLike = None) -> int:
+    """Receive into `tensor`; returns the sender's world rank (-1 if not a member)."""
+    pg = _group(group)
+    if pg is None:
+        return -1
+    work = irecv(tensor, src, pg, tag, timeout)
+    work.wait()
+    return get_process_group_ranks(pg)[work.source_rank]
+
+
+def barrier(group=None, async_op: bool = False, timeout: TimeoutLike = None) -> Optional[Work]:
+    """Return once every rank of the group has called barrier."""
+    pg = _group(group)
+    if pg is None:
+        return None
+    return _ret(pg.barrier(async_op=async_op, timeout=timeout), async_op)
+
+
+def monitored_barrier(group=None, timeout: TimeoutLike = None, wait_all_ranks: bool = False) -> None:
+    """A barrier whose rank 0 names the ranks that did not arrive within `timeout`."""
+    pg = _group(group)
+    if pg is None:
+        return None
+    pg.monitored_barrier(timeout=timeout, wait_all_ranks=wait_all_ranks)

@@ -1,0 +1,73 @@
+"""Every environment variable the process-group layer reads, read here and nowhere else."""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+from typing import Optional
+
+_TRUE = {"1", "true", "yes", "on"}
+
+
+def async_error_handling() -> bool:
+    """SHOAL_ASYNC_ERROR_HANDLING=1: a failed collective ends the process (the launcher sets it)."""
+    return os.environ.get("SHOAL_ASYNC_ERROR_HANDLING", "0").strip().lower() in _TRUE
+
+
+def dump_dir() -> str:
+    """Where watchdog dumps go: SHOAL_DUMP_DIR, else the system's temporary directory."""
+    return os.environ.get("SHOAL_DUMP_DIR") or tempfile.gettempdir()
+
+
+def _int_var(name: str) -> Optional[int]:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError as exc:
+        raise ValueError(f"Environment variable {name} must be an integer, got {raw!r}.") from exc
+
+
+def env_rank() -> Optional[int]:
+    """RANK, if set."""
+    return _int_var("RANK")
+
+
+def env_world_size() -> Optional[int]:
+    """WORLD_SIZE, if set."""
+    return _int_var("WORLD_SIZE")
+
+
+def env_master() -> tuple[Optional[str], Optional[int]]:
+    """(MASTER_ADDR, MASTER_PORT), each None when unset."""
+    return os.environ.get("MASTER_ADDR") or None, _int_var("MASTER_PORT")
+
+
+def use_agent_store() -> bool:
+    """SHOAL_USE_AGENT_STORE=1 (or torch's TORCHELASTIC_USE_AGENT_STORE=True): the store at
+    MASTER_ADDR:MASTER_PORT is hosted by the launcher's agent, so rank 0 connects as a client."""
+    for name in ("SHOAL_USE_AGENT_STORE", "TORCHELASTIC_USE_AGENT_STORE"):
+        if os.environ.get(name, "").strip().lower() in _TRUE:
+            return True
+    return False
+
+
+def bind_host(master_addr: Optional[str]) -> str:
+    """The address this rank's backend listens on.
+
+    SHOAL_COLLECTIVES_HOST wins; otherwise loopback when the master is on this machine, else the
+    local address that routes to the master (found by a UDP connect, which sends nothing).
+    """
+    explicit = os.environ.get("SHOAL_COLLECTIVES_HOST")
+    if explicit:
+        return explicit
+    if not master_addr or master_addr in ("localhost", "127.0.0.1", "::1") or master_addr.startswith("127."):
+        return "127.0.0.1"
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((master_addr, 9))
+            return probe.getsockname()[0]
+    except OSError:
+        return "127.0.0.1"
