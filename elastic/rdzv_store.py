@@ -1,14 +1,17 @@
 """`StoreRendezvousBackend`: the rendezvous state in any collectives Store (TCPStore by default).
 
-The stored value is `b"<version>\\n" + state`. The token is the whole stored value, so
-`Store.compare_set` is the compare-and-set; the version only makes every write distinct and
-names a "changed/<version>" key that `watch` waits on, since a Store can wait for a key to
-appear but cannot report that one changed.
+The stored value is `b"<version> <nonce>\\n" + state`. The token is the whole stored value, so
+`Store.compare_set` is the compare-and-set. The random nonce makes every write distinct, so two
+writers racing from one token with identical states cannot both believe they won (compare_set
+only returns the value now stored). The version names a "changed/<version>" key that `watch`
+waits on, since a Store can wait for a key to appear but cannot report that one changed.
 """
 
 from __future__ import annotations
 
 import logging
+import re
+import secrets
 from typing import Optional
 
 from collectives.api import Store, StoreError, StoreTimeout
@@ -22,14 +25,18 @@ logger = logging.getLogger(__name__)
 _KEEP_MARKERS = 64
 
 
+_HEAD = re.compile(rb"(\d+) [0-9a-f]+")
+
+
 def _split(stored: bytes, key: str) -> tuple[int, bytes]:
     head, sep, state = stored.partition(b"\n")
-    if not sep or not head.isdigit():
+    match = _HEAD.fullmatch(head) if sep else None
+    if match is None:
         raise RendezvousStateError(
             f"The rendezvous state under store key {key!r} does not start with a version line "
             f"(it begins {stored[:32]!r}); another program may have written it."
         )
-    return int(head), state
+    return int(match.group(1)), state
 
 
 class StoreRendezvousBackend(RendezvousBackend):
@@ -79,7 +86,7 @@ class StoreRendezvousBackend(RendezvousBackend):
         if not isinstance(state, (bytes, bytearray)):
             raise TypeError(f"Rendezvous state must be bytes, got {type(state).__name__}.")
         version = 0 if token is None else _split(token, self._key)[0]
-        desired = b"%d\n" % (version + 1) + bytes(state)
+        desired = b"%d %s\n" % (version + 1, secrets.token_hex(8).encode()) + bytes(state)
         # A missing key compares equal to b"" (see Store.compare_set).
         expected = b"" if token is None else token
         try:

@@ -305,7 +305,7 @@ def test_a_backend_outage_longer_than_the_heartbeat_timeout_kills_nobody(cluster
 
 def test_garbage_state_is_a_clear_error():
     store = HashStore(timeout=5)
-    store.set("shoal/rdzv/job/state", b"1\nnot json")
+    store.set("shoal/rdzv/job/state", b"1 ab\nnot json")
     h = RendezvousHandler(StoreRendezvousBackend(store, "job"), settings(), "a", store)
     with pytest.raises(RendezvousStateError, match="is not JSON"):
         h.is_closed()
