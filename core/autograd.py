@@ -40,15 +40,16 @@ def is_grad_enabled() -> bool:
     return _mode.enabled
 
 
-def set_grad_enabled(flag: bool) -> None:
-    """Turn graph recording on or off in this thread."""
-    _mode.enabled = bool(flag)
-
-
 class _GradModeContext:
     """Base of no_grad/enable_grad: a context manager and a function decorator."""
 
     _target = True
+
+    def __new__(cls, fn: Callable | None = None) -> Any:
+        self = super().__new__(cls)
+        if fn is not None and callable(fn):  # used bare, as @no_grad
+            return self(fn)
+        return self
 
     def __enter__(self) -> None:
         self._prev = _mode.enabled
@@ -84,6 +85,24 @@ class enable_grad(_GradModeContext):  # noqa: N801 - torch's name
     """Context manager (or decorator) that turns graph recording back on."""
 
     _target = True
+
+
+class set_grad_enabled(_GradModeContext):  # noqa: N801 - torch's name
+    """Turn graph recording on or off now; as a context manager, restore it on exit."""
+
+    def __new__(cls, mode: bool) -> "set_grad_enabled":
+        return object.__new__(cls)
+
+    def __init__(self, mode: bool) -> None:
+        self._prev = _mode.enabled
+        self._target = bool(mode)
+        _mode.enabled = self._target
+
+    def __enter__(self) -> None:
+        _mode.enabled = self._target
+
+    def __exit__(self, *exc: object) -> None:
+        _mode.enabled = self._prev
 
 
 _seq = itertools.count()
@@ -204,10 +223,15 @@ def _freed_error(name: str) -> AutogradError:
     )
 
 
-def backward(root: Any, grad: Any = None, retain_graph: bool = False) -> None:
-    """Backpropagate from `root` with `grad` (an array; None means ones for a scalar root)."""
-    g, owned = grad, False
-    if g is None:
+def _seed(root: Any, grad: Any) -> tuple[Any, bool]:
+    """The starting gradient for one root, validated; (array, owned by the engine)."""
+    if not root.requires_grad:
+        raise AutogradError(
+            "backward(): the tensor does not require grad and has no grad_fn; nothing to "
+            "differentiate (was it computed under no_grad, or from tensors without "
+            "requires_grad=True?)."
+        )
+    if grad is None:
         if root.data.size != 1:
             raise AutogradError(
                 f"backward() without a gradient needs a scalar output, got shape "
@@ -215,37 +239,118 @@ def backward(root: Any, grad: Any = None, retain_graph: bool = False) -> None:
             )
         g = root.data.copy()
         g[...] = 1
-        owned = True
-    elif g.shape != root.data.shape:
+        return g, True
+    if grad.shape != root.data.shape:
         raise AutogradError(
-            f"backward(): grad has shape {tuple(g.shape)} but the output has shape "
+            f"backward(): grad has shape {tuple(grad.shape)} but the output has shape "
             f"{tuple(root.data.shape)}."
         )
-    if not root.requires_grad:
-        raise AutogradError(
-            "backward(): the tensor does not require grad and has no grad_fn; nothing to "
-            "differentiate (was it computed under no_grad, or from tensors without "
-            "requires_grad=True?)."
-        )
+    return grad, False
+
+
+def backward(roots: Any, grads: Any = None, retain_graph: bool = False) -> None:
+    """Backpropagate from one tensor or several, accumulating into the leaves' .grad.
+
+    `grads` holds one array (or None for a scalar root, meaning 1) per root.
+    """
+    if not isinstance(roots, (list, tuple)):
+        roots, grads = [roots], [grads]
+    elif grads is None:
+        grads = [None] * len(roots)
+    run_backward(list(roots), list(grads), retain_graph)
+
+
+def grad(
+    outputs: Any, inputs: Any, grad_outputs: Any = None, retain_graph: bool | None = None,
+    allow_unused: bool = False,
+) -> tuple:
+    """The gradients of outputs w.r.t. inputs, returned instead of accumulated into .grad."""
+    single_out = not isinstance(outputs, (list, tuple))
+    outs = [outputs] if single_out else list(outputs)
+    if grad_outputs is None:
+        gouts = [None] * len(outs)
+    else:
+        gouts = [grad_outputs] if single_out else list(grad_outputs)
+    gouts = [None if g is None else getattr(g, "data", g) for g in gouts]
+    ins = [inputs] if not isinstance(inputs, (list, tuple)) else list(inputs)
+    capture = {id(t): None for t in ins}
+    run_backward(outs, gouts, bool(retain_graph), capture)
+    cls = _tensor_cls()
+    result = []
+    for i, t in enumerate(ins):
+        g = capture[id(t)]
+        if g is None and not allow_unused:
+            raise AutogradError(
+                f"grad(): input {i} (shape {tuple(t.shape)}) was not used to compute the "
+                "outputs; pass allow_unused=True to get None for it."
+            )
+        result.append(None if g is None else cls(g))
+    return tuple(result)
+
+
+def run_backward(
+    roots: list, grads: list, retain_graph: bool, capture: dict | None = None
+) -> None:
+    """The engine's entry: seed every root, count dependencies, then run ready nodes.
+
+    With `capture` (a dict keyed by id of the wanted tensors), finished gradients of those
+    tensors are stored there and no leaf's .grad is touched (autograd.grad's behaviour).
+    """
+    pending: dict[int, list] = {}
+    for root, g in zip(roots, grads):
+        g, owned = _seed(root, g)
+        entry = pending.get(id(root))
+        if entry is None:
+            pending[id(root)] = [g, owned]
+        else:
+            entry[0], entry[1] = entry[0] + g, True
+    deps = _count_dependencies(roots)
     prev_mode = _mode.enabled
     _mode.enabled = False  # hooks and accumulation must not record a graph
     try:
-        if root.grad_fn is None:
-            _accumulate_leaf(root, g, owned)
-            return
-        deps = _count_dependencies(root)
-        _run(root, g, owned, deps, retain_graph)
+        heap = []
+        seen_roots: set[int] = set()
+        for root in roots:
+            k = id(root)
+            if k in seen_roots or deps.get(k, 0):
+                continue  # another root's graph delivers into it; it runs when complete
+            seen_roots.add(k)
+            if root.grad_fn is None:
+                g, owned = pending.pop(k)
+                _finish_leaf(root, g, owned, capture)
+            else:
+                heap.append((-root.grad_fn.seq, root))
+        heapq.heapify(heap)
+        _run(heap, pending, deps, retain_graph, capture)
     finally:
         _mode.enabled = prev_mode
 
 
-def _count_dependencies(root: Any) -> dict:
-    """How many gradient contributions each tensor in root's graph will receive (iterative)."""
+def _finish_leaf(leaf: Any, g: Any, owned: bool, capture: dict | None) -> None:
+    if capture is None:
+        _accumulate_leaf(leaf, g, owned)
+    elif id(leaf) in capture:
+        if leaf._hooks:
+            g, owned = _run_hooks(leaf, g, owned)
+        capture[id(leaf)] = g if owned else g.copy()
+
+
+def _count_dependencies(roots: list) -> dict:
+    """How many gradient contributions each tensor in the roots' graph will receive.
+
+    Iterative (an explicit stack), so graphs deeper than Python's recursion limit work; it
+    also finds a freed graph before anything is modified.
+    """
     deps: dict[int, int] = {}
-    node = root.grad_fn
-    if node.backward_fn is None:
-        raise _freed_error(node._name)
-    stack = [root]
+    stack = []
+    expanded: set[int] = set()  # roots can also sit inside another root's graph
+    for root in roots:
+        node = root.grad_fn
+        if node is not None and id(root) not in expanded:
+            if node.backward_fn is None:
+                raise _freed_error(node._name)
+            expanded.add(id(root))
+            stack.append(root)
     while stack:
         t = stack.pop()
         for inp in t.grad_fn.inputs:
@@ -256,26 +361,28 @@ def _count_dependencies(root: Any) -> dict:
             if n is None:
                 deps[k] = 1
                 fn = inp.grad_fn
-                if fn is not None:
+                if fn is not None and k not in expanded:
                     if fn.backward_fn is None:
                         raise _freed_error(fn._name)
+                    expanded.add(k)
                     stack.append(inp)
             else:
                 deps[k] = n + 1
     return deps
 
 
-def _run(root: Any, g: Any, owned: bool, deps: dict, retain_graph: bool) -> None:
-    pending: dict[int, list] = {id(root): [g, owned]}
-    heap = [(-root.grad_fn.seq, root)]
+def _run(heap: list, pending: dict, deps: dict, retain_graph: bool, capture: dict | None) -> None:
+    """Run ready nodes, newest first; finish each leaf as soon as its last contribution lands."""
     heappop, heappush = heapq.heappop, heapq.heappush
     while heap:
         _, t = heappop(heap)
         g, owned = pending.pop(id(t))
         if t._hooks:
             g, owned = _run_hooks(t, g, owned)
-        if t._retains_grad:
+        if t._retains_grad and capture is None:
             _retain(t, g)
+        if capture is not None and id(t) in capture:
+            capture[id(t)] = g.copy()
         node = t.grad_fn
         fn = node.backward_fn
         grads = fn(g)
@@ -316,6 +423,6 @@ def _run(root: Any, g: Any, owned: bool, deps: dict, retain_graph: bool) -> None
                 fn_in = inp.grad_fn
                 if fn_in is None:
                     gl, ol = pending.pop(k)
-                    _accumulate_leaf(inp, gl, ol)
+                    _finish_leaf(inp, gl, ol, capture)
                 else:
                     heappush(heap, (-fn_in.seq, inp))

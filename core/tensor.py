@@ -109,6 +109,11 @@ class Tensor:
             raise TypeError("len() of a 0-d tensor")
         return self.data.shape[0]
 
+    def __iter__(self) -> Any:
+        if self.data.ndim == 0:
+            raise TypeError("iteration over a 0-d tensor")
+        return (self[i] for i in range(self.data.shape[0]))
+
     __hash__ = object.__hash__  # tensors hash by identity, as in torch (== is elementwise)
 
     # -- conversion -------------------------------------------------------------------------

@@ -238,3 +238,47 @@ def test_in_place_updates_need_no_grad_on_leaves():
         w.addcdiv_(core.ones(3), core.full((3,), 2.0), value=2.0)
     np.testing.assert_allclose(w.detach().numpy(), np.full(3, 4.5))
     assert w.data.dtype == np.float64
+
+
+def test_autograd_grad_returns_gradients_without_touching_dot_grad():
+    x, w = _leaf(3), _leaf(3, seed=1)
+    y = (x * w).sum()
+    gx, gw = core.autograd.grad(y, [x, w], retain_graph=True)
+    np.testing.assert_allclose(gx.numpy(), w.detach().numpy())
+    np.testing.assert_allclose(gw.numpy(), x.detach().numpy())
+    assert x.grad is None and w.grad is None
+    h = x * 2
+    (gh,) = core.autograd.grad((h * h).sum(), [h])  # a non-leaf input
+    np.testing.assert_allclose(gh.numpy(), 2 * h.detach().numpy())
+    unused = _leaf(2)
+    with pytest.raises(AutogradError, match="input 1 .* was not used"):
+        core.autograd.grad((x * 3).sum(), [x, unused])
+    gx2, none = core.autograd.grad((x * 3).sum(), [x, unused], allow_unused=True)
+    assert none is None and np.allclose(gx2.numpy(), 3.0)
+
+
+def test_backward_from_several_roots_at_once():
+    x = _leaf(3)
+    a = x * 2
+    b = a * 3  # b depends on a: a's seed and b's contribution must both land before a runs
+    core.autograd.backward([a, b], [core.ones(3).data, core.ones(3).data])
+    np.testing.assert_allclose(x.grad.numpy(), np.full(3, 2.0 + 6.0))
+
+
+def test_grad_mode_helpers_like_torch():
+    @core.no_grad
+    def bare(t):
+        return t * 2
+
+    x = _leaf(2)
+    assert not bare(x).requires_grad
+    with core.set_grad_enabled(False):
+        assert not (x * 2).requires_grad
+    assert core.is_grad_enabled()
+    core.set_grad_enabled(False)
+    try:
+        assert not core.is_grad_enabled()
+    finally:
+        core.set_grad_enabled(True)
+    rows = list(core.arange(6).reshape(3, 2))
+    assert len(rows) == 3 and rows[2].tolist() == [4, 5]
