@@ -87,6 +87,7 @@ class RendezvousHandler:
         # node -> (last heartbeat value seen, monotonic time it was first seen)
         self._seen: dict[str, tuple[Optional[str], float]] = {}
         self._backend_down = False
+        self._last_read: Optional[float] = None
         self._nonce = f"{os.getpid():x}.{time.time_ns() & 0xFFFFFFFF:x}"
         self._beats = 0
         self._stop = threading.Event()
@@ -442,10 +443,14 @@ class RendezvousHandler:
     def _observe(self, state: Optional[RendezvousState]) -> None:
         now = time.monotonic()
         with self._lock:
-            if self._backend_down:
-                # Nobody could write heartbeats while the backend was away: restart every clock.
+            blind = self._last_read is not None and (
+                now - self._last_read > self.settings.heartbeat_timeout / 2)
+            if self._backend_down or blind:
+                # While the backend was away (calls failed, or were retried inside the backend
+                # until it came back) nobody could write heartbeats: restart every clock.
                 self._backend_down = False
                 self._seen = {n: (v, now) for n, (v, _) in self._seen.items()}
+            self._last_read = now
             if state is None:
                 return
             nodes = (set(state.heartbeats) | set(state.participants) | set(state.wait_list)
