@@ -73,13 +73,5 @@ from core.ops.unary import abs, clamp, exp, gelu, log, relu, sigmoid, sqrt, tanh
 # torch's dtype aliases (core.float is float32, as torch.float).
 half, float, double, long, int = float16, float32, float64, int64, int32  # noqa: A001
 
-# nn and optim belong to another part of the tree and may not exist yet in a partial checkout;
-# import them only once their packages are real (this guard can go when both have landed).
-import os as _os  # noqa: E402
-
-_here = _os.path.dirname(__file__)
-if _os.path.exists(_os.path.join(_here, "nn", "__init__.py")):
-    from core import nn  # noqa: E402
-if _os.path.exists(_os.path.join(_here, "optim", "__init__.py")):
-    from core import optim  # noqa: E402
-del _os, _here
+# Last, because nn and optim build on everything above.
+from core import nn, optim  # noqa: E402

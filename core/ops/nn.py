@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from core import backend
+from core import kernels as _kernels
 from core.errors import ShapeError
 from core.ops import random as _random
 from core.ops._util import broadcast_error, needs_grad, result, unbroadcast, val, xp_of
@@ -214,6 +215,8 @@ def cross_entropy(
     )
     rows = x2.shape[0]
     dt = xd.dtype
+    if not probs_target and wv is None and not label_smoothing:
+        return _plain_cross_entropy(input, target, x2, t2, ignore_index, reduction)
     e = x2 - x2.max(axis=1, keepdims=True)  # shifted logits; becomes exp() below
     eps = float(label_smoothing)
     if probs_target:
@@ -300,6 +303,44 @@ def cross_entropy(
                     p[ar, safe_t] -= 1.0
                 grad = p
             grad *= r[:, None] if reduction == "none" else r
+        if xd.ndim == 1:
+            grad = grad.reshape(xd.shape)
+        elif xd.ndim > 2:
+            moved = (xd.shape[0],) + xd.shape[2:] + (n_classes,)
+            grad = xp.moveaxis(grad.reshape(moved), -1, 1)
+        return grad, None
+
+    return result(out, "CrossEntropyBackward", backward, (input, target))
+
+
+def _plain_cross_entropy(
+    input: Tensor, target: Any, x2: Any, t2: Any, ignore_index: int, reduction: str  # noqa: A002
+) -> Tensor:
+    """Class indices without weights or smoothing: the fused kernels (numpy reference on cpu)."""
+    xd = input.data
+    xp = xp_of(xd)
+    n_classes = x2.shape[1]
+    valid = t2 != ignore_index
+    if isinstance(xd, np.ndarray) and t2.size:
+        kept = t2[valid]
+        if kept.size and (int(kept.max()) >= n_classes or int(kept.min()) < 0):
+            raise ShapeError(
+                f"cross_entropy: target class out of range [0, {n_classes}) "
+                f"(targets span {int(kept.min())}..{int(kept.max())})."
+            )
+    loss_rows, lse = _kernels.cross_entropy_forward(x2, t2, ignore_index)
+    dt = xd.dtype
+    if reduction == "none":
+        out = loss_rows.reshape(xd.shape[:1] + xd.shape[2:] if xd.ndim > 1 else ()).astype(dt, copy=False)
+        denom = 1.0
+    else:
+        denom = float(valid.sum()) if reduction == "mean" else 1.0
+        total = loss_rows.sum()
+        out = xp.asarray(total / denom if reduction == "mean" else total, dtype=dt)
+
+    def backward(g: Any) -> tuple:
+        rows = g.reshape(-1) if reduction == "none" else (g / denom if reduction == "mean" else g)
+        grad = _kernels.cross_entropy_backward(x2, t2, lse, rows, ignore_index)
         if xd.ndim == 1:
             grad = grad.reshape(xd.shape)
         elif xd.ndim > 2:

@@ -5,6 +5,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
+from core import kernels as _kernels
 from core.ops import _special
 from core.ops._util import result, xp_of
 
@@ -86,6 +89,13 @@ def gelu(x: Any, approximate: str = "none") -> Any:
     """Gaussian error linear unit: x * Phi(x); approximate='tanh' uses the tanh formula."""
     xd = x.data
     xp = xp_of(xd)
+    if xp is not np:  # cupy: one fused CUDA kernel each way (core/kernels/gelu.py)
+        out = _kernels.gelu_forward_cuda(xd, approximate)
+
+        def backward_cuda(g: Any) -> tuple:
+            return (_kernels.gelu_backward_cuda(xd, g, approximate),)
+
+        return result(out, "GeluBackward", backward_cuda, (x,))
     if approximate == "tanh":
         inner = _SQRT_2_OVER_PI * (xd + 0.044715 * xd * xd * xd)
         t = xp.tanh(inner)
