@@ -14,7 +14,7 @@ def default_group() -> Any:
     """The process group init_process_group created."""
     from collectives import distributed  # noqa: PLC0415 - DDP must import without a group
 
-    return distributed._default_group()
+    return distributed.get_default_group()
 
 
 def resolve(group: Optional[Any]) -> Any:

@@ -1,7 +1,7 @@
 """Train a small MLP with DistributedDataParallel on generated data, checkpointing as it goes.
 
     shoal run --nproc-per-node 2 examples/train_ddp.py --steps 50 --checkpoint-every 10
-    python examples/train_ddp.py --steps 20            # no launcher: one process
+    python examples/train_ddp.py --steps 20            # no launcher: a group of one
 
 Each rank's batch at step s is drawn from (seed, s, rank), so a run that is killed and resumed
 from its latest checkpoint ends with exactly the parameters of one that never stopped; the last
@@ -136,26 +136,28 @@ def make_checkpointer(directory: str | None):
 
 
 def init_distributed():
-    """(rank, world_size, group) from the torchrun environment; (0, 1, None) without one."""
-    if "WORLD_SIZE" not in os.environ or "RANK" not in os.environ:
-        return 0, 1, None
+    """The process group: from the torchrun environment `shoal run` sets, else a group of one."""
     import collectives  # noqa: PLC0415
 
-    collectives.init_process_group("tcp", init_method="env://")
-    group = collectives.distributed._default_group()
-    return group.rank(), group.size(), group
+    if "WORLD_SIZE" in os.environ and "RANK" in os.environ:
+        return collectives.init_process_group("tcp", init_method="env://")
+    # No launcher: a world of one (its store binds a free port itself).
+    return collectives.init_process_group(
+        "tcp", init_method="tcp://127.0.0.1:0", rank=0, world_size=1
+    )
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    rank, world, group = init_distributed()
+    group = init_distributed()
+    rank = group.rank()
     directory = args.checkpoint_dir or os.environ.get("SHOAL_CHECKPOINT_DIR")
     checkpointer = make_checkpointer(directory)
     restarts = int(os.environ.get("SHOAL_RESTART_COUNT", "0") or 0)
 
     core.manual_seed(args.seed)
     model = MLP()
-    net = DistributedDataParallel(model, process_group=group) if group is not None else model
+    net = DistributedDataParallel(model, process_group=group)
     opt = core.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9)
 
     start = 0
@@ -188,10 +190,9 @@ def main(argv=None) -> int:
 
     if rank == 0:
         print(f"final step {args.steps} params_sha256 {params_sha256(model)}", flush=True)
-    if group is not None:
-        import collectives  # noqa: PLC0415
+    import collectives  # noqa: PLC0415
 
-        collectives.destroy_process_group()
+    collectives.destroy_process_group()
     return 0
 
 
