@@ -203,10 +203,11 @@ def _index_to_device(index: Any, like: Any) -> Any:
 
 
 def _scatter_add(xp: Any, target: Any, index: Any, values: Any) -> None:
-    if hasattr(xp.add, "at"):
-        xp.add.at(target, index, values)
-    else:  # older cupy
-        import cupyx  # noqa: PLC0415
+    """target[index] += values, adding repeated indices up (np.add.at / cupyx.scatter_add)."""
+    if xp is np:
+        np.add.at(target, index, values)
+    else:
+        import cupyx  # noqa: PLC0415 - cuda only
 
         cupyx.scatter_add(target, index, values)
 
