@@ -15,6 +15,7 @@ import heapq
 import itertools
 import logging
 import selectors
+import signal
 import socket
 import threading
 import time
@@ -42,6 +43,8 @@ MAX_PENDING_HANDSHAKES = 64
 # tolerated, a flood is a broken client.
 MAX_QUEUED_FRAMES = 16
 RECV_CHUNK = 256 * 1024
+# The loop wakes at least this often even when idle, so a missed wakeup cannot stall a stop.
+_MAX_SELECT_S = 1.0
 
 
 class _Conn:
@@ -156,6 +159,11 @@ class TCPStoreServer:
     def serve_forever(self) -> None:
         """Run the loop in this thread until `stop()`."""
         logger.info("TCPStore server listening on %s", self.address)
+        previous_wakeup = None
+        if threading.current_thread() is threading.main_thread():
+            # A signal may land on a handshake thread and leave select() asleep; the wakeup fd
+            # makes the C-level handler wake the loop so the Python handler (stop) runs now.
+            previous_wakeup = signal.set_wakeup_fd(self._wake_w.fileno(), warn_on_full_buffer=False)
         try:
             while not self._stopping.is_set():
                 for key, events in self._sel.select(self._select_timeout()):
@@ -174,6 +182,8 @@ class TCPStoreServer:
                             self._read(conn)
                 self._expire_waiters()
         finally:
+            if previous_wakeup is not None:
+                signal.set_wakeup_fd(previous_wakeup)
             self._shutdown()
 
     def _shutdown(self) -> None:
@@ -505,12 +515,12 @@ class TCPStoreServer:
             self._reply(conn, Status.OK, [str(self.joined).encode()])
             self._process(conn)
 
-    def _select_timeout(self) -> Optional[float]:
+    def _select_timeout(self) -> float:
         while self._deadlines and self._deadlines[0][2].done:
             heapq.heappop(self._deadlines)
         if not self._deadlines:
-            return None
-        return max(0.0, self._deadlines[0][0] - time.monotonic())
+            return _MAX_SELECT_S
+        return min(_MAX_SELECT_S, max(0.0, self._deadlines[0][0] - time.monotonic()))
 
     def _expire_waiters(self) -> None:
         now = time.monotonic()

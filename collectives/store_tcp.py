@@ -124,6 +124,7 @@ class TCPStore(Store):
         self._lock = threading.Lock()
         self._idle: list[_Connection] = []
         self._closed = False
+        self._pid = os.getpid()
         self.world_size = world_size
         self.server: Optional[TCPStoreServer] = None
         if is_master:
@@ -152,11 +153,10 @@ class TCPStore(Store):
         end = time.monotonic() + timeout
         delay = _CONNECT_BACKOFF_S[0]
         while True:
-            left = end - time.monotonic()
             try:
-                sock = socket.create_connection(
-                    (self.host, self.port), timeout=max(0.01, min(left, MAX_SOCKET_TIMEOUT_S))
-                )
+                return self._dial(end)
+            except AuthenticationError:  # an OSError too, but retrying cannot fix a secret
+                raise
             except OSError as exc:
                 left = end - time.monotonic()
                 if not retry:
@@ -170,27 +170,38 @@ class TCPStore(Store):
                     ) from exc
                 time.sleep(min(delay, left))
                 delay = min(delay * 2, _CONNECT_BACKOFF_S[1])
-                continue
-            try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                client_handshake(sock, self._token, "store")
-            except AuthenticationError as exc:
-                sock.close()
-                raise AuthenticationError(
-                    f"TCPStore could not authenticate to the server at {self.address}: {exc} "
-                    "Check that every process uses the same SHOAL_AUTH_TOKEN."
-                ) from exc
-            except OSError as exc:
-                sock.close()
-                raise StoreError(
-                    f"TCPStore lost the server at {self.address} while connecting: {exc}"
-                ) from exc
-            return _Connection(sock)
+
+    def _dial(self, end: float) -> _Connection:
+        """One attempt. Raises OSError when the server is not there (worth retrying), and
+        AuthenticationError when it is there but refuses this secret (not worth it)."""
+        left = max(0.01, min(end - time.monotonic(), MAX_SOCKET_TIMEOUT_S))
+        sock = socket.create_connection((self.host, self.port), timeout=left)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            client_handshake(sock, self._token, "store")
+        except AuthenticationError as exc:
+            sock.close()
+            cause = exc.__cause__
+            if isinstance(cause, OSError) and not isinstance(cause, (AuthenticationError,
+                                                                      TimeoutError)):
+                # reset or refused mid-handshake: the server is going away or not up yet
+                raise ConnectionError(f"the connection broke during the handshake ({cause})") from exc
+            raise AuthenticationError(
+                f"TCPStore could not authenticate to the server at {self.address}: {exc} "
+                "Check that every process uses the same SHOAL_AUTH_TOKEN."
+            ) from exc
+        except BaseException:
+            sock.close()
+            raise
+        return _Connection(sock)
 
     def _checkout(self) -> _Connection:
         with self._lock:
             if self._closed:
                 raise StoreError(f"This TCPStore (server {self.address}) is closed.")
+            if self._pid != os.getpid():
+                # A forked child must not talk on its parent's sockets; it dials its own.
+                self._idle, self._pid = [], os.getpid()
             if self._idle:
                 return self._idle.pop()
         # Another thread holds the other connections: open one more. The server was up a moment
@@ -294,6 +305,8 @@ class TCPStore(Store):
         return reply[0]
 
     def _wait(self, keys, timeout):
+        if not keys:
+            return
         self._waiting_call(Op.WAIT, keys, timeout, f"wait for {len(keys)} key(s)")
 
     def _check(self, keys):

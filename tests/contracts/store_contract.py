@@ -205,6 +205,8 @@ class StoreContract:
         finally:
             t.join()
         store.wait("wait/a", timeout=0)
+        store.wait([], timeout=0)
+        assert store.check([])
 
     def test_wait_timeout_names_only_the_missing_keys(self, store):
         store.set("waitto/here", b"1")

@@ -7,6 +7,7 @@ import os
 import select
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -22,18 +23,21 @@ STARTUP_S = 30.0
 
 def start_store_process(*extra: str) -> tuple[subprocess.Popen, int]:
     """Start `python -m collectives.store_tcp` and read the bound port from its first line."""
+    # stderr goes to a file: a pipe nobody reads could fill up and stall the server's logging
+    log = tempfile.TemporaryFile()
     proc = subprocess.Popen(
         [sys.executable, "-m", "collectives.store_tcp", "--host", "127.0.0.1", "--port", "0",
          *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=os.environ.copy(),
+        stdout=subprocess.PIPE, stderr=log, env=os.environ.copy(),
     )
     ready, _, _ = select.select([proc.stdout], [], [], STARTUP_S)
     line = proc.stdout.readline().decode() if ready else ""
     if not line.startswith("shoal store listening on 127.0.0.1:"):
         proc.kill()
-        _, err = proc.communicate(timeout=10)
+        proc.wait(10)
+        log.seek(0)
         pytest.fail(f"the store process printed {line!r} instead of its port; stderr:\n"
-                    f"{err.decode(errors='replace')}")
+                    f"{log.read().decode(errors='replace')}")
     return proc, int(line.rsplit(":", 1)[1])
 
 
