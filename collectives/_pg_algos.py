@@ -111,10 +111,11 @@ def bounds(n: int, parts: int) -> list[int]:
 class Direct:
     """Small-message exchange with every peer, without the pump (the 4 KiB latency path)."""
 
-    def __init__(self, rank: int, size: int, socks: list):
+    def __init__(self, rank: int, size: int, tx: list, rx: list):
         self.rank = rank
         self.size = size
-        self.socks = socks
+        self.tx = tx
+        self.rx = rx
         self.peers = [q for q in range(size) if q != rank]
         self._bufs: dict[int, bytearray] = {}
 
@@ -133,14 +134,14 @@ class Direct:
         """
         hdr = wire.data_header(seq, fp)
         hl = len(hdr)
-        socks = self.socks
+        tx = self.tx
         for q in self.peers:
             body = payload[q] if isinstance(payload, dict) else payload
             try:
                 if len(body):
-                    wire.send_all(socks[q], [hdr, body])
+                    wire.send_all(tx[q], [hdr, body])
                 else:
-                    socks[q].sendall(hdr)
+                    tx[q].sendall(hdr)
             except OSError as exc:
                 raise LinkDown(q, exc) from exc
         out = {}
@@ -149,7 +150,7 @@ class Direct:
                 nb = sizes[q]
             else:
                 nb = len(payload[q]) if isinstance(payload, dict) else len(payload)
-            out[q] = self._receive(q, socks[q], hdr, seq, fp, hl, hl + nb)
+            out[q] = self._receive(q, self.rx[q], hdr, seq, fp, hl, hl + nb)
         return out
 
     def _receive(self, q, sock, hdr, seq, fp, hl, need):
@@ -185,15 +186,15 @@ class Direct:
         hdr = wire.data_header(seq, fp)
         try:
             if len(body):
-                wire.send_all(self.socks[q], [hdr, body])
+                wire.send_all(self.tx[q], [hdr, body])
             else:
-                self.socks[q].sendall(hdr)
+                self.tx[q].sendall(hdr)
         except OSError as exc:
             raise LinkDown(q, exc) from exc
 
     def recv_from(self, q: int, seq: int, fp: bytes, nbytes: int = 0) -> memoryview:
         hdr = wire.data_header(seq, fp)
-        return self._receive(q, self.socks[q], hdr, seq, fp, len(hdr), len(hdr) + nbytes)
+        return self._receive(q, self.rx[q], hdr, seq, fp, len(hdr), len(hdr) + nbytes)
 
 
 def reduce_in_rank_order(flat: np.ndarray, rank: int, peers_data: dict, uf) -> None:
@@ -216,7 +217,7 @@ def reduce_in_rank_order(flat: np.ndarray, rank: int, peers_data: dict, uf) -> N
 # ----------------------------------------------------------------------------- ring plans
 
 def ring_allreduce_plan(
-    rank: int, size: int, socks: list, seq: int, fp: bytes, flat: np.ndarray,
+    rank: int, size: int, rx: list, seq: int, fp: bytes, flat: np.ndarray,
     scratch: memoryview, uf, chunk_elems: int, shift: int = 0, gather: bool = True,
 ) -> Plan:
     """Ring reduce-scatter (+ all-gather when `gather`) of `flat` in place.
@@ -228,7 +229,7 @@ def ring_allreduce_plan(
     prv = (rank - 1) % size
     plan = Plan()
     plan.send(nxt, wire.data_header(seq, fp))
-    expect_header(plan, prv, socks[prv], seq, fp)
+    expect_header(plan, prv, rx[prv], seq, fp)
     b = bounds(flat.size, size)
     item = flat.itemsize
     raw = memoryview(flat.view(np.uint8))
@@ -267,7 +268,7 @@ def ring_allreduce_plan(
 
 
 def ring_allgather_plan(
-    rank: int, size: int, socks: list, seq: int, fp: bytes, segments: Sequence[memoryview],
+    rank: int, size: int, rx: list, seq: int, fp: bytes, segments: Sequence[memoryview],
     chunk_bytes: int,
 ) -> Plan:
     """Ring all-gather: segment j (bytes) starts at rank j and ends on every rank."""
@@ -275,7 +276,7 @@ def ring_allgather_plan(
     prv = (rank - 1) % size
     plan = Plan()
     plan.send(nxt, wire.data_header(seq, fp))
-    expect_header(plan, prv, socks[prv], seq, fp)
+    expect_header(plan, prv, rx[prv], seq, fp)
     prev_counts: Optional[list[int]] = None
     for s in range(size - 1):
         out_seg = segments[(rank - s) % size]
@@ -288,7 +289,7 @@ def ring_allgather_plan(
 
 
 def chain_broadcast_plan(
-    rank: int, size: int, socks: list, seq: int, fp: bytes, root: int, raw: memoryview,
+    rank: int, size: int, rx: list, seq: int, fp: bytes, root: int, raw: memoryview,
     chunk_bytes: int,
 ) -> Plan:
     """Pipelined chain root -> root+1 -> ... -> root-1, then an ack from the last to the root.
@@ -305,9 +306,9 @@ def chain_broadcast_plan(
         plan.send(nxt, wire.data_header(seq, fp))
         for lo, hi in pieces:
             plan.send(nxt, raw[lo:hi])
-        expect_header(plan, last, socks[last], seq, fp)
+        expect_header(plan, last, rx[last], seq, fp)
         return plan
-    expect_header(plan, prv, socks[prv], seq, fp)
+    expect_header(plan, prv, rx[prv], seq, fp)
     counts = [plan.recv(prv, raw[lo:hi]) for lo, hi in pieces]
     done = plan.recv_count(prv)
     if rank != last:
@@ -320,7 +321,7 @@ def chain_broadcast_plan(
 
 
 def star_plan(
-    rank: int, size: int, socks: list, seq: int, fps_out: dict, fps_in: dict,
+    rank: int, size: int, rx: list, seq: int, fps_out: dict, fps_in: dict,
     sends: dict, recvs: dict, chunk_bytes: int, acks: Sequence[int] = (),
     ack_from: Sequence[int] = (), ack_fp: Optional[bytes] = None,
     callbacks: Optional[dict] = None,
@@ -334,7 +335,7 @@ def star_plan(
         for lo, hi in chunks(0, len(body), chunk_bytes):
             plan.send(q, body[lo:hi])
     for q, body in recvs.items():
-        expect_header(plan, q, socks[q], seq, fps_in[q])
+        expect_header(plan, q, rx[q], seq, fps_in[q])
         cb_last = (callbacks or {}).get(q)
         pieces = chunks(0, len(body), chunk_bytes)
         for i, (lo, hi) in enumerate(pieces):
@@ -344,5 +345,5 @@ def star_plan(
     for q in acks:
         plan.send(q, wire.data_header(seq, ack_fp), (q, plan.recv_count(q)))
     for q in ack_from:
-        expect_header(plan, q, socks[q], seq, ack_fp)
+        expect_header(plan, q, rx[q], seq, ack_fp)
     return plan

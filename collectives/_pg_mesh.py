@@ -1,7 +1,8 @@
 """The tcp backend's connections: a full mesh of authenticated sockets, bootstrapped by a store.
 
-Every pair of ranks shares two connections: a data connection that collectives stream arrays
-over, and a control connection watched by one service thread per group. The control channel
+Every pair of ranks shares three connections: two one-way data connections that collectives
+stream arrays over (one per direction, see `_pg_wire`), and a control connection watched by
+one service thread per group. The control channel
 carries goodbyes, abort notices (with the reason, so every rank reports the same culprit) and
 point-to-point messages. A control connection that closes without a goodbye means the peer
 process died, which is how a SIGKILLed rank is noticed within milliseconds even when no
@@ -124,7 +125,8 @@ class Mesh:
         self.host = host
         self._token = token
         self._on_failure = on_failure
-        self.data: list[Optional[socket.socket]] = [None] * size
+        self.tx: list[Optional[socket.socket]] = [None] * size  # data we send to each peer
+        self.rx: list[Optional[socket.socket]] = [None] * size  # data we receive from each peer
         self.ctrl: list[Optional[socket.socket]] = [None] * size
         self.departed = [False] * size
         self._send_locks = [threading.Lock() for _ in range(size)]
@@ -185,7 +187,7 @@ class Mesh:
             while True:
                 missing = [
                     q for q in range(self.rank + 1, self.size)
-                    if self.data[q] is None or self.ctrl[q] is None
+                    if self.tx[q] is None or self.rx[q] is None or self.ctrl[q] is None
                 ]
                 if not missing:
                     break
@@ -223,7 +225,7 @@ class Mesh:
 
     def _dial(self, peer: int, deadline: float) -> None:
         host, port = self._peer_address(peer, deadline)
-        for channel in (wire.CHANNEL_DATA, wire.CHANNEL_CONTROL):
+        for channel in wire.CHANNELS:
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             try:
                 wire.tune_socket(sock)
@@ -253,7 +255,13 @@ class Mesh:
                 sock.close()
                 raise
             with self._lock:
-                (self.data if channel == wire.CHANNEL_DATA else self.ctrl)[peer] = sock
+                self._slots_for(channel, dialer=True)[peer] = sock
+
+    def _slots_for(self, channel: int, dialer: bool) -> list:
+        if channel == wire.CHANNEL_CONTROL:
+            return self.ctrl
+        sends = (channel == wire.CHANNEL_UP) == dialer
+        return self.tx if sends else self.rx
 
     def _admit(self, sock: socket.socket, addr) -> None:
         """Authenticate and place one incoming connection, or log and drop it."""
@@ -268,9 +276,9 @@ class Mesh:
             magic, gid, src, dst, channel = wire.HELLO.unpack(raw)
             if magic != wire.HELLO_MAGIC or gid != self._group_id:
                 raise ValueError("its hello names another group or generation")
-            if dst != self.rank or not self.rank < src < self.size or channel not in (0, 1):
+            if dst != self.rank or not self.rank < src < self.size or channel not in wire.CHANNELS:
                 raise ValueError(f"its hello (from rank {src} to rank {dst}, channel {channel}) is invalid here")
-            slots = self.data if channel == wire.CHANNEL_DATA else self.ctrl
+            slots = self._slots_for(channel, dialer=False)
             with self._lock:
                 if self._complete or self._closing or slots[src] is not None:
                     raise ValueError(f"rank {src} is already connected on that channel")
@@ -477,7 +485,7 @@ class Mesh:
                 sock.shutdown(socket.SHUT_WR)
             except OSError:
                 pass
-        for sock in self.data:
+        for sock in self.tx + self.rx:
             if sock is not None:
                 try:
                     sock.shutdown(socket.SHUT_RDWR)
@@ -509,7 +517,7 @@ class Mesh:
                 sock.shutdown(socket.SHUT_WR)
             except OSError:
                 pass
-        for sock in self.data:
+        for sock in self.tx + self.rx:
             if sock is not None:
                 try:
                     sock.shutdown(socket.SHUT_RDWR)

@@ -66,8 +66,8 @@ class Plan:
         return len(self.recvs.get(peer, ()))
 
 
-def pump(plan: Plan, socks: list) -> None:
-    """Run `plan` to completion from this thread.
+def pump(plan: Plan, tx: list, rx: list) -> None:
+    """Run `plan` to completion from this thread, sending on `tx[peer]`, receiving on `rx[peer]`.
 
     Raises:
         LinkDown: a peer closed its connection or the socket failed.
@@ -86,7 +86,7 @@ def pump(plan: Plan, socks: list) -> None:
         for p in tuple(active_s):
             items = sends[p]
             i = s_idx[p]
-            sock = socks[p]
+            sock = tx[p]
             n_items = len(items)
             while i < n_items:
                 view, gp, gc = items[i]
@@ -112,7 +112,7 @@ def pump(plan: Plan, socks: list) -> None:
         for p in tuple(active_r):
             items = recvs[p]
             i = r_idx[p]
-            sock = socks[p]
+            sock = rx[p]
             n_items = len(items)
             while i < n_items:
                 view, callback = items[i]
@@ -142,12 +142,12 @@ def pump(plan: Plan, socks: list) -> None:
             if i == n_items:
                 active_r.remove(p)
         if not progressed:
-            rl = [socks[p] for p in active_r]
+            rl = [rx[p] for p in active_r]
             wl = []
             for p in active_s:
                 view, gp, gc = sends[p][s_idx[p]]
                 if gp < 0 or r_idx.get(gp, 0) >= gc:
-                    wl.append(socks[p])
+                    wl.append(tx[p])
             try:
                 select.select(rl, wl, [], _TICK_S)
             except (OSError, ValueError) as exc:
@@ -212,7 +212,7 @@ class SenderThread:
                 job.done.set()
 
 
-def pump_threaded(plan: Plan, socks: list, sender: SenderThread) -> None:
+def pump_threaded(plan: Plan, tx: list, rx: list, sender: SenderThread) -> None:
     """Run a plan with one send peer and one receive peer: sends in `sender`, receives here.
 
     Raises:
@@ -225,8 +225,8 @@ def pump_threaded(plan: Plan, socks: list, sender: SenderThread) -> None:
             raise ValueError("pump_threaded gates sends on the one receiving peer only")
     progress = [0]
     cond = threading.Condition()
-    job = sender.submit(s_items, socks[sp], progress, cond)
-    sock = socks[rp]
+    job = sender.submit(s_items, tx[sp], progress, cond)
+    sock = rx[rp]
     try:
         count = 0
         for view, callback in r_items:

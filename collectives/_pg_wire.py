@@ -21,8 +21,12 @@ HELLO_MAGIC = b"SHh1"
 # magic, group id (hash of name and generation), sender's rank, receiver's rank, channel.
 HELLO = struct.Struct("<4s8siiB")
 HELLO_ACK = b"\x06"
-CHANNEL_DATA = 0
-CHANNEL_CONTROL = 1
+# Each pair has two one-way data connections: a TCP socket's send and receive paths share a
+# lock in the kernel, so one socket carrying both directions halves a ring's throughput.
+CHANNEL_UP = 0  # the dialing (higher) rank sends on it
+CHANNEL_DOWN = 1  # the accepting (lower) rank sends on it
+CHANNEL_CONTROL = 2
+CHANNELS = (CHANNEL_UP, CHANNEL_DOWN, CHANNEL_CONTROL)
 
 CONTROL_MAGIC = b"SHk1"
 # magic, kind, aux (a tag for point-to-point), payload length.
@@ -50,9 +54,10 @@ def fingerprint_ok(length: int) -> bool:
 
 
 def tune_socket(sock: socket.socket) -> None:
-    """Small fixed buffers and no Nagle delay (set before connect so the window starts small)."""
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
+    """Small fixed buffers (set before connect so the window starts small); 0 keeps autotuning."""
+    if SOCKET_BUFFER_BYTES:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
 
 
 def set_nodelay(sock: socket.socket) -> None:

@@ -112,8 +112,9 @@ class ProcessGroupTCP(ProcessGroup):
         except BaseException:
             self._mesh.close()
             raise
-        self._socks = self._mesh.data
-        self._direct = algos.Direct(rank, size, self._socks)
+        self._tx = self._mesh.tx
+        self._rx = self._mesh.rx
+        self._direct = algos.Direct(rank, size, self._tx, self._rx)
         self._scratch_buf: Optional[bytearray] = None
         self._sender: Optional[SenderThread] = None
         self._fp_cache: dict = {}
@@ -289,13 +290,13 @@ class ProcessGroupTCP(ProcessGroup):
                 chunk = THREADED_CHUNK_BYTES if threaded else PUMP_CHUNK_BYTES
                 chunk_elems = max(1, chunk // flat.itemsize)
                 plan = algos.ring_allreduce_plan(
-                    self._rank, size, self._socks, seq, fp, flat,
+                    self._rank, size, self._rx, seq, fp, flat,
                     self._scratch(chunk_elems * flat.itemsize), uf, chunk_elems,
                 )
                 if threaded:
-                    pump_threaded(plan, self._socks, self._sender_thread())
+                    pump_threaded(plan, self._tx, self._rx, self._sender_thread())
                 else:
-                    pump(plan, self._socks)
+                    pump(plan, self._tx, self._rx)
         if op is ReduceOp.AVG:
             arrays.finish_avg(flat, size)
 
@@ -350,9 +351,9 @@ class ProcessGroupTCP(ProcessGroup):
                         d.send_to(src, seq, fp)
                 else:
                     plan = algos.chain_broadcast_plan(
-                        self._rank, self._size, self._socks, seq, fp, src, raw, PUMP_CHUNK_BYTES
+                        self._rank, self._size, self._rx, seq, fp, src, raw, PUMP_CHUNK_BYTES
                     )
-                    pump(plan, self._socks)
+                    pump(plan, self._tx, self._rx)
             if writeback is not None and self._rank != src:
                 writeback()
             return [tensor]
@@ -375,10 +376,10 @@ class ProcessGroupTCP(ProcessGroup):
                         arrays.as_bytes(outs[q])[:] = view
                 else:
                     plan = algos.ring_allgather_plan(
-                        self._rank, self._size, self._socks, rec.seq, fpd[0],
+                        self._rank, self._size, self._rx, rec.seq, fpd[0],
                         [arrays.as_bytes(o) for o in outs], PUMP_CHUNK_BYTES,
                     )
-                    pump(plan, self._socks)
+                    pump(plan, self._tx, self._rx)
             return outputs
 
         return self._submit("all_gather", fpd, fn, arr.nbytes, timeout, async_op)
@@ -405,11 +406,11 @@ class ProcessGroupTCP(ProcessGroup):
                 work = np.concatenate([x.reshape(-1) for x in ins])
                 chunk_elems = max(1, PUMP_CHUNK_BYTES // work.itemsize)
                 plan = algos.ring_allreduce_plan(
-                    me, size, self._socks, rec.seq, fpd[0], work,
+                    me, size, self._rx, rec.seq, fpd[0], work,
                     self._scratch(chunk_elems * work.itemsize), uf, chunk_elems,
                     shift=-1, gather=False,
                 )
-                pump(plan, self._socks)
+                pump(plan, self._tx, self._rx)
                 n = out.size
                 np.copyto(flat_out, work[me * n:(me + 1) * n])
             if op is ReduceOp.AVG:
@@ -432,17 +433,17 @@ class ProcessGroupTCP(ProcessGroup):
                 peers = self._direct.peers
                 if self._rank == dst:
                     plan = algos.star_plan(
-                        self._rank, self._size, self._socks, rec.seq, {}, dict.fromkeys(peers, fp),
+                        self._rank, self._size, self._rx, rec.seq, {}, dict.fromkeys(peers, fp),
                         {}, {q: arrays.as_bytes(outs[q]) for q in peers}, PUMP_CHUNK_BYTES,
                         acks=peers, ack_fp=ack,
                     )
                 else:
                     plan = algos.star_plan(
-                        self._rank, self._size, self._socks, rec.seq, {dst: fp}, {},
+                        self._rank, self._size, self._rx, rec.seq, {dst: fp}, {},
                         {dst: arrays.as_bytes(arr)}, {}, PUMP_CHUNK_BYTES,
                         ack_from=[dst], ack_fp=ack,
                     )
-                pump(plan, self._socks)
+                pump(plan, self._tx, self._rx)
             if self._rank == dst:
                 np.copyto(outs[dst], arr)
             return list(outputs) if outputs else []
@@ -461,17 +462,17 @@ class ProcessGroupTCP(ProcessGroup):
                 peers = self._direct.peers
                 if self._rank == src:
                     plan = algos.star_plan(
-                        self._rank, self._size, self._socks, rec.seq, dict.fromkeys(peers, fp), {},
+                        self._rank, self._size, self._rx, rec.seq, dict.fromkeys(peers, fp), {},
                         {q: arrays.as_bytes(ins[q]) for q in peers}, {}, PUMP_CHUNK_BYTES,
                         ack_from=peers, ack_fp=ack,
                     )
                 else:
                     plan = algos.star_plan(
-                        self._rank, self._size, self._socks, rec.seq, {}, {src: fp},
+                        self._rank, self._size, self._rx, rec.seq, {}, {src: fp},
                         {}, {src: arrays.as_bytes(out)}, PUMP_CHUNK_BYTES,
                         acks=[src], ack_fp=ack,
                     )
-                pump(plan, self._socks)
+                pump(plan, self._tx, self._rx)
             if self._rank == src:
                 np.copyto(out, ins[src])
             return [tensor]
@@ -492,11 +493,11 @@ class ProcessGroupTCP(ProcessGroup):
         def fn(rec):
             if self._size > 1:
                 plan = algos.star_plan(
-                    self._rank, self._size, self._socks, rec.seq, fps_out, fps_in,
+                    self._rank, self._size, self._rx, rec.seq, fps_out, fps_in,
                     {q: arrays.as_bytes(ins[q]) for q in peers},
                     {q: arrays.as_bytes(outs[q]) for q in peers}, PUMP_CHUNK_BYTES,
                 )
-                pump(plan, self._socks)
+                pump(plan, self._tx, self._rx)
             if outs[self._rank].shape != ins[self._rank].shape:
                 raise _GroupFailed(FailureReason(
                     "mismatch",
@@ -623,7 +624,7 @@ def _await_headers(pg: ProcessGroupTCP, d: algos.Direct, seq: int, fp: bytes, ti
     import select
 
     deadline = time.monotonic() + timeout
-    waiting = {pg._socks[q]: q for q in d.peers}
+    waiting = {pg._rx[q]: q for q in d.peers}
     while waiting:
         left = deadline - time.monotonic()
         if left <= 0:

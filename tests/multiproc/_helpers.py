@@ -31,7 +31,8 @@ def _child(target, rank, world_size, args, env, results, events) -> None:
     os.environ["WORLD_SIZE"] = str(world_size)
     try:
         if events is not None:
-            args = tuple(events if a is EVENTS else a for a in args)
+            # EVENTS arrives as an unpickled copy, so match by type.
+            args = tuple(events if isinstance(a, _EventsMarker) else a for a in args)
         value = target(rank, world_size, *args)
         results.put((rank, "ok", value))
     except BaseException as exc:  # the parent reports it with the rank
@@ -94,11 +95,23 @@ class Ranks:
         os.kill(self.procs[rank].pid, sig)
 
     def event(self, timeout: float) -> Any:
-        """The next message a child put on the EVENTS queue."""
-        try:
-            return self.events.get(timeout=timeout)
-        except queue_mod.Empty:
-            raise RankFailed(f"No event from any rank within {timeout:g}s.") from None
+        """The next message a child put on the EVENTS queue (fails early if a rank errs)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return self.events.get(timeout=min(0.5, max(0.01, deadline - time.monotonic())))
+            except queue_mod.Empty:
+                pass
+            try:
+                rank, status, value = self.results_queue.get_nowait()
+                self._results[rank] = (status, value)
+                if status != "ok":
+                    raise RankFailed(f"Rank {rank} raised while the test waited for an event: {value}")
+            except queue_mod.Empty:
+                pass
+            if time.monotonic() >= deadline:
+                codes = {r: p.exitcode for r, p in enumerate(self.procs)}
+                raise RankFailed(f"No event from any rank within {timeout:g}s (exit codes {codes}).")
 
     def results(self, timeout: float, ranks=None) -> dict[int, tuple]:
         """Collect ("ok", value) or ("error", (type, message, traceback)) from `ranks`."""
