@@ -29,6 +29,7 @@ import threading
 import time
 from typing import Callable, Mapping, Optional, Sequence
 
+from collectives import api as _collectives_api
 from collectives.api import StoreError, StoreTimeout
 from elastic import metrics
 from elastic._agent_workers import WorkerExit, WorkerGroup, describe_exit
@@ -45,7 +46,7 @@ DEFAULT_EXIT_BARRIER_TIMEOUT_S = 300.0
 DEFAULT_MASTER_TIMEOUT_S = 60.0
 # The exit statuses a worker ends with when a *peer* failed (its collective watchdog aborted):
 # such a failure is a consequence, so the agent waits briefly for the node that caused it.
-PEER_FAILURE_EXIT_CODES = frozenset({int(os.environ.get("SHOAL_WATCHDOG_EXIT_CODE", "0")) or 75})
+PEER_FAILURE_EXIT_CODES = frozenset({getattr(_collectives_api, "ASYNC_ERROR_EXIT_CODE", 75)})
 _STORE_ACK_TIMEOUT_S = 5.0
 
 
@@ -380,8 +381,7 @@ class Agent:
                 return "node_lost" if lost else "peer_request"
 
     def _on_failure(self, info: RendezvousInfo):
-        group = self._group
-        failures = group.failures()
+        failures = self._settle_failures(info)
         first = failures[0]
         record = {
             "round": info.round, "rank": first.rank, "local_rank": first.local_rank,
@@ -390,9 +390,6 @@ class Agent:
             "tail": list(first.tail), "log_path": first.log_path,
         }
         logger.error("Round %s: %s", info.round, first.describe())
-        if all(f.exitcode in PEER_FAILURE_EXIT_CODES for f in failures):
-            # Our workers only saw a peer fail: give the node at fault a moment to claim it.
-            self._await_other_claim(info)
         counted = self._claim_round(info, "worker_failure", record)
         if not counted:
             self._stop_workers(f"round {info.round} ends after a failure elsewhere")
@@ -412,17 +409,42 @@ class Agent:
         logger.warning("Restarting the job (restart %d of %d)", used, self.spec.max_restarts)
         return "worker_failure"
 
-    def _await_other_claim(self, info: RendezvousInfo) -> None:
+    def _settle_failures(self, info: RendezvousInfo) -> list[WorkerExit]:
+        """This node's failed workers, the likeliest cause first.
+
+        A worker that exited with the collectives' async-error code only saw a peer fail. If
+        that is all we have, the cause is elsewhere: a local worker whose exit we have not
+        reaped yet (milliseconds), or another node, which claims the round as soon as it sees
+        its own failure, or which died (its heartbeat lapses). Wait for one of those, so the
+        summary names the real cause and a lost node costs no restart.
+        """
+        group = self._group
+
+        def ordered(failures: list[WorkerExit]) -> list[WorkerExit]:
+            return sorted(failures, key=lambda f: (f.exitcode in PEER_FAILURE_EXIT_CODES, f.time))
+
+        failures = group.failures()
+        if any(f.exitcode not in PEER_FAILURE_EXIT_CODES for f in failures):
+            return ordered(failures)
         settings = getattr(self.handler, "settings", None)
-        wait = (getattr(settings, "heartbeat_timeout", 5.0) or 5.0) + 1.0
+        wait = 1.0 if info.num_nodes == 1 else getattr(settings, "heartbeat_timeout", 5.0) + 1.0
         deadline = time.monotonic() + wait
         key = f"agent/round/{info.round}/ended"
         while time.monotonic() < deadline:
+            group.changed.wait(self.spec.monitor_interval)
+            group.changed.clear()
+            failures = group.failures()
+            if any(f.exitcode not in PEER_FAILURE_EXIT_CODES for f in failures):
+                break
+            if info.num_nodes == 1:
+                if group.counts()["running"] == 0:
+                    break  # every local worker is accounted for
+                continue
             if self._safe(lambda: self.store.check([key]), False):
-                return
+                break
             if self._safe(self.handler.dead_nodes, []):
-                return
-            time.sleep(self.spec.monitor_interval)
+                break
+        return ordered(failures)
 
     def _claim_round(self, info: RendezvousInfo, why: str, record: Optional[dict] = None) -> bool:
         """End round `info.round` for `why`; True if we were first (only then does it count)."""

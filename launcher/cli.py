@@ -28,7 +28,7 @@ USAGE = """usage: shoal {run,store} ...
 `shoal run --help` lists every flag; each also reads SHOAL_<FLAG>."""
 
 # Where the launcher's own log lines go, and their prefix.
-_LOG_FORMAT = "[shoal] %(asctime)s %(levelname)s %(message)s"
+_LOG_FORMAT = "[shoal] %(asctime)s.%(msecs)03d %(levelname)s %(message)s"
 
 
 def _configure_logging() -> None:
