@@ -1,18 +1,16 @@
-"""`TCPStoreServer`: the key-value server behind `TCPStore`, one selector thread for all clients.
+"""`TCPStoreServer`: the network side of a TCPStore, one selector thread for all clients.
 
-Concurrency: accepted sockets first run `core.auth.server_handshake` in a short-lived thread of
-their own (bounded in number, each with the handshake timeout), so a silent or slow stranger
-costs one parked thread and never the loop; only authenticated sockets reach the loop. The loop
-owns every piece of state (data, waiters, connections) so none of it needs a lock. A `get` or
-`wait` whose keys are missing parks on those keys and is answered by the `set` that completes
-it, or by the loop at its deadline; nothing polls.
+Accepted sockets first run `core.auth.server_handshake` in a short-lived thread of their own
+(bounded in number, each with the handshake timeout), so a silent or slow stranger costs one
+parked thread and never the loop; only authenticated sockets reach the loop. The loop reads
+length-prefixed frames without blocking, checks each length before allocating, and hands whole
+requests to `StoreState` (the keys and parked waits), which it alone touches, so nothing needs
+a lock. A connection that breaks the protocol is logged with its address and dropped.
 """
 
 from __future__ import annotations
 
 import collections
-import heapq
-import itertools
 import logging
 import selectors
 import signal
@@ -21,18 +19,8 @@ import threading
 import time
 from typing import Optional
 
-from collectives._store_wire import (
-    LENGTH,
-    FrameError,
-    Op,
-    Status,
-    check_length,
-    decode,
-    decode_int,
-    decode_timeout,
-    encode,
-)
-from collectives.api import MAX_KEY_BYTES
+from collectives._store_state import StoreState
+from collectives._store_wire import LENGTH, FrameError, Status, check_length, decode, encode
 from core.auth import HANDSHAKE_TIMEOUT_S, load_token, server_handshake
 from core.errors import AuthenticationError
 
@@ -50,7 +38,7 @@ _MAX_SELECT_S = 1.0
 class _Conn:
     """One authenticated client connection and its read/write state."""
 
-    __slots__ = ("sock", "peer", "inbuf", "body", "body_got", "frames", "parked", "out")
+    __slots__ = ("sock", "peer", "inbuf", "body", "body_got", "frames", "out")
 
     def __init__(self, sock: socket.socket, peer: str):
         self.sock = sock
@@ -59,23 +47,7 @@ class _Conn:
         self.body: Optional[bytearray] = None  # a large frame being received in place
         self.body_got = 0
         self.frames: collections.deque = collections.deque()
-        self.parked: Optional[_Waiter] = None
         self.out: collections.deque = collections.deque()
-
-
-class _Waiter:
-    """A parked GET, WAIT, MULTI_GET or WAIT_WORKERS request."""
-
-    __slots__ = ("conn", "op", "keys", "workers", "timeout", "deadline", "done")
-
-    def __init__(self, conn, op, keys, workers, timeout):
-        self.conn = conn
-        self.op = op
-        self.keys = keys
-        self.workers = workers
-        self.timeout = timeout
-        self.deadline = time.monotonic() + timeout
-        self.done = False
 
 
 class TCPStoreServer:
@@ -123,16 +95,17 @@ class TCPStoreServer:
         self._stopped = threading.Event()
         self._thread: Optional[threading.Thread] = None
         # state owned by the loop thread
-        self._data: dict[bytes, bytes] = {}
-        self._waiters: dict[bytes, set] = {}
-        self._worker_waiters: set = set()
-        self._deadlines: list = []
-        self._seq = itertools.count()
         self._conns: dict[socket.socket, _Conn] = {}
+        self._state = StoreState(self._reply, self._process, name=f"TCPStore server on "
+                                 f"{self.address}", world_size=world_size)
         # Published for monitoring and tests; written by the loop thread only.
-        self.joined = 0
         self.num_connections = 0
         self.num_parked = 0
+
+    @property
+    def joined(self) -> int:
+        """How many TCPStore clients have joined (each store object counts once)."""
+        return self._state.joined
 
     @property
     def address(self) -> str:
@@ -180,7 +153,8 @@ class TCPStoreServer:
                             self._flush(conn)
                         if events & selectors.EVENT_READ and conn.sock in self._conns:
                             self._read(conn)
-                self._expire_waiters()
+                self._state.expire(time.monotonic())
+                self.num_parked = self._state.num_parked
         finally:
             if previous_wakeup is not None:
                 signal.set_wakeup_fd(previous_wakeup)
@@ -326,8 +300,8 @@ class TCPStoreServer:
                 "TCPStore server on %s dropped the connection from %s: it %s.",
                 self.address, conn.peer, why,
             )
-        if conn.parked is not None:
-            self._unpark(conn.parked)
+        self._state.forget(conn)
+        self.num_parked = self._state.num_parked
         self._conns.pop(conn.sock, None)
         self.num_connections = len(self._conns)
         try:
@@ -371,184 +345,21 @@ class TCPStoreServer:
     # ------------------------------------------------------------------ requests
 
     def _process(self, conn: _Conn) -> None:
-        while conn.frames and conn.parked is None and conn.sock in self._conns:
-            body = conn.frames.popleft()
+        """Serve the connection's queued requests until one parks (one at a time per client)."""
+        while conn.frames and not self._state.is_parked(conn) and conn.sock in self._conns:
             try:
-                code, args = decode(body)
-                self._handle(conn, code, args)
+                code, args = decode(conn.frames.popleft())
+                self._state.handle(conn, code, args)
             except FrameError as exc:
                 return self._drop(conn, f"sent a malformed request ({exc})")
-
-    def _handle(self, conn: _Conn, code: int, args: list[bytes]) -> None:
-        try:
-            op = Op(code)
-        except ValueError:
-            raise FrameError(f"unknown request code {code}") from None
-        if op is Op.SET:
-            key, value = _args(op, args, 2)
-            self._set(_checked_key(key), value)
-            self._reply(conn, Status.OK, [])
-        elif op is Op.GET or op is Op.MULTI_GET or op is Op.WAIT:
-            if len(args) < 2:
-                raise FrameError(f"{op.name} needs a timeout and at least one key")
-            timeout = decode_timeout(args[0])
-            keys = [_checked_key(k) for k in args[1:]]
-            if op is Op.GET and len(keys) != 1:
-                raise FrameError(f"GET takes exactly one key, got {len(keys)}")
-            self._wait_or_park(conn, op, keys, timeout)
-        elif op is Op.ADD:
-            key, amount = _args(op, args, 2)
-            key, amount = _checked_key(key), decode_int(amount)
-            current = self._data.get(key, b"0")
-            try:
-                value = int(current) + amount
-            except ValueError:
-                return self._reply(conn, Status.BAD_INPUT, [
-                    f"Store.add on key {key.decode(errors='replace')!r}, whose value "
-                    f"{current[:32]!r} is not an integer.".encode()
-                ])
-            self._set(key, str(value).encode())
-            self._reply(conn, Status.OK, [str(value).encode()])
-        elif op is Op.COMPARE_SET:
-            key, expected, desired = _args(op, args, 3)
-            key = _checked_key(key)
-            current = self._data.get(key)
-            if (current is None and expected == b"") or (current is not None and current == expected):
-                self._set(key, desired)
-                result = desired
-            else:
-                result = expected if current is None else current
-            self._reply(conn, Status.OK, [result])
-        elif op is Op.CHECK:
-            keys = [_checked_key(k) for k in args]
-            self._reply(conn, Status.OK, [b"1" if all(k in self._data for k in keys) else b"0"])
-        elif op is Op.DELETE:
-            (key,) = _args(op, args, 1)
-            existed = self._data.pop(_checked_key(key), None) is not None
-            self._reply(conn, Status.OK, [b"1" if existed else b"0"])
-        elif op is Op.NUM_KEYS:
-            _args(op, args, 0)
-            self._reply(conn, Status.OK, [str(len(self._data)).encode()])
-        elif op is Op.MULTI_SET:
-            if len(args) % 2:
-                raise FrameError(f"MULTI_SET needs key-value pairs, got {len(args)} arguments")
-            pairs = [(_checked_key(args[i]), args[i + 1]) for i in range(0, len(args), 2)]
-            for key, value in pairs:
-                self._data[key] = value
-            self._wake_waiters([k for k, _ in pairs])
-            self._reply(conn, Status.OK, [])
-        elif op is Op.JOIN:
-            _args(op, args, 0)
-            self.joined += 1
-            if self.world_size is not None and self.joined == self.world_size:
-                logger.info("TCPStore server on %s: all %d workers joined", self.address,
-                            self.world_size)
-            self._reply(conn, Status.OK, [str(self.joined).encode()])
-            self._wake_worker_waiters()
-        elif op is Op.WAIT_WORKERS:
-            count, timeout = _args(op, args, 2)
-            count, timeout = decode_int(count), decode_timeout(timeout)
-            if self.joined >= count:
-                return self._reply(conn, Status.OK, [str(self.joined).encode()])
-            self._park(_Waiter(conn, op, [], count, timeout))
-        elif op is Op.PING:
-            self._reply(conn, Status.OK, args[:1])
-
-    def _set(self, key: bytes, value: bytes) -> None:
-        self._data[key] = value
-        self._wake_waiters([key])
-
-    def _wait_or_park(self, conn: _Conn, op: Op, keys: list[bytes], timeout: float) -> None:
-        if all(k in self._data for k in keys):
-            return self._answer(conn, op, keys)
-        if timeout <= 0:
-            return self._reply(conn, Status.TIMEOUT, [k for k in keys if k not in self._data])
-        waiter = _Waiter(conn, op, keys, None, timeout)
-        for k in keys:
-            if k not in self._data:
-                self._waiters.setdefault(k, set()).add(waiter)
-        self._park(waiter)
-
-    def _park(self, waiter: _Waiter) -> None:
-        waiter.conn.parked = waiter
-        self.num_parked += 1
-        if waiter.op is Op.WAIT_WORKERS:
-            self._worker_waiters.add(waiter)
-        heapq.heappush(self._deadlines, (waiter.deadline, next(self._seq), waiter))
-
-    def _unpark(self, waiter: _Waiter) -> None:
-        waiter.done = True
-        waiter.conn.parked = None
-        self.num_parked -= 1
-        self._worker_waiters.discard(waiter)
-        for k in waiter.keys:
-            bucket = self._waiters.get(k)
-            if bucket is not None:
-                bucket.discard(waiter)
-                if not bucket:
-                    del self._waiters[k]
-
-    def _answer(self, conn: _Conn, op: Op, keys: list[bytes]) -> None:
-        if op is Op.WAIT:
-            self._reply(conn, Status.OK, [])
-        else:
-            self._reply(conn, Status.OK, [self._data[k] for k in keys])
-
-    def _wake_waiters(self, keys: list[bytes]) -> None:
-        ready = []
-        for k in keys:
-            for waiter in self._waiters.get(k, ()):
-                if not waiter.done and all(w in self._data for w in waiter.keys):
-                    ready.append(waiter)
-        for waiter in ready:
-            if waiter.done:
-                continue
-            conn = waiter.conn
-            self._unpark(waiter)
-            self._answer(conn, waiter.op, waiter.keys)
-            self._process(conn)
-
-    def _wake_worker_waiters(self) -> None:
-        for waiter in [w for w in self._worker_waiters if self.joined >= w.workers]:
-            conn = waiter.conn
-            self._unpark(waiter)
-            self._reply(conn, Status.OK, [str(self.joined).encode()])
-            self._process(conn)
+        self.num_parked = self._state.num_parked
 
     def _select_timeout(self) -> float:
-        while self._deadlines and self._deadlines[0][2].done:
-            heapq.heappop(self._deadlines)
-        if not self._deadlines:
+        deadline = self._state.next_deadline()
+        if deadline is None:
             return _MAX_SELECT_S
-        return min(_MAX_SELECT_S, max(0.0, self._deadlines[0][0] - time.monotonic()))
-
-    def _expire_waiters(self) -> None:
-        now = time.monotonic()
-        while self._deadlines and self._deadlines[0][0] <= now:
-            _, _, waiter = heapq.heappop(self._deadlines)
-            if waiter.done:
-                continue
-            conn = waiter.conn
-            self._unpark(waiter)
-            if waiter.op is Op.WAIT_WORKERS:
-                self._reply(conn, Status.TIMEOUT, [str(self.joined).encode()])
-            else:
-                self._reply(conn, Status.TIMEOUT, [k for k in waiter.keys if k not in self._data])
-            self._process(conn)
-
-
-def _args(op: Op, args: list[bytes], n: int) -> list[bytes]:
-    if len(args) != n:
-        raise FrameError(f"{op.name} takes {n} arguments, got {len(args)}")
-    return args
-
-
-def _checked_key(key: bytes) -> bytes:
-    if not key or len(key) > MAX_KEY_BYTES:
-        raise FrameError(f"a key must be 1 to {MAX_KEY_BYTES} bytes, got {len(key)}")
-    return key
+        return min(_MAX_SELECT_S, max(0.0, deadline - time.monotonic()))
 
 
 def _is_disconnect(exc: OSError) -> bool:
     return isinstance(exc, (ConnectionResetError, BrokenPipeError, ConnectionAbortedError))
-

@@ -41,7 +41,7 @@ from collectives.api import (
 )
 from core.auth import client_handshake, load_token
 from core.errors import AuthenticationError
-from core.timeouts import TimeoutLike, to_seconds
+from core.timeouts import TimeoutLike
 
 logger = logging.getLogger(__name__)
 
