@@ -107,5 +107,5 @@ def fast_settings() -> Any:
     from hypothesis import HealthCheck, settings
 
     return settings(
-        max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+        max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow]
     )
