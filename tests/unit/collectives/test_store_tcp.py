@@ -2,6 +2,7 @@
 
 import socket
 import threading
+import time
 
 import pytest
 
@@ -91,3 +92,27 @@ def test_bad_constructor_arguments():
         TCPStore("127.0.0.1", 70000)
     with pytest.raises(ValueError, match="world_size must be a positive int or None, got 0"):
         TCPStore("127.0.0.1", 1, world_size=0)
+
+
+def test_one_set_wakes_every_parked_waiter():
+    with TCPStore("127.0.0.1", 0, is_master=True, timeout=10) as master:
+        clients = [TCPStore("127.0.0.1", master.port, timeout=10) for _ in range(16)]
+        results = [None] * len(clients)
+
+        def wait(i):
+            results[i] = clients[i].get("go", timeout=10)
+
+        threads = [threading.Thread(target=wait, args=(i,)) for i in range(len(clients))]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 10
+        while master.server.num_parked < len(clients) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert master.server.num_parked == len(clients)  # parked on the server, not polling
+        master.set("go", b"now")
+        for t in threads:
+            t.join(10)
+        assert results == [b"now"] * len(clients)
+        assert master.server.num_parked == 0
+        for c in clients:
+            c.close()
