@@ -68,12 +68,15 @@ class OpRecord:
 class OpWork(Work):
     """The handle of one submitted operation."""
 
-    __slots__ = ("_record", "_event", "_exc", "_result", "_callbacks", "_lock", "_describe",
-                 "source_rank")
+    __slots__ = ("_record", "_event", "_done", "_exc", "_result", "_callbacks", "_lock",
+                 "_describe", "source_rank")
 
-    def __init__(self, record: OpRecord, describe: Callable[[OpRecord], str]):
+    def __init__(self, record: OpRecord, describe: Callable[[OpRecord], str], waitable: bool):
         self._record = record
-        self._event = threading.Event()
+        # An Event costs more than a 4 KiB all_reduce's Python overhead; an op run inline is
+        # finished before anyone can wait on it, so only queued ops get one.
+        self._event = threading.Event() if waitable else None
+        self._done = False
         self._exc: Optional[BaseException] = None
         self._result: list = []
         self._callbacks: list = []
@@ -90,14 +93,16 @@ class OpWork(Work):
         with self._lock:
             self._result = result if result is not None else []
             self._exc = exc
-            self._event.set()
+            self._done = True
+            if self._event is not None:
+                self._event.set()
             callbacks, self._callbacks = self._callbacks, []
         for cb in callbacks:
             cb(self)
 
     def wait(self, timeout: TimeoutLike = None) -> bool:
         seconds = to_seconds(timeout)
-        if not self._event.wait(seconds):
+        if not self._done and not self._event.wait(seconds):
             raise CollectiveTimeout(
                 f"{self._describe(self._record)} did not complete within the {seconds:g}s that "
                 "wait() allowed; it is still running and the group's watchdog still times it."
@@ -107,10 +112,10 @@ class OpWork(Work):
         return True
 
     def is_completed(self) -> bool:
-        return self._event.is_set()
+        return self._done
 
     def is_success(self) -> bool:
-        return self._event.is_set() and self._exc is None
+        return self._done and self._exc is None
 
     def exception(self) -> Optional[BaseException]:
         return self._exc
@@ -121,7 +126,7 @@ class OpWork(Work):
 
     def add_done_callback(self, fn: Callable[[Work], Any]) -> None:
         with self._lock:
-            if not self._event.is_set():
+            if not self._done:
                 self._callbacks.append(fn)
                 return
         fn(self)
@@ -134,7 +139,7 @@ class Engine:
         self.name = name
         self._run = run
         self._describe = describe
-        self._lock = threading.Condition()
+        self._lock = threading.Condition(threading.Lock())
         self._queue: collections.deque[OpRecord] = collections.deque()
         self._busy = False
         self._stopped = False
@@ -161,9 +166,9 @@ class Engine:
                 self.seq += 1
                 seq = self.seq
             rec = OpRecord(seq, op, desc, nbytes, timeout, fn, p2p)
-            work = rec.work = OpWork(rec, self._describe)
             self.history.append(rec)
             inline = not async_op and not self._busy and not self._queue
+            work = rec.work = OpWork(rec, self._describe, not inline)
             if inline:
                 self._busy = True
             else:
@@ -233,6 +238,10 @@ class Engine:
         """Operations queued or running."""
         with self._lock:
             return len(self._queue) + (1 if self._busy else 0)
+
+    def idle(self) -> bool:
+        """True when nothing is queued or running."""
+        return not self._busy and not self._queue
 
     def stop(self, error: BaseException) -> None:
         """Refuse new work and fail whatever is still queued with `error`."""
