@@ -426,3 +426,7 @@ def _run(heap: list, pending: dict, deps: dict, retain_graph: bool, capture: dic
                     _finish_leaf(inp, gl, ol, capture)
                 else:
                     heappush(heap, (-fn_in.seq, inp))
+        if not retain_graph:
+            # Drop the edges too: they hold the input tensors, whose arrays (activations) would
+            # otherwise live until the output is dropped, e.g. through the next forward pass.
+            node.inputs = ()

@@ -282,3 +282,20 @@ def test_grad_mode_helpers_like_torch():
         core.set_grad_enabled(True)
     rows = list(core.arange(6).reshape(3, 2))
     assert len(rows) == 3 and rows[2].tolist() == [4, 5]
+
+
+def test_backward_releases_activations_unless_the_graph_is_retained():
+    import gc
+    import weakref
+
+    x = _leaf(4, 4)
+    h = (x * 2).tanh()
+    ref = weakref.ref(h)
+    loss = (h * 3).sum()
+    del h
+    loss.backward(retain_graph=True)
+    gc.collect()
+    assert ref() is not None  # kept: a second backward may need it
+    loss.backward()
+    gc.collect()
+    assert ref() is None  # freed with the graph, though `loss` is still alive
