@@ -84,8 +84,9 @@ def test_rendezvous_and_store_survive_a_3s_etcd_outage(etcd, caplog):
 def _child_node(endpoint: str, run_id: str, queue) -> None:
     """A node in its own process: join one round, report it, then idle until killed."""
     try:
-        h = create_handler("etcd", endpoint, settings(run_id=run_id, min_nodes=1), "child",
-                           ttl=10, timeout=10)
+        h = create_handler("etcd", endpoint,
+                           settings(run_id=run_id, min_nodes=1, last_call_timeout=WAIT_S),
+                           "child", ttl=10, timeout=10)
         info = h.next_rendezvous()
         queue.put(("joined", info.round, info.participants))
         time.sleep(120)
@@ -94,7 +95,9 @@ def _child_node(endpoint: str, run_id: str, queue) -> None:
 
 
 def test_a_sigkilled_node_is_declared_dead_and_the_rest_go_on(shared_etcd):
-    s = settings(min_nodes=1, max_nodes=2)
+    # A long last call: round 0 completes when both are in (max_nodes), however slowly the
+    # child starts; round 1 completes at once because its one expected node is back.
+    s = settings(min_nodes=1, max_nodes=2, last_call_timeout=WAIT_S)
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     child = ctx.Process(target=_child_node, args=(shared_etcd.endpoint, s.run_id, queue))

@@ -30,7 +30,7 @@ WAIT_S = 30.0  # generous: things that should happen
 
 def settings(**kw) -> RendezvousSettings:
     base = dict(run_id="job", min_nodes=2, max_nodes=2, last_call_timeout=0.3,
-                join_timeout=20.0, heartbeat_interval=0.1, heartbeat_timeout=1.5)
+                join_timeout=20.0, heartbeat_interval=0.1, heartbeat_timeout=3.0)
     base.update(kw)
     return RendezvousSettings(**base)
 
@@ -147,7 +147,8 @@ def test_round_store_is_scoped_and_master_address_is_shared(cluster):
 
 
 def test_dead_node_requests_restart_and_survivors_form_the_next_round(cluster):
-    c = cluster(min_nodes=2, max_nodes=3, last_call_timeout=0.2)
+    # A long last call: round 0 waits for all three (max_nodes), however slow a thread is.
+    c = cluster(min_nodes=2, max_nodes=3, last_call_timeout=60, heartbeat_timeout=1.5)
     for n in "abc":
         c.handler(n)
     infos = results(c.join("a", "b", "c"))
@@ -217,7 +218,7 @@ def test_a_participant_rejoining_opens_a_round_the_others_notice(cluster):
 
 
 def test_shutdown_leaves_and_the_others_restart_at_the_smaller_size(cluster):
-    c = cluster(min_nodes=1, max_nodes=2)
+    c = cluster(min_nodes=1, max_nodes=2, last_call_timeout=60)
     c.handler("a"), c.handler("b")
     results(c.join("a", "b"))
     c.handlers["b"].shutdown()
@@ -242,18 +243,23 @@ def test_close_ends_the_job_everywhere(cluster):
 
 
 def test_a_forming_round_drops_a_joiner_that_died(cluster):
-    # The last call outlasts x's heartbeat timeout, so x is dropped before the round completes.
-    c = cluster(min_nodes=2, max_nodes=4, last_call_timeout=3.0, heartbeat_timeout=1.0)
-    for n in "ab":
+    c = cluster(min_nodes=3, max_nodes=3, heartbeat_timeout=1.0)
+    for n in "abc":
         c.handler(n)
-    # x joins and dies alone (its own min of 3 keeps it from completing anything).
-    c.handler("x", min_nodes=3, max_nodes=4, join_timeout=5.0)
+    c.handler("x", join_timeout=5.0)
+
+    def forming():
+        return RendezvousState.decode(c.store.get("shoal/rdzv/job/state").partition(b"\n")[2])
+
     fx = c.join("x")[0]
-    wait_for(lambda: "x" in RendezvousState.decode(c.store.get("shoal/rdzv/job/state")
-                                                  .partition(b"\n")[2]).participants, "x joined")
+    wait_for(lambda: "x" in forming().participants, "x joined")
     c.kill("x")
-    infos = results(c.join("a", "b"))
-    assert all(i.participants == ["a", "b"] for i in infos)
+    # With a and x in, the round is one short of min_nodes and cannot complete; a drops x.
+    fa = c.join("a")[0]
+    wait_for(lambda: forming().participants == ["a"], "a dropping the dead x")
+    rest = c.join("b", "c")
+    infos = [fa.result(WAIT_S)] + results(rest)
+    assert all(i.participants == ["a", "b", "c"] for i in infos)
     fx.cancel()
 
 
@@ -286,7 +292,7 @@ class FlakyBackend(RendezvousBackend):
 
 def test_a_backend_outage_longer_than_the_heartbeat_timeout_kills_nobody(cluster):
     down = threading.Event()
-    c = cluster(backend_wrapper=lambda b: FlakyBackend(b, down), heartbeat_timeout=1.0)
+    c = cluster(backend_wrapper=lambda b: FlakyBackend(b, down), heartbeat_timeout=1.5)
     c.handler("a"), c.handler("b")
     results(c.join("a", "b"))
     down.set()
