@@ -100,7 +100,11 @@ class TCPStoreServer:
                                  f"{self.address}", world_size=world_size)
         # Published for monitoring and tests; written by the loop thread only.
         self.num_connections = 0
-        self.num_parked = 0
+
+    @property
+    def num_parked(self) -> int:
+        """Requests parked on the server now (readable from any thread)."""
+        return self._state.num_parked
 
     @property
     def joined(self) -> int:
@@ -154,7 +158,6 @@ class TCPStoreServer:
                         if events & selectors.EVENT_READ and conn.sock in self._conns:
                             self._read(conn)
                 self._state.expire(time.monotonic())
-                self.num_parked = self._state.num_parked
         finally:
             if previous_wakeup is not None:
                 signal.set_wakeup_fd(previous_wakeup)
@@ -301,7 +304,6 @@ class TCPStoreServer:
                 self.address, conn.peer, why,
             )
         self._state.forget(conn)
-        self.num_parked = self._state.num_parked
         self._conns.pop(conn.sock, None)
         self.num_connections = len(self._conns)
         try:
@@ -352,7 +354,6 @@ class TCPStoreServer:
                 self._state.handle(conn, code, args)
             except FrameError as exc:
                 return self._drop(conn, f"sent a malformed request ({exc})")
-        self.num_parked = self._state.num_parked
 
     def _select_timeout(self) -> float:
         deadline = self._state.next_deadline()
