@@ -522,11 +522,13 @@ class Reducer:
     def finalize(self) -> None:
         """Launch what is left, wait for every bucket and write the averaged gradients."""
         try:
+            # Decided before learning ends: joined ranks shadow the same collectives.
+            needs_used_map = self.needs_used_map
             if self._static and self._static_counts is None:
                 self._finish_learning()
             elif self._n_ready < len(self._params):
                 raise self._unfinished_error(at_end=True)
-            used_work, used = self._launch_used_map()
+            used_work, used = self._launch_used_map(needs_used_map)
             self._wait_and_unpack(used_work, used)
             self.rounds_synced += 1
             if self._may_rebuild and not self._rebuilt and self.rounds_synced == 1:
@@ -546,8 +548,8 @@ class Reducer:
         self._n_ready = len(self._params)
         self._launch_ready()
 
-    def _launch_used_map(self) -> tuple[Any, Any]:
-        if not self.needs_used_map:
+    def _launch_used_map(self, needed: bool) -> tuple[Any, Any]:
+        if not needed:
             return None, None
         used = np.array([p.grad is not None for p in self._params], dtype=np.int64)
         return comm.all_reduce(self._group, used, ReduceOp.SUM, async_op=True), used

@@ -563,9 +563,12 @@ def test_metrics_count_buckets_and_waits():
 # ------------------------------------------------------------------ join
 
 
-def train_uneven(group, batches, divide_by_initial=True, throw=False, join=True, lr=0.1):
+def train_uneven(group, batches, divide_by_initial=True, throw=False, join=True, lr=0.1,
+                 hook=None, **ddp_kw):
     model = make_model(seed=group.rank())
-    ddp = DistributedDataParallel(model, process_group=group, bucket_cap_mb=0.0005)
+    ddp = DistributedDataParallel(model, process_group=group, bucket_cap_mb=0.0005, **ddp_kw)
+    if hook is not None:
+        ddp.register_comm_hook(group, hook)
     opt = core.optim.SGD(ddp.parameters(), lr=lr)
     n = batches[group.rank()]
 
@@ -609,6 +612,24 @@ def test_join_uneven_inputs_end_identical_and_correct(divide_by_initial):
         assert_params_close(rank_params, want, 1e-6)
 
 
+@pytest.mark.parametrize(
+    "batches,kw",
+    [
+        ([0, 1, 3], {}),
+        ([2, 4, 3], {"static_graph": True}),
+        ([2, 4, 3], {"find_unused_parameters": True}),
+        ([2, 4, 3], {"hook": comm_hooks.allreduce_hook}),
+        ([1, 3, 2], {"gradient_as_bucket_view": True}),
+    ],
+    ids=["rank_without_data", "static_graph", "find_unused", "comm_hook", "bucket_view"],
+)
+def test_join_shadows_every_kind_of_iteration(batches, kw):
+    got = run_ranks(3, lambda g: train_uneven(g, batches, **kw))
+    want = reference_uneven(batches)
+    for rank_params in got:
+        assert_params_close(rank_params, want, 1e-6)
+
+
 def test_join_throw_on_early_termination_raises_on_every_rank():
     def body(group):
         with pytest.raises(EarlyTermination, match="exhausted"):
@@ -626,3 +647,43 @@ def test_uneven_inputs_without_join_end_in_a_collective_error():
             train_uneven(group, [2, 4], join=False)
 
     run_ranks(2, body, timeout=2)
+
+
+# ------------------------------------------------------------------ buffers and eval
+
+
+class WithBuffer(MLP):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("scale", Tensor(np.ones(3)))
+
+    def forward(self, x, use_extra=False):
+        return super().forward(x) * self.scale
+
+
+@pytest.mark.parametrize("broadcast", [True, False])
+def test_buffers_follow_rank0_at_each_forward_when_asked(broadcast):
+    def body(group):
+        model = make_model(cls=WithBuffer)
+        ddp = DistributedDataParallel(model, process_group=group, broadcast_buffers=broadcast)
+        model.scale.data[...] = 1.0 + group.rank()  # the replicas drift apart
+        x, y = batch(0, group.rank())
+        mse(ddp(x), y).backward()
+        return model.scale.data.copy()
+
+    s0, s1 = run_ranks(2, body)
+    np.testing.assert_array_equal(s0, np.ones(3))
+    np.testing.assert_array_equal(s1, np.ones(3) * (1.0 if broadcast else 2.0))
+
+
+def test_forward_without_grad_communicates_nothing():
+    def body(group):
+        ddp = DistributedDataParallel(make_model(cls=WithBuffer), process_group=group)
+        before = len(group.ops)
+        if group.rank() == 0:  # evaluation on one rank only must not wait for the others
+            with core.no_grad():
+                out = ddp(batch(0, 0)[0])
+            assert not out.requires_grad
+        return len(group.ops) - before
+
+    assert run_ranks(2, body, timeout=3) == [0, 0]
