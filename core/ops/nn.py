@@ -236,11 +236,7 @@ def cross_entropy(
         valid = t2 != ignore_index
         all_valid = bool(valid.all())
         safe_t = t2 if all_valid else xp.where(valid, t2, 0)
-        if safe_t.size and (int(safe_t.max()) >= n_classes or int(safe_t.min()) < 0):
-            raise ShapeError(
-                f"cross_entropy: target class out of range [0, {n_classes}) "
-                f"(targets span {int(safe_t.min())}..{int(safe_t.max())})."
-            )
+        _check_classes(t2 if all_valid else t2[valid], n_classes)
         ar = xp.arange(rows)
         picked = e[ar, safe_t]
         smooth_sum = None
@@ -286,7 +282,7 @@ def cross_entropy(
             p -= wt
             grad = p * (r[:, None] if reduction == "none" else r)
         else:
-            coef = row_w if row_w is not None else None
+            coef = row_w
             if eps:
                 wvec = wv if wv is not None else 1.0
                 wsum = float(wv.sum()) if wv is not None else float(n_classes)
@@ -313,6 +309,15 @@ def cross_entropy(
     return result(out, "CrossEntropyBackward", backward, (input, target))
 
 
+def _check_classes(kept: Any, n_classes: int) -> None:
+    """Refuse class indices outside [0, C) (ignored rows already removed)."""
+    if kept.size and (int(kept.max()) >= n_classes or int(kept.min()) < 0):
+        raise ShapeError(
+            f"cross_entropy: target class out of range [0, {n_classes}) "
+            f"(targets span {int(kept.min())}..{int(kept.max())})."
+        )
+
+
 def _plain_cross_entropy(
     input: Tensor, target: Any, x2: Any, t2: Any, ignore_index: int, reduction: str  # noqa: A002
 ) -> Tensor:
@@ -320,14 +325,10 @@ def _plain_cross_entropy(
     xd = input.data
     xp = xp_of(xd)
     n_classes = x2.shape[1]
+    if t2.dtype.kind not in "iu":
+        raise ShapeError(f"cross_entropy: class targets must be integers, got dtype {t2.dtype}.")
     valid = t2 != ignore_index
-    if isinstance(xd, np.ndarray) and t2.size:
-        kept = t2[valid]
-        if kept.size and (int(kept.max()) >= n_classes or int(kept.min()) < 0):
-            raise ShapeError(
-                f"cross_entropy: target class out of range [0, {n_classes}) "
-                f"(targets span {int(kept.min())}..{int(kept.max())})."
-            )
+    _check_classes(t2[valid], n_classes)
     loss_rows, lse = _kernels.cross_entropy_forward(x2, t2, ignore_index)
     dt = xd.dtype
     if reduction == "none":
