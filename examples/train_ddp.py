@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import pickle
 import sys
 import time
 
@@ -24,6 +23,7 @@ import numpy as np
 import core
 from collectives.ddp import DistributedDataParallel
 from core import nn
+from elastic.checkpoint import Checkpointer
 
 D_IN, D_HIDDEN, D_OUT = 16, 64, 4
 
@@ -84,54 +84,10 @@ def params_sha256(module: nn.Module) -> str:
     return digest.hexdigest()
 
 
-class _FallbackCheckpointer:
-    """Stand-in for elastic.Checkpointer until it lands: atomic pickle files, newest `keep` kept."""
-
-    def __init__(self, directory: str, keep: int = 3) -> None:
-        self.directory = directory
-        self.keep = keep
-        os.makedirs(directory, exist_ok=True)
-
-    def _steps(self) -> list[int]:
-        steps = []
-        for name in os.listdir(self.directory):
-            if name.startswith("ckpt-") and name.endswith(".pkl"):
-                try:
-                    steps.append(int(name[5:-4]))
-                except ValueError:
-                    continue
-        return sorted(steps)
-
-    def save(self, step: int, state: dict) -> None:
-        path = os.path.join(self.directory, f"ckpt-{step:09d}.pkl")
-        tmp = f"{path}.tmp.{os.getpid()}"
-        with open(tmp, "wb") as f:
-            pickle.dump({"step": step, "state": state}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        for old in self._steps()[: -self.keep]:
-            os.unlink(os.path.join(self.directory, f"ckpt-{old:09d}.pkl"))
-
-    def load_latest(self):
-        for step in reversed(self._steps()):
-            path = os.path.join(self.directory, f"ckpt-{step:09d}.pkl")
-            try:
-                with open(path, "rb") as f:
-                    blob = pickle.load(f)
-            except (OSError, EOFError, pickle.UnpicklingError):
-                continue  # a damaged file: fall back to the one before
-            return blob["step"], blob["state"]
-        return None
-
-
 def make_checkpointer(directory: str | None):
+    """elastic's Checkpointer (atomic saves, the newest 3 kept), or None without a directory."""
     if not directory:
         return None
-    try:
-        from elastic.checkpoint import Checkpointer  # noqa: PLC0415 - lands with elastic
-    except ImportError:
-        return _FallbackCheckpointer(directory, keep=3)
     return Checkpointer(directory, keep=3)
 
 
@@ -150,10 +106,12 @@ def init_distributed():
 def main(argv=None) -> int:
     args = parse_args(argv)
     group = init_distributed()
-    rank = group.rank()
+    rank, world = group.rank(), group.size()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0") or 0)
     directory = args.checkpoint_dir or os.environ.get("SHOAL_CHECKPOINT_DIR")
     checkpointer = make_checkpointer(directory)
     restarts = int(os.environ.get("SHOAL_RESTART_COUNT", "0") or 0)
+    print(f"rank {rank} of {world} (local rank {local_rank}), restart {restarts}", flush=True)
 
     core.manual_seed(args.seed)
     model = MLP()
