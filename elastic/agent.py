@@ -390,6 +390,14 @@ class Agent:
             "tail": list(first.tail), "log_path": first.log_path,
         }
         logger.error("Round %s: %s", info.round, first.describe())
+        if first.exitcode in PEER_FAILURE_EXIT_CODES:
+            lost = self._safe(self.handler.dead_nodes, [])
+            if lost:
+                # Our workers only lost their peers on a node that died: not a failure of ours.
+                self._claim_round(info, "node_lost")
+                self._signal_restart(f"node(s) {', '.join(lost)} lost")
+                self._stop_workers(f"nodes {lost} were lost")
+                return "node_lost"
         counted = self._claim_round(info, "worker_failure", record)
         if not counted:
             self._stop_workers(f"round {info.round} ends after a failure elsewhere")

@@ -145,6 +145,14 @@ def run(argv: Sequence[str]) -> int:
     os.environ["SHOAL_AUTH_TOKEN"] = token
     # The agent's own metrics live in its registry; only its workers write multiprocess files.
     metrics_parent = os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    # The agent forks workers while the etcd client's gRPC threads run; gRPC's fork handlers
+    # are of no use before an exec and only log a warning per fork.
+    grpc_fork_default = "GRPC_ENABLE_FORK_SUPPORT" not in os.environ
+    if grpc_fork_default:
+        os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "false"
+    worker_env = dict(os.environ)
+    if grpc_fork_default:
+        worker_env.pop("GRPC_ENABLE_FORK_SUPPORT")
 
     from elastic.agent import Agent, WorkerSpec, default_node_id, python_argv
     from elastic.api import RendezvousError
@@ -192,7 +200,7 @@ def run(argv: Sequence[str]) -> int:
             max_restarts=settings.max_restarts, monitor_interval=settings.monitor_interval,
             grace_period=settings.grace_period,
             log_dir=os.path.abspath(settings.log_dir) if settings.log_dir else None,
-            tee=settings.tee, multiproc_dir=multiproc_dir, base_env=dict(os.environ),
+            tee=settings.tee, multiproc_dir=multiproc_dir, base_env=worker_env,
             exit_barrier_timeout=float(settings.rdzv_conf.get("exit_barrier_timeout", 300.0)),
         )
         agent = Agent(spec, handler, is_store_host=settings.embedded_store)

@@ -32,6 +32,7 @@ class ShoalRun:
             text=True, errors="replace", start_new_session=True,
         )
         self._lines: list[str] = []
+        self.last_index = 0  # the line the last successful wait_for matched
         self._cond = threading.Condition()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -56,14 +57,18 @@ class ShoalRun:
             return list(self._lines)
 
     def wait_for(self, pattern: str, timeout: float, start: int = 0) -> re.Match:
-        """Wait for a line matching `pattern` (from line `start`); fail with the output tail."""
+        """Wait for a line matching `pattern` (from line `start`); fail with the output tail.
+
+        The matching line's index is left in `last_index`.
+        """
         regex = re.compile(pattern)
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
-                for line in self._lines[start:]:
-                    match = regex.search(line)
+                for index in range(start, len(self._lines)):
+                    match = regex.search(self._lines[index])
                     if match:
+                        self.last_index = index
                         return match
                 left = deadline - time.monotonic()
                 if left <= 0 or (self.proc.poll() is not None and not self._reader.is_alive()):
