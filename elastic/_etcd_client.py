@@ -9,6 +9,7 @@ failure so a restarted etcd is reached again at once instead of after gRPC's rec
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import logging
 import os
@@ -58,10 +59,30 @@ class _LoopThread:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self._run, name="shoal-etcd-loop", daemon=True)
         self.thread.start()
+        atexit.register(self._shutdown)
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
+
+    def _shutdown(self) -> None:
+        """At exit: cancel what still runs (keepalives, watch streams) so nothing is torn down
+        mid-flight with "Task was destroyed but it is pending" warnings."""
+        if self.pid != os.getpid() or not self.thread.is_alive():
+            return
+
+        async def cancel_all() -> None:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        try:
+            asyncio.run_coroutine_threadsafe(cancel_all(), self.loop).result(2.0)
+        except Exception as exc:  # noqa: BLE001  (best effort at exit)
+            logger.debug("Cancelling etcd tasks at exit failed: %r", exc)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(2.0)
 
     @classmethod
     def get(cls) -> "_LoopThread":
