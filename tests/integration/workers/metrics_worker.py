@@ -19,7 +19,8 @@ def main() -> int:
     x = np.ones(4096, dtype=np.float32)
     for _ in range(5):
         collectives.all_reduce(x)
-    print(f"rank {collectives.get_rank()} did 5 allreduces: {x[0]:g}", flush=True)
+    print(f"rank {collectives.get_rank()} did 5 allreduces: {x[0]:g}; metrics in "
+          f"{os.environ['PROMETHEUS_MULTIPROC_DIR']}", flush=True)
     deadline = time.monotonic() + 60
     while not os.path.exists(args.stop_file) and time.monotonic() < deadline:
         time.sleep(0.05)
