@@ -219,3 +219,42 @@ class TestEtcdBackend(RendezvousBackendContract):
 
         return EtcdStore([self.server.endpoint], prefix=f"/store-{uuid.uuid4().hex[:8]}/",
                          timeout=10)
+
+
+class _MemoryBackend(RendezvousBackend):
+    """A minimal backend with no watch of its own: exercises the ABC's polling `watch`."""
+
+    _lock = threading.Lock()
+    _runs: dict = {}
+
+    def __init__(self, run_id):
+        self.run_id = run_id
+
+    @property
+    def name(self):
+        return "memory"
+
+    def get_state(self):
+        with self._lock:
+            return self._runs.get(self.run_id)
+
+    def set_state(self, state, token=None):
+        with self._lock:
+            current = self._runs.get(self.run_id)
+            if (None if current is None else current[1]) == token:
+                new = (bytes(state), uuid.uuid4().hex)
+                self._runs[self.run_id] = new
+                return new[0], new[1], True
+            if current is None:
+                return None
+            return current[0], current[1], False
+
+
+class TestDefaultWatchOfTheABC(RendezvousBackendContract):
+    backend_name = "memory"
+
+    def make_backend(self, run_id):
+        return _MemoryBackend(run_id)
+
+    def make_store(self):
+        return HashStore(timeout=10)

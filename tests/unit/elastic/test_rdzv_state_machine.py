@@ -23,7 +23,7 @@ from elastic.api import (
     RendezvousTimeoutError,
 )
 from elastic.rdzv_store import StoreRendezvousBackend
-from elastic.rendezvous import RendezvousHandler, create_backend
+from elastic.rendezvous import RendezvousHandler, create_backend, create_handler
 
 WAIT_S = 30.0  # generous: things that should happen
 
@@ -348,3 +348,23 @@ def test_settings_from_conf_and_factory_errors():
         create_backend("store", "nohost", "r")
     with pytest.raises(ValueError, match="exactly one 'HOST:PORT' endpoint"):
         create_backend("store", "a:1,b:2", "r")
+
+
+def test_create_handler_over_a_hosted_tcp_store():
+    backend, host_store = create_backend("store", "127.0.0.1:0", "job", is_host=True, timeout=10)
+    try:
+        assert backend.name == "store" and host_store.port > 0
+        s = settings(min_nodes=2, max_nodes=2)
+        a = RendezvousHandler(backend, s, "a", host_store)
+        b = create_handler("store", f"127.0.0.1:{host_store.port}", s, "b", timeout=10)
+        pool = concurrent.futures.ThreadPoolExecutor(2)
+        ia, ib = results([pool.submit(a.next_rendezvous), pool.submit(b.next_rendezvous)])
+        pool.shutdown()
+        assert ia.participants == ib.participants == ["a", "b"]
+        ia.store.set("from_a", b"1")
+        assert ib.store.get("from_a", timeout=5) == b"1"
+        b.shutdown()  # b owns its client store and closes it; the host's store keeps serving
+        assert a.restart_requested() == "node b left the rendezvous"
+        a.shutdown()
+    finally:
+        host_store.close()
