@@ -4,9 +4,11 @@ restarts, the failure summary and signal forwarding."""
 import json
 import re
 import signal
+import subprocess
+import sys
 import time
 
-from workers.launch import WORKERS, ShoalRun, pid_alive
+from workers.launch import ROOT, WORKERS, ShoalRun, pid_alive
 
 ENV_WORKER = str(WORKERS / "env_worker.py")
 
@@ -92,3 +94,40 @@ def test_sigterm_is_forwarded_and_stubborn_workers_are_killed_after_the_grace_pe
     assert "[rank 1] rank 1 got SIGTERM" in polite.output
     assert "outlived the 0.5s grace period; sending SIGKILL" in stubborn.output
     assert not any(pid_alive(p) for p in pids)
+
+
+def test_nodes_meet_through_a_standalone_shoal_store(tmp_path):
+    store = subprocess.Popen([sys.executable, "-m", "launcher", "store", "--port", "0"], cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = store.stdout.readline()
+        match = re.match(r"shoal store listening on 127\.0\.0\.1:(\d+)$", line.strip())
+        assert match, line
+        args = ["--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{match.group(1)}",
+                "--rdzv-id", "via-store", ENV_WORKER]
+        with ShoalRun(args, name="node A") as a, ShoalRun(args, name="node B") as b:
+            assert a.wait(60) == 0, a.tail()
+            assert b.wait(60) == 0, b.tail()
+        envs = _envs(a) + _envs(b)
+        assert sorted(e["RANK"] for e in envs) == ["0", "1"]
+        assert {e["WORLD_SIZE"] for e in envs} == {"2"} and {e["sum"] for e in envs} == {1}
+        assert "Rendezvous store listening" not in a.output + b.output  # neither hosted one
+        assert store.poll() is None  # the store outlives the job
+        store.send_signal(signal.SIGTERM)
+        assert store.wait(10) == 0
+    finally:
+        store.kill()
+        store.wait(10)
+
+
+def test_the_secret_comes_from_the_token_file_or_is_made_per_job(tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text("from-the-file\n")
+    with ShoalRun(["--nproc-per-node", "2", "--auth-token-file", str(token_file), ENV_WORKER],
+                  env={"SHOAL_AUTH_TOKEN": "from-the-environment"}) as run:
+        assert run.wait(60) == 0, run.tail()
+    assert {e["SHOAL_AUTH_TOKEN"] for e in _envs(run)} == {"from-the-file"}
+    with ShoalRun(["--nproc-per-node", "2", ENV_WORKER], env={"SHOAL_AUTH_TOKEN": ""}) as run:
+        assert run.wait(60) == 0, run.tail()
+    tokens = {e["SHOAL_AUTH_TOKEN"] for e in _envs(run)}
+    assert len(tokens) == 1 and re.fullmatch(r"[0-9a-f]{64}", tokens.pop())
