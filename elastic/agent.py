@@ -224,7 +224,16 @@ class Agent:
             except RendezvousError as exc:
                 logger.error("The rendezvous failed: %s", exc)
                 return AgentResult(1, f"shoal run: the rendezvous failed: {exc}", self._rounds)
-            outcome = self._run_round(info)
+            try:
+                outcome = self._run_round(info)
+            except (StoreError, RendezvousError) as exc:
+                # The store or rendezvous failed mid-round (its host died, etcd is away for
+                # longer than the retries): stop here and meet again; the rendezvous retries
+                # up to its own timeout and ends the agent if the backend stays away.
+                logger.error("Round %s lost the rendezvous or its store (%s); stopping the "
+                             "workers and meeting again", info.round, exc)
+                self._stop_workers(f"round {info.round} lost its store")
+                outcome = "peer_request"
             if isinstance(outcome, AgentResult):
                 return outcome
             metrics.RESTARTS.labels(reason=outcome).inc()
@@ -546,7 +555,8 @@ class Agent:
     def _stop_workers(self, why: str) -> None:
         group, self._group = self._group, None
         if group is not None:
-            logger.info("Stopping this node's workers: %s", why)
+            if group.counts()["running"]:
+                logger.info("Stopping this node's workers: %s", why)
             group.stop(self.spec.grace_period)
         self._close_master_store()
 

@@ -129,6 +129,11 @@ def _make_handler(settings: flags.RunSettings, node_id: str):
     kwargs = {"timeout": timeout}
     if settings.rdzv_backend == "store":
         kwargs["is_host"] = settings.embedded_store
+        if "ttl" in conf:
+            flags.run_parser().error("argument --rdzv-conf/--rdzv_conf: ttl applies to the etcd "
+                                     "backend only")
+    elif "ttl" in conf:
+        kwargs["ttl"] = conf["ttl"]
     backend, store = create_backend(settings.rdzv_backend, endpoint, settings.rdzv_id, **kwargs)
     # Not owned: the agent leaves the rendezvous first, then tells the store's host it is done,
     # and only then are the backend and store closed (see `run`).

@@ -165,6 +165,7 @@ def _conf_keys() -> dict[str, tuple[Callable[[str], object], str]]:
         "exit_barrier_timeout": (
             positive_seconds, "seconds an agent waits at the exit barrier for the other nodes"),
         "is_host": (boolean, "this node hosts the embedded store at --rdzv-endpoint"),
+        "ttl": (positive_seconds, "seconds an etcd lease outlives its last keepalive (etcd)"),
     }
 
 
