@@ -21,8 +21,8 @@ from elastic.api import (  # noqa: F401  (re-exports)
 # public name -> module that defines it
 _LAZY = {
     "RendezvousHandler": "elastic.rendezvous",
-    "create_backend": "elastic.rendezvous",
-    "create_handler": "elastic.rendezvous",
+    "create_backend": "elastic.registry",
+    "create_handler": "elastic.registry",
     "StoreRendezvousBackend": "elastic.rdzv_store",
     "EtcdRendezvousBackend": "elastic.rdzv_etcd",
     "EtcdStore": "elastic.store_etcd",

@@ -6,7 +6,8 @@ The rendezvous state machine (`elastic.rendezvous.RendezvousHandler`) sits above
 by kind: `rdzv_etcd.EtcdRendezvousBackend` (etcd v3) and `rdzv_store.StoreRendezvousBackend`
 (any collectives Store, the embedded TCPStore by default).
 
-The handler and factory in `elastic.rendezvous` (re-exported by `elastic`):
+The handler in `elastic.rendezvous`, the factories in `elastic.registry` (both importable
+from `elastic.rendezvous` and `elastic`):
 
     create_backend(name: "store" | "etcd", endpoints: str | list[str] | None, run_id: str, *,
                    store: Store | None = None, is_host: bool = False,

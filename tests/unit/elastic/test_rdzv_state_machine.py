@@ -342,7 +342,8 @@ def test_settings_from_conf_and_factory_errors():
     assert s.join_timeout == 7.0
     with pytest.raises(ValueError, match=r"--rdzv-conf last_call_timeout='soon' is not a number"):
         RendezvousSettings.from_conf("r", 1, 2, {"last_call_timeout": "soon"})
-    with pytest.raises(ValueError, match="Unknown rendezvous backend 'zk'"):
+    with pytest.raises(ValueError,
+                       match=r"Unknown rendezvous backend 'zk'; choose one of \['store', 'etcd'\]"):
         create_backend("zk", "h:1", "r")
     with pytest.raises(ValueError, match=r"endpoint 'nohost' is not 'HOST:PORT'"):
         create_backend("store", "nohost", "r")
