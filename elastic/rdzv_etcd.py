@@ -69,7 +69,11 @@ class EtcdRendezvousBackend(RendezvousBackend):
         self._lease_id: Optional[int] = None
         self._closed = False
         self._renewals_failed = 0
-        self._lease_id = self._client.call(self._grant, "a lease grant")
+        try:
+            self._lease_id = self._client.call(self._grant, "a lease grant")
+        except BaseException:
+            self._client.close()
+            raise
         self._keepalive = spawn(self._keepalive_loop())
 
     @property
