@@ -8,7 +8,10 @@ first bucket is kept small so that its collective starts as early as possible in
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Sequence
+
+import numpy as np
 
 from core import backend
 
@@ -51,12 +54,25 @@ def compute_bucket_assignment(
     return closed
 
 
+def _alias(buffer: Any) -> Any:
+    """A second array over `buffer`'s memory whose views count against it, not against `buffer`.
+
+    numpy collapses a view's base to the array that owns the memory, so views of a plain view
+    would keep `buffer` itself alive, as does the process group's record of a collective. An
+    array built over a memoryview is a base of its own: its reference count tells how many of
+    the gradients handed out as its views are still alive.
+    """
+    if isinstance(buffer, np.ndarray):
+        return np.frombuffer(memoryview(buffer), dtype=buffer.dtype)
+    return buffer  # cupy: fresh buffers come cheaply from cupy's memory pool
+
+
 class Bucket:
     """One flat gradient buffer and the parameters whose gradients live in it, in order."""
 
     __slots__ = (
-        "index", "param_indices", "params", "offsets", "numels", "buffer", "views",
-        "pending", "is_last", "work", "launched_at", "done_at",
+        "index", "param_indices", "params", "offsets", "numels", "buffer", "alias", "views",
+        "pending", "is_last", "work", "launched_at", "done_at", "spare",
     )
 
     def __init__(self, index: int, param_indices: list[int], params: Sequence[Any]) -> None:
@@ -71,30 +87,51 @@ class Bucket:
         for n in self.numels:
             self.offsets.append(offset)
             offset += n
-        self.buffer = xp.zeros(offset, dtype=first.dtype)
-        self.views = self._make_views(self.buffer)
+        self.spare: Any = None
+        self.set_buffer(xp.zeros(offset, dtype=first.dtype))
         self.pending = len(self.params)
         self.is_last = False
         self.work = None
         self.launched_at = 0.0
         self.done_at: float | None = None
 
-    def _make_views(self, buffer: Any) -> list:
-        return [
-            buffer[o : o + n].reshape(p.data.shape)
-            for o, n, p in zip(self.offsets, self.numels, self.params)
-        ]
-
     def set_buffer(self, buffer: Any) -> None:
-        """Point the bucket at a new flat buffer of the same size (the views follow)."""
-        if buffer.shape != self.buffer.shape or buffer.dtype != self.buffer.dtype:
+        """Point the bucket at a flat buffer (the views, handed out as gradients, follow)."""
+        if hasattr(self, "buffer") and (
+            buffer.shape != self.buffer.shape or buffer.dtype != self.buffer.dtype
+        ):
             raise ValueError(
                 f"Bucket {self.index} holds {self.buffer.size} elements of "
                 f"{self.buffer.dtype}; a replacement buffer of shape {tuple(buffer.shape)} "
                 f"and dtype {buffer.dtype} does not fit."
             )
         self.buffer = buffer
-        self.views = self._make_views(buffer)
+        self.alias = _alias(buffer)
+        self.views = [
+            self.alias[o : o + n].reshape(p.data.shape)
+            for o, n, p in zip(self.offsets, self.numels, self.params)
+        ]
+
+    def swap_buffers(self) -> None:
+        """Reduce into the other of two buffers, so the last round's stays the parameters' .grad.
+
+        The averaged gradients of a round are handed out as views of its buffer instead of
+        being copied out; the next round writes into a second buffer, and the round after
+        reuses the first only when no view of it is alive any more (the optimizer's zero_grad
+        dropped them); otherwise it allocates a new one, so a gradient someone kept is never
+        overwritten. Reusing buffers avoids the page faults of fresh multi-MiB allocations.
+        """
+        spare = self.spare
+        self.spare = None
+        # References to the alias: the `spare` tuple's and getrefcount's argument; any more
+        # are views someone still holds.
+        if spare is None or spare[1] is spare[0] or sys.getrefcount(spare[1]) > 2:
+            buffer = backend.array_module(self.buffer).empty_like(self.buffer)
+        else:
+            buffer = spare[0]
+        self.spare = (self.buffer, self.alias)
+        self.views = []  # drop this round's views before they are handed out again
+        self.set_buffer(buffer)
 
     @property
     def nbytes(self) -> int:

@@ -355,10 +355,7 @@ class Reducer:
         for bucket in self._buckets:
             bucket.reset()
             if not self._as_view:
-                # A fresh buffer per round: the last round's averaged gradients stay where
-                # they are, adopted as .grad, instead of being copied out (saves a memcpy of
-                # every gradient; malloc hands back the buffers the freed gradients held).
-                bucket.set_buffer(backend.array_module(bucket.buffer).empty_like(bucket.buffer))
+                bucket.swap_buffers()
         self._sentinel = self._make_sentinel()
 
     def attach(self, outputs: Any) -> Any:

@@ -687,3 +687,32 @@ def test_forward_without_grad_communicates_nothing():
         return len(group.ops) - before
 
     assert run_ranks(2, body, timeout=3) == [0, 0]
+
+
+# ------------------------------------------------------------------ gradient buffers
+
+
+def test_gradients_handed_out_are_never_overwritten_and_buffers_are_reused():
+    def body(group):
+        ddp = DistributedDataParallel(make_model(), process_group=group)
+        opt = core.optim.SGD(ddp.parameters(), lr=0.1)
+        addresses = []
+        kept = snapshot = None
+        for step in range(8):
+            opt.zero_grad()
+            x, y = batch(step, group.rank())
+            mse(ddp(x), y).backward()
+            opt.step()
+            addresses.append({b.buffer.ctypes.data for b in ddp.reducer._buckets})
+            if step == 4:
+                kept = ddp.module.layers[0].weight.grad.data  # a user keeps one gradient
+                snapshot = kept.copy()
+        np.testing.assert_array_equal(kept, snapshot)
+        return addresses
+
+    for addresses in run_ranks(2, body):
+        # From the rebuild on (step 1), two buffers alternate, until the gradient kept at
+        # step 4 pins its buffer and step 6 reduces into a new one instead.
+        assert addresses[3] == addresses[1] and addresses[4] == addresses[2]
+        assert addresses[5] == addresses[3]
+        assert not addresses[6] & addresses[4]
