@@ -1,0 +1,664 @@
+"""The nccl backend's logic where NCCL is unavailable: ProcessGroupNCCL over a stand-in runtime.
+
+The stand-in keeps NCCL's shape: "device" arrays (a numpy subclass) are touched only by work
+queued on streams, each stream is a worker thread that runs its queue in order, events fire when
+their stream reaches them, and a collective blocks its stream until every rank of the
+communicator posted the same call (so a rank that never calls makes the others hang, as on a
+GPU). What runs for real: ProcessGroupNCCL's ordering, staging of host arrays, Work and its
+events, the bootstrap through a real store, the watchdog's diagnosis, aborts with a deadline,
+async errors and the exit code. What it cannot show: cupy's pointer arithmetic and NCCL itself
+(tests/gpu does, on a GPU).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import threading
+import time
+from collections import deque
+
+import numpy as np
+import pytest
+
+from collectives import _nccl_bootstrap as bootstrap
+from collectives import _nccl_runtime as nrt
+from collectives.api import (
+    ASYNC_ERROR_EXIT_CODE,
+    CollectiveError,
+    CollectiveMismatch,
+    CollectiveTimeout,
+    GroupDestroyed,
+    ReduceOp,
+)
+from collectives.pg_nccl import ProcessGroupNCCL
+from collectives.store_hash import HashStore
+from core.errors import DeviceError, ShapeError
+
+# ----------------------------------------------------------------------------- the stand-in
+
+
+class Dev(np.ndarray):
+    """Memory on the stand-in's device 0 (only stream work should touch it)."""
+
+
+class Dev1(Dev):
+    """Memory on a device no group uses (cuda:99)."""
+
+
+def dev(a, cls=Dev):
+    return np.array(a).view(cls)
+
+
+class Aborted(Exception):
+    pass
+
+
+class FakeStream:
+    """A CUDA stream: a thread that runs queued work in order."""
+
+    def __init__(self):
+        self._q: deque = deque()
+        self._cv = threading.Condition()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def put(self, fn):
+        with self._cv:
+            self._q.append(fn)
+            self._cv.notify()
+
+    def _run(self):
+        while True:
+            with self._cv:
+                while not self._q:
+                    self._cv.wait()
+                fn = self._q.popleft()
+            try:
+                fn()
+            except Aborted:
+                pass  # an aborted NCCL kernel exits; the stream goes on
+
+
+class Immediate:
+    """The caller's stream: host code is synchronous here, so work runs inline."""
+
+    def put(self, fn):
+        fn()
+
+
+class FakeEvent(threading.Event):
+    pass
+
+
+class World:
+    """What the ranks of one communicator share."""
+
+    def __init__(self, size):
+        self.size = size
+        self.cv = threading.Condition()
+        self.joined = 0
+        self.slots: dict = {}
+        self.mail: dict = {}
+        self.comms: list = []
+
+
+class FakeComm:
+    def __init__(self, world, rank):
+        self.w, self.rank, self.k = world, rank, 0
+        self.aborted = self.destroyed = False
+        self.async_err = None
+        self.abort_hangs = False
+
+    # each call takes the next slot; a slot completes when every rank posted the same kind
+    def _slot(self, kind, payload):
+        w = self.w
+        with w.cv:
+            self.k += 1
+            key = (self.k, kind)
+            w.slots.setdefault(key, {})[self.rank] = payload
+            w.cv.notify_all()
+            while len(w.slots[key]) < w.size:
+                if self.aborted:
+                    raise Aborted()
+                w.cv.wait(0.05)
+            return w.slots[key]
+
+    def _reduce(self, parts, spec):
+        f = {nrt.NCCL_SUM: np.add, nrt.NCCL_PROD: np.multiply, nrt.NCCL_MAX: np.maximum,
+             nrt.NCCL_MIN: np.minimum, nrt.NCCL_AVG: np.add}[spec.op]
+        acc = np.array(parts[0])
+        for q in range(1, self.w.size):
+            acc = f(acc, parts[q])
+        if spec.op == nrt.NCCL_AVG:
+            acc = acc / self.w.size
+        return acc
+
+    def all_reduce(self, send, recv, spec, stream):
+        stream.put(lambda: np.copyto(recv, self._reduce(self._slot("ar", np.array(send)), spec)))
+
+    def reduce(self, send, recv, spec, root, stream):
+        def run():
+            parts = self._slot(("reduce", root), np.array(send))
+            if self.rank == root:
+                np.copyto(recv, self._reduce(parts, spec))
+        stream.put(run)
+
+    def broadcast(self, buf, root, stream):
+        stream.put(lambda: np.copyto(buf, self._slot(("bcast", root), np.array(buf))[root]))
+
+    def all_gather(self, send, recv_flat, stream):
+        def run():
+            parts = self._slot("ag", np.array(send).reshape(-1).view(np.uint8))
+            raw = recv_flat.reshape(-1).view(np.uint8)
+            n = send.nbytes
+            for q in range(self.w.size):
+                raw[q * n:(q + 1) * n] = parts[q]
+        stream.put(run)
+
+    def reduce_scatter(self, send_flat, recv, spec, stream):
+        def run():
+            parts = self._slot("rs", np.array(send_flat).reshape(-1))
+            n = recv.size
+            acc = self._reduce([p[self.rank * n:(self.rank + 1) * n] for p in parts.values()], spec)
+            np.copyto(recv, acc.reshape(recv.shape))
+        stream.put(run)
+
+    def send(self, buf, peer, stream):
+        def run():
+            with self.w.cv:
+                self.w.mail.setdefault((self.rank, peer), deque()).append(np.array(buf))
+                self.w.cv.notify_all()
+        stream.put(run)
+
+    def recv(self, buf, peer, stream):
+        def run():
+            w = self.w
+            with w.cv:
+                while not w.mail.get((peer, self.rank)):
+                    if self.aborted:
+                        raise Aborted()
+                    w.cv.wait(0.05)
+                np.copyto(buf, w.mail[(peer, self.rank)].popleft().reshape(buf.shape))
+        stream.put(run)
+
+    def async_error(self):
+        return self.async_err
+
+    def abort(self):
+        if self.abort_hangs:
+            threading.Event().wait(60)  # an ncclCommAbort that does not come back
+        self.aborted = True
+
+    def destroy(self):
+        self.destroyed = True
+
+
+class FakeRuntime:
+    """The runtime interface of collectives._nccl_runtime.CupyRuntime, on threads and numpy."""
+
+    def __init__(self, worlds, version=22000, devices=4, device=0):
+        self.worlds = worlds
+        self.nccl_version = version
+        self._devices = devices
+        self._device = device  # where this rank's Dev arrays live
+        self._local = threading.local()
+        self.comm = None
+
+    def _cur(self):
+        return getattr(self._local, "stream", None) or Immediate()
+
+    def device_count(self):
+        return self._devices
+
+    def current_device(self):
+        return 0
+
+    def use_device(self, index):
+        pass
+
+    def device_context(self, index):
+        return contextlib.nullcontext()
+
+    def is_device_array(self, a):
+        return isinstance(a, Dev)
+
+    def array_device(self, a):
+        return 99 if isinstance(a, Dev1) else self._device
+
+    def address(self, a):
+        return a.__array_interface__["data"][0]
+
+    def flat_view(self, first, count):
+        flat = first.reshape(-1)
+        return np.lib.stride_tricks.as_strided(flat, (count,), (flat.itemsize,)).view(Dev)
+
+    def new_stream(self):
+        return FakeStream()
+
+    def current_stream(self):
+        return self._cur()
+
+    @contextlib.contextmanager
+    def stream_context(self, stream):
+        prev = getattr(self._local, "stream", None)
+        self._local.stream = stream
+        try:
+            yield
+        finally:
+            self._local.stream = prev
+
+    def record(self, stream):
+        ev = FakeEvent()
+        stream.put(ev.set)
+        return ev
+
+    def wait_event(self, stream, ev):
+        stream.put(lambda: ev.wait(30))
+
+    def query(self, ev):
+        return ev.is_set()
+
+    def empty(self, shape, dtype):
+        return np.zeros(shape, dtype).view(Dev)
+
+    def upload(self, host, stream):
+        d = np.empty(host.shape, host.dtype).view(Dev)
+        pinned = np.array(host)
+        stream.put(lambda: np.copyto(d, pinned))
+        return d, pinned
+
+    def download(self, d, stream):
+        pinned = np.empty(d.shape, d.dtype)
+        stream.put(lambda: np.copyto(pinned, d))
+        return pinned
+
+    def copy(self, dst, src):
+        self._cur().put(lambda: np.copyto(dst, src.reshape(dst.shape)))
+
+    def divide(self, arr, n):
+        self._cur().put(lambda: np.divide(arr, n, out=arr, casting="unsafe"))
+
+    def flatten(self, arrays, out):
+        def run():
+            off = 0
+            for a in arrays:
+                out[off:off + a.size] = a.reshape(-1)
+                off += a.size
+        self._cur().put(run)
+
+    def unique_id(self):
+        return os.urandom(nrt.UNIQUE_ID_BYTES)
+
+    def communicator(self, size, uid, rank):
+        with self.worlds["lock"]:
+            w = self.worlds.setdefault(uid, World(size))
+        comm = FakeComm(w, rank)
+        with w.cv:
+            w.joined += 1
+            w.comms.append(comm)
+            w.cv.notify_all()
+            end = time.monotonic() + 60
+            while w.joined < size and time.monotonic() < end:
+                w.cv.wait(0.05)  # ncclCommInitRank blocks until every rank joined
+        self.comm = comm
+        return comm
+
+    def group(self):
+        return contextlib.nullcontext()
+
+
+def new_worlds():
+    return {"lock": threading.Lock()}
+
+
+def make_groups(world, timeout=10.0, version=22000, **kw):
+    store, worlds = HashStore(), new_worlds()
+    pgs, errors = [None] * world, []
+
+    def join(r):
+        try:
+            pgs[r] = ProcessGroupNCCL(store, r, world, timeout=timeout, device=r,
+                                      runtime=FakeRuntime(worlds, version, device=r), **kw)
+        except Exception as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=join, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors
+    return pgs
+
+
+def run_all(pgs, fn, timeout=30.0):
+    out = [None] * len(pgs)
+
+    def body(r):
+        try:
+            out[r] = fn(pgs[r], r)
+        except BaseException as exc:
+            out[r] = exc
+
+    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(len(pgs))]
+    for t in threads:
+        t.start()
+    for r, t in enumerate(threads):
+        t.join(timeout)
+        assert not t.is_alive(), f"rank {r} hung"
+    for r, v in enumerate(out):
+        if isinstance(v, BaseException):
+            raise AssertionError(f"rank {r} raised {v!r}") from v
+    return out
+
+
+@pytest.fixture
+def trio():
+    pgs = make_groups(3)
+    yield pgs
+    for pg in pgs:
+        pg.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def _dumps_in_tmp(tmp_path, monkeypatch):
+    monkeypatch.setenv("SHOAL_DUMP_DIR", str(tmp_path))
+    monkeypatch.delenv("SHOAL_ASYNC_ERROR_HANDLING", raising=False)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+
+
+# ----------------------------------------------------------------------------- results
+
+def _data(r, shape=(3, 4), dtype=np.float32):
+    return (np.arange(np.prod(shape)).reshape(shape) + 10 * r + 1).astype(dtype)
+
+
+@pytest.mark.parametrize("version", [22000, 20900], ids=["ncclAvg", "avg-as-sum-then-divide"])
+def test_reductions_match_numpy_on_device_and_host_arrays(version):
+    pgs = make_groups(3, version=version)
+    try:
+        ref = [_data(r) for r in range(3)]
+        expect = {ReduceOp.SUM: sum(ref), ReduceOp.PRODUCT: ref[0] * ref[1] * ref[2],
+                  ReduceOp.MIN: np.minimum.reduce(ref), ReduceOp.MAX: np.maximum.reduce(ref),
+                  ReduceOp.AVG: sum(ref) / 3}
+
+        def body(pg, r):
+            got = {}
+            for op in ReduceOp:
+                d, h = dev(_data(r)), _data(r)
+                pg.all_reduce(d, op=op, async_op=True).synchronize()
+                pg.all_reduce(h, op=op)  # host arrays: staged, and the call blocks
+                got[op] = (np.array(d), h)
+            red = dev(_data(r))
+            pg.reduce(red, dst=1, op=ReduceOp.MAX, async_op=True).synchronize()
+            return got, np.array(red)
+
+        out = run_all(pgs, body)
+        for r, (got, red) in enumerate(out):
+            for op, (d, h) in got.items():
+                np.testing.assert_allclose(d, expect[op], rtol=1e-6, err_msg=f"{op} device r{r}")
+                np.testing.assert_allclose(h, expect[op], rtol=1e-6, err_msg=f"{op} host r{r}")
+            np.testing.assert_array_equal(red, expect[ReduceOp.MAX] if r == 1 else _data(r))
+    finally:
+        for pg in pgs:
+            pg.shutdown()
+
+
+def test_data_movement_matches_numpy(trio):
+    def body(pg, r):
+        res = {}
+        b = dev(_data(r)) if r else _data(r)  # a host array on the source, device elsewhere
+        w = pg.broadcast(b, src=0, async_op=True)
+        w.synchronize()
+        res["broadcast"] = np.array(b)
+        outs = [dev(np.zeros((3, 4), np.float32)) for _ in range(3)]
+        pg.all_gather(outs, dev(_data(r)), async_op=True).synchronize()
+        res["all_gather"] = [np.array(o) for o in outs]
+        host_outs = [np.zeros((3, 4), np.float32) for _ in range(3)]
+        pg.all_gather(host_outs, _data(r))
+        res["all_gather_host"] = host_outs
+        into = dev(np.zeros((3, 3, 4), np.float32))
+        pg.all_gather_into_tensor(into, dev(_data(r)), async_op=True).synchronize()
+        res["into"] = np.array(into)
+        rs = dev(np.zeros(4, np.float32))
+        ins = [dev(np.full(4, 10 * r + q, np.float32)) for q in range(3)]
+        pg.reduce_scatter(rs, ins, async_op=True).synchronize()
+        res["reduce_scatter"] = np.array(rs)
+        a2a_out = [np.zeros(2, np.int64) for _ in range(3)]
+        pg.all_to_all(a2a_out, [np.array([r, q], np.int64) for q in range(3)])
+        res["all_to_all"] = a2a_out
+        g = [np.zeros(2, np.int32) for _ in range(3)] if r == 2 else None
+        pg.gather(np.array([r, r * r], np.int32), g, dst=2)
+        res["gather"] = g
+        s = np.zeros(3, np.float64)
+        pg.scatter(s, [np.full(3, q + 0.5) for q in range(3)] if r == 1 else None, src=1)
+        res["scatter"] = s
+        ring = np.zeros(5, np.float32)
+        right, left = (r + 1) % 3, (r - 1) % 3
+        sw = pg.send(np.full(5, r, np.float32), dst=right, async_op=True)
+        rw = pg.recv(ring, src=left, async_op=True)
+        sw.wait()
+        rw.wait()
+        res["ring"], res["source"] = ring, rw.source_rank
+        pg.barrier()
+        res["objects"] = pg.all_gather_object({"rank": r})
+        lst = [None, None] if r else ["x", {"y": 1}]
+        pg.broadcast_object_list(lst, src=0)
+        res["object_list"] = lst
+        pg.monitored_barrier(timeout=5)
+        return res
+
+    out = run_all(trio, body)
+    for r, res in enumerate(out):
+        np.testing.assert_array_equal(res["broadcast"], _data(0))
+        for q in range(3):
+            np.testing.assert_array_equal(res["all_gather"][q], _data(q))
+            np.testing.assert_array_equal(res["all_gather_host"][q], _data(q))
+            np.testing.assert_array_equal(res["into"][q], _data(q))
+            np.testing.assert_array_equal(res["all_to_all"][q], [q, r])
+        np.testing.assert_array_equal(res["reduce_scatter"], np.full(4, 30 + 3 * r))
+        if r == 2:
+            for q in range(3):
+                np.testing.assert_array_equal(res["gather"][q], [q, q * q])
+        np.testing.assert_array_equal(res["scatter"], np.full(3, r + 0.5))
+        np.testing.assert_array_equal(res["ring"], np.full(5, (r - 1) % 3))
+        assert res["source"] == (r - 1) % 3
+        assert res["objects"] == [{"rank": q} for q in range(3)]
+        assert res["object_list"] == ["x", {"y": 1}]
+
+
+def test_work_numbering_callbacks_and_history(trio):
+    def body(pg, r):
+        seen = []
+        works = [pg.all_reduce(dev(np.ones(8, np.float32)), async_op=True) for _ in range(4)]
+        works[-1].add_done_callback(lambda w: seen.append(w.seq))
+        for w in works:
+            w.synchronize()
+        late = []
+        works[0].add_done_callback(lambda w: late.append(w.seq))  # already done: runs at once
+        return [w.seq for w in works], seen, late, [w.is_success() for w in works], \
+            [rec.state for rec in pg._engine.history]
+
+    for seqs, seen, late, ok, states in run_all(trio, body):
+        assert seqs == [1, 2, 3, 4] and seen == [4] and late == [1] and all(ok)
+        assert states == ["completed"] * 4
+
+
+# ----------------------------------------------------------------------------- validation
+
+def test_bad_calls_are_refused_before_anything_runs(trio):
+    pg = trio[0]
+    with pytest.raises(ValueError, match="cannot receive from any rank"):
+        pg.recv(np.zeros(2), src=None)
+    with pytest.raises(TypeError, match="all_reduce: NCCL cannot reduce int16 arrays"):
+        pg.all_reduce(np.zeros(2, np.int16))
+    with pytest.raises(TypeError, match="complex arrays \\(complex64\\) with SUM and AVG only, not PRODUCT"):
+        pg.all_reduce(np.zeros(2, np.complex64), op=ReduceOp.PRODUCT)
+    with pytest.raises(DeviceError, match="array on cuda:99, but rank 0's nccl group 'default' runs on cuda:0"):
+        pg.all_reduce(dev(np.zeros(2), Dev1))
+    with pytest.raises(ShapeError, match="own block must keep its size"):
+        pg.all_to_all([np.zeros(1)] * 3, [np.zeros(2)] * 3)
+    assert pg._ledger.seq == 0  # nothing was numbered, so the ranks stay in step
+
+
+def test_reduce_spec_table():
+    v = 22000
+    assert nrt.reduce_spec(np.float32, ReduceOp.SUM, v) == nrt.WireSpec(7, 1, nrt.NCCL_SUM, False)
+    assert nrt.reduce_spec(np.bool_, ReduceOp.SUM, v).op == nrt.NCCL_MAX
+    assert nrt.reduce_spec(np.bool_, ReduceOp.PRODUCT, v).op == nrt.NCCL_MIN
+    assert nrt.reduce_spec(np.complex128, ReduceOp.AVG, v) == nrt.WireSpec(8, 2, nrt.NCCL_AVG, False)
+    assert nrt.reduce_spec(np.float16, ReduceOp.AVG, 20900) == nrt.WireSpec(6, 1, nrt.NCCL_SUM, True)
+    with pytest.raises(TypeError, match="cannot reduce uint16"):
+        nrt.reduce_spec(np.uint16, ReduceOp.MAX, v)
+    uid = bytes(range(64)) + bytes(range(192, 256))
+    signed = nrt.unique_id_from_bytes(uid)
+    assert min(signed) == -64 and max(signed) == 63  # signed chars, as cupy hands them out
+    assert nrt.unique_id_to_bytes(signed) == uid
+    with pytest.raises(ValueError, match="has 128 bytes, but the store held 3"):
+        nrt.unique_id_from_bytes(b"abc")
+
+
+# ----------------------------------------------------------------------------- forming the group
+
+def test_init_names_the_rank_that_never_arrived():
+    t0 = time.monotonic()
+    with pytest.raises(CollectiveTimeout, match="Rank 0 of nccl group 'default' waited .*rank 1 never arrived"):
+        ProcessGroupNCCL(HashStore(), 0, 2, timeout=1.0, runtime=FakeRuntime(new_worlds()))
+    assert time.monotonic() - t0 < 4
+
+
+def test_init_stuck_inside_nccl_is_bounded():
+    # Rank 1 announces itself in the store (the real bootstrap calls) but never reaches NCCL.
+    store = HashStore()
+    prefix = bootstrap.join_generation(store, "default", 1, 2)
+    bootstrap.announce(store, prefix, 1, device=1)
+    t0 = time.monotonic()
+    with pytest.raises(CollectiveTimeout, match="in ncclCommInitRank for the other 1 rank"):
+        ProcessGroupNCCL(store, 0, 2, timeout=1.0, device=0, runtime=FakeRuntime(new_worlds()))
+    assert time.monotonic() - t0 < 4
+
+
+def test_two_ranks_on_one_gpu_are_refused():
+    store, worlds, errors = HashStore(), new_worlds(), []
+
+    def join(r):
+        try:
+            ProcessGroupNCCL(store, r, 2, timeout=5, device=0, runtime=FakeRuntime(worlds))
+        except CollectiveError as exc:
+            errors.append(str(exc))
+
+    threads = [threading.Thread(target=join, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert len(errors) == 2 and all("Ranks 0 and 1 of nccl group 'default' both use CUDA device 0" in e
+                                    for e in errors)
+
+
+def test_local_rank_picks_the_device(monkeypatch):
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    pg = ProcessGroupNCCL(HashStore(), 0, 1, timeout=5, runtime=FakeRuntime(new_worlds()))
+    assert pg.device == 1
+    pg.shutdown()
+    monkeypatch.setenv("LOCAL_RANK", "5")
+    with pytest.raises(DeviceError, match="given CUDA device 5 \\(from LOCAL_RANK\\), but this machine has 4"):
+        ProcessGroupNCCL(HashStore(), 0, 1, timeout=5, runtime=FakeRuntime(new_worlds()))
+
+
+# ----------------------------------------------------------------------------- the watchdog
+
+def test_timeout_names_the_missing_rank_aborts_and_fails_later_calls(tmp_path):
+    pgs = make_groups(2, timeout=10)
+    try:
+        t0 = time.monotonic()
+        work = pgs[0].all_reduce(dev(np.ones(4, np.float32)), async_op=True, timeout=1.0)
+        with pytest.raises(CollectiveTimeout, match=r"Rank 0 timed out after 1s in all_reduce #1 "
+                           r"of group 'default': rank 1 never arrived\. This rank's recent "
+                           r"collectives are in .*shoal-collectives-default-rank0"):
+            work.synchronize()
+        assert time.monotonic() - t0 < 5
+        assert pgs[0]._rt.comm.aborted and pgs[0].failed
+        assert list(tmp_path.glob("shoal-collectives-default-rank0-*.json"))
+        with pytest.raises(CollectiveError, match="all_reduce cannot run: nccl group 'default' failed earlier: rank 0 timed out"):
+            pgs[0].all_reduce(np.ones(1))
+    finally:
+        for pg in pgs:
+            pg.shutdown()
+
+
+def test_mismatched_collectives_are_named():
+    pgs = make_groups(2, timeout=10)
+    try:
+        out = run_all(pgs, lambda pg, r: pg.all_reduce(dev(np.ones(4)), async_op=True, timeout=1.5)
+                      if r == 0 else pg.broadcast(dev(np.ones(4)), src=0, async_op=True, timeout=30))
+        with pytest.raises(CollectiveMismatch, match=r"rank 1 called broadcast\(float64\[4\], src=0\) "
+                           r"as collective #1 but this rank called all_reduce\(float64\[4\], op=SUM\)"):
+            out[0].synchronize()
+    finally:
+        for pg in pgs:
+            pg.shutdown()
+
+
+def test_unmatched_recv_times_out_and_an_abort_that_hangs_is_given_up():
+    pgs = make_groups(2, timeout=10, abort_timeout=0.5)
+    try:
+        pgs[0]._rt.comm.abort_hangs = True
+        t0 = time.monotonic()
+        with pytest.raises(CollectiveTimeout, match=r"Rank 0 timed out after 1s in recv p2p#1 of "
+                           r"group 'default': its point-to-point peer never matched it"):
+            pgs[0].recv(dev(np.zeros(3)), src=1, async_op=True, timeout=1.0).synchronize()
+        assert time.monotonic() - t0 < 1.0 + 0.5 + 3
+        assert not pgs[0]._rt.comm.aborted  # the abort never returned; we went on without it
+    finally:
+        for pg in pgs:
+            pg.shutdown()
+
+
+def test_async_error_fails_outstanding_work():
+    pgs = make_groups(2, timeout=30)
+    try:
+        works = [pgs[0].all_reduce(dev(np.ones(4)), async_op=True) for _ in range(2)]
+        pgs[0]._rt.comm.async_err = "NCCL_ERROR_SYSTEM_ERROR: unhandled system error"
+        for seq, w in enumerate(works, 1):
+            with pytest.raises(CollectiveError, match=f"Rank 0's all_reduce #{seq} of group 'default' "
+                               "failed: NCCL reported an asynchronous error on rank 0: "
+                               "NCCL_ERROR_SYSTEM_ERROR.*the NCCL communicator was aborted"):
+                w.synchronize(timeout=5)
+        assert pgs[0]._rt.comm.aborted
+    finally:
+        for pg in pgs:
+            pg.shutdown()
+
+
+def test_destroyed_group_refuses_and_fails_pending_work():
+    pgs = make_groups(2, timeout=30)
+    work = pgs[0].all_reduce(dev(np.ones(2)), async_op=True)
+    pgs[0].shutdown()
+    with pytest.raises(GroupDestroyed, match="destroyed while this collective was still running"):
+        work.synchronize(timeout=5)
+    with pytest.raises(GroupDestroyed, match="after it was destroyed"):
+        pgs[0].all_reduce(np.ones(2))
+    pgs[1].shutdown()
+    assert pgs[1]._comm is None
+
+
+def _exit_code_child(dump_dir):
+    os.environ["SHOAL_ASYNC_ERROR_HANDLING"] = "1"
+    os.environ["SHOAL_DUMP_DIR"] = dump_dir
+    pgs = make_groups(2, timeout=30)
+    pgs[0].all_reduce(dev(np.ones(4)), async_op=True, timeout=0.5)
+    time.sleep(30)  # the watchdog ends the process long before this
+    os._exit(3)
+
+
+def test_async_error_handling_ends_the_process_with_its_exit_code(tmp_path):
+    proc = multiprocessing.get_context("spawn").Process(target=_exit_code_child, args=(str(tmp_path),))
+    proc.start()
+    proc.join(25)
+    if proc.is_alive():
+        proc.kill()
+        pytest.fail("the rank with SHOAL_ASYNC_ERROR_HANDLING=1 did not end within 25s")
+    assert proc.exitcode == ASYNC_ERROR_EXIT_CODE, f"exit code {proc.exitcode}"
+    assert list(tmp_path.glob("shoal-collectives-default-rank0-*.json"))
