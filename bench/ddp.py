@@ -2,9 +2,10 @@
 
 An MLP 784-1024-1024-10 (float32, batch 128 per rank, plain SGD, cross-entropy) trains at
 W = 1 and 2 ranks, one thread per rank, on the tcp backend (shoal) and on gloo (torch), in the
-same run. Inside each group the ranks alternate blocks of local steps (the bare model, no
-communication) with blocks of DDP steps, meeting at a barrier before each block, and every step
-is timed on the slowest rank. The figures, as PEERS.md defines them:
+same processes: each rank holds both models and both groups and runs rotating blocks of the four
+kinds of step (shoal local, shoal DDP, torch local, torch DDP), meeting the other ranks at a
+barrier before each block, so machine noise hits every kind alike; every step is timed on the
+slowest rank. The figures, as PEERS.md defines them:
 
   overhead  = median DDP step - median local step      (target: shoal <= 0.5 x torch)
   comm      = the same buckets all-reduced back to back on an idle group
@@ -38,7 +39,7 @@ SIZES = (784, 1024, 1024, 10)
 JOIN_S = 600.0
 
 
-# ------------------------------------------------------------------ shoal rank
+# ------------------------------------------------------------------ models
 
 def _shoal_model(seed):
     import core
@@ -53,55 +54,14 @@ def _shoal_model(seed):
     return nn.Sequential(*layers)
 
 
-def _shoal_rank(rank, world, port, cfg, out):
-    try:
-        import core
-        from collectives import ddp_metrics
-        from collectives.ddp import DistributedDataParallel
-        from collectives.pg_tcp import ProcessGroupTCP
-        from collectives.store_tcp import TCPStore
-        from core.nn import functional as F
-
-        store = TCPStore("127.0.0.1", port, timeout=60)
-        group = ProcessGroupTCP(store, rank, world, timeout=120)
-
-        local = _shoal_model(cfg["seed"])
-        local_opt = core.optim.SGD(local.parameters(), lr=0.01)
-        ddp = DistributedDataParallel(_shoal_model(cfg["seed"]), process_group=group)
-        ddp_opt = core.optim.SGD(ddp.parameters(), lr=0.01)
-        rng = np.random.default_rng([cfg["seed"], rank])
-        x = core.tensor(rng.standard_normal((cfg["batch"], SIZES[0])).astype(np.float32))
-        y = core.tensor(rng.integers(0, SIZES[-1], cfg["batch"]).astype(np.int64))
-
-        def step(model, opt):
-            t0 = time.perf_counter()
-            opt.zero_grad()
-            F.cross_entropy(model(x), y).backward()
-            opt.step()
-            return time.perf_counter() - t0
-
-        wait_hist = ddp_metrics.COMM_WAIT_SECONDS
-        result = _alternate(
-            lambda: step(local, local_opt), lambda: step(ddp, ddp_opt), group.barrier, cfg,
-            exposed=lambda: _hist_sum(wait_hist),
-        )
-        sizes = ddp.reducer.bucket_nbytes
-        buffers = [np.zeros(n // 4, dtype=np.float32) for n in sizes]
-
-        def comm_once():
-            group.barrier()
-            t0 = time.perf_counter()
-            works = [group.all_reduce(b, async_op=True) for b in buffers]
-            for w in works:
-                w.wait()
-            return time.perf_counter() - t0
-
-        result["comm"] = [comm_once() for _ in range(cfg["comm_iters"])]
-        result["buckets"] = sizes
-        out.put((rank, "ok", result))
-        group.shutdown()
-    except BaseException:
-        out.put((rank, "error", traceback.format_exc()))
+def _torch_model(torch, seed):
+    torch.manual_seed(seed)
+    layers = []
+    for i, (a, b) in enumerate(zip(SIZES[:-1], SIZES[1:])):
+        layers.append(torch.nn.Linear(a, b))
+        if i < len(SIZES) - 2:
+            layers.append(torch.nn.ReLU())
+    return torch.nn.Sequential(*layers)
 
 
 def _hist_sum(hist):
@@ -112,121 +72,153 @@ def _hist_sum(hist):
     return 0.0
 
 
-# ------------------------------------------------------------------ torch rank
+# ------------------------------------------------------------------ one rank
 
-def _torch_rank(rank, world, init_file, cfg, out):
+def _rank(rank, world, port, init_file, cfg, out):
+    """Time the four kinds of step in rotating blocks, under the same machine load."""
     try:
+        out.put((rank, "ok", _rank_body(rank, world, port, init_file, cfg)))
+    except BaseException:
+        out.put((rank, "error", traceback.format_exc()))
+
+
+def _rank_body(rank, world, port, init_file, cfg):
+    import core
+    from collectives import ddp_metrics
+    from collectives.ddp import DistributedDataParallel
+    from collectives.pg_tcp import ProcessGroupTCP
+    from collectives.store_tcp import TCPStore
+    from core.nn import functional as F
+
+    store = TCPStore("127.0.0.1", port, timeout=60)
+    group = ProcessGroupTCP(store, rank, world, timeout=120)
+    rng = np.random.default_rng([cfg["seed"], rank])
+    x_np = rng.standard_normal((cfg["batch"], SIZES[0])).astype(np.float32)
+    y_np = rng.integers(0, SIZES[-1], cfg["batch"]).astype(np.int64)
+
+    x, y = core.tensor(x_np), core.tensor(y_np)
+    local = _shoal_model(cfg["seed"])
+    local_opt = core.optim.SGD(local.parameters(), lr=0.01)
+    ddp = DistributedDataParallel(_shoal_model(cfg["seed"]), process_group=group)
+    ddp_opt = core.optim.SGD(ddp.parameters(), lr=0.01)
+
+    def shoal_step(model, opt):
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        return time.perf_counter() - t0
+
+    kinds = {
+        "shoal_local": lambda: shoal_step(local, local_opt),
+        "shoal_ddp": lambda: shoal_step(ddp, ddp_opt),
+    }
+    if cfg["compare"]:
         import torch
         import torch.distributed as dist
 
         torch.set_num_threads(1)
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                                 world_size=world)
+        tx, ty = torch.from_numpy(x_np), torch.from_numpy(y_np)
+        tlocal = _torch_model(torch, cfg["seed"])
+        tlocal_opt = torch.optim.SGD(tlocal.parameters(), lr=0.01)
+        tddp = torch.nn.parallel.DistributedDataParallel(_torch_model(torch, cfg["seed"]))
+        tddp_opt = torch.optim.SGD(tddp.parameters(), lr=0.01)
 
-        def model():
-            torch.manual_seed(cfg["seed"])
-            layers = []
-            for i, (a, b) in enumerate(zip(SIZES[:-1], SIZES[1:])):
-                layers.append(torch.nn.Linear(a, b))
-                if i < len(SIZES) - 2:
-                    layers.append(torch.nn.ReLU())
-            return torch.nn.Sequential(*layers)
-
-        local = model()
-        local_opt = torch.optim.SGD(local.parameters(), lr=0.01)
-        ddp = torch.nn.parallel.DistributedDataParallel(model())
-        ddp_opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-        rng = np.random.default_rng([cfg["seed"], rank])
-        x = torch.from_numpy(rng.standard_normal((cfg["batch"], SIZES[0])).astype(np.float32))
-        y = torch.from_numpy(rng.integers(0, SIZES[-1], cfg["batch"]).astype(np.int64))
-
-        def step(m, opt):
+        def torch_step(model, opt):
             t0 = time.perf_counter()
             opt.zero_grad()
-            torch.nn.functional.cross_entropy(m(x), y).backward()
+            torch.nn.functional.cross_entropy(model(tx), ty).backward()
             opt.step()
             return time.perf_counter() - t0
 
-        result = _alternate(lambda: step(local, local_opt), lambda: step(ddp, ddp_opt),
-                            dist.barrier, cfg)
-        buffers = [torch.zeros(n // 4) for n in cfg["buckets"]]
+        kinds["torch_local"] = lambda: torch_step(tlocal, tlocal_opt)
+        kinds["torch_ddp"] = lambda: torch_step(tddp, tddp_opt)
 
-        def comm_once():
+    for _ in range(cfg["warmup"]):
+        for step in kinds.values():
+            step()
+    times = {kind: [] for kind in kinds}
+    exposed = []
+    wait_hist = ddp_metrics.COMM_WAIT_SECONDS
+    order = list(kinds)
+    for block in range(cfg["blocks"]):
+        # Rotate the order so that no kind always follows the same neighbour.
+        shift = block % len(order)
+        for kind in order[shift:] + order[:shift]:
+            group.barrier()
+            for _ in range(cfg["block"]):
+                before = _hist_sum(wait_hist)
+                times[kind].append(kinds[kind]())
+                if kind == "shoal_ddp":
+                    exposed.append(_hist_sum(wait_hist) - before)
+
+    sizes = ddp.reducer.bucket_nbytes
+    comm = {"shoal": []}
+    buffers = [np.zeros(n // 4, dtype=np.float32) for n in sizes]
+    if cfg["compare"]:
+        comm["torch"] = []
+        tbuffers = [torch.zeros(n // 4) for n in sizes]
+    for _ in range(cfg["comm_iters"]):
+        group.barrier()
+        t0 = time.perf_counter()
+        for w in [group.all_reduce(b, async_op=True) for b in buffers]:
+            w.wait()
+        comm["shoal"].append(time.perf_counter() - t0)
+        if cfg["compare"]:
             dist.barrier()
             t0 = time.perf_counter()
-            works = [dist.all_reduce(b, async_op=True) for b in buffers]
-            for w in works:
+            for w in [dist.all_reduce(b, async_op=True) for b in tbuffers]:
                 w.wait()
-            return time.perf_counter() - t0
-
-        result["comm"] = [comm_once() for _ in range(cfg["comm_iters"])]
-        out.put((rank, "ok", result))
+            comm["torch"].append(time.perf_counter() - t0)
+    if cfg["compare"]:
         dist.destroy_process_group()
-    except BaseException:
-        out.put((rank, "error", traceback.format_exc()))
-
-
-# ------------------------------------------------------------------ shared timing loop
-
-def _alternate(local_step, ddp_step, barrier, cfg, exposed=None):
-    """Warm up, then alternate blocks of local and DDP steps; per-step seconds of each."""
-    for _ in range(cfg["warmup"]):
-        local_step()
-        ddp_step()
-    local, ddp, waits = [], [], []
-    for _ in range(cfg["blocks"]):
-        barrier()
-        local.extend(local_step() for _ in range(cfg["block"]))
-        barrier()
-        for _ in range(cfg["block"]):
-            before = exposed() if exposed else 0.0
-            ddp.append(ddp_step())
-            if exposed:
-                waits.append(exposed() - before)
-    return {"local": local, "ddp": ddp, "exposed": waits}
+    group.shutdown()
+    return {"times": times, "exposed": exposed, "comm": comm, "buckets": sizes}
 
 
 # ------------------------------------------------------------------ parent
 
-def _run_group(impl, world, cfg):
+def _run_group(world, cfg):
+    """Spawn `world` ranks; per kind, the per-step seconds of the slowest rank."""
+    from collectives.store_tcp import TCPStore
+
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
-    cleanup = None
-    if impl == "shoal":
-        from collectives.store_tcp import TCPStore
-
-        master = TCPStore("127.0.0.1", 0, is_master=True, timeout=60)
-        where, cleanup = master.port, master.close
-        target = _shoal_rank
-    else:
-        fd, where = tempfile.mkstemp(prefix="bench-ddp-gloo-")
-        os.close(fd)
-        os.unlink(where)
-        target = _torch_rank
-    procs = [ctx.Process(target=target, args=(r, world, where, cfg, out)) for r in range(world)]
+    master = TCPStore("127.0.0.1", 0, is_master=True, timeout=60)
+    fd, init_file = tempfile.mkstemp(prefix="bench-ddp-gloo-")
+    os.close(fd)
+    os.unlink(init_file)
+    procs = [ctx.Process(target=_rank, args=(r, world, master.port, init_file, cfg, out))
+             for r in range(world)]
     for p in procs:
         p.start()
     results = {}
     try:
         deadline = time.monotonic() + JOIN_S
         while len(results) < world:
-            rank, status, payload = out.get(timeout=max(1.0, deadline - time.monotonic()))
+            try:
+                rank, status, payload = out.get(timeout=max(1.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise RuntimeError(f"ranks {sorted(set(range(world)) - set(results))} sent "
+                                   f"nothing within {JOIN_S}s") from None
             if status != "ok":
-                raise RuntimeError(f"{impl} rank {rank} failed:\n{payload}")
+                raise RuntimeError(f"rank {rank} failed:\n{payload}")
             results[rank] = payload
     finally:
-        for p in procs:
+        for r, p in enumerate(procs):
             p.join(30)
             if p.is_alive():
                 p.kill()
-        if cleanup:
-            cleanup()
-    # Per step, the slowest rank.
-    merged = {}
-    for key in ("local", "ddp", "comm", "exposed"):
-        series = [results[r][key] for r in range(world)]
-        merged[key] = [max(vals) for vals in zip(*series)] if series[0] else []
-    merged["buckets"] = results[0].get("buckets")
+                print(f"rank {r} did not exit; killed it")
+        master.close()
+    merged = {"buckets": results[0]["buckets"], "exposed": [], "comm": {}, "times": {}}
+    for kind in results[0]["times"]:
+        merged["times"][kind] = [max(v) for v in zip(*(results[r]["times"][kind] for r in range(world)))]
+    for impl in results[0]["comm"]:
+        merged["comm"][impl] = [max(v) for v in zip(*(results[r]["comm"][impl] for r in range(world)))]
+    merged["exposed"] = [max(v) for v in zip(*(results[r]["exposed"] for r in range(world)))]
     return merged
 
 
@@ -246,58 +238,57 @@ def main(argv=None) -> int:
     parser.add_argument("--worlds", default="1,2", help="comma-separated world sizes")
     parser.add_argument("--batch", type=int, default=128, help="samples per rank")
     parser.add_argument("--block", type=int, default=10, help="steps per A/B block")
-    parser.add_argument("--blocks", type=int, default=4, help="A/B blocks per group")
+    parser.add_argument("--blocks", type=int, default=8,
+                        help="rounds of blocks; each round runs every kind of step once")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--comm-iters", "--comm_iters", type=int, default=20)
-    parser.add_argument("--repeats", type=int, default=2,
-                        help="groups per implementation, alternating shoal and torch")
+    parser.add_argument("--repeats", type=int, default=1, help="process groups per world size")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-compare", "--no_compare", action="store_true",
                         help="skip torch DDP even when torch is installed")
     args = parser.parse_args(argv)
-    cfg = {"batch": args.batch, "block": args.block, "blocks": args.blocks,
-           "warmup": args.warmup, "comm_iters": args.comm_iters, "seed": args.seed}
-    impls = ["shoal"]
-    if not args.no_compare:
+    compare = not args.no_compare
+    if compare:
         try:
             import torch  # noqa: F401, PLC0415
-
-            impls.append("torch")
         except ImportError:
             print("torch is not installed: timing shoal alone")
+            compare = False
+    cfg = {"batch": args.batch, "block": args.block, "blocks": args.blocks, "compare": compare,
+           "warmup": args.warmup, "comm_iters": args.comm_iters, "seed": args.seed}
+    impls = ["shoal", "torch"] if compare else ["shoal"]
 
     rows = []
     for world in (int(w) for w in args.worlds.split(",")):
-        runs = {impl: {"local": [], "ddp": [], "comm": [], "exposed": []} for impl in impls}
+        got = {"times": {}, "comm": {}, "exposed": []}
         for _ in range(args.repeats):
-            for impl in impls:  # A B A B across groups
-                cfg_run = dict(cfg)
-                if impl == "torch":
-                    cfg_run["buckets"] = runs["shoal"]["buckets"]
-                got = _run_group(impl, world, cfg_run)
-                for key in ("local", "ddp", "comm", "exposed"):
-                    runs[impl][key].extend(got[key])
-                if got.get("buckets"):
-                    runs[impl]["buckets"] = got["buckets"]
+            run = _run_group(world, cfg)
+            for kind, values in run["times"].items():
+                got["times"].setdefault(kind, []).extend(values)
+            for impl, values in run["comm"].items():
+                got["comm"].setdefault(impl, []).extend(values)
+            got["exposed"].extend(run["exposed"])
+            buckets = run["buckets"]
         for impl in impls:
-            r = runs[impl]
-            local, ddp, comm = _median_ms(r["local"]), _median_ms(r["ddp"]), _median_ms(r["comm"])
+            local = _median_ms(got["times"][f"{impl}_local"])
+            ddp_times = got["times"][f"{impl}_ddp"]
+            ddp = _median_ms(ddp_times)
+            comm = _median_ms(got["comm"][impl])
             overhead = ddp - local
             row = {
                 "bench": "ddp", "impl": impl, "world": world, "batch_per_rank": args.batch,
-                "model": "mlp-784-1024-1024-10", "dtype": "float32",
-                "steps": len(r["ddp"]), "local_step_ms": local, "ddp_step_ms": ddp,
-                "ddp_spread_ms": _spread_ms(r["ddp"]), "overhead_ms": overhead,
+                "model": "mlp-784-1024-1024-10", "dtype": "float32", "buckets_bytes": buckets,
+                "steps": len(ddp_times), "local_step_ms": local, "ddp_step_ms": ddp,
+                "ddp_spread_ms": _spread_ms(ddp_times), "overhead_ms": overhead,
                 "comm_alone_ms": comm,
                 "hidden_share": min(1.0, max(0.0, 1.0 - overhead / comm)) if world > 1 else None,
                 "samples_per_s": world * args.batch / (ddp / 1e3),
             }
-            if impl == "shoal" and r["exposed"]:
-                row["exposed_wait_ms"] = _median_ms(r["exposed"])
+            if impl == "shoal":
+                row["exposed_wait_ms"] = _median_ms(got["exposed"])
             rows.append(row)
-        if "torch" in impls and world > 1:
-            shoal_row, torch_row = rows[-len(impls)], rows[-1]
-            shoal_row["overhead_vs_torch"] = shoal_row["overhead_ms"] / torch_row["overhead_ms"]
+        if compare and world > 1:
+            rows[-2]["overhead_vs_torch"] = rows[-2]["overhead_ms"] / rows[-1]["overhead_ms"]
 
     print(f"{'impl':<6} {'W':>2} {'local ms':>9} {'ddp ms':>8} {'overhead':>9} {'comm ms':>8} "
           f"{'hidden':>7} {'samples/s':>10} {'x torch':>8}")
