@@ -20,6 +20,8 @@ import time
 from typing import Optional, Sequence, Union
 
 import aetcd.exceptions as aexc
+import grpc
+from aetcd import rpc
 
 from core.timeouts import TimeoutLike, to_seconds
 from elastic._etcd_client import EtcdClient, EtcdUnavailable, spawn
@@ -85,11 +87,36 @@ class EtcdRendezvousBackend(RendezvousBackend):
         """The lease this node attaches its writes to."""
         return self._lease_id
 
+    def lease_ttl(self) -> int:
+        """Seconds the lease has left as etcd sees it (-1 once it expired)."""
+        lease_id = self._lease_id
+        info = self._client.call(lambda c: c.get_lease_info(lease_id, keys=False),
+                                 "a lease lookup")
+        return int(info.TTL)
+
     # ------------------------------------------------------------------ lease
 
     async def _grant(self, client) -> int:
         lease = await client.lease(self.ttl)
         return lease.id
+
+    async def _renew(self, client, lease_id: int):
+        """One keepalive round trip on a stream that is always cancelled afterwards.
+
+        aetcd's refresh_lease leaves its stream to the garbage collector when it is interrupted
+        (an etcd outage), which then warns about a pending task; owning the call avoids that.
+        """
+        await client.connect()
+        call = client.leasestub.LeaseKeepAlive(timeout=self.ttl / 3.0, metadata=client.metadata)
+        try:
+            await call.write(rpc.LeaseKeepAliveRequest(ID=lease_id))
+            return await call.read()
+        except rpc.AioRpcError as exc:
+            if exc.code() in (rpc.StatusCode.UNAVAILABLE, rpc.StatusCode.DEADLINE_EXCEEDED):
+                raise aexc.ConnectionFailedError(exc.details()) from exc
+            raise aexc.ClientError(exc.details()) from exc
+        finally:
+            call.cancel()
 
     async def _keepalive_loop(self) -> None:
         period = self.ttl / 3.0
@@ -100,9 +127,9 @@ class EtcdRendezvousBackend(RendezvousBackend):
             lease_id = self._lease_id
             try:
                 reply = await self._client.acall(
-                    lambda c: c.refresh_lease(lease_id), "a lease renewal", timeout=period
+                    lambda c: self._renew(c, lease_id), "a lease renewal", timeout=period
                 )
-                if reply is None or reply.TTL <= 0:
+                if reply is None or reply is grpc.aio.EOF or reply.TTL <= 0:
                     logger.error(
                         "etcd lease %x of run %s expired; granting a new one (the state key "
                         "may have been deleted with it)", lease_id, self.run_id)

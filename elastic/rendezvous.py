@@ -168,7 +168,9 @@ class RendezvousHandler:
         """Why this node's round must end (restart asked, node dead, newer round), or None."""
         if self._round is None:
             return None
-        state, _ = self._update(self._housekeep)
+        state, token = self._update(self._housekeep)
+        if token is None:
+            return self._vanished()
         if state.closed:
             return f"the rendezvous of run {self.settings.run_id!r} was closed"
         if state.round != self._round:
@@ -412,7 +414,7 @@ class RendezvousHandler:
                     current = self._read()
                 state, token = current
                 if state is None:
-                    state = RendezvousState(opened_at=time.time())
+                    state = self._fresh_state()
                 if not mutate(state):
                     return state, token
                 result = self.backend.set_state(state.encode(), token)
@@ -439,6 +441,19 @@ class RendezvousHandler:
             if written:
                 return new_state, new_token
             current = (new_state, new_token)
+
+    def _fresh_state(self) -> RendezvousState:
+        """The state to create when none is stored: round 0, or after ours if it vanished."""
+        if self._round is None:
+            return RendezvousState(opened_at=time.time())
+        # The stored state disappeared (an etcd lease expired, the store was wiped): carry on
+        # with a higher round number, so every node sees its own round as over.
+        return RendezvousState(round=self._round + 1, opened_at=time.time(),
+                               reason=self._vanished())
+
+    def _vanished(self) -> str:
+        return (f"the rendezvous state of run {self.settings.run_id!r} vanished from the "
+                f"{self.backend.name} backend")
 
     def _observe(self, state: Optional[RendezvousState]) -> None:
         now = time.monotonic()

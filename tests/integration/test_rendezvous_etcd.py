@@ -67,6 +67,8 @@ def test_rendezvous_and_store_survive_a_3s_etcd_outage(etcd, caplog):
         assert any("Renewing etcd lease" in r.getMessage() for r in caplog.records), \
             "no lease renewal failed during the outage: the test did not test the keepalive"
         for h in handlers:
+            # the keepalive recovered: the lease is alive and renewed past its 3 s ttl
+            assert h.backend.lease_ttl() > 0
             assert h.backend._renewals_failed == 0, "the keepalive did not recover"
             assert h.dead_nodes() == []
         assert infos[1].store.get("before", timeout=5) == b"1"

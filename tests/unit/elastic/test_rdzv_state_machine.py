@@ -369,3 +369,17 @@ def test_create_handler_over_a_hosted_tcp_store():
         a.shutdown()
     finally:
         host_store.close()
+
+
+def test_a_vanished_state_is_a_restart_reason(cluster):
+    c = cluster()
+    c.handler("a"), c.handler("b")
+    results(c.join("a", "b"))
+    c.store.delete("shoal/rdzv/job/state")  # as an expired etcd lease would
+    # Read at once or after a heartbeat recreated the state (as round 1), the reason is the same.
+    expected = "the rendezvous state of run 'job' vanished from the flaky backend"
+    assert c.handlers["a"].restart_requested() == expected
+    wait_for(lambda: c.store.check(["shoal/rdzv/job/state"]), "a heartbeat recreating the state")
+    assert c.handlers["b"].restart_requested() == expected
+    infos = results(c.join("a", "b"))
+    assert [i.round for i in infos] == [1, 1]
