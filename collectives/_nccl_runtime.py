@@ -128,8 +128,8 @@ def unavailable_reason() -> Optional[str]:
     except Exception as exc:  # noqa: BLE001
         return f"cupy's NCCL bindings could not be imported: {exc}"
     if not getattr(nccl, "available", False) or not hasattr(nccl, "NcclCommunicator"):
-        return (f"{count} CUDA device(s) found, but cupy cannot load the NCCL library; install "
-                "nvidia-nccl-cu12 (or -cu13)")
+        return (f"no device is usable for NCCL: cupy sees {count} CUDA device(s) but cannot load "
+                "the NCCL library; install nvidia-nccl-cu12 (or -cu13)")
     return None
 
 
