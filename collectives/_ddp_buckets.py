@@ -14,6 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from core import backend
+from core.tensor import Tensor
 
 MIB = 1024 * 1024
 DEFAULT_FIRST_BUCKET_BYTES = 1 * MIB  # torch's _DEFAULT_FIRST_BUCKET_BYTES
@@ -143,3 +144,35 @@ class Bucket:
         self.pending = len(self.params)
         self.work = None
         self.done_at = None
+
+
+class GradBucket:
+    """What a communication hook receives: one bucket's flat gradient buffer and its members."""
+
+    def __init__(self, bucket: Bucket, is_last: bool) -> None:
+        self._bucket = bucket
+        self._is_last = is_last
+
+    def index(self) -> int:
+        """The bucket's position in launch order (0 is launched first)."""
+        return self._bucket.index
+
+    def buffer(self) -> Tensor:
+        """The flat gradient buffer (a Tensor sharing the bucket's memory)."""
+        return Tensor(self._bucket.buffer)
+
+    def gradients(self) -> list[Tensor]:
+        """One Tensor per parameter, each a view into the buffer."""
+        return [Tensor(v) for v in self._bucket.views]
+
+    def parameters(self) -> list[Tensor]:
+        """The parameters whose gradients this bucket holds, in buffer order."""
+        return list(self._bucket.params)
+
+    def is_last(self) -> bool:
+        """True for the last bucket of the iteration."""
+        return self._is_last
+
+    def set_buffer(self, buffer: Any) -> None:
+        """Replace the bucket's flat buffer with an array (or Tensor) of the same size."""
+        self._bucket.set_buffer(buffer.data if isinstance(buffer, Tensor) else buffer)

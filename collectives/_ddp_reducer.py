@@ -21,7 +21,8 @@ import numpy as np
 
 from collectives import _ddp_comm as comm
 from collectives import ddp_metrics
-from collectives._ddp_buckets import Bucket, compute_bucket_assignment
+from collectives._ddp_buckets import Bucket, GradBucket, compute_bucket_assignment
+from collectives._ddp_graph import map_tensors, reachable_leaves, same_memory
 from collectives._ddp_future import Future
 from collectives.api import CollectiveError, ReduceOp
 from core import backend
@@ -34,64 +35,6 @@ log = logging.getLogger(__name__)
 
 class DDPError(ShoalError, RuntimeError):
     """DistributedDataParallel was used in a way it cannot reduce correctly; the message says how."""
-
-
-# -------------------------------------------------------------------------- graph helpers
-
-def iter_tensors(obj: Any):
-    """Yield the Tensors inside nested tuples, lists and dicts (a forward's outputs)."""
-    if isinstance(obj, Tensor):
-        yield obj
-    elif isinstance(obj, (list, tuple)):
-        for item in obj:
-            yield from iter_tensors(item)
-    elif isinstance(obj, dict):
-        for item in obj.values():
-            yield from iter_tensors(item)
-
-
-def map_tensors(obj: Any, fn: Callable[[Tensor], Tensor]) -> Any:
-    """`obj` with every Tensor inside tuples, lists and dicts replaced by fn(tensor)."""
-    if isinstance(obj, Tensor):
-        return fn(obj)
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
-        return type(obj)(*(map_tensors(item, fn) for item in obj))
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(map_tensors(item, fn) for item in obj)
-    if isinstance(obj, dict):
-        return type(obj)((k, map_tensors(v, fn)) for k, v in obj.items())
-    return obj
-
-
-def reachable_leaves(outputs: Any) -> set[int]:
-    """ids of the leaf tensors that require grad and that `outputs` depend on."""
-    stack = [t for t in iter_tensors(outputs) if t.requires_grad]
-    seen: set[int] = set()
-    leaves: set[int] = set()
-    while stack:
-        t = stack.pop()
-        key = id(t)
-        if key in seen:
-            continue
-        seen.add(key)
-        node = t.grad_fn
-        if node is None:
-            leaves.add(key)
-            continue
-        for inp in node.inputs:
-            if inp is not None and inp.requires_grad and id(inp) not in seen:
-                stack.append(inp)
-    return leaves
-
-
-def _same_memory(a: Any, b: Any) -> bool:
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    if isinstance(a, np.ndarray):
-        return isinstance(b, np.ndarray) and (
-            a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
-        )
-    return a.data.ptr == b.data.ptr  # cupy
 
 
 def _with_ddp_context(exc: CollectiveError, rank: int, bucket: int, buckets: int,
@@ -112,40 +55,6 @@ def _with_ddp_context(exc: CollectiveError, rank: int, bucket: int, buckets: int
 def _stamp_done(bucket: Bucket, _work: Any) -> None:
     # Runs in the backend's thread when the bucket's collective ends (for the metric).
     bucket.done_at = time.perf_counter()
-
-
-# ------------------------------------------------------------------------------ GradBucket
-
-class GradBucket:
-    """What a communication hook receives: one bucket's flat gradient buffer and its members."""
-
-    def __init__(self, bucket: Bucket, is_last: bool) -> None:
-        self._bucket = bucket
-        self._is_last = is_last
-
-    def index(self) -> int:
-        """The bucket's position in launch order (0 is launched first)."""
-        return self._bucket.index
-
-    def buffer(self) -> Tensor:
-        """The flat gradient buffer (a Tensor sharing the bucket's memory)."""
-        return Tensor(self._bucket.buffer)
-
-    def gradients(self) -> list[Tensor]:
-        """One Tensor per parameter, each a view into the buffer."""
-        return [Tensor(v) for v in self._bucket.views]
-
-    def parameters(self) -> list[Tensor]:
-        """The parameters whose gradients this bucket holds, in buffer order."""
-        return list(self._bucket.params)
-
-    def is_last(self) -> bool:
-        """True for the last bucket of the iteration."""
-        return self._is_last
-
-    def set_buffer(self, buffer: Any) -> None:
-        """Replace the bucket's flat buffer with an array (or Tensor) of the same size."""
-        self._bucket.set_buffer(buffer.data if isinstance(buffer, Tensor) else buffer)
 
 
 # --------------------------------------------------------------------------------- Reducer
@@ -475,7 +384,7 @@ class Reducer:
             return
         g = grad.data
         xp = backend.array_module(view)
-        if self._as_view and _same_memory(g, view):
+        if self._as_view and same_memory(g, view):
             if div != 1.0:
                 xp.divide(view, div, out=view)
             return
@@ -592,7 +501,7 @@ class Reducer:
                 f"The communication hook's result for bucket {bucket.index} has "
                 f"{result.size} elements but the bucket holds {bucket.buffer.size}."
             )
-        if not _same_memory(result.reshape(-1), bucket.buffer):
+        if not same_memory(result.reshape(-1), bucket.buffer):
             xp = backend.array_module(bucket.buffer)
             xp.copyto(bucket.buffer, result.reshape(-1), casting="unsafe")
 
@@ -602,7 +511,7 @@ class Reducer:
         grad = param.grad
         if grad is None:
             param.grad = Tensor(view)
-        elif not _same_memory(grad.data, view):
+        elif not same_memory(grad.data, view):
             grad.data = view
 
     # ------------------------------------------------------------------ join: shadow a round

@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 from collectives import _ddp_comm as comm
 from collectives._ddp_future import Future, future_from_work
-from collectives._ddp_reducer import GradBucket
+from collectives._ddp_buckets import GradBucket
 from collectives.api import ReduceOp
 from core import backend, dtypes
 from core.tensor import Tensor

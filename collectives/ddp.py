@@ -19,7 +19,8 @@ import numpy as np
 from collectives import _ddp_comm as comm
 from collectives._ddp_buckets import DEFAULT_FIRST_BUCKET_BYTES, MIB
 from collectives._ddp_future import Future
-from collectives._ddp_reducer import DDPError, GradBucket, Reducer
+from collectives._ddp_buckets import GradBucket
+from collectives._ddp_reducer import DDPError, Reducer
 from collectives.api import ReduceOp
 from collectives.join import Join, JoinHook, Joinable
 from core import backend, nn
