@@ -23,6 +23,10 @@ import os
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = "1"
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+if not os.environ.get("SHOAL_AUTH_TOKEN"):
+    import secrets
+
+    os.environ["SHOAL_AUTH_TOKEN"] = secrets.token_hex(16)  # the ranks inherit it
 
 import argparse  # noqa: E402
 import json  # noqa: E402
@@ -61,9 +65,10 @@ def bus_factor(op: str, world: int) -> float:
 
 # ----------------------------------------------------------------------------- workers
 
-def _shoal_worker(rank, world, port, backend, quick, cases, out):
+def _shoal_worker(rank, world, port, backend, quick, cases, transport, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), SHOAL_USE_AGENT_STORE="1")
+                      WORLD_SIZE=str(world), SHOAL_USE_AGENT_STORE="1",
+                      SHOAL_LOCAL_TRANSPORT=transport)
     try:
         import collectives as c
 
@@ -137,12 +142,14 @@ def _gloo_worker(rank, world, port, quick, cases, out):
 def _session(side: str, world: int, args) -> dict:
     """Spawn one session of `world` ranks; per case, the slowest rank's time per iteration."""
     out = CTX.Queue()
-    if side == "shoal":
+    if side.startswith("shoal"):
         from collectives.store_tcp import TCPStore
 
+        transport = "tcp" if side == "shoal_tcp" else os.environ.get("SHOAL_LOCAL_TRANSPORT", "unix")
         store = TCPStore("127.0.0.1", 0, world_size=world, is_master=True, timeout=120,
                          wait_for_workers=False)
-        procs = [CTX.Process(target=_shoal_worker, args=(r, world, store.port, args.backend, args.quick, args.cases, out))
+        procs = [CTX.Process(target=_shoal_worker, args=(r, world, store.port, args.backend, args.quick,
+                                                         args.cases, transport, out))
                  for r in range(world)]
     else:
         import torch.distributed as dist
@@ -164,7 +171,7 @@ def _session(side: str, world: int, args) -> dict:
             p.join(30)
             if p.is_alive():
                 p.kill()
-        if side == "shoal":
+        if side.startswith("shoal"):
             store.close()
     return {case: [max(per_rank[r][case][i] for r in range(world))
                    for i in range(len(per_rank[0][case]))] for case in per_rank[0]}
@@ -224,13 +231,20 @@ def main(argv=None) -> int:
     parser.add_argument("--ops", default="all_reduce,broadcast,all_gather", help="which ops to run")
     parser.add_argument("--max-bytes", type=int, default=64 * MiB, help="skip larger cases")
     parser.add_argument("--no-loopback", action="store_true", help="skip the raw loopback measurement")
+    parser.add_argument("--tcp-too", action="store_true",
+                        help="also run shoal with SHOAL_LOCAL_TRANSPORT=tcp (every link on loopback TCP)")
     args = parser.parse_args(argv)
     ops = set(args.ops.split(","))
     args.cases = [c for c in CASES if c[0] in ops and c[1] <= args.max_bytes]
-    if args.backend == "nccl":
+    if args.backend != "tcp":
+        from collectives.api import BackendUnavailable
         from collectives.distributed import _backend_class
 
-        _backend_class("nccl")  # fails clearly without CUDA
+        try:
+            _backend_class(args.backend)  # "backend 'nccl' needs a CUDA device; none was found."
+        except BackendUnavailable as exc:
+            print(f"bench/allreduce.py: {exc}", file=sys.stderr)
+            return 2
     if args.compare is None:
         try:
             import torch.distributed  # noqa: F401
@@ -245,43 +259,48 @@ def main(argv=None) -> int:
         print(f"raw loopback, one TCP stream: {limit:.2f} GB/s")
         print(json.dumps({"bench": "allreduce", "row": "loopback", "gbps": round(limit, 3)}))
 
-    header = f"{'op':<11}{'W':>2} {'size':>8} | {'shoal ms':>9} {'busbw':>6} {'p10-p90 ms':>15}"
-    if args.compare:
-        header += f" | {'gloo ms':>9} {'busbw':>6} | {'speedup':>7}"
+    sides = ["shoal"] + (["shoal_tcp"] if args.tcp_too else []) + (["gloo"] if args.compare else [])
     rows = []
     for world in worlds:
-        samples = {"shoal": {}, "gloo": {}}
+        samples = {side: {} for side in sides}
         for _ in range(rounds):
-            for side in (("shoal", "gloo") if args.compare else ("shoal",)):
+            for side in sides:
                 for case, ts in _session(side, world, args).items():
                     samples[side].setdefault(case, []).extend(ts)
         for case in args.cases:
             op, nbytes = case
             row = {"bench": "allreduce", "op": op, "world": world, "bytes": nbytes,
                    "backend": args.backend}
-            for side in samples:
-                ts = samples[side].get(case)
-                if not ts:
-                    continue
+            for side in sides:
+                ts = samples[side][case]
                 med = statistics.median(ts)
                 q = statistics.quantiles(ts, n=10) if len(ts) >= 10 else [min(ts)] * 9
                 row[f"{side}_ms"] = round(med * 1e3, 4)
                 row[f"{side}_busbw_gbps"] = round(nbytes / med * bus_factor(op, world) / 1e9, 3)
                 row[f"{side}_p10_ms"] = round(q[0] * 1e3, 4)
                 row[f"{side}_p90_ms"] = round(q[-1] * 1e3, 4)
-            if "gloo_ms" in row:
-                row["speedup"] = round(row["gloo_ms"] / row["shoal_ms"], 2)
+            for side in sides:
+                if side != "gloo" and "gloo" in sides:
+                    row[f"{side}_speedup_vs_gloo"] = round(row["gloo_ms"] / row[f"{side}_ms"], 2)
             rows.append(row)
 
+    header = f"{'op':<11}{'W':>2} {'size':>7}"
+    for side in sides:
+        header += f" | {side + ' ms':>13} {'busbw':>6}"
+    for side in sides:
+        if side != "gloo" and "gloo" in sides:
+            header += f" | {side + '/gloo':>14}"
     print()
+    print("median time per op (slowest rank), busbw in GB/s; speedup = gloo time / shoal time")
     print(header)
     print("-" * len(header))
     for row in rows:
-        line = (f"{row['op']:<11}{row['world']:>2} {_fmt_size(row['bytes']):>8} | "
-                f"{row['shoal_ms']:>9.3f} {row['shoal_busbw_gbps']:>6.2f} "
-                f"{row['shoal_p10_ms']:>7.3f}-{row['shoal_p90_ms']:<7.3f}")
-        if "gloo_ms" in row:
-            line += f" | {row['gloo_ms']:>9.3f} {row['gloo_busbw_gbps']:>6.2f} | {row['speedup']:>6.2f}x"
+        line = f"{row['op']:<11}{row['world']:>2} {_fmt_size(row['bytes']):>7}"
+        for side in sides:
+            line += f" | {row[side + '_ms']:>13.3f} {row[side + '_busbw_gbps']:>6.2f}"
+        for side in sides:
+            if side != "gloo" and "gloo" in sides:
+                line += f" | {row[side + '_speedup_vs_gloo']:>13.2f}x"
         print(line)
     for row in rows:
         print(json.dumps(row))

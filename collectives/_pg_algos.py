@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import socket
+import time
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -20,6 +21,7 @@ from collectives import _pg_wire as wire
 from collectives._pg_pump import LinkDown, Plan
 
 HEADER_SIZE = wire.DATA_HEADER.size
+_DONTWAIT = socket.MSG_DONTWAIT
 _FP_LEN_AT = HEADER_SIZE - 2  # offset of the fingerprint length inside a header
 
 
@@ -111,11 +113,12 @@ def bounds(n: int, parts: int) -> list[int]:
 class Direct:
     """Small-message exchange with every peer, without the pump (the 4 KiB latency path)."""
 
-    def __init__(self, rank: int, size: int, tx: list, rx: list):
+    def __init__(self, rank: int, size: int, tx: list, rx: list, spin_s: float = 0.0):
         self.rank = rank
         self.size = size
         self.tx = tx
         self.rx = rx
+        self.spin_s = spin_s
         self.peers = [q for q in range(size) if q != rank]
         self._bufs: dict[int, bytearray] = {}
 
@@ -156,6 +159,20 @@ class Direct:
     def _receive(self, q, sock, hdr, seq, fp, hl, need):
         view = self.buffer(q, need)
         got = 0
+        if self.spin_s:
+            end = time.perf_counter() + self.spin_s
+            while True:
+                try:
+                    got = sock.recv_into(view, need, _DONTWAIT)
+                except BlockingIOError:
+                    if time.perf_counter() < end:
+                        continue
+                    break
+                except OSError as exc:
+                    raise LinkDown(q, exc) from exc
+                if got == 0:
+                    raise LinkDown(q, None)
+                break
         try:
             # Fixed header first: with a shorter fingerprint and no payload, waiting for our
             # full header length would hang.

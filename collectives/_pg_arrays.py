@@ -81,7 +81,10 @@ def describe(arr) -> str:
 
 def as_bytes(arr) -> memoryview:
     """A flat writable byte view of a contiguous numpy array (works for every dtype)."""
-    return memoryview(arr.reshape(-1).view(np.uint8))
+    try:
+        return memoryview(arr).cast("B")
+    except (TypeError, ValueError):  # dtypes the buffer protocol cannot name (bfloat16), 0-d
+        return memoryview(arr.reshape(-1).view(np.uint8))
 
 
 def reduce_op(op: Any) -> ReduceOp:

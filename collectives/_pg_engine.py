@@ -24,7 +24,7 @@ class OpRecord:
 
     __slots__ = (
         "seq", "op", "desc", "nbytes", "timeout", "state", "enqueued", "started", "finished",
-        "error", "fn", "p2p", "work",
+        "error", "fn", "p2p", "work", "source",
     )
 
     def __init__(self, seq, op, desc, nbytes, timeout, fn, p2p):
@@ -41,6 +41,7 @@ class OpRecord:
         self.fn = fn
         self.p2p = p2p
         self.work: Optional["OpWork"] = None
+        self.source: Optional[int] = None  # the sender's rank, for a recv from any rank
 
     @property
     def label(self) -> str:
@@ -69,7 +70,7 @@ class OpWork(Work):
     """The handle of one submitted operation."""
 
     __slots__ = ("_record", "_event", "_done", "_exc", "_result", "_callbacks", "_lock",
-                 "_describe", "source_rank")
+                 "_describe")
 
     def __init__(self, record: OpRecord, describe: Callable[[OpRecord], str], waitable: bool):
         self._record = record
@@ -82,12 +83,16 @@ class OpWork(Work):
         self._callbacks: list = []
         self._lock = threading.Lock()
         self._describe = describe
-        self.source_rank: Optional[int] = None
 
     @property
     def seq(self) -> int:
         """The operation's sequence number in its group."""
         return self._record.seq
+
+    @property
+    def source_rank(self) -> Optional[int]:
+        """For a recv: the rank the message came from."""
+        return self._record.source
 
     def _finish(self, result: Optional[list], exc: Optional[BaseException]) -> None:
         with self._lock:
@@ -132,6 +137,35 @@ class OpWork(Work):
         fn(self)
 
 
+class DoneWork(Work):
+    """The handle of an operation that ran inline and succeeded (cheaper than an OpWork)."""
+
+    __slots__ = ("seq", "_result", "source_rank")
+
+    def __init__(self, record: OpRecord, result: list):
+        self.seq = record.seq
+        self.source_rank = record.source
+        self._result = result
+
+    def wait(self, timeout: TimeoutLike = None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def exception(self) -> Optional[BaseException]:
+        return None
+
+    def result(self) -> list:
+        return self._result
+
+    def add_done_callback(self, fn: Callable[[Work], Any]) -> None:
+        fn(self)
+
+
 class Engine:
     """Runs a group's operations one at a time, in submission order."""
 
@@ -152,7 +186,7 @@ class Engine:
         self.history: collections.deque[OpRecord] = collections.deque(maxlen=HISTORY_LENGTH)
 
     def submit(self, op: str, desc: str, fn, nbytes: int, timeout: float, async_op: bool,
-               p2p: bool = False) -> OpWork:
+               p2p: bool = False) -> Work:
         """Number, record and run (inline or queued) one operation; returns its Work."""
         with self._lock:
             if self._stopped:
@@ -168,10 +202,10 @@ class Engine:
             rec = OpRecord(seq, op, desc, nbytes, timeout, fn, p2p)
             self.history.append(rec)
             inline = not async_op and not self._busy and not self._queue
-            work = rec.work = OpWork(rec, self._describe, not inline)
             if inline:
                 self._busy = True
             else:
+                work = rec.work = OpWork(rec, self._describe, True)
                 self._queue.append(rec)
                 if self._worker is None:
                     self._worker = threading.Thread(
@@ -180,19 +214,38 @@ class Engine:
                     self._worker.start()
                 self._lock.notify_all()
         if inline:
-            try:
-                self._execute(rec)
-            finally:
-                with self._lock:
-                    self._busy = False
-                    if self._queue:
-                        self._lock.notify_all()
-            if work._exc is not None:
-                raise work._exc
-            return work
+            return self._run_inline(rec)
         if not async_op:
             work.wait()
         return work
+
+    def _run_inline(self, rec: OpRecord) -> Work:
+        # The synchronous fast path: no Work object exists until the op has finished.
+        rec.state = "running"
+        rec.started = time.monotonic()
+        if not rec.p2p:
+            self.started_seq = rec.seq
+        self.current = rec
+        try:
+            result = self._run(rec)
+        except BaseException as exc:
+            rec.finished = time.monotonic()
+            rec.state = "failed"
+            rec.error = str(exc)
+            raise
+        else:
+            rec.finished = time.monotonic()
+            rec.state = "completed"
+            if not rec.p2p:
+                self.finished_seq = rec.seq
+            return DoneWork(rec, result)
+        finally:
+            self.current = None
+            rec.fn = None
+            with self._lock:
+                self._busy = False
+                if self._queue:
+                    self._lock.notify_all()
 
     def _execute(self, rec: OpRecord) -> None:
         rec.state = "running"
@@ -238,10 +291,6 @@ class Engine:
         """Operations queued or running."""
         with self._lock:
             return len(self._queue) + (1 if self._busy else 0)
-
-    def idle(self) -> bool:
-        """True when nothing is queued or running."""
-        return not self._busy and not self._queue
 
     def stop(self, error: BaseException) -> None:
         """Refuse new work and fail whatever is still queued with `error`."""

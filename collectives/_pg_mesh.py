@@ -12,6 +12,11 @@ Bootstrap: each rank listens on `host:0`, publishes `host:port` under the group'
 connects to every lower rank; the higher rank always dials, so each pair connects once. Each
 new connection runs `core.auth`'s handshake (purpose "collectives") before a hello naming the
 group, both ranks and the channel is read; anything else is logged and dropped.
+
+Ranks on the same host (same kernel and network namespace) link over abstract Unix-domain
+sockets instead of loopback TCP: the same handshake and framing, at about half the CPU per
+byte, which on a small machine is the difference between a copy-bound and a fast ring.
+SHOAL_LOCAL_TRANSPORT=tcp keeps every link on TCP.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import time
 from typing import Callable, Optional
 
 from collectives import _pg_wire as wire
+from collectives import env
 from collectives.api import (
     CollectiveError,
     CollectiveMismatch,
@@ -135,6 +141,9 @@ class Mesh:
         self._closing = False
         self._mail: dict[tuple[int, int], collections.deque] = collections.defaultdict(collections.deque)
         self.listener: Optional[socket.socket] = None
+        self.unix_listener: Optional[socket.socket] = None
+        self.unix_address: Optional[bytes] = None
+        self.transports: list[str] = ["self"] * size
         self.address: tuple[str, int] = (host, 0)
         self.prefix = ""
         self._group_id = b""
@@ -174,6 +183,18 @@ class Mesh:
         self.listener = listener
         self.address = (self.host, listener.getsockname()[1])
         self._selector.register(listener, selectors.EVENT_READ, None)
+        identity = wire.host_identity() if env.local_transport() == "unix" else ""
+        if identity and self.size > 1:
+            unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            wire.tune_socket(unix)
+            # Abstract namespace: no file to clean up; reachable only inside this netns.
+            unix.bind(b"\0shoal-pg-" + os.urandom(12).hex().encode())
+            unix.listen(max(16, 2 * self.size))
+            unix.setblocking(False)
+            self.unix_listener = unix
+            self.unix_address = unix.getsockname()
+            self._selector.register(unix, selectors.EVENT_READ, "unix")
+            self.store.set(f"{self.prefix}/unix/{self.rank}", identity.encode() + b"\n" + self.unix_address)
         self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
         self._service = threading.Thread(
             target=self._serve, name=f"shoal-pg-{self.name}-r{self.rank}-control", daemon=True
@@ -223,15 +244,31 @@ class Mesh:
         host, _, port = raw.rpartition(":")
         return host, int(port)
 
+    def _unix_address_of(self, peer: int) -> Optional[bytes]:
+        """The peer's abstract Unix address if it shares our host and we may use it."""
+        if self.unix_listener is None:
+            return None
+        key = f"{self.prefix}/unix/{peer}"
+        try:
+            if not self.store.check([key]):
+                return None
+            identity, _, address = self.store.get(key, timeout=5.0).partition(b"\n")
+        except StoreError:
+            return None
+        return address if identity.decode(errors="replace") == wire.host_identity() else None
+
     def _dial(self, peer: int, deadline: float) -> None:
         host, port = self._peer_address(peer, deadline)
+        unix_address = self._unix_address_of(peer)
+        self.transports[peer] = "unix" if unix_address else "tcp"
         for channel in wire.CHANNELS:
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            family = socket.AF_UNIX if unix_address else socket.AF_INET
+            sock = socket.socket(family, socket.SOCK_STREAM)
             try:
                 wire.tune_socket(sock)
                 left = max(0.1, deadline - time.monotonic())
                 sock.settimeout(min(left, CONNECT_HANDSHAKE_TIMEOUT_S))
-                sock.connect((host, port))
+                sock.connect(unix_address if unix_address else (host, port))
                 client_handshake(sock, self._token, "collectives", timeout=min(left, CONNECT_HANDSHAKE_TIMEOUT_S))
                 sock.sendall(wire.HELLO.pack(wire.HELLO_MAGIC, self._group_id, self.rank, peer, channel))
                 ack = sock.recv(1)
@@ -247,9 +284,10 @@ class Mesh:
                 sock.close()
                 if isinstance(exc, CollectiveError):
                     raise
+                where = f"{host}:{port}" + (" (over its local Unix socket)" if unix_address else "")
                 raise CollectiveError(
                     f"Rank {self.rank} of group '{self.name}' could not connect to rank {peer} at "
-                    f"{host}:{port}: {exc}"
+                    f"{where}: {exc}"
                 ) from exc
             except BaseException:
                 sock.close()
@@ -265,7 +303,7 @@ class Mesh:
 
     def _admit(self, sock: socket.socket, addr) -> None:
         """Authenticate and place one incoming connection, or log and drop it."""
-        where = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
+        where = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else "its local Unix socket"
         try:
             sock.setblocking(True)
             server_handshake(sock, self._token, "collectives", timeout=CONNECT_HANDSHAKE_TIMEOUT_S)
@@ -286,8 +324,9 @@ class Mesh:
                 sock.settimeout(None)
                 wire.set_nodelay(sock)
                 slots[src] = sock
+                self.transports[src] = "unix" if sock.family == socket.AF_UNIX else "tcp"
                 self._lock.notify_all()
-        except (AuthenticationError, ValueError, OSError, Exception) as exc:  # never let a client kill us
+        except Exception as exc:  # garbage, wrong secret, impostors: log, drop, carry on
             logger.warning(
                 "Rank %d of group %r dropped a connection from %s on its backend port: %s",
                 self.rank, self.name, where, exc,
@@ -329,7 +368,9 @@ class Mesh:
                 if self._closing:
                     return
                 if key.data is None:
-                    self._accept()
+                    self._accept(self.listener)
+                elif key.data == "unix":
+                    self._accept(self.unix_listener)
                 elif key.data == "wake":
                     try:
                         while os.read(self._wake_r, 4096):
@@ -339,9 +380,9 @@ class Mesh:
                 else:
                     self._read_control(key.data)
 
-    def _accept(self) -> None:
+    def _accept(self, listener: socket.socket) -> None:
         try:
-            sock, addr = self.listener.accept()
+            sock, addr = listener.accept()
         except (BlockingIOError, OSError):
             return
         threading.Thread(target=self._admit, args=(sock, addr), daemon=True,
@@ -534,8 +575,9 @@ class Mesh:
             self._selector.close()
         except (OSError, RuntimeError):
             pass
-        if self.listener is not None:
-            self.listener.close()
+        for listener in (self.listener, self.unix_listener):
+            if listener is not None:
+                listener.close()
         for fd in (self._wake_r, self._wake_w):
             try:
                 os.close(fd)

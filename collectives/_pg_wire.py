@@ -8,6 +8,7 @@ ranks that disagree get `CollectiveMismatch` instead of corrupt results.
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
 
@@ -62,7 +63,21 @@ def tune_socket(sock: socket.socket) -> None:
 
 def set_nodelay(sock: socket.socket) -> None:
     """Disable Nagle: collectives are request/response and every microsecond shows at 4 KiB."""
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if sock.family != socket.AF_UNIX:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def host_identity() -> str:
+    """Equal on two processes exactly when they share a kernel and a network namespace, which
+    is when an abstract Unix socket of one is reachable from the other."""
+    parts = [socket.gethostname()]
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            parts.append(f.read().strip())
+        parts.append(str(os.stat("/proc/self/ns/net").st_ino))
+    except OSError:
+        return ""
+    return "/".join(parts)
 
 
 def recv_exact(sock: socket.socket, view: memoryview) -> bool:

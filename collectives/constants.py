@@ -35,6 +35,11 @@ THREADED_MIN_BYTES = 8 * 1024 * 1024
 PUMP_CHUNK_BYTES = 512 * 1024
 THREADED_CHUNK_BYTES = 1024 * 1024
 
+# Small-message receives poll this long before sleeping in the kernel: waking a sleeping
+# receiver costs the sender an inter-processor interrupt, which on a VM costs more than the
+# whole exchange. Only when every rank of the group can have its own core.
+SPIN_S = 50e-6
+
 # Flight recorder: how many recent collectives a dump shows.
 HISTORY_LENGTH = 64
 # Watchdog cadence and the progress each rank publishes through the store.

@@ -45,6 +45,34 @@ def env_master() -> tuple[Optional[str], Optional[int]]:
     return os.environ.get("MASTER_ADDR") or None, _int_var("MASTER_PORT")
 
 
+def local_transport() -> str:
+    """SHOAL_LOCAL_TRANSPORT: how the tcp backend links ranks on the same host.
+
+    "unix" (default on Linux) uses abstract Unix-domain sockets, which cost about half the CPU
+    per byte of TCP over loopback; "tcp" keeps every link on TCP.
+    """
+    value = os.environ.get("SHOAL_LOCAL_TRANSPORT", "unix").strip().lower()
+    if value not in ("unix", "tcp"):
+        raise ValueError(f"SHOAL_LOCAL_TRANSPORT must be 'unix' or 'tcp', got {value!r}.")
+    return value
+
+
+def spin_seconds(group_size: int, default: float) -> float:
+    """How long small receives poll before blocking: SHOAL_SPIN_US if set, else `default` when
+    this process may use at least `group_size` CPUs (so ranks do not steal each other's core)."""
+    raw = os.environ.get("SHOAL_SPIN_US")
+    if raw:
+        try:
+            return max(0.0, float(raw) * 1e-6)
+        except ValueError as exc:
+            raise ValueError(f"SHOAL_SPIN_US must be a number of microseconds, got {raw!r}.") from exc
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return default if cpus >= group_size else 0.0
+
+
 def use_agent_store() -> bool:
     """SHOAL_USE_AGENT_STORE=1 (or torch's TORCHELASTIC_USE_AGENT_STORE=True): the store at
     MASTER_ADDR:MASTER_PORT is hosted by the launcher's agent, so rank 0 connects as a client."""

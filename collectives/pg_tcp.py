@@ -39,6 +39,7 @@ from collectives.constants import (
     LINK_REASON_GRACE_S,
     PUMP_CHUNK_BYTES,
     SMALL_MAX_BYTES,
+    SPIN_S,
     THREADED_CHUNK_BYTES,
     THREADED_MIN_BYTES,
 )
@@ -114,7 +115,7 @@ class ProcessGroupTCP(ProcessGroup):
             raise
         self._tx = self._mesh.tx
         self._rx = self._mesh.rx
-        self._direct = algos.Direct(rank, size, self._tx, self._rx)
+        self._direct = algos.Direct(rank, size, self._tx, self._rx, env.spin_seconds(size, SPIN_S))
         self._scratch_buf: Optional[bytearray] = None
         self._sender: Optional[SenderThread] = None
         self._fp_cache: dict = {}
@@ -159,8 +160,8 @@ class ProcessGroupTCP(ProcessGroup):
         """Called by the watchdog for an overdue operation."""
         self._timeout_local = (rec, message)
         self._fail(FailureReason("timeout", cause, self._rank, culprits, path))
-        metrics.count_error(rec.op, "timeout")
         if env.async_error_handling():
+            metrics.count_error(rec.op, "timeout")
             exit_after_error(message)
 
     def _error_for(self, rec: OpRecord) -> CollectiveError:
@@ -197,8 +198,7 @@ class ProcessGroupTCP(ProcessGroup):
 
     def _raise_failed(self, rec: OpRecord, cause: Optional[BaseException] = None):
         err = self._error_for(rec)
-        if rec.work is not None and self._failure is not None:
-            metrics.count_error(rec.op, self._failure.kind)
+        metrics.count_error(rec.op, self._failure.kind)
         if env.async_error_handling():
             if self._failure is not None and self._failure.dump_path is None:
                 self._failure.dump_path = write_dump(self, str(err), rec)
@@ -284,7 +284,12 @@ class ProcessGroupTCP(ProcessGroup):
             uf = arrays.ufunc(op)
             if nbytes <= SMALL_MAX_BYTES:
                 data = self._direct.exchange(seq, fp, arrays.as_bytes(flat))
-                algos.reduce_in_rank_order(flat, self._rank, data, uf)
+                if size == 2:
+                    # Two operands: IEEE add/mul/min/max commute, so both ranks agree bitwise.
+                    (other,) = data.values()
+                    uf(flat, np.frombuffer(other, dtype=flat.dtype), out=flat)
+                else:
+                    algos.reduce_in_rank_order(flat, self._rank, data, uf)
             else:
                 threaded = nbytes >= THREADED_MIN_BYTES
                 chunk = THREADED_CHUNK_BYTES if threaded else PUMP_CHUNK_BYTES
@@ -303,11 +308,10 @@ class ProcessGroupTCP(ProcessGroup):
     def _all_reduce(self, tensor, arr, op, async_op, timeout):
         key = ("all_reduce", arr.dtype, arr.shape, op)
         fpd = self._fingerprint(key, lambda: f"all_reduce({arrays.describe(arr)}, op={op.name})")
-        host, writeback = _host(arr)
-        flat = host.reshape(-1)
 
         def fn(rec):
-            self._allreduce_flat(flat, op, rec.seq, fpd[0])
+            host, writeback = _host(arr)  # cupy arrays are staged when the op runs
+            self._allreduce_flat(host.reshape(-1), op, rec.seq, fpd[0])
             if writeback is not None:
                 writeback()
             return [tensor]
@@ -317,9 +321,9 @@ class ProcessGroupTCP(ProcessGroup):
     def _reduce(self, tensor, arr, dst, op, async_op, timeout):
         key = ("reduce", arr.dtype, arr.shape, op, dst)
         fpd = self._fingerprint(key, lambda: f"reduce({arrays.describe(arr)}, dst={dst}, op={op.name})")
-        host, writeback = _host(arr)
 
         def fn(rec):
+            host, writeback = _host(arr)
             # Non-destination ranks reduce a copy: torch leaves their tensors untouched.
             flat = host.reshape(-1) if self._rank == dst else host.reshape(-1).copy()
             self._allreduce_flat(flat, op, rec.seq, fpd[0])
@@ -332,10 +336,10 @@ class ProcessGroupTCP(ProcessGroup):
     def _broadcast(self, tensor, arr, src, async_op, timeout):
         key = ("broadcast", arr.dtype, arr.shape, src)
         fpd = self._fingerprint(key, lambda: f"broadcast({arrays.describe(arr)}, src={src})")
-        host, writeback = _host(arr)
-        raw = arrays.as_bytes(host)
 
         def fn(rec):
+            host, writeback = _host(arr)
+            raw = arrays.as_bytes(host)
             fp = fpd[0]
             seq = rec.seq
             if self._size > 1:
@@ -583,7 +587,7 @@ class ProcessGroupTCP(ProcessGroup):
                     f"{q} sent {fp.decode(errors='replace')}; the message was dropped."
                 )
             arrays.as_bytes(arr)[:] = payload
-            rec.work.source_rank = q
+            rec.source = q
             return [tensor]
 
         where = "any rank" if src is None else f"src={src}"
