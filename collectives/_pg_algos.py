@@ -119,6 +119,13 @@ class Direct:
         self.tx = tx
         self.rx = rx
         self.spin_s = spin_s
+        # Polling only pays while peers answer within the window; on a busy machine it steals
+        # the CPU the peer needs. Misses switch it off for a while; the watchdog also turns it
+        # off while the machine's load exceeds its CPUs (see `pg_tcp`).
+        self.spin_allowed = spin_s > 0
+        self._spin_hits = 0
+        self._spin_misses = 0
+        self._spin_pause = 0
         self.peers = [q for q in range(size) if q != rank]
         self._bufs: dict[int, bytearray] = {}
 
@@ -159,20 +166,11 @@ class Direct:
     def _receive(self, q, sock, hdr, seq, fp, hl, need):
         view = self.buffer(q, need)
         got = 0
-        if self.spin_s:
-            end = time.perf_counter() + self.spin_s
-            while True:
-                try:
-                    got = sock.recv_into(view, need, _DONTWAIT)
-                except BlockingIOError:
-                    if time.perf_counter() < end:
-                        continue
-                    break
-                except OSError as exc:
-                    raise LinkDown(q, exc) from exc
-                if got == 0:
-                    raise LinkDown(q, None)
-                break
+        if self.spin_allowed:
+            if self._spin_pause:
+                self._spin_pause -= 1
+            else:
+                got = self._spin(q, sock, view, need)
         try:
             # Fixed header first: with a shorter fingerprint and no payload, waiting for our
             # full header length would hang.
@@ -198,6 +196,28 @@ class Direct:
         except OSError as exc:
             raise LinkDown(q, exc) from exc
         return view[hl:]
+
+    def _spin(self, q, sock, view, need) -> int:
+        end = time.perf_counter() + self.spin_s
+        while True:
+            try:
+                got = sock.recv_into(view, need, _DONTWAIT)
+            except BlockingIOError:
+                if time.perf_counter() < end:
+                    continue
+                self._spin_misses += 1
+                if self._spin_misses >= 8 and self._spin_misses > self._spin_hits:
+                    self._spin_pause = 500
+                    self._spin_hits = self._spin_misses = 0
+                return 0
+            except OSError as exc:
+                raise LinkDown(q, exc) from exc
+            if got == 0:
+                raise LinkDown(q, None)
+            self._spin_hits += 1
+            if self._spin_hits >= 64:
+                self._spin_hits = self._spin_misses = 0
+            return got
 
     def send_to(self, q: int, seq: int, fp: bytes, body=b"") -> None:
         hdr = wire.data_header(seq, fp)

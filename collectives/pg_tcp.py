@@ -10,6 +10,7 @@ every rank raises an error naming the same culprit.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import weakref
@@ -54,6 +55,10 @@ __all__ = ["ProcessGroupTCP"]
 # Groups still open in this process: closed with a goodbye at interpreter exit, so that a script
 # that ends without destroy_process_group does not look like a crash to its peers.
 _LIVE: "weakref.WeakSet[ProcessGroupTCP]" = weakref.WeakSet()
+try:
+    _CPUS = len(os.sched_getaffinity(0))
+except (AttributeError, OSError):
+    _CPUS = os.cpu_count() or 1
 
 
 class _P2PMismatch(CollectiveMismatch):
@@ -116,6 +121,7 @@ class ProcessGroupTCP(ProcessGroup):
         self._tx = self._mesh.tx
         self._rx = self._mesh.rx
         self._direct = algos.Direct(rank, size, self._tx, self._rx, env.spin_seconds(size, SPIN_S))
+        self._adapt_to_load()
         self._scratch_buf: Optional[bytearray] = None
         self._sender: Optional[SenderThread] = None
         self._fp_cache: dict = {}
@@ -136,6 +142,17 @@ class ProcessGroupTCP(ProcessGroup):
 
     def __repr__(self) -> str:
         return f"ProcessGroupTCP(name={self.name!r}, rank={self._rank}, size={self._size})"
+
+    def _adapt_to_load(self) -> None:
+        """Poll small receives only while the machine has a spare CPU (called every second)."""
+        d = self._direct
+        if d.spin_s:
+            try:
+                # Our own ranks count towards the load; other work beyond that means no spare CPU.
+                busy = os.getloadavg()[0] > 1.5 * _CPUS
+            except OSError:
+                busy = False
+            d.spin_allowed = not busy
 
     def _describe(self, rec: OpRecord) -> str:
         return f"Rank {self._rank}'s {rec.label} of group '{self.name}'"

@@ -127,7 +127,11 @@ class Watchdog:
 
     def _publish_loop(self) -> None:
         engine = self.pg._engine
+        ticks = 0
         while not self._stop.wait(WATCHDOG_TICK_S):
+            ticks += 1
+            if ticks % 10 == 0:
+                self.pg._adapt_to_load()
             state = (engine.started_seq, engine.finished_seq)
             if state == self._published:
                 continue
