@@ -1,0 +1,572 @@
+"""`RpcAgent`: calls out, serves calls in, over the gRPC streams and the data channels.
+
+Threads: the io thread (grpc.aio: every stream's reads and writes), the worker pool (runs
+incoming calls and any Future callbacks completed on the io thread), one data reader per data
+socket, the timer thread (call deadlines), and the RRef delete thread. The io thread never
+blocks and never runs user callbacks; it parses frames, completes plain waits, and hands
+everything else to the pool.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from typing import Any, Callable, Optional, Union
+
+from core.auth import load_token
+from rpc_agent import _current, metrics
+from rpc_agent._generated import rpc_pb2
+from rpc_agent._threads import Deadlines, WorkerPool, is_io_thread
+from rpc_agent.api import (
+    RpcBackendOptions,
+    RpcError,
+    RpcPeerLost,
+    RpcTimeout,
+    WorkerInfo,
+)
+from rpc_agent.assembly import Assembler
+from rpc_agent.data_channel import DataChannels
+from rpc_agent.functions import is_async_execution
+from rpc_agent.futures import Future
+from rpc_agent.rref import RRef, RRefContext
+from rpc_agent.serialization import (
+    deserialize,
+    rebuild_exception,
+    serialize,
+    serialize_exception,
+)
+from rpc_agent.transport import GrpcTransport, Stream
+
+logger = logging.getLogger(__name__)
+import os
+_INLINE = os.environ.get('EXP') == 'inline'
+
+WorkerRef = Union[str, int, WorkerInfo]
+_CALL, _REMOTE_CALL = rpc_pb2.CALL, rpc_pb2.REMOTE_CALL
+_RESPONSE, _ERROR, _HELLO = rpc_pb2.RESPONSE, rpc_pb2.ERROR, rpc_pb2.HELLO
+
+
+def qualified_name(func: Callable) -> str:
+    """`module.qualname` of a callable, for frames, logs and error messages."""
+    module = getattr(func, "__module__", None) or "?"
+    name = getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or repr(func)
+    return f"{module}.{name}"
+
+
+class _Call:
+    """A call this worker issued and is waiting on."""
+
+    __slots__ = ("future", "dst", "function", "kind", "start", "stream", "timeout")
+
+    def __init__(self, future, dst, function, kind, stream, timeout):
+        self.future = future
+        self.dst = dst
+        self.function = function
+        self.kind = kind
+        self.start = time.perf_counter()
+        self.stream = stream
+        self.timeout = timeout
+
+
+class _LocalStream:
+    """Calls to this worker itself: frames go straight to the agent's own frame handler."""
+
+    alive = True
+    outgoing = True
+
+    def __init__(self, agent: "RpcAgent"):
+        self._agent = agent
+        self.peer_id = agent.info.id
+        self.peer_name = agent.info.name
+        self.pending_ids: set[int] = set()
+
+    def describe(self) -> str:
+        return f"worker {self.peer_name!r} (id {self.peer_id}, this worker)"
+
+    def send(self, frame: bytes) -> None:
+        self._agent._on_frames(self, [rpc_pb2.Frame.FromString(frame)])
+
+
+class RpcAgent:
+    """One worker's RPC agent; `rpc_agent.init_rpc` creates and starts it."""
+
+    def __init__(self, name: str, rank: int, world_size: int, options: RpcBackendOptions):
+        self.info = WorkerInfo(name, rank)
+        self.world_size = world_size
+        self.options = options
+        self._token = load_token(options.token)
+        self._workers: list[Optional[WorkerInfo]] = [None] * world_size
+        self._by_name: dict[str, WorkerInfo] = {}
+        self._grpc_address: dict[int, str] = {}
+        self._data_address: dict[int, tuple[str, int]] = {}
+        self._pending: dict[int, _Call] = {}
+        self._ids = itertools.count(1)
+        self._streams: dict[int, Stream] = {}
+        self._all_streams: set = set()
+        self._streams_lock = threading.Lock()
+        self._closing = False
+        self._closed = False
+        self._threshold = options.data_threshold
+        self._default_timeout = options.rpc_timeout
+        self._local = _LocalStream(self)
+        self._assembler = Assembler()
+        self._pool = WorkerPool(options.num_worker_threads, name)
+        self._deadlines = Deadlines(self._on_deadline, name)
+        self.rrefs = RRefContext(self)
+        self._transport = GrpcTransport(
+            name=name, worker_id=rank, token=self._token, host=options.host,
+            on_frames=self._on_frames, on_stream_open=self._on_stream_open,
+            on_stream_dead=self._on_stream_dead, peer_name=self._peer_name,
+        )
+        self._data = DataChannels(
+            name=name, worker_id=rank, token=self._token, host=options.host,
+            on_transfer=self._assembler.arrived, on_dead=self._on_data_dead,
+            peer_label=self._peer_label,
+        )
+        self.grpc_port: Optional[int] = None
+        self.data_port: Optional[int] = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start_servers(self) -> None:
+        """Bind and start the gRPC server and the data port."""
+        self.grpc_port = self._transport.start()
+        self.data_port = self._data.start()
+
+    def set_workers(self, infos: list[dict]) -> None:
+        """Install the job's worker table (from the store)."""
+        for item in infos:
+            info = WorkerInfo(item["name"], int(item["id"]))
+            self._workers[info.id] = info
+            self._by_name[info.name] = info
+            self._grpc_address[info.id] = f"{item['host']}:{item['grpc_port']}"
+            self._data_address[info.id] = (item["host"], int(item["data_port"]))
+        self._workers[self.info.id] = self.info
+        self._by_name[self.info.name] = self.info
+
+    def connect_higher_peers(self, timeout: float) -> None:
+        """Open the stream and data channel of every pair where this worker has the lower id,
+        so that each pair ends up with exactly one of each."""
+        streams = []
+        for peer_id in range(self.info.id + 1, self.world_size):
+            streams.append(self._stream_to(peer_id))
+            self._data.connect(peer_id, self._data_address[peer_id])
+        end = time.monotonic() + timeout
+        for stream in streams:
+            stream.opened.wait(max(0.0, end - time.monotonic()))
+            if stream.state != Stream.OPEN:
+                raise RpcError(
+                    f"Worker {self.info.name!r} could not open its RPC stream to "
+                    f"{stream.describe()} within {timeout:g}s: {stream.dead_reason or 'no answer'}."
+                )
+
+    def has_stream_from(self, peer_id: int) -> bool:
+        """True when a live stream to `peer_id` exists (init waits for the lower peers')."""
+        stream = self._streams.get(peer_id)
+        return stream is not None and stream.alive
+
+    def pending_summary(self) -> str:
+        """The calls this worker still waits on, for shutdown's error message."""
+        calls = list(self._pending.values())
+        shown = ", ".join(f"{c.function} on {c.dst.name!r}" for c in calls[:5])
+        more = f" and {len(calls) - 5} more" if len(calls) > 5 else ""
+        return f"{len(calls)} call(s) still pending ({shown}{more})"
+
+    def pending_count(self) -> int:
+        """How many calls this worker issued and still waits on."""
+        return len(self._pending)
+
+    def begin_close(self) -> None:
+        """Stop logging peers' disconnects as failures (the job is shutting down)."""
+        self._closing = True
+
+    def close(self) -> None:
+        """Tear everything down; pending calls fail."""
+        if self._closed:
+            return
+        self._closing = True
+        self._closed = True
+        self.rrefs.close()
+        self._transport.stop()
+        self._data.close()
+        for rid in list(self._pending):
+            self._fail(rid, RpcError(f"The RPC agent of worker {self.info.name!r} shut down."))
+        self._deadlines.stop()
+        self._pool.stop()
+
+    # ------------------------------------------------------------------ names
+
+    def worker_info(self, ref: Optional[WorkerRef] = None) -> WorkerInfo:
+        """The WorkerInfo of a name, id or WorkerInfo (this worker's for None).
+
+        Raises:
+            RpcError: no such worker in this job.
+        """
+        if ref is None:
+            return self.info
+        if isinstance(ref, WorkerInfo):
+            ref = ref.id
+        if isinstance(ref, str):
+            info = self._by_name.get(ref)
+        elif isinstance(ref, int) and not isinstance(ref, bool):
+            info = self._workers[ref] if 0 <= ref < self.world_size else None
+        else:
+            raise TypeError(f"A worker is named by str, int or WorkerInfo, got {ref!r}.")
+        if info is None:
+            known = ", ".join(repr(w.name) for w in self._workers if w is not None)
+            raise RpcError(f"Unknown worker {ref!r}: this job has workers {known}.")
+        return info
+
+    def all_workers(self) -> list[WorkerInfo]:
+        """Every worker of the job, by id."""
+        return [w for w in self._workers if w is not None]
+
+    def _peer_name(self, peer_id: int) -> Optional[str]:
+        if 0 <= peer_id < self.world_size and self._workers[peer_id] is not None:
+            return self._workers[peer_id].name
+        return None
+
+    def _peer_label(self, peer_id: int) -> Optional[str]:
+        name = self._peer_name(peer_id)
+        return None if name is None else f"worker {name!r} (id {peer_id})"
+
+    # ------------------------------------------------------------------ timeouts
+
+    def timeout_or_none(self, timeout) -> Optional[float]:
+        """A call's timeout in seconds: the default for None, no limit (None) for 0."""
+        from core.timeouts import to_seconds  # noqa: PLC0415
+
+        seconds = self._default_timeout if timeout is None else to_seconds(timeout)
+        return None if seconds == 0 else seconds
+
+    def default_timeout_or_none(self) -> Optional[float]:
+        """The default call timeout, None when it is 0 (no limit)."""
+        return None if self._default_timeout == 0 else self._default_timeout
+
+    # ------------------------------------------------------------------ calling out
+
+    def call(self, to: WorkerRef, func: Callable, args: Optional[tuple], kwargs: Optional[dict],
+             timeout, kind: str) -> Future:
+        """Send `func(*args, **kwargs)` to `to`; the Future gets its result."""
+        return self._send_call(to, func, args, kwargs, timeout, kind, None)
+
+    def internal_call(self, to: int, func: Callable, args: tuple) -> Future:
+        """A call of the RRef protocol (kind "rref", default timeout)."""
+        if self._closed:
+            raise RpcError(f"The RPC agent of worker {self.info.name!r} is shut down.")
+        return self._send_call(to, func, args, None, None, "rref", None)
+
+    def remote(self, to: WorkerRef, func: Callable, args: Optional[tuple],
+               kwargs: Optional[dict], timeout) -> RRef:
+        """Run `func` on `to` and return an RRef to its result, which `to` keeps."""
+        dst = self.worker_info(to)
+        if dst.id == self.info.id:
+            record = self.rrefs.new_record()
+            rref = RRef._make(self, self.info, record.rref_id, None, record)
+            fut = self._send_call(dst, func, args, kwargs, timeout, "remote", None)
+
+            def settle(f: Future) -> None:
+                if f.exception() is not None:
+                    record.future.set_exception(f.exception())
+                else:
+                    record.future.set_result(f.value())
+
+            fut.add_done_callback(settle)
+            rref._creation = fut
+            return rref
+        rref_id = self.rrefs.new_id()
+        rref = self.rrefs.new_user(dst, rref_id, rref_id)
+        fut = self._send_call(dst, func, args, kwargs, timeout, "remote", rref_id)
+        # Any outcome confirms the fork: the owner registered it on arrival, or never saw it
+        # (then the delete it gets is ignored).
+        fut.add_done_callback(lambda f: self.rrefs.confirm(rref_id))
+        rref._creation = fut
+        return rref
+
+    def _send_call(self, to, func, args, kwargs, timeout, kind, rref_id) -> Future:
+        if self._closed:
+            raise RpcError(f"The RPC agent of worker {self.info.name!r} is shut down.")
+        if not callable(func):
+            raise TypeError(f"RPC needs a callable, got {func!r}.")
+        dst = self.worker_info(to)
+        fname = qualified_name(func)
+        seconds = self.timeout_or_none(timeout)
+        future: Future = Future(f"the {kind} call of {fname} on worker {dst.name!r}")
+        rid = next(self._ids)
+        frame_kind = _CALL if rref_id is None else _REMOTE_CALL
+        try:
+            frame, big = self._encode(
+                frame_kind, rid, fname, (func, args or (), kwargs), dst.id, rref_id
+            )
+        except Exception as exc:
+            raise RpcError(
+                f"The arguments of {fname} for worker {dst.name!r} cannot be pickled: {exc}"
+            ) from exc
+        stream = self._local if dst.id == self.info.id else self._stream_to(dst.id)
+        call = _Call(future, dst, fname, kind, stream, seconds)
+        self._pending[rid] = call
+        stream.pending_ids.add(rid)
+        metrics.INFLIGHT.inc()
+        if seconds is not None:
+            self._deadlines.add(rid, seconds)
+        try:
+            stream.send(frame)
+            if big:
+                self._data.send(dst.id, self._data_address[dst.id], big)
+        except RpcError as exc:
+            self._fail(rid, RpcPeerLost(
+                f"The {kind} call of {fname} on worker {dst.name!r} (id {dst.id}) could not be "
+                f"sent: {exc}"
+            ))
+        return future
+
+    def _encode(self, kind: int, rid: int, fname: str, obj: Any, dst_id: int,
+                rref_id=None) -> tuple[bytes, list]:
+        payload, buffers = serialize(obj, dst_id)
+        frame = rpc_pb2.Frame(kind=kind, request_id=rid, function=fname)
+        if rref_id is not None:
+            frame.rref_id.created_on, frame.rref_id.local_id = rref_id
+            frame.fork_id.created_on, frame.fork_id.local_id = rref_id
+        threshold = self._threshold if dst_id != self.info.id else float("inf")
+        big = []
+        for buf in buffers:
+            desc = frame.buffers.add()
+            desc.nbytes = buf.nbytes
+            if buf.nbytes >= threshold:
+                desc.on_data_channel = True
+                desc.transfer_id = self._data.new_transfer_id()
+                big.append((desc.transfer_id, buf))
+            else:
+                desc.inline_data = buf.tobytes()
+        if len(payload) >= threshold:
+            ref = frame.payload_ref
+            ref.nbytes = len(payload)
+            ref.on_data_channel = True
+            ref.transfer_id = self._data.new_transfer_id()
+            big.append((ref.transfer_id, memoryview(payload)))
+        else:
+            frame.payload = payload
+        return frame.SerializeToString(), big
+
+    def _stream_to(self, peer_id: int) -> Stream:
+        stream = self._streams.get(peer_id)
+        if stream is not None and stream.alive:
+            return stream
+        with self._streams_lock:
+            stream = self._streams.get(peer_id)
+            if stream is None or not stream.alive:
+                if self._closed:
+                    raise RpcError(f"The RPC agent of worker {self.info.name!r} is shut down.")
+                name = self._peer_name(peer_id)
+                stream = self._transport.connect(peer_id, name, self._grpc_address[peer_id])
+                self._streams[peer_id] = stream
+                self._all_streams.add(stream)
+        return stream
+
+    # ------------------------------------------------------------------ completing calls
+
+    def _complete(self, rid: int, result: Any, exc: Optional[BaseException], status: str) -> None:
+        call = self._pending.pop(rid, None)
+        if call is None:
+            return  # already timed out or failed
+        call.stream.pending_ids.discard(rid)
+        if call.timeout is not None:
+            self._deadlines.remove(rid, call.timeout)
+        metrics.INFLIGHT.dec()
+        metrics.REQUEST_CHILDREN[(call.kind, status)].inc()
+        metrics.LATENCY_CHILDREN[call.kind].observe(time.perf_counter() - call.start)
+        if call.future.has_callbacks() and is_io_thread():
+            # Callbacks may block or call out: never on the io thread.
+            self._pool.submit(call.future._complete, result, exc)
+        else:
+            call.future._complete(result, exc)
+
+    def _fail(self, rid: int, exc: BaseException, status: str = "error") -> None:
+        self._complete(rid, None, exc, status)
+
+    def _on_deadline(self, rid: int) -> None:
+        call = self._pending.get(rid)
+        if call is None:
+            return
+        self._fail(rid, RpcTimeout(
+            f"The {call.kind} call of {call.function} on worker {call.dst.name!r} "
+            f"(id {call.dst.id}) timed out after {call.timeout:g}s."
+        ), status="timeout")
+
+    # ------------------------------------------------------------------ frames in
+
+    def _on_frames(self, stream, frames) -> None:
+        for frame in frames:
+            kind = frame.kind
+            if kind == _RESPONSE or kind == _ERROR:
+                if frame.request_id not in self._pending:
+                    continue  # a late reply to a call that timed out
+                if _needs_assembly(frame):
+                    self._assembler.expect(stream.peer_id, frame, stream, self._finish_reply)
+                else:
+                    self._finish_reply(frame, frame.payload, None, None)
+            elif kind == _CALL or kind == _REMOTE_CALL:
+                record = None
+                if kind == _REMOTE_CALL:
+                    # Registered here, in stream order, before anything can delete this fork.
+                    record = self.rrefs.add_fork(
+                        (frame.rref_id.created_on, frame.rref_id.local_id),
+                        (frame.fork_id.created_on, frame.fork_id.local_id),
+                        confirmed=True,
+                    )
+                if _needs_assembly(frame):
+                    self._assembler.expect(
+                        stream.peer_id, frame, stream,
+                        lambda f, p, b, e, s=stream, r=record: self._pool.submit(
+                            self._serve, s, f, p, b, e, r),
+                    )
+                elif _INLINE:
+                    self._serve(stream, frame, frame.payload, None, None, record)
+                else:
+                    self._pool.submit(self._serve, stream, frame, frame.payload, None, None,
+                                      record)
+            elif kind == _HELLO:
+                logger.debug("Ignoring a repeated hello from %s", stream.describe())
+            else:
+                metrics.REJECTED_STREAM.inc()
+                logger.warning("Worker %r dropped a frame of unknown kind %s from %s.",
+                               self.info.name, kind, stream.describe())
+
+    def _finish_reply(self, frame, payload, buffers, error: Optional[str]) -> None:
+        rid = frame.request_id
+        if buffers is None:
+            buffers = [bytearray(d.inline_data) for d in frame.buffers]
+        if error is not None:
+            self._fail(rid, RpcError(f"The reply of {frame.function} is unusable: {error}."))
+            return
+        if frame.kind == _ERROR:
+            try:
+                exc = rebuild_exception(payload, frame.function)
+            except Exception as exc2:  # noqa: BLE001
+                exc = RpcError(f"The remote error of {frame.function} cannot be read: {exc2}")
+            self._complete(rid, None, exc, "error")
+            return
+        try:
+            value = deserialize(payload, buffers)
+        except Exception as exc:  # noqa: BLE001
+            call = self._pending.get(rid)
+            where = f" from worker {call.dst.name!r}" if call is not None else ""
+            err = RpcError(f"The result of {frame.function}{where} cannot be unpickled: {exc}")
+            err.__cause__ = exc
+            self._complete(rid, None, err, "error")
+            return
+        self._complete(rid, value, None, "ok")
+
+    # ------------------------------------------------------------------ serving calls
+
+    def _serve(self, stream, frame, payload, buffers, error: Optional[str], record) -> None:
+        """Run one incoming call on a pool thread and reply."""
+        rid, fname = frame.request_id, frame.function
+        if buffers is None:
+            buffers = [bytearray(d.inline_data) for d in frame.buffers]
+        try:
+            if error is not None:
+                raise RpcError(f"The arguments of {fname} did not arrive whole: {error}.")
+            func, args, kwargs = deserialize(payload, buffers)
+            result = func(*args, **kwargs) if kwargs else func(*args)
+            if is_async_execution(func):
+                if not isinstance(result, Future):
+                    raise RpcError(
+                        f"{fname} is marked @async_execution but returned "
+                        f"{type(result).__name__}, not a Future."
+                    )
+                result.add_done_callback(
+                    lambda f: self._reply_outcome(stream, rid, fname, f, record)
+                )
+                return
+        except BaseException as exc:  # noqa: BLE001  (travels back to the caller)
+            self._reply(stream, rid, fname, None, exc, record)
+            return
+        self._reply(stream, rid, fname, result, None, record)
+
+    def _reply_outcome(self, stream, rid: int, fname: str, fut: Future, record) -> None:
+        if fut.exception() is not None:
+            self._reply(stream, rid, fname, None, fut.exception(), record)
+        else:
+            self._reply(stream, rid, fname, fut.value(), None, record)
+
+    def _reply(self, stream, rid: int, fname: str, value: Any,
+               exc: Optional[BaseException], record) -> None:
+        if record is not None:
+            # A remote(): the owner keeps the value; the caller only learns that it is set.
+            if exc is None:
+                record.future.set_result(value)
+            else:
+                record.future.set_exception(exc)
+            value = None
+        big = []
+        if exc is None:
+            try:
+                frame, big = self._encode(_RESPONSE, rid, fname, value, stream.peer_id)
+            except Exception as pickle_exc:  # noqa: BLE001
+                exc = RpcError(
+                    f"The result of {fname} on worker {self.info.name!r} cannot be pickled: "
+                    f"{pickle_exc}"
+                )
+                exc.__cause__ = pickle_exc
+        if exc is not None:
+            frame = rpc_pb2.Frame(
+                kind=_ERROR, request_id=rid, function=fname,
+                payload=serialize_exception(exc, self.info.name),
+            ).SerializeToString()
+        try:
+            stream.send(frame)
+            if big:
+                self._data.send(stream.peer_id, self._data_address[stream.peer_id], big)
+        except RpcError as send_exc:
+            # The caller's side sees the same dead stream and fails the call itself.
+            logger.info("Worker %r could not reply to %s for %s: %s",
+                        self.info.name, stream.describe(), fname, send_exc)
+
+    # ------------------------------------------------------------------ streams and channels
+
+    def _on_stream_open(self, stream: Stream) -> None:
+        with self._streams_lock:
+            self._all_streams.add(stream)
+            current = self._streams.get(stream.peer_id)
+            if current is None or not current.alive:
+                self._streams[stream.peer_id] = stream
+
+    def _on_stream_dead(self, stream: Stream) -> None:
+        with self._streams_lock:
+            self._all_streams.discard(stream)
+            if self._streams.get(stream.peer_id) is stream:
+                del self._streams[stream.peer_id]
+        self._assembler.drop_stream(stream)
+        ids = list(stream.pending_ids)
+        if not self._closing or ids:
+            log = logger.warning if ids and not self._closing else logger.info
+            log("Worker %r lost its RPC stream to %s (%s); failing %d pending call(s).",
+                self.info.name, stream.describe(), stream.dead_reason, len(ids))
+        for rid in ids:
+            call = self._pending.get(rid)
+            if call is None:
+                continue
+            self._fail(rid, RpcPeerLost(
+                f"The {call.kind} call of {call.function} on worker {call.dst.name!r} "
+                f"(id {call.dst.id}) failed: the RPC stream to it died ({stream.dead_reason})."
+            ))
+
+    def _on_data_dead(self, peer_id: int, reason: str) -> None:
+        self._assembler.drop_peer(peer_id, reason)
+
+
+def _needs_assembly(frame) -> bool:
+    if frame.HasField("payload_ref"):
+        return True
+    for desc in frame.buffers:
+        if desc.on_data_channel:
+            return True
+    return False
+
+
+def current() -> RpcAgent:
+    """The running agent (raises RpcError before init_rpc)."""
+    return _current.get()

@@ -1,0 +1,266 @@
+"""The data channel: one raw, authenticated socket per pair of workers for large buffers.
+
+grpcio's Python API copies a message into `bytes` several times on each side; a plain socket
+sends straight from the array's memory and receives straight into a preallocated array, so a
+16 MiB buffer costs one kernel copy per side. The control frame that refers to a buffer travels
+on the gRPC stream; a buffer is matched to it by (sender, transfer id) (rpc_agent/assembly.py),
+so neither has to arrive first, and small calls never queue behind a bulk transfer.
+
+Wire, after core.auth's handshake (purpose "rpc-data"):
+    dialer -> acceptor   the dialer's worker id (4 bytes, network order), once
+    either way           repeated: transfer id (8) + nbytes (8), then nbytes of data
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import struct
+import threading
+from typing import Callable, Optional
+
+import numpy as np
+
+from core import auth
+from core.errors import AuthenticationError
+from rpc_agent import metrics
+from rpc_agent._threads import mark_io_thread
+from rpc_agent.api import CONNECT_TIMEOUT_S, MAX_TRANSFER_BYTES, RpcPeerLost
+
+logger = logging.getLogger(__name__)
+
+PURPOSE = "rpc-data"
+_HEADER = struct.Struct("!QQ")
+_ID = struct.Struct("!i")
+
+
+def _recv_exact_into(sock: socket.socket, view: memoryview) -> None:
+    got, n = 0, len(view)
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise ConnectionError(f"the peer closed the data channel after {got} of {n} bytes")
+        got += k
+
+
+class _Conn:
+    """One data socket: a send lock (header and body go out together) and a reader thread."""
+
+    def __init__(self, sock: socket.socket, peer_id: int):
+        self.sock = sock
+        self.peer_id = peer_id
+        self.send_lock = threading.Lock()
+        self.alive = True
+
+
+class DataChannels:
+    """The agent's data port and its per-peer sockets.
+
+    Args:
+        name, worker_id: this worker.
+        token: the job's secret.
+        host: the address to bind.
+        on_transfer(peer_id, transfer_id, array): a buffer arrived (called on a reader thread).
+        on_dead(peer_id, reason): the data socket to a peer failed.
+        peer_label(id): how messages name worker `id`; None when the id is not in the job.
+    """
+
+    def __init__(self, *, name: str, worker_id: int, token: bytes, host: str,
+                 on_transfer: Callable[[int, int, np.ndarray], None],
+                 on_dead: Callable[[int, str], None],
+                 peer_label: Callable[[int], Optional[str]]):
+        self.name = name
+        self.worker_id = worker_id
+        self._token = token
+        self._on_transfer = on_transfer
+        self._on_dead = on_dead
+        self._peer_label = peer_label
+        self._lock = threading.Lock()
+        self._conns: dict[int, _Conn] = {}
+        self._dial_locks: dict[int, threading.Lock] = {}
+        self._all: set[_Conn] = set()
+        self._closed = False
+        self._next_id = 0
+        self._listener = socket.create_server((host, 0), backlog=128)
+        self.port = self._listener.getsockname()[1]
+        self._accept_thread = threading.Thread(
+            target=self._accept_loop, name=f"shoal-rpc-data-accept-{name}", daemon=True
+        )
+
+    def start(self) -> int:
+        """Start accepting; return the bound port."""
+        self._accept_thread.start()
+        return self.port
+
+    def close(self) -> None:
+        """Close the listener and every socket (reader threads then exit)."""
+        with self._lock:
+            self._closed = True
+            conns = list(self._all)
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._listener.close()
+        for conn in conns:
+            conn.alive = False
+            try:
+                conn.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            conn.sock.close()
+        self._accept_thread.join(2.0)
+
+    # -- sending
+
+    def new_transfer_id(self) -> int:
+        """A transfer id unique among this worker's transfers."""
+        with self._lock:
+            self._next_id += 1
+            return self._next_id
+
+    def send(self, peer_id: int, address: tuple[str, int],
+             buffers: list[tuple[int, memoryview]]) -> None:
+        """Send `(transfer_id, buffer)` pairs to `peer_id`, dialing it first if needed.
+
+        Raises:
+            RpcPeerLost: the channel cannot be opened or breaks mid-send (names the peer).
+        """
+        conn = self._conn_to(peer_id, address)
+        try:
+            with conn.send_lock:
+                for transfer_id, buf in buffers:
+                    conn.sock.sendall(_HEADER.pack(transfer_id, buf.nbytes))
+                    conn.sock.sendall(buf)
+                    metrics.BYTES_SENT.inc(buf.nbytes + _HEADER.size)
+        except OSError as exc:
+            self._drop(conn, f"sending failed: {exc}")
+            raise RpcPeerLost(
+                f"The data channel to {self._peer_label(peer_id)} broke while sending: {exc}"
+            ) from exc
+
+    def connect(self, peer_id: int, address: tuple[str, int]) -> None:
+        """Open the channel to `peer_id` now (init does this for one side of each pair)."""
+        self._conn_to(peer_id, address)
+
+    def _conn_to(self, peer_id: int, address: tuple[str, int]) -> _Conn:
+        with self._lock:
+            conn = self._conns.get(peer_id)
+            if conn is not None and conn.alive:
+                return conn
+            dial_lock = self._dial_locks.setdefault(peer_id, threading.Lock())
+        with dial_lock:
+            with self._lock:
+                conn = self._conns.get(peer_id)
+                if conn is not None and conn.alive:
+                    return conn
+            try:
+                sock = socket.create_connection(address, timeout=CONNECT_TIMEOUT_S)
+                _tune(sock)
+                auth.client_handshake(sock, self._token, PURPOSE)
+                sock.sendall(_ID.pack(self.worker_id))
+                sock.settimeout(None)
+            except (OSError, AuthenticationError) as exc:
+                raise RpcPeerLost(
+                    f"Worker {self.name!r} could not open its data channel to "
+                    f"{self._peer_label(peer_id)} at {address[0]}:{address[1]}: {exc}"
+                ) from exc
+            conn = _Conn(sock, peer_id)
+            self._register(conn, replace=True)
+            return conn
+
+    # -- receiving
+
+    def _accept_loop(self) -> None:
+        while True:
+            try:
+                sock, addr = self._listener.accept()
+            except OSError:
+                return  # closed
+            threading.Thread(
+                target=self._serve, args=(sock, addr), daemon=True,
+                name=f"shoal-rpc-data-{self.name}",
+            ).start()
+
+    def _serve(self, sock: socket.socket, addr) -> None:
+        try:
+            auth.server_handshake(sock, self._token, PURPOSE)
+            sock.settimeout(CONNECT_TIMEOUT_S)
+            raw = bytearray(_ID.size)
+            _recv_exact_into(sock, memoryview(raw))
+            (peer_id,) = _ID.unpack(raw)
+            if self._peer_label(peer_id) is None:
+                raise AuthenticationError(f"it claims worker id {peer_id}, which this job lacks")
+            sock.settimeout(None)
+            _tune(sock)
+        except (OSError, AuthenticationError) as exc:
+            metrics.REJECTED_DATA.inc()
+            logger.warning(
+                "Worker %r dropped a data-channel connection from %s:%s before reading any "
+                "data: %s", self.name, addr[0], addr[1], exc,
+            )
+            sock.close()
+            return
+        conn = _Conn(sock, peer_id)
+        self._register(conn, replace=False)
+        self._read_loop(conn)
+
+    def _register(self, conn: _Conn, replace: bool) -> None:
+        with self._lock:
+            if self._closed:
+                conn.sock.close()
+                raise RpcPeerLost(f"Worker {self.name!r} is shutting down its data channels.")
+            self._all.add(conn)
+            current = self._conns.get(conn.peer_id)
+            # An accepted socket becomes the pair's channel only if there is none: both ends
+            # then send on the same socket, which carries both directions.
+            if replace or current is None or not current.alive:
+                self._conns[conn.peer_id] = conn
+        if replace:
+            threading.Thread(
+                target=self._read_loop, args=(conn,), daemon=True,
+                name=f"shoal-rpc-data-{self.name}",
+            ).start()
+
+    def _read_loop(self, conn: _Conn) -> None:
+        mark_io_thread()
+        header = bytearray(_HEADER.size)
+        header_view = memoryview(header)
+        try:
+            while True:
+                _recv_exact_into(conn.sock, header_view)
+                transfer_id, nbytes = _HEADER.unpack(header)
+                if nbytes > MAX_TRANSFER_BYTES:
+                    raise ConnectionError(
+                        f"it announced a transfer of {nbytes} bytes, above the "
+                        f"{MAX_TRANSFER_BYTES}-byte bound"
+                    )
+                # np.empty, unlike bytearray, does not zero the memory first.
+                array = np.empty(nbytes, dtype=np.uint8)
+                if nbytes:
+                    _recv_exact_into(conn.sock, memoryview(array))
+                metrics.BYTES_RECEIVED.inc(nbytes + _HEADER.size)
+                self._on_transfer(conn.peer_id, transfer_id, array)
+        except (OSError, ValueError) as exc:
+            if conn.alive:
+                self._drop(conn, str(exc))
+
+    def _drop(self, conn: _Conn, reason: str) -> None:
+        with self._lock:
+            was_alive, conn.alive = conn.alive, False
+            self._all.discard(conn)
+            if self._conns.get(conn.peer_id) is conn:
+                del self._conns[conn.peer_id]
+            closed = self._closed
+        try:
+            conn.sock.close()
+        except OSError:
+            pass
+        if was_alive and not closed:
+            logger.info("The data channel of %r to %s closed: %s",
+                        self.name, self._peer_label(conn.peer_id), reason)
+            self._on_dead(conn.peer_id, reason)
+
+
+def _tune(sock: socket.socket) -> None:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -1,0 +1,41 @@
+"""The RPC agent's Prometheus metrics (core.telemetry registers each once per process)."""
+
+from __future__ import annotations
+
+from core import telemetry
+
+REQUESTS = telemetry.counter(
+    "shoal_rpc_requests_total",
+    "RPCs this worker issued, by kind (sync, async, remote, rref) and outcome (ok, error, timeout).",
+    ["kind", "status"],
+)
+LATENCY = telemetry.histogram(
+    "shoal_rpc_latency_seconds",
+    "Seconds from issuing an RPC to its reply, by kind.",
+    ["kind"],
+)
+INFLIGHT = telemetry.gauge(
+    "shoal_rpc_inflight",
+    "RPCs this worker issued that have not completed yet.",
+)
+BYTES = telemetry.counter(
+    "shoal_rpc_bytes_total",
+    "Bytes on this worker's RPC streams and data channels, by direction (sent, received).",
+    ["direction"],
+)
+REJECTED = telemetry.counter(
+    "shoal_rpc_rejected_total",
+    "Connections and messages dropped before anything was unpickled, by port (stream, data).",
+    ["port"],
+)
+
+KINDS = ("sync", "async", "remote", "rref")
+STATUSES = ("ok", "error", "timeout")
+
+# Children resolved once: `labels()` costs a dict lookup and a lock per call on the hot path.
+REQUEST_CHILDREN = {(k, s): REQUESTS.labels(k, s) for k in KINDS for s in STATUSES}
+LATENCY_CHILDREN = {k: LATENCY.labels(k) for k in KINDS}
+BYTES_SENT = BYTES.labels("sent")
+BYTES_RECEIVED = BYTES.labels("received")
+REJECTED_STREAM = REJECTED.labels("stream")
+REJECTED_DATA = REJECTED.labels("data")

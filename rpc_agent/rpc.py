@@ -1,0 +1,278 @@
+"""The public functions: init_rpc, shutdown, rpc_sync, rpc_async, remote, get_worker_info.
+
+Bootstrap: every worker publishes its name and two ports under `<store_prefix>/worker/<rank>`
+(JSON, never pickle: the store is not where peers prove themselves), reads everyone's, opens
+the stream and data channel of each pair where it has the lower id, and waits until every
+worker has done so. Shutdown is the same store used as a barrier.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+import urllib.parse
+from typing import Any, Callable, Optional
+
+from collectives import env as collectives_env
+from collectives.api import Store, StoreError, StoreTimeout
+from collectives.store_prefix import PrefixStore
+from core.timeouts import Deadline, to_seconds
+from rpc_agent import _current
+from rpc_agent.agent import RpcAgent, WorkerRef
+from rpc_agent.api import (
+    DEFAULT_SHUTDOWN_TIMEOUT_S,
+    RpcBackendOptions,
+    RpcError,
+    RpcTimeout,
+    TimeoutArg,
+    WorkerInfo,
+)
+from rpc_agent.futures import Future
+from rpc_agent.rref import RRef
+
+logger = logging.getLogger(__name__)
+
+# After the shutdown barrier, the worker hosting the store waits this long for the others to
+# leave it, so that nobody's last store call hits a closed server.
+_EXIT_WAIT_S = 10.0
+
+_lock = threading.Lock()
+_store_state: dict[str, Any] = {}
+
+
+# ----------------------------------------------------------------------------- init
+
+def init_rpc(name: str, rank: Optional[int] = None, world_size: Optional[int] = None,
+             rpc_backend_options: Optional[RpcBackendOptions] = None) -> None:
+    """Start this process's RPC agent as worker `name` of `world_size` and meet the others.
+
+    `rank` and `world_size` default to the RANK and WORLD_SIZE environment variables.
+
+    Raises:
+        RpcError: already initialized, a duplicate name, or the others did not show up within
+            `init_timeout` (the message names the missing ranks).
+        ValueError: a bad name, rank or world size.
+    """
+    options = rpc_backend_options or RpcBackendOptions()
+    if not isinstance(options, RpcBackendOptions):
+        raise TypeError(
+            f"rpc_backend_options must be an RpcBackendOptions, got {type(options).__name__}."
+        )
+    if not isinstance(name, str) or not name or len(name) > 128:
+        raise ValueError(f"The worker name must be a non-empty str of at most 128 chars, got {name!r}.")
+    rank = collectives_env.env_rank() if rank is None else rank
+    world_size = collectives_env.env_world_size() if world_size is None else world_size
+    if world_size is None or isinstance(world_size, bool) or not isinstance(world_size, int) \
+            or world_size < 1:
+        raise ValueError(f"init_rpc needs a positive world_size (or WORLD_SIZE), got {world_size!r}.")
+    if rank is None or isinstance(rank, bool) or not isinstance(rank, int) \
+            or not 0 <= rank < world_size:
+        raise ValueError(f"init_rpc needs a rank in 0..{world_size - 1} (or RANK), got {rank!r}.")
+    with _lock:
+        if _current.peek() is not None:
+            raise RpcError(
+                f"RPC is already initialized in this process as worker "
+                f"{_current.peek().info.name!r}; call shutdown() first."
+            )
+        deadline = Deadline(options.init_timeout)
+        raw_store, owns_store = _make_store(options, rank, world_size)
+        store = PrefixStore(_prefix(options), raw_store)
+        agent = RpcAgent(name, rank, world_size, options)
+        try:
+            agent.start_servers()
+            _current.set_agent(agent)
+            _rendezvous(agent, store, deadline)
+        except BaseException:
+            _current.set_agent(None)
+            agent.close()
+            if owns_store:
+                raw_store.close()
+            raise
+        _store_state.update(store=store, raw_store=raw_store, owns_store=owns_store)
+    logger.info("RPC worker %r (rank %d of %d) is up on ports %d (stream) and %d (data).",
+                name, rank, world_size, agent.grpc_port, agent.data_port)
+
+
+def _prefix(options: RpcBackendOptions) -> str:
+    # A restarted elastic group reuses the launcher's store: keep attempts apart.
+    restart = os.environ.get("SHOAL_RESTART_COUNT")
+    return options.store_prefix if not restart else f"{options.store_prefix}-r{restart}"
+
+
+def _make_store(options: RpcBackendOptions, rank: int, world_size: int) -> tuple[Store, bool]:
+    if options.store is not None:
+        return options.store, False
+    from collectives.store_tcp import TCPStore  # noqa: PLC0415
+
+    url = urllib.parse.urlparse(options.init_method)
+    if url.scheme == "file":
+        from collectives.store_file import FileStore  # noqa: PLC0415
+
+        return FileStore(url.path, world_size=world_size, timeout=options.init_timeout), True
+    if url.scheme == "env":
+        host, port = collectives_env.env_master()
+        if host is None or port is None:
+            raise RpcError(
+                "init_method 'env://' needs MASTER_ADDR and MASTER_PORT; got "
+                f"MASTER_ADDR={host!r}, MASTER_PORT={port!r}."
+            )
+        is_master = rank == 0 and not collectives_env.use_agent_store()
+    else:
+        host, port = url.hostname, url.port
+        if not host or port is None:
+            raise RpcError(f"init_method {options.init_method!r} must look like tcp://host:port.")
+        is_master = rank == 0
+    try:
+        store = TCPStore(host, port, world_size=world_size, is_master=is_master,
+                         timeout=options.init_timeout, wait_for_workers=False)
+    except StoreError as exc:
+        raise RpcError(
+            f"Worker rank {rank} could not reach the rendezvous store at {host}:{port}: {exc}"
+        ) from exc
+    return store, True
+
+
+def _rendezvous(agent: RpcAgent, store: Store, deadline: Deadline) -> None:
+    info = agent.info
+    store.set(f"worker/{info.id}", json.dumps({
+        "name": info.name, "id": info.id, "host": agent.options.host,
+        "grpc_port": agent.grpc_port, "data_port": agent.data_port,
+    }))
+    keys = [f"worker/{i}" for i in range(agent.world_size)]
+    _wait_keys(store, keys, deadline, f"worker {info.name!r} waited in init_rpc", "joined")
+    infos = [json.loads(raw) for raw in store.multi_get(keys, deadline.remaining())]
+    seen: dict[str, int] = {}
+    for item in infos:
+        if item["name"] in seen:
+            raise RpcError(
+                f"Two workers are named {item['name']!r} (ranks {seen[item['name']]} and "
+                f"{item['id']}); worker names must be unique."
+            )
+        seen[item["name"]] = item["id"]
+    agent.set_workers(infos)
+    agent.connect_higher_peers(max(0.1, deadline.remaining()))
+    store.set(f"connected/{info.id}", "1")
+    _wait_keys(store, [f"connected/{i}" for i in range(agent.world_size)], deadline,
+               f"worker {info.name!r} waited in init_rpc", "connected to their peers")
+
+
+def _wait_keys(store: Store, keys: list[str], deadline: Deadline, what: str,
+               verb: str) -> None:
+    try:
+        store.wait(keys, deadline.remaining())
+    except StoreTimeout as exc:
+        missing = [k.rsplit("/", 1)[1] for k in keys if not store.check([k])]
+        raise RpcTimeout(
+            f"RPC: {what} {deadline.timeout:g}s, but rank(s) {', '.join(missing)} never "
+            f"{verb}."
+        ) from exc
+
+
+# ----------------------------------------------------------------------------- shutdown
+
+def shutdown(graceful: bool = True, timeout: TimeoutArg = DEFAULT_SHUTDOWN_TIMEOUT_S) -> None:
+    """Stop the agent. Graceful: first wait until no worker has outstanding work (this
+    worker's calls done, its RRef forks released, every worker at this point).
+
+    Raises:
+        RpcTimeout: the wait took longer than `timeout`; names the calls or workers pending.
+            The agent is stopped either way.
+    """
+    agent = _current.get()
+    seconds = to_seconds(timeout, DEFAULT_SHUTDOWN_TIMEOUT_S)
+    store = _store_state.get("store")
+    try:
+        if graceful:
+            _graceful(agent, store, Deadline(seconds))
+    finally:
+        agent.begin_close()
+        with _lock:
+            _current.set_agent(None)
+            state = dict(_store_state)
+            _store_state.clear()
+        agent.close()
+        if state.get("owns_store"):
+            try:
+                state["raw_store"].close()
+            except Exception:  # noqa: BLE001
+                logger.debug("Closing the RPC store failed", exc_info=True)
+
+
+def _graceful(agent: RpcAgent, store: Store, deadline: Deadline) -> None:
+    name = agent.info.name
+    _drain(agent, deadline, name)
+    futures = agent.rrefs.release_all_users()
+    _drain(agent, deadline, name)
+    del futures
+    store.set(f"shutdown/{agent.info.id}", "1")
+    keys = [f"shutdown/{i}" for i in range(agent.world_size)]
+    try:
+        store.wait(keys, deadline.remaining())
+    except StoreTimeout as exc:
+        missing = [agent.worker_info(i) for i in range(agent.world_size)
+                   if not store.check([keys[i]])]
+        raise RpcTimeout(
+            f"RPC shutdown of worker {name!r} timed out after {deadline.timeout:g}s waiting for "
+            "every worker to finish its outstanding work: "
+            + ", ".join(f"{w.name!r} (id {w.id})" for w in missing)
+            + " never reached shutdown."
+        ) from exc
+    agent.begin_close()
+    store.set(f"exit/{agent.info.id}", "1")
+    raw = _store_state.get("raw_store")
+    if getattr(raw, "server", None) is not None:
+        # This process hosts the store: let the others finish their last calls on it first.
+        try:
+            store.wait([f"exit/{i}" for i in range(agent.world_size)], _EXIT_WAIT_S)
+        except StoreTimeout:
+            logger.info("Not every worker left the RPC store within %ss; closing it anyway.",
+                        _EXIT_WAIT_S)
+
+
+def _drain(agent: RpcAgent, deadline: Deadline, name: str) -> None:
+    delay = 0.001
+    while agent.pending_count() or agent.rrefs.outstanding():
+        if deadline.expired():
+            what = agent.pending_summary() if agent.pending_count() else agent.rrefs.outstanding()
+            raise RpcTimeout(
+                f"RPC shutdown of worker {name!r} timed out after {deadline.timeout:g}s with its "
+                f"own work outstanding: {what}."
+            )
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+
+
+# ----------------------------------------------------------------------------- calls
+
+def get_worker_info(worker_name: Optional[WorkerRef] = None) -> WorkerInfo:
+    """The WorkerInfo of a worker name or id (this worker's when None)."""
+    return _current.get().worker_info(worker_name)
+
+
+def rpc_sync(to: WorkerRef, func: Callable, args: Optional[tuple] = None,
+             kwargs: Optional[dict] = None, timeout: TimeoutArg = None) -> Any:
+    """Run `func(*args, **kwargs)` on worker `to` and return its result.
+
+    `timeout` defaults to the options' rpc_timeout; 0 means none.
+
+    Raises:
+        RpcTimeout: no reply in time (names the callee and the function).
+        RpcPeerLost: the stream to `to` died with the call pending.
+        The remote exception itself, with the remote traceback attached.
+    """
+    return _current.get().call(to, func, args, kwargs, timeout, "sync").wait()
+
+
+def rpc_async(to: WorkerRef, func: Callable, args: Optional[tuple] = None,
+              kwargs: Optional[dict] = None, timeout: TimeoutArg = None) -> Future:
+    """Like `rpc_sync`, but return at once with a Future of the result."""
+    return _current.get().call(to, func, args, kwargs, timeout, "async")
+
+
+def remote(to: WorkerRef, func: Callable, args: Optional[tuple] = None,
+           kwargs: Optional[dict] = None, timeout: TimeoutArg = None) -> RRef:
+    """Run `func` on worker `to`, which keeps the result; return an RRef to it at once."""
+    return _current.get().remote(to, func, args, kwargs, timeout)

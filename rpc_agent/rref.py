@@ -1,0 +1,484 @@
+"""`RRef` and the reference counting that keeps an owner's value alive, after torch's design.
+
+Vocabulary (torch's): the *owner* holds the value; every other worker holding an RRef holds a
+*user* RRef, one *fork* of it, with its own fork id. The owner tracks its forks; it frees the
+value once no fork remains (and no local handle does).
+
+Protocol (each arrow is an RPC, so the shutdown barrier also waits for these):
+- remote(): the caller's fork id is registered by the owner when the REMOTE_CALL frame
+  arrives, in stream order, before the function runs; the reply confirms the caller's fork.
+- The owner sends its RRef to worker U: the owner adds the new fork as pending while
+  pickling; U, on unpickling, sends `_on_fork_request` to the owner, which marks it confirmed.
+- User A sends its RRef to worker U: A keeps its own RRef alive as a *pending child* until the
+  owner accepts the child. U sends `_on_fork_request(parent=A)`; the owner adds the fork, then
+  tells A `_on_child_accept` before it answers U. If U is the owner itself, it tells A at once.
+- A user fork that is garbage-collected sends `_on_delete` to the owner, but only once it is
+  confirmed (a delete never overtakes the registration of its own fork).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import queue
+import threading
+import weakref
+from typing import Any, Optional
+
+from rpc_agent import _current, serialization
+from rpc_agent.api import RpcError, TimeoutArg, WorkerInfo
+from rpc_agent.functions import async_execution, is_async_execution
+from rpc_agent.futures import Future
+
+logger = logging.getLogger(__name__)
+
+GUID = tuple  # (created_on worker id, local counter)
+
+
+class OwnerRecord:
+    """The owner's side of one RRef: its value (a Future) and the forks that keep it alive."""
+
+    __slots__ = ("rref_id", "future", "forks", "__weakref__")
+
+    def __init__(self, rref_id: GUID):
+        self.rref_id = rref_id
+        self.future: Future = Future(f"the value of RRef {rref_id}")
+        self.forks: dict[GUID, bool] = {}  # fork id -> confirmed by its user
+
+
+class _UserState:
+    __slots__ = ("rref_id", "owner_id", "confirmed", "deleted")
+
+    def __init__(self, rref_id: GUID, owner_id: int, confirmed: bool):
+        self.rref_id = rref_id
+        self.owner_id = owner_id
+        self.confirmed = confirmed
+        self.deleted = False
+
+
+class RRef:
+    """A reference to a value on one worker (its owner), as torch.distributed.rpc.RRef.
+
+    `RRef(value)` makes a local RRef owned by this worker; `rpc_agent.remote(...)` makes one
+    whose value another worker computes and keeps.
+    """
+
+    __slots__ = ("_agent", "_owner", "_rref_id", "_fork_id", "_record", "_creation",
+                 "__weakref__")
+
+    def __init__(self, value: Any = None):
+        agent = _current.get()
+        record = agent.rrefs.new_record()
+        record.future.set_result(value)
+        self._setup(agent, agent.info, record.rref_id, None, record)
+
+    def _setup(self, agent, owner: WorkerInfo, rref_id: GUID, fork_id: Optional[GUID],
+               record: Optional[OwnerRecord]) -> None:
+        self._agent = agent
+        self._owner = owner
+        self._rref_id = rref_id
+        self._fork_id = fork_id
+        self._record = record
+        self._creation: Optional[Future] = None
+
+    @classmethod
+    def _make(cls, agent, owner: WorkerInfo, rref_id: GUID, fork_id: Optional[GUID],
+              record: Optional[OwnerRecord]) -> "RRef":
+        rref = cls.__new__(cls)
+        rref._setup(agent, owner, rref_id, fork_id, record)
+        return rref
+
+    # -- identity
+
+    def owner(self) -> WorkerInfo:
+        """The WorkerInfo of the owner."""
+        return self._owner
+
+    def owner_name(self) -> str:
+        """The owner's worker name."""
+        return self._owner.name
+
+    def is_owner(self) -> bool:
+        """True on the owner."""
+        return self._record is not None
+
+    def confirmed_by_owner(self) -> bool:
+        """True once the owner knows about this fork (always True on the owner)."""
+        if self._record is not None:
+            return True
+        return self._agent.rrefs.is_confirmed(self._fork_id)
+
+    def _get_future(self) -> Future:
+        """The Future of the remote() call that created this RRef (torch's private name)."""
+        if self._creation is not None:
+            return self._creation
+        fut: Future = Future("an RRef's creation")
+        fut.set_result(None)
+        return fut
+
+    # -- value
+
+    def local_value(self) -> Any:
+        """The value itself, on the owner (waiting for it if remote() is still running).
+
+        Raises:
+            RpcError: this worker is not the owner.
+        """
+        if self._record is None:
+            raise RpcError(
+                f"local_value() called on worker {self._agent.info.name!r} for an RRef owned by "
+                f"{self._owner.name!r}; only the owner has the value (use to_here())."
+            )
+        return self._record.future.wait(self._agent.default_timeout_or_none())
+
+    def to_here(self, timeout: TimeoutArg = None) -> Any:
+        """A copy of the value, fetched from the owner (the value itself on the owner); waits
+        for a value that remote() has not finished computing yet.
+
+        Raises:
+            RpcTimeout: not available within `timeout` (default: the agent's rpc_timeout).
+            The exception of the function that was to produce the value, if it raised.
+        """
+        if self._record is not None:
+            return self._record.future.wait(self._agent.timeout_or_none(timeout))
+        return self._agent.call(
+            self._owner, _fetch, (self._rref_id,), None, timeout, "rref"
+        ).wait()
+
+    # -- helpers of PyTorch 1.7
+
+    def rpc_sync(self, timeout: TimeoutArg = None) -> "_Proxy":
+        """`rref.rpc_sync().method(*args)` runs `method` on the owner's value, blocking."""
+        return _Proxy(self, "sync", timeout)
+
+    def rpc_async(self, timeout: TimeoutArg = None) -> "_Proxy":
+        """`rref.rpc_async().method(*args)` returns a Future of the method's result."""
+        return _Proxy(self, "async", timeout)
+
+    def remote(self, timeout: TimeoutArg = None) -> "_Proxy":
+        """`rref.remote().method(*args)` returns an RRef to the method's result, on the owner."""
+        return _Proxy(self, "remote", timeout)
+
+    # -- lifetime
+
+    def __reduce__(self):
+        dst = serialization.destination()
+        if dst is None:
+            raise RpcError(
+                "An RRef can only be pickled as an argument or result of an RPC; it cannot be "
+                "saved or sent any other way."
+            )
+        return (_rebuild, self._agent.rrefs.fork(self, dst))
+
+    def __del__(self):
+        fork_id = getattr(self, "_fork_id", None)
+        if fork_id is not None and self._record is None:
+            try:
+                self._agent.rrefs.user_dropped(fork_id)
+            except Exception:  # noqa: BLE001  (interpreter shutdown)
+                pass
+
+    def __repr__(self) -> str:
+        role = "OwnerRRef" if self._record is not None else "UserRRef"
+        return f"{role}(rref_id={self._rref_id}, owner={self._owner.name!r}, fork_id={self._fork_id})"
+
+
+class _Proxy:
+    """What rref.rpc_sync() / rpc_async() / remote() return: attribute access makes the call."""
+
+    def __init__(self, rref: RRef, mode: str, timeout: TimeoutArg):
+        self._rref = rref
+        self._mode = mode
+        self._timeout = timeout
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return functools.partial(self._invoke, name)
+
+    def _invoke(self, name: str, *args, **kwargs):
+        agent = self._rref._agent
+        call_args = (self._rref, name, args, kwargs)
+        owner = self._rref.owner()
+        if self._mode == "remote":
+            return agent.remote(owner, _invoke_method, call_args, None, self._timeout)
+        fut = agent.call(owner, _invoke_method, call_args, None, self._timeout,
+                         "sync" if self._mode == "sync" else "async")
+        return fut.wait() if self._mode == "sync" else fut
+
+
+class RRefContext:
+    """One agent's RRef bookkeeping: owner records, user forks, pending children, deletes."""
+
+    def __init__(self, agent):
+        self._agent = agent
+        self._lock = threading.Lock()
+        self._counter = itertools.count(1)
+        # Strong references while forks exist; weak ones find records local handles still hold.
+        self._owned: dict[GUID, OwnerRecord] = {}
+        self._records: "weakref.WeakValueDictionary[GUID, OwnerRecord]" = (
+            weakref.WeakValueDictionary()
+        )
+        self._users: dict[GUID, _UserState] = {}
+        self._children: dict[GUID, RRef] = {}
+        # __del__ may run anywhere (inside a lock, on the io thread): it only puts here.
+        self._dropped: queue.SimpleQueue = queue.SimpleQueue()
+        self._closed = False
+        self._thread = threading.Thread(
+            target=self._drop_loop, name=f"shoal-rpc-rref-{agent.info.name}", daemon=True
+        )
+        self._thread.start()
+
+    def new_id(self) -> GUID:
+        """A fresh globally unique id (this worker's id, a counter)."""
+        return (self._agent.info.id, next(self._counter))
+
+    # -- owner side
+
+    def new_record(self) -> OwnerRecord:
+        """A record for a value this worker owns (no forks yet)."""
+        record = OwnerRecord(self.new_id())
+        with self._lock:
+            self._records[record.rref_id] = record
+        return record
+
+    def record(self, rref_id: GUID) -> OwnerRecord:
+        """The record of `rref_id`, created (waiting for its value) if none exists yet: a
+        fetch or fork request may overtake the REMOTE_CALL that creates it."""
+        with self._lock:
+            return self._record_locked(rref_id)
+
+    def _record_locked(self, rref_id: GUID) -> OwnerRecord:
+        record = self._owned.get(rref_id) or self._records.get(rref_id)
+        if record is None:
+            record = OwnerRecord(rref_id)
+            self._records[rref_id] = record
+            self._owned[rref_id] = record
+        return record
+
+    def add_fork(self, rref_id: GUID, fork_id: GUID, confirmed: bool) -> OwnerRecord:
+        """Count `fork_id` as a holder of `rref_id` (REMOTE_CALL arrival, fork request)."""
+        with self._lock:
+            record = self._record_locked(rref_id)
+            record.forks[fork_id] = confirmed or record.forks.get(fork_id, False)
+            self._owned[rref_id] = record
+            return record
+
+    def delete_fork(self, rref_id: GUID, fork_id: GUID) -> None:
+        """A fork is gone; drop the owner's strong reference when it was the last."""
+        with self._lock:
+            record = self._owned.get(rref_id) or self._records.get(rref_id)
+            if record is None:
+                logger.debug("Delete of unknown RRef %s fork %s ignored", rref_id, fork_id)
+                return
+            record.forks.pop(fork_id, None)
+            if not record.forks:
+                self._owned.pop(rref_id, None)
+
+    def owned_count(self) -> int:
+        """How many values this worker keeps alive for forks (tests and diagnostics)."""
+        with self._lock:
+            return len(self._owned)
+
+    # -- user side
+
+    def new_user(self, owner: WorkerInfo, rref_id: GUID, fork_id: GUID) -> RRef:
+        """A user handle for `fork_id`, unconfirmed until `confirm(fork_id)`."""
+        with self._lock:
+            self._users[fork_id] = _UserState(rref_id, owner.id, confirmed=False)
+        return RRef._make(self._agent, owner, rref_id, fork_id, None)
+
+    def is_confirmed(self, fork_id: GUID) -> bool:
+        """True once the owner acknowledged `fork_id` (or the fork is already deleted)."""
+        with self._lock:
+            state = self._users.get(fork_id)
+            return state is None or state.confirmed
+
+    def confirm(self, fork_id: GUID) -> None:
+        """The owner knows about `fork_id`; send a delete deferred until now."""
+        with self._lock:
+            state = self._users.get(fork_id)
+            if state is None:
+                return
+            state.confirmed = True
+            send_delete = state.deleted
+            if send_delete:
+                del self._users[fork_id]
+        if send_delete:
+            self._send_delete(state, fork_id)
+
+    def user_dropped(self, fork_id: GUID) -> None:
+        """Called from RRef.__del__ (any thread, any lock held): queue the delete."""
+        self._dropped.put(fork_id)
+
+    def _drop_loop(self) -> None:
+        while True:
+            fork_id = self._dropped.get()
+            if fork_id is None:
+                return
+            with self._lock:
+                state = self._users.get(fork_id)
+                if state is None:
+                    continue
+                if not state.confirmed:
+                    state.deleted = True
+                    continue
+                del self._users[fork_id]
+            self._send_delete(state, fork_id)
+
+    def _send_delete(self, state: _UserState, fork_id: GUID) -> None:
+        if self._closed:
+            return
+        try:
+            fut = self._agent.internal_call(state.owner_id, _on_delete, (state.rref_id, fork_id))
+        except RpcError as exc:
+            logger.debug("Delete of RRef fork %s not sent: %s", fork_id, exc)
+            return
+        fut.add_done_callback(_log_failure("delete of RRef fork", fork_id))
+
+    # -- pickling
+
+    def fork(self, rref: RRef, dst: int) -> tuple:
+        """Arguments of `_rebuild` for sending `rref` to worker `dst` (see the module doc)."""
+        me = self._agent.info.id
+        fork_id = self.new_id()
+        with self._lock:
+            if rref._record is not None:
+                rref._record.forks[fork_id] = False
+                self._owned[rref._rref_id] = rref._record
+            else:
+                self._children[fork_id] = rref
+        return (rref._owner.id, rref._rref_id, fork_id, me)
+
+    def rebuild(self, owner_id: int, rref_id: GUID, fork_id: GUID, parent_id: int) -> RRef:
+        """The receiving side of `fork`."""
+        agent = self._agent
+        me = agent.info.id
+        owner = agent.worker_info(owner_id)
+        if owner_id == me:
+            record = self.record(rref_id)
+            handle = RRef._make(agent, owner, rref_id, None, record)
+            if parent_id == me:
+                self.delete_fork(rref_id, fork_id)  # the handle now keeps the record alive
+            else:
+                fut = agent.internal_call(parent_id, _on_child_accept, (fork_id,))
+                fut.add_done_callback(_log_failure("child accept of RRef fork", fork_id))
+            return handle
+        handle = self.new_user(owner, rref_id, fork_id)
+        fut = agent.internal_call(owner_id, _on_fork_request, (rref_id, fork_id, parent_id))
+        fut.add_done_callback(lambda f: self._fork_answered(fork_id, f))
+        return handle
+
+    def _fork_answered(self, fork_id: GUID, fut: Future) -> None:
+        if fut.exception() is not None:
+            logger.warning("The owner did not confirm RRef fork %s: %s", fork_id, fut.exception())
+        self.confirm(fork_id)
+
+    def accept_child(self, fork_id: GUID) -> None:
+        """The owner registered our child fork: stop keeping our own RRef alive for it."""
+        with self._lock:
+            rref = self._children.pop(fork_id, None)
+        del rref  # may run RRef.__del__, which only queues
+
+    # -- shutdown
+
+    def outstanding(self) -> str:
+        """What still waits on other workers ('' if nothing)."""
+        with self._lock:
+            unconfirmed = sum(1 for s in self._users.values() if not s.confirmed)
+            children = len(self._children)
+        parts = []
+        if unconfirmed:
+            parts.append(f"{unconfirmed} RRef fork(s) not yet confirmed by their owners")
+        if children:
+            parts.append(f"{children} RRef(s) sent on and not yet accepted by their owners")
+        return "; ".join(parts)
+
+    def release_all_users(self) -> list[Future]:
+        """Send deletes for every confirmed user fork (shutdown); later drops are ignored."""
+        with self._lock:
+            confirmed = [(fid, s) for fid, s in self._users.items() if s.confirmed]
+            for fork_id, _ in confirmed:
+                del self._users[fork_id]
+        futures = []
+        for fork_id, state in confirmed:
+            try:
+                futures.append(
+                    self._agent.internal_call(state.owner_id, _on_delete, (state.rref_id, fork_id))
+                )
+            except RpcError as exc:
+                logger.debug("Delete of RRef fork %s at shutdown not sent: %s", fork_id, exc)
+        return futures
+
+    def close(self) -> None:
+        """Stop the delete thread; drops after this are ignored."""
+        self._closed = True
+        self._dropped.put(None)
+        self._thread.join(2.0)
+
+
+def _log_failure(what: str, ident) -> Any:
+    def callback(fut: Future) -> None:
+        if fut.exception() is not None:
+            logger.debug("The %s %s failed: %s", what, ident, fut.exception())
+    return callback
+
+
+# ----------------------------------------------------------------------------- wire functions
+# Module-level so they pickle by reference; they run on the worker the message is sent to.
+
+def _rebuild(owner_id: int, rref_id: GUID, fork_id: GUID, parent_id: int) -> RRef:
+    return _current.get().rrefs.rebuild(owner_id, rref_id, fork_id, parent_id)
+
+
+@async_execution
+def _on_fork_request(rref_id: GUID, fork_id: GUID, parent_id: int) -> Future:
+    agent = _current.get()
+    agent.rrefs.add_fork(rref_id, fork_id, confirmed=True)
+    if parent_id == agent.info.id:
+        done: Future = Future("a fork confirmation")
+        done.set_result(None)
+        return done
+    # Answer the new user only after its parent let go of its pending child, so that the
+    # whole exchange is inside this one call (shutdown waits for calls, nothing else).
+    return agent.internal_call(parent_id, _on_child_accept, (fork_id,))
+
+
+def _on_child_accept(fork_id: GUID) -> None:
+    _current.get().rrefs.accept_child(fork_id)
+
+
+def _on_delete(rref_id: GUID, fork_id: GUID) -> None:
+    _current.get().rrefs.delete_fork(rref_id, fork_id)
+
+
+@async_execution
+def _fetch(rref_id: GUID) -> Future:
+    return _current.get().rrefs.record(rref_id).future
+
+
+@async_execution
+def _invoke_method(rref: RRef, name: str, args: tuple, kwargs: Optional[dict]) -> Future:
+    out: Future = Future(f"RRef method {name}")
+
+    def run(value_future: Future) -> None:
+        try:
+            method = getattr(value_future.value(), name)
+            result = method(*args, **(kwargs or {}))
+            if is_async_execution(method):
+                result.add_done_callback(lambda f: _copy_outcome(f, out))
+            else:
+                out.set_result(result)
+        except BaseException as exc:  # noqa: BLE001  (travels back as the remote exception)
+            out.set_exception(exc)
+
+    rref._record.future.add_done_callback(run)
+    return out
+
+
+def _copy_outcome(src: Future, dst: Future) -> None:
+    if src.exception() is not None:
+        dst.set_exception(src.exception())
+    else:
+        dst.set_result(src.value())

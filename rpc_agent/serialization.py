@@ -1,0 +1,140 @@
+"""Pickling for the wire: protocol 5 with out-of-band buffers, Tensors, cupy arrays and RRefs.
+
+numpy arrays hand their memory to pickle as `PickleBuffer`s (no copy); the agent sends those
+beside the pickle, inline when small and over the data channel when large, and the receiver
+gives pickle the arrays it received them into, so a large array is never copied in Python.
+A `core.Tensor` travels as its array plus `requires_grad` (no autograd graph); a cupy array as a
+host copy that is rebuilt on the same device number on the receiving side. RRefs pickle
+through the agent's fork protocol (rpc_agent/rref.py), which needs to know the destination:
+`serialize` keeps it in a thread-local while pickling.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import sys
+import threading
+import traceback
+from typing import Any, Optional
+
+from core.errors import DeviceError
+from rpc_agent.api import RemoteException
+
+PROTOCOL = 5
+
+_context = threading.local()
+
+
+def destination() -> Optional[int]:
+    """The worker id the current `serialize` call pickles for (None outside one)."""
+    return getattr(_context, "dst", None)
+
+
+def _reduce_tensor(tensor) -> tuple:
+    return (_rebuild_tensor, (type(tensor), tensor.data, bool(tensor.requires_grad)))
+
+
+def _rebuild_tensor(cls, data, requires_grad: bool):
+    from core.tensor import Tensor  # noqa: PLC0415  (lazy: rpc_agent works without core's ops)
+
+    tensor = cls.__new__(cls)
+    Tensor.__init__(tensor, data, requires_grad=requires_grad)
+    return tensor
+
+
+def _reduce_cupy(array) -> tuple:
+    # The host copy pickles as a numpy array, hence out of band like any other.
+    return (_rebuild_cupy, (array.get(), int(array.device.id)))
+
+
+def _rebuild_cupy(host_array, device_id: int):
+    try:
+        import cupy  # noqa: PLC0415
+    except ImportError as exc:
+        raise DeviceError(
+            f"A cupy array from cuda:{device_id} arrived on a worker without cupy; send numpy "
+            "arrays to CPU-only workers."
+        ) from exc
+    count = cupy.cuda.runtime.getDeviceCount()
+    target = device_id if device_id < count else cupy.cuda.Device().id
+    with cupy.cuda.Device(target):
+        return cupy.asarray(host_array)
+
+
+class _Pickler(pickle.Pickler):
+    def reducer_override(self, obj):  # noqa: D401  (pickle hook)
+        # Only types from modules already imported can occur, so nothing is imported here.
+        cls = type(obj)
+        tensor_mod = sys.modules.get("core.tensor")
+        if tensor_mod is not None and isinstance(obj, tensor_mod.Tensor):
+            return _reduce_tensor(obj)
+        cupy = sys.modules.get("cupy")
+        if cupy is not None and cls is cupy.ndarray:
+            return _reduce_cupy(obj)
+        return NotImplemented
+
+
+def serialize(obj: Any, dst: int) -> tuple[bytes, list[memoryview]]:
+    """Pickle `obj` for worker `dst`: (pickle bytes, out-of-band buffers as byte views)."""
+    buffers: list = []
+    out = io.BytesIO()
+    previous = getattr(_context, "dst", None)
+    _context.dst = dst
+    try:
+        _Pickler(out, PROTOCOL, buffer_callback=buffers.append).dump(obj)
+    finally:
+        _context.dst = previous
+    return out.getvalue(), [b.raw() for b in buffers]
+
+
+def deserialize(payload, buffers: list) -> Any:
+    """Unpickle what `serialize` produced, given the received buffers in order."""
+    return pickle.loads(payload, buffers=buffers)
+
+
+# ----------------------------------------------------------------------------- exceptions
+
+class RemoteTraceback(Exception):
+    """Shown as the `__cause__` of a re-raised remote exception: the callee's traceback."""
+
+    def __init__(self, text: str):
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return "\n" + self.text
+
+
+def serialize_exception(exc: BaseException, worker: str) -> bytes:
+    """The ERROR payload: type, message, remote traceback, and the exception itself if it pickles."""
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    try:
+        exc_bytes = pickle.dumps(exc, PROTOCOL)
+        pickle.loads(exc_bytes)  # some exceptions pickle but cannot be rebuilt (bad __init__)
+    except Exception:  # noqa: BLE001
+        exc_bytes = None
+    type_name = f"{type(exc).__module__}.{type(exc).__qualname__}"
+    return pickle.dumps((type_name, str(exc), tb, exc_bytes, worker), PROTOCOL)
+
+
+def rebuild_exception(payload, function: str) -> BaseException:
+    """The caller's exception for an ERROR payload: the remote type itself when it can be
+    rebuilt here (with `remote_traceback`, a RemoteTraceback cause and a note naming the
+    worker), else a RemoteException that keeps the type name, message and traceback."""
+    type_name, message, tb, exc_bytes, worker = pickle.loads(payload)
+    exc = None
+    if exc_bytes is not None:
+        try:
+            exc = pickle.loads(exc_bytes)
+        except Exception:  # noqa: BLE001  (the type does not exist here)
+            exc = None
+    if not isinstance(exc, BaseException):
+        return RemoteException(type_name, message, tb, worker)
+    try:
+        exc.remote_traceback = tb
+    except AttributeError:  # a type with __slots__ and no __dict__
+        pass
+    exc.__cause__ = RemoteTraceback(tb)
+    exc.add_note(f"Raised on worker {worker!r} while running {function} (remote traceback above).")
+    return exc
