@@ -175,14 +175,16 @@ def _catalogue(rank: int, world: int) -> dict:
     c.barrier()
     c.monitored_barrier(timeout=20, wait_all_ranks=True)
     seq = pg._engine.seq
+    transports = set(pg._mesh.transports) - {"self"}
     c.destroy_process_group()
     assert not c.is_initialized()
-    return {"checks": checks, "seq": seq}
+    return {"checks": checks, "seq": seq, "transports": transports}
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
-def test_every_collective_matches_numpy(world):
+@pytest.mark.parametrize("world,transport", [(2, "unix"), (3, "tcp"), (4, "unix")])
+def test_every_collective_matches_numpy(world, transport):
     store, env = agent_store()
+    env["SHOAL_LOCAL_TRANSPORT"] = transport  # same-host Unix links by default; TCP on request
     try:
         results = run_ranks(_catalogue, world, timeout=110, env=env)
     finally:
@@ -190,3 +192,4 @@ def test_every_collective_matches_numpy(world):
     # Every rank ran the same number of group collectives and checks.
     assert len({r["seq"] for r in results}) == 1
     assert all(r["checks"] > 100 for r in results), results
+    assert all(r["transports"] == {transport} for r in results), results

@@ -167,13 +167,22 @@ def test_garbage_and_unauthenticated_connections_are_dropped_and_logged(pair, ca
     assert _closed_by_server(d)
     # 5. connects and says nothing, then goes away
     socket.create_connection(addr).close()
+    expected = 4
+    # 6. the same-host Unix listener gets the same treatment
+    unix_address = pair[0]._mesh.unix_address
+    if unix_address is not None:
+        u = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        u.connect(unix_address)
+        u.sendall(b"\xff" * 300)
+        assert _closed_by_server(u)
+        expected += 1
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         dropped = [r for r in caplog.records if "dropped a connection" in r.getMessage()]
-        if len(dropped) >= 4:
+        if len(dropped) >= expected:
             break
         time.sleep(0.05)
-    assert len(dropped) >= 4, [r.getMessage() for r in caplog.records]
+    assert len(dropped) >= expected, [r.getMessage() for r in caplog.records]
     # The group never noticed.
     out = run_all(pair, lambda pg, r: (a := np.full(5, r + 1.0), pg.all_reduce(a), a)[2])
     for a in out:
@@ -327,6 +336,26 @@ def test_metrics_move(tmp_path, monkeypatch):
         run_all(pgs, fn)
         assert _sample("shoal_collectives_timeouts_total", {"op": "all_reduce"}) == timeouts + 1
         assert _sample("shoal_collectives_errors_total", {"op": "all_reduce", "kind": "timeout"}) >= errors + 1
+    finally:
+        for pg in pgs:
+            pg.shutdown()
+
+
+def test_tcp_transport_on_request(monkeypatch):
+    monkeypatch.setenv("SHOAL_LOCAL_TRANSPORT", "tcp")
+    pgs = make_groups(2)
+    try:
+        assert pgs[0]._mesh.transports == ["self", "tcp"] and pgs[0]._mesh.unix_address is None
+
+        def fn(pg, r):
+            small, large = np.full(10, r + 1.0), np.full(3_000_000, r + 1.0, np.float32)
+            pg.all_reduce(small)
+            pg.all_reduce(large)
+            b = np.full(200_000, r, np.int32)
+            pg.broadcast(b, src=1)
+            return small[0], float(large[-1]), int(b[0])
+
+        assert run_all(pgs, fn) == [(3.0, 3.0, 1)] * 2
     finally:
         for pg in pgs:
             pg.shutdown()
