@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import socket
 import time
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 

@@ -18,7 +18,6 @@ import socket
 import threading
 from typing import Callable, Optional
 
-from collectives import _pg_wire as wire
 
 _DONTWAIT = socket.MSG_DONTWAIT
 _TICK_S = 1.0
