@@ -33,6 +33,8 @@ _CHANNEL_OPTIONS = {
     "grpc.max_receive_message_length": 256 * 1024 * 1024 + 4096,
     "grpc.max_send_message_length": 256 * 1024 * 1024 + 4096,
 }
+# How long a failed channel stays open for calls still running on it.
+CLOSE_GRACE_S = 5.0
 # Errors after which another attempt (maybe on another endpoint) may succeed.
 RETRYABLE = (
     aexc.ConnectionFailedError,
@@ -107,6 +109,15 @@ def run(coro: Awaitable[T], timeout: float) -> T:
     except concurrent.futures.TimeoutError as exc:
         future.cancel()
         raise asyncio.TimeoutError(f"etcd call took longer than {timeout:g}s") from exc
+    except concurrent.futures.CancelledError as exc:
+        raise ConnectionError("the etcd call was cancelled (its loop is shutting down)") from exc
+
+
+def _being_cancelled() -> bool:
+    """True if the running task itself was asked to stop (not a call cancelled under it)."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)  # Python 3.11+
+    return bool(cancelling and cancelling())
 
 
 def spawn(coro: Awaitable[Any]) -> concurrent.futures.Future:
@@ -151,6 +162,7 @@ class EtcdClient:
         self._client: Optional[aetcd.Client] = None
         self._pid = os.getpid()
         self._closed = False
+        self._retired: set[asyncio.Task] = set()
 
     def describe(self) -> str:
         """The endpoints, for messages."""
@@ -167,9 +179,21 @@ class EtcdClient:
         return self._client
 
     async def _fail_over(self, client: aetcd.Client) -> None:
-        if self._client is client:
-            self._client = None
-            self._index = (self._index + 1) % len(self.endpoints)
+        if self._client is not client:
+            return  # another call already replaced it
+        self._client = None
+        self._index = (self._index + 1) % len(self.endpoints)
+        # Closing a gRPC channel cancels every call still on it, including other threads'
+        # calls that may yet succeed: close the old channel only after a grace period.
+        task = asyncio.get_running_loop().create_task(self._close_later(client))
+        self._retired.add(task)
+        task.add_done_callback(self._retired.discard)
+
+    async def _close_later(self, client: aetcd.Client) -> None:
+        try:
+            await asyncio.sleep(CLOSE_GRACE_S)
+        except asyncio.CancelledError:
+            pass  # this EtcdClient is closing (or the process exits): close the channel now
         try:
             await asyncio.wait_for(client.close(), 2.0)
         except Exception as exc:  # noqa: BLE001  (a broken channel may fail to close)
@@ -191,16 +215,27 @@ class EtcdClient:
             left = deadline - loop.time()
             try:
                 return await asyncio.wait_for(fn(client), max(left, 0.001))
+            except asyncio.CancelledError as exc:
+                if _being_cancelled():
+                    raise
+                error: BaseException = exc  # a channel closed under the call: retry it
             except RETRYABLE as exc:
-                await self._fail_over(client)
-                left = deadline - loop.time()
-                if left <= 0:
-                    raise EtcdUnavailable(
-                        f"etcd at {self.describe()} did not answer {op} within {budget:g}s "
-                        f"({attempt} attempts); last error: {exc!r}"
-                    ) from exc
-                logger.debug("etcd %s failed on attempt %d (%r); retrying", op, attempt, exc)
-                await asyncio.sleep(min(0.02 * 2 ** min(attempt, 5), 0.5, left))
+                error = exc
+            except Exception as exc:  # noqa: BLE001
+                if client is self._client:
+                    raise  # a real error on a live channel
+                # The channel was retired and closed under the call; aetcd then fails in odd
+                # ways (its watcher is gone). Retry on the current channel.
+                error = exc
+            await self._fail_over(client)
+            left = deadline - loop.time()
+            if left <= 0:
+                raise EtcdUnavailable(
+                    f"etcd at {self.describe()} did not answer {op} within {budget:g}s "
+                    f"({attempt} attempts); last error: {error!r}"
+                ) from error
+            logger.debug("etcd %s failed on attempt %d (%r); retrying", op, attempt, error)
+            await asyncio.sleep(min(0.02 * 2 ** min(attempt, 5), 0.5, left))
 
     def call(
         self, fn: Callable[[aetcd.Client], Awaitable[T]], op: str, timeout: Optional[float] = None
@@ -209,9 +244,9 @@ class EtcdClient:
         budget = self.timeout if timeout is None else timeout
         try:
             return run(self.acall(fn, op, budget), budget + 5.0)
-        except asyncio.TimeoutError as exc:
+        except (asyncio.TimeoutError, ConnectionError) as exc:
             raise EtcdUnavailable(
-                f"etcd at {self.describe()} did not answer {op} within {budget:g}s."
+                f"etcd at {self.describe()} did not answer {op} within {budget:g}s: {exc}"
             ) from exc
         except aexc.ClientError as exc:
             raise RendezvousError(f"etcd at {self.describe()} rejected {op}: {exc}") from exc
@@ -228,3 +263,6 @@ class EtcdClient:
                 run(client.close(), 5.0)
             except Exception as exc:  # noqa: BLE001
                 logger.debug("Closing the etcd channel raised %r", exc)
+        for task in list(self._retired):
+            # Retired channels waiting out their grace period close now.
+            _LoopThread.get().loop.call_soon_threadsafe(task.cancel)

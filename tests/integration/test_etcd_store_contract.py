@@ -142,3 +142,43 @@ def test_another_process_wakes_a_waiter_and_adds_atomically(shared_etcd):
             child.kill()
             child.join(5)
         store.close()
+
+
+def test_a_failover_by_one_thread_does_not_break_another_threads_call(shared_etcd, monkeypatch):
+    import aetcd.exceptions as aexc
+    from elastic import _etcd_client
+
+    monkeypatch.setattr(_etcd_client, "CLOSE_GRACE_S", 0.5)
+
+    store = EtcdStore([shared_etcd.endpoint], prefix=f"/race/{uuid.uuid4().hex}/", timeout=30)
+    got, errors = {}, []
+
+    def blocked_get():
+        try:
+            got["v"] = store.get("k", timeout=30)  # waits in a watch on the current channel
+        except BaseException as exc:
+            errors.append(exc)
+
+    waiter = threading.Thread(target=blocked_get)
+    waiter.start()
+    try:
+        time.sleep(0.3)  # let the get reach its watch (the test holds either way)
+        failed = []
+
+        async def fail_once(client):
+            if not failed:
+                failed.append(1)
+                raise aexc.ConnectionFailedError("injected")  # makes this call fail over
+            return "ok"
+
+        assert store._client.call(fail_once, "an injected failure") == "ok"
+        # The old channel closes after its grace period, under the waiting get: it must retry.
+        time.sleep(1.0)
+        store.set("k", b"v")
+        waiter.join(30)
+        assert not errors, errors
+        assert got == {"v": b"v"}
+    finally:
+        store.set("k", b"v")
+        waiter.join(30)
+        store.close()
