@@ -7,7 +7,8 @@ kinds of step (shoal local, shoal DDP, torch local, torch DDP), meeting the othe
 barrier before each block, so machine noise hits every kind alike; every step is timed on the
 slowest rank. The figures, as PEERS.md defines them:
 
-  overhead  = median DDP step - median local step      (target: shoal <= 0.5 x torch)
+  overhead  = DDP step - local step, the median over rounds of each round's block medians
+              (target: shoal <= 0.5 x torch)
   comm      = the same buckets all-reduced back to back on an idle group
   hidden    = 1 - overhead / comm                      (the share backward hid; clamped 0..1)
 
@@ -237,8 +238,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worlds", default="1,2", help="comma-separated world sizes")
     parser.add_argument("--batch", type=int, default=128, help="samples per rank")
-    parser.add_argument("--block", type=int, default=10, help="steps per A/B block")
-    parser.add_argument("--blocks", type=int, default=8,
+    parser.add_argument("--block", type=int, default=5, help="steps per block")
+    parser.add_argument("--blocks", type=int, default=20,
                         help="rounds of blocks; each round runs every kind of step once")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--comm-iters", "--comm_iters", type=int, default=20)
@@ -270,16 +271,23 @@ def main(argv=None) -> int:
             got["exposed"].extend(run["exposed"])
             buckets = run["buckets"]
         for impl in impls:
-            local = _median_ms(got["times"][f"{impl}_local"])
+            local_times = got["times"][f"{impl}_local"]
             ddp_times = got["times"][f"{impl}_ddp"]
-            ddp = _median_ms(ddp_times)
+            local, ddp = _median_ms(local_times), _median_ms(ddp_times)
             comm = _median_ms(got["comm"][impl])
-            overhead = ddp - local
+            # Each round's DDP block minus the same round's local block, then the median over
+            # rounds: load that drifts between rounds cancels out.
+            per_round = [
+                _median_ms(ddp_times[i:i + args.block]) - _median_ms(local_times[i:i + args.block])
+                for i in range(0, len(ddp_times), args.block)
+            ]
+            overhead = statistics.median(per_round)
             row = {
                 "bench": "ddp", "impl": impl, "world": world, "batch_per_rank": args.batch,
                 "model": "mlp-784-1024-1024-10", "dtype": "float32", "buckets_bytes": buckets,
                 "steps": len(ddp_times), "local_step_ms": local, "ddp_step_ms": ddp,
                 "ddp_spread_ms": _spread_ms(ddp_times), "overhead_ms": overhead,
+                "overhead_spread_ms": _spread_ms([v / 1e3 for v in per_round]),
                 "comm_alone_ms": comm,
                 "hidden_share": min(1.0, max(0.0, 1.0 - overhead / comm)) if world > 1 else None,
                 "samples_per_s": world * args.batch / (ddp / 1e3),
