@@ -11,6 +11,7 @@ process with `ASYNC_ERROR_EXIT_CODE` so the elastic agent restarts the group.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -35,6 +36,9 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger(__name__)
 
 __all__ = ["Watchdog", "write_dump", "exit_after_error", "ASYNC_ERROR_EXIT_CODE"]
+
+
+_dump_ids = itertools.count(1)
 
 
 def _ranks(ranks) -> str:
@@ -67,12 +71,14 @@ def write_dump(pg: "ProcessGroupTCP", reason: str, record=None, progress: Option
     directory = env.dump_dir()
     stamp = time.strftime("%Y%m%d-%H%M%S")
     safe_group = "".join(c if c.isalnum() or c in "-_" else "_" for c in pg.name)
+    # Two threads of one rank may dump at once (its own timeout and a peer's relayed one).
     path = os.path.join(
-        directory, f"shoal-collectives-{safe_group}-rank{pg.rank()}-pid{os.getpid()}-{stamp}.json"
+        directory,
+        f"shoal-collectives-{safe_group}-rank{pg.rank()}-pid{os.getpid()}-{stamp}-{next(_dump_ids)}.json",
     )
     try:
         os.makedirs(directory, exist_ok=True)
-        tmp = path + ".tmp"
+        tmp = f"{path}.{threading.get_ident()}.tmp"
         with open(tmp, "w") as f:
             json.dump(doc, f, indent=1, default=str)
         os.replace(tmp, path)

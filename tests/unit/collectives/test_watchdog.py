@@ -77,6 +77,9 @@ def test_group_timeout_names_laggards_and_writes_a_valid_dump(dumps):
         assert doc["failed_op"]["seq"] == 2 and doc["progress_of_ranks"]["2"][0] == 1
         assert [e["state"] for e in doc["entries"]] == ["completed", "running"]
         # The rank that never called learns why from its peers.
+        deadline = time.monotonic() + 10
+        while pgs[2].failure is None and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert "rank 2 never arrived" in pgs[2].failure
     finally:
         for pg in pgs:
