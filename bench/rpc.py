@@ -140,6 +140,51 @@ class _Side:
         return out
 
 
+def _raw_echo_server(port_queue) -> None:
+    import socket  # noqa: PLC0415
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port_queue.put(listener.getsockname()[1])
+    conn, _ = listener.accept()
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    view = memoryview(np.empty(BULK_BYTES, np.uint8))
+    try:
+        while True:
+            got = 0
+            while got < BULK_BYTES:
+                k = conn.recv_into(view[got:], BULK_BYTES - got, socket.MSG_WAITALL)
+                if k == 0:
+                    return
+                got += k
+            conn.sendall(view)
+    except OSError:
+        return
+
+
+def raw_socket_echo(n: int) -> list[float]:
+    """The loopback floor: the same 16 MiB echo over one plain TCP socket, no RPC at all."""
+    import socket  # noqa: PLC0415
+
+    ports = CTX.Queue()
+    server = CTX.Process(target=_raw_echo_server, args=(ports,), daemon=True)
+    server.start()
+    sock = socket.create_connection(("127.0.0.1", ports.get(timeout=60)))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    out_buf = np.zeros(BULK_BYTES, np.uint8)
+    in_view = memoryview(np.empty(BULK_BYTES, np.uint8))
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        sock.sendall(out_buf)
+        got = 0
+        while got < BULK_BYTES:
+            got += sock.recv_into(in_view[got:], BULK_BYTES - got, socket.MSG_WAITALL)
+        times.append(time.perf_counter() - t)
+    sock.close()
+    server.join(10)
+    return times
+
+
 def _worker(impl: str, rank: int, env: dict, commands, results) -> None:
     os.environ.update(env)
     try:
@@ -226,6 +271,8 @@ def main(argv=None) -> int:
                         help="run torch.distributed.rpc (TensorPipe over TCP) beside shoal")
     parser.add_argument("--quick", action="store_true", help="fewer iterations and sessions")
     parser.add_argument("--sessions", type=int, default=None)
+    parser.add_argument("--rows", default="sync_latency,async_throughput,echo,remote_to_here,"
+                        "behind_bulk", help="comma-separated subset of the measurements")
     args = parser.parse_args(argv)
     impls = ["shoal"]
     if args.compare:
@@ -244,8 +291,11 @@ def main(argv=None) -> int:
         ("remote_to_here", int(1000 * scale)),
         ("behind_bulk", max(10, int(40 * scale))),
     ]
+    wanted = set(args.rows.split(","))
+    plan = [(name, n) for name, n in plan if name in wanted]
     pairs = {impl: _Pair(impl) for impl in impls}
     raw: dict = {impl: collections.defaultdict(list) for impl in impls}
+    loopback: list[float] = []
     try:
         for impl in impls:  # warm-up: connections, caches, first-touch of the bulk arrays
             for name, n in plan:
@@ -254,6 +304,8 @@ def main(argv=None) -> int:
             for name, n in plan:
                 for impl in impls:  # A B A B within each row
                     raw[impl][name].append(pairs[impl].run(name, n))
+                if name == "echo":
+                    loopback.append(2 * BULK_BYTES / _pct(raw_socket_echo(n), 0.5) / 1e9)
     finally:
         for pair in pairs.values():
             pair.close()
@@ -265,14 +317,19 @@ def main(argv=None) -> int:
             per = {impl: [_pct(s, q) * 1e3 for s in raw[impl][key]] for impl in impls}
             rows.append((f"{label} {stat}", "ms", per, "lower"))
 
-    latency_rows("sync_latency", "ms", "sync_64B")
-    rows.append(("async_64B_x64", "calls/s",
-                 {impl: list(raw[impl]["async_throughput"]) for impl in impls}, "higher"))
-    rows.append(("echo_16MiB", "GB/s",
-                 {impl: [2 * BULK_BYTES / _pct(s, 0.5) / 1e9 for s in raw[impl]["echo"]]
-                  for impl in impls}, "higher"))
-    latency_rows("remote_to_here", "ms", "remote_to_here")
-    latency_rows("behind_bulk", "ms", "sync_64B_behind_16MiB")
+    if "sync_latency" in wanted:
+        latency_rows("sync_latency", "ms", "sync_64B")
+    if "async_throughput" in wanted:
+        rows.append(("async_64B_x64", "calls/s",
+                     {impl: list(raw[impl]["async_throughput"]) for impl in impls}, "higher"))
+    if "echo" in wanted:
+        rows.append(("echo_16MiB", "GB/s",
+                     {impl: [2 * BULK_BYTES / _pct(s, 0.5) / 1e9 for s in raw[impl]["echo"]]
+                      for impl in impls}, "higher"))
+    if "remote_to_here" in wanted:
+        latency_rows("remote_to_here", "ms", "remote_to_here")
+    if "behind_bulk" in wanted:
+        latency_rows("behind_bulk", "ms", "sync_64B_behind_16MiB")
 
     header = f"{'row':34} {'unit':8} {'shoal':>12} {'torch':>12} {'shoal/torch':>12}  spread (shoal; torch)"
     print(header)
@@ -291,6 +348,12 @@ def main(argv=None) -> int:
             "sessions": sessions, "shoal_sessions": per["shoal"],
             "torch_sessions": per.get("torch"),
         })
+    if loopback:
+        print(f"{'(loopback floor: raw socket echo)':34} {'GB/s':8} {statistics.median(loopback):12.4g}"
+              f"{'':26}  {min(loopback):.3g}..{max(loopback):.3g}")
+        lines.append({"bench": "rpc", "row": "raw_socket_echo_16MiB", "unit": "GB/s",
+                      "better": "higher", "value": statistics.median(loopback),
+                      "sessions": loopback})
     for line in lines:
         print(json.dumps(line))
     return 0

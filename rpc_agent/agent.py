@@ -16,6 +16,7 @@ import time
 from typing import Any, Callable, Optional, Union
 
 from core.auth import load_token
+from core.timeouts import to_seconds
 from rpc_agent import _current, metrics
 from rpc_agent._generated import rpc_pb2
 from rpc_agent._threads import Deadlines, WorkerPool, is_io_thread
@@ -40,8 +41,6 @@ from rpc_agent.serialization import (
 from rpc_agent.transport import GrpcTransport, Stream
 
 logger = logging.getLogger(__name__)
-import os
-_INLINE = os.environ.get('EXP') == 'inline'
 
 WorkerRef = Union[str, int, WorkerInfo]
 _CALL, _REMOTE_CALL = rpc_pb2.CALL, rpc_pb2.REMOTE_CALL
@@ -117,7 +116,7 @@ class RpcAgent:
         self.rrefs = RRefContext(self)
         self._transport = GrpcTransport(
             name=name, worker_id=rank, token=self._token, host=options.host,
-            on_frames=self._on_frames, on_stream_open=self._on_stream_open,
+            max_streams=2 * world_size, on_frames=self._on_frames, on_stream_open=self._on_stream_open,
             on_stream_dead=self._on_stream_dead, peer_name=self._peer_name,
         )
         self._data = DataChannels(
@@ -182,6 +181,12 @@ class RpcAgent:
         """Stop logging peers' disconnects as failures (the job is shutting down)."""
         self._closing = True
 
+    def close_outgoing(self) -> None:
+        """Close the streams this worker dialed (shutdown does this on every worker before
+        any server stops, so that no side sees its peer vanish)."""
+        self._closing = True
+        self._transport.close_channels()
+
     def close(self) -> None:
         """Tear everything down; pending calls fail."""
         if self._closed:
@@ -236,8 +241,6 @@ class RpcAgent:
 
     def timeout_or_none(self, timeout) -> Optional[float]:
         """A call's timeout in seconds: the default for None, no limit (None) for 0."""
-        from core.timeouts import to_seconds  # noqa: PLC0415
-
         seconds = self._default_timeout if timeout is None else to_seconds(timeout)
         return None if seconds == 0 else seconds
 
@@ -314,7 +317,8 @@ class RpcAgent:
         try:
             stream.send(frame)
             if big:
-                self._data.send(dst.id, self._data_address[dst.id], big)
+                self._data.send(dst.id, self._data_address[dst.id], big,
+                                lambda exc, rid=rid: self._fail(rid, exc))
         except RpcError as exc:
             self._fail(rid, RpcPeerLost(
                 f"The {kind} call of {fname} on worker {dst.name!r} (id {dst.id}) could not be "
@@ -422,8 +426,6 @@ class RpcAgent:
                         lambda f, p, b, e, s=stream, r=record: self._pool.submit(
                             self._serve, s, f, p, b, e, r),
                     )
-                elif _INLINE:
-                    self._serve(stream, frame, frame.payload, None, None, record)
                 else:
                     self._pool.submit(self._serve, stream, frame, frame.payload, None, None,
                                       record)
@@ -519,7 +521,9 @@ class RpcAgent:
         try:
             stream.send(frame)
             if big:
-                self._data.send(stream.peer_id, self._data_address[stream.peer_id], big)
+                self._data.send(stream.peer_id, self._data_address[stream.peer_id], big,
+                                lambda exc: logger.info("Worker %r could not send the result of "
+                                                        "%s: %s", self.info.name, fname, exc))
         except RpcError as send_exc:
             # The caller's side sees the same dead stream and fails the call itself.
             logger.info("Worker %r could not reply to %s for %s: %s",

@@ -14,6 +14,7 @@ Wire, after core.auth's handshake (purpose "rpc-data"):
 from __future__ import annotations
 
 import logging
+import queue
 import socket
 import struct
 import threading
@@ -37,19 +38,23 @@ _ID = struct.Struct("!i")
 def _recv_exact_into(sock: socket.socket, view: memoryview) -> None:
     got, n = 0, len(view)
     while got < n:
-        k = sock.recv_into(view[got:], n - got)
+        # MSG_WAITALL: one system call (and one GIL round trip) for the whole buffer.
+        k = sock.recv_into(view[got:], n - got, socket.MSG_WAITALL)
         if k == 0:
             raise ConnectionError(f"the peer closed the data channel after {got} of {n} bytes")
         got += k
 
 
 class _Conn:
-    """One data socket: a send lock (header and body go out together) and a reader thread."""
+    """One data socket, its sender thread (jobs go out whole and in order) and a reader."""
 
     def __init__(self, sock: socket.socket, peer_id: int):
         self.sock = sock
         self.peer_id = peer_id
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        # Held while sending; a sender that finds it free and no job queued sends itself.
         self.send_lock = threading.Lock()
+        self.queued = 0
         self.alive = True
 
 
@@ -109,6 +114,7 @@ class DataChannels:
             except OSError:
                 pass
             conn.sock.close()
+            conn.jobs.put(None)
         self._accept_thread.join(2.0)
 
     # -- sending
@@ -120,24 +126,59 @@ class DataChannels:
             return self._next_id
 
     def send(self, peer_id: int, address: tuple[str, int],
-             buffers: list[tuple[int, memoryview]]) -> None:
-        """Send `(transfer_id, buffer)` pairs to `peer_id`, dialing it first if needed.
+             buffers: list[tuple[int, memoryview]],
+             on_error: Callable[[RpcPeerLost], None]) -> None:
+        """Queue `(transfer_id, buffer)` pairs for `peer_id`, dialing it first if needed.
+
+        When the channel is idle the calling thread sends at once (no hand-off); while
+        another send is under way the buffers queue for the channel's sender thread and the
+        caller returns (like TensorPipe, arrays must not change until the call's Future
+        completes). A send that fails reports through `on_error`.
 
         Raises:
-            RpcPeerLost: the channel cannot be opened or breaks mid-send (names the peer).
+            RpcPeerLost: the channel cannot be opened (names the peer).
         """
         conn = self._conn_to(peer_id, address)
+        with self._lock:
+            inline = conn.queued == 0 and conn.send_lock.acquire(blocking=False)
+            if not inline:
+                conn.queued += 1
+        if not inline:
+            conn.jobs.put((buffers, on_error))
+            return
         try:
+            self._send_job(conn, buffers, on_error)
+        finally:
+            conn.send_lock.release()
+
+    def _send_loop(self, conn: _Conn) -> None:
+        while True:
+            job = conn.jobs.get()
+            if job is None:
+                return
             with conn.send_lock:
-                for transfer_id, buf in buffers:
-                    conn.sock.sendall(_HEADER.pack(transfer_id, buf.nbytes))
-                    conn.sock.sendall(buf)
-                    metrics.BYTES_SENT.inc(buf.nbytes + _HEADER.size)
+                with self._lock:
+                    conn.queued -= 1
+                self._send_job(conn, *job)
+
+    def _send_job(self, conn: _Conn, buffers, on_error) -> None:
+        if not conn.alive:
+            on_error(RpcPeerLost(
+                f"The data channel to {self._peer_label(conn.peer_id)} closed before "
+                "its buffers were sent."
+            ))
+            return
+        try:
+            for transfer_id, buf in buffers:
+                conn.sock.sendall(_HEADER.pack(transfer_id, buf.nbytes))
+                conn.sock.sendall(buf)
+                metrics.BYTES_SENT.inc(buf.nbytes + _HEADER.size)
         except OSError as exc:
             self._drop(conn, f"sending failed: {exc}")
-            raise RpcPeerLost(
-                f"The data channel to {self._peer_label(peer_id)} broke while sending: {exc}"
-            ) from exc
+            on_error(RpcPeerLost(
+                f"The data channel to {self._peer_label(conn.peer_id)} broke while "
+                f"sending: {exc}"
+            ))
 
     def connect(self, peer_id: int, address: tuple[str, int]) -> None:
         """Open the channel to `peer_id` now (init does this for one side of each pair)."""
@@ -216,6 +257,10 @@ class DataChannels:
             # then send on the same socket, which carries both directions.
             if replace or current is None or not current.alive:
                 self._conns[conn.peer_id] = conn
+        threading.Thread(
+            target=self._send_loop, args=(conn,), daemon=True,
+            name=f"shoal-rpc-data-send-{self.name}",
+        ).start()
         if replace:
             threading.Thread(
                 target=self._read_loop, args=(conn,), daemon=True,
@@ -256,6 +301,7 @@ class DataChannels:
             conn.sock.close()
         except OSError:
             pass
+        conn.jobs.put(None)
         if was_alive and not closed:
             logger.info("The data channel of %r to %s closed: %s",
                         self.name, self._peer_label(conn.peer_id), reason)

@@ -221,6 +221,13 @@ def _graceful(agent: RpcAgent, store: Store, deadline: Deadline) -> None:
             + " never reached shutdown."
         ) from exc
     agent.begin_close()
+    agent.close_outgoing()
+    store.set(f"closed/{agent.info.id}", "1")
+    try:
+        store.wait([f"closed/{i}" for i in range(agent.world_size)],
+                   min(_EXIT_WAIT_S, max(0.1, deadline.remaining())))
+    except StoreTimeout:
+        logger.info("Not every worker closed its streams in time; stopping anyway.")
     store.set(f"exit/{agent.info.id}", "1")
     raw = _store_state.get("raw_store")
     if getattr(raw, "server", None) is not None:
