@@ -134,6 +134,8 @@ class Stream:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._cancel: Optional[Callable[[], None]] = None
+        # Called once, after the stream is marked dead (the agent fails its pending calls).
+        self.on_dead: Optional[Callable[["Stream"], None]] = None
 
     def describe(self) -> str:
         """The peer as error messages name it."""
@@ -208,6 +210,8 @@ class Stream:
                 cancel()
             except Exception:  # noqa: BLE001
                 logger.debug("Cancelling the stream to %s failed", self.describe(), exc_info=True)
+        if self.on_dead is not None:
+            self.on_dead(self)
         return True
 
 
@@ -283,6 +287,7 @@ class GrpcTransport:
     def connect(self, peer_id: int, peer_name: str, address: str) -> Stream:
         """A new outgoing stream to `address`; it connects in the background (frames queue)."""
         stream = Stream(peer_id, peer_name, outgoing=True)
+        stream.on_dead = self._on_stream_dead
         threading.Thread(
             target=self._dial, args=(stream, address), daemon=True,
             name=f"shoal-rpc-read-{self.name}-{peer_name}",
@@ -330,8 +335,7 @@ class GrpcTransport:
         except Exception as exc:  # noqa: BLE001  (any failure is this stream's death)
             if call is not None:
                 call.cancel()
-            if stream.fail(f"connecting to {address} failed: {_describe(exc)}"):
-                self._on_stream_dead(stream)
+            stream.fail(f"connecting to {address} failed: {_describe(exc)}")
             channel.close()
             return
         if not stream._open(call.cancel):
@@ -352,12 +356,13 @@ class GrpcTransport:
             )
             context.abort(grpc.StatusCode.UNAUTHENTICATED, reason)
         stream = Stream(hello.id, hello.name, outgoing=False)
+        stream.on_dead = self._on_stream_dead
         proof = _server_proof(self._token, self.worker_id, hello.nonce)
         first = encode_batch(
             [rpc_pb2.Frame(kind=rpc_pb2.HELLO, payload=proof).SerializeToString()]
         )
         stream._open(context.cancel)
-        context.add_callback(lambda: self._ended(stream, "the RPC ended"))
+        context.add_callback(lambda: stream.fail("the RPC ended"))
         self._on_stream_open(stream)
         threading.Thread(
             target=self._serve_reads, args=(stream, request_iterator), daemon=True,
@@ -368,10 +373,6 @@ class GrpcTransport:
     def _serve_reads(self, stream: Stream, request_iterator) -> None:
         mark_io_thread()
         self._read_loop(stream, request_iterator)
-
-    def _ended(self, stream: Stream, reason: str) -> None:
-        if stream.fail(reason):
-            self._on_stream_dead(stream)
 
     def _check_hello(self, metadata) -> tuple[Optional[rpc_pb2.Hello], str]:
         raw = None
@@ -433,8 +434,7 @@ class GrpcTransport:
                     logger.exception("Handling frames from %s failed", stream.describe())
         except Exception as exc:  # noqa: BLE001
             reason = _describe(exc)
-        if stream.fail(reason):
-            self._on_stream_dead(stream)
+        stream.fail(reason)
 
 
 def _describe(exc: BaseException) -> str:

@@ -1,0 +1,398 @@
+"""rpc_sync, rpc_async and Futures across three spawned workers: results, arrays and Tensors,
+nested calls, async_execution chains, remote exceptions, timeouts, a dead stream, metrics."""
+
+from __future__ import annotations
+
+import operator
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from rpc_agent.functions import async_execution
+from test_rpc_pool import RpcWorkers, expect_error
+
+WORLD = 3
+
+
+@pytest.fixture(scope="module")
+def workers():
+    with RpcWorkers(WORLD, num_worker_threads=4) as pool:
+        yield pool
+        pool.shutdown()
+
+
+# ----------------------------------------------------------------------------- remote side
+
+def echo(x):
+    return x
+
+
+def describe_array(a):
+    return a.dtype.str, a.shape, bool(a.flags.writeable), float(a.sum())
+
+
+def add_kw(a, b=0, *, scale=1):
+    return (a + b) * scale
+
+
+def whoami():
+    import rpc_agent  # noqa: PLC0415
+
+    return rpc_agent.get_worker_info().name
+
+
+def nested(path):
+    """Call along `path` (worker names); each hop appends its own name."""
+    import rpc_agent  # noqa: PLC0415
+
+    me = rpc_agent.get_worker_info().name
+    if not path:
+        return [me]
+    return [me] + rpc_agent.rpc_sync(path[0], nested, (path[1:],))
+
+
+class CustomError(Exception):
+    """A user exception type the caller can rebuild."""
+
+
+def raise_value_error(n):
+    raise ValueError(f"bad input {n}")
+
+
+def raise_custom():
+    raise CustomError("custom failure on purpose")
+
+
+class _Unpicklable(Exception):
+    def __init__(self, message, handle):
+        super().__init__(message)
+        self.handle = handle
+
+
+def raise_unpicklable():
+    raise _Unpicklable("cannot travel", threading.Lock())
+
+
+def slow(seconds, value=None):
+    time.sleep(seconds)
+    return value
+
+
+_gate = threading.Event()
+
+
+def open_gate():
+    _gate.set()
+    return True
+
+
+def reset_gate():
+    _gate.clear()
+
+
+def wait_gate(timeout):
+    return _gate.wait(timeout)
+
+
+# async_execution: each call returns at once with a Future another worker completes.
+@async_execution
+def async_chain(hops, value):
+    import rpc_agent  # noqa: PLC0415
+
+    if not hops:
+        fut = rpc_agent.Future()
+        fut.set_result(value + 1)
+        return fut
+    return rpc_agent.rpc_async(hops[0], async_chain, (hops[1:], value + 1)).then(
+        lambda f: f.value() * 10
+    )
+
+
+@async_execution
+def async_wait_gate(timeout):
+    """Frees its thread at once; completes when the gate opens (polled by a timer thread)."""
+    import rpc_agent  # noqa: PLC0415
+
+    fut = rpc_agent.Future()
+
+    def waiter():
+        fut.set_result(_gate.wait(timeout))
+
+    threading.Thread(target=waiter, daemon=True).start()
+    return fut
+
+
+@async_execution
+def async_returns_int():
+    return 5
+
+
+# ----------------------------------------------------------------------------- caller side
+
+def call_sync(to, fn, args=(), kwargs=None, timeout=None):
+    import rpc_agent  # noqa: PLC0415
+
+    return rpc_agent.rpc_sync(to, fn, args, kwargs, timeout=timeout)
+
+
+def check_values():
+    import rpc_agent  # noqa: PLC0415
+    from core.tensor import Tensor  # noqa: PLC0415
+
+    out = {}
+    out["add"] = rpc_agent.rpc_sync("w1", operator.add, (2, 3))
+    out["kwargs"] = rpc_agent.rpc_sync("w2", add_kw, (1,), {"b": 2, "scale": 3})
+    out["by_rank"] = rpc_agent.rpc_sync(1, whoami)
+    out["by_info"] = rpc_agent.rpc_sync(rpc_agent.get_worker_info("w2"), whoami)
+    out["self"] = rpc_agent.rpc_sync("w0", whoami)
+    small = np.arange(12, dtype=np.int16).reshape(3, 4)
+    big = np.random.default_rng(0).standard_normal((600, 700)).astype(np.float32)  # 1.6 MiB
+    strided = big[::2, ::3]
+    for key, arr in (("small", small), ("big", big), ("strided", strided)):
+        back = rpc_agent.rpc_sync("w1", echo, (arr,))
+        assert back.dtype == arr.dtype and back.shape == arr.shape, key
+        np.testing.assert_array_equal(back, arr)
+        out[key] = rpc_agent.rpc_sync("w1", describe_array, (arr,))
+        assert back.flags.writeable, key
+    # A pickle larger than the threshold (no out-of-band buffer) also goes over the data channel.
+    payload = list(range(40_000))
+    out["big_pickle"] = rpc_agent.rpc_sync("w2", echo, (payload,)) == payload
+    tensor = Tensor(np.arange(6, dtype=np.float32).reshape(2, 3), requires_grad=True)
+    back = rpc_agent.rpc_sync("w1", echo, (tensor,))
+    out["tensor"] = (type(back).__name__, back.requires_grad, back.data.tolist())
+    bulk = Tensor(np.ones((512, 512), dtype=np.float64))  # 2 MiB over the data channel
+    out["tensor_big"] = float(rpc_agent.rpc_sync("w2", echo, (bulk,)).data.sum())
+    return out
+
+
+def test_results_arrays_and_tensors_round_trip(workers):
+    out = workers.run(0, check_values)
+    assert out["add"] == 5
+    assert out["kwargs"] == 9
+    assert out["by_rank"] == "w1" and out["by_info"] == "w2" and out["self"] == "w0"
+    assert out["small"] == ("<i2", (3, 4), True, 66.0)
+    assert out["big"][:3] == ("<f4", (600, 700), True)
+    assert out["strided"][:2] == ("<f4", (300, 234))
+    assert out["big_pickle"] is True
+    assert out["tensor"] == ("Tensor", True, [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]])
+    assert out["tensor_big"] == 512 * 512
+
+
+def test_nested_calls_go_through_every_hop_and_back(workers):
+    assert workers.run(0, call_sync, "w1", nested, (["w2", "w0", "w1"],)) == [
+        "w1", "w2", "w0", "w1"
+    ]
+
+
+def check_futures():
+    import rpc_agent  # noqa: PLC0415
+    from rpc_agent import RpcError  # noqa: PLC0415
+
+    out = {}
+    fut = rpc_agent.rpc_async("w1", slow, (0.3, "late"))
+    try:
+        fut.value()
+        out["value_early"] = "no error"
+    except RpcError as exc:
+        out["value_early"] = str(exc)
+    seen = []
+    fut.add_done_callback(lambda f: seen.append(f.value()))
+    chained = fut.then(lambda f: f.value().upper())
+    out["wait"] = fut.wait(10)
+    out["then"] = chained.wait(10)
+    out["done"] = fut.done()
+    deadline = time.monotonic() + 5
+    while not seen and time.monotonic() < deadline:
+        time.sleep(0.01)
+    out["callback"] = seen
+    many = [rpc_agent.rpc_async(f"w{i % 3}", operator.mul, (i, i)) for i in range(50)]
+    out["wait_all"] = rpc_agent.wait_all(many, timeout=20)
+    out["collect_all"] = [f.value() for f in rpc_agent.collect_all(many).wait(10)]
+    failing = [rpc_agent.rpc_async("w1", operator.truediv, (1, 0)), rpc_agent.rpc_async("w2", echo, (1,))]
+    try:
+        rpc_agent.wait_all(failing, timeout=10)
+        out["wait_all_error"] = None
+    except ZeroDivisionError as exc:
+        out["wait_all_error"] = str(exc)
+    return out
+
+
+def test_futures_wait_then_callbacks_and_collections(workers):
+    out = workers.run(0, check_futures)
+    assert "not done yet" in out["value_early"]
+    assert out["wait"] == "late" and out["then"] == "LATE" and out["done"] is True
+    assert out["callback"] == ["late"]
+    assert out["wait_all"] == [i * i for i in range(50)]
+    assert out["collect_all"] == out["wait_all"]
+    assert out["wait_all_error"] == "division by zero"
+
+
+def check_async_chain():
+    import rpc_agent  # noqa: PLC0415
+
+    # w1 -> w2 -> w0: each hop adds one on the way out (5 -> 6 -> 7 -> 8 on w0) and each
+    # forwarding hop multiplies by ten on the way back (w2: 80, w1: 800).
+    return rpc_agent.rpc_sync("w1", async_chain, (["w2", "w0"], 5))
+
+
+def check_async_frees_threads():
+    """More async_execution calls than w1 has threads, all waiting on one gate: only works if
+    none of them holds a thread while it waits."""
+    import rpc_agent  # noqa: PLC0415
+
+    rpc_agent.rpc_sync("w1", reset_gate)
+    futs = [rpc_agent.rpc_async("w1", async_wait_gate, (20,)) for _ in range(12)]
+    time.sleep(0.2)
+    assert not any(f.done() for f in futs)
+    assert rpc_agent.rpc_sync("w1", open_gate, timeout=10) is True
+    return [f.wait(20) for f in futs]
+
+
+def test_async_execution_chains_and_frees_server_threads(workers):
+    assert workers.run(0, check_async_chain) == 800
+    assert workers.run(0, check_async_frees_threads) == [True] * 12
+    type_name, message, _ = expect_error(workers, 0, call_sync, "w2", async_returns_int)
+    assert type_name == "RpcError"
+    assert "async_returns_int is marked @async_execution but returned int, not a Future" in message
+
+
+def catch_remote(fn, args=()):
+    import rpc_agent  # noqa: PLC0415
+
+    try:
+        rpc_agent.rpc_sync("w1", fn, args)
+    except BaseException as exc:  # noqa: BLE001
+        return (type(exc).__name__, str(exc), getattr(exc, "remote_traceback", ""),
+                getattr(exc, "__notes__", []), type(exc.__cause__).__name__,
+                getattr(exc, "type_name", None))
+    return None
+
+
+def test_remote_exceptions_keep_type_message_and_traceback(workers):
+    name, message, tb, notes, cause, _ = workers.run(0, catch_remote, raise_value_error, (7,))
+    assert (name, message) == ("ValueError", "bad input 7")
+    assert "in raise_value_error" in tb and 'raise ValueError(f"bad input {n}")' in tb
+    assert notes == ["Raised on worker 'w1' while running test_rpc_calls.raise_value_error "
+                     "(remote traceback above)."]
+    assert cause == "RemoteTraceback"
+    name, message, tb, *_ = workers.run(0, catch_remote, raise_custom)
+    assert (name, message) == ("CustomError", "custom failure on purpose")
+    # A type that cannot travel comes back as RemoteException with the type name and text.
+    name, message, tb, _, _, type_name = workers.run(0, catch_remote, raise_unpicklable)
+    assert name == "RemoteException"
+    assert type_name == "test_rpc_calls._Unpicklable"
+    assert message.startswith("test_rpc_calls._Unpicklable: cannot travel")
+    assert "in raise_unpicklable" in tb
+
+
+def timed_call(to, fn, args, timeout):
+    import rpc_agent  # noqa: PLC0415
+
+    t = time.monotonic()
+    try:
+        value = rpc_agent.rpc_sync(to, fn, args, timeout=timeout)
+        return "ok", value, time.monotonic() - t
+    except rpc_agent.RpcError as exc:
+        return type(exc).__name__, str(exc), time.monotonic() - t
+
+
+def test_timeouts_fail_the_future_naming_callee_and_function(workers):
+    kind, message, elapsed = workers.run(0, timed_call, "w2", slow, (5,), 0.5)
+    assert kind == "RpcTimeout"
+    assert message == ("The sync call of test_rpc_calls.slow on worker 'w2' (id 2) timed out "
+                       "after 0.5s.")
+    assert 0.4 < elapsed < 4
+    # timeout=0 means no limit.
+    assert workers.run(0, timed_call, "w2", slow, (0.3, "fine"), 0)[:2] == ("ok", "fine")
+
+
+def check_bad_input():
+    import rpc_agent  # noqa: PLC0415
+
+    out = {}
+    try:
+        rpc_agent.rpc_sync("w1", echo, (lambda: 1,))
+    except rpc_agent.RpcError as exc:
+        out["lambda"] = str(exc)
+    try:
+        rpc_agent.rpc_sync("nobody", echo, (1,))
+    except rpc_agent.RpcError as exc:
+        out["unknown"] = str(exc)
+    try:
+        rpc_agent.rpc_sync("w1", echo, (1,), timeout=-1)
+    except ValueError as exc:
+        out["negative"] = str(exc)
+    return out
+
+
+def test_bad_calls_fail_clearly_before_sending(workers):
+    out = workers.run(0, check_bad_input)
+    assert out["lambda"].startswith(
+        "The arguments of test_rpc_calls.echo for worker 'w1' cannot be pickled:")
+    assert out["unknown"] == "Unknown worker 'nobody': this job has workers 'w0', 'w1', 'w2'."
+    assert "timeout must be zero or more seconds, got -1.0" in out["negative"]
+
+
+def break_stream_mid_call(peer):
+    """Kill this worker's live stream to `peer` with a call pending, then call again."""
+    import rpc_agent  # noqa: PLC0415
+    from rpc_agent import _current  # noqa: PLC0415
+
+    agent = _current.get()
+    fut = rpc_agent.rpc_async(peer, slow, (3, "never"))
+    time.sleep(0.2)
+    stream = agent._streams[rpc_agent.get_worker_info(peer).id]
+    stream.fail("killed by the test")
+    try:
+        fut.wait(10)
+        first = "no error"
+    except rpc_agent.RpcPeerLost as exc:
+        first = str(exc)
+    return first, rpc_agent.rpc_sync(peer, whoami, timeout=10)
+
+
+def test_a_dead_stream_fails_its_pending_calls_and_reconnects(workers):
+    first, again = workers.run(0, break_stream_mid_call, "w1")
+    assert first == ("The async call of test_rpc_calls.slow on worker 'w1' (id 1) failed: the "
+                     "RPC stream to it died (killed by the test).")
+    assert again == "w1"
+    # The peer that accepted the stream gets a new one too, and calls both ways still work.
+    assert workers.run(1, call_sync, "w0", whoami) == "w0"
+
+
+def read_metrics():
+    from prometheus_client import REGISTRY  # noqa: PLC0415
+
+    def value(name, **labels):
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    return {
+        "sync_ok": value("shoal_rpc_requests_total", kind="sync", status="ok"),
+        "async_ok": value("shoal_rpc_requests_total", kind="async", status="ok"),
+        "sync_timeout": value("shoal_rpc_requests_total", kind="sync", status="timeout"),
+        "latency_count": value("shoal_rpc_latency_seconds_count", kind="sync"),
+        "inflight": value("shoal_rpc_inflight"),
+        "sent": value("shoal_rpc_bytes_total", direction="sent"),
+        "received": value("shoal_rpc_bytes_total", direction="received"),
+    }
+
+
+def burst(n):
+    import rpc_agent  # noqa: PLC0415
+
+    for i in range(n):
+        rpc_agent.rpc_sync("w1", echo, (i,))
+    rpc_agent.wait_all([rpc_agent.rpc_async("w2", echo, (i,)) for i in range(n)])
+
+
+def test_metrics_count_requests_latency_inflight_and_bytes(workers):
+    before = workers.run(0, read_metrics)
+    workers.run(0, burst, 20)
+    after = workers.run(0, read_metrics)
+    assert after["sync_ok"] - before["sync_ok"] == 20
+    assert after["async_ok"] - before["async_ok"] == 20
+    assert after["latency_count"] - before["latency_count"] == 20
+    assert after["inflight"] == 0
+    assert after["sent"] > before["sent"] and after["received"] > before["received"]
