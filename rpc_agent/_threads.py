@@ -43,6 +43,8 @@ class WorkerPool:
                 fn(*args)
             except BaseException:  # noqa: BLE001  (a task must never kill its worker)
                 logger.exception("An RPC worker task raised")
+            # An idle thread must not keep its last task's arguments (an RRef's value) alive.
+            del item, fn, args
 
     def stop(self, timeout: float = 2.0) -> None:
         """Let the threads finish queued tasks, then exit (threads still busy are left)."""
