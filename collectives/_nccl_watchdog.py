@@ -102,7 +102,7 @@ class NcclWatchdog:
             works = list(self._inflight)
         finished = 0
         for work in works:
-            if work.poll():
+            if work.poll(caller=False):
                 finished += 1
                 continue
             rec = work.record

@@ -6,8 +6,14 @@ blocking the host, so later kernels on that stream see the result; `synchronize(
 host (polling the event, never without a bound). Work that staged host (numpy) arrays through
 the device, and barriers, always block the host in `wait()`, because the caller reads the result
 on the host. Whichever thread first sees the event fire finishes the work: it copies staged
-results back into the caller's numpy arrays, drops the references that kept the arrays alive
-while NCCL used them, and runs the done-callbacks.
+results back into the caller's numpy arrays and drops the references that kept the arrays alive
+while NCCL used them.
+
+Done-callbacks of a successful collective run in a caller's thread, never in the watchdog's:
+in `wait()` right after the caller's stream was ordered after the collective, or in the first
+`synchronize()`, `is_completed()`, `exception()` or `result()`. GPU work a callback launches on
+its thread's current stream (a DDP hook's decompression) is thus ordered after the collective.
+A failure runs them at once, in the thread that failed the work.
 """
 
 from __future__ import annotations
@@ -114,17 +120,24 @@ class NcclWork(Work):
 
     # ------------------------------------------------------------------ completion
 
-    def poll(self) -> bool:
-        """True once finished (successfully or not); finishes it if its event has fired."""
-        if self._done:
-            return True
-        event = self.event
-        if event is None or not self._pg._rt.query(event):
-            return False
-        self.finish(None)
+    def poll(self, caller: bool = True) -> bool:
+        """True once finished (successfully or not); finishes it if its event has fired.
+
+        `caller` is False for the watchdog, whose polls leave the callbacks to a caller's thread.
+        """
+        if not self._done:
+            event = self.event
+            if event is None or not self._pg._rt.query(event):
+                return False
+            pg = self._pg
+            # After a failure, an event may fire because the abort ended NCCL's kernels.
+            self.finish(None if pg._failure is None else pg._error_for(self._record),
+                        run_callbacks=caller)
+        elif caller and self._callbacks:
+            self._run_callbacks()
         return True
 
-    def finish(self, exc: Optional[BaseException]) -> bool:
+    def finish(self, exc: Optional[BaseException], run_callbacks: bool = True) -> bool:
         """Finish once: write staged results back (on success), release, run callbacks."""
         with self._lock:
             if self._done:
@@ -136,17 +149,22 @@ class NcclWork(Work):
             self._done = True
             self._keep = []
             self._writebacks = []
-            callbacks, self._callbacks = self._callbacks, []
         rec = self._record
         self._pg._ledger.close(rec, exc)
         if exc is None and rec.started is not None:
             metrics.observe(rec.op, "nccl", rec.finished - rec.started, rec.nbytes)
+        if run_callbacks or exc is not None:
+            self._run_callbacks()
+        return True
+
+    def _run_callbacks(self) -> None:
+        with self._lock:
+            callbacks, self._callbacks = self._callbacks, []
         for cb in callbacks:
             try:
                 cb(self)
-            except Exception:  # a callback's bug must not stop the others or the watchdog
+            except Exception:  # a callback's bug must not stop the others
                 logger.exception("A done-callback of %s raised", self)
-        return True
 
     # ------------------------------------------------------------------ Work API
 
@@ -169,6 +187,8 @@ class NcclWork(Work):
                 rt.wait_event(rt.current_stream(), event)
         if self._exc is not None:
             raise self._exc
+        if self._callbacks:
+            self._run_callbacks()  # what they launch on this stream now runs after the collective
         return True
 
     def synchronize(self, timeout: TimeoutLike = None) -> bool:
@@ -200,6 +220,8 @@ class NcclWork(Work):
             time.sleep(min(sleep, max(0.0, end - now)))
         if self._exc is not None:
             raise self._exc
+        if self._callbacks:
+            self._run_callbacks()
         return True
 
     def is_completed(self) -> bool:
@@ -217,6 +239,7 @@ class NcclWork(Work):
         return self._outputs
 
     def add_done_callback(self, fn: Callable[[Work], Any]) -> None:
+        """Call `fn(work)` once finished (see the module docstring for the thread it runs in)."""
         with self._lock:
             if not self._done:
                 self._callbacks.append(fn)

@@ -276,14 +276,17 @@ class ProcessGroupNCCL(ProcessGroup):
     def _fail_group(self, kind: str, cause: str, culprit: Optional[NcclWork],
                     message: Optional[str], culprits: list, dump_path: Optional[str] = None,
                     in_launch: bool = False) -> None:
-        """Fail the group once: abort the communicator, fail every outstanding work."""
+        """Fail the group once: fail every outstanding work, then abort the communicator.
+
+        The work fails first: an abort lets NCCL's kernels exit, which fires their events, and
+        no caller may take such an event for success (NcclWork.poll checks the failure too).
+        """
         with self._fail_lock:
             if self._failure is not None:
                 return
             self._failure = (kind, cause, dump_path)
         logger.warning("Rank %d: nccl group %r failed (culprits: %s): %s", self._rank, self.name,
                        culprits, cause)
-        self._abort_comm(wait_for_launch=not in_launch)
         if culprit is not None and message is not None:
             cls = CollectiveMismatch if kind == "mismatch" else CollectiveTimeout
             culprit.finish(cls(message))
@@ -292,6 +295,7 @@ class ProcessGroupNCCL(ProcessGroup):
             err = self._error_for(work.record)
             if work.finish(err):
                 metrics.count_error(work.record.op, kind)
+        self._abort_comm(wait_for_launch=not in_launch)
         if env.async_error_handling():
             exit_after_error(message or f"Rank {self._rank}'s nccl group '{self.name}' failed: {cause}.")
 
