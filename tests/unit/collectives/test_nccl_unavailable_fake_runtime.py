@@ -688,3 +688,60 @@ def test_async_error_handling_ends_the_process_with_its_exit_code(tmp_path):
         pytest.fail("the rank with SHOAL_ASYNC_ERROR_HANDLING=1 did not end within 25s")
     assert proc.exitcode == ASYNC_ERROR_EXIT_CODE, f"exit code {proc.exitcode}"
     assert list(tmp_path.glob("shoal-collectives-default-rank0-*.json"))
+
+
+# ----------------------------------------------------------------------------- DDP on this backend
+
+def test_ddp_over_the_nccl_backend_matches_one_process_on_the_whole_batch():
+    import core
+    from collectives import comm_hooks
+    from collectives.ddp import DistributedDataParallel
+    from core import nn
+    from core.tensor import Tensor
+
+    def model(seed):
+        core.manual_seed(seed)
+        return nn.Sequential(nn.Linear(6, 16, dtype=core.float64), nn.Tanh(),
+                             nn.Linear(16, 3, dtype=core.float64))
+
+    def batch(step, rank):
+        rng = np.random.default_rng([step, rank])
+        return Tensor(rng.standard_normal((4, 6))), Tensor(rng.standard_normal((4, 3)))
+
+    def loss(out, y, scale=1.0):
+        d = out - y
+        return (d * d).mean() * scale
+
+    def train(pg, rank, hook):
+        m = model(seed=rank)  # DDP broadcasts rank 0's parameters
+        ddp = DistributedDataParallel(m, process_group=pg, bucket_cap_mb=0.0005)
+        if hook:
+            ddp.register_comm_hook(pg, getattr(comm_hooks, hook))
+        opt = core.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+        for step in range(3):
+            opt.zero_grad()
+            x, y = batch(step, rank)
+            loss(ddp(x), y).backward()
+            opt.step()
+        assert len(ddp.bucket_indices) > 1
+        return [np.array(p.data) for p in m.parameters()]
+
+    ref = model(0)
+    opt = core.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    for step in range(3):
+        opt.zero_grad()
+        for r in range(2):
+            x, y = batch(step, r)
+            loss(ref(x), y, 0.5).backward()
+        opt.step()
+    for hook, tol in ((None, 1e-12), ("fp16_compress_hook", 2e-3)):
+        pgs = make_groups(2)
+        try:
+            finals = run_all(pgs, lambda pg, r: train(pg, r, hook))
+        finally:
+            for pg in pgs:
+                pg.shutdown()
+        for final in finals:
+            for i, (p, q) in enumerate(zip(ref.parameters(), final)):
+                np.testing.assert_allclose(q, np.array(p.data), rtol=tol, atol=tol,
+                                           err_msg=f"{hook} parameter {i}")
