@@ -199,7 +199,7 @@ class RpcAgent:
         for rid in list(self._pending):
             self._fail(rid, RpcError(f"The RPC agent of worker {self.info.name!r} shut down."))
         self._deadlines.stop()
-        self._pool.stop()
+        self._pool.stop(timeout=0.5)
 
     # ------------------------------------------------------------------ names
 

@@ -1,0 +1,232 @@
+"""Hostile traffic against a live worker's two ports: garbage bytes, gRPC streams without a
+valid proof (missing, wrong secret, replayed, stale, for another worker, unknown name), a
+malformed message from an authenticated peer, and bad data-channel connections. Each is
+dropped and logged before anything is unpickled, and the worker keeps serving."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+from core import auth
+from core.errors import AuthenticationError
+from rpc_agent._generated import rpc_pb2
+from rpc_agent.transport import (
+    HELLO_METADATA,
+    METHOD,
+    PURPOSE_CLIENT,
+    _hello_signing_bytes,
+    encode_batch,
+)
+from test_rpc_pool import LOGS, RpcWorkers
+
+TOKEN = os.environ.get("SHOAL_AUTH_TOKEN", "shoal-test-suite-token").encode()
+
+
+@pytest.fixture(scope="module")
+def workers():
+    with RpcWorkers(2) as pool:
+        yield pool
+        pool.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ports(workers):
+    return workers.run(1, _ports)
+
+
+def _ports():
+    from rpc_agent import _current  # noqa: PLC0415
+
+    agent = _current.get()
+    return agent.grpc_port, agent.data_port
+
+
+def logs_with(text):
+    return [line for line in LOGS if text in line]
+
+
+def rejected():
+    from prometheus_client import REGISTRY  # noqa: PLC0415
+
+    return {port: REGISTRY.get_sample_value("shoal_rpc_rejected_total", {"port": port}) or 0.0
+            for port in ("stream", "data")}
+
+
+def echo(x):
+    return x
+
+
+def still_serving():
+    """A small call and a 1 MiB echo (data channel) from w0 to w1 and back."""
+    import rpc_agent  # noqa: PLC0415
+
+    big = np.arange(256 * 1024, dtype=np.float32)
+    ok = rpc_agent.rpc_sync("w1", echo, ("ping",), timeout=10) == "ping"
+    ok &= bool((rpc_agent.rpc_sync("w1", echo, (big,), timeout=10) == big).all())
+    return ok
+
+
+class _Touch:
+    """Unpickling this creates a directory: proof that a payload was (not) unpickled."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (os.mkdir, (self.path,))
+
+
+def _evil_batch(marker: str) -> bytes:
+    import pickle  # noqa: PLC0415
+
+    payload = pickle.dumps((_Touch(marker), (), None), protocol=5)
+    frame = rpc_pb2.Frame(kind=rpc_pb2.CALL, request_id=1, function="x", payload=payload)
+    return encode_batch([frame.SerializeToString()])
+
+
+def _hello(token=TOKEN, name="w0", worker_id=0, to_id=1, timestamp=None, nonce=None) -> bytes:
+    hello = rpc_pb2.Hello(name=name, id=worker_id, to_id=to_id,
+                          timestamp=time.time() if timestamp is None else timestamp,
+                          nonce=nonce or secrets.token_bytes(32))
+    hello.proof = auth.sign(token, PURPOSE_CLIENT, _hello_signing_bytes(hello))
+    return hello.SerializeToString()
+
+
+def _open_stream(port: int, metadata, batches, hold=None):
+    """Open a stream, send `batches`, return the first reply or the gRPC error code.
+
+    With `hold`, the stream stays open (sending nothing more) until `hold()` is true.
+    """
+    import threading  # noqa: PLC0415
+
+    release = threading.Event()
+
+    def requests():
+        yield from batches
+        release.wait(15)
+
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        call = channel.stream_stream(METHOD)(requests(), metadata=metadata, timeout=20)
+        try:
+            first = next(call)
+        except grpc.RpcError as exc:
+            return exc.code(), exc.details()
+        if hold is not None:
+            deadline = time.monotonic() + 10
+            while not hold() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        release.set()
+        call.cancel()
+        return "answered", first
+    finally:
+        channel.close()
+
+
+def test_garbage_bytes_to_the_grpc_port_leave_the_worker_serving(workers, ports):
+    grpc_port, _ = ports
+    for junk in (os.urandom(4096), b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", b"\x00" * 100):
+        with socket.create_connection(("127.0.0.1", grpc_port), timeout=5) as sock:
+            sock.sendall(junk)
+            sock.settimeout(2)
+            try:
+                sock.recv(1024)
+            except (socket.timeout, ConnectionError):
+                pass
+    assert workers.run(0, still_serving) is True
+
+
+@pytest.mark.parametrize("case,metadata,reason", [
+    ("no proof", (), "it carried no shoal-hello-bin proof"),
+    ("garbage proof", ((HELLO_METADATA, b"\x01\x02garbage"),),
+     "its hello metadata is not a Hello message"),
+    ("wrong secret", ((HELLO_METADATA, _hello(token=b"some other secret")),),
+     "its proof does not match this job's secret"),
+    ("stale", ((HELLO_METADATA, _hello(timestamp=time.time() - 3600)),),
+     "outside the 120s window"),
+    ("other worker", ((HELLO_METADATA, _hello(to_id=0)),),
+     "its proof is for worker id 0, not this one (1)"),
+    ("unknown name", ((HELLO_METADATA, _hello(name="mallory")),),
+     "it claims to be worker 'mallory' (id 0), which this job does not have"),
+])
+def test_streams_without_a_valid_proof_are_dropped_unread(workers, ports, tmp_path, case,
+                                                          metadata, reason):
+    grpc_port, _ = ports
+    marker = str(tmp_path / "unpickled")
+    before = workers.run(1, rejected)["stream"]
+    code, details = _open_stream(grpc_port, metadata, [_evil_batch(marker)] * 3)
+    assert code == grpc.StatusCode.UNAUTHENTICATED, (code, details)
+    assert reason in details
+    assert not os.path.exists(marker)
+    assert workers.run(1, rejected)["stream"] == before + 1
+    assert any(reason in line and "Nothing it sent was read" in line
+               for line in workers.run(1, logs_with, "dropped an RPC stream"))
+    assert workers.run(0, still_serving) is True
+
+
+def test_a_replayed_proof_is_rejected(workers, ports, tmp_path):
+    grpc_port, _ = ports
+    hello = _hello()
+    first = _open_stream(grpc_port, ((HELLO_METADATA, hello),), [])
+    assert first[0] == "answered"  # the genuine proof opens a stream (the test knows the secret)
+    marker = str(tmp_path / "unpickled")
+    code, details = _open_stream(grpc_port, ((HELLO_METADATA, hello),), [_evil_batch(marker)])
+    assert code == grpc.StatusCode.UNAUTHENTICATED
+    assert "replays a nonce already used" in details
+    assert not os.path.exists(marker)
+    assert workers.run(0, still_serving) is True
+
+
+def test_a_malformed_message_from_an_authenticated_peer_is_dropped(workers, ports):
+    grpc_port, _ = ports
+    garbage = b"\xff\xff\xff\xff not a batch"
+    before = workers.run(1, rejected)["stream"]
+    reply = _open_stream(grpc_port, ((HELLO_METADATA, _hello()),), [garbage],
+                         hold=lambda: workers.run(1, logs_with, "a malformed message of 16"))
+    assert reply[0] == "answered"
+    assert workers.run(1, logs_with, "dropped a malformed message of 16 bytes from worker 'w0'")
+    assert workers.run(1, rejected)["stream"] >= before + 1
+    assert workers.run(0, still_serving) is True
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    sock.settimeout(5)
+    try:
+        return sock.recv(64) == b""
+    except ConnectionResetError:  # closed with our bytes unread
+        return True
+
+
+def test_the_data_port_drops_garbage_wrong_secrets_and_unknown_workers(workers, ports):
+    _, data_port = ports
+    before = workers.run(1, rejected)["data"]
+    # Garbage instead of the handshake answer.
+    with socket.create_connection(("127.0.0.1", data_port), timeout=5) as sock:
+        sock.recv(36)
+        sock.sendall(os.urandom(64))
+        assert _closed_by_peer(sock)  # closed without a proof
+    # The wrong secret fails the mutual handshake.
+    with socket.create_connection(("127.0.0.1", data_port), timeout=5) as sock:
+        with pytest.raises(AuthenticationError):
+            auth.client_handshake(sock, b"not the job's secret", "rpc-data")
+    # The right secret but a worker id the job does not have.
+    with socket.create_connection(("127.0.0.1", data_port), timeout=5) as sock:
+        auth.client_handshake(sock, TOKEN, "rpc-data")
+        sock.sendall((99).to_bytes(4, "big") + os.urandom(32))
+        assert _closed_by_peer(sock)
+    deadline = time.monotonic() + 10
+    while workers.run(1, rejected)["data"] < before + 3:
+        assert time.monotonic() < deadline, workers.run(1, rejected)
+        time.sleep(0.05)
+    lines = workers.run(1, logs_with, "dropped a data-channel connection")
+    assert any("does not match" in line or "rejected" in line or "proof" in line
+               for line in lines), lines
+    assert any("claims worker id 99, which this job lacks" in line for line in lines), lines
+    assert workers.run(0, still_serving) is True
