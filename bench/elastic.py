@@ -54,6 +54,12 @@ def _record(out: str, attempt: int, rank: int, **fields) -> None:
 
 
 def _die(out: str, attempt: int, rank: int) -> None:
+    # Die only once every other rank has recorded its first allreduce: SIGKILL right after
+    # our own allreduce could otherwise reset the connection before a peer read our data.
+    others = [os.path.join(out, f"attempt{attempt}_rank{r}.json") for r in range(2) if r != rank]
+    deadline = time.monotonic() + 10
+    while not all(os.path.exists(p) for p in others) and time.monotonic() < deadline:
+        time.sleep(0.001)
     with open(os.path.join(out, f"died_rank{rank}.json.tmp"), "w") as f:
         json.dump({"died": time.time(), "attempt": attempt}, f)
     os.replace(os.path.join(out, f"died_rank{rank}.json.tmp"),

@@ -324,7 +324,6 @@ class Agent:
             "MASTER_PORT": str(master_port),
             "SHOAL_RUN_ID": s.run_id,
             "SHOAL_RESTART_COUNT": str(restarts),
-            "SHOAL_MAX_RESTARTS_ALLOWED": str(s.max_restarts),
             "SHOAL_RDZV_ROUND": str(info.round),
             "SHOAL_CHECKPOINT_DIR": s.checkpoint_dir,
             "SHOAL_AUTH_TOKEN": s.auth_token,
