@@ -32,16 +32,22 @@ _LOG_FORMAT = "[shoal] %(asctime)s.%(msecs)03d %(levelname)s %(message)s"
 
 
 def _configure_logging() -> None:
-    level = os.environ.get("SHOAL_LOG_LEVEL", "INFO").upper()
+    """The launcher's and agent's own news at INFO, other layers' at WARNING, unless
+    SHOAL_LOG_LEVEL sets one level for everything."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(_LOG_FORMAT, datefmt="%H:%M:%S"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    try:
-        root.setLevel(level)
-    except ValueError:
-        root.setLevel(logging.INFO)
-        logger.warning("SHOAL_LOG_LEVEL=%r is not a logging level; using INFO", level)
+    level = os.environ.get("SHOAL_LOG_LEVEL", "").strip().upper()
+    if level:
+        try:
+            root.setLevel(level)
+            return
+        except ValueError:
+            logger.warning("SHOAL_LOG_LEVEL=%r is not a logging level; using the defaults", level)
+    root.setLevel(logging.WARNING)
+    for name in ("shoal", "elastic"):
+        logging.getLogger(name).setLevel(logging.INFO)
 
 
 def _usage_error(message: str) -> int:

@@ -24,7 +24,6 @@ class ShoalRun:
         self.name = name
         self.args = list(args)
         full_env = dict(os.environ)
-        full_env.setdefault("SHOAL_LOG_LEVEL", "INFO")
         full_env.update(env or {})
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "launcher", "run", *self.args], cwd=ROOT, env=full_env,
