@@ -1,6 +1,6 @@
 """RPC over gRPC with remote references, after torch.distributed.rpc (TensorPipe backend)."""
 
-from rpc_agent import functions  # noqa: F401
+from rpc_agent import context, functions  # noqa: F401
 from rpc_agent.api import (  # noqa: F401
     RemoteException,
     RpcBackendOptions,

@@ -1,10 +1,10 @@
 """`RpcAgent`: calls out, serves calls in, over the gRPC streams and the data channels.
 
-Threads: the io thread (grpc.aio: every stream's reads and writes), the worker pool (runs
-incoming calls and any Future callbacks completed on the io thread), one data reader per data
-socket, the timer thread (call deadlines), and the RRef delete thread. The io thread never
-blocks and never runs user callbacks; it parses frames, completes plain waits, and hands
-everything else to the pool.
+Threads: per stream, gRPC's own threads and one reader (rpc_agent/transport.py); the worker
+pool (runs incoming calls, and the callbacks of Futures completed on a reader); one reader and
+one sender per data socket; the timer thread (call deadlines); the RRef delete thread. Readers
+never block and never run user callbacks: they parse frames, complete plain waits, register
+RRef forks in stream order, and hand everything else to the pool.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from typing import Any, Callable, Optional, Union
 from core.auth import load_token
 from core.timeouts import to_seconds
 from rpc_agent import _current, metrics
+from rpc_agent.context import _local as _context_local
+from rpc_agent.context import context_id as _context_id
 from rpc_agent._generated import rpc_pb2
 from rpc_agent._threads import Deadlines, WorkerPool, is_io_thread
 from rpc_agent.api import (
@@ -330,6 +332,10 @@ class RpcAgent:
                 rref_id=None) -> tuple[bytes, list]:
         payload, buffers = serialize(obj, dst_id)
         frame = rpc_pb2.Frame(kind=kind, request_id=rid, function=fname)
+        if kind != _RESPONSE:
+            cid = getattr(_context_local, "context_id", None)
+            if cid is not None:
+                frame.context_id = cid
         if rref_id is not None:
             frame.rref_id.created_on, frame.rref_id.local_id = rref_id
             frame.fork_id.created_on, frame.fork_id.local_id = rref_id
@@ -472,7 +478,11 @@ class RpcAgent:
             if error is not None:
                 raise RpcError(f"The arguments of {fname} did not arrive whole: {error}.")
             func, args, kwargs = deserialize(payload, buffers)
-            result = func(*args, **kwargs) if kwargs else func(*args)
+            if frame.HasField("context_id"):
+                with _context_id(frame.context_id):
+                    result = func(*args, **kwargs) if kwargs else func(*args)
+            else:
+                result = func(*args, **kwargs) if kwargs else func(*args)
             if is_async_execution(func):
                 if not isinstance(result, Future):
                     raise RpcError(

@@ -396,3 +396,28 @@ def test_metrics_count_requests_latency_inflight_and_bytes(workers):
     assert after["latency_count"] - before["latency_count"] == 20
     assert after["inflight"] == 0
     assert after["sent"] > before["sent"] and after["received"] > before["received"]
+
+
+def context_seen(hops):
+    """The context id this call runs under, and those of the calls it makes in turn."""
+    import rpc_agent  # noqa: PLC0415
+
+    here = rpc_agent.context.current_context_id()
+    if not hops:
+        return [here]
+    return [here] + rpc_agent.rpc_sync(hops[0], context_seen, (hops[1:],))
+
+
+def check_context_ids():
+    import rpc_agent  # noqa: PLC0415
+
+    with rpc_agent.context.context_id(77):
+        inside = rpc_agent.rpc_sync("w1", context_seen, (["w2"],))
+    outside = rpc_agent.rpc_sync("w1", context_seen, ([],))
+    return inside, outside
+
+
+def test_the_autograd_context_id_travels_with_calls_and_nested_calls(workers):
+    inside, outside = workers.run(0, check_context_ids)
+    assert inside == [77, 77]
+    assert outside == [None]
