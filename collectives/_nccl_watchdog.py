@@ -198,7 +198,8 @@ class NcclWatchdog:
                 continue
             now = time.monotonic()
             cur = pg._ledger.current
-            slow = cur is not None and cur.started is not None and now - cur.started > PROGRESS_EAGER_AFTER_S
+            slow = (cur is not None and cur.started is not None
+                    and now - cur.started > PROGRESS_EAGER_AFTER_S)
             if not slow and now - self._published_at < PROGRESS_PUBLISH_S:
                 continue
             doc = json.dumps({"started": state[0], "finished": state[1], "desc": state[2]})

@@ -197,7 +197,9 @@ class ProcessGroupNCCL(ProcessGroup):
         self._store = store
         self.global_ranks = list(global_ranks) if global_ranks is not None else list(range(size))
         if len(self.global_ranks) != size:
-            raise ValueError(f"global_ranks has {len(self.global_ranks)} entries for a group of {size}.")
+            raise ValueError(
+                f"global_ranks has {len(self.global_ranks)} entries for a group of {size}."
+            )
         self.global_rank = self.global_ranks[rank]
         self._abort_timeout = float(abort_timeout)
         self._grace_s = self._abort_timeout + _SYNC_GRACE_S
@@ -227,7 +229,8 @@ class ProcessGroupNCCL(ProcessGroup):
             self._comm = bootstrap.init_communicator(create, rank, size, name, deadline)
         self._watchdog = NcclWatchdog(self, tick=watchdog_tick).start()
         _LIVE.add(self)
-        logger.debug("Rank %d joined nccl group %r of %d ranks on cuda:%d", rank, name, size, self.device)
+        logger.debug("Rank %d joined nccl group %r of %d ranks on cuda:%d", rank, name, size,
+                     self.device)
 
     def _pick_device(self, device: Any) -> int:
         rt = self._rt
@@ -297,7 +300,9 @@ class ProcessGroupNCCL(ProcessGroup):
                 metrics.count_error(work.record.op, kind)
         self._abort_comm(wait_for_launch=not in_launch)
         if env.async_error_handling():
-            exit_after_error(message or f"Rank {self._rank}'s nccl group '{self.name}' failed: {cause}.")
+            exit_after_error(
+                message or f"Rank {self._rank}'s nccl group '{self.name}' failed: {cause}."
+            )
 
     def _error_for(self, rec) -> CollectiveError:
         kind, cause, path = self._failure
@@ -364,7 +369,9 @@ class ProcessGroupNCCL(ProcessGroup):
         host = any(not rt.is_device_array(a) for a in arrays)
         with self._launch_lock:
             if self._destroyed:
-                raise GroupDestroyed(f"{op} was called on nccl group '{self.name}' after it was destroyed.")
+                raise GroupDestroyed(
+                    f"{op} was called on nccl group '{self.name}' after it was destroyed."
+                )
             if self._failure is not None:
                 raise CollectiveError(
                     f"Rank {self._rank}'s {op} cannot run: nccl group '{self.name}' failed earlier: "

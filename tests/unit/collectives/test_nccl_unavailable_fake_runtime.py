@@ -712,8 +712,7 @@ def test_ddp_over_the_nccl_backend_matches_one_process_on_the_whole_batch():
         d = out - y
         return (d * d).mean() * scale
 
-    def train(pg, rank, hook):
-        m = model(seed=rank)  # DDP broadcasts rank 0's parameters
+    def train(pg, rank, hook, m):
         ddp = DistributedDataParallel(m, process_group=pg, bucket_cap_mb=0.0005)
         if hook:
             ddp.register_comm_hook(pg, getattr(comm_hooks, hook))
@@ -735,9 +734,11 @@ def test_ddp_over_the_nccl_backend_matches_one_process_on_the_whole_batch():
             loss(ref(x), y, 0.5).backward()
         opt.step()
     for hook, tol in ((None, 1e-12), ("fp16_compress_hook", 2e-3)):
+        # Built here, one after the other: seeding is process-wide. DDP broadcasts rank 0's.
+        models = [model(seed=r) for r in range(2)]
         pgs = make_groups(2)
         try:
-            finals = run_all(pgs, lambda pg, r: train(pg, r, hook))
+            finals = run_all(pgs, lambda pg, r: train(pg, r, hook, models[r]))
         finally:
             for pg in pgs:
                 pg.shutdown()
