@@ -136,6 +136,9 @@ class Stream:
         self._cancel: Optional[Callable[[], None]] = None
         # Called once, after the stream is marked dead (the agent fails its pending calls).
         self.on_dead: Optional[Callable[["Stream"], None]] = None
+        # How many frames went out in how many gRPC messages (coalescing, for tests and logs).
+        self.frames_sent = 0
+        self.messages_sent = 0
 
     def describe(self) -> str:
         """The peer as error messages name it."""
@@ -182,6 +185,8 @@ class Stream:
                 size += len(frame)
             data = encode_batch(frames) if len(frames) > 1 else b"\x0a" + _varint(size) + frame
             metrics.BYTES_SENT.inc(len(data))
+            self.frames_sent += len(frames)
+            self.messages_sent += 1
             yield data
             if stop or self.state == Stream.DEAD:
                 return

@@ -421,3 +421,26 @@ def test_the_autograd_context_id_travels_with_calls_and_nested_calls(workers):
     inside, outside = workers.run(0, check_context_ids)
     assert inside == [77, 77]
     assert outside == [None]
+
+
+def check_coalescing_and_channels(n):
+    """Frames queued together leave as one gRPC message; big buffers take the data channel."""
+    import rpc_agent  # noqa: PLC0415
+    from rpc_agent import _current  # noqa: PLC0415
+
+    agent = _current.get()
+    stream = agent._streams[1]
+    frames0, messages0 = stream.frames_sent, stream.messages_sent
+    rpc_agent.wait_all([rpc_agent.rpc_async("w1", echo, (i,)) for i in range(n)], timeout=30)
+    frames, messages = stream.frames_sent - frames0, stream.messages_sent - messages0
+    transfers0 = agent._data._next_id
+    rpc_agent.rpc_sync("w1", echo, (np.zeros(16 * 1024, np.float32),))  # 64 KiB: the threshold
+    rpc_agent.rpc_sync("w1", echo, (np.zeros(1000, np.float32),))  # 4 KB: inline
+    return frames, messages, agent._data._next_id - transfers0
+
+
+def test_queued_frames_are_coalesced_and_big_buffers_use_the_data_channel(workers):
+    frames, messages, transfers = workers.run(0, check_coalescing_and_channels, 400)
+    assert frames == 400
+    assert messages < frames * 0.8, (frames, messages)
+    assert transfers == 1

@@ -66,3 +66,17 @@ def test_bad_arguments_to_init():
         rpc_agent.init_rpc("", 0, 1)
     with pytest.raises(TypeError, match="must be an RpcBackendOptions"):
         rpc_agent.init_rpc("x", 0, 1, {"init_method": "env://"})
+
+
+def test_init_through_tcp_and_file_urls(tmp_path):
+    for url in ("tcp://127.0.0.1:0", f"file://{tmp_path / 'rpc-store'}"):
+        rpc_agent.init_rpc("solo", 0, 1, rpc_agent.RpcBackendOptions(init_method=url))
+        assert rpc_agent.rpc_sync("solo", operator.add, (2, 2)) == 4
+        rpc_agent.shutdown()
+
+
+def test_env_url_needs_master_address(monkeypatch):
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    with pytest.raises(rpc_agent.RpcError, match="needs MASTER_ADDR and MASTER_PORT"):
+        rpc_agent.init_rpc("solo", 0, 1)
