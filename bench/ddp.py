@@ -14,6 +14,10 @@ slowest rank. The figures, as PEERS.md defines them:
 
     python bench/ddp.py                      # W = 1 and 2, torch peer when installed
     python bench/ddp.py --worlds 2 --repeats 3 --no-compare
+    nice -n -15 python bench/ddp.py          # on a shared machine: others disturb both less
+
+On 2 cores with 2 ranks every core is busy with backward, so a bucket's all_reduce can only
+hide the time it spends waiting for its peer; its CPU work competes with compute.
 """
 
 from __future__ import annotations
