@@ -24,14 +24,20 @@ import json
 import logging
 import os
 import signal
-import sys
 import threading
 import time
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional
 
 from collectives import api as _collectives_api
 from collectives.api import StoreError, StoreTimeout
 from elastic import metrics
+from elastic._agent_env import (
+    WorkerPlace,
+    default_node_id,
+    python_argv,
+    summary_text,
+    worker_env,
+)
 from elastic._agent_workers import WorkerExit, WorkerGroup, describe_exit
 from elastic.api import (
     RendezvousClosedError,
@@ -41,6 +47,9 @@ from elastic.api import (
 )
 
 logger = logging.getLogger(__name__)
+
+__all__ = ["Agent", "AgentInterrupted", "AgentResult", "WorkerSpec", "default_node_id",
+           "python_argv"]
 
 DEFAULT_EXIT_BARRIER_TIMEOUT_S = 300.0
 DEFAULT_MASTER_TIMEOUT_S = 60.0
@@ -96,23 +105,6 @@ class AgentResult:
     exit_code: int
     summary: Optional[str] = None
     rounds: int = 0
-
-
-def _summary_text(run_id: str, failure: Mapping, restarts: int, max_restarts: int) -> str:
-    lines = [
-        f"shoal run: job {run_id!r} failed after {restarts} restart(s) "
-        f"(--max-restarts {max_restarts}).",
-        f"The failing worker: rank {failure['rank']} (local rank {failure['local_rank']} on node "
-        f"{failure['node']}, pid {failure['pid']}) ended with {failure['exit']} in round "
-        f"{failure['round']}.",
-    ]
-    where = f" ({failure['log_path']})" if failure.get("log_path") else ""
-    if failure.get("tail"):
-        lines.append(f"Last lines of its log{where}:")
-        lines.extend(f"    {line}" for line in failure["tail"])
-    else:
-        lines.append(f"It wrote no output{where}.")
-    return "\n".join(lines)
 
 
 class Agent:
@@ -302,44 +294,17 @@ class Agent:
         world = sum(counts)
         restarts = int(self.store.add("agent/restarts", 0))
         ranks = [first + i for i in range(nproc)]
-        envs = [self._worker_env(info, rank, local, world, master_addr, master_port, restarts)
-                for local, rank in enumerate(ranks)]
-        return envs, ranks, restarts
-
-    def _worker_env(self, info: RendezvousInfo, rank: int, local_rank: int, world: int,
-                    master_addr: str, master_port: int, restarts: int) -> dict[str, str]:
         s = self.spec
-        env = dict(s.base_env)
-        env.update({
-            "RANK": str(rank),
-            "LOCAL_RANK": str(local_rank),
-            "WORLD_SIZE": str(world),
-            "LOCAL_WORLD_SIZE": str(s.nproc_per_node),
-            "GROUP_RANK": str(info.group_rank),
-            "GROUP_WORLD_SIZE": str(info.num_nodes),
-            "ROLE_RANK": str(rank),
-            "ROLE_WORLD_SIZE": str(world),
-            "ROLE_NAME": "default",
-            "MASTER_ADDR": master_addr,
-            "MASTER_PORT": str(master_port),
-            "SHOAL_RUN_ID": s.run_id,
-            "SHOAL_RESTART_COUNT": str(restarts),
-            "SHOAL_RDZV_ROUND": str(info.round),
-            "SHOAL_CHECKPOINT_DIR": s.checkpoint_dir,
-            "SHOAL_AUTH_TOKEN": s.auth_token,
-            "SHOAL_ASYNC_ERROR_HANDLING": "1",
-            # The agent hosts the workers' store: every rank connects as a client.
-            "SHOAL_USE_AGENT_STORE": "1",
-            # torchrun's names, so scripts written for torchrun run unchanged.
-            "TORCHELASTIC_RUN_ID": s.run_id,
-            "TORCHELASTIC_RESTART_COUNT": str(restarts),
-            "TORCHELASTIC_MAX_RESTARTS": str(s.max_restarts),
-            "TORCHELASTIC_USE_AGENT_STORE": "True",
-            "PYTHONUNBUFFERED": "1",
-        })
-        if s.multiproc_dir:
-            env["PROMETHEUS_MULTIPROC_DIR"] = s.multiproc_dir
-        return env
+        envs = [
+            worker_env(s.base_env, WorkerPlace(rank, local, world, nproc, info.group_rank,
+                                               info.num_nodes, info.round),
+                       master_addr=master_addr, master_port=master_port, run_id=s.run_id,
+                       restarts=restarts, max_restarts=s.max_restarts,
+                       checkpoint_dir=s.checkpoint_dir, auth_token=s.auth_token,
+                       multiproc_dir=s.multiproc_dir)
+            for local, rank in enumerate(ranks)
+        ]
+        return envs, ranks, restarts
 
     def _log_path(self, round_: int, rank: int) -> Optional[str]:
         if self.spec.log_dir is None:
@@ -414,7 +379,7 @@ class Agent:
         used = int(self.store.add("agent/restarts", 1))
         if used > self.spec.max_restarts:
             self._stop_workers("restarts are exhausted")
-            summary = _summary_text(self.spec.run_id, record, used - 1, self.spec.max_restarts)
+            summary = summary_text(self.spec.run_id, record, used - 1, self.spec.max_restarts)
             self._safe(lambda: self.store.set("agent/final_failure",
                                               json.dumps({**record, "summary": summary})))
             self._safe(self.handler.set_closed)
@@ -574,17 +539,3 @@ class Agent:
         except (StoreError, RendezvousError) as exc:
             logger.warning("%s", exc)
             return default
-
-
-def default_node_id(node_rank: Optional[int] = None) -> str:
-    """A unique node id; with a node rank, ids sort (and so get group ranks) in that order."""
-    import socket
-
-    base = f"{socket.gethostname()}-{os.getpid()}"
-    return base if node_rank is None else f"n{node_rank:05d}-{base}"
-
-
-def python_argv(script: str, args: Sequence[str], module: bool = False) -> tuple[str, ...]:
-    """The worker command line: this interpreter running `script` (or `-m module`)."""
-    head = [sys.executable, "-u"]
-    return tuple(head + (["-m", script] if module else [script]) + list(args))
