@@ -105,6 +105,7 @@ class WorkerGroup:
         self._console_out = console_out or sys.stdout
         self._console_err = console_err or sys.stderr
         self._workers: list[_Worker] = []
+        self._sent: Optional[int] = None  # the last signal forwarded to every worker
         self._lock = threading.Lock()
         self.changed = threading.Event()
 
@@ -202,6 +203,7 @@ class WorkerGroup:
 
     def send_signal(self, signum: int) -> None:
         """Send `signum` to every running worker's process group (the worker and its children)."""
+        self._sent = signum
         for w in self._workers:
             if w.exitcode is None:
                 try:
@@ -215,7 +217,8 @@ class WorkerGroup:
             for w in self._workers:
                 if w.exitcode is None:
                     w.stopped = True
-        self.send_signal(signum)
+        if self._sent != signum:  # a second SIGINT would cut a worker's own clean-up short
+            self.send_signal(signum)
         deadline = time.monotonic() + grace
         for w in self._workers:
             try:

@@ -74,22 +74,28 @@ def test_exhausted_restarts_end_every_node_with_the_summary():
         assert "    rank 3 fails on purpose with exit code 7" in out
 
 
-def test_sigterm_is_forwarded_and_stubborn_workers_are_killed_after_the_grace_period():
+def test_sigterm_and_sigint_are_forwarded_and_stubborn_workers_killed_after_the_grace_period():
     polite = ShoalRun(["--nproc-per-node", "2", ENV_WORKER, "--on-sigterm", "exit",
                        "--wait", "60"], name="polite")
     stubborn = ShoalRun(["--nproc-per-node", "1", "--grace-period", "0.5", ENV_WORKER,
                          "--on-sigterm", "ignore", "--wait", "60"], name="stubborn")
-    with polite, stubborn:
-        pids = polite.worker_pids(30) + stubborn.worker_pids(30)
+    interrupted = ShoalRun(["--nproc-per-node", "1", ENV_WORKER, "--wait", "60"],
+                           name="interrupted")
+    with polite, stubborn, interrupted:
+        pids = polite.worker_pids(30) + stubborn.worker_pids(30) + interrupted.worker_pids(30)
         polite.wait_for(r"rank 1 ready", 30)
         polite.wait_for(r"rank 0 ready", 30)
         stubborn.wait_for(r"rank 0 ready", 30)
+        interrupted.wait_for(r"rank 0 ready", 30)
         started = time.monotonic()
         polite.signal(signal.SIGTERM)
         stubborn.signal(signal.SIGTERM)
+        interrupted.signal(signal.SIGINT)  # as Ctrl-C would
         assert polite.wait(30) == 128 + signal.SIGTERM
         assert stubborn.wait(30) == 128 + signal.SIGTERM
+        assert interrupted.wait(30) == 128 + signal.SIGINT
         assert time.monotonic() - started < 10
+    assert "[rank 0] KeyboardInterrupt" in interrupted.output  # the worker got the SIGINT
     assert "[rank 0] rank 0 got SIGTERM" in polite.output
     assert "[rank 1] rank 1 got SIGTERM" in polite.output
     assert "outlived the 0.5s grace period; sending SIGKILL" in stubborn.output
