@@ -316,7 +316,8 @@ class Agent:
 
     def _monitor(self, info: RendezvousInfo, restarts: int):
         group = self._group
-        next_check = 0.0
+        next_check = next_waiting_check = 0.0
+        unreachable_since: Optional[float] = None
         while True:
             group.changed.wait(self.spec.monitor_interval)
             group.changed.clear()
@@ -335,15 +336,24 @@ class Agent:
             next_check = now + self.spec.monitor_interval
             try:
                 reason = self.handler.restart_requested()
-                if reason is None and self.handler.num_nodes_waiting() > 0:
-                    if self._claim_round(info, "scale_up"):
-                        self._signal_restart("a node is waiting to join: scaling up")
-                        self._stop_workers("scaling up for a waiting node")
-                        return "scale_up"
-                    continue
+                # Waiting nodes only matter for scaling up: look at most once a second.
+                if reason is None and now >= next_waiting_check:
+                    next_waiting_check = now + max(1.0, self.spec.monitor_interval)
+                    if self.handler.num_nodes_waiting() > 0:
+                        if self._claim_round(info, "scale_up"):
+                            self._signal_restart("a node is waiting to join: scaling up")
+                            self._stop_workers("scaling up for a waiting node")
+                            return "scale_up"
+                        continue
             except RendezvousError as exc:
-                logger.warning("Could not read the rendezvous (retrying): %s", exc)
+                if unreachable_since is None:
+                    unreachable_since = now
+                    logger.warning("Cannot read the rendezvous; the workers go on while it "
+                                   "retries: %s", exc)
                 continue
+            if unreachable_since is not None:
+                logger.warning("The rendezvous is back after %.1fs", now - unreachable_since)
+                unreachable_since = None
             if reason is not None:
                 if self.handler.is_closed():
                     self._stop_workers("the rendezvous was closed")
