@@ -442,8 +442,10 @@ def parse_run(argv: Sequence[str], environ: Optional[Mapping[str, str]] = None) 
     if ns.rdzv_id is None:
         embedded = ns.rdzv_backend == "store" and (ns.standalone or not ns.rdzv_endpoint)
         ns.rdzv_id = uuid.uuid4().hex[:12] if embedded else "default"
-    if not ns.module and not ns.script.strip():
-        parser.error("argument script: an empty script path")
+    if not ns.module and not os.path.isfile(ns.script):
+        # Caught here, not as the same crash in every worker and every restart.
+        parser.error(f"argument script: {ns.script!r} is not a file (from {os.getcwd()!r}); "
+                     "give a script path, or -m with a module name")
 
     return RunSettings(
         min_nodes=min_nodes, max_nodes=max_nodes, nproc_per_node=ns.nproc_per_node,

@@ -8,6 +8,8 @@ import pytest
 from launcher import cli
 from launcher.env import RUN_GROUPS, parse_run, parse_store
 
+SCRIPT = __file__  # any existing file will do as the training script
+
 
 def _error(capsys, argv, environ=None, store=False):
     with pytest.raises(SystemExit) as info:
@@ -17,11 +19,11 @@ def _error(capsys, argv, environ=None, store=False):
 
 
 def test_defaults_for_one_command_on_one_machine():
-    s = parse_run(["train.py"], {})
+    s = parse_run([SCRIPT], {})
     assert (s.min_nodes, s.max_nodes, s.nproc_per_node) == (1, 1, 1)
     assert s.rdzv_backend == "store" and s.rdzv_endpoints == () and s.embedded_store
     assert s.max_restarts == 3 and s.monitor_interval == 0.1
-    assert s.script == "train.py" and s.script_args == ()
+    assert s.script == SCRIPT and s.script_args == ()
     assert len(s.rdzv_id) == 12  # a random id: two embedded jobs never share a run
 
 
@@ -30,7 +32,7 @@ def test_every_flag_in_both_spellings_and_script_args_kept():
             "--rdzv_backend", "etcd", "--rdzv-endpoint", "h1:2379,[::1]:2380", "--rdzv_id", "job.7",
             "--rdzv-conf", "join_timeout=5,last-call-timeout=0,is_host=1",
             "--max_restarts", "0", "--monitor-interval", "0.5", "--checkpoint_dir", "/tmp/ck",
-            "--metrics_port", "0", "--log_dir", "/tmp/logs", "--tee", "train.py",
+            "--metrics_port", "0", "--log_dir", "/tmp/logs", "--tee", SCRIPT,
             "--nnodes", "9", "-x"]
     s = parse_run(argv, {})
     assert (s.min_nodes, s.max_nodes, s.nproc_per_node, s.node_rank) == (2, 4, 3, 1)
@@ -43,38 +45,38 @@ def test_every_flag_in_both_spellings_and_script_args_kept():
 def test_variables_fill_in_and_flags_beat_them():
     environ = {"SHOAL_NNODES": "1:3", "SHOAL_NPROC_PER_NODE": "2", "SHOAL_MAX_RESTARTS": "7",
                "SHOAL_TEE": "yes", "SHOAL_RDZV_ID": "from-env", "SHOAL_STANDALONE": "0"}
-    s = parse_run(["x.py"], environ)
+    s = parse_run([SCRIPT], environ)
     assert (s.min_nodes, s.max_nodes, s.nproc_per_node, s.max_restarts, s.tee) == (1, 3, 2, 7, True)
     assert s.rdzv_id == "from-env"
-    s = parse_run(["--max-restarts", "1", "--nnodes", "2", "x.py"], environ)
+    s = parse_run(["--max-restarts", "1", "--nnodes", "2", SCRIPT], environ)
     assert (s.max_restarts, s.min_nodes, s.max_nodes) == (1, 2, 2)
 
 
 @pytest.mark.parametrize("argv, names", [
-    (["--nnodes", "3:1", "x.py"], "--nnodes"),
-    (["--nnodes", "0", "x.py"], "--nnodes"),
-    (["--nnodes", "a:b", "x.py"], "--nnodes"),
-    (["--nproc-per-node", "0", "x.py"], "--nproc-per-node"),
-    (["--max_restarts", "-1", "x.py"], "--max-restarts"),
-    (["--monitor-interval", "0", "x.py"], "--monitor-interval"),
-    (["--monitor-interval", "nan", "x.py"], "--monitor-interval"),
-    (["--metrics-port", "70000", "x.py"], "--metrics-port"),
-    (["--rdzv-backend", "zookeeper", "x.py"], "--rdzv-backend"),
-    (["--rdzv-endpoint", "host:notaport", "x.py"], "--rdzv-endpoint"),
-    (["--rdzv-id", "a/b", "x.py"], "--rdzv-id"),
-    (["--rdzv-conf", "colour=blue", "x.py"], "--rdzv-conf"),
-    (["--rdzv-conf", "join_timeout", "x.py"], "--rdzv-conf"),
-    (["--auth-token-file", "/no/such/file", "x.py"], "--auth-token-file"),
-    (["--standalone", "--nnodes", "2", "x.py"], "--standalone"),
-    (["--rdzv-backend", "etcd", "x.py"], "--rdzv-endpoint"),
-    (["--bogus", "x.py"], "--bogus"),
+    (["--nnodes", "3:1", SCRIPT], "--nnodes"),
+    (["--nnodes", "0", SCRIPT], "--nnodes"),
+    (["--nnodes", "a:b", SCRIPT], "--nnodes"),
+    (["--nproc-per-node", "0", SCRIPT], "--nproc-per-node"),
+    (["--max_restarts", "-1", SCRIPT], "--max-restarts"),
+    (["--monitor-interval", "0", SCRIPT], "--monitor-interval"),
+    (["--monitor-interval", "nan", SCRIPT], "--monitor-interval"),
+    (["--metrics-port", "70000", SCRIPT], "--metrics-port"),
+    (["--rdzv-backend", "zookeeper", SCRIPT], "--rdzv-backend"),
+    (["--rdzv-endpoint", "host:notaport", SCRIPT], "--rdzv-endpoint"),
+    (["--rdzv-id", "a/b", SCRIPT], "--rdzv-id"),
+    (["--rdzv-conf", "colour=blue", SCRIPT], "--rdzv-conf"),
+    (["--rdzv-conf", "join_timeout", SCRIPT], "--rdzv-conf"),
+    (["--auth-token-file", "/no/such/file", SCRIPT], "--auth-token-file"),
+    (["--standalone", "--nnodes", "2", SCRIPT], "--standalone"),
+    (["--rdzv-backend", "etcd", SCRIPT], "--rdzv-endpoint"),
+    (["--bogus", SCRIPT], "--bogus"),
 ])
 def test_bad_values_exit_2_naming_the_flag(capsys, argv, names):
     assert names in _error(capsys, argv)
 
 
 def test_a_bad_variable_names_flag_and_variable(capsys):
-    err = _error(capsys, ["x.py"], {"SHOAL_NPROC_PER_NODE": "two"})
+    err = _error(capsys, [SCRIPT], {"SHOAL_NPROC_PER_NODE": "two"})
     assert "--nproc-per-node" in err and "SHOAL_NPROC_PER_NODE='two'" in err
 
 
@@ -90,10 +92,10 @@ def test_every_flag_reads_its_variable():
 
 
 def test_who_hosts_the_embedded_store():
-    assert parse_run(["--rdzv-endpoint", "127.0.0.1:0", "--nnodes", "2", "x"], {}).embedded_store
-    assert parse_run(["--rdzv-endpoint", "h:29400", "--node-rank", "0", "x"], {}).embedded_store
-    assert not parse_run(["--rdzv-endpoint", "h:29400", "--node-rank", "1", "x"], {}).embedded_store
-    assert not parse_run(["--rdzv-backend", "etcd", "--rdzv-endpoint", "h:2379", "x"],
+    assert parse_run(["--rdzv-endpoint", "127.0.0.1:0", "--nnodes", "2", SCRIPT], {}).embedded_store
+    assert parse_run(["--rdzv-endpoint", "h:29400", "--node-rank", "0", SCRIPT], {}).embedded_store
+    assert not parse_run(["--rdzv-endpoint", "h:29400", "--node-rank", "1", SCRIPT], {}).embedded_store
+    assert not parse_run(["--rdzv-backend", "etcd", "--rdzv-endpoint", "h:2379", SCRIPT],
                          {}).embedded_store
 
 
@@ -112,7 +114,13 @@ def test_main_rejects_unknown_commands(capsys):
 
 def test_shoal_and_python_m_launcher_agree_on_errors():
     for argv in (["shoal"], [sys.executable, "-m", "launcher"]):
-        proc = subprocess.run(argv + ["run", "--nnodes", "x", "s.py"], capture_output=True,
+        proc = subprocess.run(argv + ["run", "--nnodes", "x", SCRIPT], capture_output=True,
                               text=True, timeout=30)
         assert proc.returncode == 2, proc.stderr
         assert "argument --nnodes: 'x' is not N or MIN:MAX" in proc.stderr
+
+
+def test_a_missing_script_is_a_usage_error(capsys):
+    err = _error(capsys, ["no/such/train.py"])
+    assert "argument script: 'no/such/train.py' is not a file" in err
+    assert parse_run(["-m", "pkg.train"], {}).module  # a module is looked up by python
