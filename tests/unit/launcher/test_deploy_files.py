@@ -34,10 +34,11 @@ def _list_after(text: str, key: str) -> list[str]:
     return items
 
 
-def test_worker_statefulset_runs_shoal_with_etcd_and_elastic_node_counts():
+def test_worker_statefulset_runs_shoal_with_etcd_and_elastic_node_counts(monkeypatch):
     text = (DEPLOY / "kubernetes" / "workers.yaml").read_text()
     args = _list_after(text, "args")
     assert args[0] == "run"
+    monkeypatch.chdir(ROOT)  # the image's working directory holds the repository's files
     settings = parse_run(args[1:], {})
     assert settings.rdzv_backend == "etcd" and settings.rdzv_endpoints
     assert settings.min_nodes < settings.max_nodes
