@@ -209,7 +209,10 @@ def _worker(impl: str, rank: int, env: dict, commands, results) -> None:
                     break
                 name, n = cmd
                 results.put((name, getattr(side, name)(n)))
-        side.rpc.shutdown()
+        if impl == "torch":
+            side.rpc.shutdown()
+        else:
+            side.rpc.shutdown(timeout=3600)  # worker 1 waits there for the whole run
         results.put(("done", rank))
     except BaseException as exc:  # noqa: BLE001  (reported by the parent)
         import traceback  # noqa: PLC0415

@@ -143,6 +143,11 @@ def mark_io_thread() -> None:
     _marks.io = True
 
 
+def unmark_io_thread() -> None:
+    """Undo `mark_io_thread` (a reader that runs a call itself for a while)."""
+    _marks.io = False
+
+
 def is_io_thread() -> bool:
     """True on threads marked by `mark_io_thread`."""
     return getattr(_marks, "io", False)

@@ -9,6 +9,7 @@ RRef forks in stream order, and hand everything else to the pool.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import threading
@@ -87,7 +88,9 @@ class _LocalStream:
         return f"worker {self.peer_name!r} (id {self.peer_id}, this worker)"
 
     def send(self, frame: bytes) -> None:
-        self._agent._on_frames(self, [rpc_pb2.Frame.FromString(frame)])
+        inline = self._agent._on_frames(self, [rpc_pb2.Frame.FromString(frame)])
+        if inline is not None:
+            self._agent._pool.submit(inline)
 
 
 class RpcAgent:
@@ -120,6 +123,7 @@ class RpcAgent:
             name=name, worker_id=rank, token=self._token, host=options.host,
             max_streams=2 * world_size, on_frames=self._on_frames, on_stream_open=self._on_stream_open,
             on_stream_dead=self._on_stream_dead, peer_name=self._peer_name,
+            submit=self._pool.submit,
         )
         self._data = DataChannels(
             name=name, worker_id=rank, token=self._token, host=options.host,
@@ -407,7 +411,11 @@ class RpcAgent:
 
     # ------------------------------------------------------------------ frames in
 
-    def _on_frames(self, stream, frames) -> None:
+    def _on_frames(self, stream, frames) -> Optional[Callable[[], None]]:
+        """Route one batch. Returns the batch's first plain incoming call (for the stream's
+        reader to run itself after handing reading on, saving a thread hand-off) and submits
+        the rest to the pool."""
+        inline = None
         for frame in frames:
             kind = frame.kind
             if kind == _RESPONSE or kind == _ERROR:
@@ -432,6 +440,9 @@ class RpcAgent:
                         lambda f, p, b, e, s=stream, r=record: self._pool.submit(
                             self._serve, s, f, p, b, e, r),
                     )
+                elif inline is None:
+                    inline = functools.partial(self._serve, stream, frame, frame.payload, None,
+                                               None, record)
                 else:
                     self._pool.submit(self._serve, stream, frame, frame.payload, None, None,
                                       record)
@@ -441,6 +452,7 @@ class RpcAgent:
                 metrics.REJECTED_STREAM.inc()
                 logger.warning("Worker %r dropped a frame of unknown kind %s from %s.",
                                self.info.name, kind, stream.describe())
+        return inline
 
     def _finish_reply(self, frame, payload, buffers, error: Optional[str]) -> None:
         rid = frame.request_id

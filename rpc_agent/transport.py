@@ -33,7 +33,7 @@ import grpc
 from core import auth
 from rpc_agent import metrics
 from rpc_agent._generated import rpc_pb2
-from rpc_agent._threads import mark_io_thread
+from rpc_agent._threads import mark_io_thread, unmark_io_thread as _unmark_io_thread
 from rpc_agent.api import (
     AUTH_WINDOW_S,
     CONNECT_TIMEOUT_S,
@@ -134,6 +134,7 @@ class Stream:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._cancel: Optional[Callable[[], None]] = None
+        self._readers = _Readers()
         # Called once, after the stream is marked dead (the agent fails its pending calls).
         self.on_dead: Optional[Callable[["Stream"], None]] = None
         # How many frames went out in how many gRPC messages (coalescing, for tests and logs).
@@ -228,15 +229,17 @@ class GrpcTransport:
         token: the job's secret.
         host: the address to bind.
         max_streams: the most streams the server holds at once (one thread each).
-        on_frames(stream, frames): called on the stream's reader thread with each Batch's frames.
+        on_frames(stream, frames): called on the stream's reader with each Batch's frames; may
+            return one task (an incoming call) for the reader to run after handing reading on.
         on_stream_open(stream): an incoming stream passed authentication.
         on_stream_dead(stream): a stream died (`stream.dead_reason` says why).
         peer_name(id): the registered name of worker `id`, or None if unknown.
+        submit(task): runs a task on the agent's pool (when no second reader is free).
     """
 
     def __init__(self, *, name: str, worker_id: int, token: bytes, host: str, max_streams: int,
                  on_frames: Callable, on_stream_open: Callable, on_stream_dead: Callable,
-                 peer_name: Callable[[int], Optional[str]]):
+                 peer_name: Callable[[int], Optional[str]], submit: Callable):
         self.name = name
         self.worker_id = worker_id
         self._token = token
@@ -245,6 +248,7 @@ class GrpcTransport:
         self._on_stream_open = on_stream_open
         self._on_stream_dead = on_stream_dead
         self._peer_name = peer_name
+        self._submit = submit
         self._lock = threading.Lock()
         self._seen_nonces: dict[bytes, float] = {}
         self._channels: list[grpc.Channel] = []
@@ -343,11 +347,14 @@ class GrpcTransport:
             stream.fail(f"connecting to {address} failed: {_describe(exc)}")
             channel.close()
             return
-        if not stream._open(call.cancel):
+        def cancel() -> None:
+            call.cancel()
+            channel.close()
+
+        if not stream._open(cancel):
             channel.close()
             return
         self._read_loop(stream, call)
-        channel.close()
 
     # -- server side
 
@@ -376,7 +383,6 @@ class GrpcTransport:
         return stream._messages(first)
 
     def _serve_reads(self, stream: Stream, request_iterator) -> None:
-        mark_io_thread()
         self._read_loop(stream, request_iterator)
 
     def _check_hello(self, metadata) -> tuple[Optional[rpc_pb2.Hello], str]:
@@ -420,26 +426,107 @@ class GrpcTransport:
     # -- both sides
 
     def _read_loop(self, stream: Stream, messages) -> None:
-        reason = "the peer closed it"
+        """Read the stream as its leader; see `_Readers` for how leadership moves."""
+        mark_io_thread()
+        readers = stream._readers
+        while True:
+            try:
+                data = next(messages)
+            except StopIteration:
+                stream.fail("the peer closed it")
+                break
+            except Exception as exc:  # noqa: BLE001
+                stream.fail(_describe(exc))
+                break
+            task = self._handle(stream, data)
+            if task is None:
+                continue
+            if not readers.hand_over(self, stream, messages):
+                self._submit(task)  # no second reader free: the pool runs it
+                continue
+            # Someone else reads now; run the call here, then wait to lead again.
+            _unmark_io_thread()
+            try:
+                task()
+            except Exception:  # noqa: BLE001
+                logger.exception("An inline RPC task on %s raised", stream.describe())
+            finally:
+                mark_io_thread()
+            del task
+            if not readers.wait_to_lead(stream):
+                break
+        readers.release_follower()
+
+    def _handle(self, stream: Stream, data: bytes):
+        metrics.BYTES_RECEIVED.inc(len(data))
         try:
-            for data in messages:
-                metrics.BYTES_RECEIVED.inc(len(data))
-                try:
-                    frames = rpc_pb2.Batch.FromString(data).frames
-                except Exception:  # noqa: BLE001  (an authenticated peer sent garbage)
-                    metrics.REJECTED_STREAM.inc()
-                    logger.warning(
-                        "Worker %r dropped a malformed message of %d bytes from %s.",
-                        self.name, len(data), stream.describe(),
-                    )
-                    continue
-                try:
-                    self._on_frames(stream, frames)
-                except Exception:  # noqa: BLE001  (one bad frame must not kill the stream)
-                    logger.exception("Handling frames from %s failed", stream.describe())
-        except Exception as exc:  # noqa: BLE001
-            reason = _describe(exc)
-        stream.fail(reason)
+            frames = rpc_pb2.Batch.FromString(data).frames
+        except Exception:  # noqa: BLE001  (an authenticated peer sent garbage)
+            metrics.REJECTED_STREAM.inc()
+            logger.warning(
+                "Worker %r dropped a malformed message of %d bytes from %s.",
+                self.name, len(data), stream.describe(),
+            )
+            return None
+        try:
+            return self._on_frames(stream, frames)
+        except Exception:  # noqa: BLE001  (one bad frame must not kill the stream)
+            logger.exception("Handling frames from %s failed", stream.describe())
+            return None
+
+
+class _Readers:
+    """Leader/follower reading of one stream by at most two threads.
+
+    The leader reads. When a batch brings an incoming call, the leader wakes the follower to
+    read next and runs that call itself, instead of handing the call to a pool thread: the
+    wake-up of the new reader happens beside the call rather than before it. Afterwards the
+    old leader waits as the follower. With no follower free (it is running a long call), the
+    leader keeps reading and the pool runs the call, so reading never stops.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._wake = threading.Semaphore(0)
+        self._follower_waiting = False
+        self._threads = 1
+
+    def hand_over(self, transport: "GrpcTransport", stream: Stream, messages) -> bool:
+        """Make another thread the leader; False if none is free."""
+        with self._lock:
+            if self._follower_waiting:
+                self._follower_waiting = False
+                self._wake.release()
+                return True
+            if self._threads >= 2:
+                return False
+            self._threads += 1
+        threading.Thread(
+            target=transport._read_loop, args=(stream, messages), daemon=True,
+            name=f"shoal-rpc-read-{transport.name}-{stream.peer_name}",
+        ).start()
+        return True
+
+    def wait_to_lead(self, stream: Stream) -> bool:
+        """Wait as the follower until promoted; False once the stream is dead."""
+        with self._lock:
+            if stream.state == Stream.DEAD:
+                self._threads -= 1
+                return False
+            self._follower_waiting = True
+        self._wake.acquire()
+        if stream.state == Stream.DEAD:
+            with self._lock:
+                self._threads -= 1
+            return False
+        return True
+
+    def release_follower(self) -> None:
+        """The leader stops (the stream died): let a waiting follower see that and exit."""
+        with self._lock:
+            if self._follower_waiting:
+                self._follower_waiting = False
+                self._wake.release()
 
 
 def _describe(exc: BaseException) -> str:
