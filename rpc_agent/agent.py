@@ -46,6 +46,8 @@ from rpc_agent.transport import GrpcTransport, Stream
 logger = logging.getLogger(__name__)
 
 WorkerRef = Union[str, int, WorkerInfo]
+# Inline buffers of one frame stop here; the rest take the data channel whatever their size.
+_INLINE_BUDGET_BYTES = 4 * 1024 * 1024
 _CALL, _REMOTE_CALL = rpc_pb2.CALL, rpc_pb2.REMOTE_CALL
 _RESPONSE, _ERROR, _HELLO = rpc_pb2.RESPONSE, rpc_pb2.ERROR, rpc_pb2.HELLO
 
@@ -343,17 +345,21 @@ class RpcAgent:
         if rref_id is not None:
             frame.rref_id.created_on, frame.rref_id.local_id = rref_id
             frame.fork_id.created_on, frame.fork_id.local_id = rref_id
-        threshold = self._threshold if dst_id != self.info.id else float("inf")
+        local = dst_id == self.info.id
+        threshold = self._threshold if not local else float("inf")
+        # Many small buffers must not add up to a gRPC message above its bound either.
+        inline_left = _INLINE_BUDGET_BYTES if not local else float("inf")
         big = []
         for buf in buffers:
             desc = frame.buffers.add()
             desc.nbytes = buf.nbytes
-            if buf.nbytes >= threshold:
+            if buf.nbytes >= threshold or buf.nbytes > inline_left:
                 desc.on_data_channel = True
                 desc.transfer_id = self._data.new_transfer_id()
                 big.append((desc.transfer_id, buf))
             else:
                 desc.inline_data = buf.tobytes()
+                inline_left -= buf.nbytes
         if len(payload) >= threshold:
             ref = frame.payload_ref
             ref.nbytes = len(payload)

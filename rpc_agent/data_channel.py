@@ -281,7 +281,12 @@ class DataChannels:
                         f"{MAX_TRANSFER_BYTES}-byte bound"
                     )
                 # np.empty, unlike bytearray, does not zero the memory first.
-                array = np.empty(nbytes, dtype=np.uint8)
+                try:
+                    array = np.empty(nbytes, dtype=np.uint8)
+                except MemoryError as exc:
+                    raise ConnectionError(
+                        f"no memory for its transfer of {nbytes} bytes"
+                    ) from exc
                 if nbytes:
                     _recv_exact_into(conn.sock, memoryview(array))
                 metrics.BYTES_RECEIVED.inc(nbytes + _HEADER.size)

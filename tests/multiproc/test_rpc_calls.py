@@ -444,3 +444,16 @@ def test_queued_frames_are_coalesced_and_big_buffers_use_the_data_channel(worker
     assert frames == 400
     assert messages < frames * 0.8, (frames, messages)
     assert transfers == 1
+
+
+def many_small_arrays(n, size):
+    import rpc_agent  # noqa: PLC0415
+
+    arrays = [np.full(size, i % 256, dtype=np.uint8) for i in range(n)]
+    back = rpc_agent.rpc_sync("w1", echo, (arrays,))
+    return all(int(b[0]) == i % 256 and b.size == size for i, b in enumerate(back))
+
+
+def test_many_small_buffers_do_not_overflow_one_grpc_message(workers):
+    # 1200 buffers of 60 KB (each under the threshold) add up to 72 MB, above gRPC's bound.
+    assert workers.run(0, many_small_arrays, 1200, 60_000) is True
