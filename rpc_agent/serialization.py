@@ -106,16 +106,32 @@ class RemoteTraceback(Exception):
         return "\n" + self.text
 
 
+# An ERROR frame travels inline on the stream: its parts are bounded.
+_MAX_ERROR_TEXT = 64 * 1024
+_MAX_ERROR_PICKLE = 1024 * 1024
+
+
+def _clip(text: str) -> str:
+    if len(text) <= _MAX_ERROR_TEXT:
+        return text
+    half = _MAX_ERROR_TEXT // 2
+    return f"{text[:half]}\n... [{len(text) - 2 * half} characters cut] ...\n{text[-half:]}"
+
+
 def serialize_exception(exc: BaseException, worker: str) -> bytes:
-    """The ERROR payload: type, message, remote traceback, and the exception itself if it pickles."""
+    """The ERROR payload: type, message, remote traceback, and the exception itself if it
+    pickles (and is not huge)."""
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     try:
         exc_bytes = pickle.dumps(exc, PROTOCOL)
-        pickle.loads(exc_bytes)  # some exceptions pickle but cannot be rebuilt (bad __init__)
+        if len(exc_bytes) > _MAX_ERROR_PICKLE:
+            exc_bytes = None
+        else:
+            pickle.loads(exc_bytes)  # some exceptions pickle but cannot be rebuilt
     except Exception:  # noqa: BLE001
         exc_bytes = None
     type_name = f"{type(exc).__module__}.{type(exc).__qualname__}"
-    return pickle.dumps((type_name, str(exc), tb, exc_bytes, worker), PROTOCOL)
+    return pickle.dumps((type_name, _clip(str(exc)), _clip(tb), exc_bytes, worker), PROTOCOL)
 
 
 def rebuild_exception(payload, function: str) -> BaseException:

@@ -79,3 +79,14 @@ def test_exceptions_that_cannot_be_rebuilt_become_remote_exceptions():
     assert str(rebuilt).startswith(f"{rebuilt.type_name}: 1-2\n\nRaised on worker 'w0'")
     with pytest.raises(RemoteException):
         raise rebuilt
+
+
+def test_huge_exceptions_are_clipped_to_fit_one_frame():
+    try:
+        _raise(ValueError("x" * 5_000_000))
+    except ValueError as exc:
+        payload = serialize_exception(exc, "w1")
+    assert len(payload) < 200_000
+    rebuilt = rebuild_exception(payload, "mod.fn")
+    assert isinstance(rebuilt, RemoteException) and rebuilt.type_name == "builtins.ValueError"
+    assert "characters cut" in rebuilt.remote_message
