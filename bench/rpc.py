@@ -334,7 +334,8 @@ def main(argv=None) -> int:
     if "behind_bulk" in wanted:
         latency_rows("behind_bulk", "ms", "sync_64B_behind_16MiB")
 
-    header = f"{'row':34} {'unit':8} {'shoal':>12} {'torch':>12} {'shoal/torch':>12}  spread (shoal; torch)"
+    header = (f"{'row':34} {'unit':8} {'shoal':>12} {'torch':>12} {'shoal/torch':>12}  "
+              "spread (shoal; torch)")
     print(header)
     print("-" * len(header))
     lines = []
@@ -352,7 +353,8 @@ def main(argv=None) -> int:
             "torch_sessions": per.get("torch"),
         })
     if loopback:
-        print(f"{'(loopback floor: raw socket echo)':34} {'GB/s':8} {statistics.median(loopback):12.4g}"
+        floor = statistics.median(loopback)
+        print(f"{'(loopback floor: raw socket echo)':34} {'GB/s':8} {floor:12.4g}"
               f"{'':26}  {min(loopback):.3g}..{max(loopback):.3g}")
         lines.append({"bench": "rpc", "row": "raw_socket_echo_16MiB", "unit": "GB/s",
                       "better": "higher", "value": statistics.median(loopback),

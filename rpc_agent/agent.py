@@ -123,7 +123,8 @@ class RpcAgent:
         self.rrefs = RRefContext(self)
         self._transport = GrpcTransport(
             name=name, worker_id=rank, token=self._token, host=options.host,
-            max_streams=2 * world_size, on_frames=self._on_frames, on_stream_open=self._on_stream_open,
+            max_streams=2 * world_size, on_frames=self._on_frames,
+            on_stream_open=self._on_stream_open,
             on_stream_dead=self._on_stream_dead, peer_name=self._peer_name,
             submit=self._pool.submit,
         )

@@ -6,7 +6,8 @@ from core import telemetry
 
 REQUESTS = telemetry.counter(
     "shoal_rpc_requests_total",
-    "RPCs this worker issued, by kind (sync, async, remote, rref) and outcome (ok, error, timeout).",
+    "RPCs this worker issued, by kind (sync, async, remote, rref) and outcome "
+    "(ok, error, timeout).",
     ["kind", "status"],
 )
 LATENCY = telemetry.histogram(

@@ -62,12 +62,16 @@ def init_rpc(name: str, rank: Optional[int] = None, world_size: Optional[int] = 
             f"rpc_backend_options must be an RpcBackendOptions, got {type(options).__name__}."
         )
     if not isinstance(name, str) or not name or len(name) > 128:
-        raise ValueError(f"The worker name must be a non-empty str of at most 128 chars, got {name!r}.")
+        raise ValueError(
+            f"The worker name must be a non-empty str of at most 128 chars, got {name!r}."
+        )
     rank = collectives_env.env_rank() if rank is None else rank
     world_size = collectives_env.env_world_size() if world_size is None else world_size
     if world_size is None or isinstance(world_size, bool) or not isinstance(world_size, int) \
             or world_size < 1:
-        raise ValueError(f"init_rpc needs a positive world_size (or WORLD_SIZE), got {world_size!r}.")
+        raise ValueError(
+            f"init_rpc needs a positive world_size (or WORLD_SIZE), got {world_size!r}."
+        )
     if rank is None or isinstance(rank, bool) or not isinstance(rank, int) \
             or not 0 <= rank < world_size:
         raise ValueError(f"init_rpc needs a rank in 0..{world_size - 1} (or RANK), got {rank!r}.")

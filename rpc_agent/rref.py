@@ -181,7 +181,8 @@ class RRef:
 
     def __repr__(self) -> str:
         role = "OwnerRRef" if self._record is not None else "UserRRef"
-        return f"{role}(rref_id={self._rref_id}, owner={self._owner.name!r}, fork_id={self._fork_id})"
+        return (f"{role}(rref_id={self._rref_id}, owner={self._owner.name!r}, "
+                f"fork_id={self._fork_id})")
 
 
 class _Proxy:

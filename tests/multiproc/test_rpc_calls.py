@@ -210,7 +210,8 @@ def check_futures():
     many = [rpc_agent.rpc_async(f"w{i % 3}", operator.mul, (i, i)) for i in range(50)]
     out["wait_all"] = rpc_agent.wait_all(many, timeout=20)
     out["collect_all"] = [f.value() for f in rpc_agent.collect_all(many).wait(10)]
-    failing = [rpc_agent.rpc_async("w1", operator.truediv, (1, 0)), rpc_agent.rpc_async("w2", echo, (1,))]
+    failing = [rpc_agent.rpc_async("w1", operator.truediv, (1, 0)),
+               rpc_agent.rpc_async("w2", echo, (1,))]
     try:
         rpc_agent.wait_all(failing, timeout=10)
         out["wait_all_error"] = None

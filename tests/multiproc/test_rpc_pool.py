@@ -20,7 +20,6 @@ import time
 import traceback
 from typing import Any, Callable, Optional
 
-import pytest
 
 CTX = multiprocessing.get_context("spawn")
 LOGS: list[str] = []
@@ -111,17 +110,21 @@ class RpcWorkers:
         end = time.monotonic() + timeout
         while len(ready) < self.world_size:
             try:
-                tag, rank, status, value = self._results.get(timeout=max(0.1, end - time.monotonic()))
+                item = self._results.get(timeout=max(0.1, end - time.monotonic()))
             except queue_mod.Empty:
                 missing = sorted(set(range(self.world_size)) - ready)
                 codes = {r: self.procs[r].exitcode for r in missing}
                 raise WorkerFailed(
-                    f"RPC workers {missing} were not ready within {timeout:g}s (exit codes {codes})."
+                    f"RPC workers {missing} were not ready within {timeout:g}s "
+                    f"(exit codes {codes})."
                 ) from None
+            tag, rank, status, value = item
             if tag != "ready":
                 continue
             if status != "ok":
-                raise WorkerFailed(f"RPC worker w{rank} failed to start: {value[0]}: {value[1]}\n{value[2]}")
+                raise WorkerFailed(
+                    f"RPC worker w{rank} failed to start: {value[0]}: {value[1]}\n{value[2]}"
+                )
             ready.add(rank)
 
     # -- tasks
@@ -150,7 +153,9 @@ class RpcWorkers:
             self._done[tag] = (rank, status, value)
         rank, status, value = self._done.pop(task_id)
         if status != "ok":
-            raise WorkerFailed(f"Task {task_id} raised on w{rank}: {value[0]}: {value[1]}\n{value[2]}")
+            raise WorkerFailed(
+                f"Task {task_id} raised on w{rank}: {value[0]}: {value[1]}\n{value[2]}"
+            )
         return value
 
     def run(self, rank: int, fn: Callable, *args, timeout: float = 60.0, **kwargs) -> Any:
@@ -270,9 +275,11 @@ def test_init_timeout_names_the_ranks_that_never_joined_and_duplicate_names_fail
             assert message.startswith("RpcTimeout: "), message
             assert "rank(s) 1, 2 never joined" in message, message
             assert elapsed < 8
-            ids = [workers.submit(r, _init_as, "twin", r, 2, store.port, 20.0, "twins") for r in range(2)]
+            ids = [workers.submit(r, _init_as, "twin", r, 2, store.port, 20.0, "twins")
+                   for r in range(2)]
             for task_id in ids:
                 message, _ = workers.result(task_id)
-                assert message.startswith("RpcError: Two workers are named 'twin' (ranks 0 and 1)"), message
+                assert message.startswith(
+                    "RpcError: Two workers are named 'twin' (ranks 0 and 1)"), message
     finally:
         store.close()
