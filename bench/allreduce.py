@@ -215,6 +215,27 @@ def loopback_limit(quick: bool) -> float:
 
 # ----------------------------------------------------------------------------- main
 
+TARGETS = [  # (op, world, bytes, minimum speedup over gloo, what)
+    ("all_reduce", 2, 64 * MiB, 2.5, "W=2 busbw at 64 MiB >= 2.5x gloo"),
+    ("all_reduce", 2, 4 * MiB, 3.0, "W=2 busbw at 4 MiB >= 3x gloo"),
+    ("all_reduce", 4, 64 * MiB, 2.0, "W=4 busbw at 64 MiB >= 2x gloo"),
+    ("all_reduce", 2, 4 * KiB, 5.0, "W=2 latency at 4 KiB <= 1/5 of gloo's"),
+    ("all_reduce", 4, 4 * KiB, 5.0, "W=4 latency at 4 KiB <= 1/5 of gloo's"),
+]
+
+
+def _print_targets(rows) -> None:
+    print()
+    print("targets (speedup = gloo time / shoal time, same run):")
+    for op, world, nbytes, need, what in TARGETS:
+        row = next((r for r in rows if (r["op"], r["world"], r["bytes"]) == (op, world, nbytes)), None)
+        if row is None:
+            continue
+        got = row["shoal_speedup_vs_gloo"]
+        verdict = "met" if got >= need else "NOT met"
+        print(f"  {what:<42} {got:>6.2f}x  {verdict}")
+
+
 def _fmt_size(n: int) -> str:
     return f"{n // MiB} MiB" if n >= MiB else f"{n // KiB} KiB"
 
@@ -304,6 +325,8 @@ def main(argv=None) -> int:
         print(line)
     for row in rows:
         print(json.dumps(row))
+    if "gloo" in sides:
+        _print_targets(rows)
     return 0
 
 
