@@ -268,6 +268,28 @@ def _pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
+# The targets: (row, what is compared, bound).
+_TARGETS = {
+    "sync_64B median": ("ratio", "<=", 0.65),
+    "async_64B_x64": ("ratio", ">=", 3.0),
+    "echo_16MiB": ("ratio", ">=", 1.2),
+    "sync_64B_behind_16MiB median": ("value", "<", 2.0),
+}
+
+
+def _target_verdict(label: str, value: float, ratio) -> str:
+    rule = _TARGETS.get(label)
+    if rule is None:
+        return ""
+    what, op, bound = rule
+    x = ratio if what == "ratio" else value
+    if x is None:
+        return ""
+    ok = {"<=": x <= bound, ">=": x >= bound, "<": x < bound}[op]
+    unit = "x" if what == "ratio" else " ms"
+    return f"target {op} {bound:g}{unit}: {'met' if ok else 'missed'}"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--compare", action="store_true",
@@ -343,13 +365,15 @@ def main(argv=None) -> int:
         med = {impl: statistics.median(v) for impl, v in per.items()}
         ratio = med["shoal"] / med["torch"] if "torch" in med and med["torch"] else None
         spread = "; ".join(f"{min(v):.3g}..{max(v):.3g}" for v in per.values())
+        target = _target_verdict(label, med["shoal"], ratio)
         print(f"{label:34} {unit:8} {med['shoal']:12.4g} "
               f"{med.get('torch', float('nan')):12.4g} "
-              f"{(f'{ratio:.2f}x' if ratio else '-'):>12}  {spread}")
+              f"{(f'{ratio:.2f}x' if ratio else '-'):>12}  {spread}"
+              + (f"  [{target}]" if target else ""))
         lines.append({
             "bench": "rpc", "row": label, "unit": unit, "better": better,
             "shoal": med["shoal"], "torch": med.get("torch"), "ratio": ratio,
-            "sessions": sessions, "shoal_sessions": per["shoal"],
+            "target": target, "sessions": sessions, "shoal_sessions": per["shoal"],
             "torch_sessions": per.get("torch"),
         })
     if loopback:
