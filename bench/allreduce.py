@@ -3,7 +3,9 @@
 allreduce of 4 KiB, 256 KiB, 4 MiB and 64 MiB at W = 2 and 4; broadcast and all_gather at
 4 MiB; the raw loopback limit (one TCP stream between two processes) measured in the same run.
 Each iteration starts after a barrier and is timed as the slowest rank's time; medians over
-iterations. Sessions alternate shoal, gloo, shoal, gloo so drift on a busy machine hits both.
+iterations. Both sides' ranks run at once and the parent alternates blocks of iterations
+between them (A B A B) while the other side sleeps, so drift on a busy machine hits both; the
+table also gives the median of the per-iteration ratios of paired blocks.
 
 Bandwidth as nccl-tests defines it (GB = 1e9 bytes): algbw = bytes / time; busbw = algbw x
 2(W-1)/W for allreduce, algbw for broadcast, algbw x (W-1)/W for all_gather (whose size is the
@@ -65,116 +67,148 @@ def bus_factor(op: str, world: int) -> float:
 
 # ----------------------------------------------------------------------------- workers
 
-def _shoal_worker(rank, world, port, backend, quick, cases, transport, out):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), SHOAL_USE_AGENT_STORE="1",
-                      SHOAL_LOCAL_TRANSPORT=transport)
-    try:
-        import collectives as c
-
-        pg = c.init_process_group(backend, init_method="env://", timeout=120)
-        times = {}
-        for op, nbytes in cases:
-            n = nbytes // 4
-            if op == "all_reduce":
-                a = np.zeros(n, np.float32)
-                run = lambda: pg.all_reduce(a)  # noqa: E731
-            elif op == "broadcast":
-                a = np.zeros(n, np.float32)
-                run = lambda: pg.broadcast(a, src=0)  # noqa: E731
-            else:
-                x = np.ones(n // world, np.float32)
-                outs = [np.empty_like(x) for _ in range(world)]
-                run = lambda: pg.all_gather(outs, x)  # noqa: E731
-            for _ in range(3):
-                run()
-            ts = []
-            for _ in range(iterations(nbytes, quick)):
-                pg.barrier()
-                t0 = time.perf_counter()
-                run()
-                ts.append(time.perf_counter() - t0)
-            times[(op, nbytes)] = ts
-        c.destroy_process_group()
-        out.put((rank, times))
-    except BaseException as exc:
-        out.put((rank, exc))
-        raise
-
-
-def _gloo_worker(rank, world, port, quick, cases, out):
-    try:
-        import torch
-        import torch.distributed as dist
-
-        torch.set_num_threads(1)
-        store = dist.TCPStore("127.0.0.1", port, world, False)
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
-        times = {}
-        for op, nbytes in cases:
-            n = nbytes // 4
-            if op == "all_reduce":
-                t = torch.zeros(n)
-                run = lambda: dist.all_reduce(t)  # noqa: E731
-            elif op == "broadcast":
-                t = torch.zeros(n)
-                run = lambda: dist.broadcast(t, src=0)  # noqa: E731
-            else:
-                x = torch.ones(n // world)
-                outs = [torch.empty_like(x) for _ in range(world)]
-                run = lambda: dist.all_gather(outs, x)  # noqa: E731
-            for _ in range(3):
-                run()
-            ts = []
-            for _ in range(iterations(nbytes, quick)):
-                dist.barrier()
-                t0 = time.perf_counter()
-                run()
-                ts.append(time.perf_counter() - t0)
-            times[(op, nbytes)] = ts
-        dist.destroy_process_group()
-        out.put((rank, times))
-    except BaseException as exc:
-        out.put((rank, exc))
-        raise
-
-
-def _session(side: str, world: int, args) -> dict:
-    """Spawn one session of `world` ranks; per case, the slowest rank's time per iteration."""
-    out = CTX.Queue()
-    if side.startswith("shoal"):
-        from collectives.store_tcp import TCPStore
-
-        transport = "tcp" if side == "shoal_tcp" else os.environ.get("SHOAL_LOCAL_TRANSPORT", "unix")
-        store = TCPStore("127.0.0.1", 0, world_size=world, is_master=True, timeout=120,
-                         wait_for_workers=False)
-        procs = [CTX.Process(target=_shoal_worker, args=(r, world, store.port, args.backend, args.quick,
-                                                         args.cases, transport, out))
-                 for r in range(world)]
+def _shoal_runner(pg, op, n, world):
+    """(run, barrier) for one case on a shoal process group."""
+    if op == "all_reduce":
+        a = np.zeros(n, np.float32)
+        run = lambda: pg.all_reduce(a)  # noqa: E731
+    elif op == "broadcast":
+        a = np.zeros(n, np.float32)
+        run = lambda: pg.broadcast(a, src=0)  # noqa: E731
     else:
-        import torch.distributed as dist
+        x = np.ones(n // world, np.float32)
+        outs = [np.empty_like(x) for _ in range(world)]
+        run = lambda: pg.all_gather(outs, x)  # noqa: E731
+    return run, pg.barrier
 
-        store = dist.TCPStore("127.0.0.1", 0, world, True, wait_for_workers=False)
-        procs = [CTX.Process(target=_gloo_worker, args=(r, world, store.port, args.quick, args.cases, out))
-                 for r in range(world)]
-    for p in procs:
-        p.start()
-    per_rank = {}
+
+def _gloo_runner(dist, torch, op, n, world):
+    """(run, barrier) for one case on torch's default (gloo) group."""
+    if op == "all_reduce":
+        t = torch.zeros(n)
+        run = lambda: dist.all_reduce(t)  # noqa: E731
+    elif op == "broadcast":
+        t = torch.zeros(n)
+        run = lambda: dist.broadcast(t, src=0)  # noqa: E731
+    else:
+        x = torch.ones(n // world)
+        outs = [torch.empty_like(x) for _ in range(world)]
+        run = lambda: dist.all_gather(outs, x)  # noqa: E731
+    return run, dist.barrier
+
+
+def _worker(side, rank, world, port, backend, commands, out):
+    """One rank of one side. It forms its group, then runs blocks of iterations when told, so
+    the parent can alternate the sides block by block (A B A B) while the idle side sleeps;
+    running both libraries in one process would let gloo's threads slow shoal down."""
     try:
-        for _ in range(world):
-            rank, value = out.get(timeout=600)
-            if isinstance(value, BaseException):
-                raise SystemExit(f"{side} rank {rank} failed: {type(value).__name__}: {value}")
-            per_rank[rank] = value
+        if side == "gloo":
+            import torch
+            import torch.distributed as dist
+
+            torch.set_num_threads(1)
+            store = dist.TCPStore("127.0.0.1", port, world, False)
+            dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+            make = lambda op, n: _gloo_runner(dist, torch, op, n, world)  # noqa: E731
+        else:
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                              WORLD_SIZE=str(world), SHOAL_USE_AGENT_STORE="1")
+            if side == "shoal_tcp":
+                os.environ["SHOAL_LOCAL_TRANSPORT"] = "tcp"
+            import collectives as c
+
+            pg = c.init_process_group(backend, init_method="env://", timeout=300)
+            make = lambda op, n: _shoal_runner(pg, op, n, world)  # noqa: E731
+        out.put((side, rank, "ready", None))
+        runners = {}
+        while True:
+            command = commands.get()
+            if command is None:
+                break
+            (op, nbytes), count = command
+            if (op, nbytes) not in runners:
+                runners[(op, nbytes)] = make(op, nbytes // 4)
+                for _ in range(3):
+                    runners[(op, nbytes)][0]()
+            run, barrier = runners[(op, nbytes)]
+            ts = []
+            for _ in range(count):
+                barrier()
+                t0 = time.perf_counter()
+                run()
+                ts.append(time.perf_counter() - t0)
+            out.put((side, rank, "times", ts))
+        if side == "gloo":
+            dist.destroy_process_group()
+        else:
+            c.destroy_process_group()
+    except BaseException as exc:
+        out.put((side, rank, "error", f"{type(exc).__name__}: {exc}"))
+        raise
+
+
+def _session(sides: list, world: int, args) -> dict:
+    """Spawn every side's ranks; per case, alternate blocks of iterations between the sides.
+
+    Returns case -> side -> the slowest rank's time of each iteration.
+    """
+    from collectives.store_tcp import TCPStore
+
+    out = CTX.Queue()
+    stores, procs, commands = [], {}, {}
+    for side in sides:
+        if side == "gloo":
+            import torch.distributed as dist
+
+            store = dist.TCPStore("127.0.0.1", 0, world, True, wait_for_workers=False)
+        else:
+            store = TCPStore("127.0.0.1", 0, world_size=world, is_master=True, timeout=300,
+                             wait_for_workers=False)
+        stores.append(store)
+        commands[side] = [CTX.Queue() for _ in range(world)]
+        procs[side] = [CTX.Process(target=_worker, args=(side, r, world, store.port, args.backend,
+                                                         commands[side][r], out))
+                       for r in range(world)]
+        for p in procs[side]:
+            p.start()
+
+    def collect(kind: str, count: int) -> list:
+        got = []
+        while len(got) < count:
+            side, rank, what, value = out.get(timeout=900)
+            if what == "error":
+                raise SystemExit(f"{side} rank {rank} failed: {value}")
+            if what == kind:
+                got.append((side, rank, value))
+        return got
+
+    results = {}
+    try:
+        collect("ready", world * len(sides))
+        blocks = 2 if args.quick else 4
+        for case in args.cases:
+            per_block = max(1, iterations(case[1], args.quick) // blocks)
+            results[case] = {side: [] for side in sides}
+            for _ in range(blocks):
+                for side in sides:
+                    for q in commands[side]:
+                        q.put((case, per_block))
+                    by_rank = {rank: ts for _s, rank, ts in collect("times", world)}
+                    results[case][side] += [max(by_rank[r][i] for r in range(world))
+                                            for i in range(per_block)]
+        for side in sides:
+            for q in commands[side]:
+                q.put(None)
     finally:
-        for p in procs:
-            p.join(30)
-            if p.is_alive():
-                p.kill()
-        if side.startswith("shoal"):
-            store.close()
-    return {case: [max(per_rank[r][case][i] for r in range(world))
-                   for i in range(len(per_rank[0][case]))] for case in per_rank[0]}
+        for side in sides:
+            for p in procs[side]:
+                p.join(30)
+                if p.is_alive():
+                    p.kill()
+        for store in stores:
+            if hasattr(store, "close"):
+                store.close()
+    return results
 
 
 # ----------------------------------------------------------------------------- loopback limit
@@ -232,8 +266,9 @@ def _print_targets(rows) -> None:
         if row is None:
             continue
         got = row["shoal_speedup_vs_gloo"]
+        paired = row["shoal_paired_ratio"]
         verdict = "met" if got >= need else "NOT met"
-        print(f"  {what:<42} {got:>6.2f}x  {verdict}")
+        print(f"  {what:<42} {got:>6.2f}x (paired {paired:.2f}x)  {verdict}")
 
 
 def _fmt_size(n: int) -> str:
@@ -248,7 +283,7 @@ def main(argv=None) -> int:
     parser.add_argument("--no-compare", dest="compare", action="store_false")
     parser.add_argument("--backend", default="tcp", help="shoal backend: tcp (default) or nccl")
     parser.add_argument("--worlds", default="2,4", help="comma-separated world sizes (default 2,4)")
-    parser.add_argument("--rounds", type=int, default=None, help="A/B rounds (default 2, quick 1)")
+    parser.add_argument("--rounds", type=int, default=None, help="sessions per world size (default 2, quick 1)")
     parser.add_argument("--ops", default="all_reduce,broadcast,all_gather", help="which ops to run")
     parser.add_argument("--max-bytes", type=int, default=64 * MiB, help="skip larger cases")
     parser.add_argument("--no-loopback", action="store_true", help="skip the raw loopback measurement")
@@ -285,8 +320,8 @@ def main(argv=None) -> int:
     for world in worlds:
         samples = {side: {} for side in sides}
         for _ in range(rounds):
-            for side in sides:
-                for case, ts in _session(side, world, args).items():
+            for case, by_side in _session(sides, world, args).items():
+                for side, ts in by_side.items():
                     samples[side].setdefault(case, []).extend(ts)
         for case in args.cases:
             op, nbytes = case
@@ -303,6 +338,9 @@ def main(argv=None) -> int:
             for side in sides:
                 if side != "gloo" and "gloo" in sides:
                     row[f"{side}_speedup_vs_gloo"] = round(row["gloo_ms"] / row[f"{side}_ms"], 2)
+                    # The median of per-iteration ratios (each pair ran back to back).
+                    pairs = [g / x for g, x in zip(samples["gloo"][case], samples[side][case])]
+                    row[f"{side}_paired_ratio"] = round(statistics.median(pairs), 2)
             rows.append(row)
 
     header = f"{'op':<11}{'W':>2} {'size':>7}"
@@ -310,9 +348,10 @@ def main(argv=None) -> int:
         header += f" | {side + ' ms':>13} {'busbw':>6}"
     for side in sides:
         if side != "gloo" and "gloo" in sides:
-            header += f" | {side + '/gloo':>14}"
+            header += f" | {side + '/gloo':>14} {'paired':>6}"
     print()
-    print("median time per op (slowest rank), busbw in GB/s; speedup = gloo time / shoal time")
+    print("median time per op (slowest rank), busbw in GB/s; speedup = gloo time / shoal time "
+          "(medians), paired = median of per-iteration ratios")
     print(header)
     print("-" * len(header))
     for row in rows:
@@ -321,7 +360,7 @@ def main(argv=None) -> int:
             line += f" | {row[side + '_ms']:>13.3f} {row[side + '_busbw_gbps']:>6.2f}"
         for side in sides:
             if side != "gloo" and "gloo" in sides:
-                line += f" | {row[side + '_speedup_vs_gloo']:>13.2f}x"
+                line += f" | {row[side + '_speedup_vs_gloo']:>13.2f}x {row[side + '_paired_ratio']:>5.2f}x"
         print(line)
     for row in rows:
         print(json.dumps(row))

@@ -20,7 +20,9 @@ from collectives.api import CollectiveMismatch, ReduceOp
 from collectives.constants import (
     PUMP_CHUNK_BYTES,
     SMALL_MAX_BYTES,
-    THREADED_CHUNK_BYTES,
+    THREADED_CHUNK_MAX_BYTES,
+    THREADED_CHUNK_MIN_BYTES,
+    THREADED_CHUNKS_PER_SEGMENT,
     THREADED_MIN_BYTES,
 )
 
@@ -58,7 +60,11 @@ class TCPCollectives:
                     algos.reduce_in_rank_order(flat, self._rank, data, uf)
             else:
                 threaded = nbytes >= THREADED_MIN_BYTES
-                chunk = THREADED_CHUNK_BYTES if threaded else PUMP_CHUNK_BYTES
+                if threaded:
+                    chunk = min(THREADED_CHUNK_MAX_BYTES, max(
+                        THREADED_CHUNK_MIN_BYTES, nbytes // (size * THREADED_CHUNKS_PER_SEGMENT)))
+                else:
+                    chunk = PUMP_CHUNK_BYTES
                 chunk_elems = max(1, chunk // flat.itemsize)
                 plan = algos.ring_allreduce_plan(
                     self._rank, size, self._rx, seq, fp, flat,
