@@ -143,22 +143,25 @@ def test_garbage_bytes_to_the_grpc_port_leave_the_worker_serving(workers, ports)
     assert workers.run(0, still_serving) is True
 
 
-@pytest.mark.parametrize("case,metadata,reason", [
-    ("no proof", (), "it carried no shoal-hello-bin proof"),
-    ("garbage proof", ((HELLO_METADATA, b"\x01\x02garbage"),),
+# Proofs are built when the test runs, not at collection: a proof minted at import time goes
+# stale (120 s window) when the rest of the suite runs first.
+@pytest.mark.parametrize("case,make_metadata,reason", [
+    ("no proof", lambda: (), "it carried no shoal-hello-bin proof"),
+    ("garbage proof", lambda: ((HELLO_METADATA, b"\x01\x02garbage"),),
      "its hello metadata is not a Hello message"),
-    ("wrong secret", ((HELLO_METADATA, _hello(token=b"some other secret")),),
+    ("wrong secret", lambda: ((HELLO_METADATA, _hello(token=b"some other secret")),),
      "its proof does not match this job's secret"),
-    ("stale", ((HELLO_METADATA, _hello(timestamp=time.time() - 3600)),),
+    ("stale", lambda: ((HELLO_METADATA, _hello(timestamp=time.time() - 3600)),),
      "outside the 120s window"),
-    ("other worker", ((HELLO_METADATA, _hello(to_id=0)),),
+    ("other worker", lambda: ((HELLO_METADATA, _hello(to_id=0)),),
      "its proof is for worker id 0, not this one (1)"),
-    ("unknown name", ((HELLO_METADATA, _hello(name="mallory")),),
+    ("unknown name", lambda: ((HELLO_METADATA, _hello(name="mallory")),),
      "it claims to be worker 'mallory' (id 0), which this job does not have"),
 ])
 def test_streams_without_a_valid_proof_are_dropped_unread(workers, ports, tmp_path, case,
-                                                          metadata, reason):
+                                                          make_metadata, reason):
     grpc_port, _ = ports
+    metadata = make_metadata()
     marker = str(tmp_path / "unpickled")
     before = workers.run(1, rejected)["stream"]
     code, details = _open_stream(grpc_port, metadata, [_evil_batch(marker)] * 3)
