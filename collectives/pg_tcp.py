@@ -218,7 +218,7 @@ class ProcessGroupTCP(TCPCollectives, ProcessGroup):
         t0 = time.perf_counter()
         try:
             result = rec.fn(rec)
-        except P2PMismatch:
+        except (P2PMismatch, CollectiveError):  # already the caller's error (and counted)
             raise
         except LinkDown as exc:
             self._fail(self._link_reason(exc))
