@@ -54,9 +54,9 @@ def iterations(nbytes: int, quick: bool) -> int:
     elif nbytes <= 256 * KiB:
         n = 100
     elif nbytes <= 4 * MiB:
-        n = 30
+        n = 40
     else:
-        n = 8
+        n = 12
     return max(3, n // 3) if quick else n
 
 
@@ -131,6 +131,10 @@ def _worker(side, rank, world, port, backend, commands, out):
                 for _ in range(3):
                     runners[(op, nbytes)][0]()
             run, barrier = runners[(op, nbytes)]
+            # One untimed iteration per block for either side: the other side's block has just
+            # evicted this side's arrays from the caches.
+            barrier()
+            run()
             ts = []
             for _ in range(count):
                 barrier()
@@ -185,7 +189,7 @@ def _session(sides: list, world: int, args) -> dict:
     results = {}
     try:
         collect("ready", world * len(sides))
-        blocks = 2 if args.quick else 4
+        blocks = args.blocks or (2 if args.quick else 4)
         for case in args.cases:
             per_block = max(1, iterations(case[1], args.quick) // blocks)
             results[case] = {side: [] for side in sides}
@@ -284,6 +288,8 @@ def main(argv=None) -> int:
     parser.add_argument("--backend", default="tcp", help="shoal backend: tcp (default) or nccl")
     parser.add_argument("--worlds", default="2,4", help="comma-separated world sizes (default 2,4)")
     parser.add_argument("--rounds", type=int, default=None, help="sessions per world size (default 2, quick 1)")
+    parser.add_argument("--blocks", type=int, default=None,
+                        help="A/B blocks each case's iterations are split into (default 4, quick 2)")
     parser.add_argument("--ops", default="all_reduce,broadcast,all_gather", help="which ops to run")
     parser.add_argument("--max-bytes", type=int, default=64 * MiB, help="skip larger cases")
     parser.add_argument("--no-loopback", action="store_true", help="skip the raw loopback measurement")
