@@ -23,7 +23,7 @@ from collectives._ddp_buckets import GradBucket
 from collectives._ddp_reducer import DDPError, Reducer
 from collectives.api import ReduceOp
 from collectives.join import Join, JoinHook, Joinable
-from core import backend, nn
+from core import kernels, nn
 from core.autograd import is_grad_enabled
 from core.tensor import Tensor
 
@@ -135,22 +135,19 @@ class DistributedDataParallel(nn.Module, Joinable):
                 )
 
     def _broadcast_arrays(self, arrays: Sequence[Any], src: int) -> None:
-        """Overwrite `arrays` with rank `src`'s values: one broadcast per dtype, coalesced."""
+        """Overwrite `arrays` with rank `src`'s values: one broadcast per dtype, coalesced.
+
+        Packing and unpacking are core.kernels' flatten/unflatten: one kernel launch each for
+        arrays on a CUDA device (whatever their number), numpy copies on the host.
+        """
         by_dtype: dict[Any, list] = {}
         for arr in arrays:
             by_dtype.setdefault((arr.dtype, type(arr)), []).append(arr)
         for (dtype, _), group in sorted(by_dtype.items(), key=lambda kv: str(kv[0][0])):
-            xp = backend.array_module(group[0])
-            flat = xp.concatenate([a.reshape(-1) for a in group]) if len(group) > 1 else (
-                xp.ascontiguousarray(group[0]).reshape(-1).copy()
-            )
+            flat = kernels.flatten(group)
             comm.broadcast(self.process_group, flat, src=src)
-            if self._rank == src:
-                continue
-            offset = 0
-            for a in group:
-                a[...] = flat[offset : offset + a.size].reshape(a.shape)
-                offset += a.size
+            if self._rank != src:
+                kernels.unflatten(flat, group)
 
     # ------------------------------------------------------------------ forward
 

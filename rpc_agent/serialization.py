@@ -56,7 +56,19 @@ def _rebuild_cupy(host_array, device_id: int):
             f"A cupy array from cuda:{device_id} arrived on a worker without cupy; send numpy "
             "arrays to CPU-only workers."
         ) from exc
-    count = cupy.cuda.runtime.getDeviceCount()
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # noqa: BLE001  (no driver or no device: the same answer)
+        raise DeviceError(
+            f"A cupy array from cuda:{device_id} arrived on a worker whose CUDA runtime reports "
+            f"no device ({exc}); send numpy arrays to CPU-only workers."
+        ) from exc
+    if count < 1:
+        raise DeviceError(
+            f"A cupy array from cuda:{device_id} arrived on a worker with no CUDA device; send "
+            "numpy arrays to CPU-only workers."
+        )
+    # The same device number as on the sender (a worker with fewer devices: its current one).
     target = device_id if device_id < count else cupy.cuda.Device().id
     with cupy.cuda.Device(target):
         return cupy.asarray(host_array)
