@@ -67,18 +67,25 @@ def bus_factor(op: str, world: int) -> float:
 
 # ----------------------------------------------------------------------------- workers
 
-def _shoal_runner(pg, op, n, world):
-    """(run, barrier) for one case on a shoal process group."""
+def _shoal_runner(pg, op, n, world, backend="tcp"):
+    """(run, barrier) for one case on a shoal process group (cupy arrays for nccl)."""
+    xp, sync = np, None
+    if backend == "nccl":
+        import cupy as xp  # device arrays; each op is timed until the GPU finished it
+
+        sync = xp.cuda.get_current_stream().synchronize
     if op == "all_reduce":
-        a = np.zeros(n, np.float32)
+        a = xp.zeros(n, np.float32)
         run = lambda: pg.all_reduce(a)  # noqa: E731
     elif op == "broadcast":
-        a = np.zeros(n, np.float32)
+        a = xp.zeros(n, np.float32)
         run = lambda: pg.broadcast(a, src=0)  # noqa: E731
     else:
-        x = np.ones(n // world, np.float32)
-        outs = [np.empty_like(x) for _ in range(world)]
+        x = xp.ones(n // world, np.float32)
+        outs = [xp.empty_like(x) for _ in range(world)]
         run = lambda: pg.all_gather(outs, x)  # noqa: E731
+    if sync is not None:
+        run = (lambda f: lambda: (f(), sync()))(run)
     return run, pg.barrier
 
 
@@ -115,10 +122,12 @@ def _worker(side, rank, world, port, backend, commands, out):
                               WORLD_SIZE=str(world), SHOAL_USE_AGENT_STORE="1")
             if side == "shoal_tcp":
                 os.environ["SHOAL_LOCAL_TRANSPORT"] = "tcp"
+            if backend == "nccl":
+                os.environ["LOCAL_RANK"] = str(rank)  # one GPU per rank
             import collectives as c
 
             pg = c.init_process_group(backend, init_method="env://", timeout=300)
-            make = lambda op, n: _shoal_runner(pg, op, n, world)  # noqa: E731
+            make = lambda op, n: _shoal_runner(pg, op, n, world, backend)  # noqa: E731
         out.put((side, rank, "ready", None))
         runners = {}
         while True:
@@ -310,11 +319,19 @@ def main(argv=None) -> int:
     if args.compare is None:
         try:
             import torch.distributed  # noqa: F401
-            args.compare = True
+            args.compare = args.backend != "nccl"  # gloo is no peer for GPU collectives
         except ImportError:
             args.compare = False
     rounds = args.rounds or (1 if args.quick else 2)
     worlds = [int(w) for w in args.worlds.split(",")]
+    if args.backend == "nccl":
+        import cupy
+
+        gpus = cupy.cuda.runtime.getDeviceCount()
+        fitting = [w for w in worlds if w <= gpus] or [gpus]
+        if fitting != worlds:
+            print(f"nccl needs one GPU per rank and this machine has {gpus}: worlds {fitting}")
+        worlds = fitting
 
     if not args.no_loopback:
         limit = loopback_limit(args.quick)

@@ -89,7 +89,7 @@ def _rank(rank, world, port, init_file, cfg, out):
 
 def _rank_body(rank, world, port, init_file, cfg):
     import core
-    from collectives import ddp_metrics
+    from collectives import metrics as ddp_metrics
     from collectives.ddp import DistributedDataParallel
     from collectives.pg_tcp import ProcessGroupTCP
     from collectives.store_tcp import TCPStore
@@ -146,7 +146,7 @@ def _rank_body(rank, world, port, init_file, cfg):
             step()
     times = {kind: [] for kind in kinds}
     exposed = []
-    wait_hist = ddp_metrics.COMM_WAIT_SECONDS
+    wait_hist = ddp_metrics.DDP_COMM_WAIT_SECONDS
     order = list(kinds)
     for block in range(cfg["blocks"]):
         # Rotate the order so that no kind always follows the same neighbour.

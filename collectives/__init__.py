@@ -31,6 +31,12 @@ _LAZY = {
     "TCPStore": "collectives.store_tcp",
     "FileStore": "collectives.store_file",
     "ProcessGroupTCP": "collectives.pg_tcp",
+    "DistributedDataParallel": "collectives.ddp",
+    "DDPError": "collectives.ddp",
+    "Join": "collectives.join",
+    "Joinable": "collectives.join",
+    "JoinHook": "collectives.join",
+    "EarlyTermination": "collectives.join",
 }
 # The torch.distributed-style module-level API lives in collectives.distributed.
 _LAZY.update({name: "collectives.distributed" for name in (

@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from collectives import _ddp_comm as comm
-from collectives import ddp_metrics
+from collectives import metrics
 from collectives._ddp_buckets import Bucket, GradBucket, compute_bucket_assignment
 from collectives._ddp_graph import map_tensors, reachable_leaves, same_memory
 from collectives._ddp_future import Future
@@ -469,7 +469,7 @@ class Reducer:
                 raise _with_ddp_context(exc, self._rank, bucket.index, len(self._buckets),
                                         self.rounds_synced + 1) from exc
             done = bucket.done_at or time.perf_counter()
-            ddp_metrics.BUCKET_ALLREDUCE_SECONDS.observe(max(0.0, done - bucket.launched_at))
+            metrics.DDP_BUCKET_ALLREDUCE_SECONDS.observe(max(0.0, done - bucket.launched_at))
             if isinstance(bucket.work, Future):
                 self._take_hook_result(bucket, result)
         if used_work is not None:
@@ -479,7 +479,7 @@ class Reducer:
                 self._globally_unused = unused_everywhere
         else:
             unused_everywhere = self._globally_unused
-        ddp_metrics.COMM_WAIT_SECONDS.observe(time.perf_counter() - start)
+        metrics.DDP_COMM_WAIT_SECONDS.observe(time.perf_counter() - start)
         for bucket in self._buckets:
             for slot, i in enumerate(bucket.param_indices):
                 if i in unused_everywhere:

@@ -14,6 +14,7 @@ import numpy as np
 
 from collectives import _pg_algos as algos
 from collectives import _pg_arrays as arrays
+from collectives import _pg_staging as staging
 from collectives._pg_mesh import FailureReason
 from collectives._pg_pump import LinkDown, pump, pump_threaded
 from collectives.api import CollectiveMismatch, ReduceOp
@@ -81,11 +82,13 @@ class TCPCollectives:
         key = ("all_reduce", arr.dtype, arr.shape, op)
         fpd = self._fingerprint(key, lambda: f"all_reduce({arrays.describe(arr)}, op={op.name})")
 
+        st = staging.for_arrays([arr])  # None for numpy: cupy arrays go through pinned memory
+
         def fn(rec):
-            host, writeback = _host(arr)  # cupy arrays are staged when the op runs
+            host = arr if st is None else st.host(0)
             self._allreduce_flat(host.reshape(-1), op, rec.seq, fpd[0])
-            if writeback is not None:
-                writeback()
+            if st is not None:
+                st.write_back(0)
             return [tensor]
 
         return self._submit("all_reduce", fpd, fn, arr.nbytes, timeout, async_op)
@@ -94,13 +97,15 @@ class TCPCollectives:
         key = ("reduce", arr.dtype, arr.shape, op, dst)
         fpd = self._fingerprint(key, lambda: f"reduce({arrays.describe(arr)}, dst={dst}, op={op.name})")
 
+        st = staging.for_arrays([arr])
+
         def fn(rec):
-            host, writeback = _host(arr)
+            host = arr if st is None else st.host(0)
             # Non-destination ranks reduce a copy: torch leaves their tensors untouched.
             flat = host.reshape(-1) if self._rank == dst else host.reshape(-1).copy()
             self._allreduce_flat(flat, op, rec.seq, fpd[0])
-            if writeback is not None and self._rank == dst:
-                writeback()
+            if st is not None and self._rank == dst:
+                st.write_back(0)
             return [tensor]
 
         return self._submit("reduce", fpd, fn, arr.nbytes, timeout, async_op)
@@ -109,8 +114,10 @@ class TCPCollectives:
         key = ("broadcast", arr.dtype, arr.shape, src)
         fpd = self._fingerprint(key, lambda: f"broadcast({arrays.describe(arr)}, src={src})")
 
+        st = staging.for_arrays([arr])
+
         def fn(rec):
-            host, writeback = _host(arr)
+            host = arr if st is None else st.host(0, copy_in=self._rank == src)
             raw = arrays.as_bytes(host)
             fp = fpd[0]
             seq = rec.seq
@@ -130,8 +137,8 @@ class TCPCollectives:
                         self._rank, self._size, self._rx, seq, fp, src, raw, PUMP_CHUNK_BYTES
                     )
                     pump(plan, self._tx, self._rx)
-            if writeback is not None and self._rank != src:
-                writeback()
+            if st is not None and self._rank != src:
+                st.write_back(0)
             return [tensor]
 
         return self._submit("broadcast", fpd, fn, arr.nbytes, timeout, async_op)
@@ -139,9 +146,18 @@ class TCPCollectives:
     def _all_gather(self, outputs, outs, arr, async_op, timeout):
         key = ("all_gather", arr.dtype, arr.shape)
         fpd = self._fingerprint(key, lambda: f"all_gather({arrays.describe(arr)})")
-        _no_cupy([arr, *outs], "all_gather")
+        st = staging.for_arrays([arr, *outs])
 
         def fn(rec):
+            if st is None:
+                _all_gather_host(rec, arr, outs)
+            else:
+                _all_gather_host(rec, st.host(0),
+                                 [st.host(1 + q, copy_in=False) for q in range(self._size)])
+                st.write_back(*range(1, 1 + self._size))
+            return outputs
+
+        def _all_gather_host(rec, arr, outs):
             mine = outs[self._rank]
             if not np.shares_memory(mine, arr):
                 np.copyto(mine, arr)
@@ -156,7 +172,6 @@ class TCPCollectives:
                         [arrays.as_bytes(o) for o in outs], PUMP_CHUNK_BYTES,
                     )
                     pump(plan, self._tx, self._rx)
-            return outputs
 
         return self._submit("all_gather", fpd, fn, arr.nbytes, timeout, async_op)
 
@@ -165,9 +180,18 @@ class TCPCollectives:
         fpd = self._fingerprint(
             key, lambda: f"reduce_scatter({arrays.describe(out)} x {self._size}, op={op.name})"
         )
-        _no_cupy([out, *ins], "reduce_scatter")
+        st = staging.for_arrays([out, *ins])
 
         def fn(rec):
+            if st is None:
+                return _reduce_scatter_host(rec, out, ins)
+            result = _reduce_scatter_host(
+                rec, st.host(0, copy_in=False), [st.host(1 + q) for q in range(self._size)]
+            )
+            st.write_back(0)
+            return result
+
+        def _reduce_scatter_host(rec, out, ins):
             size, me = self._size, self._rank
             uf = arrays.ufunc(op)
             flat_out = out.reshape(-1)
@@ -200,10 +224,22 @@ class TCPCollectives:
     def _gather(self, outputs, outs, arr, dst, async_op, timeout):
         key = ("gather", arr.dtype, arr.shape, dst)
         fpd = self._fingerprint(key, lambda: f"gather({arrays.describe(arr)}, dst={dst})")
-        _no_cupy([arr, *(outs or [])], "gather")
+        st = staging.for_arrays([arr, *(outs or [])])
         ack = f"gather-ack(dst={dst})".encode()
 
         def fn(rec):
+            if st is None:
+                _gather_host(rec, arr, outs)
+            else:
+                outs_h = None if outs is None else [
+                    st.host(1 + q, copy_in=False) for q in range(self._size)
+                ]
+                _gather_host(rec, st.host(0), outs_h)
+                if outs is not None:
+                    st.write_back(*range(1, 1 + self._size))
+            return list(outputs) if outputs else []
+
+        def _gather_host(rec, arr, outs):
             if self._size > 1:
                 fp = fpd[0]
                 peers = self._direct.peers
@@ -222,17 +258,25 @@ class TCPCollectives:
                 pump(plan, self._tx, self._rx)
             if self._rank == dst:
                 np.copyto(outs[dst], arr)
-            return list(outputs) if outputs else []
 
         return self._submit("gather", fpd, fn, arr.nbytes, timeout, async_op)
 
     def _scatter(self, tensor, out, ins, src, async_op, timeout):
         key = ("scatter", out.dtype, out.shape, src)
         fpd = self._fingerprint(key, lambda: f"scatter({arrays.describe(out)}, src={src})")
-        _no_cupy([out, *(ins or [])], "scatter")
+        st = staging.for_arrays([out, *(ins or [])])
         ack = f"scatter-ack(src={src})".encode()
 
         def fn(rec):
+            if st is None:
+                _scatter_host(rec, out, ins)
+            else:
+                ins_h = None if ins is None else [st.host(1 + q) for q in range(self._size)]
+                _scatter_host(rec, st.host(0, copy_in=False), ins_h)
+                st.write_back(0)
+            return [tensor]
+
+        def _scatter_host(rec, out, ins):
             if self._size > 1:
                 fp = fpd[0]
                 peers = self._direct.peers
@@ -251,13 +295,12 @@ class TCPCollectives:
                 pump(plan, self._tx, self._rx)
             if self._rank == src:
                 np.copyto(out, ins[src])
-            return [tensor]
 
         return self._submit("scatter", fpd, fn, out.nbytes, timeout, async_op)
 
     def _all_to_all(self, outputs, outs, ins, async_op, timeout):
         key = ("all_to_all", tuple((o.dtype, o.shape) for o in outs), tuple((x.dtype, x.shape) for x in ins))
-        _no_cupy([*outs, *ins], "all_to_all")
+        st = staging.for_arrays([*outs, *ins])
         peers = [q for q in range(self._size) if q != self._rank]
         fps_out = {q: f"all_to_all({arrays.describe(ins[q])})".encode() for q in peers}
         fps_in = {q: f"all_to_all({arrays.describe(outs[q])})".encode() for q in peers}
@@ -267,6 +310,16 @@ class TCPCollectives:
         )
 
         def fn(rec):
+            if st is None:
+                _all_to_all_host(rec, outs, ins)
+            else:
+                w = self._size
+                _all_to_all_host(rec, [st.host(q, copy_in=False) for q in range(w)],
+                                 [st.host(w + q) for q in range(w)])
+                st.write_back(*range(w))
+            return list(outputs)
+
+        def _all_to_all_host(rec, outs, ins):
             if self._size > 1:
                 plan = algos.star_plan(
                     self._rank, self._size, self._rx, rec.seq, fps_out, fps_in,
@@ -283,7 +336,6 @@ class TCPCollectives:
                     self._rank, (self._rank,),
                 ))
             np.copyto(outs[self._rank], ins[self._rank])
-            return list(outputs)
 
         nbytes = sum(x.nbytes for x in ins)
         return self._submit("all_to_all", fpd, fn, nbytes, timeout, async_op)
@@ -329,13 +381,14 @@ class TCPCollectives:
     # ------------------------------------------------------------------ point to point
 
     def _send(self, arr, dst, tag, async_op, timeout):
-        _no_cupy([arr], "send")
+        st = staging.for_arrays([arr])
         desc = f"p2p({arrays.describe(arr)})"
         fp = desc.encode()
 
         def fn(rec):
+            host = arr if st is None else st.host(0)
             try:
-                self._mesh.send_p2p(dst, tag, fp, arrays.as_bytes(arr))
+                self._mesh.send_p2p(dst, tag, fp, arrays.as_bytes(host))
             except OSError as exc:
                 raise LinkDown(dst, exc) from exc
             return [arr]
@@ -344,7 +397,7 @@ class TCPCollectives:
                             fn, arr.nbytes, timeout, async_op, p2p=True)
 
     def _recv(self, tensor, arr, src, tag, async_op, timeout):
-        _no_cupy([arr], "recv")
+        st = staging.for_arrays([arr])
         expected = f"p2p({arrays.describe(arr)})".encode()
         work_box: list = []
 
@@ -358,7 +411,11 @@ class TCPCollectives:
                     f"Rank {self._rank} posted recv of {expected.decode()} with tag {tag} but rank "
                     f"{q} sent {fp.decode(errors='replace')}; the message was dropped."
                 )
-            arrays.as_bytes(arr)[:] = payload
+            if st is None:
+                arrays.as_bytes(arr)[:] = payload
+            else:
+                arrays.as_bytes(st.host(0, copy_in=False))[:] = payload
+                st.write_back(0)
             rec.source = q
             return [tensor]
 
@@ -380,24 +437,3 @@ def _await_headers(pg, d: algos.Direct, seq: int, fp: bytes, timeout: float) -> 
             q = waiting.pop(sock)
             d.recv_from(q, seq, fp)
     return sorted(waiting.values())
-
-
-def _host(arr):
-    """(numpy array to work on, write-back callable or None): cupy arrays are staged on the host."""
-    if isinstance(arr, np.ndarray):
-        return arr, None
-    host = arr.get()
-
-    def writeback():
-        arr.set(host)
-
-    return host, writeback
-
-
-def _no_cupy(arrs, op: str) -> None:
-    for a in arrs:
-        if not isinstance(a, np.ndarray):
-            raise TypeError(
-                f"The tcp backend's {op} takes host (numpy) arrays; got {type(a).__module__}."
-                f"{type(a).__name__}. Copy to the host first or use the nccl backend."
-            )

@@ -11,7 +11,6 @@ registry and imported only when used: "tcp" (alias "gloo") is `collectives.pg_tc
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import logging
 import threading
 import urllib.parse
@@ -56,12 +55,10 @@ def register_backend(name: str, target: Union[str, Callable[..., ProcessGroup]])
 
 
 def _cuda_device_present() -> bool:
-    try:
-        import cupy  # noqa: F401  (optional dependency)
+    """True where the nccl backend can run (cupy, a CUDA device and the NCCL library)."""
+    from collectives import _nccl_runtime
 
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:  # no cupy, no driver, no device: all mean "none found"
-        return False
+    return _nccl_runtime.unavailable_reason() is None
 
 
 def _backend_class(name: str) -> Callable[..., ProcessGroup]:
@@ -72,8 +69,12 @@ def _backend_class(name: str) -> Callable[..., ProcessGroup]:
             f"Unknown process-group backend {name!r}; known backends: {', '.join(sorted(_BACKENDS))}."
         )
     if key == "nccl":
-        if importlib.util.find_spec("collectives.pg_nccl") is None or not _cuda_device_present():
-            raise BackendUnavailable(NCCL_UNAVAILABLE + ".")
+        # The fixed sentence, then why (no cupy, no driver or device, no NCCL library).
+        from collectives import _nccl_runtime
+
+        reason = _nccl_runtime.unavailable_reason()
+        if reason is not None:
+            raise BackendUnavailable(f"{NCCL_UNAVAILABLE} ({reason}).")
     if callable(target):
         return target
     module_name, _, attr = target.partition(":")

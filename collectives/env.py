@@ -40,6 +40,11 @@ def env_world_size() -> Optional[int]:
     return _int_var("WORLD_SIZE")
 
 
+def env_local_rank() -> Optional[int]:
+    """LOCAL_RANK, if set (the nccl backend's default CUDA device)."""
+    return _int_var("LOCAL_RANK")
+
+
 def env_master() -> tuple[Optional[str], Optional[int]]:
     """(MASTER_ADDR, MASTER_PORT), each None when unset."""
     return os.environ.get("MASTER_ADDR") or None, _int_var("MASTER_PORT")

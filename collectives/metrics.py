@@ -29,6 +29,18 @@ ERRORS = telemetry.counter(
 _children: dict = {}
 
 
+# DistributedDataParallel: how long each bucket's reduction took from its launch during
+# backward, and how long the end of backward still waited (communication not hidden).
+DDP_BUCKET_ALLREDUCE_SECONDS = telemetry.histogram(
+    "shoal_ddp_bucket_allreduce_seconds",
+    "Time from launching a gradient bucket's reduction during backward to its completion.",
+)
+
+DDP_COMM_WAIT_SECONDS = telemetry.histogram(
+    "shoal_ddp_comm_wait_seconds",
+    "Time the end of backward waits for gradient communication that backward did not hide.",
+)
+
 def observe(op: str, backend: str, seconds: float, nbytes: int) -> None:
     """Record one finished collective."""
     pair = _children.get((op, backend))
