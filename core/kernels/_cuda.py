@@ -14,6 +14,15 @@ template <typename T> struct Acc { typedef float type; };
 template <> struct Acc<double> { typedef double type; };
 """
 
+# The opening every optimizer kernel shares: the gradient (negated with `maximize`) and the
+# parameter, loaded in the accumulation type A.
+GRAD_PARAM_PROLOGUE = r"""
+typedef Acc<T>::type A;
+A g = (A)grad;
+if (maximize) g = -g;
+A p = (A)param;
+"""
+
 
 def is_cuda_array(array: Any) -> bool:
     """True when `array` is a cupy ndarray (checked by module name, without importing cupy)."""

@@ -13,7 +13,13 @@ from typing import Any
 import numpy as np
 
 from core.kernels._blocks import blocks
-from core.kernels._cuda import ACC_PREAMBLE, cached_kernel, cupy, is_cuda_array
+from core.kernels._cuda import (
+    ACC_PREAMBLE,
+    GRAD_PARAM_PROLOGUE,
+    cached_kernel,
+    cupy,
+    is_cuda_array,
+)
 
 
 def adam_step_reference(
@@ -39,34 +45,21 @@ def adam_step_reference(
     flat array of param's dtype holding at least 2 * param.size elements.
     """
     work = np.empty(2 * param.size, param.dtype) if scratch is None else scratch.reshape(-1)
-    kwargs = dict(
-        lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
-        decoupled=decoupled, maximize=maximize, step_size=lr / (1.0 - beta1**step),
-        bias_correction2_sqrt=math.sqrt(1.0 - beta2**step),
-    )
+    hyper = (lr, beta1, beta2, eps, weight_decay, decoupled, maximize,
+             *_bias_terms(lr, beta1, beta2, step))
     arrays = (param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq)
     for (p, g, m, v, vmax), s in blocks(arrays, work, factor=2):
-        _adam_block(p, g, m, v, vmax, scratch=s, **kwargs)
+        _adam_block(p, g, m, v, vmax, s, *hyper)
 
 
-def _adam_block(
-    param: np.ndarray,
-    grad: np.ndarray,
-    exp_avg: np.ndarray,
-    exp_avg_sq: np.ndarray,
-    max_exp_avg_sq: np.ndarray | None,
-    *,
-    lr: float,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    weight_decay: float,
-    decoupled: bool,
-    maximize: bool,
-    step_size: float,
-    bias_correction2_sqrt: float,
-    scratch: np.ndarray,
-) -> None:
+def _bias_terms(lr: float, beta1: float, beta2: float, step: int) -> tuple[float, float]:
+    """(step_size, bias_correction2_sqrt): lr / (1 - beta1**step) and sqrt(1 - beta2**step)."""
+    return lr / (1.0 - beta1**step), math.sqrt(1.0 - beta2**step)
+
+
+def _adam_block(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, scratch, lr, beta1, beta2,
+                eps, weight_decay, decoupled, maximize, step_size, bias_correction2_sqrt) -> None:
+    """adam_step_reference on one block, with the bias corrections already folded in."""
     n = param.size
     tmp = scratch[:n].reshape(param.shape)
     g = grad
@@ -107,12 +100,7 @@ def _adam_block(
     param += tmp
 
 
-_ADAM_OPERATION = r"""
-typedef Acc<T>::type A;
-A g = (A)grad;
-if (maximize) g = -g;
-A p = (A)param;
-if (decoupled) {
+_ADAM_OPERATION = GRAD_PARAM_PROLOGUE + r"""if (decoupled) {
     p *= (A)(1.0 - lr * weight_decay);
 } else if (weight_decay != 0.0) {
     g += (A)weight_decay * p;
@@ -180,8 +168,7 @@ def adam_step_cuda(
     del scratch
     scalars = (
         float(lr), float(beta1), float(beta2), float(eps), float(weight_decay),
-        float(lr) / (1.0 - beta1**step), math.sqrt(1.0 - beta2**step),
-        bool(decoupled), bool(maximize),
+        *_bias_terms(float(lr), beta1, beta2, step), bool(decoupled), bool(maximize),
     )
     if max_exp_avg_sq is None:
         _adam_kernel()(grad, *scalars, param, exp_avg, exp_avg_sq)

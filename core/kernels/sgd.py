@@ -12,7 +12,13 @@ from typing import Any
 import numpy as np
 
 from core.kernels._blocks import blocks
-from core.kernels._cuda import ACC_PREAMBLE, cached_kernel, cupy, is_cuda_array
+from core.kernels._cuda import (
+    ACC_PREAMBLE,
+    GRAD_PARAM_PROLOGUE,
+    cached_kernel,
+    cupy,
+    is_cuda_array,
+)
 
 
 def sgd_step_reference(
@@ -33,27 +39,15 @@ def sgd_step_reference(
 
     `scratch`, when given, is an array of param's dtype with at least param.size elements.
     """
-    kwargs = dict(lr=lr, momentum=momentum, dampening=dampening, nesterov=nesterov,
-                  weight_decay=weight_decay, maximize=maximize, first=first)
+    hyper = (lr, momentum, dampening, nesterov, weight_decay, maximize, first)
     work = np.empty(param.size, param.dtype) if scratch is None else scratch.reshape(-1)
     for (p, g, b), s in blocks((param, grad, momentum_buffer), work):
-        _sgd_block(p, g, b, scratch=s, **kwargs)
+        _sgd_block(p, g, b, s, *hyper)
 
 
-def _sgd_block(
-    param: np.ndarray,
-    grad: np.ndarray,
-    momentum_buffer: np.ndarray | None,
-    *,
-    lr: float,
-    momentum: float = 0.0,
-    dampening: float = 0.0,
-    nesterov: bool = False,
-    weight_decay: float = 0.0,
-    maximize: bool = False,
-    first: bool = False,
-    scratch: np.ndarray,
-) -> None:
+def _sgd_block(param, grad, momentum_buffer, scratch, lr, momentum, dampening, nesterov,
+               weight_decay, maximize, first) -> None:
+    """sgd_step_reference on one block (the hyper-parameters as there, in signature order)."""
     scratch = scratch[: param.size].reshape(param.shape)
     # d_p = (-grad if maximize else grad) + weight_decay * param, built in scratch only if needed.
     if weight_decay != 0.0:
@@ -100,26 +94,18 @@ def _sgd_block(
     param += scratch
 
 
-_SGD_OPERATION = r"""
-typedef Acc<T>::type A;
-A g = (A)grad;
-if (maximize) g = -g;
-A p = (A)param;
-if (weight_decay != 0.0) g += (A)weight_decay * p;
-A b = first ? g : (A)momentum * (A)buf + (A)(1.0 - dampening) * g;
+# d_p = (-grad if maximize else grad) + weight_decay * param, in the accumulation type.
+_SGD_D_P = GRAD_PARAM_PROLOGUE + r"""if (weight_decay != 0.0) g += (A)weight_decay * p;
+"""
+
+_SGD_OPERATION = _SGD_D_P + r"""A b = first ? g : (A)momentum * (A)buf + (A)(1.0 - dampening) * g;
 buf = (T)b;
 g = nesterov ? g + (A)momentum * b : b;
 param = (T)(p - (A)lr * g);
 """
 
 
-_SGD_PLAIN_OPERATION = r"""
-typedef Acc<T>::type A;
-A g = (A)grad;
-if (maximize) g = -g;
-A p = (A)param;
-if (weight_decay != 0.0) g += (A)weight_decay * p;
-param = (T)(p - (A)lr * g);
+_SGD_PLAIN_OPERATION = _SGD_D_P + r"""param = (T)(p - (A)lr * g);
 """
 
 
