@@ -17,7 +17,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from core.errors import ShoalError
 
@@ -147,6 +147,19 @@ class RemovableHandle:
 
     def __exit__(self, *exc: object) -> None:
         self.remove()
+
+
+def zero_grads(tensors: Iterable[Any], set_to_none: bool = True) -> None:
+    """Reset the tensors' gradients: to None (default) or to zeros in place, detached."""
+    for t in tensors:
+        if t.grad is None:
+            continue
+        if set_to_none:
+            t.grad = None
+        else:
+            t.grad.grad_fn = None
+            t.grad.requires_grad = False
+            t.grad.data[...] = 0
 
 
 def _root(arr: Any) -> Any:

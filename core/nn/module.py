@@ -11,7 +11,7 @@ import itertools
 from collections import OrderedDict, namedtuple
 from typing import Any, Callable, Iterator
 
-from core import backend, dtypes
+from core import autograd, backend, dtypes
 from core.errors import ShoalError
 from core.nn.parameter import Parameter
 from core.tensor import Tensor
@@ -79,38 +79,26 @@ class Module:
 
     # -- registration ----------------------------------------------------------------------
     def __setattr__(self, name: str, value: Any) -> None:
-        params = self.__dict__.get("_parameters")
-        if isinstance(value, Parameter):
-            if params is None:
-                raise AttributeError(
-                    f"cannot assign parameter {name!r} before Module.__init__() call"
-                )
-            self._forget(name)
-            params[name] = value
-            return
-        if params is not None and name in params:
-            if value is not None:
-                raise TypeError(
-                    f"cannot assign {type(value).__name__} as parameter {name!r} "
-                    "(core.nn.Parameter or None expected)"
-                )
-            params[name] = None
-            return
-        modules = self.__dict__.get("_modules")
-        if isinstance(value, Module):
-            if modules is None:
-                raise AttributeError(f"cannot assign module {name!r} before Module.__init__() call")
-            self._forget(name)
-            modules[name] = value
-            return
-        if modules is not None and name in modules:
-            if value is not None:
-                raise TypeError(
-                    f"cannot assign {type(value).__name__} as child module {name!r} "
-                    "(core.nn.Module or None expected)"
-                )
-            modules[name] = None
-            return
+        # Parameters, then child modules: a value of the kind registers (replacing whatever
+        # the name held); a registered name takes only its kind or None.
+        for table_name, cls, kind, slot, expected in _REGISTRIES:
+            table = self.__dict__.get(table_name)
+            if isinstance(value, cls):
+                if table is None:
+                    raise AttributeError(
+                        f"cannot assign {kind} {name!r} before Module.__init__() call"
+                    )
+                self._forget(name)
+                table[name] = value
+                return
+            if table is not None and name in table:
+                if value is not None:
+                    raise TypeError(
+                        f"cannot assign {type(value).__name__} as {slot} {name!r} "
+                        f"({expected} or None expected)"
+                    )
+                table[name] = None
+                return
         buffers = self.__dict__.get("_buffers")
         if buffers is not None and name in buffers:
             if value is not None and not isinstance(value, Tensor):
@@ -301,15 +289,7 @@ class Module:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Reset every parameter's gradient: to None (default) or to zeros in place."""
-        for p in self.parameters():
-            if p.grad is None:
-                continue
-            if set_to_none:
-                p.grad = None
-            else:
-                p.grad.grad_fn = None
-                p.grad.requires_grad = False
-                p.grad.data[...] = 0
+        autograd.zero_grads(self.parameters(), set_to_none)
 
     def apply(self, fn: Callable[["Module"], Any]) -> "Module":
         """Call fn on every descendant (children first) and then on this module."""
@@ -485,3 +465,11 @@ class Module:
             else:
                 main += "\n  " + "\n  ".join(lines) + "\n"
         return main + ")"
+
+
+# What Module.__setattr__ registers: (table, value type, noun before __init__, noun for a
+# registered name, the type named in its error).
+_REGISTRIES = (
+    ("_parameters", Parameter, "parameter", "parameter", "core.nn.Parameter"),
+    ("_modules", Module, "module", "child module", "core.nn.Module"),
+)

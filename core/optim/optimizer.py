@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from core import backend
+from core import autograd, backend
 from core.errors import ShapeError, ShoalError
 from core.tensor import Tensor
 
@@ -120,15 +120,7 @@ class Optimizer:
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Reset every parameter's gradient: to None (default) or to zeros in place."""
         for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if set_to_none:
-                    p.grad = None
-                else:
-                    p.grad.grad_fn = None
-                    p.grad.requires_grad = False
-                    p.grad.data[...] = 0
+            autograd.zero_grads(group["params"], set_to_none)
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Update every parameter that has a gradient; returns closure() when given."""
