@@ -14,6 +14,7 @@ class Adam(Optimizer):
     """Adam; state per parameter: 'step' (int), 'exp_avg', 'exp_avg_sq', 'max_exp_avg_sq'."""
 
     _decoupled = False
+    _default_weight_decay = 0.0
 
     def __init__(
         self,
@@ -21,11 +22,14 @@ class Adam(Optimizer):
         lr: float = 1e-3,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
-        weight_decay: float = 0.0,
+        weight_decay: float | None = None,
         amsgrad: bool = False,
         *,
         maximize: bool = False,
     ) -> None:
+        """`weight_decay` None means the class's default: 0 for Adam, 1e-2 for AdamW."""
+        if weight_decay is None:
+            weight_decay = self._default_weight_decay
         defaults = dict(
             lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
             maximize=maximize,
@@ -76,19 +80,7 @@ class AdamW(Adam):
     """Adam with decoupled weight decay (param *= 1 - lr * weight_decay before the update)."""
 
     _decoupled = True
-
-    def __init__(
-        self,
-        params: ParamsT,
-        lr: float = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        weight_decay: float = 1e-2,
-        amsgrad: bool = False,
-        *,
-        maximize: bool = False,
-    ) -> None:
-        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize)
+    _default_weight_decay = 1e-2
 
 
 def _zeros_like(data: Any) -> Any:
