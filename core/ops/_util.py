@@ -40,18 +40,9 @@ def result(data: Any, name: str, backward: Callable, inputs: tuple) -> Tensor:
     `inputs` may hold non-tensors (Python scalars, arrays): they become None in the node, and
     the backward closure returns None (or anything; it is ignored) in their place.
     """
-    if data.__class__ is not _ndarray and isinstance(data, np.generic):
-        data = np.asarray(data)  # numpy ufuncs turn 0-d results into scalars; keep arrays
-    if data.dtype is _F32:
-        data = _keep_bfloat16(data, inputs)
-    out = _new(Tensor)
-    out.data = data
-    out.grad = None
-    out.requires_grad = False
-    out.grad_fn = None
-    out._hooks = None
-    out._post_hooks = None
-    out._retains_grad = False
+    out = wrap(data)  # numpy ufuncs turn 0-d results into scalars; wrap keeps arrays
+    if out.data.dtype is _F32:
+        out.data = _keep_bfloat16(out.data, inputs)
     if _mode.enabled:
         for t in inputs:
             if t.__class__ is not Tensor and not isinstance(t, Tensor):

@@ -299,14 +299,19 @@ def cross_entropy(
                     p[ar, safe_t] -= 1.0
                 grad = p
             grad *= r[:, None] if reduction == "none" else r
-        if xd.ndim == 1:
-            grad = grad.reshape(xd.shape)
-        elif xd.ndim > 2:
-            moved = (xd.shape[0],) + xd.shape[2:] + (n_classes,)
-            grad = xp.moveaxis(grad.reshape(moved), -1, 1)
-        return grad, None
+        return _to_input_layout(grad, xd, n_classes), None
 
     return result(out, "CrossEntropyBackward", backward, (input, target))
+
+
+def _to_input_layout(grad: Any, xd: Any, n_classes: int) -> Any:
+    """A (rows, C) gradient back in the input's layout: (C,), or (N, C, d1, ...) from classes-last."""
+    if xd.ndim == 1:
+        return grad.reshape(xd.shape)
+    if xd.ndim > 2:
+        moved = (xd.shape[0],) + xd.shape[2:] + (n_classes,)
+        return xp_of(xd).moveaxis(grad.reshape(moved), -1, 1)
+    return grad
 
 
 def _check_classes(kept: Any, n_classes: int) -> None:
@@ -342,12 +347,7 @@ def _plain_cross_entropy(
     def backward(g: Any) -> tuple:
         rows = g.reshape(-1) if reduction == "none" else (g / denom if reduction == "mean" else g)
         grad = _kernels.cross_entropy_backward(x2, t2, lse, rows, ignore_index)
-        if xd.ndim == 1:
-            grad = grad.reshape(xd.shape)
-        elif xd.ndim > 2:
-            moved = (xd.shape[0],) + xd.shape[2:] + (n_classes,)
-            grad = xp.moveaxis(grad.reshape(moved), -1, 1)
-        return grad, None
+        return _to_input_layout(grad, xd, n_classes), None
 
     return result(out, "CrossEntropyBackward", backward, (input, target))
 
