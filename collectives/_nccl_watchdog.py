@@ -26,7 +26,7 @@ from collectives.constants import (
     PROGRESS_QUERY_TIMEOUT_S,
     WATCHDOG_TICK_S,
 )
-from collectives.watchdog import write_dump
+from collectives.watchdog import _ranks, write_dump
 
 if TYPE_CHECKING:  # pragma: no cover
     from collectives._nccl_work import NcclWork
@@ -35,11 +35,6 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger(__name__)
 
 __all__ = ["NcclWatchdog"]
-
-
-def _ranks(ranks) -> str:
-    ranks = list(ranks)
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
 class NcclWatchdog:
