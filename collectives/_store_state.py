@@ -15,6 +15,7 @@ import logging
 import time
 from typing import Callable, Hashable, Optional
 
+from collectives._store_rules import added, compare_set_outcome
 from collectives._store_wire import FrameError, Op, Status, decode_int, decode_timeout
 from collectives.api import MAX_KEY_BYTES
 
@@ -93,25 +94,20 @@ class StoreState:
         elif op is Op.ADD:
             key, amount = _args(op, args, 2)
             key, amount = _checked_key(key), decode_int(amount)
-            current = self._data.get(key, b"0")
             try:
-                value = str(int(current) + amount).encode()
-            except ValueError:
-                return reply(owner, Status.BAD_INPUT, [
-                    f"Store.add on key {key.decode(errors='replace')!r}, whose value "
-                    f"{current[:32]!r} is not an integer.".encode()
-                ])
+                value = str(added(key.decode(errors="replace"), self._data.get(key, b"0"),
+                                  amount)).encode()
+            except ValueError as exc:
+                return reply(owner, Status.BAD_INPUT, [str(exc).encode()])
             self._set(key, value)
             reply(owner, Status.OK, [value])
         elif op is Op.COMPARE_SET:
             key, expected, desired = _args(op, args, 3)
             key = _checked_key(key)
-            current = self._data.get(key)
-            if current == expected or (current is None and expected == b""):
+            swap, answer = compare_set_outcome(self._data.get(key), expected, desired)
+            if swap:
                 self._set(key, desired)
-                reply(owner, Status.OK, [desired])
-            else:  # c10d: a missing key with a non-empty `expected` answers `expected`
-                reply(owner, Status.OK, [expected if current is None else current])
+            reply(owner, Status.OK, [answer])
         elif op is Op.CHECK:
             present = all(_checked_key(k) in self._data for k in args)
             reply(owner, Status.OK, [b"1" if present else b"0"])

@@ -22,6 +22,7 @@ import threading
 import time
 from typing import Optional
 
+from collectives._store_rules import added, compare_set_outcome
 from collectives.api import (
     DEFAULT_STORE_TIMEOUT_S,
     Store,
@@ -257,23 +258,16 @@ class FileStore(Store):
 
     def _add(self, key, amount):
         with self._locked(exclusive=True):
-            current = self._data.get(key, b"0")
-            try:
-                value = int(current) + amount
-            except ValueError as exc:
-                raise ValueError(
-                    f"Store.add on key {key!r}, whose value {current[:32]!r} is not an integer."
-                ) from exc
+            value = added(key, self._data.get(key, b"0"), amount)
             self._append(_SET, key.encode(), str(value).encode())
             return value
 
     def _compare_set(self, key, expected, desired):
         with self._locked(exclusive=True):
-            current = self._data.get(key)
-            if (current is None and expected == b"") or (current is not None and current == expected):
+            swap, answer = compare_set_outcome(self._data.get(key), expected, desired)
+            if swap:
                 self._append(_SET, key.encode(), desired)
-                return desired
-            return expected if current is None else current
+            return answer
 
     def _wait(self, keys, timeout):
         self._wait_for(keys, timeout)

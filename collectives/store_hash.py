@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
+from collectives._store_rules import added, compare_set_outcome
 from collectives.api import Store, StoreTimeout, TimeoutLike, missing_keys_message
 
 
@@ -39,31 +40,18 @@ class HashStore(Store):
 
     def _add(self, key, amount):
         with self._cond:
-            current = self._data.get(key, b"0")
-            try:
-                value = int(current) + amount
-            except ValueError as exc:
-                raise ValueError(
-                    f"Store.add on key {key!r}, whose value {current[:32]!r} is not an integer."
-                ) from exc
+            value = added(key, self._data.get(key, b"0"), amount)
             self._data[key] = str(value).encode()
             self._cond.notify_all()
             return value
 
     def _compare_set(self, key, expected, desired):
         with self._cond:
-            current = self._data.get(key)
-            if current is None:
-                if expected == b"":
-                    self._data[key] = desired
-                    self._cond.notify_all()
-                    return desired
-                return expected
-            if current == expected:
+            swap, answer = compare_set_outcome(self._data.get(key), expected, desired)
+            if swap:
                 self._data[key] = desired
                 self._cond.notify_all()
-                return desired
-            return current
+            return answer
 
     def _wait(self, keys, timeout):
         with self._cond:

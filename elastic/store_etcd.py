@@ -15,8 +15,9 @@ from typing import Optional, Sequence, Union
 
 import aetcd.exceptions as aexc
 
+from collectives._store_rules import compare_set_outcome, not_an_integer
 from collectives.api import Store, StoreError, StoreTimeout, missing_keys_message
-from core.timeouts import TimeoutLike, to_seconds
+from core.timeouts import TimeoutLike
 from elastic._etcd_client import EtcdClient
 from elastic.api import DEFAULT_BACKEND_TIMEOUT_S, RendezvousError
 
@@ -149,7 +150,7 @@ class EtcdStore(Store):
 
         raw, value = self._call(add, f"add to key {key!r}")
         if value is None:
-            raise ValueError(f"Store.add on key {key!r}, whose value {raw[:32]!r} is not an integer.")
+            raise ValueError(not_an_integer(key, raw))
         return value
 
     def _compare_set(self, key, expected, desired):
@@ -159,14 +160,13 @@ class EtcdStore(Store):
             t = client.transactions
             while True:
                 current = await client.get(k)
-                if current is None:
-                    if expected != b"":
-                        return expected
-                    compare = [t.version(k) == 0]
-                elif bytes(current.value) == expected:
-                    compare = [t.mod(k) == current.mod_revision]
-                else:
-                    return bytes(current.value)
+                swap, answer = compare_set_outcome(
+                    None if current is None else bytes(current.value), expected, desired
+                )
+                if not swap:
+                    return answer
+                compare = ([t.version(k) == 0] if current is None
+                           else [t.mod(k) == current.mod_revision])
                 ok, _ = await client.transaction(compare=compare, success=[t.put(k, desired)],
                                                  failure=[])
                 if ok:
