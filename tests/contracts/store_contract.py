@@ -43,6 +43,11 @@ def open_from_spec(spec: tuple) -> Store:
 
         path, prefix = args
         store = FileStore(path, timeout=30)
+    elif kind == "etcd":
+        from elastic.store_etcd import EtcdStore
+
+        endpoint, etcd_prefix = args
+        store = EtcdStore([endpoint], prefix=etcd_prefix, timeout=30)
     else:
         raise ValueError(f"unknown store spec {spec!r}")
     if prefix is not None:

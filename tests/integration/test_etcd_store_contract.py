@@ -35,9 +35,8 @@ class TestEtcdStore(StoreContract):
         return missing_keys_message(
             f"EtcdStore at {self.server.endpoint} under {store.prefix!r}", keys, timeout)
 
-    # The mixin's cross-process test rebuilds tcp and file stores only; the etcd version is
-    # `test_another_process_wakes_a_waiter_and_adds_atomically` below.
-    test_another_process_wakes_a_waiter_and_adds_atomically = None
+    def peer_spec(self, store):
+        return ("etcd", self.server.endpoint, store.prefix)
 
 
 def test_fails_over_to_a_live_endpoint(shared_etcd):
@@ -97,51 +96,6 @@ def test_store_keeps_working_across_an_etcd_restart(etcd):
     finally:
         store.close()
         peer.close()
-
-
-def _child_exchange(endpoint: str, prefix: str, errors) -> None:
-    """In a spawned process: answer the parent's key and add to a counter beside it."""
-    import traceback
-
-    try:
-        store = EtcdStore([endpoint], prefix=prefix, timeout=30)
-        ping = store.get("xproc/to_child", timeout=30)
-        store.set("xproc/from_child", ping + b" pong")
-        for _ in range(100):
-            store.add("xproc/counter", 1)
-        store.set("xproc/child_done", b"1")
-        store.close()
-        errors.put(None)
-    except BaseException:
-        errors.put(traceback.format_exc())
-
-
-def test_another_process_wakes_a_waiter_and_adds_atomically(shared_etcd):
-    import multiprocessing
-
-    prefix = f"/xproc/{uuid.uuid4().hex}/"
-    store = EtcdStore([shared_etcd.endpoint], prefix=prefix, timeout=30)
-    ctx = multiprocessing.get_context("spawn")
-    errors = ctx.Queue()
-    child = ctx.Process(target=_child_exchange, args=(shared_etcd.endpoint, prefix, errors))
-    child.start()
-    try:
-        store.set("xproc/to_child", b"ping")
-        assert store.get("xproc/from_child", timeout=30) == b"ping pong"
-        for _ in range(100):
-            store.add("xproc/counter", 1)
-        store.wait(["xproc/child_done"], timeout=30)
-        assert store.get("xproc/counter") == b"200"
-        child.join(60)
-        assert not child.is_alive(), "the child process did not exit within 60s"
-        error = errors.get(timeout=5)
-        assert error is None, f"child failed:\n{error}"
-        assert child.exitcode == 0, f"child exited with code {child.exitcode}"
-    finally:
-        if child.is_alive():
-            child.kill()
-            child.join(5)
-        store.close()
 
 
 def test_a_failover_by_one_thread_does_not_break_another_threads_call(shared_etcd, monkeypatch):
