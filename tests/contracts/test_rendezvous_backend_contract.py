@@ -20,6 +20,7 @@ from elastic.rendezvous import RendezvousHandler
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "integration"))
 
 from etcd_server import EtcdServer, require_etcd  # noqa: E402
+from rdzv_helpers import join_all  # noqa: E402
 
 WAIT_S = 30.0
 
@@ -129,12 +130,12 @@ class RendezvousBackendContract:
         handlers = [RendezvousHandler(self.make_backend(run_id), settings, n, store)
                     for n in ("n1", "n0")]
         try:
-            infos = self._join_all(handlers)
+            infos = join_all(handlers, WAIT_S)
             assert [(i.round, i.group_rank, i.participants) for i in infos] == [
                 (0, 1, ["n0", "n1"]), (0, 0, ["n0", "n1"])]
             handlers[1].signal_restart("a worker failed")
             assert handlers[0].restart_requested() == "a worker failed (signalled by node n0)"
-            infos = self._join_all(handlers)
+            infos = join_all(handlers, WAIT_S)
             assert [i.round for i in infos] == [1, 1]
             handlers[0].set_closed()
             with pytest.raises(RendezvousClosedError):
@@ -143,24 +144,6 @@ class RendezvousBackendContract:
             for h in handlers:
                 h.shutdown()
                 h.backend.close()
-
-    @staticmethod
-    def _join_all(handlers):
-        out, errors = {}, []
-
-        def join(i, h):
-            try:
-                out[i] = h.next_rendezvous()
-            except BaseException as exc:
-                errors.append(exc)
-
-        threads = [threading.Thread(target=join, args=(i, h)) for i, h in enumerate(handlers)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(WAIT_S + 5)
-        assert not errors, errors
-        return [out[i] for i in range(len(handlers))]
 
 
 class TestStoreBackendOverHashStore(RendezvousBackendContract):

@@ -7,7 +7,6 @@ import logging
 import multiprocessing
 import os
 import signal
-import threading
 import time
 import traceback
 import uuid
@@ -16,6 +15,7 @@ import pytest
 
 from elastic.api import RendezvousError, RendezvousSettings
 from elastic.rendezvous import create_handler
+from rdzv_helpers import join_all
 
 WAIT_S = 30.0
 
@@ -26,25 +26,6 @@ def settings(**kw) -> RendezvousSettings:
                 heartbeat_timeout=2.0)
     base.update(kw)
     return RendezvousSettings(**base)
-
-
-def join_all(handlers):
-    out, errors = {}, []
-
-    def join(i, h):
-        try:
-            out[i] = h.next_rendezvous()
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=join, args=(i, h)) for i, h in enumerate(handlers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(WAIT_S + 5)
-    assert not errors, errors
-    assert len(out) == len(handlers), "a join did not return"
-    return [out[i] for i in range(len(handlers))]
 
 
 def test_rendezvous_and_store_survive_a_3s_etcd_outage(etcd, caplog):
