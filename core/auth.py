@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import logging
 import os
 import secrets
@@ -55,6 +56,14 @@ def load_token(explicit: Optional[bytes | str] = None) -> bytes:
                 f"SHOAL_AUTH_TOKEN_FILE names {path!r}, which cannot be read: {exc}"
             ) from exc
     else:
+        master = os.environ.get("MASTER_ADDR")
+        if master and not _is_loopback(master):
+            # A secret anyone can read in the source protects nothing on a real network.
+            raise AuthenticationError(
+                f"MASTER_ADDR is {master!r}, not a loopback address, and no secret is set: set "
+                "SHOAL_AUTH_TOKEN or SHOAL_AUTH_TOKEN_FILE on every process (shoal run does it "
+                "for you); the development token is only allowed on one machine."
+            )
         if not _warned_default.is_set():
             _warned_default.set()
             logger.warning(
@@ -65,6 +74,15 @@ def load_token(explicit: Optional[bytes | str] = None) -> bytes:
     if not token:
         raise AuthenticationError("The auth token is empty; give a non-empty secret.")
     return token
+
+
+def _is_loopback(host: str) -> bool:
+    if host in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def generate_token() -> str:

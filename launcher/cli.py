@@ -126,7 +126,15 @@ def _make_handler(settings: flags.RunSettings, node_id: str):
                                            max_nodes=settings.max_nodes, **timing)
     except ValueError as exc:
         flags.run_parser().error(f"argument --rdzv-conf/--rdzv_conf: {exc}")
-    timeout = float(conf.get("store_timeout", 30.0))
+    try:
+        timeout = float(conf.get("store_timeout", 30.0))
+        if not timeout > 0:
+            raise ValueError
+    except ValueError:
+        flags.run_parser().error(
+            f"argument --rdzv-conf/--rdzv_conf: store_timeout must be a positive number of "
+            f"seconds, got {conf.get('store_timeout')!r}"
+        )
     if settings.embedded_store and not settings.rdzv_endpoints:
         endpoint = "127.0.0.1:0"
     else:
@@ -166,7 +174,7 @@ def run(argv: Sequence[str]) -> int:
         worker_env.pop("GRPC_ENABLE_FORK_SUPPORT")
 
     from elastic.agent import Agent, WorkerSpec, default_node_id, python_argv
-    from elastic.api import RendezvousError
+    from core.errors import ShoalError
 
     cleanup: list[str] = []
     metrics_server = None
@@ -193,9 +201,11 @@ def run(argv: Sequence[str]) -> int:
         node_id = default_node_id(settings.node_rank)
         try:
             handler = _make_handler(settings, node_id)
-        except (RendezvousError, OSError, ValueError) as exc:
+        except (ShoalError, OSError, ValueError) as exc:
+            # StoreError (an unreachable store endpoint) is a ShoalError like RendezvousError.
+            where = ",".join(f"{h}:{p}" for h, p in settings.rdzv_endpoints) or "an embedded store"
             sys.stderr.write(f"shoal run: cannot reach the {settings.rdzv_backend} rendezvous "
-                             f"at {settings.rdzv_endpoints or 'an embedded store'}: {exc}\n")
+                             f"at {where}: {exc}\n")
             return 1
         if settings.embedded_store:
             logger.info("Rendezvous store listening on %s:%s (run id %s)",
@@ -247,8 +257,14 @@ def store(argv: Sequence[str]) -> int:
     if settings.auth_token_file is not None:
         with open(settings.auth_token_file, "rb") as f:
             token = f.read().strip()
+    elif os.environ.get("SHOAL_AUTH_TOKEN") or os.environ.get("SHOAL_AUTH_TOKEN_FILE"):
+        # The job's secret from either variable, never the development fallback: a standalone
+        # store is meant for other machines.
+        from core.auth import load_token
+
+        token = load_token()
     else:
-        token = os.environ.get("SHOAL_AUTH_TOKEN", "").encode()
+        token = b""
     if not token:
         flags.store_parser().error(
             "argument --auth-token-file/--auth_token_file: the store needs the job's secret; "

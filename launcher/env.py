@@ -446,6 +446,17 @@ def parse_run(argv: Sequence[str], environ: Optional[Mapping[str, str]] = None) 
         # Caught here, not as the same crash in every worker and every restart.
         parser.error(f"argument script: {ns.script!r} is not a file (from {os.getcwd()!r}); "
                      "give a script path, or -m with a module name")
+    for flag, directory in (("--log-dir/--log_dir", ns.log_dir),
+                            ("--checkpoint-dir/--checkpoint_dir", ns.checkpoint_dir)):
+        # Made here so that an unusable directory is a usage error before any worker starts.
+        if directory:
+            try:
+                os.makedirs(directory, exist_ok=True)
+            except OSError as exc:
+                parser.error(f"argument {flag}: cannot create directory {directory!r}: "
+                             f"{exc.strerror or exc}")
+            if not os.access(directory, os.W_OK):
+                parser.error(f"argument {flag}: directory {directory!r} is not writable")
 
     return RunSettings(
         min_nodes=min_nodes, max_nodes=max_nodes, nproc_per_node=ns.nproc_per_node,
