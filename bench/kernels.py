@@ -227,6 +227,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer iterations")
     parser.add_argument("--iters", type=int, default=None, help="timed calls per side")
+    parser.add_argument("--compare", action="store_true",
+                        help="run the peers beside shoal (the default; kept for bench/ symmetry)")
     parser.add_argument("--no-compare", "--no_compare", action="store_true",
                         help="skip torch's CUDA kernels even where torch with CUDA is installed")
     args = parser.parse_args(argv)
