@@ -94,6 +94,19 @@ def _group_id(name: str, generation: int) -> bytes:
     return hashlib.blake2b(f"{name}/{generation}".encode(), digest_size=8).digest()
 
 
+def _drain(sock: socket.socket, limit: int = 1 << 20) -> None:
+    """Read and drop what is already waiting on `sock` (never blocks), so closing it sends no reset."""
+    left = limit
+    try:
+        while left > 0:
+            chunk = sock.recv(min(left, 65536), socket.MSG_DONTWAIT)
+            if not chunk:
+                return
+            left -= len(chunk)
+    except OSError:  # nothing waiting (EAGAIN), or the connection is gone already
+        return
+
+
 class _ControlReader:
     """Incremental frame parser for one non-blocking control connection."""
 
@@ -558,18 +571,26 @@ class Mesh:
                 sock.shutdown(socket.SHUT_WR)
             except OSError:
                 pass
-        for sock in self.tx + self.rx:
+        # Closing a socket with unread bytes makes the kernel reset the connection, and a reset
+        # discards what the peer has not read yet (its last collective's data, our goodbye).
+        # So: end what we send with a FIN (queued data still goes first), read away whatever
+        # is waiting, and only then close.
+        for sock in self.tx:
             if sock is not None:
                 try:
-                    sock.shutdown(socket.SHUT_RDWR)
+                    sock.shutdown(socket.SHUT_WR)
                 except OSError:
                     pass
+        for sock in self.tx + self.rx:
+            if sock is not None:
+                _drain(sock)
                 sock.close()
         self._wake()
         if self._service is not None and self._service is not threading.current_thread():
             self._service.join(timeout=2.0)
         for q, sock in enumerate(self.ctrl):
             if sock is not None:
+                _drain(sock)
                 sock.close()
         try:
             self._selector.close()

@@ -47,6 +47,10 @@ __all__ = ["ProcessGroupTCP"]
 # Groups still open in this process: closed with a goodbye at interpreter exit, so that a script
 # that ends without destroy_process_group does not look like a crash to its peers.
 _LIVE: "weakref.WeakSet[ProcessGroupTCP]" = weakref.WeakSet()
+# How long a collective in flight may keep running on the bytes of a peer that died (see
+# `_mesh_failure`) before the group fails anyway; a collective that needs more from it fails
+# as soon as its data connection ends.
+LOST_PEER_GRACE_S = 5.0
 try:
     _CPUS = len(os.sched_getaffinity(0))
 except (AttributeError, OSError):
@@ -95,11 +99,16 @@ class ProcessGroupTCP(TCPCollectives, ProcessGroup):
         self._failure: Optional[FailureReason] = None
         self._timeout_local: Optional[tuple[OpRecord, str]] = None
         self._fail_lock = threading.Lock()
+        # A peer whose control connection closed without a goodbye while a collective was in
+        # flight: that collective may still finish on the bytes the peer sent before it died.
+        self._in_collective = False
+        self._lost: Optional[FailureReason] = None
+        self._lost_timer: Optional[threading.Timer] = None
         self._destroyed = False
         self._engine = Engine(name, self._run, self._describe)
         self._mesh = Mesh(
             store=store, rank=rank, size=size, name=name, host=host or env.bind_host(None),
-            token=load_token(token), on_failure=self._fail,
+            token=load_token(token), on_failure=self._mesh_failure,
         )
         try:
             self._mesh.connect(self._timeout)
@@ -161,6 +170,37 @@ class ProcessGroupTCP(TCPCollectives, ProcessGroup):
         self._mesh.abort(reason)
         return True
 
+    def _mesh_failure(self, reason: FailureReason) -> None:
+        """A failure the control service saw; a lost peer waits for the collective in flight.
+
+        A rank that finishes a collective and dies at once (SIGKILL, os._exit) has already
+        handed every byte its peers need to the kernel; failing the group on the closed control
+        connection would break collectives that are about to complete. Instead the collective in
+        flight runs on: if it needs more from the dead rank its data connection ends (PeerLost
+        naming it), and once it ends, or after LOST_PEER_GRACE_S, the group fails as before, so
+        the next collective fails naming the dead rank.
+        """
+        if reason.kind == "peer_lost" and reason.origin == self._rank:
+            with self._fail_lock:
+                if self._failure is None and self._in_collective:
+                    if self._lost is None:
+                        self._lost = reason
+                        timer = threading.Timer(LOST_PEER_GRACE_S, self._fail_lost)
+                        timer.daemon = True
+                        self._lost_timer = timer
+                        timer.start()
+                    return
+        self._fail(reason)
+
+    def _fail_lost(self) -> None:
+        with self._fail_lock:
+            reason, self._lost = self._lost, None
+            timer, self._lost_timer = self._lost_timer, None
+        if timer is not None:
+            timer.cancel()
+        if reason is not None:
+            self._fail(reason)
+
     def _fail_timeout(self, cause: str, message: str, culprits, path, rec: OpRecord) -> None:
         """Called by the watchdog for an overdue operation."""
         self._timeout_local = (rec, message)
@@ -185,6 +225,9 @@ class ProcessGroupTCP(TCPCollectives, ProcessGroup):
         while True:
             if self._failure is not None:
                 return self._failure
+            lost = self._lost
+            if lost is not None and peer in lost.culprits:
+                return lost
             if self._mesh.departed[peer]:
                 return FailureReason(
                     "peer_lost",
@@ -213,6 +256,19 @@ class ProcessGroupTCP(TCPCollectives, ProcessGroup):
         raise err
 
     def _run(self, rec: OpRecord) -> list:
+        if rec.p2p:
+            return self._run_op(rec)
+        with self._fail_lock:
+            self._in_collective = True
+        try:
+            return self._run_op(rec)
+        finally:
+            with self._fail_lock:
+                self._in_collective = False
+            if self._lost is not None:
+                self._fail_lost()
+
+    def _run_op(self, rec: OpRecord) -> list:
         if self._failure is not None:
             self._raise_failed(rec)
         t0 = time.perf_counter()
@@ -298,6 +354,9 @@ class ProcessGroupTCP(TCPCollectives, ProcessGroup):
         ))
         if self._sender is not None:
             self._sender.stop()
+        timer = self._lost_timer
+        if timer is not None:
+            timer.cancel()
         self._mesh.close()
 
 

@@ -172,3 +172,72 @@ def test_async_error_handling_exits_with_its_code(tmp_path):
     assert any("rank0" in d.name for d in dumps), dumps
     for d in dumps:
         json.loads(d.read_text())
+
+
+class _LateReader:
+    """A data socket whose owner pauses once, for `delay`, after reading `after` bytes."""
+
+    def __init__(self, sock, after: int, delay: float):
+        self._sock = sock
+        self._after = after
+        self._delay = delay
+        self._read = 0
+
+    def recv_into(self, *args):
+        if self._delay and self._read >= self._after:
+            time.sleep(self._delay)
+            self._delay = 0.0
+        k = self._sock.recv_into(*args)
+        self._read += k
+        return k
+
+    def __getattr__(self, name):
+        return getattr(self._sock, name)
+
+
+_SEGMENT = 64 * 1024  # float32 elements per rank: the ring's pumped path, one chunk a segment
+
+
+def _dies_after_its_allreduce(rank, world, how, events):
+    import collectives as c
+
+    pg = c.init_process_group("tcp", init_method="env://", timeout=30)
+    c.barrier()
+    x = np.arange(world * _SEGMENT, dtype=np.float32) * (rank + 1)
+    if rank == 2:
+        # Ring 0 -> 1 -> 2 -> 0. Rank 2 stops reading from rank 1 before the last segment of the
+        # all-gather, which rank 1 can still send and finish without; rank 2 then still has to
+        # read it and forward rank 1's segment to rank 0, long after rank 1 is dead.
+        pg._rx[1] = _LateReader(pg._rx[1], 3 * 4 * _SEGMENT, 1.5)
+    c.all_reduce(x)
+    if rank == 1:
+        events.put(("done", os.getpid()))
+        events.close()
+        events.join_thread()  # the event must leave before the process does
+        if how == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        os._exit(0)
+    np.testing.assert_array_equal(x, np.arange(world * _SEGMENT, dtype=np.float32) * 6)
+    try:
+        c.all_reduce(np.ones(3))
+    except c.PeerLost as exc:
+        return str(exc)
+    return "the next collective did not fail"
+
+
+@pytest.mark.parametrize("transport,how", [("tcp", "sigkill"), ("unix", "exit")])
+def test_collective_completes_when_a_peer_dies_right_after_it(transport, how):
+    # The dead rank handed every byte to the kernel before dying: the collective its peers
+    # are still running must complete on those bytes, and only the next one fails naming it.
+    store, env = agent_store()
+    env["SHOAL_LOCAL_TRANSPORT"] = transport
+    try:
+        with Ranks(_dies_after_its_allreduce, 3, (how, EVENTS), env) as ranks:
+            assert ranks.event(timeout=60)[0] == "done"
+            results = ranks.results(timeout=30, ranks=[0, 2])
+    finally:
+        store.close()
+    for rank in (0, 2):
+        status, message = results[rank]
+        assert status == "ok", results[rank]
+        assert "rank 1" in message and "was lost" in message, message
