@@ -301,12 +301,13 @@ def main(argv=None) -> int:
                         help="A/B blocks each case's iterations are split into (default 4, quick 2)")
     parser.add_argument("--ops", default="all_reduce,broadcast,all_gather", help="which ops to run")
     parser.add_argument("--max-bytes", type=int, default=64 * MiB, help="skip larger cases")
+    parser.add_argument("--min-bytes", type=int, default=0, help="skip smaller cases")
     parser.add_argument("--no-loopback", action="store_true", help="skip the raw loopback measurement")
     parser.add_argument("--tcp-too", action="store_true",
                         help="also run shoal with SHOAL_LOCAL_TRANSPORT=tcp (every link on loopback TCP)")
     args = parser.parse_args(argv)
     ops = set(args.ops.split(","))
-    args.cases = [c for c in CASES if c[0] in ops and c[1] <= args.max_bytes]
+    args.cases = [c for c in CASES if c[0] in ops and args.min_bytes <= c[1] <= args.max_bytes]
     if args.backend != "tcp":
         from collectives.api import BackendUnavailable
         from collectives.distributed import _backend_class
