@@ -186,11 +186,11 @@ class TestEtcdBackend(RendezvousBackendContract):
     backend_name = "etcd"
 
     @pytest.fixture(scope="class", autouse=True)
-    def _etcd(self, request):
-        server = EtcdServer(require_etcd()).start()
-        request.cls.server = server
+    @classmethod
+    def _etcd(cls):
+        cls.server = EtcdServer(require_etcd()).start()
         yield
-        server.close()
+        cls.server.close()
 
     def make_backend(self, run_id):
         from elastic.rdzv_etcd import EtcdRendezvousBackend
