@@ -52,6 +52,22 @@ def _with_ddp_context(exc: CollectiveError, rank: int, bucket: int, buckets: int
         return exc
 
 
+INLINE_LAST_BUCKET = True
+
+
+class _FailedWork:
+    """The outcome of a synchronous bucket all_reduce that failed: wait() raises its error."""
+
+    def __init__(self, exc: CollectiveError) -> None:
+        self._exc = exc
+
+    def wait(self, timeout: Any = None) -> bool:
+        raise self._exc
+
+    def add_done_callback(self, fn: Callable) -> None:
+        fn(self)
+
+
 def _stamp_done(bucket: Bucket, _work: Any) -> None:
     # Runs in the backend's thread when the bucket's collective ends (for the metric).
     bucket.done_at = time.perf_counter()
@@ -403,7 +419,15 @@ class Reducer:
 
     def _launch(self, bucket: Bucket) -> None:
         bucket.launched_at = time.perf_counter()
-        if self._hook is None:
+        if self._hook is None and bucket.is_last and INLINE_LAST_BUCKET:
+            # Backward is over once the last bucket is ready and finalize waits for it at once:
+            # reducing it here, in the caller's thread, skips a hand-off to the group's worker
+            # thread (it runs inline when the earlier buckets are done).
+            try:
+                bucket.work = comm.all_reduce(self._group, bucket.buffer, ReduceOp.SUM)
+            except CollectiveError as exc:
+                bucket.work = _FailedWork(exc)  # raised with DDP's context by finalize
+        elif self._hook is None:
             bucket.work = comm.all_reduce(self._group, bucket.buffer, ReduceOp.SUM, async_op=True)
         else:
             fut = self._hook(self._hook_state, GradBucket(bucket, bucket.is_last))
