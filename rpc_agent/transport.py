@@ -20,7 +20,6 @@ before it sends any of its own.
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import secrets
 import struct
@@ -44,16 +43,6 @@ from rpc_agent.api import (
 )
 
 logger = logging.getLogger(__name__)
-
-# gRPC's C core (1.6x and later) does its socket I/O on EventEngine threads and posts the
-# results to the completion queue that a Python thread polls: one more thread hand-off on each
-# side of every message. Its older iomgr path does the I/O on the polling thread itself.
-# Measured here with a bare 64-byte ping-pong between two processes (median of 9 alternating
-# runs): 277 us with EventEngine, 134 us without. The core reads this variable once, the first
-# time a channel or server is made, so setting it here (before this module makes either) is in
-# time unless the process used gRPC before; a variable the user set wins.
-GRPC_EXPERIMENTS = "-event_engine_client,-event_engine_listener"
-os.environ.setdefault("GRPC_EXPERIMENTS", GRPC_EXPERIMENTS)
 
 SERVICE = "shoal.rpc.Agent"
 METHOD = f"/{SERVICE}/Stream"
