@@ -249,6 +249,8 @@ def main(argv=None) -> int:
     parser.add_argument("--comm-iters", "--comm_iters", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=1, help="process groups per world size")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--compare", action="store_true",
+                        help="run torch DDP beside shoal (the default when torch is installed)")
     parser.add_argument("--no-compare", "--no_compare", action="store_true",
                         help="skip torch DDP even when torch is installed")
     args = parser.parse_args(argv)
