@@ -89,9 +89,9 @@ class TestTCPStoreServedHere(StoreContract):
 
 class TestTCPStoreServedByAnotherProcess(TestTCPStoreServedHere):
     @pytest.fixture(scope="class", autouse=True)
-    def server(self, request):
-        proc, port = start_store_process()
-        request.cls.server_port = port
+    @classmethod
+    def server(cls):
+        proc, cls.server_port = start_store_process()
         yield
         stop_store_process(proc)
 
