@@ -520,9 +520,8 @@ class Mesh:
 
     # ------------------------------------------------------------------ teardown
 
-    def abort(self, reason: FailureReason) -> None:
-        """Tell every peer why, then break the data connections so blocked calls return."""
-        frame = wire.control_frame(wire.KIND_ABORT, 0, reason.to_bytes())
+    def _send_last_control_frame(self, frame: bytes) -> None:
+        """Send `frame` to every peer's control socket (best effort, bounded), then end it."""
         for q, sock in enumerate(self.ctrl):
             if sock is None or q == self.rank:
                 continue
@@ -539,6 +538,10 @@ class Mesh:
                 sock.shutdown(socket.SHUT_WR)
             except OSError:
                 pass
+
+    def abort(self, reason: FailureReason) -> None:
+        """Tell every peer why, then break the data connections so blocked calls return."""
+        self._send_last_control_frame(wire.control_frame(wire.KIND_ABORT, 0, reason.to_bytes()))
         for sock in self.tx + self.rx:
             if sock is not None:
                 try:
@@ -554,23 +557,7 @@ class Mesh:
                 return
             self._closing = True
             self._lock.notify_all()
-        bye = wire.control_frame(wire.KIND_BYE, 0)
-        for q, sock in enumerate(self.ctrl):
-            if sock is None:
-                continue
-            lock = self._send_locks[q]
-            if lock.acquire(timeout=0.5):
-                try:
-                    sock.settimeout(1.0)
-                    sock.sendall(bye)
-                except OSError:
-                    pass
-                finally:
-                    lock.release()
-            try:
-                sock.shutdown(socket.SHUT_WR)
-            except OSError:
-                pass
+        self._send_last_control_frame(wire.control_frame(wire.KIND_BYE, 0))
         # Closing a socket with unread bytes makes the kernel reset the connection, and a reset
         # discards what the peer has not read yet (its last collective's data, our goodbye).
         # So: end what we send with a FIN (queued data still goes first), read away whatever
