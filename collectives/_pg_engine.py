@@ -219,8 +219,9 @@ class Engine:
             work.wait()
         return work
 
-    def _run_inline(self, rec: OpRecord) -> Work:
-        # The synchronous fast path: no Work object exists until the op has finished.
+    def _run_recorded(self, rec: OpRecord):
+        # Runs one op and keeps its record (state, times, this rank's progress) up to date: the
+        # watchdog, the dump and the progress other ranks read all come from these fields.
         rec.state = "running"
         rec.started = time.monotonic()
         if not rec.p2p:
@@ -238,37 +239,27 @@ class Engine:
             rec.state = "completed"
             if not rec.p2p:
                 self.finished_seq = rec.seq
-            return DoneWork(rec, result)
+            return result
         finally:
             self.current = None
             rec.fn = None
+
+    def _run_inline(self, rec: OpRecord) -> Work:
+        # The synchronous fast path: no Work object exists until the op has finished.
+        try:
+            return DoneWork(rec, self._run_recorded(rec))
+        finally:
             with self._lock:
                 self._busy = False
                 if self._queue:
                     self._lock.notify_all()
 
     def _execute(self, rec: OpRecord) -> None:
-        rec.state = "running"
-        rec.started = time.monotonic()
-        if not rec.p2p:
-            self.started_seq = rec.seq
-        self.current = rec
         try:
-            result = self._run(rec)
+            result = self._run_recorded(rec)
         except BaseException as exc:
-            rec.finished = time.monotonic()
-            rec.state = "failed"
-            rec.error = str(exc)
-            self.current = None
-            rec.fn = None
             rec.work._finish(None, exc)
             return
-        rec.finished = time.monotonic()
-        rec.state = "completed"
-        if not rec.p2p:
-            self.finished_seq = rec.seq
-        self.current = None
-        rec.fn = None
         rec.work._finish(result, None)
 
     def _loop(self) -> None:
