@@ -35,6 +35,8 @@ from collectives.api import (
 from collectives.pg_nccl import ProcessGroupNCCL
 from collectives.store_hash import HashStore
 from core.errors import DeviceError, ShapeError
+from threaded_ranks import form_groups
+from threaded_ranks import run_all as run_ranks
 
 # ----------------------------------------------------------------------------- the stand-in
 
@@ -324,39 +326,14 @@ def new_worlds():
 
 def make_groups(world, timeout=10.0, version=22000, **kw):
     store, worlds = HashStore(), new_worlds()
-    pgs, errors = [None] * world, []
-
-    def join(r):
-        try:
-            pgs[r] = ProcessGroupNCCL(store, r, world, timeout=timeout, device=r,
-                                      runtime=FakeRuntime(worlds, version, device=r), **kw)
-        except Exception as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=join, args=(r,)) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert not errors, errors
-    return pgs
+    return form_groups(world, lambda r: ProcessGroupNCCL(
+        store, r, world, timeout=timeout, device=r,
+        runtime=FakeRuntime(worlds, version, device=r), **kw))
 
 
 def run_all(pgs, fn, timeout=30.0):
-    out = [None] * len(pgs)
-
-    def body(r):
-        try:
-            out[r] = fn(pgs[r], r)
-        except BaseException as exc:
-            out[r] = exc
-
-    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(len(pgs))]
-    for t in threads:
-        t.start()
-    for r, t in enumerate(threads):
-        t.join(timeout)
-        assert not t.is_alive(), f"rank {r} hung"
+    """As threaded_ranks.run_all, but a rank's exception fails the test."""
+    out = run_ranks(pgs, fn, timeout)
     for r, v in enumerate(out):
         if isinstance(v, BaseException):
             raise AssertionError(f"rank {r} raised {v!r}") from v

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import threading
 import time
 
 import numpy as np
@@ -24,45 +23,14 @@ from collectives.pg_tcp import ProcessGroupTCP
 from collectives.store_hash import HashStore
 from core.auth import client_handshake, load_token
 from core.errors import AuthenticationError, ShapeError
+from threaded_ranks import form_groups, run_all
 
 
 def make_groups(world: int, timeout: float = 10.0, name: str = "default"):
     store = HashStore()
-    pgs: list = [None] * world
-    errors: list = []
-
-    def join(r):
-        try:
-            pgs[r] = ProcessGroupTCP(store, r, world, timeout=timeout, name=name)
-        except Exception as exc:  # reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=join, args=(r,)) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert not errors, errors
-    return pgs
-
-
-def run_all(pgs, fn, timeout: float = 30.0):
-    """fn(pg, rank) on every rank in its own thread; returns values or the exceptions raised."""
-    out: list = [None] * len(pgs)
-
-    def body(r):
-        try:
-            out[r] = fn(pgs[r], r)
-        except BaseException as exc:
-            out[r] = exc
-
-    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(len(pgs))]
-    for t in threads:
-        t.start()
-    for r, t in enumerate(threads):
-        t.join(timeout)
-        assert not t.is_alive(), f"rank {r} hung"
-    return out
+    return form_groups(
+        world, lambda r: ProcessGroupTCP(store, r, world, timeout=timeout, name=name)
+    )
 
 
 @pytest.fixture

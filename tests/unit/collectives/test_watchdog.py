@@ -4,7 +4,6 @@ timeouts, and monitored_barrier naming the missing ranks."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 
 import numpy as np
@@ -14,37 +13,12 @@ from collectives.api import CollectiveTimeout
 from collectives.pg_tcp import ProcessGroupTCP
 from collectives.store_hash import HashStore
 from collectives.watchdog import write_dump
+from threaded_ranks import form_groups, run_all
 
 
 def make_groups(world: int, timeout: float = 10.0):
     store = HashStore()
-    pgs: list = [None] * world
-    threads = [threading.Thread(target=lambda r=r: pgs.__setitem__(r, ProcessGroupTCP(store, r, world, timeout=timeout)))
-               for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert all(pgs), pgs
-    return pgs
-
-
-def run_all(pgs, fn, timeout: float = 30.0):
-    out: list = [None] * len(pgs)
-
-    def body(r):
-        try:
-            out[r] = fn(pgs[r], r)
-        except BaseException as exc:
-            out[r] = exc
-
-    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(len(pgs))]
-    for t in threads:
-        t.start()
-    for r, t in enumerate(threads):
-        t.join(timeout)
-        assert not t.is_alive(), f"rank {r} hung"
-    return out
+    return form_groups(world, lambda r: ProcessGroupTCP(store, r, world, timeout=timeout))
 
 
 @pytest.fixture
