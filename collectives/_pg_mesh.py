@@ -16,7 +16,8 @@ group, both ranks and the channel is read; anything else is logged and dropped.
 Ranks on the same host (same kernel and network namespace) link over abstract Unix-domain
 sockets instead of loopback TCP: the same handshake and framing, at about half the CPU per
 byte, which on a small machine is the difference between a copy-bound and a fast ring.
-SHOAL_LOCAL_TRANSPORT=tcp keeps every link on TCP.
+SHOAL_LOCAL_TRANSPORT=tcp keeps every link on TCP. When every peer is linked over Unix
+sockets, `_pg_shm` adds shared memory for large all_reduces on top of these links.
 """
 
 from __future__ import annotations
@@ -196,7 +197,7 @@ class Mesh:
         self.listener = listener
         self.address = (self.host, listener.getsockname()[1])
         self._selector.register(listener, selectors.EVENT_READ, None)
-        identity = wire.host_identity() if env.local_transport() == "unix" else ""
+        identity = wire.host_identity() if env.local_transport() != "tcp" else ""
         if identity and self.size > 1:
             unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             wire.tune_socket(unix)

@@ -14,12 +14,15 @@ import numpy as np
 
 from collectives import _pg_algos as algos
 from collectives import _pg_arrays as arrays
+from collectives import _pg_shm as shm
 from collectives import _pg_staging as staging
 from collectives._pg_mesh import FailureReason
 from collectives._pg_pump import LinkDown, pump, pump_threaded
 from collectives.api import CollectiveMismatch, ReduceOp
 from collectives.constants import (
     PUMP_CHUNK_BYTES,
+    SHM_SLOT_BYTES,
+    SHM_W2_MIN_CHUNK_BYTES,
     SMALL_MAX_BYTES,
     THREADED_CHUNK_MAX_BYTES,
     THREADED_CHUNK_MIN_BYTES,
@@ -59,6 +62,13 @@ class TCPCollectives:
                     uf(flat, np.frombuffer(other, dtype=flat.dtype), out=flat)
                 else:
                     algos.reduce_in_rank_order(flat, self._rank, data, uf)
+            elif self._shm is not None:
+                if size == 2:
+                    chunk = min(SHM_SLOT_BYTES, max(SHM_W2_MIN_CHUNK_BYTES, nbytes // 4))
+                else:
+                    chunk = SHM_SLOT_BYTES
+                direct = self._direct
+                shm.all_reduce(flat, uf, self._shm, lambda: direct.exchange(seq, fp, b""), chunk)
             else:
                 threaded = nbytes >= THREADED_MIN_BYTES
                 if threaded:

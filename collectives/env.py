@@ -53,12 +53,13 @@ def env_master() -> tuple[Optional[str], Optional[int]]:
 def local_transport() -> str:
     """SHOAL_LOCAL_TRANSPORT: how the tcp backend links ranks on the same host.
 
-    "unix" (default on Linux) uses abstract Unix-domain sockets, which cost about half the CPU
-    per byte of TCP over loopback; "tcp" keeps every link on TCP.
+    "shm" (default on Linux): abstract Unix-domain sockets, plus shared memory for all_reduce
+    above the small-message size when every rank of a group shares the host; "unix": the
+    sockets only; "tcp": every link on TCP over loopback.
     """
-    value = os.environ.get("SHOAL_LOCAL_TRANSPORT", "unix").strip().lower()
-    if value not in ("unix", "tcp"):
-        raise ValueError(f"SHOAL_LOCAL_TRANSPORT must be 'unix' or 'tcp', got {value!r}.")
+    value = os.environ.get("SHOAL_LOCAL_TRANSPORT", "shm").strip().lower()
+    if value not in ("shm", "unix", "tcp"):
+        raise ValueError(f"SHOAL_LOCAL_TRANSPORT must be 'shm', 'unix' or 'tcp', got {value!r}.")
     return value
 
 

@@ -17,6 +17,7 @@ import weakref
 from typing import Optional
 
 from collectives import _pg_algos as algos
+from collectives import _pg_shm as shm
 from collectives import env, metrics
 from collectives._pg_engine import Engine, OpRecord
 from collectives._pg_mesh import FailureReason, Mesh
@@ -34,6 +35,7 @@ from collectives.constants import (
     DEFAULT_COLLECTIVE_TIMEOUT_S,
     DEFAULT_GROUP_NAME,
     LINK_REASON_GRACE_S,
+    SHM_SLOT_BYTES,
     SPIN_S,
 )
 from collectives.watchdog import Watchdog, exit_after_error, write_dump
@@ -112,6 +114,7 @@ class ProcessGroupTCP(TCPCollectives, ProcessGroup):
         )
         try:
             self._mesh.connect(self._timeout)
+            self._shm = self._setup_shared_memory()
         except BaseException:
             self._mesh.close()
             raise
@@ -124,6 +127,23 @@ class ProcessGroupTCP(TCPCollectives, ProcessGroup):
         self._fp_cache: dict = {}
         self._watchdog = Watchdog(self).start()
         _LIVE.add(self)
+
+    def _setup_shared_memory(self) -> Optional[shm.SharedSlots]:
+        """Shared memory for large all_reduces when every rank of the group shares our host."""
+        mesh = self._mesh
+        if self._size < 2 or env.local_transport() != "shm":
+            return None
+        if any(t != "unix" for q, t in enumerate(mesh.transports) if q != self._rank):
+            return None
+        try:
+            return shm.SharedSlots.establish(
+                self._rank, self._size, mesh.tx, mesh.rx, SHM_SLOT_BYTES, min(self._timeout, 60.0)
+            )
+        except shm.ShmSetupError as exc:
+            raise CollectiveError(
+                f"Rank {self._rank} of group '{self.name}' could not set up shared memory with "
+                f"{exc}; set SHOAL_LOCAL_TRANSPORT=unix to use sockets only."
+            ) from exc
 
     # ------------------------------------------------------------------ introspection
 
@@ -358,6 +378,8 @@ class ProcessGroupTCP(TCPCollectives, ProcessGroup):
         if timer is not None:
             timer.cancel()
         self._mesh.close()
+        if self._shm is not None:
+            self._shm.close()
 
 
 def _close_all_at_exit() -> None:

@@ -176,12 +176,15 @@ def _catalogue(rank: int, world: int) -> dict:
     c.monitored_barrier(timeout=20, wait_all_ranks=True)
     seq = pg._engine.seq
     transports = set(pg._mesh.transports) - {"self"}
+    shared_memory = pg._shm is not None
     c.destroy_process_group()
     assert not c.is_initialized()
-    return {"checks": checks, "seq": seq, "transports": transports}
+    return {"checks": checks, "seq": seq, "transports": transports, "shm": shared_memory}
 
 
-@pytest.mark.parametrize("world,transport", [(2, "unix"), (3, "tcp"), (4, "unix")])
+# "shm" links same-host ranks over Unix sockets and reduces large arrays in shared memory;
+# "tcp" runs every algorithm over loopback sockets.
+@pytest.mark.parametrize("world,transport", [(2, "shm"), (3, "tcp"), (4, "shm")])
 def test_every_collective_matches_numpy(world, transport):
     store, env = agent_store()
     env["SHOAL_LOCAL_TRANSPORT"] = transport  # same-host Unix links by default; TCP on request
@@ -192,4 +195,6 @@ def test_every_collective_matches_numpy(world, transport):
     # Every rank ran the same number of group collectives and checks.
     assert len({r["seq"] for r in results}) == 1
     assert all(r["checks"] > 100 for r in results), results
-    assert all(r["transports"] == {transport} for r in results), results
+    links = "tcp" if transport == "tcp" else "unix"
+    assert all(r["transports"] == {links} for r in results), results
+    assert all(r["shm"] == (transport == "shm") for r in results), results

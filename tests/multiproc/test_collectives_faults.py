@@ -108,7 +108,7 @@ def test_sigkilled_rank_fails_the_others_within_seconds():
         assert "rank 2" in second, second
 
 
-def _stopped(rank, world, events):
+def _stopped(rank, world, n, events):
     import collectives as c
 
     pg = c.init_process_group("tcp", init_method="env://", timeout=30)
@@ -121,16 +121,18 @@ def _stopped(rank, world, events):
     pg._store.wait(["test/stopped"], timeout=30)
     t0 = time.monotonic()
     try:
-        c.all_reduce(np.ones(10), timeout=3)
+        c.all_reduce(np.ones(n, np.float32), timeout=3)
     except c.CollectiveTimeout as exc:
         return (str(exc), time.monotonic() - t0)
     return ("no timeout", None)
 
 
-def test_sigstopped_rank_times_out_naming_it():
+# 10 elements take the small-message exchange; 1M the shared-memory path (same-host default).
+@pytest.mark.parametrize("n", [10, 1_000_000])
+def test_sigstopped_rank_times_out_naming_it(n):
     store, env = agent_store()
     try:
-        with Ranks(_stopped, 3, (EVENTS,), env) as ranks:
+        with Ranks(_stopped, 3, (n, EVENTS), env) as ranks:
             assert ranks.event(timeout=60)[0] == "stop me"
             ranks.kill(2, signal.SIGSTOP)
             store.set("test/stopped", "1")

@@ -1,0 +1,247 @@
+"""Shared-memory all_reduce of the tcp backend (ranks as threads, real sockets and memfds):
+results against numpy, buffer rotation across calls, agreement on fallback, mismatches and
+aborts on the shared-memory path, and the region checks that keep a peer from hurting us."""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+import socket
+
+import numpy as np
+import pytest
+
+from collectives import _pg_shm as shm
+from collectives.api import CollectiveMismatch, CollectiveTimeout, ReduceOp
+from collectives.constants import SHM_SLOT_BYTES
+from collectives.pg_tcp import ProcessGroupTCP
+from collectives.store_hash import HashStore
+from threaded_ranks import form_groups, run_all
+
+
+def make_groups(world: int, timeout: float = 10.0):
+    store = HashStore()
+    return form_groups(world, lambda r: ProcessGroupTCP(store, r, world, timeout=timeout))
+
+
+def _shutdown(pgs):
+    for pg in pgs:
+        pg.shutdown()
+
+
+def _data(rank: int, n: int, dtype, salt: int) -> np.ndarray:
+    rng = np.random.default_rng(100 * rank + salt)
+    if np.dtype(dtype).kind == "f":
+        return rng.standard_normal(n).astype(dtype)
+    return rng.integers(-50, 50, n).astype(dtype)
+
+
+# Element counts around the chunking: one partial chunk, exactly one slot, several chunks with
+# a ragged tail, and counts not divisible by the world size.
+def _counts(dtype: str) -> list[int]:
+    slot = SHM_SLOT_BYTES // np.dtype(dtype).itemsize
+    return [20_003, slot, 3 * slot + 5] if dtype == "float32" else [20_003, slot + 17]
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_all_reduce_through_shared_memory_matches_numpy(world):
+    pgs = make_groups(world)
+    try:
+        assert all(pg._shm is not None for pg in pgs), "shared memory was not set up"
+
+        def fn(pg, r):
+            got = []
+            salt = 0
+            for dtype in ("float32", "float64", "int32"):
+                for n in _counts(dtype):
+                    for op in (ReduceOp.SUM, ReduceOp.MAX, ReduceOp.MIN, ReduceOp.PRODUCT, ReduceOp.AVG):
+                        if op is ReduceOp.AVG and dtype == "int32":
+                            continue
+                        if op in (ReduceOp.PRODUCT, ReduceOp.MIN) and n > 100_000:
+                            continue  # the same code path as MAX; keeps the test short
+                        salt += 1
+                        x = _data(r, n, dtype, salt)
+                        pg.all_reduce(x, op=op)
+                        got.append((dtype, n, op, salt, x))
+            return got
+
+        results = run_all(pgs, fn, timeout=90)
+        for r, out in enumerate(results):
+            assert not isinstance(out, BaseException), f"rank {r} raised {out!r}"
+        for i, (dtype, n, op, salt, _) in enumerate(results[0]):
+            inputs = [_data(r, n, dtype, salt) for r in range(world)]
+            uf = {ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.MAX: np.maximum,
+                  ReduceOp.MIN: np.minimum, ReduceOp.PRODUCT: np.multiply}[op]
+            want = inputs[0].astype(np.float64)
+            for x in inputs[1:]:
+                want = uf(want, x.astype(np.float64))
+            if op is ReduceOp.AVG:
+                want = want / world
+            for r in range(world):
+                got = results[r][i][4]
+                # Every rank holds bitwise the same result: each element is reduced once.
+                np.testing.assert_array_equal(got, results[0][i][4], err_msg=f"rank {r} vs 0, {dtype}[{n}] {op}")
+            tol = 1e-5 if dtype == "float32" else 1e-12
+            np.testing.assert_allclose(results[0][i][4].astype(np.float64), want, rtol=tol, atol=tol,
+                                       err_msg=f"{dtype}[{n}] {op.name}")
+    finally:
+        _shutdown(pgs)
+
+
+def test_buffers_rotate_across_calls_without_corruption():
+    # Many back-to-back calls of 1, 2 and 4 chunks, with one rank slowed down so the others
+    # run ahead into the next call while it still reads the previous one's buffers.
+    pgs = make_groups(3)
+    slot = SHM_SLOT_BYTES // 4
+    try:
+        def fn(pg, r):
+            sums = []
+            for i, n in enumerate([slot // 2, slot + 3, 20_000, 4 * slot - 1, slot // 2] * 3):
+                x = np.full(n, float(r + i), np.float32)
+                x[-1] = r * 1000.0 + i
+                if r == 1:
+                    np.dot(np.ones(200_000), np.ones(200_000))  # a little late, every call
+                pg.all_reduce(x)
+                sums.append((float(x[0]), float(x[n // 2]), float(x[-1])))
+            return sums
+
+        results = run_all(pgs, fn, timeout=60)
+        sizes = [slot // 2, slot + 3, 20_000, 4 * slot - 1, slot // 2] * 3
+        want = [(3.0 + 3 * i, 3.0 + 3 * i, 3000.0 + 3 * i) for i in range(len(sizes))]
+        assert results == [want] * 3
+    finally:
+        _shutdown(pgs)
+
+
+def test_every_rank_falls_back_to_sockets_when_one_cannot_map(monkeypatch):
+    real = shm._create_region
+    store = HashStore()
+
+    def make(r):
+        return ProcessGroupTCP(store, r, 3, timeout=10.0)
+
+    calls = {"n": 0}
+
+    def flaky(nbytes):
+        calls["n"] += 1
+        if calls["n"] == 2:  # exactly one of the three ranks cannot create its region
+            raise OSError(12, "Cannot allocate memory")
+        return real(nbytes)
+
+    monkeypatch.setattr(shm, "_create_region", flaky)
+    pgs = form_groups(3, make)
+    try:
+        assert [pg._shm for pg in pgs] == [None, None, None]
+
+        def fn(pg, r):
+            x = np.full(300_000, r + 1.0, np.float32)
+            pg.all_reduce(x)
+            return float(x[0]), float(x[-1])
+
+        assert run_all(pgs, fn) == [(6.0, 6.0)] * 3
+    finally:
+        _shutdown(pgs)
+
+
+@pytest.mark.parametrize("transport", ["unix", "tcp"])
+def test_shared_memory_only_in_its_mode(monkeypatch, transport):
+    monkeypatch.setenv("SHOAL_LOCAL_TRANSPORT", transport)
+    pgs = make_groups(2)
+    try:
+        assert [pg._shm for pg in pgs] == [None, None]
+        assert pgs[0]._mesh.transports == ["self", transport]
+    finally:
+        _shutdown(pgs)
+
+
+def test_mismatched_sizes_on_the_shared_memory_path_name_both_calls():
+    pgs = make_groups(3)
+    try:
+        def fn(pg, r):
+            with pytest.raises(CollectiveMismatch) as info:
+                pg.all_reduce(np.ones(300_000 if r != 2 else 300_001, np.float32))
+            return str(info.value)
+
+        messages = run_all(pgs, fn, timeout=30)
+        for m in messages:
+            assert isinstance(m, str), m
+            assert "all_reduce(float32[300000], op=SUM)" in m or "all_reduce(float32[300001], op=SUM)" in m, m
+    finally:
+        _shutdown(pgs)
+
+
+def test_a_rank_that_never_arrives_times_out_on_the_shared_memory_path():
+    pgs = make_groups(3)
+    try:
+        def fn(pg, r):
+            if r == 2:
+                return "idle"
+            with pytest.raises(CollectiveTimeout, match="rank 2 never arrived"):
+                pg.all_reduce(np.ones(2_000_000, np.float32), timeout=1.0)
+            return "timed out"
+
+        assert run_all(pgs, fn, timeout=30) == ["timed out", "timed out", "idle"]
+    finally:
+        _shutdown(pgs)
+
+
+# ----------------------------------------------------------------------------- region checks
+
+def test_an_unsealed_region_is_refused():
+    fd = os.memfd_create("test-unsealed", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, 4096)
+        with pytest.raises(ValueError, match="not sealed against shrinking"):
+            shm._map_peer_region(fd, 4096)
+    finally:
+        os.close(fd)
+
+
+def test_a_region_smaller_than_offered_is_refused():
+    fd = os.memfd_create("test-small", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.ftruncate(fd, 4096)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+        with pytest.raises(ValueError, match="has 4096 bytes, fewer than the 8192 offered"):
+            shm._map_peer_region(fd, 8192)
+    finally:
+        os.close(fd)
+
+
+def test_own_region_is_sealed_and_peers_map_it_read_only():
+    fd = shm._create_region(8192)
+    try:
+        seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+        assert seals & fcntl.F_SEAL_SHRINK and seals & fcntl.F_SEAL_GROW and seals & fcntl.F_SEAL_SEAL
+        with pytest.raises(OSError):
+            os.ftruncate(fd, 100)  # sealed: nobody can shrink it under a reader
+        view = shm._map_peer_region(fd, 8192)
+        with pytest.raises(TypeError):
+            view[0] = 1  # read-only mapping: a rank writes only its own region
+        view.close()
+    finally:
+        os.close(fd)
+
+
+def test_a_garbled_offer_is_a_setup_error():
+    a_tx, b_rx = socket.socketpair(socket.AF_UNIX)
+    b_tx, a_rx = socket.socketpair(socket.AF_UNIX)
+    try:
+        b_tx.sendall(b"GARBAGE!" * 4)
+        with pytest.raises(shm.ShmSetupError, match="rank 1: sent b'GARBAGE!GARBA' where a shared-memory offer belongs"):
+            shm.SharedSlots.establish(0, 2, [None, a_tx], [None, a_rx], 4096, timeout=2.0)
+    finally:
+        for s in (a_tx, b_rx, b_tx, a_rx):
+            s.close()
+
+
+def test_a_silent_peer_is_a_setup_error_within_the_timeout():
+    a_tx, b_rx = socket.socketpair(socket.AF_UNIX)
+    b_tx, a_rx = socket.socketpair(socket.AF_UNIX)
+    try:
+        with pytest.raises(shm.ShmSetupError, match="rank 1: did not answer the shared-memory setup within 0.5s"):
+            shm.SharedSlots.establish(0, 2, [None, a_tx], [None, a_rx], 4096, timeout=0.5)
+    finally:
+        for s in (a_tx, b_rx, b_tx, a_rx):
+            s.close()
