@@ -20,6 +20,7 @@ before it sends any of its own.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import secrets
 import struct
@@ -28,7 +29,24 @@ import time
 from concurrent import futures
 from typing import Callable, Iterator, Optional
 
-import grpc
+# gRPC's C core reads these once, when it first starts (a first channel or server), so they are
+# set before this module makes either; a value the user set wins. Both cut thread hand-offs in
+# the core, measured with a bare 64-byte ping-pong between two processes and in the agent
+# (see bench/rpc.py):
+# - EventEngine client/listener off: the EventEngine does socket I/O on its own threads and
+#   posts results to the completion queue a Python thread polls, one more hand-off per message
+#   per side; the older iomgr path does the I/O on the polling thread itself.
+# - the `poll` strategy: under iomgr's default `epoll1` every completion queue of the process
+#   shares one epoll set, so the agent's idle server thread wakes for its client streams'
+#   messages and passes them on; with `poll` each queue polls only its own connections.
+GRPC_ENVIRONMENT = {
+    "GRPC_EXPERIMENTS": "-event_engine_client,-event_engine_listener",
+    "GRPC_POLL_STRATEGY": "poll",
+}
+for _name, _value in GRPC_ENVIRONMENT.items():
+    os.environ.setdefault(_name, _value)
+
+import grpc  # noqa: E402
 
 from core import auth
 from rpc_agent import metrics
@@ -133,6 +151,13 @@ class Stream:
         self.opened = threading.Event()
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
+        # Accepted streams write through gRPC's non-blocking server callback instead of the
+        # queue: `_write(data)` sends one message from the calling thread and returns once
+        # gRPC took it (False once the RPC is over). See `send`.
+        self._write: Optional[Callable[[bytes], bool]] = None
+        self._outbox: list[bytes] = []
+        self._writing = False
+        self._writer_wake: Optional[threading.Semaphore] = None
         self._cancel: Optional[Callable[[], None]] = None
         self._readers = _Readers()
         # Called once, after the stream is marked dead (the agent fails its pending calls).
@@ -158,12 +183,73 @@ class Stream:
         """
         if self.state == Stream.DEAD:
             raise RpcPeerLost(f"The RPC stream to {self.describe()} is down ({self.dead_reason}).")
-        self._queue.put(frame)
+        if self._write is None:
+            self._queue.put(frame)
+            return
+        # Accepted stream: the first thread to find the stream idle writes its frame itself,
+        # saving the hand-off to a sending thread (a reply leaves from the thread that ran the
+        # call). Frames queued meanwhile go out coalesced, by the stream's writer thread, so a
+        # caller never stays to write other threads' frames.
+        with self._lock:
+            self._outbox.append(frame)
+            if self._writing:
+                return
+            self._writing = True
+        if self._write_outbox():
+            self._start_writer()
 
-    def _messages(self, first: Optional[bytes] = None) -> Iterator[bytes]:
-        """What gRPC's sending thread iterates: coalesced batches until the stream ends."""
-        if first is not None:
-            yield first
+    def _write_outbox(self) -> bool:
+        """Write what the outbox holds (the caller is the stream's one writer); True when more
+        frames arrived meanwhile (the writer role is still held), False when it was released."""
+        with self._lock:
+            frames, self._outbox = self._outbox, []
+        for data in self._batches(frames):
+            if not self._write(data):
+                self.fail("the RPC ended while writing to it")
+                break
+        with self._lock:
+            if self._outbox and self.state != Stream.DEAD:
+                return True
+            self._outbox = []
+            self._writing = False
+            return False
+
+    def _start_writer(self) -> None:
+        if self._writer_wake is None:
+            self._writer_wake = threading.Semaphore(0)
+            threading.Thread(target=self._writer_loop, daemon=True,
+                             name=f"shoal-rpc-write-{self.peer_name}").start()
+        self._writer_wake.release()
+
+    def _writer_loop(self) -> None:
+        while True:
+            self._writer_wake.acquire()
+            if self.state == Stream.DEAD:
+                return
+            while self._write_outbox():
+                pass
+
+    def _batches(self, frames: list[bytes]) -> Iterator[bytes]:
+        """Coalesced gRPC messages of `frames`, each up to MAX_BATCH_BYTES (counted as sent)."""
+        start, size = 0, 0
+        for i, frame in enumerate(frames):
+            if i > start and size + len(frame) > MAX_BATCH_BYTES:
+                yield self._count(frames[start:i])
+                start, size = i, 0
+            size += len(frame)
+        if start < len(frames):
+            yield self._count(frames[start:])
+
+    def _count(self, frames: list[bytes]) -> bytes:
+        data = encode_batch(frames)
+        metrics.BYTES_SENT.inc(len(data))
+        self.frames_sent += len(frames)
+        self.messages_sent += 1
+        return data
+
+    def _messages(self) -> Iterator[bytes]:
+        """What gRPC's sending thread iterates on a dialed stream: coalesced batches until the
+        stream ends."""
         if not self.opened.wait(CONNECT_TIMEOUT_S + 1.0) or self.state != Stream.OPEN:
             return
         get, get_nowait = self._queue.get, self._queue.get_nowait
@@ -211,6 +297,8 @@ class Stream:
             cancel = self._cancel
         self.opened.set()
         self._queue.put(_STOP)
+        if self._writer_wake is not None:
+            self._writer_wake.release()
         if cancel is not None:
             try:
                 cancel()
@@ -260,7 +348,7 @@ class GrpcTransport:
         self._server = grpc.server(
             self._executor,
             handlers=[grpc.method_handlers_generic_handler(
-                SERVICE, {"Stream": grpc.stream_stream_rpc_method_handler(self._serve_stream)}
+                SERVICE, {"Stream": grpc.stream_stream_rpc_method_handler(_NonBlocking(self))}
             )],
             options=_SERVER_OPTIONS,
             maximum_concurrent_rpcs=max_streams + 4,
@@ -358,7 +446,7 @@ class GrpcTransport:
 
     # -- server side
 
-    def _serve_stream(self, request_iterator, context):
+    def _serve_stream(self, request_iterator, context, send_response) -> None:
         hello, reason = self._check_hello(context.invocation_metadata())
         if hello is None:
             metrics.REJECTED_STREAM.inc()
@@ -370,9 +458,17 @@ class GrpcTransport:
         stream = Stream(hello.id, hello.name, outgoing=False)
         stream.on_dead = self._on_stream_dead
         proof = _server_proof(self._token, self.worker_id, hello.nonce)
-        first = encode_batch(
+
+        def write(data: bytes) -> bool:
+            send_response(data)  # returns once gRPC took the message (or the RPC ended)
+            return context.is_active()
+
+        # The proof goes first, before the stream is open for anyone else's frames.
+        if not write(encode_batch(
             [rpc_pb2.Frame(kind=rpc_pb2.HELLO, payload=proof).SerializeToString()]
-        )
+        )):
+            return
+        stream._write = write
         stream._open(context.cancel)
         context.add_callback(lambda: stream.fail("the RPC ended"))
         self._on_stream_open(stream)
@@ -380,7 +476,6 @@ class GrpcTransport:
             target=self._serve_reads, args=(stream, request_iterator), daemon=True,
             name=f"shoal-rpc-read-{self.name}-{hello.name}",
         ).start()
-        return stream._messages(first)
 
     def _serve_reads(self, stream: Stream, request_iterator) -> None:
         self._read_loop(stream, request_iterator)
@@ -473,6 +568,26 @@ class GrpcTransport:
         except Exception:  # noqa: BLE001  (one bad frame must not kill the stream)
             logger.exception("Handling frames from %s failed", stream.describe())
             return None
+
+
+class _NonBlocking:
+    """The stream handler in grpcio's non-blocking server form.
+
+    grpcio calls a handler marked `experimental_non_blocking` with a `send_response_callback`
+    that any thread may call to write one message (it returns once gRPC took it), instead of
+    iterating a response generator on a server thread. Replies then leave from the thread that
+    produced them: one thread hand-off less per reply, and no server thread held per stream.
+    """
+
+    experimental_non_blocking = True
+
+    def __init__(self, transport: "GrpcTransport"):
+        self._transport = transport
+
+    def __call__(self, request_iterator, context, send_response_callback=None) -> None:
+        if send_response_callback is None:  # a grpcio without the non-blocking form
+            raise RpcError("this grpcio does not pass send_response_callback to the handler")
+        self._transport._serve_stream(request_iterator, context, send_response_callback)
 
 
 class _Readers:
