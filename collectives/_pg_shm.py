@@ -1,4 +1,4 @@
-"""Shared-memory all_reduce for groups whose ranks all share one host.
+"""Shared-memory all_reduce, broadcast and all_gather for groups whose ranks share one host.
 
 Sockets move every byte twice (into the kernel and out again) and pay per-packet overheads;
 on a small machine that copy work, not the wire, bounds a ring all_reduce. Here each rank owns
@@ -20,7 +20,8 @@ collective to the next, so a chunk's writes never race a slow peer still reading
 chunk: a buffer is written again only after a barrier that every peer reaches after finishing
 with it.
 
-Algorithms (measured with bench/allreduce.py on 2 cores):
+Algorithms (measured with bench/allreduce.py on 2 cores). broadcast and all_gather publish a
+chunk per step and copy the previous step's chunks out of the owners' regions. all_reduce:
 - W = 2: both ranks add the other's chunk into their own array; IEEE addition (and product,
   min, max) of two operands commutes, so both agree bitwise. One barrier per chunk.
 - W >= 3: reduce-scatter then all-gather through the regions: rank r reduces segment r of the
@@ -281,4 +282,51 @@ def _scatter_gather(flat, uf, slots: SharedSlots, barrier, pieces, first: int) -
                 if q != rank:
                     np.copyto(flat[lo + b[q]:lo + b[q + 1]], slots.slot(q, buf, dtype, hi - lo)[b[q]:b[q + 1]])
         if step < n_pieces + 1:
+            barrier()
+
+
+def _byte_pieces(nbytes: int, chunk_bytes: int, slot_bytes: int) -> list[tuple[int, int]]:
+    step = max(1, min(chunk_bytes, slot_bytes))
+    return [(lo, min(lo + step, nbytes)) for lo in range(0, nbytes, step)]
+
+
+def broadcast(raw: np.ndarray, root: int, slots: SharedSlots, barrier: Callable[[], None],
+              chunk_bytes: int) -> None:
+    """Every rank's `raw` (uint8) := the root's, pipelined: step j publishes chunk j while the
+    other ranks copy chunk j-1 out; one barrier per step."""
+    pieces = _byte_pieces(raw.size, chunk_bytes, slots.slot_bytes)
+    first = slots.next_buf
+    slots.next_buf = (first + len(pieces)) % BUFFERS
+    me = slots.rank
+    for step in range(len(pieces) + 1):
+        if me == root and step < len(pieces):
+            lo, hi = pieces[step]
+            np.copyto(slots.slot(me, (first + step) % BUFFERS, np.uint8, hi - lo), raw[lo:hi])
+        k = step - 1
+        if me != root and k >= 0:
+            lo, hi = pieces[k]
+            np.copyto(raw[lo:hi], slots.slot(root, (first + k) % BUFFERS, np.uint8, hi - lo))
+        if step < len(pieces):
+            barrier()
+
+
+def all_gather(mine: np.ndarray, outs: list, slots: SharedSlots, barrier: Callable[[], None],
+               chunk_bytes: int) -> None:
+    """outs[q] (uint8) := rank q's `mine`, pipelined like `broadcast` with every rank a root."""
+    pieces = _byte_pieces(mine.size, chunk_bytes, slots.slot_bytes)
+    first = slots.next_buf
+    slots.next_buf = (first + len(pieces)) % BUFFERS
+    me = slots.rank
+    for step in range(len(pieces) + 1):
+        if step < len(pieces):
+            lo, hi = pieces[step]
+            np.copyto(slots.slot(me, (first + step) % BUFFERS, np.uint8, hi - lo), mine[lo:hi])
+        k = step - 1
+        if k >= 0:
+            lo, hi = pieces[k]
+            buf = (first + k) % BUFFERS
+            for q in range(slots.size):
+                if q != me:
+                    np.copyto(outs[q][lo:hi], slots.slot(q, buf, np.uint8, hi - lo))
+        if step < len(pieces):
             barrier()

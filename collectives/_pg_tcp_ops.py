@@ -31,6 +31,12 @@ from collectives.constants import (
 )
 
 
+def _shm_copy_chunk(nbytes: int) -> int:
+    """Chunk size of shared-memory broadcast/all_gather: four steps or more, so that publishing
+    one chunk overlaps the copies out of the previous one."""
+    return min(SHM_SLOT_BYTES, max(SHM_W2_MIN_CHUNK_BYTES, nbytes // 4))
+
+
 class P2PMismatch(CollectiveMismatch):
     """A received point-to-point message does not fit the receiving array (the group survives)."""
 
@@ -133,7 +139,10 @@ class TCPCollectives:
             seq = rec.seq
             if self._size > 1:
                 d = self._direct
-                if len(raw) <= SMALL_MAX_BYTES:
+                if self._shm is not None and len(raw) > SMALL_MAX_BYTES:
+                    shm.broadcast(np.frombuffer(raw, np.uint8), src, self._shm,
+                                  lambda: d.exchange(seq, fp, b""), _shm_copy_chunk(len(raw)))
+                elif len(raw) <= SMALL_MAX_BYTES:
                     if self._rank == src:
                         for q in d.peers:
                             d.send_to(q, seq, fp, raw)
@@ -172,7 +181,14 @@ class TCPCollectives:
             if not np.shares_memory(mine, arr):
                 np.copyto(mine, arr)
             if self._size > 1:
-                if arr.nbytes <= SMALL_MAX_BYTES:
+                if self._shm is not None and arr.nbytes > SMALL_MAX_BYTES:
+                    d = self._direct
+                    shm.all_gather(
+                        np.frombuffer(arrays.as_bytes(arr), np.uint8),
+                        [np.frombuffer(arrays.as_bytes(o), np.uint8) for o in outs], self._shm,
+                        lambda: d.exchange(rec.seq, fpd[0], b""), _shm_copy_chunk(arr.nbytes),
+                    )
+                elif arr.nbytes <= SMALL_MAX_BYTES:
                     data = self._direct.exchange(rec.seq, fpd[0], arrays.as_bytes(arr))
                     for q, view in data.items():
                         arrays.as_bytes(outs[q])[:] = view

@@ -89,6 +89,40 @@ def test_all_reduce_through_shared_memory_matches_numpy(world):
         _shutdown(pgs)
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_broadcast_and_all_gather_through_shared_memory(world):
+    pgs = make_groups(world)
+    slot = SHM_SLOT_BYTES // 8
+    counts = [9_000, 3 * slot + 11]  # one chunk; several chunks with a ragged tail
+    try:
+        def fn(pg, r):
+            out = []
+            for i, n in enumerate(counts):
+                for root in range(world):
+                    x = _data(r, n, "float64", 7 * i + root)
+                    pg.broadcast(x, src=root)
+                    out.append(("broadcast", n, root, x))
+                mine = _data(r, n, "int64", 50 + i)
+                gathered = [np.empty(n, np.int64) for _ in range(world)]
+                pg.all_gather(gathered, mine)
+                out.append(("all_gather", n, None, gathered))
+            return out
+
+        results = run_all(pgs, fn, timeout=60)
+        for r, out in enumerate(results):
+            assert not isinstance(out, BaseException), f"rank {r} raised {out!r}"
+            for (what, n, root, got), i in zip(out, [0] * (world + 1) + [1] * (world + 1)):
+                if what == "broadcast":
+                    np.testing.assert_array_equal(got, _data(root, n, "float64", 7 * i + root),
+                                                  err_msg=f"rank {r}: broadcast[{n}] from {root}")
+                else:
+                    for q in range(world):
+                        np.testing.assert_array_equal(got[q], _data(q, n, "int64", 50 + i),
+                                                      err_msg=f"rank {r}: all_gather[{n}] part {q}")
+    finally:
+        _shutdown(pgs)
+
+
 def test_buffers_rotate_across_calls_without_corruption():
     # Many back-to-back calls of 1, 2 and 4 chunks, with one rank slowed down so the others
     # run ahead into the next call while it still reads the previous one's buffers.
@@ -104,6 +138,10 @@ def test_buffers_rotate_across_calls_without_corruption():
                     np.dot(np.ones(200_000), np.ones(200_000))  # a little late, every call
                 pg.all_reduce(x)
                 sums.append((float(x[0]), float(x[n // 2]), float(x[-1])))
+                if i % 2:  # the other shared-memory collectives advance the same buffers
+                    b = np.full(slot + 1, float(r), np.float32)
+                    pg.broadcast(b, src=i % 3)
+                    assert b[0] == b[-1] == i % 3
             return sums
 
         results = run_all(pgs, fn, timeout=60)
