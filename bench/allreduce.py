@@ -7,6 +7,11 @@ iterations. Both sides' ranks run at once and the parent alternates blocks of it
 between them (A B A B) while the other side sleeps, so drift on a busy machine hits both; the
 table also gives the median of the per-iteration ratios of paired blocks.
 
+shoal runs with its same-host default (SHOAL_LOCAL_TRANSPORT=shm: Unix-socket links, and shared
+memory for all_reduce, broadcast and all_gather above 64 KiB), so its large-message figures can
+exceed the loopback limit; --tcp-too adds a column with every link on loopback TCP, the figure
+for ranks on different hosts.
+
 Bandwidth as nccl-tests defines it (GB = 1e9 bytes): algbw = bytes / time; busbw = algbw x
 2(W-1)/W for allreduce, algbw for broadcast, algbw x (W-1)/W for all_gather (whose size is the
 gathered total). Targets: W=2 busbw at 64 MiB >= 2.5x gloo, at 4 MiB >= 3x; W=4 at 64 MiB >=
