@@ -69,6 +69,9 @@ PURPOSE_CLIENT = "rpc-stream"
 PURPOSE_SERVER = "rpc-stream-server"
 # A writer stops adding frames to one gRPC message past this size; the rest go in the next.
 MAX_BATCH_BYTES = 8 * 1024 * 1024
+# A frame sent this soon after the previous write ended is taken for part of a burst.
+# Sync calls and their replies are a round trip (100 us or more) apart.
+_BURST_GAP_S = 50e-6
 _STOP = object()
 
 _CHANNEL_OPTIONS = [
@@ -158,6 +161,7 @@ class Stream:
         self._outbox: list[bytes] = []
         self._writing = False
         self._writer_wake: Optional[threading.Semaphore] = None
+        self._last_write = 0.0
         self._cancel: Optional[Callable[[], None]] = None
         self._readers = _Readers()
         # Called once, after the stream is marked dead (the agent fails its pending calls).
@@ -186,16 +190,19 @@ class Stream:
         if self._write is None:
             self._queue.put(frame)
             return
-        # Accepted stream: the first thread to find the stream idle writes its frame itself,
-        # saving the hand-off to a sending thread (a reply leaves from the thread that ran the
-        # call). Frames queued meanwhile go out coalesced, by the stream's writer thread, so a
-        # caller never stays to write other threads' frames.
+        # Accepted stream: a thread that finds the stream idle writes its frame itself, saving
+        # the hand-off to a sending thread (a reply leaves from the thread that ran the call).
+        # Frames queued meanwhile go out coalesced, by the stream's writer thread, so a caller
+        # never stays to write other threads' frames. A frame that follows the last write
+        # closely (a burst of rpc_async calls from one thread) also goes to the writer thread:
+        # written one by one, each would cost a whole gRPC write.
         with self._lock:
             self._outbox.append(frame)
             if self._writing:
                 return
             self._writing = True
-        if self._write_outbox():
+            burst = time.monotonic() - self._last_write < _BURST_GAP_S
+        if burst or self._write_outbox():
             self._start_writer()
 
     def _write_outbox(self) -> bool:
@@ -208,6 +215,7 @@ class Stream:
                 self.fail("the RPC ended while writing to it")
                 break
         with self._lock:
+            self._last_write = time.monotonic()
             if self._outbox and self.state != Stream.DEAD:
                 return True
             self._outbox = []

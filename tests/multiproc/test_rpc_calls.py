@@ -447,6 +447,34 @@ def test_queued_frames_are_coalesced_and_big_buffers_use_the_data_channel(worker
     assert transfers == 1
 
 
+def check_coalescing_on_an_accepted_stream(n):
+    """Worker 1 accepted the stream from worker 0: its frames leave through gRPC's server
+    callback, written directly when the stream is idle, coalesced when they come in a burst."""
+    import rpc_agent  # noqa: PLC0415
+    from rpc_agent import _current  # noqa: PLC0415
+
+    stream = _current.get()._streams[0]
+    assert not stream.outgoing
+    frames0, messages0 = stream.frames_sent, stream.messages_sent
+    values = rpc_agent.wait_all([rpc_agent.rpc_async("w0", echo, (i,)) for i in range(n)],
+                                timeout=30)
+    frames, messages = stream.frames_sent - frames0, stream.messages_sent - messages0
+    one_frame, one_message = stream.frames_sent, stream.messages_sent
+    single = rpc_agent.rpc_sync("w0", echo, ("alone",), timeout=30)
+    one_frame, one_message = stream.frames_sent - one_frame, stream.messages_sent - one_message
+    return values == list(range(n)), frames, messages, single, one_frame, one_message
+
+
+def test_an_accepted_stream_coalesces_bursts_and_sends_a_lone_call(workers):
+    ok, frames, messages, single, one_frame, one_message = workers.run(
+        1, check_coalescing_on_an_accepted_stream, 400
+    )
+    assert ok
+    assert frames == 400
+    assert messages < frames * 0.8, (frames, messages)
+    assert single == "alone" and (one_frame, one_message) == (1, 1)
+
+
 def many_small_arrays(n, size):
     import rpc_agent  # noqa: PLC0415
 
