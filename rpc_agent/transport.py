@@ -4,11 +4,14 @@ grpcio's thread-based API is used, not grpc.aio: measured here, a round trip thr
 another thread costs about 150 us of CPU against about 90 us for the thread-based API, because
 every hand-off into an asyncio loop adds a self-pipe wake-up and several loop iterations.
 
-Sending: any thread serializes its frame and puts it on the stream's queue; the one thread
-gRPC runs to send the stream's messages takes every frame queued at that moment and writes
-them as one gRPC message (a `Batch`). Under load one gRPC write, which costs far more CPU
-than a frame, carries many calls. Receiving: one reader thread per stream parses each Batch
-and hands its frames to the agent.
+Sending on a dialed stream: any thread serializes its frame and puts it on the stream's queue;
+the one thread gRPC runs to send the stream's requests takes every frame queued at that moment
+and writes them as one gRPC message (a `Batch`). Under load one gRPC write, which costs far
+more CPU than a frame, carries many calls. Sending on an accepted stream: grpcio's non-blocking
+handler form lets the thread with the frame write it itself when the stream is idle (a reply
+leaves from the thread that ran the call, one hand-off less); frames that arrive during a write
+or in a burst go out coalesced the same way, by the stream's writer thread. Receiving: one
+reader thread per stream parses each Batch and hands its frames to the agent.
 
 Authentication comes before anything is read: a client sends a signed `Hello` as metadata of
 the call (timestamped, with a nonce the server remembers, bound to the target worker), the
