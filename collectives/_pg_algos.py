@@ -234,13 +234,25 @@ class Direct:
         return self._receive(q, self.rx[q], hdr, seq, fp, len(hdr), len(hdr) + nbytes)
 
 
+def combine_pair(mine: np.ndarray, theirs: np.ndarray, rank: int, uf) -> None:
+    """mine := x_0 op x_1 for a group of two, with rank 0's operand first on both ranks.
+
+    Operand order matters bitwise even for "commutative" ops: maximum/minimum return their
+    first operand for +0.0 vs -0.0 and for two NaNs, and complex multiplication rounds
+    differently with the operands swapped. One order on both ranks keeps them identical.
+    """
+    if rank == 0:
+        uf(mine, theirs, out=mine)
+    else:
+        uf(theirs, mine, out=mine)
+
+
 def reduce_in_rank_order(flat: np.ndarray, rank: int, peers_data: dict, uf) -> None:
     """flat := x_0 op x_1 op ... op x_{W-1}, every rank in the same order (bitwise agreement)."""
     size = len(peers_data) + 1
     if size == 2:
         (other,) = peers_data.values()
-        # Two operands: IEEE add/mul/min/max are commutative, so either order agrees.
-        uf(flat, np.frombuffer(other, dtype=flat.dtype), out=flat)
+        combine_pair(flat, np.frombuffer(other, dtype=flat.dtype), rank, uf)
         return
     operands = [
         flat if q == rank else np.frombuffer(peers_data[q], dtype=flat.dtype) for q in range(size)

@@ -22,8 +22,8 @@ with it.
 
 Algorithms (measured with bench/allreduce.py on 2 cores). broadcast and all_gather publish a
 chunk per step and copy the previous step's chunks out of the owners' regions. all_reduce:
-- W = 2: both ranks add the other's chunk into their own array; IEEE addition (and product,
-  min, max) of two operands commutes, so both agree bitwise. One barrier per chunk.
+- W = 2: both ranks combine the other's chunk into their own array, rank 0's operand first
+  on both (`combine_pair`), so both agree bitwise. One barrier per chunk.
 - W >= 3: reduce-scatter then all-gather through the regions: rank r reduces segment r of the
   chunk, publishes it in its own region, and every rank copies the others' results out,
   pipelined so that one barrier separates the steps. Each element is computed once, so ranks
@@ -42,6 +42,8 @@ import time
 from typing import Callable, Optional
 
 import numpy as np
+
+from collectives._pg_algos import combine_pair
 
 logger = logging.getLogger(__name__)
 
@@ -85,19 +87,25 @@ def _map_peer_region(fd: int, nbytes: int) -> mmap.mmap:
 
 
 def _recv_exact(sock: socket.socket, n: int, peer: int, want_fd: bool) -> tuple[bytes, list[int]]:
+    """Exactly n bytes (never more: what follows belongs to the next message), plus at most
+    one descriptor riding on them; a descriptor is closed again if the read fails."""
     data = bytearray()
     fds: list[int] = []
-    while len(data) < n:
-        if want_fd and not fds:
-            chunk, got_fds, _flags, _addr = socket.recv_fds(sock, n - len(data), 1)
-            fds.extend(got_fds)
-        else:
-            chunk = sock.recv(n - len(data))
-        if not chunk:
-            for fd in fds:
-                os.close(fd)
-            raise ShmSetupError(peer, "closed its data link during the shared-memory setup")
-        data += chunk
+    try:
+        while len(data) < n:
+            if want_fd and not fds:
+                chunk, got_fds, _flags, _addr = socket.recv_fds(
+                    sock, n - len(data), 1, socket.MSG_CMSG_CLOEXEC)
+                fds.extend(got_fds)
+            else:
+                chunk = sock.recv(n - len(data))
+            if not chunk:
+                raise ShmSetupError(peer, "closed its data link during the shared-memory setup")
+            data += chunk
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
     return bytes(data), fds
 
 
@@ -117,12 +125,12 @@ class SharedSlots:
 
     @classmethod
     def establish(cls, rank: int, size: int, tx: list, rx: list, slot_bytes: int,
-                  timeout: float) -> Optional["SharedSlots"]:
+                  timeout: float, offer: bool = True) -> Optional["SharedSlots"]:
         """Offer our region to every peer, map theirs, and agree on the outcome.
 
         Every rank ends with the same answer: two rounds (offers, then verdicts) over the data
         links mean a rank uses shared memory only when every rank could map every region.
-        Returns None when any rank could not.
+        Returns None when any rank could not or did not offer (`offer=False`).
 
         Raises:
             ShmSetupError: a peer closed its link, sent something else, or did not answer in time.
@@ -131,11 +139,12 @@ class SharedSlots:
         peers = [q for q in range(size) if q != rank]
         own_fd: Optional[int] = None
         maps: list[Optional[mmap.mmap]] = [None] * size
-        usable = True
+        usable = offer
         try:
-            own_fd = _create_region(region_bytes)
-            maps[rank] = mmap.mmap(own_fd, region_bytes, flags=mmap.MAP_SHARED,
-                                   prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            if offer:
+                own_fd = _create_region(region_bytes)
+                maps[rank] = mmap.mmap(own_fd, region_bytes, flags=mmap.MAP_SHARED,
+                                       prot=mmap.PROT_READ | mmap.PROT_WRITE)
         except (OSError, AttributeError, ValueError) as exc:
             logger.info("Rank %d cannot create shared memory for collectives (%s); using sockets", rank, exc)
             usable = False
@@ -145,11 +154,11 @@ class SharedSlots:
             for q in peers:
                 sock = socks[q][0]
                 sock.settimeout(max(0.1, deadline - time.monotonic()))
-                offer = _OFFER.pack(_OFFER_MAGIC, int(own_fd is not None and usable), region_bytes)
+                message = _OFFER.pack(_OFFER_MAGIC, int(own_fd is not None and usable), region_bytes)
                 if own_fd is not None and usable:
-                    socket.send_fds(sock, [offer], [own_fd])
+                    socket.send_fds(sock, [message], [own_fd])
                 else:
-                    sock.sendall(offer)
+                    sock.sendall(message)
             for q in peers:
                 sock = socks[q][1]
                 sock.settimeout(max(0.1, deadline - time.monotonic()))
@@ -160,7 +169,7 @@ class SharedSlots:
                         os.close(fd)
                     raise ShmSetupError(q, f"sent {raw!r} where a shared-memory offer belongs")
                 try:
-                    if offered and len(fds) == 1 and nbytes == region_bytes:
+                    if usable and offered and len(fds) == 1 and nbytes == region_bytes:
                         maps[q] = _map_peer_region(fds[0], region_bytes)
                     else:
                         usable = False
@@ -205,15 +214,6 @@ class SharedSlots:
         base = buf * self.slot_bytes
         return self.regions[owner][base:base + count * np.dtype(dtype).itemsize].view(dtype)
 
-    def close(self) -> None:
-        """Drop our references; each mapping goes when the last array viewing it does.
-
-        Never unmapped explicitly: an aborted collective may still be reading in another
-        thread, and unmapping under it would crash the process instead of raising.
-        """
-        self.regions = []
-        self._maps = []
-
 
 def _bounds(n: int, parts: int) -> list[int]:
     return [(n * i) // parts for i in range(parts + 1)]
@@ -239,8 +239,7 @@ def _pairwise(flat, uf, slots: SharedSlots, barrier, pieces, first: int) -> None
         buf = (first + k) % BUFFERS
         np.copyto(slots.slot(rank, buf, dtype, hi - lo), flat[lo:hi])
         barrier()
-        out = flat[lo:hi]
-        uf(out, slots.slot(1 - rank, buf, dtype, hi - lo), out=out)
+        combine_pair(flat[lo:hi], slots.slot(1 - rank, buf, dtype, hi - lo), rank, uf)
 
 
 def _scatter_gather(flat, uf, slots: SharedSlots, barrier, pieces, first: int) -> None:

@@ -62,12 +62,7 @@ class TCPCollectives:
             uf = arrays.ufunc(op)
             if nbytes <= SMALL_MAX_BYTES:
                 data = self._direct.exchange(seq, fp, arrays.as_bytes(flat))
-                if size == 2:
-                    # Two operands: IEEE add/mul/min/max commute, so both ranks agree bitwise.
-                    (other,) = data.values()
-                    uf(flat, np.frombuffer(other, dtype=flat.dtype), out=flat)
-                else:
-                    algos.reduce_in_rank_order(flat, self._rank, data, uf)
+                algos.reduce_in_rank_order(flat, self._rank, data, uf)
             elif self._shm is not None:
                 if size == 2:
                     chunk = min(SHM_SLOT_BYTES, max(SHM_W2_MIN_CHUNK_BYTES, nbytes // 4))

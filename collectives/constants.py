@@ -46,7 +46,7 @@ THREADED_CHUNK_MIN_BYTES = 512 * 1024
 THREADED_CHUNK_MAX_BYTES = 4 * 1024 * 1024
 
 # Shared-memory all_reduce (groups whose ranks all share a host, see `_pg_shm`): each rank's
-# region holds two buffers of this size. 4 MiB chunks measured best at W = 3 and 4 (fewer
+# region holds three buffers of this size. 4 MiB chunks measured best at W = 3 and 4 (fewer
 # barriers, still cache-sized); at W = 2 a quarter of the message, from 256 KiB up, lets the
 # copy of one chunk overlap the peer's reduction of the previous one.
 SHM_SLOT_BYTES = 4 * 1024 * 1024

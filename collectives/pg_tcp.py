@@ -131,13 +131,15 @@ class ProcessGroupTCP(TCPCollectives, ProcessGroup):
     def _setup_shared_memory(self) -> Optional[shm.SharedSlots]:
         """Shared memory for large all_reduces when every rank of the group shares our host."""
         mesh = self._mesh
-        if self._size < 2 or env.local_transport() != "shm":
+        if self._size < 2 or any(t != "unix" for q, t in enumerate(mesh.transports) if q != self._rank):
             return None
-        if any(t != "unix" for q, t in enumerate(mesh.transports) if q != self._rank):
-            return None
+        # Every all-Unix group runs the setup, offering nothing unless this rank's mode is
+        # "shm": ranks started with different SHOAL_LOCAL_TRANSPORT values then agree on
+        # sockets instead of one side waiting for offers the other never sends.
         try:
             return shm.SharedSlots.establish(
-                self._rank, self._size, mesh.tx, mesh.rx, SHM_SLOT_BYTES, min(self._timeout, 60.0)
+                self._rank, self._size, mesh.tx, mesh.rx, SHM_SLOT_BYTES, min(self._timeout, 60.0),
+                offer=env.local_transport() == "shm",
             )
         except shm.ShmSetupError as exc:
             raise CollectiveError(
@@ -378,8 +380,9 @@ class ProcessGroupTCP(TCPCollectives, ProcessGroup):
         if timer is not None:
             timer.cancel()
         self._mesh.close()
-        if self._shm is not None:
-            self._shm.close()
+        # Never unmapped explicitly: a collective aborted in another thread may still be
+        # reading; the mappings go with the last array that views them.
+        self._shm = None
 
 
 def _close_all_at_exit() -> None:

@@ -5,14 +5,15 @@ aborts on the shared-memory path, and the region checks that keep a peer from hu
 from __future__ import annotations
 
 import fcntl
-import mmap
 import os
 import socket
+import threading
 
 import numpy as np
 import pytest
 
 from collectives import _pg_shm as shm
+from collectives import env
 from collectives.api import CollectiveMismatch, CollectiveTimeout, ReduceOp
 from collectives.constants import SHM_SLOT_BYTES
 from collectives.pg_tcp import ProcessGroupTCP
@@ -180,6 +181,57 @@ def test_every_rank_falls_back_to_sockets_when_one_cannot_map(monkeypatch):
         assert run_all(pgs, fn) == [(6.0, 6.0)] * 3
     finally:
         _shutdown(pgs)
+
+
+@pytest.mark.parametrize("n", [1000, 300_000])  # the small exchange and the shared-memory path
+def test_two_ranks_agree_bitwise_where_operand_order_matters(n):
+    # max(+0.0, -0.0) and max(nan_a, nan_b) return their first operand, and complex products
+    # round differently with the operands swapped: both ranks must use the same order.
+    pgs = make_groups(2)
+    try:
+        def fn(pg, r):
+            zeros = np.full(n, 0.0 if r == 0 else -0.0, np.float32)
+            pg.all_reduce(zeros, op=ReduceOp.MAX)
+            nans = np.full(n, np.nan, np.float32).view(np.uint32)
+            nans |= r + 1  # a different NaN payload per rank
+            nans = nans.view(np.float32)
+            pg.all_reduce(nans, op=ReduceOp.MIN)
+            rng = np.random.default_rng(r)
+            c = (rng.standard_normal(n) + 1j * rng.standard_normal(n)).astype(np.complex64)
+            pg.all_reduce(c, op=ReduceOp.PRODUCT)
+            return zeros.tobytes(), nans.tobytes(), c.tobytes()
+
+        a, b = run_all(pgs, fn, timeout=30)
+        assert not isinstance(a, BaseException) and not isinstance(b, BaseException), (a, b)
+        for what, x, y in zip(("max of signed zeros", "min of NaNs", "complex product"), a, b):
+            assert x == y, f"ranks 0 and 1 disagree on the {what}"
+        # And it is the rank-order answer x_0 op x_1.
+        want = np.maximum(np.full(n, 0.0, np.float32), np.full(n, -0.0, np.float32))
+        assert a[0] == want.tobytes()
+    finally:
+        _shutdown(pgs)
+
+
+def test_ranks_in_different_modes_agree_on_sockets(monkeypatch):
+    store = HashStore()
+
+    # One rank asks for sockets only (as if started with SHOAL_LOCAL_TRANSPORT=unix); the
+    # others would use shared memory. Ranks are threads here, so the mode is per thread.
+    modes = {"rank-1": "unix"}
+    monkeypatch.setattr(env, "local_transport",
+                        lambda: modes.get(threading.current_thread().name, "shm"))
+    pgs = form_groups(3, lambda r: ProcessGroupTCP(store, r, 3, timeout=10.0))
+    try:
+        assert [pg._shm for pg in pgs] == [None, None, None]
+
+        def fn(pg, r):
+            x = np.full(300_000, r + 1.0, np.float32)
+            pg.all_reduce(x)
+            return float(x[0])
+
+        assert run_all(pgs, fn) == [6.0] * 3
+    finally:
+        _shutdown([pg for pg in pgs if pg is not None])
 
 
 @pytest.mark.parametrize("transport", ["unix", "tcp"])

@@ -17,7 +17,7 @@ def form_groups(world: int, make_pg: Callable[[int], object]) -> list:
         except Exception as exc:  # reported below
             errors.append(exc)
 
-    threads = [threading.Thread(target=join, args=(r,)) for r in range(world)]
+    threads = [threading.Thread(target=join, args=(r,), name=f"rank-{r}") for r in range(world)]
     for t in threads:
         t.start()
     for t in threads:
