@@ -12,6 +12,7 @@ import threading
 from typing import Any, Callable, Generic, Iterable, List, Optional, TypeVar
 
 from core.timeouts import to_seconds
+from rpc_agent._threads import before_blocking
 from rpc_agent.api import RpcError, RpcTimeout, TimeoutArg
 
 logger = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ class Future(Generic[T]):
         """
         if self._result is _PENDING:
             seconds = to_seconds(timeout)
+            before_blocking()
             if not self._done_lock.acquire(timeout=-1 if seconds is None else seconds):
                 raise RpcTimeout(
                     f"Waited {seconds:g}s for {self.description}; it is still pending."

@@ -54,7 +54,11 @@ import grpc  # noqa: E402
 from core import auth
 from rpc_agent import metrics
 from rpc_agent._generated import rpc_pb2
-from rpc_agent._threads import mark_io_thread, unmark_io_thread as _unmark_io_thread
+from rpc_agent._threads import (
+    mark_io_thread,
+    set_blocking_hook,
+    unmark_io_thread as _unmark_io_thread,
+)
 from rpc_agent.api import (
     AUTH_WINDOW_S,
     CONNECT_TIMEOUT_S,
@@ -75,6 +79,11 @@ MAX_BATCH_BYTES = 8 * 1024 * 1024
 # A frame sent this soon after the previous write ended is taken for part of a burst.
 # Sync calls and their replies are a round trip (100 us or more) apart.
 _BURST_GAP_S = 50e-6
+# A reader running an incoming call itself hands reading on once the call has run this long
+# (at once if the call waits on a Future); the watch checks twice as often.
+_INLINE_HANDOVER_S = 0.005
+# The watch stops ticking after this long without an inline call, until the next one.
+_WATCH_IDLE_S = 1.0
 _STOP = object()
 
 _CHANNEL_OPTIONS = [
@@ -366,6 +375,7 @@ class GrpcTransport:
         )
         self.port: Optional[int] = None
         self._stopped = False
+        self._watch = _InlineWatch(name)
 
     def start(self) -> int:
         """Bind and start the server; return the port."""
@@ -387,6 +397,7 @@ class GrpcTransport:
     def stop(self) -> None:
         """Cancel every stream and stop the server."""
         self.close_channels()
+        self._watch.stop()
         self._server.stop(grace=None).wait(5.0)
         self._executor.shutdown(wait=False, cancel_futures=True)
 
@@ -535,6 +546,7 @@ class GrpcTransport:
         """Read the stream as its leader; see `_Readers` for how leadership moves."""
         mark_io_thread()
         readers = stream._readers
+        self._watch.watch(readers)
         while True:
             try:
                 data = next(messages)
@@ -547,21 +559,27 @@ class GrpcTransport:
             task = self._handle(stream, data)
             if task is None:
                 continue
-            if not readers.hand_over(self, stream, messages):
-                self._submit(task)  # no second reader free: the pool runs it
+            if not readers.begin_inline(self, stream, messages):
+                self._submit(task)  # a call of this stream runs inline already: the pool runs it
                 continue
-            # Someone else reads now; run the call here, then wait to lead again.
+            # Run the call here, still the leader; reading passes on only if it runs long or
+            # waits on a Future (see `_Readers`).
             _unmark_io_thread()
+            set_blocking_hook(readers.hand_on)
             try:
                 task()
             except Exception:  # noqa: BLE001
                 logger.exception("An inline RPC task on %s raised", stream.describe())
             finally:
+                set_blocking_hook(None)
                 mark_io_thread()
             del task
+            if readers.end_inline():
+                continue  # nobody took over: read on
             if not readers.wait_to_lead(stream):
                 break
         readers.release_follower()
+        self._watch.unwatch(readers)
 
     def _handle(self, stream: Stream, data: bytes):
         metrics.BYTES_RECEIVED.inc(len(data))
@@ -604,34 +622,68 @@ class _NonBlocking:
 class _Readers:
     """Leader/follower reading of one stream by at most two threads.
 
-    The leader reads. When a batch brings an incoming call, the leader wakes the follower to
-    read next and runs that call itself, instead of handing the call to a pool thread: the
-    wake-up of the new reader happens beside the call rather than before it. Afterwards the
-    old leader waits as the follower. With no follower free (it is running a long call), the
-    leader keeps reading and the pool runs the call, so reading never stops.
+    The leader reads. When a batch brings an incoming call, the leader runs that call itself
+    and then reads on: no thread hand-off at all for a short call. Waking a second reader for
+    every call, as this did before, cost a context switch per call that on a 2-core machine
+    competed with the call itself (bench/rpc.py sync_64B, see the commit). Reading must not
+    stop for long, though (a nested call's reply may come on this stream, and a dead peer must
+    show), so reading passes to the follower (started on first need) when the call waits on a
+    Future (`Future.wait` calls `hand_on` through the thread's blocking hook) or when it has run
+    for `_INLINE_HANDOVER_S` (the transport's `_InlineWatch` calls `hand_on`). The old leader
+    then waits as the follower. While one call runs inline, further calls go to the pool.
     """
 
     def __init__(self):
         self._lock = threading.Lock()
         self._wake = threading.Semaphore(0)
         self._follower_waiting = False
+        # A follower between two states (it finished its inline call, not yet waiting) that
+        # was made leader: it leads on instead of waiting.
+        self._promoted = False
         self._threads = 1
+        # monotonic() when the running inline call began; None when none runs.
+        self.inline_since: Optional[float] = None
+        self._taken = False
+        self._args: Optional[tuple] = None
 
-    def hand_over(self, transport: "GrpcTransport", stream: Stream, messages) -> bool:
-        """Make another thread the leader; False if none is free."""
+    def begin_inline(self, transport: "GrpcTransport", stream: Stream, messages) -> bool:
+        """The leader is about to run a call itself; False if one already runs inline."""
+        now = time.monotonic()
         with self._lock:
+            if self.inline_since is not None:
+                return False
+            self._taken = False
+            self._args = (transport, stream, messages)
+            self.inline_since = now
+        transport._watch.active(now)
+        return True
+
+    def end_inline(self) -> bool:
+        """The inline call returned; True if this thread is still the leader."""
+        with self._lock:
+            self.inline_since = None
+            self._args = None
+            return not self._taken
+
+    def hand_on(self) -> None:
+        """Make another thread the leader while the inline call goes on (any thread; once)."""
+        with self._lock:
+            if self.inline_since is None or self._taken:
+                return
+            self._taken = True
+            transport, stream, messages = self._args
             if self._follower_waiting:
                 self._follower_waiting = False
                 self._wake.release()
-                return True
+                return
             if self._threads >= 2:
-                return False
+                self._promoted = True
+                return
             self._threads += 1
         threading.Thread(
             target=transport._read_loop, args=(stream, messages), daemon=True,
             name=f"shoal-rpc-read-{transport.name}-{stream.peer_name}",
         ).start()
-        return True
 
     def wait_to_lead(self, stream: Stream) -> bool:
         """Wait as the follower until promoted; False once the stream is dead."""
@@ -639,6 +691,9 @@ class _Readers:
             if stream.state == Stream.DEAD:
                 self._threads -= 1
                 return False
+            if self._promoted:
+                self._promoted = False
+                return True
             self._follower_waiting = True
         self._wake.acquire()
         if stream.state == Stream.DEAD:
@@ -653,6 +708,77 @@ class _Readers:
             if self._follower_waiting:
                 self._follower_waiting = False
                 self._wake.release()
+
+
+class _InlineWatch:
+    """One thread per transport that hands reading on from readers whose inline call has run
+    for `_INLINE_HANDOVER_S`.
+
+    It ticks only while inline calls happen (within `_WATCH_IDLE_S` of the last one) and sleeps
+    otherwise, so a call costs it nothing but a timestamp; the first call after a quiet spell
+    wakes it.
+    """
+
+    def __init__(self, name: str):
+        self._name = name
+        self._cond = threading.Condition(threading.Lock())
+        self._readers: set = set()
+        self._last_active = 0.0
+        self._sleeping = False
+        self._stopped = False
+        self._thread: Optional[threading.Thread] = None
+
+    def watch(self, readers: _Readers) -> None:
+        """Start checking `readers` (starts the thread on first use)."""
+        with self._cond:
+            self._readers.add(readers)
+            if self._thread is None and not self._stopped:
+                self._thread = threading.Thread(
+                    target=self._run, daemon=True, name=f"shoal-rpc-watch-{self._name}"
+                )
+                self._thread.start()
+
+    def unwatch(self, readers: _Readers) -> None:
+        """Stop checking `readers` (its stream is gone)."""
+        with self._cond:
+            self._readers.discard(readers)
+
+    def active(self, now: float) -> None:
+        """An inline call began at `now`: keep ticking (wake the thread if it sleeps)."""
+        # Written before `_sleeping` is read here, read after `_sleeping` is set in `_run`:
+        # one side always sees the other.
+        self._last_active = now
+        if self._sleeping:
+            with self._cond:
+                self._cond.notify()
+
+    def stop(self) -> None:
+        """End the thread."""
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+
+    def _run(self) -> None:
+        tick = _INLINE_HANDOVER_S / 2
+        while True:
+            with self._cond:
+                if self._stopped:
+                    return
+                if time.monotonic() - self._last_active > _WATCH_IDLE_S:
+                    self._sleeping = True
+                    if time.monotonic() - self._last_active > _WATCH_IDLE_S:
+                        self._cond.wait()
+                    self._sleeping = False
+                    continue
+                self._cond.wait(tick)
+                if self._stopped:
+                    return
+                readers = list(self._readers)
+            now = time.monotonic()
+            for r in readers:
+                since = r.inline_since
+                if since is not None and now - since >= _INLINE_HANDOVER_S:
+                    r.hand_on()
 
 
 def _describe(exc: BaseException) -> str:

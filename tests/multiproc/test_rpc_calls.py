@@ -186,6 +186,27 @@ def test_nested_calls_go_through_every_hop_and_back(workers):
     ]
 
 
+def check_blocked_inline_call_keeps_stream_read():
+    """w1's reader runs the first call (blocked on a plain Event, not a Future) itself; the
+    call that opens the gate comes behind it on the same stream and must still be read."""
+    import rpc_agent  # noqa: PLC0415
+
+    rpc_agent.rpc_sync("w1", reset_gate, timeout=30)
+    start = time.monotonic()
+    blocked = rpc_agent.rpc_async("w1", wait_gate, (20,), timeout=30)
+    time.sleep(0.05)
+    opened = rpc_agent.rpc_sync("w1", open_gate, timeout=30)
+    result = blocked.wait(30)
+    rpc_agent.rpc_sync("w1", reset_gate, timeout=30)
+    return opened, result, time.monotonic() - start
+
+
+def test_a_call_blocked_in_its_reader_does_not_stop_the_stream(workers):
+    opened, result, elapsed = workers.run(0, check_blocked_inline_call_keeps_stream_read)
+    assert opened is True and result is True
+    assert elapsed < 10, f"the gate opened only after {elapsed:.1f}s"
+
+
 def check_futures():
     import rpc_agent  # noqa: PLC0415
     from rpc_agent import RpcError  # noqa: PLC0415
