@@ -222,7 +222,11 @@ class Stream:
         frames arrived meanwhile (the writer role is still held), False when it was released."""
         with self._lock:
             frames, self._outbox = self._outbox, []
-        for data in self._batches(frames):
+        if len(frames) == 1:  # a lone frame (a reply): one message, no batching generator
+            batches = (self._count(frames),)
+        else:
+            batches = self._batches(frames)
+        for data in batches:
             if not self._write(data):
                 self.fail("the RPC ended while writing to it")
                 break
@@ -261,7 +265,11 @@ class Stream:
             yield self._count(frames[start:])
 
     def _count(self, frames: list[bytes]) -> bytes:
-        data = encode_batch(frames)
+        if len(frames) == 1:
+            frame = frames[0]
+            data = b"\x0a" + _varint(len(frame)) + frame
+        else:
+            data = encode_batch(frames)
         metrics.BYTES_SENT.inc(len(data))
         self.frames_sent += len(frames)
         self.messages_sent += 1
@@ -272,7 +280,7 @@ class Stream:
         stream ends."""
         if not self.opened.wait(CONNECT_TIMEOUT_S + 1.0) or self.state != Stream.OPEN:
             return
-        get, get_nowait = self._queue.get, self._queue.get_nowait
+        get, get_nowait, empty = self._queue.get, self._queue.get_nowait, self._queue.empty
         while True:
             frame = get()
             if frame is _STOP:
@@ -280,17 +288,18 @@ class Stream:
             frames = [frame]
             size = len(frame)
             stop = False
-            while size < MAX_BATCH_BYTES:
-                try:
-                    frame = get_nowait()
-                except queue.Empty:
-                    break
+            # This thread is the queue's only consumer: after `empty()` said no, `get_nowait`
+            # cannot fail (and an empty queue costs no raised exception, which a lone frame,
+            # the common case, would otherwise pay on its way out).
+            while size < MAX_BATCH_BYTES and not empty():
+                frame = get_nowait()
                 if frame is _STOP:
                     stop = True
                     break
                 frames.append(frame)
                 size += len(frame)
-            data = encode_batch(frames) if len(frames) > 1 else b"\x0a" + _varint(size) + frame
+            data = (encode_batch(frames) if len(frames) > 1
+                    else b"\x0a" + _varint(size) + frames[0])
             metrics.BYTES_SENT.inc(len(data))
             self.frames_sent += len(frames)
             self.messages_sent += 1
