@@ -62,9 +62,9 @@ def qualified_name(func: Callable) -> str:
 class _Call:
     """A call this worker issued and is waiting on."""
 
-    __slots__ = ("future", "dst", "function", "kind", "start", "stream", "timeout")
+    __slots__ = ("future", "dst", "function", "kind", "start", "stream", "timeout", "timed")
 
-    def __init__(self, future, dst, function, kind, stream, timeout):
+    def __init__(self, future, dst, function, kind, stream, timeout, timed):
         self.future = future
         self.dst = dst
         self.function = function
@@ -72,6 +72,8 @@ class _Call:
         self.start = time.perf_counter()
         self.stream = stream
         self.timeout = timeout
+        # True when the timer thread holds its deadline (not for rpc_sync: its waiter does).
+        self.timed = timed
 
 
 class _LocalStream:
@@ -264,6 +266,26 @@ class RpcAgent:
         """Send `func(*args, **kwargs)` to `to`; the Future gets its result."""
         return self._send_call(to, func, args, kwargs, timeout, kind, None)
 
+    def call_sync(self, to: WorkerRef, func: Callable, args: Optional[tuple],
+                  kwargs: Optional[dict], timeout) -> Any:
+        """`call` and wait for the result; the waiting thread enforces the timeout itself.
+
+        No deadline goes to the timer thread: registering and removing one per call costs a
+        lock round trip each on the path of every reply (bench/rpc.py sync_64B).
+
+        Raises:
+            RpcTimeout: no reply in time (names the callee and the function).
+        """
+        rid_box: list = []
+        future = self._send_call(to, func, args, kwargs, timeout, "sync", None, rid_box)
+        if not future.done():
+            rid, seconds = rid_box
+            if not future.wait_done(seconds):
+                self._on_deadline(rid)
+                # The reply may have been taken for completion just before: it completes soon.
+                future.wait_done(None)
+        return future.value()
+
     def internal_call(self, to: int, func: Callable, args: tuple) -> Future:
         """A call of the RRef protocol (kind "rref", default timeout)."""
         if self._closed:
@@ -297,7 +319,10 @@ class RpcAgent:
         rref._creation = fut
         return rref
 
-    def _send_call(self, to, func, args, kwargs, timeout, kind, rref_id) -> Future:
+    def _send_call(self, to, func, args, kwargs, timeout, kind, rref_id,
+                   sync_deadline: Optional[list] = None) -> Future:
+        """Send one call. With `sync_deadline` (a list), the caller waits and enforces the
+        timeout itself: no timer is set, and (request id, seconds) are appended to it."""
         if self._closed:
             raise RpcError(f"The RPC agent of worker {self.info.name!r} is shut down.")
         if not callable(func):
@@ -317,12 +342,15 @@ class RpcAgent:
                 f"The arguments of {fname} for worker {dst.name!r} cannot be pickled: {exc}"
             ) from exc
         stream = self._local if dst.id == self.info.id else self._stream_to(dst.id)
-        call = _Call(future, dst, fname, kind, stream, seconds)
+        timed = seconds is not None and sync_deadline is None
+        call = _Call(future, dst, fname, kind, stream, seconds, timed)
         self._pending[rid] = call
         stream.pending_ids.add(rid)
         metrics.INFLIGHT.inc()
-        if seconds is not None:
+        if timed:
             self._deadlines.add(rid, seconds)
+        elif sync_deadline is not None:
+            sync_deadline += (rid, seconds)
         try:
             stream.send(frame)
             if big:
@@ -393,7 +421,7 @@ class RpcAgent:
         if call is None:
             return  # already timed out or failed
         call.stream.pending_ids.discard(rid)
-        if call.timeout is not None:
+        if call.timed:
             self._deadlines.remove(rid, call.timeout)
         metrics.INFLIGHT.dec()
         metrics.REQUEST_CHILDREN[(call.kind, status)].inc()

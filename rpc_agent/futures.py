@@ -63,6 +63,15 @@ class Future(Generic[T]):
             self._done_lock.release()
         return self.value()
 
+    def wait_done(self, seconds: Optional[float]) -> bool:
+        """Block until done or `seconds` passed (None: no limit); True if done."""
+        if self._result is _PENDING:
+            before_blocking()
+            if not self._done_lock.acquire(timeout=-1 if seconds is None else seconds):
+                return False
+            self._done_lock.release()
+        return True
+
     def value(self) -> T:
         """The value of a done future (raising its exception, if it failed).
 

@@ -274,7 +274,7 @@ def rpc_sync(to: WorkerRef, func: Callable, args: Optional[tuple] = None,
         RpcPeerLost: the stream to `to` died with the call pending.
         The remote exception itself, with the remote traceback attached.
     """
-    return _current.get().call(to, func, args, kwargs, timeout, "sync").wait()
+    return _current.get().call_sync(to, func, args, kwargs, timeout)
 
 
 def rpc_async(to: WorkerRef, func: Callable, args: Optional[tuple] = None,
