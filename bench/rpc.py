@@ -317,6 +317,10 @@ def main(argv=None) -> int:
         ("behind_bulk", max(10, int(40 * scale))),
     ]
     wanted = set(args.rows.split(","))
+    unknown = wanted - {name for name, _ in plan}
+    if unknown:
+        parser.error(f"unknown --rows {', '.join(sorted(unknown))}; the measurements are "
+                     f"{', '.join(name for name, _ in plan)}")
     plan = [(name, n) for name, n in plan if name in wanted]
     pairs = {impl: _Pair(impl) for impl in impls}
     raw: dict = {impl: collections.defaultdict(list) for impl in impls}
