@@ -43,7 +43,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from collectives._pg_algos import combine_pair
+from collectives._pg_algos import bounds, chunks, combine_pair
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ class SharedSlots:
         # Which buffer the next chunk uses. It carries over from one collective to the next
         # (every rank runs the same chunks, so all agree): restarting at 0 could overwrite the
         # buffer a slow peer is still reading from the previous collective's last chunk.
-        self.next_buf = 0
+        self._next_buf = 0
 
     @classmethod
     def establish(cls, rank: int, size: int, tx: list, rx: list, slot_bytes: int,
@@ -209,23 +209,23 @@ class SharedSlots:
         regions = [np.frombuffer(m, dtype=np.uint8) for m in maps]
         return cls(rank, regions, maps, slot_bytes)
 
+    def claim(self, n_chunks: int) -> int:
+        """The buffer index of a collective's first chunk; the rotation moves past its last."""
+        first = self._next_buf
+        self._next_buf = (first + n_chunks) % BUFFERS
+        return first
+
     def slot(self, owner: int, buf: int, dtype, count: int) -> np.ndarray:
         """`count` elements of `dtype` at the start of `owner`'s buffer `buf`."""
         base = buf * self.slot_bytes
         return self.regions[owner][base:base + count * np.dtype(dtype).itemsize].view(dtype)
 
 
-def _bounds(n: int, parts: int) -> list[int]:
-    return [(n * i) // parts for i in range(parts + 1)]
-
-
 def all_reduce(flat: np.ndarray, uf, slots: SharedSlots, barrier: Callable[[], None],
                chunk_bytes: int) -> None:
     """flat := the reduction of every rank's `flat` under `uf`, through the shared regions."""
-    chunk = max(1, min(chunk_bytes, slots.slot_bytes) // flat.itemsize)
-    pieces = [(lo, min(lo + chunk, flat.size)) for lo in range(0, flat.size, chunk)]
-    first = slots.next_buf
-    slots.next_buf = (first + len(pieces)) % BUFFERS
+    pieces = chunks(0, flat.size, max(1, min(chunk_bytes, slots.slot_bytes) // flat.itemsize))
+    first = slots.claim(len(pieces))
     if slots.size == 2:
         _pairwise(flat, uf, slots, barrier, pieces, first)
     else:
@@ -257,7 +257,7 @@ def _scatter_gather(flat, uf, slots: SharedSlots, barrier, pieces, first: int) -
     for step in range(n_pieces + 2):
         if step < n_pieces:
             lo, hi = pieces[step]
-            b = _bounds(hi - lo, size)
+            b = bounds(hi - lo, size)
             mine = slots.slot(rank, (first + step) % BUFFERS, dtype, hi - lo)
             np.copyto(mine[:b[rank]], flat[lo:lo + b[rank]])
             np.copyto(mine[b[rank + 1]:], flat[lo + b[rank + 1]:hi])
@@ -265,7 +265,7 @@ def _scatter_gather(flat, uf, slots: SharedSlots, barrier, pieces, first: int) -
         if 0 <= k < n_pieces:
             lo, hi = pieces[k]
             buf = (first + k) % BUFFERS
-            b = _bounds(hi - lo, size)
+            b = bounds(hi - lo, size)
             s0, s1 = b[rank], b[rank + 1]
             acc = flat[lo + s0:lo + s1]
             for q in range(size):
@@ -276,7 +276,7 @@ def _scatter_gather(flat, uf, slots: SharedSlots, barrier, pieces, first: int) -
         if 0 <= k < n_pieces:
             lo, hi = pieces[k]
             buf = (first + k) % BUFFERS
-            b = _bounds(hi - lo, size)
+            b = bounds(hi - lo, size)
             for q in range(size):
                 if q != rank:
                     np.copyto(flat[lo + b[q]:lo + b[q + 1]], slots.slot(q, buf, dtype, hi - lo)[b[q]:b[q + 1]])
@@ -284,48 +284,38 @@ def _scatter_gather(flat, uf, slots: SharedSlots, barrier, pieces, first: int) -
             barrier()
 
 
-def _byte_pieces(nbytes: int, chunk_bytes: int, slot_bytes: int) -> list[tuple[int, int]]:
-    step = max(1, min(chunk_bytes, slot_bytes))
-    return [(lo, min(lo + step, nbytes)) for lo in range(0, nbytes, step)]
-
-
 def broadcast(raw: np.ndarray, root: int, slots: SharedSlots, barrier: Callable[[], None],
               chunk_bytes: int) -> None:
-    """Every rank's `raw` (uint8) := the root's, pipelined: step j publishes chunk j while the
-    other ranks copy chunk j-1 out; one barrier per step."""
-    pieces = _byte_pieces(raw.size, chunk_bytes, slots.slot_bytes)
-    first = slots.next_buf
-    slots.next_buf = (first + len(pieces)) % BUFFERS
-    me = slots.rank
-    for step in range(len(pieces) + 1):
-        if me == root and step < len(pieces):
-            lo, hi = pieces[step]
-            np.copyto(slots.slot(me, (first + step) % BUFFERS, np.uint8, hi - lo), raw[lo:hi])
-        k = step - 1
-        if me != root and k >= 0:
-            lo, hi = pieces[k]
-            np.copyto(raw[lo:hi], slots.slot(root, (first + k) % BUFFERS, np.uint8, hi - lo))
-        if step < len(pieces):
-            barrier()
+    """Every rank's `raw` (uint8) := the root's."""
+    if slots.rank == root:
+        _relay(slots, barrier, chunk_bytes, publish=raw, copy_into={})
+    else:
+        _relay(slots, barrier, chunk_bytes, publish=None, copy_into={root: raw})
 
 
 def all_gather(mine: np.ndarray, outs: list, slots: SharedSlots, barrier: Callable[[], None],
                chunk_bytes: int) -> None:
-    """outs[q] (uint8) := rank q's `mine`, pipelined like `broadcast` with every rank a root."""
-    pieces = _byte_pieces(mine.size, chunk_bytes, slots.slot_bytes)
-    first = slots.next_buf
-    slots.next_buf = (first + len(pieces)) % BUFFERS
-    me = slots.rank
+    """outs[q] (uint8) := rank q's `mine`: `broadcast` with every rank a root."""
+    others = {q: outs[q] for q in range(slots.size) if q != slots.rank}
+    _relay(slots, barrier, chunk_bytes, publish=mine, copy_into=others)
+
+
+def _relay(slots: SharedSlots, barrier: Callable[[], None], chunk_bytes: int,
+           publish: Optional[np.ndarray], copy_into: dict) -> None:
+    """Pipelined publish and copy-out of equal-sized uint8 arrays, one barrier per step:
+    step j writes chunk j of `publish` (if any) to our region while copying chunk j-1 of each
+    owner q's region into `copy_into[q]`. Every rank runs the same steps."""
+    nbytes = publish.size if publish is not None else next(iter(copy_into.values())).size
+    pieces = chunks(0, nbytes, max(1, min(chunk_bytes, slots.slot_bytes)))
+    first = slots.claim(len(pieces))
     for step in range(len(pieces) + 1):
-        if step < len(pieces):
+        if publish is not None and step < len(pieces):
             lo, hi = pieces[step]
-            np.copyto(slots.slot(me, (first + step) % BUFFERS, np.uint8, hi - lo), mine[lo:hi])
-        k = step - 1
-        if k >= 0:
-            lo, hi = pieces[k]
-            buf = (first + k) % BUFFERS
-            for q in range(slots.size):
-                if q != me:
-                    np.copyto(outs[q][lo:hi], slots.slot(q, buf, np.uint8, hi - lo))
+            np.copyto(slots.slot(slots.rank, (first + step) % BUFFERS, np.uint8, hi - lo), publish[lo:hi])
+        if step >= 1:
+            lo, hi = pieces[step - 1]
+            buf = (first + step - 1) % BUFFERS
+            for q, out in copy_into.items():
+                np.copyto(out[lo:hi], slots.slot(q, buf, np.uint8, hi - lo))
         if step < len(pieces):
             barrier()

@@ -7,6 +7,7 @@ that runs one of `_pg_algos`' algorithms on the group's links.
 
 from __future__ import annotations
 
+import functools
 import select
 import time
 
@@ -53,6 +54,11 @@ class GroupFailed(Exception):
 class TCPCollectives:
     """The collective hooks of `ProcessGroupTCP` (see the module docstring)."""
 
+    def _shm_barrier(self, seq: int, fp: bytes):
+        """A barrier for the shared-memory algorithms: an empty exchange of this op's header
+        with every peer, so each step still checks the sequence number and fingerprint."""
+        return functools.partial(self._direct.exchange, seq, fp, b"")
+
     # ------------------------------------------------------------------ all_reduce and friends
 
     def _allreduce_flat(self, flat: np.ndarray, op: ReduceOp, seq: int, fp: bytes) -> None:
@@ -68,8 +74,7 @@ class TCPCollectives:
                     chunk = min(SHM_SLOT_BYTES, max(SHM_W2_MIN_CHUNK_BYTES, nbytes // 4))
                 else:
                     chunk = SHM_SLOT_BYTES
-                direct = self._direct
-                shm.all_reduce(flat, uf, self._shm, lambda: direct.exchange(seq, fp, b""), chunk)
+                shm.all_reduce(flat, uf, self._shm, self._shm_barrier(seq, fp), chunk)
             else:
                 threaded = nbytes >= THREADED_MIN_BYTES
                 if threaded:
@@ -136,7 +141,7 @@ class TCPCollectives:
                 d = self._direct
                 if self._shm is not None and len(raw) > SMALL_MAX_BYTES:
                     shm.broadcast(np.frombuffer(raw, np.uint8), src, self._shm,
-                                  lambda: d.exchange(seq, fp, b""), _shm_copy_chunk(len(raw)))
+                                  self._shm_barrier(seq, fp), _shm_copy_chunk(len(raw)))
                 elif len(raw) <= SMALL_MAX_BYTES:
                     if self._rank == src:
                         for q in d.peers:
@@ -177,11 +182,10 @@ class TCPCollectives:
                 np.copyto(mine, arr)
             if self._size > 1:
                 if self._shm is not None and arr.nbytes > SMALL_MAX_BYTES:
-                    d = self._direct
                     shm.all_gather(
                         np.frombuffer(arrays.as_bytes(arr), np.uint8),
                         [np.frombuffer(arrays.as_bytes(o), np.uint8) for o in outs], self._shm,
-                        lambda: d.exchange(rec.seq, fpd[0], b""), _shm_copy_chunk(arr.nbytes),
+                        self._shm_barrier(rec.seq, fpd[0]), _shm_copy_chunk(arr.nbytes),
                     )
                 elif arr.nbytes <= SMALL_MAX_BYTES:
                     data = self._direct.exchange(rec.seq, fpd[0], arrays.as_bytes(arr))
