@@ -133,7 +133,7 @@ class RpcAgent:
         self._data = DataChannels(
             name=name, worker_id=rank, token=self._token, host=options.host,
             on_transfer=self._assembler.arrived, on_dead=self._on_data_dead,
-            peer_label=self._peer_label,
+            peer_label=self._peer_label, receive_cache_bytes=options.receive_cache_bytes,
         )
         self.grpc_port: Optional[int] = None
         self.data_port: Optional[int] = None

@@ -17,6 +17,8 @@ DEFAULT_NUM_WORKER_THREADS = 16
 # Out-of-band buffers (and pickles) at least this large travel on the data channel; smaller
 # ones ride inline in the frame, where one gRPC message carries many of them.
 DEFAULT_DATA_THRESHOLD_BYTES = 64 * 1024
+# Memory kept for reuse by large received buffers (rpc_agent/receive_buffers.py says why).
+DEFAULT_RECEIVE_CACHE_BYTES = 256 * 1024 * 1024
 # Bounds on what a peer may send, even an authenticated one.
 MAX_GRPC_MESSAGE_BYTES = 64 * 1024 * 1024
 MAX_TRANSFER_BYTES = 1 << 40
@@ -93,6 +95,8 @@ class RpcBackendOptions:
         num_worker_threads: threads that run incoming calls.
         host: the address this worker binds and advertises for its two ports.
         data_threshold: buffers of at least this many bytes go over the data channel.
+        receive_cache_bytes: memory the worker may keep for reuse by received buffers of 1 MiB
+            and more (held once used, until shutdown); 0 gives every transfer fresh memory.
         init_timeout: bound on init_rpc's rendezvous (store, names, first connections).
         store_prefix: namespace of this job's keys in the store (change it to reuse a store).
         token: the job's secret (default: core.auth.load_token()).
@@ -104,6 +108,7 @@ class RpcBackendOptions:
     num_worker_threads: int = DEFAULT_NUM_WORKER_THREADS
     host: str = "127.0.0.1"
     data_threshold: int = DEFAULT_DATA_THRESHOLD_BYTES
+    receive_cache_bytes: int = DEFAULT_RECEIVE_CACHE_BYTES
     init_timeout: TimeoutArg = DEFAULT_INIT_TIMEOUT_S
     store_prefix: str = "shoal_rpc"
     token: Optional[Union[str, bytes]] = dataclasses.field(default=None, repr=False, compare=False)
@@ -150,6 +155,15 @@ class RpcBackendOptions:
             raise ValueError(
                 "RpcBackendOptions.data_threshold must be a positive int of bytes, got "
                 f"{self.data_threshold!r}."
+            )
+        if (
+            isinstance(self.receive_cache_bytes, bool)
+            or not isinstance(self.receive_cache_bytes, int)
+            or self.receive_cache_bytes < 0
+        ):
+            raise ValueError(
+                "RpcBackendOptions.receive_cache_bytes must be a non-negative int of bytes, "
+                f"got {self.receive_cache_bytes!r}."
             )
         if not self.store_prefix or "/" in self.store_prefix:
             raise ValueError(

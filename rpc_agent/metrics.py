@@ -40,3 +40,8 @@ BYTES_SENT = BYTES.labels("sent")
 BYTES_RECEIVED = BYTES.labels("received")
 REJECTED_STREAM = REJECTED.labels("stream")
 REJECTED_DATA = REJECTED.labels("data")
+RECEIVE_CACHE_BYTES = telemetry.gauge(
+    "shoal_rpc_receive_cache_bytes",
+    "Bytes of memory this worker keeps for reuse by large received buffers "
+    "(RpcBackendOptions.receive_cache_bytes bounds it).",
+)

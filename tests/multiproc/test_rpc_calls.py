@@ -507,3 +507,35 @@ def many_small_arrays(n, size):
 def test_many_small_buffers_do_not_overflow_one_grpc_message(workers):
     # 1200 buffers of 60 KB (each under the threshold) add up to 72 MB, above gRPC's bound.
     assert workers.run(0, many_small_arrays, 1200, 60_000) is True
+
+
+def filled(value, n):
+    return np.full(n, value, dtype=np.float32)
+
+
+def check_received_memory_reuse(n):
+    """Results the caller keeps stay intact while later transfers arrive; once dropped, their
+    memory serves later transfers instead of fresh pages."""
+    import rpc_agent  # noqa: PLC0415
+    from rpc_agent import _current  # noqa: PLC0415
+
+    cache = _current.get()._data._receive
+    cache.clear()  # forget blocks earlier tests left, so the counts below are this test's
+    kept = [rpc_agent.rpc_sync("w1", filled, (float(i), n)) for i in range(6)]
+    views = [k[: n // 2].reshape(2, -1) for k in kept]  # views keep their block alive too
+    held_while_kept = cache.held_bytes
+    intact = all(float(v.min()) == float(v.max()) == float(i) for i, v in enumerate(views))
+    addresses = {k.__array_interface__["data"][0] for k in kept}
+    del kept, views
+    again = [rpc_agent.rpc_sync("w1", filled, (9.0, n)) for _ in range(6)]
+    reused = {a.__array_interface__["data"][0] for a in again} <= addresses
+    return intact, len(addresses), held_while_kept, cache.held_bytes, reused, float(again[0][0])
+
+
+def test_received_buffers_are_reused_only_after_the_caller_drops_them(workers):
+    n = (2 << 20) // 4  # 2 MiB results, over the data channel and above the cache's minimum
+    intact, distinct, held_kept, held_after, reused, value = workers.run(
+        0, check_received_memory_reuse, n)
+    assert intact and distinct == 6
+    assert held_kept == 6 * (2 << 20)
+    assert held_after == held_kept and reused and value == 9.0

@@ -15,6 +15,7 @@ def test_defaults_and_timedelta_normalisation():
     assert options.rpc_timeout == 2.5 and options.init_timeout == 3.0
     assert RpcBackendOptions().rpc_timeout == 60.0
     assert RpcBackendOptions().num_worker_threads == 16
+    assert RpcBackendOptions().receive_cache_bytes == 256 * 1024 * 1024
     assert RpcBackendOptions(store=HashStore()).store is not None
 
 
@@ -24,6 +25,10 @@ def test_defaults_and_timedelta_normalisation():
     ({"rpc_timeout": None}, "RpcBackendOptions.rpc_timeout must be given"),
     ({"num_worker_threads": 0}, "num_worker_threads must be a positive int, got 0"),
     ({"data_threshold": True}, "data_threshold must be a positive int of bytes, got True"),
+    ({"receive_cache_bytes": -1},
+     "receive_cache_bytes must be a non-negative int of bytes, got -1"),
+    ({"receive_cache_bytes": 1.5},
+     "receive_cache_bytes must be a non-negative int of bytes, got 1.5"),
     ({"store_prefix": "a/b"}, "store_prefix must be a non-empty name without '/'"),
 ])
 def test_bad_values_are_rejected_with_the_field_and_value(kwargs, match):
