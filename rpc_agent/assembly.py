@@ -38,6 +38,8 @@ class Assembler:
         self._lock = threading.Lock()
         self._arrived: dict[Key, np.ndarray] = {}
         self._waiting: dict[Key, _Pending] = {}
+        # Transfers of frames nobody wants (late replies): dropped on arrival.
+        self._unwanted: set[Key] = set()
 
     def expect(self, peer_id: int, frame, stream,
                done: Callable[[object, object, list, Optional[str]], None]) -> None:
@@ -83,13 +85,25 @@ class Assembler:
         else:
             pending.buffers[slot] = array
 
+    def discard(self, peer_id: int, frame) -> None:
+        """Nobody will use `frame` (a reply to a call that timed out): forget its transfers,
+        now or when they arrive, so their memory is not held for good."""
+        keys = [(peer_id, ref.transfer_id) for ref in _data_refs(frame)]
+        with self._lock:
+            for key in keys:
+                if self._arrived.pop(key, None) is None:
+                    self._unwanted.add(key)
+
     def arrived(self, peer_id: int, transfer_id: int, array: np.ndarray) -> None:
         """A transfer finished on the data channel (called on its reader thread)."""
         key = (peer_id, transfer_id)
         with self._lock:
             pending = self._waiting.pop(key, None)
             if pending is None:
-                self._arrived[key] = array
+                if key in self._unwanted:
+                    self._unwanted.discard(key)
+                else:
+                    self._arrived[key] = array
                 return
             slot, nbytes = pending.expected.pop(key)
             self._place(pending, slot, array, nbytes)
@@ -114,6 +128,7 @@ class Assembler:
         with self._lock:
             for key in [k for k in self._arrived if k[0] == peer_id]:
                 del self._arrived[key]
+            self._unwanted = {k for k in self._unwanted if k[0] != peer_id}
             for key in [k for k in self._waiting if k[0] == peer_id]:
                 pending = self._waiting.pop(key)
                 if pending not in failed:
@@ -126,3 +141,11 @@ class Assembler:
         with self._lock:
             for key in [k for k, p in self._waiting.items() if p.stream is stream]:
                 del self._waiting[key]
+
+
+def _data_refs(frame) -> list:
+    """The frame's payload and buffer descriptors that travel on the data channel."""
+    refs = [d for d in frame.buffers if d.on_data_channel]
+    if frame.HasField("payload_ref") and frame.payload_ref.on_data_channel:
+        refs.append(frame.payload_ref)
+    return refs

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from typing import Optional
 
 import numpy as np
 
@@ -28,9 +29,33 @@ from rpc_agent import metrics
 # Smaller transfers are not worth a block: their pages are few and often still mapped.
 MIN_CACHED_BYTES = 1 << 20
 
-# References a free block has while `_first_free` inspects it: its slot in the class list, the
-# loop variable, and getrefcount's own argument. Any view of the block adds one.
-_FREE_REFS = 3
+
+def _reference_counts(blocks: list) -> list[int]:
+    # The one place counts are read, so that calibration below sees exactly what the check
+    # sees. Indexing rather than enumerate(): enumerate keeps its last (index, block) tuple for
+    # reuse, and that tuple would count as one more reference.
+    counts = []
+    for index in range(len(blocks)):
+        block = blocks[index]
+        counts.append(sys.getrefcount(block))
+    return counts
+
+
+def _free_count() -> Optional[int]:
+    """The count `_reference_counts` reports for a block nothing else refers to, measured on
+    this interpreter (interpreters differ: 3.14 borrows some references); None when counts
+    cannot be trusted to tell a free block from one with a view, which turns caching off."""
+    if not hasattr(sys, "getrefcount"):
+        return None
+    probe = [np.empty(1, dtype=np.uint8)]
+    free = _reference_counts(probe)[0]
+    view = probe[0][:]
+    held = _reference_counts(probe)[0]
+    del view
+    return free if held == free + 1 else None
+
+
+_FREE_COUNT = _free_count()
 
 
 def size_class(nbytes: int) -> int:
@@ -40,11 +65,8 @@ def size_class(nbytes: int) -> int:
 
 
 def _first_free(blocks: list) -> int:
-    # Indexing rather than enumerate(): enumerate keeps its last (index, block) tuple for
-    # reuse, and that tuple would count as one more reference.
-    for index in range(len(blocks)):
-        block = blocks[index]
-        if sys.getrefcount(block) <= _FREE_REFS:
+    for index, count in enumerate(_reference_counts(blocks)):
+        if count <= _FREE_COUNT:
             return index
     return -1
 
@@ -54,11 +76,11 @@ class ReceiveBuffers:
 
     Args:
         capacity: bytes of blocks this cache may hold (0 disables it: every transfer gets
-            fresh memory).
+            fresh memory, as it does where reference counts cannot be read).
     """
 
     def __init__(self, capacity: int):
-        self.capacity = capacity
+        self.capacity = capacity if _FREE_COUNT is not None else 0
         self._lock = threading.Lock()
         self._blocks: dict[int, list[np.ndarray]] = {}
         self._held = 0
@@ -106,8 +128,10 @@ class ReceiveBuffers:
         return self._held + size <= self.capacity
 
     def clear(self) -> None:
-        """Forget every block; arrays still using one keep it alive until they go."""
+        """Forget every block and cache no more (the agent is closing); arrays still using a
+        block keep it alive until they go."""
         with self._lock:
+            self.capacity = 0
             self._blocks.clear()
             metrics.RECEIVE_CACHE_BYTES.dec(self._held)
             self._held = 0

@@ -519,8 +519,12 @@ def check_received_memory_reuse(n):
     import rpc_agent  # noqa: PLC0415
     from rpc_agent import _current  # noqa: PLC0415
 
-    cache = _current.get()._data._receive
-    cache.clear()  # forget blocks earlier tests left, so the counts below are this test's
+    from rpc_agent.receive_buffers import ReceiveBuffers  # noqa: PLC0415
+
+    # A cache of its own, so that blocks earlier tests left do not enter the counts below.
+    data = _current.get()._data
+    data._receive.clear()
+    cache = data._receive = ReceiveBuffers(256 << 20)
     kept = [rpc_agent.rpc_sync("w1", filled, (float(i), n)) for i in range(6)]
     views = [k[: n // 2].reshape(2, -1) for k in kept]  # views keep their block alive too
     held_while_kept = cache.held_bytes
@@ -539,3 +543,33 @@ def test_received_buffers_are_reused_only_after_the_caller_drops_them(workers):
     assert intact and distinct == 6
     assert held_kept == 6 * (2 << 20)
     assert held_after == held_kept and reused and value == 9.0
+
+
+def slow_filled(seconds, n):
+    time.sleep(seconds)
+    return np.full(n, 1.0, dtype=np.float32)
+
+
+def check_late_bulk_reply_is_dropped(n):
+    import rpc_agent  # noqa: PLC0415
+    from rpc_agent import _current  # noqa: PLC0415
+    from rpc_agent.api import RpcTimeout  # noqa: PLC0415
+
+    assembler = _current.get()._assembler
+    try:
+        rpc_agent.rpc_sync("w1", slow_filled, (0.5, n), timeout=0.1)
+        timed_out = False
+    except RpcTimeout:
+        timed_out = True
+    deadline = time.monotonic() + 10
+    # The late reply's frame and buffer come in; afterwards nothing may be left holding it.
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        if not assembler._arrived and not assembler._unwanted and time.monotonic() > deadline - 8:
+            break
+    return timed_out, len(assembler._arrived), len(assembler._unwanted)
+
+
+def test_a_late_bulk_reply_is_not_kept(workers):
+    timed_out, arrived, unwanted = workers.run(0, check_late_bulk_reply_is_dropped, (2 << 20) // 4)
+    assert timed_out and arrived == 0 and unwanted == 0

@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 
-from rpc_agent import metrics
+from rpc_agent import metrics, receive_buffers
 from rpc_agent.receive_buffers import MIN_CACHED_BYTES, ReceiveBuffers, size_class
 
 MiB = 1 << 20
@@ -89,6 +89,22 @@ def test_capacity_bounds_the_blocks_and_free_blocks_make_room():
     del b, c, d, e
 
 
+def test_clear_stops_caching():
+    cache = ReceiveBuffers(16 * MiB)
+    cache.get(4 * MiB)
+    cache.clear()
+    assert cache.get(4 * MiB).nbytes == 4 * MiB and cache.held_bytes == 0
+
+
+def test_the_free_count_was_calibrated_on_this_interpreter():
+    assert receive_buffers._FREE_COUNT is not None
+    blocks = [np.empty(8, np.uint8)]
+    assert receive_buffers._first_free(blocks) == 0
+    view = blocks[0][2:]
+    assert receive_buffers._first_free(blocks) == -1
+    del view
+
+
 def test_the_gauge_follows_the_bytes_held():
     before = metrics.RECEIVE_CACHE_BYTES._value.get()
     cache = ReceiveBuffers(16 * MiB)
@@ -115,6 +131,7 @@ def test_concurrent_readers_never_share_a_block():
         t.start()
     for t in threads:
         t.join(30)
+    assert not any(t.is_alive() for t in threads)
     assert not errors
     # Each thread holds at most two blocks at once (its last array while asking for the next).
     assert cache.held_bytes <= 8 * MiB

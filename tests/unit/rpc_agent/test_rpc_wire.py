@@ -81,6 +81,25 @@ def test_assembly_reports_a_size_mismatch_and_a_dead_channel():
     assert done[-1] == "the data channel died before its buffers arrived (reset by peer)"
 
 
+def test_a_discarded_frame_keeps_none_of_its_transfers_whichever_comes_first():
+    asm = Assembler()
+    frame = _frame_with([(20, 4), (21, 4)])
+    frame.payload_ref.on_data_channel = True
+    frame.payload_ref.transfer_id = 22
+    frame.payload_ref.nbytes = 6
+    asm.arrived(5, 20, np.zeros(4, np.uint8))     # before the frame
+    asm.arrived(5, 99, np.zeros(1, np.uint8))     # someone else's transfer
+    asm.discard(5, frame)
+    asm.arrived(5, 21, np.zeros(4, np.uint8))     # after it
+    asm.arrived(5, 22, np.zeros(6, np.uint8))
+    assert set(asm._arrived) == {(5, 99)}
+    assert asm._unwanted == set()
+    # A later frame that reuses nothing still assembles normally.
+    done = []
+    asm.expect(5, _frame_with([(99, 1)]), "s", lambda f, p, b, e: done.append(e))
+    assert done == [None]
+
+
 def test_inline_buffers_become_writable_bytearrays():
     got = []
     Assembler().expect(1, _frame_with([]), "s", lambda f, p, b, e: got.extend(b))
