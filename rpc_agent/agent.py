@@ -456,8 +456,7 @@ class RpcAgent:
             if kind == _RESPONSE or kind == _ERROR:
                 if frame.request_id not in self._pending:
                     # A late reply to a call that timed out: its buffers are not wanted.
-                    if _needs_assembly(frame):
-                        self._assembler.discard(stream.peer_id, frame)
+                    self._assembler.discard(stream.peer_id, frame)
                     continue
                 if _needs_assembly(frame):
                     self._assembler.expect(stream.peer_id, frame, stream, self._finish_reply)
