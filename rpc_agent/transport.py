@@ -52,7 +52,7 @@ for _name, _value in GRPC_ENVIRONMENT.items():
 import grpc  # noqa: E402
 
 from core import auth
-from rpc_agent import metrics
+from rpc_agent import _grpc_direct, metrics
 from rpc_agent._generated import rpc_pb2
 from rpc_agent._threads import (
     mark_io_thread,
@@ -174,6 +174,12 @@ class Stream:
         self._writing = False
         self._writer_wake: Optional[threading.Semaphore] = None
         self._last_write = 0.0
+        # Dialed streams send through a DirectCall when grpcio's private layer fits (frames
+        # wait in it until the server's proof checked out); else through `_messages`.
+        self._direct: Optional[_grpc_direct.DirectCall] = (
+            _grpc_direct.DirectCall(self._count, MAX_BATCH_BYTES, _BURST_GAP_S, peer_name)
+            if outgoing and _grpc_direct.available() else None
+        )
         self._cancel: Optional[Callable[[], None]] = None
         self._readers = _Readers()
         # Called once, after the stream is marked dead (the agent fails its pending calls).
@@ -199,6 +205,11 @@ class Stream:
         """
         if self.state == Stream.DEAD:
             raise RpcPeerLost(f"The RPC stream to {self.describe()} is down ({self.dead_reason}).")
+        if self._direct is not None:
+            # A caller alone on the stream starts the gRPC write itself (see DirectCall).
+            if not self._direct.send(frame, quiet=len(self.pending_ids) <= 1):
+                self.fail("the RPC ended while writing to it")
+            return
         if self._write is None:
             self._queue.put(frame)
             return
@@ -438,10 +449,7 @@ class GrpcTransport:
             self._channels.append(channel)
         call = None
         try:
-            call = channel.stream_stream(METHOD)(
-                stream._messages(),
-                metadata=((HELLO_METADATA, hello.SerializeToString()),),
-            )
+            call = self._start_call(stream, channel, ((HELLO_METADATA, hello.SerializeToString()),))
             # The proof must come first and soon; a watchdog cancels a silent server.
             timer = threading.Timer(CONNECT_TIMEOUT_S, call.cancel)
             timer.daemon = True
@@ -473,7 +481,23 @@ class GrpcTransport:
         if not stream._open(cancel):
             channel.close()
             return
+        if stream._direct is not None and not stream._direct.release():
+            stream.fail("the RPC ended as it opened")
         self._read_loop(stream, call)
+
+    @staticmethod
+    def _start_call(stream: Stream, channel: grpc.Channel, metadata: tuple):
+        """The stream's call, started: a DirectCall where it fits, else grpcio's public
+        bidirectional call fed by `stream._messages()`; either is iterated for messages."""
+        direct = stream._direct
+        if direct is not None:
+            try:
+                direct.start(channel, METHOD, metadata)
+                return direct
+            except (TypeError, AttributeError) as exc:  # this grpcio's private layer differs
+                _grpc_direct.disable(f"{type(exc).__name__}: {exc}")
+                direct.abandon(stream._queue.put)
+        return channel.stream_stream(METHOD)(stream._messages(), metadata=metadata)
 
     # -- server side
 

@@ -16,9 +16,12 @@ from test_rpc_pool import RpcWorkers, expect_error
 WORLD = 3
 
 
-@pytest.fixture(scope="module")
-def workers():
-    with RpcWorkers(WORLD, num_worker_threads=4) as pool:
+@pytest.fixture(scope="module", params=["direct", "public"])
+def workers(request):
+    """Every test runs over both ways a dialed stream can drive gRPC (rpc_agent/_grpc_direct):
+    grpcio's Cython layer, the default, and its public API, the fallback."""
+    env = {"SHOAL_RPC_GRPC_CLIENT": request.param}
+    with RpcWorkers(WORLD, num_worker_threads=4, env=env) as pool:
         yield pool
         pool.shutdown()
 
@@ -443,6 +446,21 @@ def test_the_autograd_context_id_travels_with_calls_and_nested_calls(workers):
     inside, outside = workers.run(0, check_context_ids)
     assert inside == [77, 77]
     assert outside == [None]
+
+
+def dialed_stream_client():
+    import os  # noqa: PLC0415
+
+    from rpc_agent import _current  # noqa: PLC0415
+
+    stream = _current.get()._streams[1]
+    assert stream.outgoing
+    return os.environ["SHOAL_RPC_GRPC_CLIENT"], type(stream._direct).__name__
+
+
+def test_dialed_streams_use_the_grpc_client_the_environment_names(workers):
+    choice, direct = workers.run(0, dialed_stream_client)
+    assert direct == {"direct": "DirectCall", "public": "NoneType"}[choice]
 
 
 def check_coalescing_and_channels(n):

@@ -1,0 +1,226 @@
+"""DirectCall (rpc_agent/_grpc_direct.py) against a real gRPC server in this process: frames
+held until release, coalescing, message bounds, every way a call ends, and the fallback to
+grpcio's public API."""
+
+from __future__ import annotations
+
+import threading
+from concurrent import futures
+
+import grpc
+import pytest
+
+from rpc_agent import _grpc_direct
+from rpc_agent._generated import rpc_pb2
+from rpc_agent._grpc_direct import DirectCall, StreamEnded
+from rpc_agent.transport import METHOD, SERVICE, GrpcTransport, Stream, encode_batch
+
+TIMEOUT_S = 10.0
+
+
+class _EchoServer:
+    """Echoes every message; a message b"abort" ends the call with PERMISSION_DENIED and
+    b"end" ends it with OK. `received` lists what arrived, in order."""
+
+    def __init__(self):
+        self.received: list[bytes] = []
+        self.arrived = threading.Event()
+        self._server = grpc.server(futures.ThreadPoolExecutor(4), handlers=[
+            grpc.method_handlers_generic_handler(
+                SERVICE, {"Stream": grpc.stream_stream_rpc_method_handler(self._handle)})
+        ])
+        self.port = self._server.add_insecure_port("127.0.0.1:0")
+        self._server.start()
+
+    def _handle(self, requests, context):
+        for message in requests:
+            self.received.append(message)
+            self.arrived.set()
+            if message == b"abort":
+                context.abort(grpc.StatusCode.PERMISSION_DENIED, "nope")
+            if message == b"end":
+                return
+            yield message
+
+    def stop(self):
+        self._server.stop(grace=None).wait(TIMEOUT_S)
+
+
+@pytest.fixture
+def server():
+    srv = _EchoServer()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def channel(server):
+    ch = grpc.insecure_channel(f"127.0.0.1:{server.port}")
+    yield ch
+    ch.close()
+
+
+def _frames_of(message: bytes) -> list[bytes]:
+    return [bytes(f.payload) for f in rpc_pb2.Batch.FromString(message).frames]
+
+
+def _frame(payload: bytes) -> bytes:
+    return rpc_pb2.Frame(kind=rpc_pb2.CALL, payload=payload).SerializeToString()
+
+
+class _Encoder:
+    """What the stream passes as `encode`: records how many frames went in each message."""
+
+    def __init__(self):
+        self.sizes: list[int] = []
+
+    def __call__(self, frames):
+        self.sizes.append(len(frames))
+        return encode_batch(frames)
+
+
+def _next_with_timeout(call) -> bytes:
+    """next(call) on a helper thread, so that a bug shows as a failure, not a hang."""
+    box: list = []
+
+    def read():
+        try:
+            box.append(("ok", next(call)))
+        except BaseException as exc:  # noqa: BLE001  (handed to the test)
+            box.append(("raised", exc))
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    thread.join(TIMEOUT_S)
+    assert box, f"next() did not return within {TIMEOUT_S}s"
+    kind, value = box[0]
+    if kind == "raised":
+        raise value
+    return value
+
+
+def _started(channel, encode=None, max_bytes=1 << 20) -> DirectCall:
+    call = DirectCall(encode or _Encoder(), max_bytes, burst_gap_s=0.0)
+    call.start(channel, METHOD, ())
+    return call
+
+
+def test_frames_wait_for_release_then_leave_together(server, channel):
+    encoder = _Encoder()
+    call = _started(channel, encoder)
+    for payload in (b"a", b"b", b"c"):
+        assert call.send(_frame(payload))
+    assert not server.arrived.wait(0.3), "a frame left before release()"
+    assert call.release()
+    assert _frames_of(_next_with_timeout(call)) == [b"a", b"b", b"c"]
+    assert encoder.sizes == [3]
+    call.cancel()
+
+
+def test_after_release_each_send_arrives_in_order(server, channel):
+    call = _started(channel)
+    call.release()
+    got = []
+    for i in range(20):
+        assert call.send(_frame(b"%d" % i))
+        got.extend(_frames_of(_next_with_timeout(call)))
+    assert got == [b"%d" % i for i in range(20)]
+    call.cancel()
+
+
+def test_a_message_stops_at_the_size_bound_and_the_rest_follows(server, channel):
+    encoder = _Encoder()
+    call = _started(channel, encoder, max_bytes=100)
+    for payload in (b"x" * 40, b"y" * 40, b"z" * 40):
+        call.send(_frame(payload))
+    call.release()
+    first = _frames_of(_next_with_timeout(call))
+    second = _frames_of(_next_with_timeout(call))
+    assert (first, second) == ([b"x" * 40, b"y" * 40], [b"z" * 40])
+    assert encoder.sizes == [2, 1]
+    call.cancel()
+
+
+def test_a_server_that_ends_with_ok_stops_iteration_every_time(server, channel):
+    call = _started(channel, lambda frames: b"end")
+    call.release()
+    call.send(b"ignored: the encoder above sends b'end'")
+    for _ in range(2):  # the queue is gone after the first: the second must not poll it
+        with pytest.raises(StopIteration):
+            _next_with_timeout(call)
+    assert not call.send(_frame(b"late"))
+
+
+def test_a_server_status_is_raised_as_code_and_details(server, channel):
+    call = _started(channel, lambda frames: b"abort")
+    call.release()
+    call.send(b"ignored")
+    with pytest.raises(StreamEnded) as info:
+        _next_with_timeout(call)
+    assert str(info.value) == "PERMISSION_DENIED: nope"
+    with pytest.raises(StreamEnded):
+        _next_with_timeout(call)
+
+
+def test_cancel_ends_the_call_for_its_reader(server, channel):
+    call = _started(channel)
+    call.release()
+    call.send(_frame(b"one"))
+    assert _frames_of(_next_with_timeout(call)) == [b"one"]
+    threading.Timer(0.1, call.cancel).start()
+    with pytest.raises(StreamEnded) as info:
+        _next_with_timeout(call)
+    assert str(info.value).startswith("CANCELLED: ")
+
+
+def test_a_dead_server_ends_the_call_as_unavailable(server, channel):
+    call = _started(channel)
+    call.release()
+    call.send(_frame(b"one"))
+    assert _frames_of(_next_with_timeout(call)) == [b"one"]
+    server.stop()
+    with pytest.raises(StreamEnded) as info:
+        _next_with_timeout(call)
+    assert str(info.value).split(":")[0] in ("UNAVAILABLE", "CANCELLED")
+
+
+def test_the_transport_falls_back_to_the_public_api_when_the_private_layer_differs(
+        server, channel, monkeypatch):
+    monkeypatch.setattr(_grpc_direct, "_disabled_reason", None)
+    stream = Stream(1, "w1", outgoing=True)
+    assert stream._direct is not None
+    stream.send(_frame(b"queued before the call"))
+
+    def start(*args):
+        raise TypeError("segregated_call() takes 10 positional arguments")
+
+    monkeypatch.setattr(stream._direct, "start", start)
+    call = GrpcTransport._start_call(stream, channel, ())
+    assert not isinstance(call, DirectCall)
+    assert not _grpc_direct.available()
+    stream.send(_frame(b"sent after"))
+    stream._open(call.cancel)
+    got = []
+    while len(got) < 2:
+        got.extend(_frames_of(_next_with_timeout(call)))
+    assert got == [b"queued before the call", b"sent after"]
+    # A stream made now uses the public API from the start.
+    assert Stream(2, "w2", outgoing=True)._direct is None
+    call.cancel()
+
+
+def test_the_client_choice_comes_from_the_environment(monkeypatch):
+    monkeypatch.setattr(_grpc_direct, "_disabled_reason", None)
+    monkeypatch.setenv(_grpc_direct.ENV_CLIENT, "public")
+    assert not _grpc_direct.available()
+    assert Stream(1, "w1", outgoing=True)._direct is None
+    monkeypatch.setenv(_grpc_direct.ENV_CLIENT, "direct")
+    assert _grpc_direct.available()
+    monkeypatch.setenv(_grpc_direct.ENV_CLIENT, "fast")
+    with pytest.raises(ValueError) as info:
+        _grpc_direct.available()
+    assert str(info.value) == "SHOAL_RPC_GRPC_CLIENT must be 'direct' or 'public', got 'fast'."
+
+
+def test_accepted_streams_never_use_a_direct_call():
+    assert Stream(1, "w1", outgoing=False)._direct is None
