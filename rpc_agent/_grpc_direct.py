@@ -51,11 +51,17 @@ except ImportError:  # a grpcio laid out differently
 # SHOAL_RPC_GRPC_CLIENT=public forces grpcio's public client API (to rule this module out).
 ENV_CLIENT = "SHOAL_RPC_GRPC_CLIENT"
 _NO_FLAGS = 0
-_START, _HEADERS, _STATUS, _RECEIVE, _SEND = "start", "headers", "status", "receive", "send"
+_START, _HEADERS, _STATUS, _RECEIVE, _SEND, _CLOSE = (
+    "start", "headers", "status", "receive", "send", "close")
+_SHUTDOWN = object()
+_CALL_OK = 0  # grpc_call_error GRPC_CALL_OK
+# A rejected client that does not take its status within this long is cut off.
+_REJECT_WAIT_S = 5.0
 _STATUS_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
 _NEEDED = ("SendInitialMetadataOperation", "ReceiveInitialMetadataOperation",
            "ReceiveStatusOnClientOperation", "ReceiveMessageOperation", "SendMessageOperation",
-           "PropagationConstants", "StatusCode")
+           "ReceiveCloseOnServerOperation", "SendStatusFromServerOperation",
+           "PropagationConstants", "StatusCode", "CompletionType", "CompletionQueue", "Server")
 _disabled_reason: Optional[str] = None
 
 
@@ -83,11 +89,13 @@ class StreamEnded(Exception):
     """The call ended with a non-OK status; str() is 'CODE: details' like grpc.RpcError's."""
 
 
-class DirectCall:
-    """One bidirectional call: `send` from any thread, `next()` from one reader at a time.
+class _Pump:
+    """What both ends of a stream share: `send` from any thread, `next()` from one reader at a
+    time, one send in flight, an outbox, a writer thread for bursts, and `_outstanding`.
 
-    Frames sent before `release()` wait, so that nothing of ours leaves before the server
-    proved itself (the transport releases after checking the first frame).
+    Frames sent before `release()` wait, so that nothing of ours leaves before the peer proved
+    itself (the client releases after checking the server's first frame; the server sends its
+    proof first and then releases).
 
     Args:
         encode(frames): one gRPC message of serialized frames (the stream counts it).
@@ -97,7 +105,7 @@ class DirectCall:
     """
 
     def __init__(self, encode: Callable[[list], bytes], max_message_bytes: int,
-                 burst_gap_s: float, name: str = "stream"):
+                 burst_gap_s: float, name: str):
         self._encode = encode
         self._max_bytes = max_message_bytes
         self._burst_gap_s = burst_gap_s
@@ -109,8 +117,140 @@ class DirectCall:
         # True while a send is in flight, or before release(): new frames wait in the outbox.
         self._holding = True
         self._released = False
-        self._call = None
         self._outstanding = 0
+        # Set once the call is known to be over (then the writer exits).
+        self._over = False
+
+    # -- what each end defines
+
+    def _operate(self, operations: tuple, tag: str) -> bool:
+        """Start one batch (under _lock); False when the call is over."""
+        raise NotImplementedError
+
+    def _next_event(self):
+        """Block for the call's next completion (the reader, without _lock)."""
+        raise NotImplementedError
+
+    def _send_operations(self, data: bytes) -> tuple:
+        return (cygrpc.SendMessageOperation(data, _NO_FLAGS),)
+
+    def _on_event(self, tag: str, event) -> None:
+        """An event other than a receive or a send (under _lock)."""
+
+    def _on_end_of_messages(self) -> None:
+        """The peer sent its last message (under _lock)."""
+
+    def _end(self) -> BaseException:
+        """What next() raises once nothing is outstanding."""
+        raise NotImplementedError
+
+    # -- sending
+
+    def release(self) -> bool:
+        """Let frames out (those already queued leave now); False once the call is over."""
+        with self._lock:
+            self._released = True
+            self._holding = False
+            if self._outbox:
+                return self._send_outbox()
+            return not self._over
+
+    def send(self, frame: bytes, quiet: bool = True) -> bool:
+        """Send one serialized frame; False once the call is over. `quiet`: no other call is
+        in flight on this stream (the caller may write the frame itself; see above)."""
+        with self._lock:
+            if not self._accept_frame(frame):
+                return True
+            if self._holding:
+                return not self._over
+            if quiet and time.monotonic() - self._last_send >= self._burst_gap_s:
+                return self._send_outbox()
+        self._wake_writer()
+        return True
+
+    def _accept_frame(self, frame: bytes) -> bool:
+        # Under _lock: queue the frame; False if it went elsewhere (see DirectCall.abandon).
+        self._outbox.append(frame)
+        return True
+
+    def _wake_writer(self) -> None:
+        if self._writer_wake is None:
+            with self._lock:
+                if self._writer_wake is None:
+                    self._writer_wake = threading.Semaphore(0)
+                    threading.Thread(target=self._writer_loop, daemon=True,
+                                     name=f"shoal-rpc-write-{self._name}").start()
+        self._writer_wake.release()
+
+    def _writer_loop(self) -> None:
+        while True:
+            self._writer_wake.acquire()
+            with self._lock:
+                if self._over:
+                    return
+                if self._outbox and not self._holding:
+                    self._send_outbox()
+
+    def _send_outbox(self) -> bool:
+        # Under _lock. Takes frames up to the message bound (at least one).
+        frames, size = [], 0
+        for frame in self._outbox:
+            if frames and size + len(frame) > self._max_bytes:
+                break
+            frames.append(frame)
+            size += len(frame)
+        del self._outbox[:len(frames)]
+        if not self._operate(self._send_operations(self._encode(frames)), _SEND):
+            return False  # the call is over
+        self._outstanding += 1
+        self._holding = True
+        self._last_send = time.monotonic()
+        return True
+
+    # -- reading
+
+    def __iter__(self) -> "_Pump":
+        return self
+
+    def __next__(self) -> bytes:
+        """The next message from the peer; StopIteration or StreamEnded once the call is over
+        (see each end's `_end`)."""
+        while True:
+            with self._lock:
+                if self._outstanding == 0:
+                    self._over = True
+                    raise self._end()
+            event = self._next_event()
+            wake_writer = False
+            with self._lock:
+                self._outstanding -= 1
+                tag = event.tag
+                if tag == _RECEIVE:
+                    data = event.batch_operations[0].message() if event.success else None
+                    if data is not None:
+                        if self._operate((cygrpc.ReceiveMessageOperation(_NO_FLAGS),),
+                                         _RECEIVE):
+                            self._outstanding += 1
+                        return data
+                    self._on_end_of_messages()
+                elif tag == _SEND:
+                    self._holding = not self._released
+                    wake_writer = bool(event.success and self._outbox and not self._holding)
+                else:
+                    self._on_event(tag, event)
+                    if self._over:
+                        wake_writer = self._writer_wake is not None  # it sees _over and exits
+            if wake_writer:
+                self._wake_writer()
+
+
+class DirectCall(_Pump):
+    """The dialing end: a call started on a channel with its own completion queue."""
+
+    def __init__(self, encode: Callable[[list], bytes], max_message_bytes: int,
+                 burst_gap_s: float, name: str = "stream"):
+        super().__init__(encode, max_message_bytes, burst_gap_s, name)
+        self._call = None
         self._status: Optional[tuple[int, str]] = None
         # Set by abandon(): where frames go instead (the public API's request queue).
         self._sink: Optional[Callable[[bytes], None]] = None
@@ -131,65 +271,6 @@ class DirectCall:
             )
             self._outstanding = len(operations)
 
-    def release(self) -> bool:
-        """Let frames out (those already queued leave now); False once the call is over."""
-        with self._lock:
-            self._released = True
-            self._holding = False
-            if self._outbox:
-                return self._send_outbox()
-            return True
-
-    def send(self, frame: bytes, quiet: bool = True) -> bool:
-        """Send one serialized frame; False once the call is over. `quiet`: no other call is
-        in flight on this stream (the caller may write the frame itself; see above)."""
-        with self._lock:
-            if self._sink is not None:
-                self._sink(frame)
-                return True
-            self._outbox.append(frame)
-            if self._holding:
-                return self._status is None
-            if quiet and time.monotonic() - self._last_send >= self._burst_gap_s:
-                return self._send_outbox()
-        self._wake_writer()
-        return True
-
-    def _wake_writer(self) -> None:
-        if self._writer_wake is None:
-            with self._lock:
-                if self._writer_wake is None:
-                    self._writer_wake = threading.Semaphore(0)
-                    threading.Thread(target=self._writer_loop, daemon=True,
-                                     name=f"shoal-rpc-write-{self._name}").start()
-        self._writer_wake.release()
-
-    def _writer_loop(self) -> None:
-        while True:
-            self._writer_wake.acquire()
-            with self._lock:
-                if self._status is not None or self._call is None:
-                    return
-                if self._outbox and not self._holding:
-                    self._send_outbox()
-
-    def _send_outbox(self) -> bool:
-        # Under _lock. Takes frames up to the message bound (at least one).
-        frames, size = [], 0
-        for frame in self._outbox:
-            if frames and size + len(frame) > self._max_bytes:
-                break
-            frames.append(frame)
-            size += len(frame)
-        del self._outbox[:len(frames)]
-        data = self._encode(frames)
-        if not self._call.operate((cygrpc.SendMessageOperation(data, _NO_FLAGS),), _SEND):
-            return False  # the call is over
-        self._outstanding += 1
-        self._holding = True
-        self._last_send = time.monotonic()
-        return True
-
     def abandon(self, sink: Callable[[bytes], None]) -> None:
         """The call could not start: hand the queued frames, and every later one, to
         `sink`."""
@@ -199,44 +280,30 @@ class DirectCall:
             self._outbox = []
             self._sink = sink
 
-    def __iter__(self) -> "DirectCall":
-        return self
+    def _accept_frame(self, frame: bytes) -> bool:
+        if self._sink is not None:
+            self._sink(frame)
+            return False
+        self._outbox.append(frame)
+        return True
 
-    def __next__(self) -> bytes:
-        """The next message from the server; StopIteration when the server ended the call
-        with OK, StreamEnded for any other end."""
-        while True:
-            with self._lock:
-                if self._outstanding == 0:
-                    raise self._end()
-            event = self._call.next_event()
-            wake_writer = False
-            with self._lock:
-                self._outstanding -= 1
-                tag = event.tag
-                if tag == _RECEIVE:
-                    data = event.batch_operations[0].message()
-                    if data is not None:
-                        if self._call.operate(
-                                (cygrpc.ReceiveMessageOperation(_NO_FLAGS),), _RECEIVE):
-                            self._outstanding += 1
-                        return data
-                elif tag == _SEND:
-                    self._holding = not self._released
-                    wake_writer = bool(event.success and self._outbox and not self._holding)
-                elif tag == _STATUS:
-                    operation = event.batch_operations[0]
-                    self._status = (operation.code(), operation.details() or "")
-                    wake_writer = self._writer_wake is not None  # it sees the status and exits
-            if wake_writer:
-                self._wake_writer()
+    def _operate(self, operations: tuple, tag: str) -> bool:
+        return self._call.operate(operations, tag)
+
+    def _next_event(self):
+        return self._call.next_event()
+
+    def _on_event(self, tag: str, event) -> None:
+        if tag == _STATUS:
+            operation = event.batch_operations[0]
+            self._status = (operation.code(), operation.details() or "")
+            self._over = True
 
     def _end(self) -> BaseException:
         code, details = self._status if self._status is not None else (None, "")
         if code == 0:
             return StopIteration()
-        name = _STATUS_NAMES.get(code, f"status {code}").upper()
-        return StreamEnded(f"{name}: {details}")
+        return StreamEnded(f"{_status_name(code)}: {details}")
 
     def cancel(self) -> None:
         """End the call (any thread); the reader then sees it end."""
@@ -244,3 +311,181 @@ class DirectCall:
             call = self._call
         if call is not None:
             call.cancel(cygrpc.StatusCode.cancelled, "Cancelled by this worker")
+
+
+class ServerCall(_Pump):
+    """The accepting end: a call StreamServer accepted onto its own completion queue, which
+    only this call's reader polls (no server thread in between, and replies never wait for
+    their write to complete)."""
+
+    def __init__(self, accepted: "Accepted", encode: Callable[[list], bytes],
+                 max_message_bytes: int, burst_gap_s: float, name: str = "stream"):
+        super().__init__(encode, max_message_bytes, burst_gap_s, name)
+        self._call = accepted.call
+        self._queue = accepted.queue
+        self._metadata_sent = False
+        self._status_sent = False
+        self._cancelled = False
+        with self._lock:
+            for operation, tag in ((cygrpc.ReceiveCloseOnServerOperation(_NO_FLAGS), _CLOSE),
+                                   (cygrpc.ReceiveMessageOperation(_NO_FLAGS), _RECEIVE)):
+                if self._operate((operation,), tag):
+                    self._outstanding += 1
+
+    def _operate(self, operations: tuple, tag: str) -> bool:
+        return self._call.start_server_batch(operations, tag) == _CALL_OK
+
+    def _next_event(self):
+        return self._queue.poll()
+
+    def _send_operations(self, data: bytes) -> tuple:
+        if self._metadata_sent:
+            return (cygrpc.SendMessageOperation(data, _NO_FLAGS),)
+        self._metadata_sent = True  # gRPC sends the response headers with the first message
+        return (cygrpc.SendInitialMetadataOperation(None, _NO_FLAGS),
+                cygrpc.SendMessageOperation(data, _NO_FLAGS))
+
+    def _on_event(self, tag: str, event) -> None:
+        if tag == _CLOSE:
+            self._cancelled = bool(event.batch_operations[0].cancelled())
+            self._over = True
+        # _STATUS: the status left; nothing to do.
+
+    def _on_end_of_messages(self) -> None:
+        # The client half-closed: answer with OK so that the call can finish.
+        self._finish(cygrpc.StatusCode.ok, b"")
+
+    def _finish(self, code, details: bytes) -> None:
+        if self._status_sent:
+            return
+        self._status_sent = True
+        operations = (cygrpc.SendStatusFromServerOperation(None, code, details, _NO_FLAGS),)
+        if not self._metadata_sent:
+            self._metadata_sent = True
+            operations = (cygrpc.SendInitialMetadataOperation(None, _NO_FLAGS),) + operations
+        if self._operate(operations, _STATUS):
+            self._outstanding += 1
+
+    def _end(self) -> BaseException:
+        if self._cancelled:
+            return StreamEnded("CANCELLED: the peer cancelled the RPC or went away")
+        return StopIteration()
+
+    def cancel(self) -> None:
+        """End the call (any thread); the reader then sees it end."""
+        self._call.cancel()
+
+
+class Accepted:
+    """A call StreamServer accepted and has not read from: its metadata and its queue."""
+
+    __slots__ = ("call", "queue", "metadata", "peer")
+
+    def __init__(self, call, queue, metadata, peer: str):
+        self.call = call
+        self.queue = queue
+        self.metadata = metadata
+        self.peer = peer
+
+    def reject(self, code_name: str, details: str) -> None:
+        """Answer with a status and read nothing (a helper thread waits for the write)."""
+        operations = (
+            cygrpc.SendInitialMetadataOperation(None, _NO_FLAGS),
+            cygrpc.SendStatusFromServerOperation(
+                None, getattr(cygrpc.StatusCode, code_name), details.encode(), _NO_FLAGS),
+        )
+        if self.call.start_server_batch(operations, _STATUS) != _CALL_OK:
+            return
+        threading.Thread(target=_drain_rejected, args=(self.call, self.queue), daemon=True,
+                         name="shoal-rpc-reject").start()
+
+
+def _drain_rejected(call, queue) -> None:
+    # One batch is outstanding; a client that never reads is cut off after the bound.
+    event = queue.poll(time.time() + _REJECT_WAIT_S)
+    if event.completion_type == cygrpc.CompletionType.queue_timeout:
+        call.cancel()
+        queue.poll()
+
+
+class StreamServer:
+    """A gRPC server for one streaming method, driven through cygrpc: each accepted call gets a
+    completion queue of its own (requested before the call arrives), which its reader polls.
+
+    Args:
+        host: the address to bind (port 0: any free port).
+        options: gRPC channel arguments of the server.
+        method: the one method served ("/package.Service/Method"); others get UNIMPLEMENTED.
+        on_call(accepted): called on the accept thread for every call of `method`; it must
+            reject it or hand it to a ServerCall, quickly.
+        max_calls: calls beyond this many at once get RESOURCE_EXHAUSTED.
+    """
+
+    def __init__(self, host: str, options: list, method: str,
+                 on_call: Callable[[Accepted], None], max_calls: int, name: str):
+        self._host = host
+        self._method = method.encode()
+        self._on_call = on_call
+        self._name = name
+        self._queue = cygrpc.CompletionQueue()
+        self._server = cygrpc.Server(tuple(options), False)
+        self._server.register_completion_queue(self._queue)
+        self._thread: Optional[threading.Thread] = None
+        self._stopping = False
+
+    def start(self) -> int:
+        """Bind and start; the port (0 if binding failed)."""
+        port = self._server.add_http2_port(f"{self._host}:0".encode())
+        if not port:
+            return 0
+        self._server.start()
+        self._request()
+        self._thread = threading.Thread(target=self._accept_loop, daemon=True,
+                                        name=f"shoal-rpc-accept-{self._name}")
+        self._thread.start()
+        return port
+
+    def _request(self) -> None:
+        call_queue = cygrpc.CompletionQueue()
+        self._server.request_call(call_queue, self._queue, call_queue)
+
+    def _accept_loop(self) -> None:
+        while True:
+            event = self._queue.poll()
+            if event.tag is _SHUTDOWN:
+                return
+            if event.completion_type != cygrpc.CompletionType.operation_complete:
+                continue
+            if not event.success:
+                continue  # the server is shutting down
+            accepted = Accepted(event.call, event.tag, event.invocation_metadata,
+                                _text(event.call.peer()))
+            if self._stopping:
+                accepted.reject("unavailable", "the worker is shutting down")
+                continue
+            self._request()
+            if event.call_details.method != self._method:
+                accepted.reject("unimplemented", "unknown method")
+                continue
+            try:
+                self._on_call(accepted)
+            except Exception:  # noqa: BLE001  (one bad call must not stop accepting)
+                logger.exception("Accepting an RPC stream from %s failed", accepted.peer)
+                accepted.reject("internal", "the server failed to accept the stream")
+
+    def stop(self, timeout: float) -> None:
+        """Stop accepting, cancel every call, and wait up to `timeout` for the accept thread."""
+        if self._thread is None or self._stopping:
+            return
+        self._stopping = True
+        self._server.shutdown(self._queue, _SHUTDOWN)
+        self._server.cancel_all_calls()
+        self._thread.join(timeout)
+
+
+def _text(value) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _status_name(code: int) -> str:
+    return _STATUS_NAMES.get(code, f"STATUS {code}").upper()

@@ -380,29 +380,38 @@ class GrpcTransport:
         self._lock = threading.Lock()
         self._seen_nonces: dict[bytes, float] = {}
         self._channels: list[grpc.Channel] = []
-        # Each live stream holds one server thread (gRPC iterates its replies there); the
-        # spare ones answer rejected connections while streams are up.
-        self._executor = futures.ThreadPoolExecutor(
-            max_workers=max_streams + 4, thread_name_prefix=f"shoal-rpc-grpc-{name}"
-        )
-        self._server = grpc.server(
-            self._executor,
-            handlers=[grpc.method_handlers_generic_handler(
-                SERVICE, {"Stream": grpc.stream_stream_rpc_method_handler(_NonBlocking(self))}
-            )],
-            options=_SERVER_OPTIONS,
-            maximum_concurrent_rpcs=max_streams + 4,
-        )
+        self._executor: Optional[futures.ThreadPoolExecutor] = None
+        if _grpc_direct.available():
+            # Accepted calls go straight to their stream's reader (see _grpc_direct).
+            self._server = _grpc_direct.StreamServer(
+                host, _SERVER_OPTIONS, METHOD, self._accept, max_streams + 4, name)
+        else:
+            # grpcio's server: a handler thread per stream, replies through its callback.
+            self._executor = futures.ThreadPoolExecutor(
+                max_workers=max_streams + 4, thread_name_prefix=f"shoal-rpc-grpc-{name}"
+            )
+            self._server = grpc.server(
+                self._executor,
+                handlers=[grpc.method_handlers_generic_handler(
+                    SERVICE, {"Stream": grpc.stream_stream_rpc_method_handler(_NonBlocking(self))}
+                )],
+                options=_SERVER_OPTIONS,
+                maximum_concurrent_rpcs=max_streams + 4,
+            )
         self.port: Optional[int] = None
         self._stopped = False
         self._watch = _InlineWatch(name)
 
     def start(self) -> int:
         """Bind and start the server; return the port."""
-        port = self._server.add_insecure_port(f"{self._host}:0")
+        if self._executor is None:
+            port = self._server.start()
+        else:
+            port = self._server.add_insecure_port(f"{self._host}:0")
+            if port:
+                self._server.start()
         if not port:
             raise RpcError(f"Worker {self.name!r} could not bind its RPC port on {self._host}.")
-        self._server.start()
         self.port = port
         return port
 
@@ -418,8 +427,11 @@ class GrpcTransport:
         """Cancel every stream and stop the server."""
         self.close_channels()
         self._watch.stop()
-        self._server.stop(grace=None).wait(5.0)
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        if self._executor is None:
+            self._server.stop(5.0)
+        else:
+            self._server.stop(grace=None).wait(5.0)
+            self._executor.shutdown(wait=False, cancel_futures=True)
 
     # -- client side
 
@@ -501,14 +513,42 @@ class GrpcTransport:
 
     # -- server side
 
+    def _accept(self, accepted: "_grpc_direct.Accepted") -> None:
+        """A call StreamServer accepted (on its accept thread): check the hello before
+        reading anything, prove ourselves first, then read on a thread of the stream's own."""
+        hello, reason = self._check_hello(accepted.metadata)
+        if hello is None:
+            self._log_rejected(accepted.peer, reason)
+            accepted.reject("unauthenticated", reason)
+            return
+        stream = Stream(hello.id, hello.name, outgoing=False)
+        stream.on_dead = self._on_stream_dead
+        call = _grpc_direct.ServerCall(accepted, stream._count, MAX_BATCH_BYTES, _BURST_GAP_S,
+                                       hello.name)
+        stream._direct = call
+        proof = _server_proof(self._token, self.worker_id, hello.nonce)
+        call.send(rpc_pb2.Frame(kind=rpc_pb2.HELLO, payload=proof).SerializeToString())
+        if not call.release():
+            call.cancel()
+            return
+        stream._open(call.cancel)
+        self._on_stream_open(stream)
+        threading.Thread(
+            target=self._read_loop, args=(stream, call), daemon=True,
+            name=f"shoal-rpc-read-{self.name}-{hello.name}",
+        ).start()
+
+    def _log_rejected(self, peer: str, reason: str) -> None:
+        metrics.REJECTED_STREAM.inc()
+        logger.warning(
+            "Worker %r dropped an RPC stream from %s: %s. Nothing it sent was read.",
+            self.name, peer, reason,
+        )
+
     def _serve_stream(self, request_iterator, context, send_response) -> None:
         hello, reason = self._check_hello(context.invocation_metadata())
         if hello is None:
-            metrics.REJECTED_STREAM.inc()
-            logger.warning(
-                "Worker %r dropped an RPC stream from %s: %s. Nothing it sent was read.",
-                self.name, context.peer(), reason,
-            )
+            self._log_rejected(context.peer(), reason)
             context.abort(grpc.StatusCode.UNAUTHENTICATED, reason)
         stream = Stream(hello.id, hello.name, outgoing=False)
         stream.on_dead = self._on_stream_dead
