@@ -1,19 +1,25 @@
-"""A dialed stream driven through grpcio's Cython layer instead of its thread-based client API.
+"""Both ends of the RPC stream driven through grpcio's Cython layer instead of its
+thread-based API.
 
-Why: for a bidirectional stream, grpcio's public client API puts two of its own threads on
-every round trip. A frame a caller sends goes to the thread that iterates the request
-generator, which starts the gRPC write and then sleeps until the channel's spin thread tells
-it the write finished; a reply is seen by that spin thread, which wakes whoever waits in the
-response iterator. Each hand-off is a thread wake-up (about 30 us on this kind of machine,
-where a 64-byte rpc_sync takes about 330 us). Here the caller starts the write itself, and the
-stream's reader waits on the call's own completion queue: it sees both the reply and the end
-of the write, with no thread in between.
+Why: grpcio's public API puts threads of its own between the socket and the code that reads
+or writes, and each hand-off is a thread wake-up (about 30 us on this kind of machine, more
+when the two threads sit on different CPUs):
+- client: a frame goes to the thread that iterates the request generator, which starts the
+  write and then sleeps until the channel's spin thread reports it done; a reply is seen by
+  that spin thread, which wakes the reader;
+- server: a message is seen by the server's polling thread, which wakes the handler's
+  reader; a reply's write blocks its sender until the polling thread reports it done.
+Here a quiet caller starts the write itself, and each stream's reader waits on a completion
+queue that belongs to its call alone (a client call from `Channel.segregated_call`, a server
+call requested onto a queue of its own), seeing both its messages and its writes' ends with
+nobody in between. rpc_sync of 64 bytes went from about 0.33 ms to 0.25 ms (bench/rpc.py).
 
-What is used from `grpc._cython.cygrpc`: `Channel.segregated_call` (a call with its own
-completion queue: grpcio's single-threaded unary-stream calls are built on it),
-`SegregatedCall.operate`, `next_event` and `cancel`, and the operation classes. They are
-private to grpcio, so `available()` checks for them, and the transport uses the public API when
-they are missing, when a call cannot be made with them, or when SHOAL_RPC_GRPC_CLIENT=public.
+What is used from `grpc._cython.cygrpc`: `Channel.segregated_call` (grpcio's single-threaded
+unary-stream calls are built on it) and `SegregatedCall.operate/next_event/cancel`;
+`Server`, `CompletionQueue`, `request_call` and `Call.start_server_batch/cancel/peer`; the
+operation classes. They are private to grpcio, so `available()` checks for them, and the
+transport uses the public API when they are missing, when a client call cannot be made with
+them, or when SHOAL_RPC_GRPC=public.
 
 Rules the code keeps (gRPC core's and cygrpc's):
 - one send operation at a time per call: frames that come while one is in flight wait in the
@@ -25,10 +31,12 @@ Rules the code keeps (gRPC core's and cygrpc's):
   C part of the write runs beside the callers' Python. Written one by one by their callers,
   each frame would cost a whole gRPC write (about 40 us here) on the caller's thread, and
   async throughput fell to a third (bench/rpc.py async_64B_x64);
-- the reader only reads: when a send completes with frames waiting, it wakes the writer.
-- `next_event` may only be called while an operation is outstanding: cygrpc destroys the
-  completion queue with the last one. `_outstanding` counts them; it changes under `_lock`,
-  which is also held around every `operate`, so it is never below cygrpc's own count.
+- the reader only reads: when a send completes with frames waiting, it wakes the writer;
+- a completion queue is polled only while an operation on it is outstanding (cygrpc
+  destroys a segregated call's queue with its last one; a server call's queue, once dropped,
+  is pumped to its end with the GIL held). `_outstanding` counts them; it changes under
+  `_lock`, which is also held around every operation started, so it is never below gRPC's
+  own count.
 """
 
 from __future__ import annotations
@@ -48,8 +56,8 @@ try:
 except ImportError:  # a grpcio laid out differently
     cygrpc = None
 
-# SHOAL_RPC_GRPC_CLIENT=public forces grpcio's public client API (to rule this module out).
-ENV_CLIENT = "SHOAL_RPC_GRPC_CLIENT"
+# SHOAL_RPC_GRPC=public forces grpcio's public API at both ends (to rule this module out).
+ENV_LAYER = "SHOAL_RPC_GRPC"
 _NO_FLAGS = 0
 _START, _HEADERS, _STATUS, _RECEIVE, _SEND, _CLOSE = (
     "start", "headers", "status", "receive", "send", "close")
@@ -66,12 +74,12 @@ _disabled_reason: Optional[str] = None
 
 
 def available() -> bool:
-    """True when dialed streams use this module (see the module docstring)."""
+    """True when streams use this module (see the module docstring)."""
     if _disabled_reason is not None:
         return False
-    choice = os.environ.get(ENV_CLIENT, "direct")
+    choice = os.environ.get(ENV_LAYER, "direct")
     if choice not in ("direct", "public"):
-        raise ValueError(f"{ENV_CLIENT} must be 'direct' or 'public', got {choice!r}.")
+        raise ValueError(f"{ENV_LAYER} must be 'direct' or 'public', got {choice!r}.")
     return choice == "direct" and cygrpc is not None and all(
         hasattr(cygrpc, name) for name in _NEEDED)
 
@@ -80,8 +88,8 @@ def disable(reason: str) -> None:
     """Use the public API from now on in this process (this grpcio does not fit)."""
     global _disabled_reason
     if _disabled_reason is None:
-        logger.warning("RPC streams fall back to grpcio's public client API (about 50 us "
-                       "more per round trip): %s", reason)
+        logger.warning("New RPC streams fall back to grpcio's public API (about 80 us more "
+                       "per round trip): %s", reason)
     _disabled_reason = reason
 
 
@@ -139,6 +147,9 @@ class _Pump:
 
     def _on_end_of_messages(self) -> None:
         """The peer sent its last message (under _lock)."""
+
+    def _on_send_done(self) -> None:
+        """A send completed (under _lock)."""
 
     def _end(self) -> BaseException:
         """What next() raises once nothing is outstanding."""
@@ -236,6 +247,7 @@ class _Pump:
                 elif tag == _SEND:
                     self._holding = not self._released
                     wake_writer = bool(event.success and self._outbox and not self._holding)
+                    self._on_send_done()
                 else:
                     self._on_event(tag, event)
                     if self._over:
@@ -325,6 +337,7 @@ class ServerCall(_Pump):
         self._queue = accepted.queue
         self._metadata_sent = False
         self._status_sent = False
+        self._half_closed = False
         self._cancelled = False
         with self._lock:
             for operation, tag in ((cygrpc.ReceiveCloseOnServerOperation(_NO_FLAGS), _CLOSE),
@@ -352,8 +365,17 @@ class ServerCall(_Pump):
         # _STATUS: the status left; nothing to do.
 
     def _on_end_of_messages(self) -> None:
-        # The client half-closed: answer with OK so that the call can finish.
-        self._finish(cygrpc.StatusCode.ok, b"")
+        # The client half-closed: answer with OK so that the call can finish, once what was
+        # queued has left (a status ends the stream: frames behind it would be lost).
+        self._half_closed = True
+        self._finish_when_sent()
+
+    def _on_send_done(self) -> None:
+        self._finish_when_sent()
+
+    def _finish_when_sent(self) -> None:
+        if self._half_closed and not self._outbox and not self._holding:
+            self._finish(cygrpc.StatusCode.ok, b"")
 
     def _finish(self, code, details: bytes) -> None:
         if self._status_sent:
@@ -417,12 +439,12 @@ class StreamServer:
         options: gRPC channel arguments of the server.
         method: the one method served ("/package.Service/Method"); others get UNIMPLEMENTED.
         on_call(accepted): called on the accept thread for every call of `method`; it must
-            reject it or hand it to a ServerCall, quickly.
-        max_calls: calls beyond this many at once get RESOURCE_EXHAUSTED.
+            reject it or hand it to a ServerCall, quickly (and bound how many it keeps).
+        name: for the accept thread's name.
     """
 
     def __init__(self, host: str, options: list, method: str,
-                 on_call: Callable[[Accepted], None], max_calls: int, name: str):
+                 on_call: Callable[[Accepted], None], name: str):
         self._host = host
         self._method = method.encode()
         self._on_call = on_call

@@ -380,33 +380,47 @@ class GrpcTransport:
         self._lock = threading.Lock()
         self._seen_nonces: dict[bytes, float] = {}
         self._channels: list[grpc.Channel] = []
+        self._max_accepted = max_streams + 4
+        self._accepted = 0
         self._executor: Optional[futures.ThreadPoolExecutor] = None
+        self._server = None
         if _grpc_direct.available():
-            # Accepted calls go straight to their stream's reader (see _grpc_direct).
-            self._server = _grpc_direct.StreamServer(
-                host, _SERVER_OPTIONS, METHOD, self._accept, max_streams + 4, name)
-        else:
-            # grpcio's server: a handler thread per stream, replies through its callback.
-            self._executor = futures.ThreadPoolExecutor(
-                max_workers=max_streams + 4, thread_name_prefix=f"shoal-rpc-grpc-{name}"
-            )
-            self._server = grpc.server(
-                self._executor,
-                handlers=[grpc.method_handlers_generic_handler(
-                    SERVICE, {"Stream": grpc.stream_stream_rpc_method_handler(_NonBlocking(self))}
-                )],
-                options=_SERVER_OPTIONS,
-                maximum_concurrent_rpcs=max_streams + 4,
-            )
+            try:
+                # Accepted calls go straight to their stream's reader (see _grpc_direct).
+                self._server = _grpc_direct.StreamServer(
+                    host, _SERVER_OPTIONS, METHOD, self._accept, name)
+            except (TypeError, AttributeError) as exc:  # this grpcio's private layer differs
+                _grpc_direct.disable(f"{type(exc).__name__}: {exc}")
+        if self._server is None:
+            self._server = self._public_server()
         self.port: Optional[int] = None
         self._stopped = False
         self._watch = _InlineWatch(name)
 
+    def _public_server(self) -> grpc.Server:
+        """grpcio's own server: a handler thread per stream, replies through its callback."""
+        self._executor = futures.ThreadPoolExecutor(
+            max_workers=self._max_accepted, thread_name_prefix=f"shoal-rpc-grpc-{self.name}"
+        )
+        return grpc.server(
+            self._executor,
+            handlers=[grpc.method_handlers_generic_handler(
+                SERVICE, {"Stream": grpc.stream_stream_rpc_method_handler(_NonBlocking(self))}
+            )],
+            options=_SERVER_OPTIONS,
+            maximum_concurrent_rpcs=self._max_accepted,
+        )
+
     def start(self) -> int:
         """Bind and start the server; return the port."""
+        port = 0
         if self._executor is None:
-            port = self._server.start()
-        else:
+            try:
+                port = self._server.start()
+            except (TypeError, AttributeError) as exc:  # this grpcio's private layer differs
+                _grpc_direct.disable(f"{type(exc).__name__}: {exc}")
+                self._server = self._public_server()
+        if self._executor is not None:
             port = self._server.add_insecure_port(f"{self._host}:0")
             if port:
                 self._server.start()
@@ -521,6 +535,15 @@ class GrpcTransport:
             self._log_rejected(accepted.peer, reason)
             accepted.reject("unauthenticated", reason)
             return
+        with self._lock:
+            full = self._accepted >= self._max_accepted
+            if not full:
+                self._accepted += 1
+        if full:
+            logger.warning("Worker %r refused an RPC stream from %s: it already serves %d.",
+                           self.name, accepted.peer, self._max_accepted)
+            accepted.reject("resource_exhausted", "too many RPC streams")
+            return
         stream = Stream(hello.id, hello.name, outgoing=False)
         stream.on_dead = self._on_stream_dead
         call = _grpc_direct.ServerCall(accepted, stream._count, MAX_BATCH_BYTES, _BURST_GAP_S,
@@ -530,13 +553,22 @@ class GrpcTransport:
         call.send(rpc_pb2.Frame(kind=rpc_pb2.HELLO, payload=proof).SerializeToString())
         if not call.release():
             call.cancel()
+            with self._lock:
+                self._accepted -= 1
             return
         stream._open(call.cancel)
         self._on_stream_open(stream)
         threading.Thread(
-            target=self._read_loop, args=(stream, call), daemon=True,
+            target=self._read_accepted, args=(stream, call), daemon=True,
             name=f"shoal-rpc-read-{self.name}-{hello.name}",
         ).start()
+
+    def _read_accepted(self, stream: Stream, call: "_grpc_direct.ServerCall") -> None:
+        try:
+            self._read_loop(stream, call)
+        finally:
+            with self._lock:
+                self._accepted -= 1
 
     def _log_rejected(self, peer: str, reason: str) -> None:
         metrics.REJECTED_STREAM.inc()

@@ -211,16 +211,159 @@ def test_the_transport_falls_back_to_the_public_api_when_the_private_layer_diffe
 
 def test_the_client_choice_comes_from_the_environment(monkeypatch):
     monkeypatch.setattr(_grpc_direct, "_disabled_reason", None)
-    monkeypatch.setenv(_grpc_direct.ENV_CLIENT, "public")
+    monkeypatch.setenv(_grpc_direct.ENV_LAYER, "public")
     assert not _grpc_direct.available()
     assert Stream(1, "w1", outgoing=True)._direct is None
-    monkeypatch.setenv(_grpc_direct.ENV_CLIENT, "direct")
+    monkeypatch.setenv(_grpc_direct.ENV_LAYER, "direct")
     assert _grpc_direct.available()
-    monkeypatch.setenv(_grpc_direct.ENV_CLIENT, "fast")
+    monkeypatch.setenv(_grpc_direct.ENV_LAYER, "fast")
     with pytest.raises(ValueError) as info:
         _grpc_direct.available()
-    assert str(info.value) == "SHOAL_RPC_GRPC_CLIENT must be 'direct' or 'public', got 'fast'."
+    assert str(info.value) == "SHOAL_RPC_GRPC must be 'direct' or 'public', got 'fast'."
 
 
 def test_accepted_streams_never_use_a_direct_call():
     assert Stream(1, "w1", outgoing=False)._direct is None
+
+
+# ----------------------------------------------------------------------------- server side
+
+class _DirectServer:
+    """A StreamServer whose calls echo every message back (raw, not re-batched) on a reader
+    thread each; `ends` collects how each call's reading ended."""
+
+    def __init__(self, accept=None):
+        self.ends: list[str] = []
+        self.ended = threading.Event()
+        self.calls: list[_grpc_direct.ServerCall] = []
+        self._accept = accept
+        self.server = _grpc_direct.StreamServer("127.0.0.1", [], METHOD, self._on_call, "test")
+        self.port = self.server.start()
+
+    def _on_call(self, accepted):
+        if self._accept is not None and not self._accept(accepted):
+            return
+        call = _grpc_direct.ServerCall(accepted, b"".join, 1 << 20, 0.0, "test")
+        call.release()
+        self.calls.append(call)
+        threading.Thread(target=self._echo, args=(call,), daemon=True).start()
+
+    def _echo(self, call):
+        try:
+            for message in call:
+                call.send(message)
+            self.ends.append("stop")
+        except StreamEnded as exc:
+            self.ends.append(str(exc))
+        self.ended.set()
+
+
+@pytest.fixture
+def direct_server():
+    srv = _DirectServer()
+    yield srv
+    srv.server.stop(TIMEOUT_S)
+
+
+def _public_call(port, requests, method=METHOD, metadata=()):
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    return channel, channel.stream_stream(method)(iter(requests), metadata=metadata,
+                                                  timeout=TIMEOUT_S)
+
+
+def test_a_server_call_echoes_and_ends_with_ok_when_the_client_half_closes(direct_server):
+    channel, call = _public_call(direct_server.port, [b"one", b"two", b"three"])
+    # Echoes that queue behind a send in flight leave together (joined here).
+    assert b"".join(call) == b"onetwothree"
+    assert call.code() == grpc.StatusCode.OK
+    assert direct_server.ended.wait(TIMEOUT_S)
+    assert direct_server.ends == ["stop"]
+    channel.close()
+
+
+def test_a_direct_client_and_a_direct_server_talk_both_ways(direct_server):
+    channel = grpc.insecure_channel(f"127.0.0.1:{direct_server.port}")
+    call = _started(channel)
+    call.release()
+    for i in range(50):
+        call.send(_frame(b"%d" % i))
+        assert _frames_of(_next_with_timeout(call)) == [b"%d" % i]
+    call.cancel()
+    with pytest.raises(StreamEnded):
+        _next_with_timeout(call)
+    assert direct_server.ended.wait(TIMEOUT_S)
+    assert direct_server.ends[0].startswith("CANCELLED: ")
+    channel.close()
+
+
+def test_a_rejected_call_gets_its_status_and_nothing_is_read():
+    def accept(accepted):
+        accepted.reject("unauthenticated", "no proof")
+        return False
+
+    srv = _DirectServer(accept)
+    try:
+        channel, call = _public_call(srv.port, [b"never read"])
+        with pytest.raises(grpc.RpcError) as info:
+            list(call)
+        assert (info.value.code(), info.value.details()) == (
+            grpc.StatusCode.UNAUTHENTICATED, "no proof")
+        assert srv.calls == []
+        channel.close()
+    finally:
+        srv.server.stop(TIMEOUT_S)
+
+
+def test_another_method_is_unimplemented(direct_server):
+    channel, call = _public_call(direct_server.port, [b"x"], method="/shoal.rpc.Agent/Other")
+    with pytest.raises(grpc.RpcError) as info:
+        list(call)
+    assert (info.value.code(), info.value.details()) == (
+        grpc.StatusCode.UNIMPLEMENTED, "unknown method")
+    channel.close()
+
+
+def test_stopping_the_server_ends_its_calls_on_both_sides():
+    srv = _DirectServer()
+    channel = grpc.insecure_channel(f"127.0.0.1:{srv.port}")
+    call = _started(channel)
+    call.release()
+    call.send(_frame(b"up"))
+    assert _frames_of(_next_with_timeout(call)) == [b"up"]
+    srv.server.stop(TIMEOUT_S)
+    assert srv.ended.wait(TIMEOUT_S)
+    assert srv.ends[0].startswith("CANCELLED: ")
+    with pytest.raises(StreamEnded):
+        _next_with_timeout(call)
+    channel.close()
+
+
+def test_a_transport_refuses_streams_beyond_its_bound(monkeypatch):
+    """max_streams=0 still leaves 4 spare streams; the fifth is refused before anything is
+    read, and its dialer learns why."""
+    monkeypatch.setattr(_grpc_direct, "_disabled_reason", None)
+    token = b"k" * 32
+    names = {0: "w0", 1: "w1"}
+    opened = []
+
+    def transport(worker_id):
+        return GrpcTransport(
+            name=names[worker_id], worker_id=worker_id, token=token, host="127.0.0.1",
+            max_streams=0, on_frames=lambda stream, frames: None,
+            on_stream_open=opened.append, on_stream_dead=lambda stream: None,
+            peer_name=names.get, submit=lambda task: None)
+
+    server, client = transport(1), transport(0)
+    port = server.start()
+    try:
+        streams = [client.connect(1, "w1", f"127.0.0.1:{port}") for _ in range(5)]
+        for stream in streams:
+            stream.opened.wait(TIMEOUT_S)
+        states = sorted(stream.state for stream in streams)
+        assert states == [Stream.DEAD] + [Stream.OPEN] * 4
+        dead = next(stream for stream in streams if stream.state == Stream.DEAD)
+        assert dead.dead_reason.endswith("RESOURCE_EXHAUSTED: too many RPC streams")
+        assert len(opened) == 4
+    finally:
+        client.stop()
+        server.stop()
