@@ -367,3 +367,34 @@ def test_a_transport_refuses_streams_beyond_its_bound(monkeypatch):
     finally:
         client.stop()
         server.stop()
+
+
+def test_a_transport_serves_through_grpc_server_when_the_private_server_differs(monkeypatch):
+    monkeypatch.setattr(_grpc_direct, "_disabled_reason", None)
+
+    def differs(*args, **kwargs):
+        raise AttributeError("module 'cygrpc' has no attribute 'Server'")
+
+    monkeypatch.setattr(_grpc_direct, "StreamServer", differs)
+    names = {0: "w0", 1: "w1"}
+    opened = []
+
+    def transport(worker_id):
+        return GrpcTransport(
+            name=names[worker_id], worker_id=worker_id, token=b"k" * 32, host="127.0.0.1",
+            max_streams=2, on_frames=lambda stream, frames: None,
+            on_stream_open=opened.append, on_stream_dead=lambda stream: None,
+            peer_name=names.get, submit=lambda task: None)
+
+    server = transport(1)
+    assert isinstance(server._server, grpc.Server)
+    assert not _grpc_direct.available()
+    client = transport(0)
+    port = server.start()
+    try:
+        stream = client.connect(1, "w1", f"127.0.0.1:{port}")
+        assert stream.opened.wait(TIMEOUT_S) and stream.state == Stream.OPEN
+        assert len(opened) == 1 and not opened[0].outgoing
+    finally:
+        client.stop()
+        server.stop()
