@@ -5,6 +5,7 @@ grpcio's public API."""
 from __future__ import annotations
 
 import threading
+import time
 from concurrent import futures
 
 import grpc
@@ -97,6 +98,14 @@ def _next_with_timeout(call) -> bytes:
     if kind == "raised":
         raise value
     return value
+
+
+def _wait_for(condition) -> None:
+    """The server registers its side of a stream just after its proof left, so the client may
+    see the stream open a moment earlier: poll for the server's side (bounded)."""
+    end = time.monotonic() + TIMEOUT_S
+    while not condition() and time.monotonic() < end:
+        time.sleep(0.01)
 
 
 def _started(channel, encode=None, max_bytes=1 << 20) -> DirectCall:
@@ -363,6 +372,7 @@ def test_a_transport_refuses_streams_beyond_its_bound(monkeypatch):
         assert states == [Stream.DEAD] + [Stream.OPEN] * 4
         dead = next(stream for stream in streams if stream.state == Stream.DEAD)
         assert dead.dead_reason.endswith("RESOURCE_EXHAUSTED: too many RPC streams")
+        _wait_for(lambda: len(opened) >= 4)
         assert len(opened) == 4
     finally:
         client.stop()
@@ -394,6 +404,7 @@ def test_a_transport_serves_through_grpc_server_when_the_private_server_differs(
     try:
         stream = client.connect(1, "w1", f"127.0.0.1:{port}")
         assert stream.opened.wait(TIMEOUT_S) and stream.state == Stream.OPEN
+        _wait_for(lambda: opened)
         assert len(opened) == 1 and not opened[0].outgoing
     finally:
         client.stop()
