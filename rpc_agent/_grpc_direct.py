@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue as queue_module
 import threading
 import time
 from typing import Callable, Optional
@@ -65,6 +66,8 @@ _SHUTDOWN = object()
 _CALL_OK = 0  # grpc_call_error GRPC_CALL_OK
 # A rejected client that does not take its status within this long is cut off.
 _REJECT_WAIT_S = 5.0
+# Rejected calls beyond this many waiting are cancelled at once (their status may not arrive).
+_MAX_REJECTIONS = 64
 _STATUS_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
 _NEEDED = ("SendInitialMetadataOperation", "ReceiveInitialMetadataOperation",
            "ReceiveStatusOnClientOperation", "ReceiveMessageOperation", "SendMessageOperation",
@@ -97,7 +100,7 @@ class StreamEnded(Exception):
     """The call ended with a non-OK status; str() is 'CODE: details' like grpc.RpcError's."""
 
 
-class _Pump:
+class Pump:
     """What both ends of a stream share: `send` from any thread, `next()` from one reader at a
     time, one send in flight, an outbox, a writer thread for bursts, and `_outstanding`.
 
@@ -128,6 +131,9 @@ class _Pump:
         self._outstanding = 0
         # Set once the call is known to be over (then the writer exits).
         self._over = False
+        # Held by the one thread polling (a reader, or drain()): two pollers could both see
+        # one operation outstanding and the second would poll a queue with nothing to come.
+        self._poll_lock = threading.Lock()
 
     # -- what each end defines
 
@@ -184,6 +190,33 @@ class _Pump:
         self._outbox.append(frame)
         return True
 
+    def waiting(self) -> bool:
+        """True when frames wait in the outbox for a send in flight to complete (only a
+        reader sees that completion)."""
+        return bool(self._outbox) and self._holding and self._released
+
+    def _close(self) -> None:
+        """The call is over for sending: the writer thread exits, sends return False."""
+        with self._lock:
+            self._over = True
+        if self._writer_wake is not None:
+            self._writer_wake.release()
+
+    def drain(self) -> None:
+        """Cancel the call and read it to its end (any thread; waits for a reader that polls).
+
+        A call that nobody reads to its end keeps its gRPC call, and its completion queue,
+        alive; a server call's queue, once dropped, would be pumped with the GIL held forever.
+        """
+        self.cancel()
+        while True:
+            try:
+                next(self)
+            except StopIteration:
+                return
+            except StreamEnded:
+                return
+
     def _wake_writer(self) -> None:
         if self._writer_wake is None:
             with self._lock:
@@ -220,12 +253,16 @@ class _Pump:
 
     # -- reading
 
-    def __iter__(self) -> "_Pump":
+    def __iter__(self) -> "Pump":
         return self
 
     def __next__(self) -> bytes:
         """The next message from the peer; StopIteration or StreamEnded once the call is over
         (see each end's `_end`)."""
+        with self._poll_lock:
+            return self._next_message()
+
+    def _next_message(self) -> bytes:
         while True:
             with self._lock:
                 if self._outstanding == 0:
@@ -256,7 +293,7 @@ class _Pump:
                 self._wake_writer()
 
 
-class DirectCall(_Pump):
+class DirectCall(Pump):
     """The dialing end: a call started on a channel with its own completion queue."""
 
     def __init__(self, encode: Callable[[list], bytes], max_message_bytes: int,
@@ -321,11 +358,12 @@ class DirectCall(_Pump):
         """End the call (any thread); the reader then sees it end."""
         with self._lock:
             call = self._call
+        self._close()
         if call is not None:
             call.cancel(cygrpc.StatusCode.cancelled, "Cancelled by this worker")
 
 
-class ServerCall(_Pump):
+class ServerCall(Pump):
     """The accepting end: a call StreamServer accepted onto its own completion queue, which
     only this call's reader polls (no server thread in between, and replies never wait for
     their write to complete)."""
@@ -395,6 +433,7 @@ class ServerCall(_Pump):
 
     def cancel(self) -> None:
         """End the call (any thread); the reader then sees it end."""
+        self._close()
         self._call.cancel()
 
 
@@ -409,25 +448,61 @@ class Accepted:
         self.metadata = metadata
         self.peer = peer
 
-    def reject(self, code_name: str, details: str) -> None:
-        """Answer with a status and read nothing (a helper thread waits for the write)."""
+    def reject(self, code_name: str, details: str) -> bool:
+        """Answer with a status and read nothing. Only for a call nothing was started on;
+        True if the status is on its way (the server's rejection thread waits for it)."""
         operations = (
             cygrpc.SendInitialMetadataOperation(None, _NO_FLAGS),
             cygrpc.SendStatusFromServerOperation(
                 None, getattr(cygrpc.StatusCode, code_name), details.encode(), _NO_FLAGS),
         )
-        if self.call.start_server_batch(operations, _STATUS) != _CALL_OK:
+        if self.call.start_server_batch(operations, _STATUS) == _CALL_OK:
+            return True
+        self.call.cancel()  # nothing outstanding: the queue may go
+        return False
+
+
+class _Rejections:
+    """One thread that waits for rejected calls' statuses to leave, in turn, each for at most
+    `_REJECT_WAIT_S` (then the call is cancelled): unauthenticated clients cost no thread of
+    their own. Past `_MAX_REJECTIONS` waiting, calls are cancelled at once."""
+
+    def __init__(self, name: str):
+        self._queue: queue_module.SimpleQueue = queue_module.SimpleQueue()
+        self._waiting = 0
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name=f"shoal-rpc-reject-{name}")
+        self._thread.start()
+
+    def reject(self, accepted: "Accepted", code_name: str, details: str) -> None:
+        """Reject `accepted` (see Accepted.reject) and see its status out."""
+        if not accepted.reject(code_name, details):
             return
-        threading.Thread(target=_drain_rejected, args=(self.call, self.queue), daemon=True,
-                         name="shoal-rpc-reject").start()
+        with self._lock:
+            self._waiting += 1
+            hurry = self._waiting > _MAX_REJECTIONS
+        if hurry:
+            accepted.call.cancel()
+        self._queue.put(accepted)
 
+    def stop(self) -> None:
+        """End the thread once what is queued has been waited for."""
+        self._queue.put(None)
 
-def _drain_rejected(call, queue) -> None:
-    # One batch is outstanding; a client that never reads is cut off after the bound.
-    event = queue.poll(time.time() + _REJECT_WAIT_S)
-    if event.completion_type == cygrpc.CompletionType.queue_timeout:
-        call.cancel()
-        queue.poll()
+    def _run(self) -> None:
+        while True:
+            accepted = self._queue.get()
+            if accepted is None:
+                return
+            # One batch is outstanding; a client that does not take it is cut off.
+            event = accepted.queue.poll(time.time() + _REJECT_WAIT_S)
+            if event.completion_type == cygrpc.CompletionType.queue_timeout:
+                accepted.call.cancel()
+                accepted.queue.poll()
+            with self._lock:
+                self._waiting -= 1
+            del accepted, event
 
 
 class StreamServer:
@@ -439,7 +514,9 @@ class StreamServer:
         options: gRPC channel arguments of the server.
         method: the one method served ("/package.Service/Method"); others get UNIMPLEMENTED.
         on_call(accepted): called on the accept thread for every call of `method`; it must
-            reject it or hand it to a ServerCall, quickly (and bound how many it keeps).
+            reject it (StreamServer.reject) or hand it to a ServerCall whose reader reads it to
+            its end, quickly, and bound how many it keeps. If it raises, it must not have
+            started anything on the call (the server then rejects it).
         name: for the accept thread's name.
     """
 
@@ -453,6 +530,11 @@ class StreamServer:
         self._server = cygrpc.Server(tuple(options), False)
         self._server.register_completion_queue(self._queue)
         self._thread: Optional[threading.Thread] = None
+        self._rejections: Optional[_Rejections] = None
+        # Held while deciding to request another call, while starting the shutdown (cygrpc
+        # refuses request_call once it began) and around destroy (stop's cancel_all_calls
+        # must not run on a destroyed server).
+        self._lock = threading.Lock()
         self._stopping = False
 
     def start(self) -> int:
@@ -461,11 +543,21 @@ class StreamServer:
         if not port:
             return 0
         self._server.start()
+        self._rejections = _Rejections(self._name)
         self._request()
         self._thread = threading.Thread(target=self._accept_loop, daemon=True,
                                         name=f"shoal-rpc-accept-{self._name}")
         self._thread.start()
         return port
+
+    @property
+    def running(self) -> bool:
+        """True until the accept thread ended (after stop)."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def reject(self, accepted: Accepted, code_name: str, details: str) -> None:
+        """Answer a call nothing was started on with a status (see Accepted.reject)."""
+        self._rejections.reject(accepted, code_name, details)
 
     def _request(self) -> None:
         call_queue = cygrpc.CompletionQueue()
@@ -475,33 +567,44 @@ class StreamServer:
         while True:
             event = self._queue.poll()
             if event.tag is _SHUTDOWN:
+                self._rejections.stop()
+                with self._lock:  # not while stop() is still cancelling calls on it
+                    self._server.destroy()
                 return
-            if event.completion_type != cygrpc.CompletionType.operation_complete:
-                continue
-            if not event.success:
-                continue  # the server is shutting down
-            accepted = Accepted(event.call, event.tag, event.invocation_metadata,
-                                _text(event.call.peer()))
-            if self._stopping:
-                accepted.reject("unavailable", "the worker is shutting down")
-                continue
-            self._request()
-            if event.call_details.method != self._method:
-                accepted.reject("unimplemented", "unknown method")
-                continue
+            if event.completion_type == cygrpc.CompletionType.operation_complete:
+                self._accepted(event)
+            # Hold nothing of a call past this point (a queue is freed only when unused).
+            event = None
+
+    def _accepted(self, event) -> None:
+        if not event.success:
+            return  # the server is shutting down
+        accepted = Accepted(event.call, event.tag, event.invocation_metadata,
+                            _text(event.call.peer()))
+        with self._lock:
+            stopping = self._stopping
+            if not stopping:
+                self._request()
+        if stopping:
+            self.reject(accepted, "unavailable", "the worker is shutting down")
+        elif event.call_details.method != self._method:
+            self.reject(accepted, "unimplemented", "unknown method")
+        else:
             try:
                 self._on_call(accepted)
             except Exception:  # noqa: BLE001  (one bad call must not stop accepting)
+                # on_call starts nothing on a call it fails on (see GrpcTransport._accept).
                 logger.exception("Accepting an RPC stream from %s failed", accepted.peer)
-                accepted.reject("internal", "the server failed to accept the stream")
+                self.reject(accepted, "internal", "the server failed to accept the stream")
 
     def stop(self, timeout: float) -> None:
         """Stop accepting, cancel every call, and wait up to `timeout` for the accept thread."""
-        if self._thread is None or self._stopping:
-            return
-        self._stopping = True
-        self._server.shutdown(self._queue, _SHUTDOWN)
-        self._server.cancel_all_calls()
+        with self._lock:
+            if self._thread is None or self._stopping:
+                return
+            self._stopping = True
+            self._server.shutdown(self._queue, _SHUTDOWN)
+            self._server.cancel_all_calls()
         self._thread.join(timeout)
 
 

@@ -209,6 +209,10 @@ class Stream:
             # A caller alone on the stream starts the gRPC write itself (see DirectCall).
             if not self._direct.send(frame, quiet=len(self.pending_ids) <= 1):
                 self.fail("the RPC ended while writing to it")
+            elif self._direct.waiting() and self._readers.inline_since is not None:
+                # Only a reader sees the write in flight end, and ours runs a call: let
+                # another thread read now rather than after the call (or _INLINE_HANDOVER_S).
+                self._readers.hand_on()
             return
         if self._write is None:
             self._queue.put(frame)
@@ -496,7 +500,7 @@ class GrpcTransport:
                 raise RpcError("its first frame is not a valid proof of this job's secret")
         except Exception as exc:  # noqa: BLE001  (any failure is this stream's death)
             if call is not None:
-                call.cancel()
+                _end_call(call)
             stream.fail(f"connecting to {address} failed: {_describe(exc)}")
             channel.close()
             return
@@ -505,6 +509,7 @@ class GrpcTransport:
             channel.close()
 
         if not stream._open(cancel):
+            _end_call(call)
             channel.close()
             return
         if stream._direct is not None and not stream._direct.release():
@@ -533,7 +538,7 @@ class GrpcTransport:
         hello, reason = self._check_hello(accepted.metadata)
         if hello is None:
             self._log_rejected(accepted.peer, reason)
-            accepted.reject("unauthenticated", reason)
+            self._server.reject(accepted, "unauthenticated", reason)
             return
         with self._lock:
             full = self._accepted >= self._max_accepted
@@ -542,26 +547,34 @@ class GrpcTransport:
         if full:
             logger.warning("Worker %r refused an RPC stream from %s: it already serves %d.",
                            self.name, accepted.peer, self._max_accepted)
-            accepted.reject("resource_exhausted", "too many RPC streams")
+            self._server.reject(accepted, "resource_exhausted", "too many RPC streams")
             return
         stream = Stream(hello.id, hello.name, outgoing=False)
         stream.on_dead = self._on_stream_dead
+        proof = _server_proof(self._token, self.worker_id, hello.nonce)
         call = _grpc_direct.ServerCall(accepted, stream._count, MAX_BATCH_BYTES, _BURST_GAP_S,
                                        hello.name)
-        stream._direct = call
-        proof = _server_proof(self._token, self.worker_id, hello.nonce)
-        call.send(rpc_pb2.Frame(kind=rpc_pb2.HELLO, payload=proof).SerializeToString())
-        if not call.release():
-            call.cancel()
+        # From here on the call has operations outstanding: whatever happens, it is read to
+        # its end (a server call's queue dropped with operations outstanding hangs the
+        # process), so nothing may escape to the accept loop.
+        try:
+            stream._direct = call
+            call.send(rpc_pb2.Frame(kind=rpc_pb2.HELLO, payload=proof).SerializeToString())
+            if not call.release():
+                raise RpcError("the stream ended before the proof left")
+            stream._open(call.cancel)
+            self._on_stream_open(stream)
+            threading.Thread(
+                target=self._read_accepted, args=(stream, call), daemon=True,
+                name=f"shoal-rpc-read-{self.name}-{hello.name}",
+            ).start()
+        except BaseException as exc:  # noqa: BLE001
+            logger.warning("Worker %r could not take the RPC stream from %s: %s",
+                           self.name, stream.describe(), _describe(exc))
+            stream.fail(f"accepting it failed: {_describe(exc)}")
+            call.drain()
             with self._lock:
                 self._accepted -= 1
-            return
-        stream._open(call.cancel)
-        self._on_stream_open(stream)
-        threading.Thread(
-            target=self._read_accepted, args=(stream, call), daemon=True,
-            name=f"shoal-rpc-read-{self.name}-{hello.name}",
-        ).start()
 
     def _read_accepted(self, stream: Stream, call: "_grpc_direct.ServerCall") -> None:
         try:
@@ -685,6 +698,10 @@ class GrpcTransport:
                 break
         readers.release_follower()
         self._watch.unwatch(readers)
+        # A DirectCall or ServerCall is read to its end even when this thread leaves as a
+        # follower (see _grpc_direct.Pump.drain); at once if it already ended.
+        if isinstance(messages, _grpc_direct.Pump):
+            messages.drain()
 
     def _handle(self, stream: Stream, data: bytes):
         metrics.BYTES_RECEIVED.inc(len(data))
@@ -884,6 +901,14 @@ class _InlineWatch:
                 since = r.inline_since
                 if since is not None and now - since >= _INLINE_HANDOVER_S:
                     r.hand_on()
+
+
+def _end_call(call) -> None:
+    """Cancel a dialed call that will not be read, and read it to its end if it is ours."""
+    if isinstance(call, _grpc_direct.Pump):
+        call.drain()
+    else:
+        call.cancel()
 
 
 def _describe(exc: BaseException) -> str:

@@ -143,6 +143,8 @@ def test_a_message_stops_at_the_size_bound_and_the_rest_follows(server, channel)
     for payload in (b"x" * 40, b"y" * 40, b"z" * 40):
         call.send(_frame(payload))
     call.release()
+    # The first two frames are in flight; only a reader can see that send end.
+    assert call.waiting()
     first = _frames_of(_next_with_timeout(call))
     second = _frames_of(_next_with_timeout(call))
     assert (first, second) == ([b"x" * 40, b"y" * 40], [b"z" * 40])
@@ -231,7 +233,7 @@ def test_the_client_choice_comes_from_the_environment(monkeypatch):
     assert str(info.value) == "SHOAL_RPC_GRPC must be 'direct' or 'public', got 'fast'."
 
 
-def test_accepted_streams_never_use_a_direct_call():
+def test_an_accepted_stream_has_no_call_until_the_server_attaches_one():
     assert Stream(1, "w1", outgoing=False)._direct is None
 
 
@@ -307,7 +309,7 @@ def test_a_direct_client_and_a_direct_server_talk_both_ways(direct_server):
 
 def test_a_rejected_call_gets_its_status_and_nothing_is_read():
     def accept(accepted):
-        accepted.reject("unauthenticated", "no proof")
+        srv.server.reject(accepted, "unauthenticated", "no proof")
         return False
 
     srv = _DirectServer(accept)
@@ -317,7 +319,6 @@ def test_a_rejected_call_gets_its_status_and_nothing_is_read():
             list(call)
         assert (info.value.code(), info.value.details()) == (
             grpc.StatusCode.UNAUTHENTICATED, "no proof")
-        assert srv.calls == []
         channel.close()
     finally:
         srv.server.stop(TIMEOUT_S)
@@ -340,11 +341,36 @@ def test_stopping_the_server_ends_its_calls_on_both_sides():
     call.send(_frame(b"up"))
     assert _frames_of(_next_with_timeout(call)) == [b"up"]
     srv.server.stop(TIMEOUT_S)
+    assert not srv.server.running, "the accept thread did not end"
     assert srv.ended.wait(TIMEOUT_S)
     assert srv.ends[0].startswith("CANCELLED: ")
     with pytest.raises(StreamEnded):
         _next_with_timeout(call)
     channel.close()
+
+
+def test_an_accept_callback_that_raises_gets_its_call_rejected_and_accepting_goes_on():
+    failures = [RuntimeError("accept failed on purpose")]
+
+    def accept(accepted):
+        if failures:
+            raise failures.pop()
+        return True
+
+    srv = _DirectServer(accept)
+    try:
+        channel, call = _public_call(srv.port, [b"first"])
+        with pytest.raises(grpc.RpcError) as info:
+            list(call)
+        assert (info.value.code(), info.value.details()) == (
+            grpc.StatusCode.INTERNAL, "the server failed to accept the stream")
+        channel.close()
+        channel, call = _public_call(srv.port, [b"second"])
+        assert b"".join(call) == b"second"
+        channel.close()
+    finally:
+        srv.server.stop(TIMEOUT_S)
+    assert not srv.server.running
 
 
 def test_a_transport_refuses_streams_beyond_its_bound(monkeypatch):
@@ -409,3 +435,42 @@ def test_a_transport_serves_through_grpc_server_when_the_private_server_differs(
     finally:
         client.stop()
         server.stop()
+
+
+
+def test_a_stream_that_fails_while_being_accepted_is_read_to_its_end(monkeypatch):
+    """The server's proof already left when registering the stream fails: the call must be
+    cancelled and drained on the spot (a server call's queue dropped with operations
+    outstanding would hang the process), the dialer's stream dies, and the next one works."""
+    monkeypatch.setattr(_grpc_direct, "_disabled_reason", None)
+    names = {0: "w0", 1: "w1"}
+    failures = [RuntimeError("registering failed on purpose")]
+    opened = []
+
+    def on_open(stream):
+        if failures:
+            raise failures.pop()
+        opened.append(stream)
+
+    def transport(worker_id, on_stream_open):
+        return GrpcTransport(
+            name=names[worker_id], worker_id=worker_id, token=b"k" * 32, host="127.0.0.1",
+            max_streams=0, on_frames=lambda stream, frames: None,
+            on_stream_open=on_stream_open, on_stream_dead=lambda stream: None,
+            peer_name=names.get, submit=lambda task: None)
+
+    server, client = transport(1, on_open), transport(0, lambda stream: None)
+    port = server.start()
+    try:
+        first = client.connect(1, "w1", f"127.0.0.1:{port}")
+        _wait_for(lambda: first.state == Stream.DEAD)
+        assert first.state == Stream.DEAD
+        assert server._accepted == 0
+        second = client.connect(1, "w1", f"127.0.0.1:{port}")
+        assert second.opened.wait(TIMEOUT_S) and second.state == Stream.OPEN
+        _wait_for(lambda: opened)
+        assert len(opened) == 1 and server._accepted == 1
+    finally:
+        client.stop()
+        server.stop()
+    assert not server._server.running
