@@ -282,6 +282,17 @@ def _public_call(port, requests, method=METHOD, metadata=()):
                                                   timeout=TIMEOUT_S)
 
 
+def _status_of(port, method=METHOD) -> tuple:
+    """The (code, details) that a one-message call from grpcio's public client ends with."""
+    channel, call = _public_call(port, [b"never read"], method=method)
+    try:
+        with pytest.raises(grpc.RpcError) as info:
+            list(call)
+        return info.value.code(), info.value.details()
+    finally:
+        channel.close()
+
+
 def test_a_server_call_echoes_and_ends_with_ok_when_the_client_half_closes(direct_server):
     channel, call = _public_call(direct_server.port, [b"one", b"two", b"three"])
     # Echoes that queue behind a send in flight leave together (joined here).
@@ -314,23 +325,14 @@ def test_a_rejected_call_gets_its_status_and_nothing_is_read():
 
     srv = _DirectServer(accept)
     try:
-        channel, call = _public_call(srv.port, [b"never read"])
-        with pytest.raises(grpc.RpcError) as info:
-            list(call)
-        assert (info.value.code(), info.value.details()) == (
-            grpc.StatusCode.UNAUTHENTICATED, "no proof")
-        channel.close()
+        assert _status_of(srv.port) == (grpc.StatusCode.UNAUTHENTICATED, "no proof")
     finally:
         srv.server.stop(TIMEOUT_S)
 
 
 def test_another_method_is_unimplemented(direct_server):
-    channel, call = _public_call(direct_server.port, [b"x"], method="/shoal.rpc.Agent/Other")
-    with pytest.raises(grpc.RpcError) as info:
-        list(call)
-    assert (info.value.code(), info.value.details()) == (
+    assert _status_of(direct_server.port, method="/shoal.rpc.Agent/Other") == (
         grpc.StatusCode.UNIMPLEMENTED, "unknown method")
-    channel.close()
 
 
 def test_stopping_the_server_ends_its_calls_on_both_sides():
@@ -359,12 +361,8 @@ def test_an_accept_callback_that_raises_gets_its_call_rejected_and_accepting_goe
 
     srv = _DirectServer(accept)
     try:
-        channel, call = _public_call(srv.port, [b"first"])
-        with pytest.raises(grpc.RpcError) as info:
-            list(call)
-        assert (info.value.code(), info.value.details()) == (
+        assert _status_of(srv.port) == (
             grpc.StatusCode.INTERNAL, "the server failed to accept the stream")
-        channel.close()
         channel, call = _public_call(srv.port, [b"second"])
         assert b"".join(call) == b"second"
         channel.close()
