@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import time
 
+import pytest
+
 from test_rpc_pool import RpcWorkers
 
 
@@ -32,9 +34,11 @@ def call_and_report(to, fn, args, timeout=None):
         return type(exc).__name__, str(exc), time.monotonic()
 
 
-def test_a_killed_callee_fails_the_call_within_seconds_naming_it(tmp_path):
+@pytest.mark.parametrize("layer", ["direct", "public"])
+def test_a_killed_callee_fails_the_call_within_seconds_naming_it(tmp_path, layer):
+    """Over both ways the stream can drive gRPC (rpc_agent/_grpc_direct.py)."""
     marker = str(tmp_path / "started")
-    with RpcWorkers(2) as workers:
+    with RpcWorkers(2, env={"SHOAL_RPC_GRPC": layer}) as workers:
         task = workers.submit(0, call_and_report, "w1", slow_with_marker, (marker, 60))
         deadline = time.monotonic() + 30
         while not os.path.exists(marker):
