@@ -87,9 +87,15 @@ def available() -> bool:
         hasattr(cygrpc, name) for name in _NEEDED)
 
 
-def disable(reason: str) -> None:
-    """Use the public API from now on in this process (this grpcio does not fit)."""
+# What using cygrpc raises where this grpcio's private layer differs from what is used here.
+PRIVATE_LAYER_ERRORS = (TypeError, AttributeError)
+
+
+def disable(exc: BaseException) -> None:
+    """Use the public API from now on in this process: this grpcio does not fit (`exc`, one of
+    PRIVATE_LAYER_ERRORS, says how)."""
     global _disabled_reason
+    reason = f"{type(exc).__name__}: {exc}"
     if _disabled_reason is None:
         logger.warning("New RPC streams fall back to grpcio's public API (about 80 us more "
                        "per round trip): %s", reason)
@@ -212,9 +218,7 @@ class Pump:
         while True:
             try:
                 next(self)
-            except StopIteration:
-                return
-            except StreamEnded:
+            except (StopIteration, StreamEnded):
                 return
 
     def _wake_writer(self) -> None:
@@ -613,4 +617,4 @@ def _text(value) -> str:
 
 
 def _status_name(code: int) -> str:
-    return _STATUS_NAMES.get(code, f"STATUS {code}").upper()
+    return _STATUS_NAMES.get(code, f"STATUS {code}")

@@ -1,6 +1,6 @@
 """`RpcAgent`: calls out, serves calls in, over the gRPC streams and the data channels.
 
-Threads: per stream, gRPC's own threads and one reader (rpc_agent/transport.py); the worker
+Threads: per stream one reader (and a writer during bursts; rpc_agent/transport.py); the worker
 pool (runs incoming calls, and the callbacks of Futures completed on a reader); one reader and
 one sender per data socket; the timer thread (call deadlines); the RRef delete thread. Readers
 never block and never run user callbacks: they parse frames, complete plain waits, register

@@ -4,14 +4,19 @@ grpcio's thread-based API is used, not grpc.aio: measured here, a round trip thr
 another thread costs about 150 us of CPU against about 90 us for the thread-based API, because
 every hand-off into an asyncio loop adds a self-pipe wake-up and several loop iterations.
 
-Sending on a dialed stream: any thread serializes its frame and puts it on the stream's queue;
-the one thread gRPC runs to send the stream's requests takes every frame queued at that moment
-and writes them as one gRPC message (a `Batch`). Under load one gRPC write, which costs far
-more CPU than a frame, carries many calls. Sending on an accepted stream: grpcio's non-blocking
-handler form lets the thread with the frame write it itself when the stream is idle (a reply
-leaves from the thread that ran the call, one hand-off less); frames that arrive during a write
-or in a burst go out coalesced the same way, by the stream's writer thread. Receiving: one
-reader thread per stream parses each Batch and hands its frames to the agent.
+Both ends of a stream go through grpcio's Cython layer by default (rpc_agent/_grpc_direct.py:
+a `DirectCall` on a dialed stream, a `ServerCall` from the `StreamServer` on an accepted one),
+with no grpcio thread between the socket and the stream's reader. A caller alone on the stream
+writes its frame itself; frames that come during a write or in a burst leave together as one
+gRPC message (a `Batch`), so that under load one gRPC write, which costs far more CPU than a
+frame, carries many calls. Receiving: one reader thread per stream parses each Batch and hands
+its frames to the agent.
+
+Where that private layer does not fit (or SHOAL_RPC_GRPC=public), grpcio's public API serves:
+a dialed stream's frames go on the stream's queue, which the one thread gRPC runs to send the
+stream's requests drains into coalesced messages; an accepted stream writes through grpcio's
+non-blocking handler form, from the thread with the frame when the stream is idle and by the
+stream's writer thread during a write or a burst.
 
 Authentication comes before anything is read: a client sends a signed `Hello` as metadata of
 the call (timestamped, with a nonce the server remembers, bound to the target worker), the
@@ -166,17 +171,19 @@ class Stream:
         self.opened = threading.Event()
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
-        # Accepted streams write through gRPC's non-blocking server callback instead of the
-        # queue: `_write(data)` sends one message from the calling thread and returns once
-        # gRPC took it (False once the RPC is over). See `send`.
+        # Public API only (see the module docstring): dialed streams queue frames for
+        # `_messages`; accepted ones write through grpcio's non-blocking server callback:
+        # `_write(data)` sends one message from the calling thread and returns once gRPC took
+        # it (False once the RPC is over). See `send`.
         self._write: Optional[Callable[[bytes], bool]] = None
         self._outbox: list[bytes] = []
         self._writing = False
         self._writer_wake: Optional[threading.Semaphore] = None
         self._last_write = 0.0
-        # Dialed streams send through a DirectCall when grpcio's private layer fits (frames
-        # wait in it until the server's proof checked out); else through `_messages`.
-        self._direct: Optional[_grpc_direct.DirectCall] = (
+        # Where grpcio's private layer fits: a dialed stream's DirectCall (frames wait in it
+        # until the server's proof checked out), or the ServerCall the transport attaches to
+        # an accepted stream.
+        self._direct: Optional[_grpc_direct.Pump] = (
             _grpc_direct.DirectCall(self._count, MAX_BATCH_BYTES, _BURST_GAP_S, peer_name)
             if outgoing and _grpc_direct.available() else None
         )
@@ -387,14 +394,17 @@ class GrpcTransport:
         self._max_accepted = max_streams + 4
         self._accepted = 0
         self._executor: Optional[futures.ThreadPoolExecutor] = None
+        # True while _server is a _grpc_direct.StreamServer (else grpcio's grpc.Server).
+        self._serves_direct = False
         self._server = None
         if _grpc_direct.available():
             try:
                 # Accepted calls go straight to their stream's reader (see _grpc_direct).
                 self._server = _grpc_direct.StreamServer(
                     host, _SERVER_OPTIONS, METHOD, self._accept, name)
-            except (TypeError, AttributeError) as exc:  # this grpcio's private layer differs
-                _grpc_direct.disable(f"{type(exc).__name__}: {exc}")
+                self._serves_direct = True
+            except _grpc_direct.PRIVATE_LAYER_ERRORS as exc:
+                _grpc_direct.disable(exc)
         if self._server is None:
             self._server = self._public_server()
         self.port: Optional[int] = None
@@ -403,6 +413,7 @@ class GrpcTransport:
 
     def _public_server(self) -> grpc.Server:
         """grpcio's own server: a handler thread per stream, replies through its callback."""
+        self._serves_direct = False
         self._executor = futures.ThreadPoolExecutor(
             max_workers=self._max_accepted, thread_name_prefix=f"shoal-rpc-grpc-{self.name}"
         )
@@ -418,13 +429,13 @@ class GrpcTransport:
     def start(self) -> int:
         """Bind and start the server; return the port."""
         port = 0
-        if self._executor is None:
+        if self._serves_direct:
             try:
                 port = self._server.start()
-            except (TypeError, AttributeError) as exc:  # this grpcio's private layer differs
-                _grpc_direct.disable(f"{type(exc).__name__}: {exc}")
+            except _grpc_direct.PRIVATE_LAYER_ERRORS as exc:
+                _grpc_direct.disable(exc)
                 self._server = self._public_server()
-        if self._executor is not None:
+        if not self._serves_direct:
             port = self._server.add_insecure_port(f"{self._host}:0")
             if port:
                 self._server.start()
@@ -445,7 +456,7 @@ class GrpcTransport:
         """Cancel every stream and stop the server."""
         self.close_channels()
         self._watch.stop()
-        if self._executor is None:
+        if self._serves_direct:
             self._server.stop(5.0)
         else:
             self._server.stop(grace=None).wait(5.0)
@@ -525,8 +536,8 @@ class GrpcTransport:
             try:
                 direct.start(channel, METHOD, metadata)
                 return direct
-            except (TypeError, AttributeError) as exc:  # this grpcio's private layer differs
-                _grpc_direct.disable(f"{type(exc).__name__}: {exc}")
+            except _grpc_direct.PRIVATE_LAYER_ERRORS as exc:
+                _grpc_direct.disable(exc)
                 direct.abandon(stream._queue.put)
         return channel.stream_stream(METHOD)(stream._messages(), metadata=metadata)
 
