@@ -57,7 +57,7 @@ def load_token(explicit: Optional[bytes | str] = None) -> bytes:
             ) from exc
     else:
         master = os.environ.get("MASTER_ADDR")
-        if master and not _is_loopback(master):
+        if master and not is_loopback(master):
             # A secret anyone can read in the source protects nothing on a real network.
             raise AuthenticationError(
                 f"MASTER_ADDR is {master!r}, not a loopback address, and no secret is set: set "
@@ -76,7 +76,8 @@ def load_token(explicit: Optional[bytes | str] = None) -> bytes:
     return token
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """True for a name or address of this machine's loopback interface."""
     if host in ("localhost", "localhost.localdomain"):
         return True
     try:

@@ -7,7 +7,6 @@ environment before prometheus_client reads it.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import shutil
@@ -96,19 +95,12 @@ def _auth_token(settings: flags.RunSettings) -> str:
     return generate_token()
 
 
-def _is_loopback(host: str) -> bool:
-    if host in ("localhost", "localhost.localdomain"):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
 def _local_addr(settings: flags.RunSettings) -> str:
+    from core.auth import is_loopback
+
     if settings.local_addr:
         return settings.local_addr
-    if not settings.rdzv_endpoints or all(_is_loopback(h) for h, _ in settings.rdzv_endpoints):
+    if not settings.rdzv_endpoints or all(is_loopback(h) for h, _ in settings.rdzv_endpoints):
         return "127.0.0.1"
     return socket.getfqdn()
 

@@ -138,35 +138,16 @@ class RpcBackendOptions:
                     f"RpcBackendOptions.store must be a collectives.Store, got "
                     f"{type(self.store).__name__}."
                 )
-        if (
-            isinstance(self.num_worker_threads, bool)
-            or not isinstance(self.num_worker_threads, int)
-            or self.num_worker_threads < 1
-        ):
-            raise ValueError(
-                "RpcBackendOptions.num_worker_threads must be a positive int, got "
-                f"{self.num_worker_threads!r}."
-            )
-        if (
-            isinstance(self.data_threshold, bool)
-            or not isinstance(self.data_threshold, int)
-            or self.data_threshold < 1
-        ):
-            raise ValueError(
-                "RpcBackendOptions.data_threshold must be a positive int of bytes, got "
-                f"{self.data_threshold!r}."
-            )
-        if (
-            isinstance(self.receive_cache_bytes, bool)
-            or not isinstance(self.receive_cache_bytes, int)
-            or self.receive_cache_bytes < 0
-        ):
-            raise ValueError(
-                "RpcBackendOptions.receive_cache_bytes must be a non-negative int of bytes, "
-                f"got {self.receive_cache_bytes!r}."
-            )
+        self._require_int("num_worker_threads", 1, "a positive int")
+        self._require_int("data_threshold", 1, "a positive int of bytes")
+        self._require_int("receive_cache_bytes", 0, "a non-negative int of bytes")
         if not self.store_prefix or "/" in self.store_prefix:
             raise ValueError(
                 f"RpcBackendOptions.store_prefix must be a non-empty name without '/', got "
                 f"{self.store_prefix!r}."
             )
+
+    def _require_int(self, field: str, minimum: int, what: str) -> None:
+        value = getattr(self, field)
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f"RpcBackendOptions.{field} must be {what}, got {value!r}.")
