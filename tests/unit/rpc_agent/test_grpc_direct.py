@@ -371,22 +371,24 @@ def test_an_accept_callback_that_raises_gets_its_call_rejected_and_accepting_goe
     assert not srv.server.running
 
 
+_NAMES = {0: "w0", 1: "w1"}
+
+
+def _transport(worker_id: int, max_streams: int, on_stream_open) -> GrpcTransport:
+    """A transport of worker `worker_id` in a two-worker job that only opens streams."""
+    return GrpcTransport(
+        name=_NAMES[worker_id], worker_id=worker_id, token=b"k" * 32, host="127.0.0.1",
+        max_streams=max_streams, on_frames=lambda stream, frames: None,
+        on_stream_open=on_stream_open, on_stream_dead=lambda stream: None,
+        peer_name=_NAMES.get, submit=lambda task: None)
+
+
 def test_a_transport_refuses_streams_beyond_its_bound(monkeypatch):
     """max_streams=0 still leaves 4 spare streams; the fifth is refused before anything is
     read, and its dialer learns why."""
     monkeypatch.setattr(_grpc_direct, "_disabled_reason", None)
-    token = b"k" * 32
-    names = {0: "w0", 1: "w1"}
     opened = []
-
-    def transport(worker_id):
-        return GrpcTransport(
-            name=names[worker_id], worker_id=worker_id, token=token, host="127.0.0.1",
-            max_streams=0, on_frames=lambda stream, frames: None,
-            on_stream_open=opened.append, on_stream_dead=lambda stream: None,
-            peer_name=names.get, submit=lambda task: None)
-
-    server, client = transport(1), transport(0)
+    server, client = _transport(1, 0, opened.append), _transport(0, 0, opened.append)
     port = server.start()
     try:
         streams = [client.connect(1, "w1", f"127.0.0.1:{port}") for _ in range(5)]
@@ -410,20 +412,11 @@ def test_a_transport_serves_through_grpc_server_when_the_private_server_differs(
         raise AttributeError("module 'cygrpc' has no attribute 'Server'")
 
     monkeypatch.setattr(_grpc_direct, "StreamServer", differs)
-    names = {0: "w0", 1: "w1"}
     opened = []
-
-    def transport(worker_id):
-        return GrpcTransport(
-            name=names[worker_id], worker_id=worker_id, token=b"k" * 32, host="127.0.0.1",
-            max_streams=2, on_frames=lambda stream, frames: None,
-            on_stream_open=opened.append, on_stream_dead=lambda stream: None,
-            peer_name=names.get, submit=lambda task: None)
-
-    server = transport(1)
+    server = _transport(1, 2, opened.append)
     assert isinstance(server._server, grpc.Server)
     assert not _grpc_direct.available()
-    client = transport(0)
+    client = _transport(0, 2, opened.append)
     port = server.start()
     try:
         stream = client.connect(1, "w1", f"127.0.0.1:{port}")
@@ -435,13 +428,11 @@ def test_a_transport_serves_through_grpc_server_when_the_private_server_differs(
         server.stop()
 
 
-
 def test_a_stream_that_fails_while_being_accepted_is_read_to_its_end(monkeypatch):
     """The server's proof already left when registering the stream fails: the call must be
     cancelled and drained on the spot (a server call's queue dropped with operations
     outstanding would hang the process), the dialer's stream dies, and the next one works."""
     monkeypatch.setattr(_grpc_direct, "_disabled_reason", None)
-    names = {0: "w0", 1: "w1"}
     failures = [RuntimeError("registering failed on purpose")]
     opened = []
 
@@ -450,14 +441,7 @@ def test_a_stream_that_fails_while_being_accepted_is_read_to_its_end(monkeypatch
             raise failures.pop()
         opened.append(stream)
 
-    def transport(worker_id, on_stream_open):
-        return GrpcTransport(
-            name=names[worker_id], worker_id=worker_id, token=b"k" * 32, host="127.0.0.1",
-            max_streams=0, on_frames=lambda stream, frames: None,
-            on_stream_open=on_stream_open, on_stream_dead=lambda stream: None,
-            peer_name=names.get, submit=lambda task: None)
-
-    server, client = transport(1, on_open), transport(0, lambda stream: None)
+    server, client = _transport(1, 0, on_open), _transport(0, 0, lambda stream: None)
     port = server.start()
     try:
         first = client.connect(1, "w1", f"127.0.0.1:{port}")
