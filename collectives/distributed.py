@@ -121,9 +121,24 @@ _world = _World()
 # ----------------------------------------------------------------------------- setup
 
 def _int_or_none(value: Any) -> Optional[int]:
-    if value is None or (isinstance(value, int) and value < 0):
+    # -1 is torch's "not given" (read it from the init method or the environment); any other
+    # value, negative or not, is the caller's and is checked by _check_rank_and_size.
+    if value is None or (isinstance(value, int) and value == -1):
         return None
     return int(value)
+
+
+def _check_rank_and_size(rank: int, size: int, source: str) -> None:
+    """Raise ValueError naming the value and the rule; `source` says where they came from."""
+    if size < 1:
+        raise ValueError(
+            f"world_size must be at least 1 (the number of ranks in the group), got {size} "
+            f"({source})."
+        )
+    if not 0 <= rank < size:
+        raise ValueError(
+            f"rank must be in [0, world_size) = [0, {size}), got {rank} ({source})."
+        )
 
 
 def _store_for(init_method: str, rank: Optional[int], size: Optional[int], timeout: float):
@@ -164,13 +179,13 @@ def _store_for(init_method: str, rank: Optional[int], size: Optional[int], timeo
         size = size if size is not None else env.env_world_size()
         if rank is None or size is None:
             raise ValueError(f"init_method {init_method!r} needs rank= and world_size=.")
+        _check_rank_and_size(rank, size, f"init_method {init_method!r}")
         return FileStore(path, world_size=size, timeout=timeout), rank, size
     else:
         raise ValueError(
             f"init_method {init_method!r} is not supported; use env://, tcp://HOST:PORT or file:///PATH."
         )
-    if not 0 <= rank < size:
-        raise ValueError(f"rank {rank} is outside 0..{size - 1} (world_size {size}).")
+    _check_rank_and_size(rank, size, f"init_method {init_method!r}")
     if port == 0 and size > 1:
         raise ValueError("MASTER_PORT 0 only works for a world of one; the other ranks need a real port.")
     is_master = rank == 0 and not (url.scheme == "env" and env.use_agent_store())
@@ -193,14 +208,15 @@ def init_process_group(
     `init_method` is "env://" (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE; rank 0 hosts the
     TCPStore unless SHOAL_USE_AGENT_STORE=1 says the launcher's agent hosts it),
     "tcp://HOST:PORT" (rank 0 hosts) or "file:///PATH"; or pass `store` with `rank` and
-    `world_size`. `timeout` bounds forming the group and is every collective's default.
+    `world_size`. `timeout` bounds forming the group and is every collective's default; when
+    None, SHOAL_COLLECTIVE_TIMEOUT (set by `shoal run --collective-timeout`) or 600 s.
 
     Raises:
         ValueError: missing or inconsistent rank, world size or init method.
         BackendUnavailable: the backend cannot run here.
         CollectiveTimeout: the other ranks did not join within the timeout.
     """
-    seconds = to_seconds(timeout, DEFAULT_COLLECTIVE_TIMEOUT_S)
+    seconds = to_seconds(timeout, env.collective_timeout() or DEFAULT_COLLECTIVE_TIMEOUT_S)
     with _world.lock:
         if _world.default is not None:
             raise CollectiveError(
@@ -214,7 +230,13 @@ def init_process_group(
         elif init_method is not None:
             raise ValueError("Pass either init_method or store to init_process_group, not both.")
         elif rank_ is None or size_ is None:
-            raise ValueError("init_process_group with store= needs rank= and world_size=.")
+            raise ValueError(
+                "init_process_group with store= needs rank= and world_size= (rank in "
+                f"[0, world_size), world_size >= 1); got rank={rank!r} and "
+                f"world_size={world_size!r} (-1 means not given)."
+            )
+        else:
+            _check_rank_and_size(rank_, size_, "given with store=")
         kwargs = dict(timeout=seconds, name=group_name, global_ranks=list(range(size_)))
         if host is not None:
             kwargs["host"] = host

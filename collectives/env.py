@@ -30,6 +30,23 @@ def _int_var(name: str) -> Optional[int]:
         raise ValueError(f"Environment variable {name} must be an integer, got {raw!r}.") from exc
 
 
+def collective_timeout() -> Optional[float]:
+    """SHOAL_COLLECTIVE_TIMEOUT: seconds, the default timeout of a group and its collectives
+    when init_process_group is given none (`shoal run --collective-timeout` sets it)."""
+    raw = os.environ.get("SHOAL_COLLECTIVE_TIMEOUT", "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise ValueError(
+            f"SHOAL_COLLECTIVE_TIMEOUT must be a positive, finite number of seconds, got {raw!r}."
+        )
+    return value
+
+
 def env_rank() -> Optional[int]:
     """RANK, if set."""
     return _int_var("RANK")

@@ -147,6 +147,21 @@ def _make_handler(settings: flags.RunSettings, node_id: str):
                              backend_timeout=timeout)
 
 
+def _metrics_port_error(settings: flags.RunSettings, exc: OSError) -> int:
+    """One sentence instead of a traceback when the metrics port cannot be bound (status 2)."""
+    import errno
+
+    where = f"{settings.metrics_host}:{settings.metrics_port}"
+    if exc.errno == errno.EADDRINUSE:
+        why = "is already in use; choose another port, or 0 for any free one"
+    elif exc.errno == errno.EADDRNOTAVAIL:
+        why = "is not an address of this machine; check --metrics-host"
+    else:
+        why = f"cannot be served ({exc.strerror or exc})"
+    sys.stderr.write(f"shoal run: error: argument --metrics-port/--metrics_port: {where} {why}.\n")
+    return 2
+
+
 def run(argv: Sequence[str]) -> int:
     """`shoal run`: parse, set up the rendezvous, metrics and directories, run the agent."""
     settings = flags.parse_run(argv)
@@ -164,6 +179,9 @@ def run(argv: Sequence[str]) -> int:
     worker_env = dict(os.environ)
     if grpc_fork_default:
         worker_env.pop("GRPC_ENABLE_FORK_SUPPORT")
+    if settings.collective_timeout is not None:
+        # init_process_group reads it as its default timeout (collectives.env).
+        worker_env["SHOAL_COLLECTIVE_TIMEOUT"] = repr(settings.collective_timeout)
 
     from elastic.agent import Agent, WorkerSpec, default_node_id, python_argv
     from core.errors import ShoalError
@@ -186,8 +204,11 @@ def run(argv: Sequence[str]) -> int:
         if settings.metrics_port is not None:
             from elastic.metrics import MetricsServer
 
-            metrics_server = MetricsServer(settings.metrics_host, settings.metrics_port,
-                                           multiproc_dir)
+            try:
+                metrics_server = MetricsServer(settings.metrics_host, settings.metrics_port,
+                                               multiproc_dir)
+            except OSError as exc:
+                return _metrics_port_error(settings, exc)
             logger.info("Metrics of this node's agent and workers at %s", metrics_server.url)
 
         node_id = default_node_id(settings.node_rank)

@@ -270,6 +270,9 @@ RUN_GROUPS: dict[str, list[Flag]] = {
         Flag("local-addr", text_value, None,
              "address other nodes reach this node at (default 127.0.0.1 on one machine, else "
              "this host's FQDN)"),
+        Flag("collective-timeout", positive_seconds, None,
+             "seconds a worker's process group and its collectives wait before a hang is an "
+             "error (the default of init_process_group; default 600)"),
     ],
     "rendezvous": [
         Flag("rdzv-backend", text_value, "store", "store (embedded TCPStore, default) or etcd"),
@@ -363,6 +366,7 @@ class RunSettings:
     nproc_per_node: int
     node_rank: Optional[int]
     local_addr: Optional[str]
+    collective_timeout: Optional[float]
     rdzv_backend: str
     rdzv_endpoints: tuple[tuple[str, int], ...]
     rdzv_id: str
@@ -460,7 +464,8 @@ def parse_run(argv: Sequence[str], environ: Optional[Mapping[str, str]] = None) 
 
     return RunSettings(
         min_nodes=min_nodes, max_nodes=max_nodes, nproc_per_node=ns.nproc_per_node,
-        node_rank=ns.node_rank, local_addr=ns.local_addr, rdzv_backend=ns.rdzv_backend,
+        node_rank=ns.node_rank, local_addr=ns.local_addr,
+        collective_timeout=ns.collective_timeout, rdzv_backend=ns.rdzv_backend,
         rdzv_endpoints=tuple(ns.rdzv_endpoint), rdzv_id=ns.rdzv_id,
         rdzv_conf=dict(ns.rdzv_conf), standalone=ns.standalone, max_restarts=ns.max_restarts,
         monitor_interval=ns.monitor_interval, grace_period=ns.grace_period,
