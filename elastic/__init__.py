@@ -16,6 +16,7 @@ from elastic.api import (  # noqa: F401  (re-exports)
     RendezvousSettings,
     RendezvousStateError,
     RendezvousTimeoutError,
+    StoreHostLostError,
 )
 
 # public name -> module that defines it

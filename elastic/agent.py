@@ -44,6 +44,7 @@ from elastic.api import (
     RendezvousError,
     RendezvousInfo,
     RendezvousTimeoutError,
+    StoreHostLostError,
 )
 
 logger = logging.getLogger(__name__)
@@ -133,6 +134,22 @@ class Agent:
         self._wake = threading.Event()
         self._rounds = 0
         self._last_info: Optional[RendezvousInfo] = None
+        self._host_lost: Optional[StoreHostLostError] = None
+
+    def store_host_lost(self, error: StoreHostLostError) -> None:
+        """The run's store is gone with its host (see elastic.store_host): end this agent.
+
+        Called from the watch's thread; the main loop notices at once and stops the workers.
+        """
+        self._host_lost = error
+        group = self._group
+        if group is not None:
+            group.changed.set()
+        self._wake.set()
+
+    def _host_lost_result(self) -> AgentResult:
+        self._stop_workers("the store host is gone")
+        return AgentResult(1, f"shoal run: {self._host_lost}", self._rounds)
 
     # ------------------------------------------------------------------ signals
 
@@ -189,7 +206,7 @@ class Agent:
         except Exception as exc:  # noqa: BLE001  (leaving must not mask the job's outcome)
             logger.warning("Leaving the rendezvous failed: %s", exc)
         info = self._last_info
-        if info is None or result.exit_code >= 128:
+        if info is None or result.exit_code >= 128 or self._host_lost is not None:
             return
         if not self._is_store_host:
             self._safe(lambda: self.store.set(f"agent/bye/{self.node_id}", "1"))
@@ -206,8 +223,13 @@ class Agent:
         while True:
             if self._signum is not None:
                 return self._interrupted(self._signum)
+            if self._host_lost is not None:
+                return self._host_lost_result()
             try:
                 info = self._rendezvous()
+            except StoreHostLostError as exc:
+                self._host_lost = self._host_lost or exc
+                return self._host_lost_result()
             except RendezvousClosedError:
                 return self._closed_result()
             except RendezvousTimeoutError as exc:
@@ -219,6 +241,9 @@ class Agent:
             try:
                 outcome = self._run_round(info)
             except (StoreError, RendezvousError) as exc:
+                if self._host_lost is not None or isinstance(exc, StoreHostLostError):
+                    self._host_lost = self._host_lost or exc
+                    return self._host_lost_result()
                 # The store or rendezvous failed mid-round (its host died, etcd is away for
                 # longer than the retries): stop here and meet again; the rendezvous retries
                 # up to its own timeout and ends the agent if the backend stays away.
@@ -323,6 +348,8 @@ class Agent:
             group.changed.clear()
             if self._signum is not None:
                 return self._interrupted(self._signum)
+            if self._host_lost is not None:
+                return self._host_lost_result()
             state = group.state()
             if state == "failed":
                 return self._on_failure(info)
@@ -346,6 +373,9 @@ class Agent:
                             return "scale_up"
                         continue
             except RendezvousError as exc:
+                if isinstance(exc, StoreHostLostError):
+                    self._host_lost = self._host_lost or exc
+                    return self._host_lost_result()
                 if unreachable_since is None:
                     unreachable_since = now
                     logger.warning("Cannot read the rendezvous; the workers go on while it "
@@ -365,6 +395,8 @@ class Agent:
 
     def _on_failure(self, info: RendezvousInfo):
         failures = self._settle_failures(info)
+        if self._host_lost is not None:
+            return self._host_lost_result()  # the lost store host is the cause, not a worker
         first = failures[0]
         record = {
             "round": info.round, "rank": first.rank, "local_rank": first.local_rank,
@@ -431,6 +463,8 @@ class Agent:
                 if group.counts()["running"] == 0:
                     break  # every local worker is accounted for
                 continue
+            if self._host_lost is not None:
+                break
             if self._safe(lambda: self.store.check([key]), False):
                 break
             if self._safe(self.handler.dead_nodes, []):
@@ -542,8 +576,9 @@ class Agent:
             except Exception as exc:  # noqa: BLE001  (closing must not mask the real outcome)
                 logger.debug("Closing the master store failed: %s", exc)
 
-    @staticmethod
-    def _safe(call, default=None):
+    def _safe(self, call, default=None):
+        if self._host_lost is not None:
+            return default  # every store call would fail; the verdict was logged once
         try:
             return call()
         except (StoreError, RendezvousError) as exc:

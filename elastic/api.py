@@ -72,6 +72,10 @@ class RendezvousTimeoutError(RendezvousError, TimeoutError):
     """A round did not complete within the join timeout; the message names who had joined."""
 
 
+class StoreHostLostError(RendezvousError):
+    """The node hosting the run's store died; the message names it and its address."""
+
+
 class RendezvousStateError(RendezvousError):
     """The stored rendezvous state is unreadable or contradicts itself."""
 

@@ -93,6 +93,7 @@ class RendezvousHandler:
         self._stop = threading.Event()
         self._heartbeat_thread: Optional[threading.Thread] = None
         self._shut = False
+        self._aborted: Optional[RendezvousError] = None
 
     # ------------------------------------------------------------------ public API
 
@@ -111,6 +112,7 @@ class RendezvousHandler:
         """
         if self._shut:
             raise RendezvousError(f"Node {self.node_id} already shut its rendezvous handler down.")
+        self._raise_if_aborted()
         self._start_heartbeats()
         deadline = time.monotonic() + self.settings.join_timeout
         with self._lock:
@@ -127,6 +129,7 @@ class RendezvousHandler:
             me = self.node_id
             if state.complete and state.round == joined[0] and me in state.participants:
                 return self._finish(state, time.monotonic() - started)
+            self._raise_if_aborted()
             left = deadline - time.monotonic()
             if left <= 0:
                 self._give_up(state)
@@ -210,6 +213,18 @@ class RendezvousHandler:
         logger.info("Node %s closes the rendezvous of run %s", self.node_id, self.settings.run_id)
         self._update(close)
 
+    def abort(self, error: RendezvousError) -> None:
+        """Give up on the backend for good (e.g. the store's host died): stop heartbeats, and
+        make every pending and later call raise `error` instead of retrying to its timeout.
+        Safe to call from any thread."""
+        if self._aborted is None:
+            self._aborted = error
+        self._stop.set()
+
+    def _raise_if_aborted(self) -> None:
+        if self._aborted is not None:
+            raise self._aborted
+
     def shutdown(self) -> None:
         """Leave the rendezvous (a running round then restarts without us), stop heartbeats."""
         if self._shut:
@@ -220,7 +235,8 @@ class RendezvousHandler:
         if thread is not None:
             thread.join(self._backend_timeout + self.settings.heartbeat_interval)
         try:
-            self._update(self._leave, time.monotonic() + min(self._backend_timeout, 5.0))
+            if self._aborted is None:  # nobody is left to tell
+                self._update(self._leave, time.monotonic() + min(self._backend_timeout, 5.0))
         except RendezvousError as exc:
             logger.warning("Node %s could not leave the rendezvous cleanly: %s", self.node_id, exc)
         finally:
@@ -409,6 +425,7 @@ class RendezvousHandler:
         current: Optional[tuple[Optional[RendezvousState], Optional[Token]]] = None
         while True:
             attempt += 1
+            self._raise_if_aborted()
             try:
                 if current is None:
                     current = self._read()
@@ -550,6 +567,7 @@ class RendezvousHandler:
 
     def _heartbeat_loop(self) -> None:
         interval = self.settings.heartbeat_interval
+        missed = 0
         while not self._stop.is_set():
             self._beats += 1
             try:
@@ -557,10 +575,21 @@ class RendezvousHandler:
                              time.monotonic() + max(interval, min(self._backend_timeout, 5.0)))
             except RendezvousError as exc:
                 # A missed beat is not fatal: the next one retries, and observers do not count
-                # time the backend was away.
-                logger.warning("Node %s missed a heartbeat: %s", self.node_id, exc)
+                # time the backend was away. One warning per outage, not one per beat: a long
+                # outage would otherwise bury the line that says why it happened.
+                if self._aborted is not None:
+                    return
+                missed += 1
+                level = logging.WARNING if missed == 1 else logging.DEBUG
+                logger.log(level, "Node %s missed a heartbeat (%d in a row; the next ones are "
+                           "only logged when they resume): %s", self.node_id, missed, exc)
             except Exception:  # noqa: BLE001  (the thread must keep beating)
                 logger.exception("Node %s's heartbeat failed unexpectedly", self.node_id)
+            else:
+                if missed:
+                    logger.warning("Node %s's heartbeats resume after %d missed", self.node_id,
+                                   missed)
+                missed = 0
             self._stop.wait(interval)
 
 

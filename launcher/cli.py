@@ -147,6 +147,34 @@ def _make_handler(settings: flags.RunSettings, node_id: str):
                              backend_timeout=timeout)
 
 
+def _watch_store_host(settings: flags.RunSettings, handler, agent):
+    """On a node that uses another node's embedded store, end the agent within seconds of
+    that node dying (see elastic.store_host); None where there is nothing to watch."""
+    if settings.rdzv_backend != "store" or settings.embedded_store:
+        return None
+    from collectives.api import StoreError
+    from collectives.store_tcp import TCPStore
+    from elastic.store_host import StoreHostWatch
+
+    rdzv = handler.settings
+    lost_after = rdzv.heartbeat_timeout
+    try:
+        # A connection of its own with a short timeout: a probe stuck on a hung host must
+        # fail well within lost_after, and must not queue behind the agent's own calls.
+        probe = TCPStore(handler.store.host, handler.store.port, is_master=False,
+                         timeout=max(0.5, lost_after / 3))
+    except (StoreError, OSError) as exc:
+        logger.warning("Cannot watch the rendezvous store at %s: %s", handler.store.address, exc)
+        return None
+
+    def on_lost(error) -> None:
+        handler.abort(error)
+        agent.store_host_lost(error)
+
+    return StoreHostWatch(probe, handler.store.address, interval=rdzv.heartbeat_interval,
+                          lost_after=lost_after, on_lost=on_lost).start()
+
+
 def _metrics_port_error(settings: flags.RunSettings, exc: OSError) -> int:
     """One sentence instead of a traceback when the metrics port cannot be bound (status 2)."""
     import errno
@@ -221,6 +249,9 @@ def run(argv: Sequence[str]) -> int:
                              f"at {where}: {exc}\n")
             return 1
         if settings.embedded_store:
+            from elastic.store_host import announce_host
+
+            announce_host(handler.store, node_id)
             logger.info("Rendezvous store listening on %s:%s (run id %s)",
                         handler.store.host, handler.store.port, settings.rdzv_id)
         logger.info("Node %s joins run %s (%s backend, nodes %d:%d, %d worker(s) here)",
@@ -238,11 +269,14 @@ def run(argv: Sequence[str]) -> int:
             exit_barrier_timeout=float(settings.rdzv_conf.get("exit_barrier_timeout", 300.0)),
         )
         agent = Agent(spec, handler, is_store_host=settings.embedded_store)
+        host_watch = _watch_store_host(settings, handler, agent)
         restore = agent.install_signal_handlers()
         try:
             result = agent.run()
         finally:
             restore()
+            if host_watch is not None:
+                host_watch.stop()
         if result.summary:
             sys.stderr.write(result.summary + "\n")
             sys.stderr.flush()
