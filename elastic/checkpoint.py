@@ -1,121 +1,51 @@
-"""`Checkpointer`: atomic, checksummed checkpoints of a training state, the newest `keep` kept.
+"""`Checkpointer`: atomic, authenticated checkpoints of a training state, the newest `keep` kept.
 
-One file per step, `ckpt-<step>.shoal`:
+One file per step, `ckpt-<step>.shoal`, in format 2 (`elastic.checkpoint_format` holds the
+layout and says why format 1 is refused): a JSON header with an array table, a metadata pickle
+that may name only an exact allow-list of globals, the arrays' raw bytes, and an HMAC-SHA256
+keyed by the job's secret (`core.auth.load_token()`: SHOAL_AUTH_TOKEN, which `shoal run` sets
+per job) over everything before it, checked before anything else is parsed. A file from another
+job, a tampered one and a damaged one are all refused; resuming across separate launches needs
+the same SHOAL_AUTH_TOKEN or --auth-token-file. With no secret set, the public development
+token keys the MAC: it then detects damage only, and the allow-list is the only defence.
 
-    b"SHOALCK1"                       magic
-    pickle stream (protocol 5)        arrays' contiguous data left out of band
-    out-of-band buffers, raw          in order
-    trailer JSON                      {"step", "pickle_bytes", "buffers", "sha256"}
-    trailer length (8 bytes, LE)
-    b"SHOALEND"
-
-The sha256 covers the pickle stream and the buffers; it is checked before anything is
-unpickled. A save writes a temporary file in the same directory, fsyncs it, renames it over the
-final name and fsyncs the directory, so a crash leaves either the old set of checkpoints or the
-new one, never a half-written file under a checkpoint's name. `load_latest` still verifies each
-file and falls back to the one before when a file is truncated or damaged.
-
-Unpickling allows only plain Python containers, numpy arrays/dtypes/RNG states, ml_dtypes and
-`core` classes unless the Checkpointer is `trusted`: a checkpoint directory may be shared, and a
-pickle can run code.
+A save writes a temporary file in the same directory, fsyncs it, renames it over the final name
+and fsyncs the directory, so a crash leaves either the old set of checkpoints or the new one,
+never a half-written file under a checkpoint's name. `load_latest` verifies each file and falls
+back to the one before when a file is truncated, damaged, foreign or refused.
 """
 
 from __future__ import annotations
 
-import hashlib
-import io
-import json
 import logging
 import os
 import pickle
 import re
 import secrets
 import socket
-import struct
 from typing import Iterable, Optional
 
+from core.auth import load_token
+from core.errors import ShoalError
 from elastic.api import CheckpointError
+from elastic.checkpoint_format import (
+    CheckpointCorrupt,
+    CheckpointRefused,
+    CheckpointUnauthenticated,
+    derive_key,
+    read_checkpoint,
+    write_checkpoint,
+)
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Checkpointer", "CheckpointCorrupt"]
+__all__ = ["Checkpointer", "CheckpointCorrupt", "CheckpointRefused", "CheckpointUnauthenticated"]
 
-MAGIC = b"SHOALCK1"
-END = b"SHOALEND"
-_TRAILER_LEN = struct.Struct("<Q")
-_MAX_TRAILER = 1 << 20
 _NAME = re.compile(r"ckpt-(\d{12})\.shoal")
 _TMP = re.compile(r"\.ckpt-\d+\.(?P<host>[^.]+)\.(?P<pid>\d+)\.[0-9a-f]+\.tmp")
 
 
-class CheckpointCorrupt(CheckpointError):
-    """One checkpoint file is truncated, damaged or not a shoal checkpoint."""
-
-
-# ----------------------------------------------------------------------------- safe unpickling
-
-_SAFE_GLOBALS = {
-    "builtins": {"dict", "list", "tuple", "set", "frozenset", "int", "float", "complex", "bool",
-                 "str", "bytes", "bytearray", "slice", "range"},
-    "collections": {"OrderedDict", "defaultdict", "deque", "Counter"},
-    "datetime": {"datetime", "date", "time", "timedelta", "timezone"},
-    "numpy": {"ndarray", "dtype"},
-    "numpy._core.multiarray": {"_reconstruct", "scalar"},
-    "numpy.core.multiarray": {"_reconstruct", "scalar"},
-    "numpy._core.numeric": {"_frombuffer"},
-    "numpy.core.numeric": {"_frombuffer"},
-    "numpy.random._pickle": {"__generator_ctor", "__bit_generator_ctor", "__randomstate_ctor"},
-    "numpy.random.bit_generator": {"SeedSequence", "__pyx_unpickle_SeedSequence"},
-    "numpy.random._generator": {"Generator"},
-    "numpy.random.mtrand": {"RandomState"},
-    "numpy.random._pcg64": {"PCG64", "PCG64DXSM"},
-    "numpy.random._mt19937": {"MT19937"},
-    "numpy.random._philox": {"Philox"},
-    "numpy.random._sfc64": {"SFC64"},
-}
-
-
-class _SafeUnpickler(pickle.Unpickler):
-    def __init__(self, file, buffers, path: str, extra: frozenset):
-        super().__init__(file, buffers=buffers)
-        self._path = path
-        self._extra = extra
-
-    def find_class(self, module: str, name: str):
-        if f"{module}.{name}" in self._extra or name in _SAFE_GLOBALS.get(module, ()):
-            return super().find_class(module, name)
-        if module == "numpy.dtypes" and name.endswith("DType"):
-            return super().find_class(module, name)
-        if module == "ml_dtypes" or module.startswith("ml_dtypes.") or module == "core" or \
-                module.startswith("core."):
-            found = super().find_class(module, name)
-            if isinstance(found, type):
-                return found
-        raise CheckpointError(
-            f"Checkpoint {self._path!r} holds {module}.{name}, which is not on the list of types "
-            "a checkpoint may contain (plain containers, numpy, ml_dtypes, core). Save state "
-            "dicts of arrays, or pass Checkpointer(..., trusted=True) for files you trust."
-        )
-
-
-# ----------------------------------------------------------------------------- writer helpers
-
-class _HashingWriter(io.RawIOBase):
-    """A file wrapper that hashes and counts what passes through it."""
-
-    def __init__(self, f, digest):
-        self.f, self.digest, self.count = f, digest, 0
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data) -> int:
-        view = memoryview(data)
-        self.digest.update(view)
-        self.f.write(view)
-        self.count += view.nbytes
-        return view.nbytes
-
+# ----------------------------------------------------------------------------- file helpers
 
 def _fsync_dir(directory: str) -> None:
     fd = os.open(directory, os.O_RDONLY)
@@ -141,12 +71,15 @@ class Checkpointer:
     Args:
         directory: created if missing; one directory per job.
         keep: how many checkpoints to keep (older ones are deleted after each save).
-        trusted: unpickle any object (only for files you trust), not only the safe list.
-        allow: extra 'module.Name' globals a checkpoint may contain.
+        trusted: let the metadata pickle name any global (only for files you trust); the MAC
+            is checked all the same.
+        allow: extra 'module.Name' globals the metadata pickle may name.
+        token: the job's secret that keys the files' MAC (default: `core.auth.load_token()`,
+            i.e. SHOAL_AUTH_TOKEN or SHOAL_AUTH_TOKEN_FILE).
     """
 
     def __init__(self, directory: str, keep: int = 3, *, trusted: bool = False,
-                 allow: Iterable[str] = ()):
+                 allow: Iterable[str] = (), token: Optional[bytes | str] = None):
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
             raise ValueError(f"Checkpointer keep must be an integer >= 1, got {keep!r}.")
         if not isinstance(directory, (str, os.PathLike)) or not str(directory):
@@ -155,6 +88,12 @@ class Checkpointer:
         self.keep = keep
         self.trusted = trusted
         self._allow = frozenset(allow)
+        try:
+            self._key = derive_key(load_token(token))
+        except ShoalError as exc:
+            raise CheckpointError(
+                f"The checkpoints in {self.directory!r} are authenticated with the job's "
+                f"secret, which cannot be had: {exc}") from exc
         try:
             os.makedirs(self.directory, exist_ok=True)
         except OSError as exc:
@@ -197,24 +136,11 @@ class Checkpointer:
         host = socket.gethostname().replace(".", "_") or "host"
         tmp = os.path.join(self.directory,
                            f".ckpt-{step}.{host}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-        digest = hashlib.sha256()
-        buffers: list[pickle.PickleBuffer] = []
         try:
+            # The temporary file exists before the state is serialized, so a save killed at
+            # any point leaves a file the next save recognises and removes (see _prune).
             with open(tmp, "wb") as f:
-                f.write(MAGIC)
-                writer = _HashingWriter(f, digest)
-                pickle.Pickler(writer, protocol=5, buffer_callback=buffers.append).dump(state)
-                pickle_bytes = writer.count
-                sizes = []
-                for buf in buffers:
-                    raw = buf.raw()
-                    writer.write(raw)
-                    sizes.append(raw.nbytes)
-                trailer = json.dumps({"step": step, "pickle_bytes": pickle_bytes,
-                                      "buffers": sizes, "sha256": digest.hexdigest()}).encode()
-                f.write(trailer)
-                f.write(_TRAILER_LEN.pack(len(trailer)))
-                f.write(END)
+                write_checkpoint(f, step, state, self._key)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, final)
@@ -260,13 +186,16 @@ class Checkpointer:
         """Read and verify the checkpoint of `step`.
 
         Raises:
-            CheckpointCorrupt: the file is truncated, damaged or of another format.
-            CheckpointError: it is missing, or holds types outside the safe list.
+            CheckpointUnauthenticated: its MAC does not match this job's secret.
+            CheckpointRefused: it names a global outside the allow-list.
+            CheckpointCorrupt: it is truncated, damaged or of another format.
+            CheckpointError: it is missing.
         """
         path = self.path(step)
         try:
             with open(path, "rb") as f:
-                return self._read(f, path, step)
+                return read_checkpoint(f, path, step, self._key, trusted=self.trusted,
+                                       allow=self._allow)
         except FileNotFoundError as exc:
             raise CheckpointError(f"There is no checkpoint of step {step} ({path!r}).") from exc
         except OSError as exc:
@@ -275,8 +204,9 @@ class Checkpointer:
     def load_latest(self) -> Optional[tuple[int, dict]]:
         """The newest checkpoint that verifies, as (step, state); None if there is none.
 
-        Damaged files are skipped with a warning. If checkpoint files exist but none verifies,
-        CheckpointError is raised rather than silently starting over.
+        Damaged, foreign (another job's secret) and refused files are skipped with a warning
+        that names them. If checkpoint files exist but none verifies, CheckpointError is raised
+        rather than silently starting over.
         """
         steps = self.steps()
         problems = []
@@ -293,66 +223,6 @@ class Checkpointer:
                 + " ".join(problems)
             )
         return None
-
-    def _read(self, f, path: str, step: int) -> dict:
-        size = os.fstat(f.fileno()).st_size
-        floor = len(MAGIC) + _TRAILER_LEN.size + len(END)
-        if size < floor:
-            raise CheckpointCorrupt(f"Checkpoint {path!r} is truncated ({size} bytes).")
-        if f.read(len(MAGIC)) != MAGIC:
-            raise CheckpointCorrupt(f"Checkpoint {path!r} does not start with shoal's magic.")
-        f.seek(size - _TRAILER_LEN.size - len(END))
-        (trailer_len,) = _TRAILER_LEN.unpack(f.read(_TRAILER_LEN.size))
-        if f.read(len(END)) != END:
-            raise CheckpointCorrupt(
-                f"Checkpoint {path!r} has no end marker: it is truncated or was cut off mid-save.")
-        if trailer_len > min(_MAX_TRAILER, size - floor):
-            raise CheckpointCorrupt(f"Checkpoint {path!r} has a bad trailer length {trailer_len}.")
-        f.seek(size - _TRAILER_LEN.size - len(END) - trailer_len)
-        try:
-            trailer = json.loads(f.read(trailer_len))
-            pickle_bytes = int(trailer["pickle_bytes"])
-            sizes = [int(s) for s in trailer["buffers"]]
-            expected = str(trailer["sha256"])
-            saved_step = int(trailer["step"])
-        except (ValueError, KeyError, TypeError) as exc:
-            raise CheckpointCorrupt(f"Checkpoint {path!r} has an unreadable trailer: {exc}") from exc
-        body = size - floor - trailer_len
-        if pickle_bytes < 0 or any(s < 0 for s in sizes) or pickle_bytes + sum(sizes) != body:
-            raise CheckpointCorrupt(
-                f"Checkpoint {path!r} holds {body} body bytes but its trailer describes "
-                f"{pickle_bytes + sum(sizes)}.")
-        if saved_step != step:
-            raise CheckpointCorrupt(
-                f"Checkpoint {path!r} says it is step {saved_step}, not {step}.")
-        f.seek(len(MAGIC))
-        digest = hashlib.sha256()
-        stream = bytearray(pickle_bytes)
-        if f.readinto(stream) != pickle_bytes:
-            raise CheckpointCorrupt(f"Checkpoint {path!r} ended inside its pickle stream.")
-        digest.update(stream)
-        buffers = []
-        for n in sizes:
-            buf = bytearray(n)  # writable, so arrays loaded from it are writable too
-            if f.readinto(buf) != n:
-                raise CheckpointCorrupt(f"Checkpoint {path!r} ended inside an array buffer.")
-            digest.update(buf)
-            buffers.append(buf)
-        if digest.hexdigest() != expected:
-            raise CheckpointCorrupt(
-                f"Checkpoint {path!r} fails its sha256 check: its contents were damaged.")
-        try:
-            if self.trusted:
-                state = pickle.Unpickler(io.BytesIO(stream), buffers=buffers).load()
-            else:
-                state = _SafeUnpickler(io.BytesIO(stream), buffers, path, self._allow).load()
-        except CheckpointError:
-            raise
-        except Exception as exc:  # noqa: BLE001  (verified bytes that still fail to load)
-            raise CheckpointCorrupt(f"Checkpoint {path!r} does not unpickle: {exc!r}") from exc
-        if not isinstance(state, dict):
-            raise CheckpointCorrupt(f"Checkpoint {path!r} holds a {type(state).__name__}, not a dict.")
-        return state
 
     def __repr__(self) -> str:
         return f"Checkpointer({self.directory!r}, keep={self.keep})"
