@@ -46,10 +46,15 @@ from collectives.api import (
     StoreTimeout,
 )
 from collectives.constants import CONNECT_HANDSHAKE_TIMEOUT_S, MAX_CONTROL_FRAME_BYTES
-from core.auth import client_handshake, server_handshake
+from core import auth
+from core.admission import Gatekeeper
 from core.errors import AuthenticationError
 
 logger = logging.getLogger(__name__)
+
+# Listen backlogs are clamped by net.core.somaxconn; a deep one lets a burst of peers (and
+# strangers) queue while the gatekeeper works instead of being refused by the kernel.
+_BACKLOG = 1024
 
 ERROR_CLASSES = {
     "timeout": CollectiveTimeout,
@@ -166,6 +171,7 @@ class Mesh:
         os.set_blocking(self._wake_r, False)
         self._pending_register: list[_ControlReader] = []
         self._service: Optional[threading.Thread] = None
+        self._gate: Optional[Gatekeeper] = None
 
     # ------------------------------------------------------------------ bootstrap
 
@@ -188,27 +194,30 @@ class Mesh:
         self.prefix = f"{base}/{generation}"
         self._group_id = _group_id(self.name, generation)
 
+        self._gate = Gatekeeper(
+            what=f"Rank {self.rank} of group '{self.name}'", token=self._token,
+            purpose="collectives", on_admit=self._admitted,
+        )
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.listener = listener
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         wire.tune_socket(listener)  # accepted sockets inherit the small buffers
         listener.bind((self.host, 0))
-        listener.listen(max(16, 2 * self.size))
-        listener.setblocking(False)
-        self.listener = listener
+        listener.listen(_BACKLOG)
+        self._gate.add_listener(listener)
         self.address = (self.host, listener.getsockname()[1])
-        self._selector.register(listener, selectors.EVENT_READ, None)
         identity = wire.host_identity() if env.local_transport() != "tcp" else ""
         if identity and self.size > 1:
             unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.unix_listener = unix
             wire.tune_socket(unix)
             # Abstract namespace: no file to clean up; reachable only inside this netns.
             unix.bind(b"\0shoal-pg-" + os.urandom(12).hex().encode())
-            unix.listen(max(16, 2 * self.size))
-            unix.setblocking(False)
-            self.unix_listener = unix
+            unix.listen(_BACKLOG)
+            self._gate.add_listener(unix)
             self.unix_address = unix.getsockname()
-            self._selector.register(unix, selectors.EVENT_READ, "unix")
             self.store.set(f"{self.prefix}/unix/{self.rank}", identity.encode() + b"\n" + self.unix_address)
+        self._gate.start()
         self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
         self._service = threading.Thread(
             target=self._serve, name=f"shoal-pg-{self.name}-r{self.rank}-control", daemon=True
@@ -275,15 +284,25 @@ class Mesh:
         host, port = self._peer_address(peer, deadline)
         unix_address = self._unix_address_of(peer)
         self.transports[peer] = "unix" if unix_address else "tcp"
-        for channel in wire.CHANNELS:
-            family = socket.AF_UNIX if unix_address else socket.AF_INET
+        family = socket.AF_UNIX if unix_address else socket.AF_INET
+
+        def connect(timeout: float) -> socket.socket:
             sock = socket.socket(family, socket.SOCK_STREAM)
             try:
                 wire.tune_socket(sock)
-                left = max(0.1, deadline - time.monotonic())
-                sock.settimeout(min(left, CONNECT_HANDSHAKE_TIMEOUT_S))
+                sock.settimeout(min(timeout, CONNECT_HANDSHAKE_TIMEOUT_S))
                 sock.connect(unix_address if unix_address else (host, port))
-                client_handshake(sock, self._token, "collectives", timeout=min(left, CONNECT_HANDSHAKE_TIMEOUT_S))
+            except BaseException:
+                sock.close()
+                raise
+            return sock
+
+        for channel in wire.CHANNELS:
+            sock = None
+            try:
+                left = max(0.1, deadline - time.monotonic())
+                sock = auth.dial(connect, self._token, "collectives", left)
+                sock.settimeout(min(left, CONNECT_HANDSHAKE_TIMEOUT_S))
                 sock.sendall(wire.HELLO.pack(wire.HELLO_MAGIC, self._group_id, self.rank, peer, channel))
                 ack = sock.recv(1)
                 if ack != wire.HELLO_ACK:
@@ -295,7 +314,8 @@ class Mesh:
                 sock.settimeout(None)
                 wire.set_nodelay(sock)
             except (OSError, AuthenticationError) as exc:
-                sock.close()
+                if sock is not None:
+                    sock.close()
                 if isinstance(exc, CollectiveError):
                     raise
                 where = f"{host}:{port}" + (" (over its local Unix socket)" if unix_address else "")
@@ -304,7 +324,8 @@ class Mesh:
                     f"{where}: {exc}"
                 ) from exc
             except BaseException:
-                sock.close()
+                if sock is not None:
+                    sock.close()
                 raise
             with self._lock:
                 self._slots_for(channel, dialer=True)[peer] = sock
@@ -315,12 +336,15 @@ class Mesh:
         sends = (channel == wire.CHANNEL_UP) == dialer
         return self.tx if sends else self.rx
 
-    def _admit(self, sock: socket.socket, addr) -> None:
-        """Authenticate and place one incoming connection, or log and drop it."""
-        where = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else "its local Unix socket"
+    def _admitted(self, sock: socket.socket, peer: str) -> None:
+        """Gatekeeper callback: read the authenticated peer's hello on a thread of its own."""
+        threading.Thread(target=self._place, args=(sock, peer), daemon=True,
+                         name=f"shoal-pg-{self.name}-admit").start()
+
+    def _place(self, sock: socket.socket, peer: str) -> None:
+        """Place one authenticated connection by its hello, or log and drop it."""
+        where = "its local Unix socket" if peer == "local" else peer
         try:
-            sock.setblocking(True)
-            server_handshake(sock, self._token, "collectives", timeout=CONNECT_HANDSHAKE_TIMEOUT_S)
             sock.settimeout(CONNECT_HANDSHAKE_TIMEOUT_S)
             raw = bytearray(wire.HELLO.size)
             if not wire.recv_exact(sock, memoryview(raw)):
@@ -340,7 +364,7 @@ class Mesh:
                 slots[src] = sock
                 self.transports[src] = "unix" if sock.family == socket.AF_UNIX else "tcp"
                 self._lock.notify_all()
-        except Exception as exc:  # garbage, wrong secret, impostors: log, drop, carry on
+        except Exception as exc:  # an authenticated peer of another group or generation
             logger.warning(
                 "Rank %d of group %r dropped a connection from %s on its backend port: %s",
                 self.rank, self.name, where, exc,
@@ -381,11 +405,7 @@ class Mesh:
             for key, _ in events:
                 if self._closing:
                     return
-                if key.data is None:
-                    self._accept(self.listener)
-                elif key.data == "unix":
-                    self._accept(self.unix_listener)
-                elif key.data == "wake":
+                if key.data == "wake":
                     try:
                         while os.read(self._wake_r, 4096):
                             pass
@@ -393,14 +413,6 @@ class Mesh:
                         pass
                 else:
                     self._read_control(key.data)
-
-    def _accept(self, listener: socket.socket) -> None:
-        try:
-            sock, addr = listener.accept()
-        except (BlockingIOError, OSError):
-            return
-        threading.Thread(target=self._admit, args=(sock, addr), daemon=True,
-                         name=f"shoal-pg-{self.name}-admit").start()
 
     def _drop_reader(self, reader: _ControlReader) -> None:
         try:
@@ -584,6 +596,8 @@ class Mesh:
             self._selector.close()
         except (OSError, RuntimeError):
             pass
+        if self._gate is not None:
+            self._gate.close()
         for listener in (self.listener, self.unix_listener):
             if listener is not None:
                 listener.close()

@@ -1,8 +1,8 @@
 """`TCPStoreServer`: the network side of a TCPStore, one selector thread for all clients.
 
-Accepted sockets first run `core.auth.server_handshake` in a short-lived thread of their own
-(bounded in number, each with the handshake timeout), so a silent or slow stranger costs one
-parked thread and never the loop; only authenticated sockets reach the loop. The loop reads
+A `core.admission.Gatekeeper` accepts connections and runs the auth handshake (bounded pending
+handshakes, a short deadline for the proof, rate-limited rejection logs, survives descriptor
+exhaustion); only authenticated sockets reach the loop. The loop reads
 length-prefixed frames without blocking, checks each length before allocating, and hands whole
 requests to `StoreState` (the keys and parked waits), which it alone touches, so nothing needs
 a lock. A connection that breaks the protocol is logged with its address and dropped.
@@ -21,12 +21,11 @@ from typing import Optional
 
 from collectives._store_state import StoreState
 from collectives._store_wire import LENGTH, FrameError, Status, check_length, decode, encode
-from core.auth import HANDSHAKE_TIMEOUT_S, load_token, server_handshake
-from core.errors import AuthenticationError
+from core.admission import MAX_PENDING, MAX_PENDING_PER_SOURCE, Gatekeeper
+from core.auth import GREETING_TIMEOUT_S, load_token
 
 logger = logging.getLogger(__name__)
 
-MAX_PENDING_HANDSHAKES = 64
 # An authenticated client sends one request at a time; a few queued behind a parked wait are
 # tolerated, a flood is a broken client.
 MAX_QUEUED_FRAMES = 16
@@ -65,12 +64,11 @@ class TCPStoreServer:
         *,
         world_size: Optional[int] = None,
         token: Optional[bytes | str] = None,
-        handshake_timeout: float = HANDSHAKE_TIMEOUT_S,
-        max_pending_handshakes: int = MAX_PENDING_HANDSHAKES,
+        handshake_timeout: float = GREETING_TIMEOUT_S,
+        max_pending_handshakes: int = MAX_PENDING,
+        max_pending_per_source: int = MAX_PENDING_PER_SOURCE,
     ):
         self._token = load_token(token)
-        self._handshake_timeout = handshake_timeout
-        self._handshake_slots = threading.BoundedSemaphore(max_pending_handshakes)
         self.world_size = world_size
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._lsock = socket.socket(family, socket.SOCK_STREAM)
@@ -81,14 +79,23 @@ class TCPStoreServer:
         except OSError as exc:
             self._lsock.close()
             raise OSError(exc.errno, f"TCPStore server cannot listen on {host}:{port}: {exc}") from exc
-        self._lsock.setblocking(False)
         self.host = host
         self.port = self._lsock.getsockname()[1]
+        self._gate = Gatekeeper(
+            what=f"TCPStore server on {self.address}", token=self._token, purpose="store",
+            on_admit=self._hand_over, greeting_timeout=handshake_timeout,
+            max_pending=max_pending_handshakes,
+            max_pending_per_source=min(max_pending_per_source, max_pending_handshakes),
+        )
+        try:
+            self._gate.add_listener(self._lsock)
+        except BaseException:
+            self._lsock.close()
+            raise
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
-        self._sel.register(self._lsock, selectors.EVENT_READ, None)
         self._sel.register(self._wake_r, selectors.EVENT_READ, None)
         self._handed_over: collections.deque = collections.deque()  # (sock, peer) after auth
         self._stopping = threading.Event()
@@ -136,6 +143,7 @@ class TCPStoreServer:
     def serve_forever(self) -> None:
         """Run the loop in this thread until `stop()`."""
         logger.info("TCPStore server listening on %s", self.address)
+        self._gate.start()
         previous_wakeup = None
         if threading.current_thread() is threading.main_thread():
             # A signal may land on a handshake thread and leave select() asleep; the wakeup fd
@@ -145,9 +153,7 @@ class TCPStoreServer:
             while not self._stopping.is_set():
                 for key, events in self._sel.select(self._select_timeout()):
                     sock = key.fileobj
-                    if sock is self._lsock:
-                        self._accept()
-                    elif sock is self._wake_r:
+                    if sock is self._wake_r:
                         self._drain_wake()
                     else:
                         conn = self._conns.get(sock)
@@ -164,6 +170,7 @@ class TCPStoreServer:
             self._shutdown()
 
     def _shutdown(self) -> None:
+        self._gate.close()
         for conn in list(self._conns.values()):
             self._drop(conn, None)
         while self._handed_over:
@@ -195,46 +202,14 @@ class TCPStoreServer:
             self._sel.register(sock, selectors.EVENT_READ, None)
             self.num_connections = len(self._conns)
 
-    # ------------------------------------------------------------------ accept and authenticate
+    # ------------------------------------------------------------------ authenticated clients
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                sock, addr = self._lsock.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:  # EMFILE and friends: keep serving the connections we have
-                logger.warning("TCPStore server on %s could not accept: %s", self.address, exc)
-                return
-            peer = f"{addr[0]}:{addr[1]}"
-            if not self._handshake_slots.acquire(blocking=False):
-                logger.warning(
-                    "TCPStore server on %s dropped the connection from %s: %d handshakes are "
-                    "already pending.", self.address, peer, MAX_PENDING_HANDSHAKES,
-                )
-                sock.close()
-                continue
-            threading.Thread(
-                target=self._authenticate, args=(sock, peer), name="shoal-store-auth", daemon=True
-            ).start()
-
-    def _authenticate(self, sock: socket.socket, peer: str) -> None:
-        try:
-            sock.setblocking(True)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            server_handshake(sock, self._token, "store", timeout=self._handshake_timeout)
-        except (AuthenticationError, OSError) as exc:
-            logger.warning(
-                "TCPStore server on %s dropped the connection from %s: it failed "
-                "authentication: %s", self.address, peer, exc,
-            )
-            sock.close()
-            return
-        finally:
-            self._handshake_slots.release()
+    def _hand_over(self, sock: socket.socket, peer: str) -> None:
+        """Gatekeeper callback: queue an authenticated socket for the loop (on the gate thread)."""
         if self._stopping.is_set():
             sock.close()
             return
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._handed_over.append((sock, peer))
         self._wake()
 

@@ -39,7 +39,8 @@ from collectives.api import (
     StoreTimeout,
     missing_keys_message,
 )
-from core.auth import client_handshake, load_token
+from core import auth
+from core.auth import load_token
 from core.errors import AuthenticationError
 from core.timeouts import TimeoutLike
 
@@ -52,6 +53,10 @@ MAX_SOCKET_TIMEOUT_S = 1e7
 _CONNECT_BACKOFF_S = (0.01, 0.5)
 
 __all__ = ["TCPStore", "TCPStoreServer", "serve_forever", "main"]
+
+
+def _nodelay(sock: socket.socket) -> None:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 class _Connection:
@@ -121,6 +126,7 @@ class TCPStore(Store):
         if port == 0 and not is_master:
             raise ValueError("A TCPStore client needs the server's port; only the master may pass 0.")
         self._token = load_token(token)
+        auth.require_secret_for(self._token, host, f"TCPStore at {host}:{port}")
         self._lock = threading.Lock()
         self._idle: list[_Connection] = []
         self._closed = False
@@ -173,26 +179,21 @@ class TCPStore(Store):
 
     def _dial(self, end: float) -> _Connection:
         """One attempt. Raises OSError when the server is not there (worth retrying), and
-        AuthenticationError when it is there but refuses this secret (not worth it)."""
-        left = max(0.01, min(end - time.monotonic(), MAX_SOCKET_TIMEOUT_S))
-        sock = socket.create_connection((self.host, self.port), timeout=left)
+        AuthenticationError when it is there but refuses this secret (not worth it). A server
+        that drops the connection before its verdict (shedding load) is retried by `auth.dial`
+        until `end`."""
+        left = max(0.01, end - time.monotonic())
+
+        def connect(timeout: float) -> socket.socket:
+            return socket.create_connection((self.host, self.port),
+                                            timeout=min(timeout, MAX_SOCKET_TIMEOUT_S))
+
         try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            client_handshake(sock, self._token, "store")
+            sock = auth.dial(connect, self._token, "store", left, prepare=_nodelay)
         except AuthenticationError as exc:
-            sock.close()
-            cause = exc.__cause__
-            if isinstance(cause, OSError) and not isinstance(cause, (AuthenticationError,
-                                                                      TimeoutError)):
-                # reset or refused mid-handshake: the server is going away or not up yet
-                raise ConnectionError(f"the connection broke during the handshake ({cause})") from exc
             raise AuthenticationError(
-                f"TCPStore could not authenticate to the server at {self.address}: {exc} "
-                "Check that every process uses the same SHOAL_AUTH_TOKEN."
+                f"TCPStore could not authenticate to the server at {self.address}: {exc}"
             ) from exc
-        except BaseException:
-            sock.close()
-            raise
         return _Connection(sock)
 
     def _checkout(self) -> _Connection:

@@ -17,3 +17,11 @@ class DeviceError(ShoalError, RuntimeError):
 
 class AuthenticationError(ShoalError, ConnectionError):
     """A peer failed the shared-secret handshake (wrong token, garbage, or too slow)."""
+
+
+class HandshakeInterrupted(ShoalError, ConnectionError):
+    """The server closed the connection or stayed silent before the handshake's verdict.
+
+    Not a verdict on the secret: a server sheds pending handshakes under load (a flood of idle
+    connections) or is restarting, so a client retries within its own timeout.
+    """

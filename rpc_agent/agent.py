@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Any, Callable, Optional, Union
 
-from core.auth import load_token
+from core.auth import load_token, require_secret_for
 from core.timeouts import to_seconds
 from rpc_agent import _current, metrics
 from rpc_agent.context import _local as _context_local
@@ -105,6 +105,8 @@ class RpcAgent:
         self.world_size = world_size
         self.options = options
         self._token = load_token(options.token)
+        # The gRPC port runs code for whoever holds the secret: never with the public one.
+        require_secret_for(self._token, options.host, f"RPC worker {name!r} binding its ports")
         self._workers: list[Optional[WorkerInfo]] = [None] * world_size
         self._by_name: dict[str, WorkerInfo] = {}
         self._grpc_address: dict[int, str] = {}

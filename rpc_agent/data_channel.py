@@ -25,6 +25,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from core import auth
+from core.admission import Gatekeeper
 from core.errors import AuthenticationError
 from rpc_agent import metrics
 from rpc_agent._threads import mark_io_thread
@@ -42,6 +43,7 @@ PURPOSE = "rpc-data"
 _SLICE_BYTES = 1024 * 1024
 _HEADER = struct.Struct("!QQ")
 _ID = struct.Struct("!i")
+_BACKLOG = 1024
 
 
 def _recv_exact_into(sock: socket.socket, view: memoryview) -> None:
@@ -97,15 +99,21 @@ class DataChannels:
         self._all: set[_Conn] = set()
         self._closed = False
         self._next_id = 0
-        self._listener = socket.create_server((host, 0), backlog=128)
+        self._listener = socket.create_server((host, 0), backlog=_BACKLOG)
         self.port = self._listener.getsockname()[1]
-        self._accept_thread = threading.Thread(
-            target=self._accept_loop, name=f"shoal-rpc-data-accept-{name}", daemon=True
+        self._gate = Gatekeeper(
+            what=f"Worker {name!r}'s data channel", token=token, purpose=PURPOSE,
+            on_admit=self._admitted, on_reject=lambda reason: metrics.REJECTED_DATA.inc(),
         )
+        try:
+            self._gate.add_listener(self._listener)
+        except BaseException:
+            self._listener.close()
+            raise
 
     def start(self) -> int:
         """Start accepting; return the bound port."""
-        self._accept_thread.start()
+        self._gate.start()
         return self.port
 
     def close(self) -> None:
@@ -113,10 +121,7 @@ class DataChannels:
         with self._lock:
             self._closed = True
             conns = list(self._all)
-        try:
-            self._listener.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+        self._gate.close()
         self._listener.close()
         for conn in conns:
             conn.alive = False
@@ -126,7 +131,6 @@ class DataChannels:
                 pass
             conn.sock.close()
             conn.jobs.put(None)
-        self._accept_thread.join(2.0)
         self._receive.clear()
 
     # -- sending
@@ -214,9 +218,8 @@ class DataChannels:
                 if conn is not None and conn.alive:
                     return conn
             try:
-                sock = socket.create_connection(address, timeout=CONNECT_TIMEOUT_S)
-                _tune(sock)
-                auth.client_handshake(sock, self._token, PURPOSE)
+                sock = auth.dial(lambda left: socket.create_connection(address, timeout=left),
+                                 self._token, PURPOSE, CONNECT_TIMEOUT_S, prepare=_tune)
                 sock.sendall(_ID.pack(self.worker_id))
                 sock.settimeout(None)
             except (OSError, AuthenticationError) as exc:
@@ -230,20 +233,13 @@ class DataChannels:
 
     # -- receiving
 
-    def _accept_loop(self) -> None:
-        while True:
-            try:
-                sock, addr = self._listener.accept()
-            except OSError:
-                return  # closed
-            threading.Thread(
-                target=self._serve, args=(sock, addr), daemon=True,
-                name=f"shoal-rpc-data-{self.name}",
-            ).start()
+    def _admitted(self, sock: socket.socket, peer: str) -> None:
+        """Gatekeeper callback: serve an authenticated connection on a thread of its own."""
+        threading.Thread(target=self._serve, args=(sock, peer), daemon=True,
+                         name=f"shoal-rpc-data-{self.name}").start()
 
-    def _serve(self, sock: socket.socket, addr) -> None:
+    def _serve(self, sock: socket.socket, peer: str) -> None:
         try:
-            auth.server_handshake(sock, self._token, PURPOSE)
             sock.settimeout(CONNECT_TIMEOUT_S)
             raw = bytearray(_ID.size)
             _recv_exact_into(sock, memoryview(raw))
@@ -255,8 +251,8 @@ class DataChannels:
         except (OSError, AuthenticationError) as exc:
             metrics.REJECTED_DATA.inc()
             logger.warning(
-                "Worker %r dropped a data-channel connection from %s:%s before reading any "
-                "data: %s", self.name, addr[0], addr[1], exc,
+                "Worker %r dropped a data-channel connection from %s before reading any "
+                "data: %s", self.name, peer, exc,
             )
             sock.close()
             return

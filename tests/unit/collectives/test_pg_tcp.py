@@ -21,6 +21,7 @@ from collectives.api import (
 )
 from collectives.pg_tcp import ProcessGroupTCP
 from collectives.store_hash import HashStore
+from core.admission import CLOSED, WRONG_SECRET
 from core.auth import client_handshake, load_token
 from core.errors import AuthenticationError, ShapeError
 from threaded_ranks import form_groups, run_all
@@ -135,7 +136,7 @@ def test_garbage_and_unauthenticated_connections_are_dropped_and_logged(pair, ca
     assert _closed_by_server(d)
     # 5. connects and says nothing, then goes away
     socket.create_connection(addr).close()
-    expected = 4
+    expected = {WRONG_SECRET: 2, CLOSED: 1}
     # 6. the same-host Unix listener gets the same treatment
     unix_address = pair[0]._mesh.unix_address
     if unix_address is not None:
@@ -143,14 +144,14 @@ def test_garbage_and_unauthenticated_connections_are_dropped_and_logged(pair, ca
         u.connect(unix_address)
         u.sendall(b"\xff" * 300)
         assert _closed_by_server(u)
-        expected += 1
+        expected[WRONG_SECRET] += 1
+    gate = pair[0]._mesh._gate
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        dropped = [r for r in caplog.records if "dropped a connection" in r.getMessage()]
-        if len(dropped) >= expected:
-            break
+    while time.monotonic() < deadline and dict(gate.rejections) != expected:
         time.sleep(0.05)
-    assert len(dropped) >= expected, [r.getMessage() for r in caplog.records]
+    assert dict(gate.rejections) == expected
+    dropped = [r for r in caplog.records if "dropped a connection" in r.getMessage()]
+    assert len(dropped) == 2, [r.getMessage() for r in caplog.records]
     # The group never noticed.
     out = run_all(pair, lambda pg, r: (a := np.full(5, r + 1.0), pg.all_reduce(a), a)[2])
     for a in out:

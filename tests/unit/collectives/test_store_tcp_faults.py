@@ -14,10 +14,11 @@ from collectives._store_server import TCPStoreServer
 from collectives._store_wire import LENGTH, MAX_FRAME_BYTES, Op, encode
 from collectives.api import StoreError
 from collectives.store_tcp import TCPStore
-from core.auth import client_handshake, load_token
+from core.auth import MAGIC, client_handshake, load_token
 from core.errors import AuthenticationError
 
 LOGGER = "collectives._store_server"
+GATE_LOGGER = "core.admission"  # connections turned away before they authenticate
 WAIT_S = 10.0
 
 
@@ -45,7 +46,8 @@ def wait_until(condition, what, timeout=WAIT_S):
 
 def wait_for_log(caplog, pattern):
     def found():
-        return any(pattern in r.getMessage() for r in caplog.records if r.name == LOGGER)
+        return any(pattern in r.getMessage() for r in caplog.records
+                   if r.name in (LOGGER, GATE_LOGGER))
 
     wait_until(found, f"the server logs {pattern!r}")
     return next(r for r in caplog.records if pattern in r.getMessage())
@@ -81,10 +83,9 @@ def test_garbage_instead_of_the_handshake(server, client, caplog):
     caplog.set_level(logging.WARNING, LOGGER)
     sock = raw_connection(server, authenticate=False)
     sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + b"\xff" * 64)
-    record = wait_for_log(caplog, "failed authentication")
     port = sock.getsockname()[1]
-    assert f"dropped the connection from 127.0.0.1:{port}" in record.getMessage()
-    assert "does not match this job's secret" in record.getMessage()
+    wait_for_log(caplog, f"TCPStore server on {server.address} turned away a connection from "
+                 f"127.0.0.1:{port}: wrong secret")
     assert_dropped(sock)
     assert_serving(client, "garbage")
 
@@ -137,7 +138,7 @@ def read_challenge(sock):
         chunk = sock.recv(36 - len(got))
         assert chunk, "the server closed before sending its challenge"
         got += chunk
-    assert got.startswith(b"SHL1")
+    assert got.startswith(MAGIC)
 
 
 def test_silent_connection_stalls_nobody_and_is_dropped(caplog):
@@ -151,23 +152,27 @@ def test_silent_connection_stalls_nobody_and_is_dropped(caplog):
             with TCPStore("127.0.0.1", server.port, timeout=5) as other:
                 assert other.get("alive/silent") == b"silent"
         # all of that happened while the silent peer still held its handshake
-        assert not any("no auth proof" in r.getMessage() for r in caplog.records)
-        record = wait_for_log(caplog, "sent no auth proof for 'store' within 1.5s")
-        assert f"from 127.0.0.1:{silent.getsockname()[1]}" in record.getMessage()
+        assert not any("sent no proof" in r.getMessage() for r in caplog.records)
+        wait_for_log(caplog, f"turned away a connection from 127.0.0.1:"
+                     f"{silent.getsockname()[1]}: sent no proof in time (1.5s)")
         assert_dropped(silent)
     finally:
         server.stop()
 
 
-def test_too_many_pending_handshakes_are_refused(server, client, caplog):
-    caplog.set_level(logging.WARNING, LOGGER)
+def test_a_full_handshake_table_sheds_its_oldest_entry_not_the_newcomer(server, client, caplog):
+    caplog.set_level(logging.WARNING, GATE_LOGGER)
     silent = [raw_connection(server, authenticate=False) for _ in range(4)]
     for s in silent:
         read_challenge(s)
-    extra = raw_connection(server, authenticate=False)
-    wait_for_log(caplog, "4 handshakes are already pending")
-    assert_dropped(extra)
-    for s in silent:
+    wait_until(lambda: server._gate.num_pending == 4, "four handshakes are pending")
+    with TCPStore("127.0.0.1", server.port, timeout=5) as newcomer:
+        newcomer.set("newcomer", "served")
+    assert client.get("newcomer") == b"served"
+    assert_dropped(silent[0])  # the oldest idle one made room
+    assert server._gate.num_pending <= 4
+    wait_for_log(caplog, "shed to make room")
+    for s in silent[1:]:
         s.close()
 
 
@@ -179,7 +184,7 @@ def test_wrong_token_is_refused_with_a_clear_error(server, caplog):
               r"same SHOAL_AUTH_TOKEN",
     ):
         TCPStore("127.0.0.1", server.port, timeout=5, token="not-the-job-secret")
-    wait_for_log(caplog, "does not match this job's secret")
+    wait_for_log(caplog, "wrong secret")
 
 
 def test_flood_of_requests_behind_a_parked_wait_is_dropped(server, client, caplog):

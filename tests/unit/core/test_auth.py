@@ -6,7 +6,7 @@ import threading
 import pytest
 
 from core import auth
-from core.errors import AuthenticationError
+from core.errors import AuthenticationError, HandshakeInterrupted
 
 
 def _pair():
@@ -37,7 +37,8 @@ def test_a_wrong_secret_fails_on_both_sides():
     out = []
     t = threading.Thread(target=_run_server, args=(server, b"right", "store", out))
     t.start()
-    with pytest.raises(AuthenticationError, match="rejected this job's secret|does not hold"):
+    with pytest.raises(AuthenticationError, match="refused this process's secret; check that "
+                       "every process uses the same SHOAL_AUTH_TOKEN"):
         auth.client_handshake(client, b"wrong", "store", timeout=5)
     t.join(5)
     assert isinstance(out[0], AuthenticationError)
@@ -64,7 +65,7 @@ def test_garbage_and_silence_are_rejected_without_parsing():
     client.sendall(b"\x00" * 10)
     client.close()
     t.join(5)
-    assert "closed the connection during the auth handshake" in str(out[0])
+    assert "closed the connection before its auth proof" in str(out[0])
 
     server, client = _pair()
     with pytest.raises(AuthenticationError, match="sent no auth proof for 'store' within 0.2s"):
@@ -95,4 +96,81 @@ def test_token_sources_and_the_development_fallback(monkeypatch, tmp_path):
     assert auth.load_token() == auth._INSECURE_DEFAULT
     monkeypatch.setenv("MASTER_ADDR", "10.0.0.7")
     with pytest.raises(AuthenticationError, match="'10.0.0.7', not a loopback address"):
+        auth.load_token()
+
+
+def test_a_server_that_closes_before_its_verdict_is_not_blamed_on_the_secret():
+    # What a client sees when a loaded server sheds its pending handshake: retry, not "check
+    # your secret".
+    server, client = _pair()
+    server.sendall(auth.MAGIC + b"n" * auth.NONCE_BYTES)
+    server.close()
+    with pytest.raises(HandshakeInterrupted, match="before its verdict"):
+        auth.client_handshake(client, b"k", "store", timeout=2)
+    server, client = _pair()
+    server.close()
+    with pytest.raises(HandshakeInterrupted, match="closed the connection before its greeting"):
+        auth.client_handshake(client, b"k", "store", timeout=2)
+
+
+def test_a_server_that_accepts_but_never_speaks_is_not_blamed_on_the_secret():
+    server, client = _pair()
+    with pytest.raises(HandshakeInterrupted, match="accepted the connection but sent no "
+                       "greeting within 0.2s; is it a shoal port"):
+        auth.client_handshake(client, b"k", "store", timeout=0.2)
+    server.close()
+
+
+def _connect_shedding(first_shed: int, attempts: list):
+    """A connect function whose first `first_shed` servers drop the connection unjudged."""
+
+    def connect(timeout):
+        server, client = _pair()
+        attempts.append(server)
+        if len(attempts) <= first_shed:
+            server.close()
+        else:
+            threading.Thread(target=_run_server, args=(server, b"k", "store", []),
+                             daemon=True).start()
+        return client
+
+    return connect
+
+
+def test_dial_retries_a_shed_connection_and_never_a_refused_secret():
+    attempts = []
+    auth.dial(_connect_shedding(2, attempts), b"k", "store", timeout=5).close()
+    assert len(attempts) == 3
+    attempts = []
+    with pytest.raises(AuthenticationError, match="refused this process's secret"):
+        auth.dial(_connect_shedding(0, attempts), b"wrong", "store", timeout=5)
+    assert len(attempts) == 1  # a refused secret is final
+
+
+def test_dial_gives_up_when_its_timeout_runs_out():
+    def connect(timeout):
+        server, client = _pair()
+        server.close()
+        return client
+
+    with pytest.raises(HandshakeInterrupted, match="before its greeting"):
+        auth.dial(connect, b"k", "store", timeout=0.2)
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "", "::", "10.1.2.3", "myhost.example"])
+def test_the_development_token_is_refused_off_loopback(host):
+    with pytest.raises(AuthenticationError, match="not a loopback address, and no secret is set: "
+                       "set SHOAL_AUTH_TOKEN or SHOAL_AUTH_TOKEN_FILE"):
+        auth.require_secret_for(auth._INSECURE_DEFAULT, host, "a store")
+    auth.require_secret_for(b"a real secret", host, "a store")
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "localhost"])
+def test_the_development_token_serves_loopback(host):
+    auth.require_secret_for(auth._INSECURE_DEFAULT, host, "a store")
+
+
+def test_the_manifest_placeholder_is_no_secret(monkeypatch):
+    monkeypatch.setenv("SHOAL_AUTH_TOKEN", "REPLACE-WITH-OUTPUT-OF-openssl-rand-hex-32")
+    with pytest.raises(AuthenticationError, match="is the placeholder .* which everyone can read"):
         auth.load_token()
