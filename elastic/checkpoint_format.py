@@ -235,14 +235,14 @@ def write_checkpoint(f: BinaryIO, step: int, state: dict, key: bytes) -> None:
 
 def _read_framing(f: BinaryIO, path: str, size: int) -> None:
     """Check what has a fixed size and place: the length, the magic, the end marker."""
-    if size < MIN_FILE_BYTES:
-        raise CheckpointCorrupt(f"Checkpoint {path!r} is truncated ({size} bytes).")
     magic = f.read(len(MAGIC))
     if magic == LEGACY_MAGIC:
         raise CheckpointCorrupt(
             f"Checkpoint {path!r} is in shoal's old format 1 (SHOALCK1), which this version "
             "refuses: format 1 was not authenticated and its unpickler let a crafted file run "
             "code. Delete it, or resume it with the shoal that wrote it and save again there.")
+    if size < MIN_FILE_BYTES:
+        raise CheckpointCorrupt(f"Checkpoint {path!r} is truncated ({size} bytes).")
     if magic != MAGIC:
         raise CheckpointCorrupt(f"Checkpoint {path!r} does not start with shoal's magic.")
     f.seek(size - len(END))
