@@ -237,3 +237,104 @@ def test_server_stop_fails_waiting_clients_promptly(server):
     with pytest.raises(StoreError, match=rf"could not reach the server at 127\.0\.0\.1:{server.port}"):
         client.set("stop/k", "v")
     client.close()
+
+
+def test_a_new_client_is_served_while_500_idle_strangers_hold_connections():
+    server = TCPStoreServer("127.0.0.1", 0).start()
+    idle = []
+    try:
+        with TCPStore("127.0.0.1", server.port, timeout=5) as first:
+            idle = [socket.create_connection(("127.0.0.1", server.port), timeout=5)
+                    for _ in range(500)]
+            wait_until(lambda: server._gate.num_pending
+                       + sum(server._gate.rejections.values()) >= 500,
+                       "the server has seen every idle connection")
+            start = time.monotonic()
+            with TCPStore("127.0.0.1", server.port, timeout=5) as newcomer:
+                newcomer.set("joined", "during the flood")
+            assert time.monotonic() - start < 2.0
+            assert first.get("joined") == b"during the flood"
+    finally:
+        for sock in idle:
+            sock.close()
+        server.stop()
+
+
+class _SheddingProxy:
+    """Closes the first `drop` connections at once (as a loaded server sheds them), then
+    forwards every later one to `target`."""
+
+    def __init__(self, target: int, drop: int):
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.target, self.drop, self.accepted = target, drop, 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                sock, _ = self.listener.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            if self.accepted <= self.drop:
+                sock.close()
+                continue
+            upstream = socket.create_connection(("127.0.0.1", self.target), timeout=5)
+            for a, b in ((sock, upstream), (upstream, sock)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src, dst):
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self):
+        self.listener.close()
+
+
+def test_a_client_dropped_before_the_greeting_retries_and_is_not_told_to_check_its_secret(server):
+    proxy = _SheddingProxy(server.port, drop=3)
+    try:
+        with TCPStore("127.0.0.1", proxy.port, timeout=5) as store:
+            store.set("through", "the proxy")
+            assert store.get("through") == b"the proxy"
+        assert proxy.accepted >= 4
+    finally:
+        proxy.close()
+
+
+def test_a_port_that_accepts_and_never_speaks_is_not_blamed_on_the_secret():
+    mute = socket.create_server(("127.0.0.1", 0))
+    port = mute.getsockname()[1]
+    try:
+        with pytest.raises(StoreError) as info:
+            TCPStore("127.0.0.1", port, timeout=1.5)
+        message = str(info.value)
+        assert "accepted the connection but sent no greeting" in message
+        assert "is it a shoal port" in message
+        assert "SHOAL_AUTH_TOKEN" not in message
+    finally:
+        mute.close()
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::"])
+def test_a_store_on_all_interfaces_refuses_the_development_token(host, monkeypatch):
+    for name in ("SHOAL_AUTH_TOKEN", "SHOAL_AUTH_TOKEN_FILE", "MASTER_ADDR"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(AuthenticationError, match=rf"uses '{host}', which is not a loopback "
+                       r"address, and no secret is set: set SHOAL_AUTH_TOKEN"):
+        TCPStoreServer(host, 0)
+    with pytest.raises(AuthenticationError, match="not a loopback address"):
+        TCPStore(host, 0, is_master=True, timeout=2)
+    monkeypatch.setenv("SHOAL_AUTH_TOKEN", "a real secret")
+    TCPStoreServer(host, 0).stop()

@@ -1,0 +1,40 @@
+"""Without a secret, nothing in collectives serves or dials an address other machines can reach:
+the development token is in shoal's source, so on such an address it would admit anyone."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+
+import collectives as dist
+from collectives._pg_mesh import Mesh
+from collectives.store_hash import HashStore
+from core.errors import AuthenticationError
+
+RULE = r"which is not a loopback address, and no secret is set: set SHOAL_AUTH_TOKEN"
+
+
+@pytest.fixture
+def no_secret(monkeypatch):
+    for name in ("SHOAL_AUTH_TOKEN", "SHOAL_AUTH_TOKEN_FILE", "MASTER_ADDR"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_init_process_group_over_tcp_on_all_interfaces_needs_a_secret(no_secret):
+    with pytest.raises(AuthenticationError, match=rf"TCPStore at 0\.0\.0\.0:0 uses '0\.0\.0\.0', {RULE}"):
+        dist.init_process_group("tcp", init_method="tcp://0.0.0.0:0", rank=0, world_size=1,
+                                timeout=datetime.timedelta(seconds=5))
+    assert not dist.is_initialized()
+
+
+def test_the_mesh_refuses_to_listen_off_loopback_with_the_development_token(no_secret):
+    from core.auth import load_token
+
+    mesh = Mesh(store=HashStore(), rank=0, size=2, name="default", host="0.0.0.0",
+                token=load_token(), on_failure=lambda reason: None)
+    try:
+        with pytest.raises(AuthenticationError, match=rf"Rank 0 of group 'default' uses '0\.0\.0\.0', {RULE}"):
+            mesh.connect(timeout=2)
+    finally:
+        mesh.close()

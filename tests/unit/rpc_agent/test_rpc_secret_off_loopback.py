@@ -1,0 +1,37 @@
+"""Without a secret, an RPC worker refuses to bind an address other machines can reach: its
+gRPC port runs code for whoever signs a hello with the development token, which is public."""
+
+from __future__ import annotations
+
+import pytest
+
+import rpc_agent
+from core.auth import _INSECURE_DEFAULT
+from core.errors import AuthenticationError
+from rpc_agent import RpcBackendOptions
+from rpc_agent.data_channel import DataChannels
+
+RULE = r"which is not a loopback address, and no secret is set: set SHOAL_AUTH_TOKEN"
+
+
+@pytest.fixture
+def no_secret(monkeypatch):
+    for name in ("SHOAL_AUTH_TOKEN", "SHOAL_AUTH_TOKEN_FILE", "MASTER_ADDR"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_init_rpc_on_all_interfaces_needs_a_secret(no_secret):
+    options = RpcBackendOptions(host="0.0.0.0", init_method="tcp://127.0.0.1:0")
+    with pytest.raises(AuthenticationError, match=rf"RPC worker 'w0' binding its ports uses "
+                       rf"'0\.0\.0\.0', {RULE}"):
+        rpc_agent.init_rpc("w0", rank=0, world_size=1, rpc_backend_options=options)
+
+
+def test_the_data_channel_refuses_the_development_token_off_loopback():
+    with pytest.raises(AuthenticationError, match=rf"data channel uses '0\.0\.0\.0', {RULE}"):
+        DataChannels(name="w0", worker_id=0, token=_INSECURE_DEFAULT, host="0.0.0.0",
+                     on_transfer=lambda *a: None, on_dead=lambda *a: None,
+                     peer_label=lambda i: None)
+    DataChannels(name="w0", worker_id=0, token=_INSECURE_DEFAULT, host="127.0.0.1",
+                 on_transfer=lambda *a: None, on_dead=lambda *a: None,
+                 peer_label=lambda i: None).close()
