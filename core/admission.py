@@ -25,6 +25,7 @@ import collections
 import errno
 import logging
 import os
+import resource
 import selectors
 import socket
 import threading
@@ -41,6 +42,9 @@ LOG_INTERVAL_S = 10.0
 _BACKOFF_S = (0.05, 1.0)
 _DESCRIPTOR_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 _TICK_S = 0.5
+# At most this fraction (1/N) of the process's descriptor limit goes to pending handshakes of
+# one gatekeeper.
+_DESCRIPTOR_SHARE = 8
 
 # Why a connection was turned away; the keys of the summary line and of `on_reject`.
 SILENT = "sent no proof in time"
@@ -164,8 +168,11 @@ class Gatekeeper:
         self._on_admit = on_admit
         self._on_reject = on_reject
         self._greeting_timeout = greeting_timeout
-        self._max_pending = max_pending
-        self._max_per_source = max_pending_per_source
+        # Strangers must never hold most of the process's descriptors (a worker's own open()
+        # failing would cost a restart), so the bounds shrink under a low `ulimit -n`.
+        fair_share = max(8, _descriptor_limit() // _DESCRIPTOR_SHARE)
+        self._max_pending = min(max_pending, fair_share)
+        self._max_per_source = min(max_pending_per_source, self._max_pending)
         self._log = RejectionLog(what, log_interval)
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = os.pipe()
@@ -419,3 +426,8 @@ class Gatekeeper:
                 self._on_reject(reason)
             except Exception:
                 logger.exception("%s: the rejection hook failed", self.what)
+
+
+def _descriptor_limit() -> int:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
