@@ -21,10 +21,16 @@ shared checkpoint directory could run code in every worker that resumed. Format 
   whole file before anything but the fixed-size framing is parsed. A file written under another
   secret, or changed by one byte, is refused without being read further.
 - Arrays never pass through pickle: numpy arrays (ml_dtypes' bfloat16 and friends included),
-  numpy scalars and core Tensors/Parameters become entries of the header's array table (a dtype
-  string from a fixed grammar, a shape, an offset and a length) and raw bytes. The pickle that
-  remains holds only the containers and plain values around them, and may name exactly the
-  globals in `ALLOWED_GLOBALS` (never a dotted name) unless the reader was told to trust it.
+  numpy scalars and core Tensors/Parameters (their data and requires_grad; not grad, hooks or
+  the device: a cuda tensor loads on the host) become entries of the header's array table (a
+  dtype string from a fixed grammar, a shape, an offset and a length) and raw bytes. The pickle
+  that remains holds only the containers and plain values around them, and may name exactly
+  the globals in `ALLOWED_GLOBALS` (never a dotted name) unless the reader was told to trust it.
+  Arrays whose bytes cannot stand alone (object, string, structured, datetime dtypes) are left
+  to that pickle, so only a `trusted` reader loads them.
+
+A loaded state's arrays are writable views of one 64-byte-aligned buffer holding the file, so
+the file is read once and never copied again; keeping one array keeps that buffer alive.
 
 The skeleton stays a pickle, not JSON, so that tuples, int dict keys, OrderedDicts and big ints
 (numpy's PCG64 state) come back as they went in without a second encoding, and so that a
@@ -251,13 +257,20 @@ def _read_framing(f: BinaryIO, path: str, size: int) -> None:
             f"Checkpoint {path!r} has no end marker: it is truncated or was cut off mid-save.")
 
 
+def _aligned_empty(nbytes: int) -> np.ndarray:
+    """A uint8 buffer starting on an ALIGN boundary, so the file's aligned arrays stay aligned."""
+    raw = np.empty(nbytes + ALIGN, dtype=np.uint8)
+    start = -raw.ctypes.data % ALIGN
+    return raw[start:start + nbytes]
+
+
 def _read_verified(f: BinaryIO, path: str, size: int, key: bytes) -> np.ndarray:
     """Every byte before the MAC, read once into memory and only returned if the MAC matches.
 
     One read into memory, not a verifying pass and a parsing pass: the file could change
     between two reads.
     """
-    body = np.empty(size - TRAILER_BYTES, dtype=np.uint8)  # writable: loaded arrays view it
+    body = _aligned_empty(size - TRAILER_BYTES)  # writable: the loaded arrays are views of it
     f.seek(0)
     view, done = memoryview(body), 0
     while done < body.nbytes:
