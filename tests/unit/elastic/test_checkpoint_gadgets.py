@@ -77,7 +77,7 @@ ROUTES = [pytest.param(m, n, id=f"{target}-via-{m}") for target, routes in GADGE
           for m, n in routes]
 
 
-def _args_for(module: str, name: str, tmp_path) -> tuple:
+def _args_for(name: str, tmp_path) -> tuple:
     """Arguments that would do harm if the call ran: files opened for writing, a library."""
     target = name.rsplit(".", 1)[-1]
     if target in ("FileIO", "FileHandler"):
@@ -93,8 +93,7 @@ def _args_for(module: str, name: str, tmp_path) -> tuple:
 def test_each_gadget_with_a_valid_mac_is_refused_by_the_allow_list(ck, tmp_path, module, name):
     victim = tmp_path / "victim.txt"
     victim.write_text("precious")
-    craft(ck, 7,
-          call_global(module, name, *_args_for(module, name, tmp_path)))
+    craft(ck, 7, call_global(module, name, *_args_for(name, tmp_path)))
     kind = "the dotted global " if "." in name else ""
     with pytest.raises(CheckpointRefused, match=rf"Checkpoint '.*ckpt-000000000007\.shoal' holds "
                                                 rf"{kind}{re.escape(f'{module}.{name}')}"):
@@ -104,8 +103,7 @@ def test_each_gadget_with_a_valid_mac_is_refused_by_the_allow_list(ck, tmp_path,
 
 def test_a_file_handler_gadget_never_creates_its_file(ck, tmp_path):
     marker = tmp_path / "marker.log"
-    craft(ck, 3,
-          call_global("core.auth", "logging.FileHandler", str(marker)))
+    craft(ck, 3, call_global("core.auth", "logging.FileHandler", str(marker)))
     with pytest.raises(CheckpointRefused, match=r"dotted global core\.auth\.logging\.FileHandler"):
         ck.load(3)
     assert not marker.exists()
@@ -113,9 +111,9 @@ def test_a_file_handler_gadget_never_creates_its_file(ck, tmp_path):
 
 def test_a_dotted_name_is_refused_even_when_its_parts_are_allowed(ck, tmp_path):
     # ("collections", "OrderedDict") is allowed; walking from it is not.
-    craft(ck, 1,
-          call_global("collections", "OrderedDict.fromkeys", ["a"]))
-    with pytest.raises(CheckpointRefused, match=r"dotted global collections\.OrderedDict\.fromkeys"):
+    craft(ck, 1, call_global("collections", "OrderedDict.fromkeys", ["a"]))
+    with pytest.raises(CheckpointRefused,
+                       match=r"dotted global collections\.OrderedDict\.fromkeys"):
         ck.load(1)
 
 
@@ -151,8 +149,7 @@ def test_the_secret_comes_from_shoal_auth_token_by_default(tmp_path, monkeypatch
 
 def test_a_gadget_under_a_wrong_key_is_refused_by_the_mac_before_parsing(ck, tmp_path):
     marker = tmp_path / "marker.log"
-    craft(ck, 2,
-          call_global("logging", "FileHandler", str(marker)), key=derive_key(b"attacker"))
+    craft(ck, 2, call_global("logging", "FileHandler", str(marker)), key=derive_key(b"attacker"))
     with pytest.raises(CheckpointUnauthenticated, match=r"its MAC does not match"):
         ck.load(2)
     assert not marker.exists()
@@ -177,8 +174,7 @@ def test_a_tampered_byte_is_refused(ck, where):
 def test_load_latest_falls_back_past_crafted_and_foreign_files(ck, tmp_path, caplog):
     marker = tmp_path / "marker.log"
     ck.save(1, {"step": 1, "w": np.ones(3)})
-    craft(ck, 2,
-          call_global("core.auth", "logging.FileHandler", str(marker)))
+    craft(ck, 2, call_global("core.auth", "logging.FileHandler", str(marker)))
     Checkpointer(ck.directory, token="another-job").save(3, {"step": 3})
     with caplog.at_level(logging.WARNING, logger="elastic.checkpoint"):
         step, state = ck.load_latest()
