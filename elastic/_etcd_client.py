@@ -14,6 +14,7 @@ import concurrent.futures
 import logging
 import os
 import threading
+import time
 from typing import Any, Awaitable, Callable, Optional, Sequence, TypeVar
 
 import aetcd
@@ -163,6 +164,31 @@ class EtcdClient:
         self._pid = os.getpid()
         self._closed = False
         self._retired: set[asyncio.Task] = set()
+        # Set by cap(): while an agent exits, no call may wait out the full timeout.
+        self._per_call_cap: Optional[float] = None
+        self._until: Optional[float] = None  # time.monotonic() after which calls fail at once
+
+    def cap(self, per_call: float, until: Optional[float] = None) -> None:
+        """From now on, bound every call by `per_call` seconds and (if given) end them all by
+        `until` (a time.monotonic() value); caps only ever tighten. Calls already running keep
+        their budget; the agent interrupts those itself."""
+        if self._per_call_cap is None or per_call < self._per_call_cap:
+            self._per_call_cap = per_call
+        if until is not None and (self._until is None or until < self._until):
+            self._until = until
+
+    def _budget(self, timeout: Optional[float], op: str) -> float:
+        budget = self.timeout if timeout is None else timeout
+        if self._per_call_cap is not None:
+            budget = min(budget, self._per_call_cap)
+        if self._until is not None:
+            budget = min(budget, self._until - time.monotonic())
+            if budget <= 0:
+                raise EtcdUnavailable(
+                    f"etcd at {self.describe()}: {op} not attempted, the time allowed for "
+                    "finishing is spent (etcd did not answer in time)."
+                )
+        return budget
 
     def describe(self) -> str:
         """The endpoints, for messages."""
@@ -241,9 +267,10 @@ class EtcdClient:
         self, fn: Callable[[aetcd.Client], Awaitable[T]], op: str, timeout: Optional[float] = None
     ) -> T:
         """Blocking `acall`, bounded by its timeout plus a small margin for the loop."""
-        budget = self.timeout if timeout is None else timeout
+        budget = self._budget(timeout, op)
+        margin = 5.0 if self._per_call_cap is None else 1.0
         try:
-            return run(self.acall(fn, op, budget), budget + 5.0)
+            return run(self.acall(fn, op, budget), budget + margin)
         except (asyncio.TimeoutError, ConnectionError) as exc:
             raise EtcdUnavailable(
                 f"etcd at {self.describe()} did not answer {op} within {budget:g}s: {exc}"
@@ -260,7 +287,7 @@ class EtcdClient:
         self._client = None
         if client is not None and self._pid == os.getpid():
             try:
-                run(client.close(), 5.0)
+                run(client.close(), 5.0 if self._per_call_cap is None else 1.0)
             except Exception as exc:  # noqa: BLE001
                 logger.debug("Closing the etcd channel raised %r", exc)
         for task in list(self._retired):

@@ -19,11 +19,13 @@ Keys the agents share in the run's store (all under `agent/`):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import os
 import signal
+import tempfile
 import threading
 import time
 from typing import Callable, Mapping, Optional
@@ -39,6 +41,8 @@ from elastic._agent_env import (
     worker_env,
 )
 from elastic._agent_workers import WorkerExit, WorkerGroup, describe_exit
+from elastic._hang_blame import Hang, find_hang
+from elastic._round_poll import RoundPoller
 from elastic.api import (
     RendezvousClosedError,
     RendezvousError,
@@ -58,6 +62,14 @@ DEFAULT_MASTER_TIMEOUT_S = 60.0
 # such a failure is a consequence, so the agent waits briefly for the node that caused it.
 PEER_FAILURE_EXIT_CODES = frozenset({getattr(_collectives_api, "ASYNC_ERROR_EXIT_CODE", 75)})
 _STORE_ACK_TIMEOUT_S = 5.0
+# Once the job is over (or the agent was told to stop), each rendezvous/store call may take this
+# long at most, and finishing (closing the rendezvous, goodbyes, leaving) this long in all: a
+# dead etcd must not hold a finished agent for minutes (its calls would wait 30 s each).
+EXIT_CALL_TIMEOUT_S = 3.0
+EXIT_BUDGET_S = 8.0
+# After SIGTERM/SIGINT the workers get the grace period; the agent then has this long to leave
+# the rendezvous before it exits regardless (Kubernetes sends SIGKILL after its own grace).
+SIGNAL_LEAVE_S = 2.5
 
 
 class AgentInterrupted(Exception):
@@ -135,6 +147,14 @@ class Agent:
         self._rounds = 0
         self._last_info: Optional[RendezvousInfo] = None
         self._host_lost: Optional[StoreHostLostError] = None
+        # True while the main thread runs rounds: a signal then raises AgentInterrupted at once
+        # (ending any blocking rendezvous or store call), except inside _critical() sections.
+        self._interruptible = False
+        self._killable: Optional[WorkerGroup] = None  # for the last-resort exit after a signal
+        # Where the workers' watchdogs write their dumps (read to blame a hung rank), and which
+        # node runs each global rank in the current round.
+        self._dump_dir = spec.base_env.get("SHOAL_DUMP_DIR") or tempfile.gettempdir()
+        self._rank_nodes: dict[int, str] = {}
 
     def store_host_lost(self, error: StoreHostLostError) -> None:
         """The run's store is gone with its host (see elastic.store_host): end this agent.
@@ -173,9 +193,47 @@ class Agent:
         if first:
             logger.warning("Received %s: forwarding it to the workers (grace period %gs)",
                            signal.Signals(signum).name, self.spec.grace_period)
-        if self._in_rendezvous:
-            # Break out of a blocking rendezvous wait; elsewhere the monitor loop notices.
+            leave_by = time.monotonic() + self.spec.grace_period + SIGNAL_LEAVE_S
+            self._limit_backend(leave_by)
+            self._arm_last_resort(signum, leave_by + 1.0)
+        if self._interruptible or self._in_rendezvous:
+            # Break out of whatever blocking rendezvous or store call the main thread is in.
             raise AgentInterrupted(signum)
+
+    @contextlib.contextmanager
+    def _critical(self):
+        """A section a signal must not cut short (starting or stopping workers); a signal that
+        came meanwhile is raised at its end."""
+        before, self._interruptible = self._interruptible, False
+        try:
+            yield
+        finally:
+            self._interruptible = before
+        if before and self._signum is not None:
+            raise AgentInterrupted(self._signum)
+
+    def _arm_last_resort(self, signum: int, at: float) -> None:
+        """If the agent is still alive at `at` (time.monotonic()) after a signal, something it
+        waits on ignores every bound: kill the workers and exit, as Kubernetes would."""
+        def expire() -> None:
+            time.sleep(max(0.0, at - time.monotonic()))
+            logger.error("The agent did not finish within %.1fs of %s; killing its workers and "
+                         "exiting now", self.spec.grace_period + SIGNAL_LEAVE_S + 1.0,
+                         signal.Signals(signum).name)
+            group = self._killable
+            if group is not None:
+                group.send_signal(signal.SIGKILL)
+            for handler in logging.getLogger().handlers:
+                handler.flush()
+            os._exit(128 + signum)
+
+        threading.Thread(target=expire, name="shoal-agent-last-resort", daemon=True).start()
+
+    def _limit_backend(self, until: Optional[float] = None) -> None:
+        """Bound every rendezvous/store call from now on (see EXIT_CALL_TIMEOUT_S)."""
+        limit = getattr(self.handler, "limit", None)
+        if limit is not None:
+            limit(EXIT_CALL_TIMEOUT_S, until)
 
     # ------------------------------------------------------------------ main loop
 
@@ -186,12 +244,17 @@ class Agent:
         handler's backend and store is the caller's job, after this returns.
         """
         try:
-            result = self._run()
+            self._interruptible = True
+            try:
+                result = self._run()
+            finally:
+                self._interruptible = False
         except AgentInterrupted as exc:
             result = self._interrupted(exc.signum)
         finally:
             self._stop_workers("the agent is exiting")
             self._close_master_store()
+        self._limit_backend(time.monotonic() + EXIT_BUDGET_S)
         self._leave(result)
         return result
 
@@ -291,7 +354,9 @@ class Agent:
         logger.info("Round %s: node rank %d of %d runs ranks %s of %d (restart %d)",
                     info.round, info.group_rank, info.num_nodes, ranks,
                     int(envs[0]["WORLD_SIZE"]), restarts)
-        self._group.start()
+        self._killable = self._group
+        with self._critical():
+            self._group.start()
         return self._monitor(info, restarts)
 
     # ------------------------------------------------------------------ round setup
@@ -317,6 +382,11 @@ class Agent:
             [f"agent/nproc/{r}" for r in range(info.num_nodes)], self.spec.master_timeout)]
         first = sum(counts[: info.group_rank])
         world = sum(counts)
+        self._rank_nodes = {}
+        for node_rank, count in enumerate(counts):
+            start = sum(counts[:node_rank])
+            for rank in range(start, start + count):
+                self._rank_nodes[rank] = info.participants[node_rank]
         restarts = int(self.store.add("agent/restarts", 0))
         ranks = [first + i for i in range(nproc)]
         s = self.spec
@@ -326,7 +396,7 @@ class Agent:
                        master_addr=master_addr, master_port=master_port, run_id=s.run_id,
                        restarts=restarts, max_restarts=s.max_restarts,
                        checkpoint_dir=s.checkpoint_dir, auth_token=s.auth_token,
-                       multiproc_dir=s.multiproc_dir)
+                       multiproc_dir=s.multiproc_dir, dump_dir=self._dump_dir)
             for local, rank in enumerate(ranks)
         ]
         return envs, ranks, restarts
@@ -341,9 +411,17 @@ class Agent:
 
     def _monitor(self, info: RendezvousInfo, restarts: int):
         group = self._group
-        next_check = next_waiting_check = 0.0
+        poller = RoundPoller(self.handler, self.spec.monitor_interval, group.changed).start()
+        try:
+            return self._watch_round(info, group, poller)
+        finally:
+            poller.stop()
+
+    def _watch_round(self, info: RendezvousInfo, group: WorkerGroup, poller: RoundPoller):
+        seen = 0
         unreachable_since: Optional[float] = None
         while True:
+            # Worker exits and notable readings of the rendezvous wake us at once.
             group.changed.wait(self.spec.monitor_interval)
             group.changed.clear()
             if self._signum is not None:
@@ -356,39 +434,34 @@ class Agent:
             if state == "succeeded":
                 group.wait_output()
                 return self._exit_barrier(info)
-            # Worker exits wake us at once; the rendezvous is read once per interval.
-            now = time.monotonic()
-            if now < next_check:
+            poll = poller.latest()
+            if poll is None or poll.seq == seen:
                 continue
-            next_check = now + self.spec.monitor_interval
-            try:
-                reason = self.handler.restart_requested()
-                # Waiting nodes only matter for scaling up: look at most once a second.
-                if reason is None and now >= next_waiting_check:
-                    next_waiting_check = now + max(1.0, self.spec.monitor_interval)
-                    if self.handler.num_nodes_waiting() > 0:
-                        if self._claim_round(info, "scale_up"):
-                            self._signal_restart("a node is waiting to join: scaling up")
-                            self._stop_workers("scaling up for a waiting node")
-                            return "scale_up"
-                        continue
-            except RendezvousError as exc:
-                if isinstance(exc, StoreHostLostError):
-                    self._host_lost = self._host_lost or exc
+            seen = poll.seq
+            now = time.monotonic()
+            if poll.error is not None:
+                if isinstance(poll.error, StoreHostLostError):
+                    self._host_lost = self._host_lost or poll.error
                     return self._host_lost_result()
                 if unreachable_since is None:
                     unreachable_since = now
                     logger.warning("Cannot read the rendezvous; the workers go on while it "
-                                   "retries: %s", exc)
+                                   "retries: %s", poll.error)
                 continue
             if unreachable_since is not None:
                 logger.warning("The rendezvous is back after %.1fs", now - unreachable_since)
                 unreachable_since = None
-            if reason is not None:
+            if poll.waiting > 0:
+                if self._claim_round(info, "scale_up"):
+                    self._signal_restart("a node is waiting to join: scaling up")
+                    self._stop_workers("scaling up for a waiting node")
+                    return "scale_up"
+                continue
+            if poll.reason is not None:
                 if self.handler.is_closed():
                     self._stop_workers("the rendezvous was closed")
                     return self._closed_result()
-                logger.warning("Round %s ends: %s", info.round, reason)
+                logger.warning("Round %s ends: %s", info.round, poll.reason)
                 self._stop_workers(f"round {info.round} ends")
                 lost = self._safe(self.handler.dead_nodes, [])
                 return "node_lost" if lost else "peer_request"
@@ -404,7 +477,14 @@ class Agent:
             "exit": describe_exit(first.exitcode), "time": first.time,
             "tail": list(first.tail), "log_path": first.log_path,
         }
-        logger.error("Round %s: %s", info.round, first.describe())
+        hang = self._find_hang(failures)
+        if hang is not None:
+            record.update(self._blame(hang, first))
+            logger.error("Round %s: %s hung: %s (rank %d noticed and ended with %s)", info.round,
+                         hang.culprit_names(), hang.reason, first.rank,
+                         describe_exit(first.exitcode))
+        else:
+            logger.error("Round %s: %s", info.round, first.describe())
         if first.exitcode in PEER_FAILURE_EXIT_CODES:
             lost = self._safe(self.handler.dead_nodes, [])
             if lost:
@@ -420,17 +500,45 @@ class Agent:
             return "node_lost" if lost else "peer_request"
         used = int(self.store.add("agent/restarts", 1))
         if used > self.spec.max_restarts:
+            self._limit_backend()  # the job is over: recording it must not wait out etcd
             self._stop_workers("restarts are exhausted")
             summary = summary_text(self.spec.run_id, record, used - 1, self.spec.max_restarts)
             self._safe(lambda: self.store.set("agent/final_failure",
                                               json.dumps({**record, "summary": summary})))
             self._safe(self.handler.set_closed)
             return AgentResult(1, summary, self._rounds)
-        self._signal_restart(f"rank {first.rank} on node {self.node_id} ended with "
-                             f"{describe_exit(first.exitcode)}")
+        if hang is not None:
+            self._signal_restart(f"{hang.culprit_names()} hung: rank {first.rank} on node "
+                                 f"{self.node_id} timed out waiting for it")
+        else:
+            self._signal_restart(f"rank {first.rank} on node {self.node_id} ended with "
+                                 f"{describe_exit(first.exitcode)}")
         self._stop_workers("restarting after a worker failure")
         logger.warning("Restarting the job (restart %d of %d)", used, self.spec.max_restarts)
         return "worker_failure"
+
+    def _find_hang(self, failures: list[WorkerExit]) -> Optional[Hang]:
+        """A collective timeout behind these failures, from the watchdog dumps, or None."""
+        for failure in failures:
+            if failure.exitcode in PEER_FAILURE_EXIT_CODES:
+                hang = find_hang(failure.pid, self._dump_dir)
+                if hang is not None:
+                    return hang
+        return None
+
+    def _blame(self, hang: Hang, detector: WorkerExit) -> dict:
+        """The failure record's fields that point at the hung rank instead of the detector."""
+        fields = {"hang": hang.reason, "detected_by": detector.rank,
+                  "dump_path": hang.dump_path, "culprits": list(hang.culprits)}
+        if hang.group != "default":
+            return fields  # group ranks: the record keeps the detector as the rank
+        rank = hang.culprits[0]
+        fields.update(rank=rank, node=self._rank_nodes.get(rank, "?"), local_rank="?", pid="?")
+        group = self._killable
+        if group is not None and rank in group.ranks:
+            local = group.ranks.index(rank)
+            fields.update(local_rank=local, pid=group.pids[local])
+        return fields
 
     def _settle_failures(self, info: RendezvousInfo) -> list[WorkerExit]:
         """This node's failed workers, the likeliest cause first.
@@ -500,6 +608,9 @@ class Agent:
         """Wait until every node's workers succeeded; rerun if some node restarts instead."""
         base = f"agent/round/{info.round}"
         deadline = time.monotonic() + self.spec.exit_barrier_timeout
+        # The barrier itself may wait long for slow nodes, but in short calls: if etcd died
+        # meanwhile, a call fails in seconds and this node's success stands.
+        self._limit_backend()
         try:
             if int(self.store.add(f"{base}/exit", 1)) >= info.num_nodes:
                 self.store.set(f"{base}/exit_done", "1")
@@ -550,12 +661,14 @@ class Agent:
         return AgentResult(0, None, self._rounds)
 
     def _interrupted(self, signum: int) -> AgentResult:
+        self._interruptible = False  # handling it now: a repeated signal must not cut this short
         name = signal.Signals(signum).name
         group = self._group
         if group is not None:
             logger.warning("Stopping the workers after %s (grace period %gs)", name,
                            self.spec.grace_period)
-            group.stop(self.spec.grace_period, signum)
+            with self._critical():
+                group.stop(self.spec.grace_period, signum)
         return AgentResult(128 + signum, f"shoal run: stopped by {name}.", self._rounds)
 
     # ------------------------------------------------------------------ helpers
@@ -565,7 +678,8 @@ class Agent:
         if group is not None:
             if group.counts()["running"]:
                 logger.info("Stopping this node's workers: %s", why)
-            group.stop(self.spec.grace_period)
+            with self._critical():
+                group.stop(self.spec.grace_period)
         self._close_master_store()
 
     def _close_master_store(self) -> None:

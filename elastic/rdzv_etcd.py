@@ -208,6 +208,10 @@ class EtcdRendezvousBackend(RendezvousBackend):
                 return
             raise
 
+    def cap_calls(self, per_call: float, until: Optional[float] = None) -> None:
+        """Bound every later etcd call (see EtcdClient.cap): the agent is finishing."""
+        self._client.cap(per_call, until)
+
     def close(self) -> None:
         # The lease is left to expire, not revoked: the state key may hang on it while other
         # nodes still run.

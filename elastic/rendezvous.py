@@ -94,6 +94,7 @@ class RendezvousHandler:
         self._heartbeat_thread: Optional[threading.Thread] = None
         self._shut = False
         self._aborted: Optional[RendezvousError] = None
+        self._until: Optional[float] = None  # set by limit(): every retry loop ends by then
 
     # ------------------------------------------------------------------ public API
 
@@ -221,6 +222,23 @@ class RendezvousHandler:
             self._aborted = error
         self._stop.set()
 
+    def limit(self, per_call: float, until: Optional[float] = None) -> None:
+        """Bound the backend's calls while the agent finishes: each by `per_call` seconds, all
+        by `until` (time.monotonic()); limits only tighten. The backend and the store are
+        capped too where they can be (`cap_calls`, the etcd ones)."""
+        self._backend_timeout = min(self._backend_timeout, per_call)
+        if until is not None and (self._until is None or until < self._until):
+            self._until = until
+        for resource in (self.backend, self.store):
+            cap = getattr(resource, "cap_calls", None)
+            if cap is not None:
+                cap(per_call, until)
+
+    def _deadline(self, seconds: float) -> float:
+        """`seconds` from now, but never past the limit set by `limit()`."""
+        deadline = time.monotonic() + seconds
+        return deadline if self._until is None else min(deadline, self._until)
+
     def _raise_if_aborted(self) -> None:
         if self._aborted is not None:
             raise self._aborted
@@ -233,10 +251,11 @@ class RendezvousHandler:
         self._stop.set()
         thread = self._heartbeat_thread
         if thread is not None:
-            thread.join(self._backend_timeout + self.settings.heartbeat_interval)
+            join_by = self._deadline(self._backend_timeout + self.settings.heartbeat_interval)
+            thread.join(max(0.0, join_by - time.monotonic()))
         try:
             if self._aborted is None:  # nobody is left to tell
-                self._update(self._leave, time.monotonic() + min(self._backend_timeout, 5.0))
+                self._update(self._leave, self._deadline(min(self._backend_timeout, 5.0)))
         except RendezvousError as exc:
             logger.warning("Node %s could not leave the rendezvous cleanly: %s", self.node_id, exc)
         finally:
@@ -420,7 +439,9 @@ class RendezvousHandler:
         a short outage of etcd or the store only delays the update.
         """
         if deadline is None:
-            deadline = time.monotonic() + self._backend_timeout
+            deadline = self._deadline(self._backend_timeout)
+        elif self._until is not None:
+            deadline = min(deadline, self._until)
         attempt = 0
         current: Optional[tuple[Optional[RendezvousState], Optional[Token]]] = None
         while True:

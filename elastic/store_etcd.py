@@ -226,6 +226,10 @@ class EtcdStore(Store):
 
         self._call(put_all, f"multi_set of {len(keys)} key(s)")
 
+    def cap_calls(self, per_call: float, until: Optional[float] = None) -> None:
+        """Bound every later etcd call (see EtcdClient.cap): the agent is finishing."""
+        self._client.cap(per_call, until)
+
     def close(self) -> None:
         """Close the etcd channel."""
         self._client.close()
