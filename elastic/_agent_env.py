@@ -26,7 +26,7 @@ class WorkerPlace:
 def worker_env(base: Mapping[str, str], place: WorkerPlace, *, master_addr: str,
                master_port: int, run_id: str, restarts: int, max_restarts: int,
                checkpoint_dir: str, auth_token: str,
-               multiproc_dir: Optional[str]) -> dict[str, str]:
+               multiproc_dir: Optional[str], dump_dir: Optional[str] = None) -> dict[str, str]:
     """`base` plus torchrun's variables and shoal's (DESIGN.md, "Environment of a worker")."""
     env = dict(base)
     env.update({
@@ -58,6 +58,9 @@ def worker_env(base: Mapping[str, str], place: WorkerPlace, *, master_addr: str,
     })
     if multiproc_dir:
         env["PROMETHEUS_MULTIPROC_DIR"] = multiproc_dir
+    if dump_dir:
+        # Watchdog dumps go where the agent looks for them (to blame a hung rank).
+        env["SHOAL_DUMP_DIR"] = dump_dir
     return env
 
 
@@ -75,16 +78,24 @@ def python_argv(script: str, args: Sequence[str], module: bool = False) -> tuple
 
 def summary_text(run_id: str, failure: Mapping, restarts: int, max_restarts: int) -> str:
     """The failure summary printed when restarts run out: rank, exit and last log lines."""
+    worker = (f"rank {failure['rank']} (local rank {failure['local_rank']} on node "
+              f"{failure['node']}, pid {failure['pid']})")
     lines = [
         f"shoal run: job {run_id!r} failed after {restarts} restart(s) "
         f"(--max-restarts {max_restarts}).",
-        f"The failing worker: rank {failure['rank']} (local rank {failure['local_rank']} on node "
-        f"{failure['node']}, pid {failure['pid']}) ended with {failure['exit']} in round "
-        f"{failure['round']}.",
     ]
+    whose = "its log"
+    if failure.get("hang"):
+        # The worker that exited only noticed; the record names the one that hung.
+        lines.append(f"The failing worker: {worker} hung in round {failure['round']}: "
+                     f"{failure['hang']}")
+        whose = f"the log of rank {failure['detected_by']}, which noticed"
+    else:
+        lines.append(f"The failing worker: {worker} ended with {failure['exit']} in round "
+                     f"{failure['round']}.")
     where = f" ({failure['log_path']})" if failure.get("log_path") else ""
     if failure.get("tail"):
-        lines.append(f"Last lines of its log{where}:")
+        lines.append(f"Last lines of {whose}{where}:")
         lines.extend(f"    {line}" for line in failure["tail"])
     else:
         lines.append(f"It wrote no output{where}.")

@@ -153,6 +153,11 @@ class WorkerGroup:
     # ------------------------------------------------------------------ state
 
     @property
+    def ranks(self) -> list[int]:
+        """The workers' global ranks, by local rank."""
+        return list(self._ranks)
+
+    @property
     def pids(self) -> list[int]:
         """The workers' process ids, by local rank."""
         return [w.proc.pid for w in self._workers]
