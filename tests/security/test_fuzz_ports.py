@@ -10,14 +10,23 @@ client doing real work meanwhile is served within OP_BOUND_S per operation. `SHO
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import pickle
 import queue
 import random
 import secrets
 import socket
+import struct
 import threading
+import time
 
+import grpc
 import numpy as np
 import pytest
+
+import fuzz_rpc_peer
+import rpc_agent
 
 from collectives import _pg_wire as wire
 from collectives._store_server import TCPStoreServer
@@ -25,9 +34,12 @@ from collectives._store_wire import HEAD, LENGTH, MAX_FRAME_BYTES, Op, encode
 from collectives.pg_tcp import ProcessGroupTCP
 from collectives.store_hash import HashStore
 from collectives.store_tcp import TCPStore
+from core import auth
 from core.auth import GREETING_TIMEOUT_S
 from fuzz_support import (
+    INPUTS,
     IO_TIMEOUT_S,
+    SEED,
     Probe,
     Served,
     Target,
@@ -35,7 +47,18 @@ from fuzz_support import (
     assert_back_to,
     fuzz_handshake_port,
     fuzz_length,
+    play_inputs,
     wait_until,
+)
+from rpc_agent._generated import rpc_pb2
+from rpc_agent.api import AUTH_WINDOW_S
+from rpc_agent.transport import (
+    HELLO_METADATA,
+    METHOD,
+    PURPOSE_CLIENT,
+    PURPOSE_SERVER,
+    _hello_signing_bytes,
+    encode_batch,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -282,3 +305,261 @@ def test_collectives_mesh_port(pair, listener):
     reduces()  # still serving after the run
     print(f"{report.port}: {report.inputs} inputs in {report.seconds:.1f}s; "
           f"{len(served.latencies)} all_reduces, slowest {max(served.latencies) * 1e3:.0f} ms")
+
+
+# ----------------------------------------------------------------------------- RPC
+
+
+@pytest.fixture(scope="module")
+def rpc_world():
+    """This process as RPC worker w0 and a spawned w1 whose ports the tests attack."""
+    ctx = multiprocessing.get_context("spawn")
+    store = TCPStore("127.0.0.1", 0, is_master=True, timeout=30, wait_for_workers=False,
+                     token=TOKEN)
+    stop, results = ctx.Event(), ctx.Queue()
+    peer = ctx.Process(target=fuzz_rpc_peer.peer_main, args=(store.port, TOKEN, stop, results),
+                       name="fuzz-rpc-w1", daemon=True)
+    peer.start()
+    initialized = False
+    try:
+        rpc_agent.init_rpc("w0", 0, 2, rpc_agent.RpcBackendOptions(
+            store=store, token=TOKEN, rpc_timeout=10, init_timeout=30))
+        initialized = True
+        status, detail = results.get(timeout=30)
+        assert status == "ready", f"RPC worker w1 failed to start:\n{detail}"
+        grpc_port, data_port = rpc_agent.rpc_sync("w1", fuzz_rpc_peer.ports, timeout=10)
+        yield {"pid": detail, "grpc_port": grpc_port, "data_port": data_port}
+    finally:
+        stop.set()  # both workers shut down together: a graceful shutdown waits for the other
+        if initialized:
+            rpc_agent.shutdown(timeout=10)
+        peer.join(30)
+        if peer.is_alive():
+            peer.kill()
+            peer.join(5)
+        store.close()
+
+
+class _Echoes:
+    """rpc_sync to w1: small arguments on the gRPC stream, every other call an array large
+    enough to travel on the data channel."""
+
+    def __init__(self):
+        self._n = 0
+        self._big = np.arange(64 * 1024, dtype=np.float32)  # 256 KiB: above the threshold
+
+    def __call__(self) -> None:
+        self._n += 1
+        if self._n % 2:
+            assert rpc_agent.rpc_sync("w1", fuzz_rpc_peer.echo, (self._n,),
+                                      timeout=OP_TIMEOUT_S) == self._n
+        else:
+            got = rpc_agent.rpc_sync("w1", fuzz_rpc_peer.echo, (self._big,), timeout=OP_TIMEOUT_S)
+            np.testing.assert_array_equal(got, self._big)
+
+
+def _data_channel_target(port: int) -> Target:
+    header = struct.Struct("!QQ")
+
+    def payloads(rng: random.Random) -> bytes:
+        """Worker w0's id and a transfer that would land in w1's buffers if admitted."""
+        body = rng.randbytes(fuzz_length(rng, 1024))
+        return (rng.choice((0, 1)).to_bytes(4, "big") + header.pack(rng.getrandbits(64),
+                                                                    len(body)) + body)
+
+    def authed(p: Probe, rng: random.Random) -> None:
+        """A right-secret peer claiming a worker id the job lacks: dropped before any data."""
+        worker_id = rng.choice((2, 3, 99, -1, 2**31 - 1, -2**31))
+        p.send(worker_id.to_bytes(4, "big", signed=True) + rng.randbytes(fuzz_length(rng, 256)))
+        p.half_close()
+        p.drain()
+
+    return Target("RPC data channel", _tcp(port), TOKEN, "rpc-data", payloads, authed=authed,
+                  authed_share=0.05)
+
+
+def test_rpc_data_channel_port(rpc_world):
+    pid = rpc_world["pid"]
+    target = _data_channel_target(rpc_world["data_port"])
+    with Served("rpc_sync to w1 (stream and data channel)", _Echoes()) as served:
+        served.wait_ops(10)
+        before = Usage.of(pid)
+        _, rejected = rpc_agent.rpc_sync("w1", fuzz_rpc_peer.data_gate, timeout=OP_TIMEOUT_S)
+        report = fuzz_handshake_port(target, proof_deadline_s=GREETING_TIMEOUT_S)
+        wait_until(lambda: rpc_agent.rpc_sync("w1", fuzz_rpc_peer.data_gate,
+                                              timeout=OP_TIMEOUT_S)[0] == 0,
+                   "w1's data channel has no pending handshakes")
+        assert_back_to(before, pid)
+    report.check()
+    served.check()
+    _, after = rpc_agent.rpc_sync("w1", fuzz_rpc_peer.data_gate, timeout=OP_TIMEOUT_S)
+    assert after - rejected == report.unauthenticated, (
+        f"w1's data channel turned away {after - rejected} connections, not the "
+        f"{report.unauthenticated} strangers")
+    _Echoes()()
+    print(f"{report.port}: {report.inputs} inputs in {report.seconds:.1f}s; "
+          f"{len(served.latencies)} calls, slowest {max(served.latencies) * 1e3:.0f} ms")
+
+
+class _Touch:
+    """Unpickling this creates a directory: proof that a payload was (not) unpickled."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return (os.mkdir, (self.path,))
+
+
+def _hello(token: bytes = TOKEN, name: str = "w0", worker_id: int = 0, to_id: int = 1,
+           timestamp: float | None = None, nonce: bytes | None = None,
+           purpose: str = PURPOSE_CLIENT) -> bytes:
+    hello = rpc_pb2.Hello(name=name, id=worker_id, to_id=to_id,
+                          timestamp=time.time() if timestamp is None else timestamp,
+                          nonce=secrets.token_bytes(32) if nonce is None else nonce)
+    hello.proof = auth.sign(token, purpose, _hello_signing_bytes(hello))
+    return hello.SerializeToString()
+
+
+def _hello_variant(rng: random.Random, replayed: bytes) -> tuple[str, tuple]:
+    """A metadata set that must not open a stream, and its name."""
+    window = AUTH_WINDOW_S + rng.uniform(1, 1e6)
+    bad_nonce = rng.randbytes(rng.choice((0, 1, 16, 31, 33, 64)))
+    variants = {
+        "no hello": lambda: None,
+        "random hello bytes": lambda: rng.randbytes(fuzz_length(rng, 1024)),
+        "a hello with another secret": lambda: _hello(token=rng.randbytes(32)),
+        "a hello with flipped bits": lambda: bytes(
+            b ^ (1 << rng.randrange(8)) if i == pos else b
+            for pos in [rng.randrange(len(_hello()))] for i, b in enumerate(_hello())),
+        "an expired hello": lambda: _hello(timestamp=time.time() - window),
+        "a hello from the future": lambda: _hello(timestamp=time.time() + window),
+        "a replayed hello": lambda: replayed,
+        "a hello for another worker": lambda: _hello(to_id=rng.choice((0, 2, -1, 7))),
+        "a hello naming a worker the job lacks": lambda: _hello(
+            **rng.choice(({"name": "mallory"}, {"name": "w1", "worker_id": 0},
+                          {"name": "w0", "worker_id": 1}, {"name": "", "worker_id": 5}))),
+        "a hello with a bad nonce": lambda: _hello(nonce=bad_nonce),
+        "a hello signed for the server's purpose": lambda: _hello(purpose=PURPOSE_SERVER),
+    }
+    name = rng.choice(list(variants))
+    hello = variants[name]()
+    metadata = [] if hello is None else [(HELLO_METADATA, hello)]
+    if rng.random() < 0.2:  # the proof in a text header, or a stale proof before the bad one
+        metadata.insert(0, rng.choice((("shoal-hello", "w0"), (HELLO_METADATA, replayed))))
+    if rng.random() < 0.3:
+        metadata.append((f"x-fuzz-{rng.randrange(100)}", rng.randbytes(8).hex()))
+    return name, tuple(metadata)
+
+
+def _evil_batches(rng: random.Random, markers: dict) -> list[bytes]:
+    """Messages that create a marker directory if w1 unpickles or runs them."""
+    trap = pickle.dumps((_Touch(markers["unpickled"]), (), None), protocol=5)
+    call = pickle.dumps((os.mkdir, (markers["called"],), None), protocol=5)
+    kinds = [
+        lambda: encode_batch([rpc_pb2.Frame(kind=rpc_pb2.CALL, request_id=rng.getrandbits(32),
+                                            function="x", payload=trap).SerializeToString()]),
+        lambda: encode_batch([rpc_pb2.Frame(kind=rng.choice((rpc_pb2.CALL, rpc_pb2.REMOTE_CALL)),
+                                            request_id=rng.getrandbits(32), function="os.mkdir",
+                                            payload=call).SerializeToString()]),
+        lambda: rng.randbytes(fuzz_length(rng)),
+    ]
+    return [rng.choice(kinds)() for _ in range(rng.randint(0, 3))]
+
+
+_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+
+def _raw_grpc_bytes(rng: random.Random) -> tuple[str, bytes]:
+    settings = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+    kinds = {
+        "random bytes": lambda: rng.randbytes(fuzz_length(rng)),
+        "the HTTP/2 preface, then random bytes": lambda: _HTTP2_PREFACE + rng.randbytes(
+            fuzz_length(rng)),
+        "HTTP/2 settings, then random frames": lambda: _HTTP2_PREFACE + settings + b"".join(
+            rng.randint(0, 64).to_bytes(3, "big") + bytes([rng.randrange(10), rng.randrange(256)])
+            + rng.randbytes(4) + rng.randbytes(rng.randint(0, 64)) for _ in range(3)),
+        "an HTTP/1.1 request": lambda: b"POST /shoal.rpc.Agent/Stream HTTP/1.1\r\nHost: x\r\n"
+                                       b"Content-Length: 5\r\n\r\n" + rng.randbytes(5),
+    }
+    name = rng.choice(list(kinds))
+    return name, kinds[name]()
+
+
+def _play_grpc(rng: random.Random, port: int, channels: list, replayed: bytes,
+               markers: dict) -> str:
+    if rng.random() < 0.3:  # raw bytes, below gRPC
+        case, data = _raw_grpc_bytes(rng)
+        p = Probe(socket.create_connection(("127.0.0.1", port), timeout=IO_TIMEOUT_S))
+        try:
+            p.send(data, pieces=rng.choice((1, 1, 4)))
+            how = rng.choice(("close", "reset", "half-close"))
+            if how == "half-close":
+                p.half_close()
+                p.drain()
+            elif how == "reset":
+                p.reset()
+        finally:
+            p.close()
+        return f"raw: {case}"
+    case, metadata = _hello_variant(rng, replayed)
+    call = rng.choice(channels).stream_stream(METHOD)(
+        iter(_evil_batches(rng, markers)), metadata=metadata, timeout=IO_TIMEOUT_S)
+    try:
+        first = next(call)
+    except grpc.RpcError as exc:
+        assert exc.code() == grpc.StatusCode.UNAUTHENTICATED, (
+            f"{case}: the stream ended with {exc.code()} ({exc.details()}), not UNAUTHENTICATED")
+        return case
+    call.cancel()
+    raise AssertionError(f"{case} opened a stream: w1 answered {first[:64]!r} ({metadata!r})")
+
+
+def _open_once(port: int, hello: bytes) -> bytes:
+    """Open a stream with a genuine hello and return w1's first message (its proof)."""
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        release = threading.Event()
+
+        def requests():
+            release.wait(OP_TIMEOUT_S)
+            return
+            yield  # a generator that sends nothing
+
+        call = channel.stream_stream(METHOD)(requests(), metadata=((HELLO_METADATA, hello),),
+                                             timeout=OP_TIMEOUT_S)
+        first = next(call)
+        release.set()
+        call.cancel()
+        return first
+
+
+def test_rpc_grpc_port(rpc_world, tmp_path):
+    pid, port = rpc_world["pid"], rpc_world["grpc_port"]
+    markers = {"unpickled": str(tmp_path / "unpickled"), "called": str(tmp_path / "called")}
+    replayed = _hello()
+    assert _open_once(port, replayed), "a genuine hello did not open a stream"
+    channels = [grpc.insecure_channel(f"127.0.0.1:{port}") for _ in range(4)]
+    try:
+        with Served("rpc_sync to w1 (stream and data channel)", _Echoes()) as served:
+            served.wait_ops(10)
+            before = Usage.of(pid)
+            rejected = rpc_agent.rpc_sync("w1", fuzz_rpc_peer.rejected_streams,
+                                          timeout=OP_TIMEOUT_S)
+            report = play_inputs("RPC gRPC port", INPUTS, SEED, lambda i, rng: _play_grpc(
+                rng, port, channels, replayed, markers))
+            assert_back_to(before, pid)
+    finally:
+        for channel in channels:
+            channel.close()
+    report.check()
+    served.check()
+    calls = sum(n for case, n in report.by_case.items() if not case.startswith("raw: "))
+    after = rpc_agent.rpc_sync("w1", fuzz_rpc_peer.rejected_streams, timeout=OP_TIMEOUT_S)
+    assert after - rejected == calls, (
+        f"w1 dropped {after - rejected:g} streams unread, not the {calls} fuzz streams")
+    assert not os.path.exists(markers["unpickled"]), "w1 unpickled a fuzz payload"
+    assert not os.path.exists(markers["called"]), "w1 ran a fuzz call"
+    _Echoes()()
+    print(f"{report.port}: {report.inputs} inputs in {report.seconds:.1f}s; "
+          f"{dict(report.by_case)}; {len(served.latencies)} calls, slowest "
+          f"{max(served.latencies) * 1e3:.0f} ms")
