@@ -16,6 +16,7 @@ from prometheus_client import multiprocess
 from prometheus_client.registry import CollectorRegistry
 
 from core.telemetry import counter, gauge, histogram
+from elastic._metrics_http import HardenedHTTPServer
 
 logger = logging.getLogger(__name__)
 
@@ -78,16 +79,23 @@ class _AgentAndWorkers:
 
 
 class MetricsServer:
-    """Serve /metrics for this agent and its workers on `host:port` (port 0: any free one)."""
+    """Serve /metrics for this agent and its workers on `host:port` (port 0: any free one).
 
-    def __init__(self, host: str, port: int, multiproc_dir: Optional[str]):
+    The exposition is prometheus_client's; the HTTP server around it is `HardenedHTTPServer`
+    (read/write timeouts, a cap on open connections, an accept loop that survives running out
+    of file descriptors). `server_options` passes its limits (tests shorten them).
+
+    Raises:
+        OSError: the port cannot be bound.
+    """
+
+    def __init__(self, host: str, port: int, multiproc_dir: Optional[str], **server_options):
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_AgentAndWorkers(multiproc_dir))
-        self._httpd, self._thread = prometheus_client.start_http_server(
-            port, addr=host, registry=registry
-        )
+        self._httpd = HardenedHTTPServer(host, port, prometheus_client.make_wsgi_app(registry),
+                                         **server_options)
         self.host = host
-        self.port = int(self._httpd.server_port)
+        self.port = self._httpd.port
 
     @property
     def url(self) -> str:
@@ -97,9 +105,12 @@ class MetricsServer:
 
     def stop(self) -> None:
         """Stop serving and release the port."""
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join(timeout=5.0)
+        self._httpd.stop()
+
+    @property
+    def trouble(self):
+        """Counts of closed, timed-out and refused connections since the start, by kind."""
+        return dict(self._httpd.tally.totals)
 
 
 def mark_worker_dead(pid: int, multiproc_dir: Optional[str]) -> None:
