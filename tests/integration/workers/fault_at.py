@@ -80,7 +80,9 @@ def _wrap_bucket_all_reduce(step: int, on_bucket) -> None:
 
 
 def _install_sockets(rank: int, step: int, fraction: float) -> None:
-    real_send, real_sendall, real_sendmsg = socket.socket.send, socket.socket.sendall, socket.socket.sendmsg
+    real_send = socket.socket.send
+    real_sendall = socket.socket.sendall
+    real_sendmsg = socket.socket.sendmsg
     state = {"budget": 0, "sent": 0, "total": 0}
 
     def spend(nbytes: int) -> int:
