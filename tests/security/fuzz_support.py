@@ -352,6 +352,13 @@ class Report:
         self.failures.append(f"{self.port} input #{index} ({case}; SHOAL_FUZZ_SEED={SEED}): "
                              f"{detail}")
 
+    def summary(self, served: "Served") -> str:
+        """One line for the log: inputs by case, and how the right-secret client fared."""
+        cases = ", ".join(f"{n} {case}" for case, n in self.by_case.most_common())
+        return (f"{self.port}: {self.inputs} inputs in {self.seconds:.1f}s ({cases}); "
+                f"{served.what}: {len(served.latencies)} operations meanwhile, the slowest "
+                f"{max(served.latencies, default=0.0) * 1e3:.0f} ms")
+
     def check(self) -> None:
         """Fail the test with the first failures, if any."""
         assert not self.failures, (

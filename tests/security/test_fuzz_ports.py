@@ -10,6 +10,8 @@ client doing real work meanwhile is served within OP_BOUND_S per operation. `SHO
 
 from __future__ import annotations
 
+import itertools
+import logging
 import multiprocessing
 import os
 import pickle
@@ -28,7 +30,6 @@ import pytest
 
 import fuzz_rpc_peer
 import rpc_agent
-
 from collectives import _pg_wire as wire
 from collectives._store_server import TCPStoreServer
 from collectives._store_wire import HEAD, LENGTH, MAX_FRAME_BYTES, Op, encode
@@ -36,8 +37,8 @@ from collectives.pg_tcp import ProcessGroupTCP
 from collectives.store_hash import HashStore
 from collectives.store_tcp import TCPStore
 from core import auth
-from elastic.metrics import MetricsServer
 from core.auth import GREETING_TIMEOUT_S
+from elastic.metrics import MetricsServer
 from fuzz_support import (
     CONCURRENCY,
     INPUTS,
@@ -68,6 +69,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 TOKEN = secrets.token_hex(32).encode()
 SENTINEL = b"fuzz/sentinel"  # only unauthenticated inputs ever try to write it
+logger = logging.getLogger(__name__)
 OP_TIMEOUT_S = 5.0  # the timeout the right-secret clients pass (OP_BOUND_S is what they get)
 
 
@@ -109,7 +111,7 @@ def _malformed_store_traffic(rng: random.Random) -> bytes:
         lambda: encode(Op.GET, [rng.choice((b"nan", b"-1", b"soon", b"")), key]),
         lambda: encode(Op.ADD, [key, rng.choice((b"one", b"1e3", b"\xff"))]),
         lambda: encode(Op.SET, [b"", b"v"]),  # an empty key
-        lambda: encode(Op.SET, [key, b"v"])[:-1] + b"",  # truncated, then EOF
+        lambda: encode(Op.SET, [key, b"v"])[:-1],  # truncated, then EOF
         lambda: encode(Op.SET, [key, b"v"]) + b"\x00",  # trailing garbage
         lambda: (lambda f: f[:9] + (1 << 30).to_bytes(4, "big") + f[13:])(
             encode(Op.SET, [key, b"v"])),  # an argument overrunning the frame
@@ -140,7 +142,7 @@ def test_store_port(store_server):
     target = Target("TCPStore", _tcp(server.port), TOKEN, "store", _store_payloads,
                     authed=_store_authed)
     with TCPStore("127.0.0.1", server.port, timeout=5, token=TOKEN) as client:
-        counter = iter(range(1 << 30))
+        counter = itertools.count()
 
         def set_get():
             n = next(counter)
@@ -155,8 +157,7 @@ def test_store_port(store_server):
             report = fuzz_handshake_port(target, proof_deadline_s=STORE_PROOF_DEADLINE_S)
             wait_until(lambda: gate.num_pending == 0, "the store's pending handshakes drain")
             wait_until(lambda: server.num_connections == connections,
-                       f"the store is back to {connections} connection(s) "
-                       f"(has {server.num_connections})")
+                       f"the store is back to its {connections} connection(s)")
             assert_back_to(before)
         report.check()
         served.check()
@@ -168,10 +169,7 @@ def test_store_port(store_server):
     with TCPStore("127.0.0.1", server.port, timeout=5, token=TOKEN) as fresh:
         fresh.set("after", "fuzz")
         assert fresh.get("after", timeout=OP_TIMEOUT_S) == b"fuzz"
-    print(f"{report.port}: {report.inputs} inputs in {report.seconds:.1f}s; "
-          f"{dict(report.by_case)}; {len(served.latencies)} served operations, slowest "
-          f"{max(served.latencies) * 1e3:.0f} ms")
-
+    logger.info("%s", report.summary(served))
 
 
 # ----------------------------------------------------------------------------- the mesh
@@ -306,8 +304,7 @@ def test_collectives_mesh_port(pair, listener):
     assert _thread_alive("shoal-gate-collectives")
     assert _thread_alive("shoal-pg-fuzz-r0-control")
     reduces()  # still serving after the run
-    print(f"{report.port}: {report.inputs} inputs in {report.seconds:.1f}s; "
-          f"{len(served.latencies)} all_reduces, slowest {max(served.latencies) * 1e3:.0f} ms")
+    logger.info("%s", report.summary(served))
 
 
 # ----------------------------------------------------------------------------- RPC
@@ -400,8 +397,7 @@ def test_rpc_data_channel_port(rpc_world):
         f"w1's data channel turned away {after - rejected} connections, not the "
         f"{report.unauthenticated} strangers")
     _Echoes()()
-    print(f"{report.port}: {report.inputs} inputs in {report.seconds:.1f}s; "
-          f"{len(served.latencies)} calls, slowest {max(served.latencies) * 1e3:.0f} ms")
+    logger.info("%s", report.summary(served))
 
 
 class _Touch:
@@ -563,9 +559,18 @@ def test_rpc_grpc_port(rpc_world, tmp_path):
     assert not os.path.exists(markers["unpickled"]), "w1 unpickled a fuzz payload"
     assert not os.path.exists(markers["called"]), "w1 ran a fuzz call"
     _Echoes()()
-    print(f"{report.port}: {report.inputs} inputs in {report.seconds:.1f}s; "
-          f"{dict(report.by_case)}; {len(served.latencies)} calls, slowest "
-          f"{max(served.latencies) * 1e3:.0f} ms")
+    logger.info("%s", report.summary(served))
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "GrpcTransport._check_hello (rpc_agent/transport.py) lets a hello whose timestamp is NaN "
+    "through the freshness check (abs(now - nan) > AUTH_WINDOW_S is False): the stream opens, "
+    "and once its nonce leaves the seen-nonce table (2 * AUTH_WINDOW_S later) the same hello "
+    "opens streams again, so it never expires. Minting one takes the secret."))
+def test_rpc_hello_with_a_nan_timestamp_is_refused(rpc_world):
+    with pytest.raises(grpc.RpcError) as caught:
+        _open_once(rpc_world["grpc_port"], _hello(timestamp=float("nan")))
+    assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED, caught.value.details()
 
 
 # ----------------------------------------------------------------------------- metrics HTTP
@@ -657,6 +662,4 @@ def test_metrics_port(metrics_server):
     report.check()
     served.check()
     _scrape(url)
-    print(f"{report.port}: {report.inputs} inputs in {report.seconds:.1f}s; "
-          f"{dict(report.by_case)}; {len(served.latencies)} scrapes, slowest "
-          f"{max(served.latencies) * 1e3:.0f} ms")
+    logger.info("%s", report.summary(served))
