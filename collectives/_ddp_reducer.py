@@ -126,11 +126,17 @@ class Reducer:
         self._static_unused: list[int] = []
         self._globally_unused: set[int] = set()
 
-        # bucket rebuild from the observed order, once
+        # Bucket rebuild from the observed order, once, at the end of the first synchronised
+        # round, which therefore reduces after backward in the rebuilt layout instead of
+        # overlapping in the initial one. Every round of every process then reduces in the
+        # same layout: the ring and shared-memory all_reduces sum an element in an order that
+        # depends on its offset in the bucket, so a process restarted from a checkpoint must
+        # not reduce its first round in another layout than the run it continues (bitwise-
+        # identical resumes).
         self._may_rebuild = static_graph or not find_unused_parameters
         self._rebuilt = False
         self._arrival: list[int] = []
-        self.rebuild_due = False
+        self._deferring = False
         self.rounds_synced = 0
 
         self._handles = [
@@ -179,8 +185,15 @@ class Reducer:
             )
         self._build(order)
         self._rebuilt = True
-        self.rebuild_due = False
         self._arrival = []
+
+    def _adopt_layout(self) -> None:
+        """Rebuild from rank 0's arrival order: ranks may observe different orders, and every
+        rank's buckets must match."""
+        order = np.array(self.rebuild_order(), dtype=np.int64)
+        comm.broadcast(self._group, order, src=0)
+        self.rebuild(order.tolist())
+        log.debug("rank %s: rebuilt DDP buckets: %s", self._rank, self.bucket_indices)
 
     # ------------------------------------------------------------------ configuration
 
@@ -277,6 +290,7 @@ class Reducer:
         self._used_ids = set()
         if self._static_counts is not None:
             self._counts_left = list(self._static_counts)
+        self._deferring = self._may_rebuild and not self._rebuilt
         for bucket in self._buckets:
             bucket.reset()
             if not self._as_view:
@@ -361,8 +375,9 @@ class Reducer:
             raise DDPError(self._twice_message(index))
         self._ready[index] = True
         self._n_ready += 1
-        if self._may_rebuild and not self._rebuilt and self.rounds_synced == 0:
+        if self._deferring:
             self._arrival.append(index)
+            return  # reduced in finalize, once the layout is rebuilt from this order
         b, slot = self._where[index]
         bucket = self._buckets[b]
         self._fill(bucket, slot, self._params[index])
@@ -454,22 +469,29 @@ class Reducer:
         try:
             # Decided before learning ends: joined ranks shadow the same collectives.
             needs_used_map = self.needs_used_map
-            if self._static and self._static_counts is None:
-                self._finish_learning()
-            elif self._n_ready < len(self._params):
+            learning = self._static and self._static_counts is None
+            if not learning and self._n_ready < len(self._params):
                 raise self._unfinished_error(at_end=True)
+            if self._deferring:
+                self._adopt_layout()
+            if learning:
+                self._finish_learning()
+            if learning or self._deferring:
+                self._fill_all_and_launch()
             used_work, used = self._launch_used_map(needs_used_map)
             self._wait_and_unpack(used_work, used)
             self.rounds_synced += 1
-            if self._may_rebuild and not self._rebuilt and self.rounds_synced == 1:
-                self.rebuild_due = True
         finally:
+            self._deferring = False
             self._close()
 
     def _finish_learning(self) -> None:
         counts = self._learn_counts
         self._static_counts = list(counts)
         self._static_unused = [i for i, c in enumerate(counts) if c == 0]
+
+    def _fill_all_and_launch(self) -> None:
+        """Reduce a round whose gradients all arrived before any bucket was filled."""
         for bucket in self._buckets:
             for slot, i in enumerate(bucket.param_indices):
                 self._ready[i] = True
@@ -542,6 +564,8 @@ class Reducer:
 
     def shadow_backward(self) -> None:
         """On a rank that ran out of data: issue this round's collectives with zero gradients."""
+        if self._may_rebuild and not self._rebuilt:
+            self._adopt_layout()  # as the training ranks do at the end of their first round
         works = []
         for bucket in self._buckets:
             bucket.reset()
@@ -564,8 +588,6 @@ class Reducer:
             self._static_unused = [i for i, c in enumerate(self._static_counts) if c == 0]
             self._globally_unused = set(self._static_unused)
         self.rounds_synced += 1
-        if self._may_rebuild and not self._rebuilt and self.rounds_synced == 1:
-            self.rebuild_due = True
 
     def remove_hooks(self) -> None:
         """Unregister the gradient hooks (the DDP wrapper is being discarded)."""

@@ -159,18 +159,15 @@ class DistributedDataParallel(nn.Module, Joinable):
         if grad_on:
             reducer.check_prior_round()
         divide_by = self._world
-        rebuild = sync and reducer.rebuild_due
         sync_buffers = sync and self.broadcast_buffers and bool(self._buffers_list)
         authoritative = 0
         if grad_on and self._join_config.enable:
             remaining = Join.notify_join_context(self)
             if remaining is not None and not self._divide_by_initial_world_size:
                 divide_by = remaining
-            flags = np.array([int(sync), self._rank, int(sync_buffers), int(rebuild)], np.int64)
+            flags = np.array([int(sync), self._rank, int(sync_buffers)], np.int64)
             comm.all_reduce(self.process_group, flags, ReduceOp.MAX)
             authoritative = int(flags[1])  # the highest rank still training
-        if rebuild:
-            self._rebuild_buckets()
         if sync_buffers:
             self._broadcast_arrays([b.data for b in self._buffers_list], src=authoritative)
         if sync:
@@ -179,13 +176,6 @@ class DistributedDataParallel(nn.Module, Joinable):
         if sync:
             outputs = reducer.attach(outputs)
         return outputs
-
-    def _rebuild_buckets(self) -> None:
-        # Ranks may observe different arrival orders; all take rank 0's so buckets match.
-        order = np.array(self.reducer.rebuild_order(), dtype=np.int64)
-        comm.broadcast(self.process_group, order, src=0)
-        self.reducer.rebuild(order.tolist())
-        log.debug("rank %s: rebuilt DDP buckets: %s", self._rank, self.reducer.bucket_indices)
 
     # ------------------------------------------------------------------ public extras
 
@@ -269,13 +259,11 @@ class _DDPJoinHook(JoinHook):
         self._ddp = ddp
 
     def main_hook(self) -> None:
-        """Match the forward's control all_reduce, rebuild and buffer broadcast, then backward's."""
+        """Match the forward's control all_reduce and buffer broadcast, then backward's."""
         ddp = self._ddp
-        flags = np.array([0, -1, 0, 0], dtype=np.int64)
+        flags = np.array([0, -1, 0], dtype=np.int64)
         comm.all_reduce(ddp.process_group, flags, ReduceOp.MAX)
-        sync, authoritative, sync_buffers, rebuild = (int(x) for x in flags)
-        if rebuild:
-            ddp._rebuild_buckets()
+        sync, authoritative, sync_buffers = (int(x) for x in flags)
         if sync_buffers:
             ddp._broadcast_arrays([b.data for b in ddp._buffers_list], src=authoritative)
         if sync:

@@ -14,10 +14,10 @@ Placements (workers/fault_at.py installs the hook, then runs the example):
 
 Each faulted job's reference is an uninterrupted run through the same wrapper with the same
 world size, model, transport and steps (the ring and shared-memory algorithms round in other
-orders than the direct exchange, so a reference is kept per combination). Where a bucket takes
-the ring or shared memory, a resume is not bit-exact even without a fault (see RESUME_BUG):
-those rows also compare with a clean stop at the fault step and resume, which must match, and
-are expected to fail only the comparison with the uninterrupted run.
+orders than the direct exchange, so a reference is kept per combination). Those rows once
+exposed a resume bug: DDP rebuilt its buckets after each process's first round, so the first
+round after a resume reduced in another layout than the uninterrupted run did; the reducer now
+reduces its first round in the rebuilt layout.
 """
 
 from __future__ import annotations
@@ -44,20 +44,6 @@ JOB_TIMEOUT = 60
 WIDE = 128
 # Short heartbeats so a dead agent is noticed in about 2 s.
 RDZV_CONF = "heartbeat_interval=0.25,heartbeat_timeout=2,last_call_timeout=0.5"
-
-RESUME_BUG = (
-    "shoal bug: with a gradient bucket above 64 KiB (ring or shared-memory all_reduce) a run "
-    "resumed from a checkpoint ends with other params_sha256 than an uninterrupted one, with or "
-    "without a fault: DDP rebuilds its buckets once, after the first step of each process, so "
-    "the first step after a resume reduces with the initial layout (parameters [5, 4, 3, 2, 1, "
-    "0]) where the uninterrupted run uses the rebuilt one ([4, 5, 2, 3, 0, 1]), and the ring "
-    "and shared-memory algorithms sum each element in an order that depends on the layout"
-)
-
-
-class ParamsDiffer(AssertionError):
-    """The final parameters differ from the uninterrupted run's (the only expected failure)."""
-
 
 @dataclasses.dataclass(frozen=True)
 class Placement:
@@ -92,19 +78,17 @@ def _sockets(transport: str, hidden: Optional[int], fraction: float) -> Placemen
     )
 
 
-_resume_bug = pytest.mark.xfail(strict=True, raises=ParamsDiffer, reason=RESUME_BUG)
-
 PLACEMENTS = [
     # Direct exchange: rank 0 gets all of rank 1's bucket, rank 2 half of it, rank 3 nothing.
     pytest.param(_sockets("unix", None, 1.5), id="allreduce-unix-direct"),
     pytest.param(_sockets("tcp", None, 1.5), id="allreduce-tcp-direct"),
     # Ring: rank 1 dies halfway through the reduce-scatter.
-    pytest.param(_sockets("unix", WIDE, 0.5), id="allreduce-unix-ring", marks=_resume_bug),
-    pytest.param(_sockets("tcp", WIDE, 0.5), id="allreduce-tcp-ring", marks=_resume_bug),
+    pytest.param(_sockets("unix", WIDE, 0.5), id="allreduce-unix-ring"),
+    pytest.param(_sockets("tcp", WIDE, 0.5), id="allreduce-tcp-ring"),
     pytest.param(Placement(
         "shm", "shm", WIDE, fault_line=rf"\[rank 1\] killing rank 1 in the shared-memory "
         rf"all_reduce of step {FAULT_STEP}: its chunk is published, the barrier not reached$"),
-        id="allreduce-shm", marks=_resume_bug),
+        id="allreduce-shm"),
     pytest.param(Placement(
         "backward", fault_line=rf"\[rank 1\] killing rank 1 in the backward of step "
         rf"{FAULT_STEP} at node \d+ of \d+ \(\w+Backward\)$"), id="backward"),
@@ -148,33 +132,23 @@ def _env(placement: Placement, tmp_path) -> dict:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """reference(placement, stop_at=None) -> params_sha256 of a 4-rank run of the placement's
-    model over its transport without the fault: uninterrupted, or (with `stop_at`) run to that
-    step and resumed by a second launch. Each is run once per module."""
+    """reference(placement) -> params_sha256 of an uninterrupted 4-rank run of the placement's
+    model over its transport without the fault, run once per module."""
     cache: dict = {}
-    token = uuid.uuid4().hex * 2  # the second launch must read the first one's checkpoints
 
-    def launch(clean: Placement, tmp, steps: int) -> ShoalRun:
+    def launch(clean: Placement, tmp) -> ShoalRun:
         args = ["--standalone", "--nproc-per-node", "4", "--checkpoint-dir", str(tmp / "ck"),
-                *clean.worker(), "--steps", str(steps)]  # the last --steps wins
-        env = {**_env(clean, tmp), "SHOAL_AUTH_TOKEN": token}
-        with ShoalRun(args, env=env, name="reference") as run:
+                *clean.worker()]
+        with ShoalRun(args, env=_env(clean, tmp), name="reference") as run:
             assert run.wait(JOB_TIMEOUT) == 0, run.tail()
         assert "Restarting the job" not in run.output, run.tail()
         return run
 
-    def get(placement: Placement, stop_at: Optional[int] = None) -> str:
-        key = (placement.hidden, placement.transport, stop_at)
+    def get(placement: Placement) -> str:
+        key = (placement.hidden, placement.transport)
         if key not in cache:
             clean = dataclasses.replace(placement, fault="none")
-            tmp = tmp_path_factory.mktemp("reference")
-            if stop_at is not None:
-                launch(clean, tmp, stop_at)
-            run = launch(clean, tmp, STEPS)
-            if stop_at is not None:
-                resumed = stop_at - stop_at % EVERY
-                assert f"[rank 0] resumed from step {resumed} (restart 0)" in run.output, run.tail()
-            cache[key] = _sha(run)
+            cache[key] = _sha(launch(clean, tmp_path_factory.mktemp("reference")))
         return cache[key]
 
     return get
@@ -214,13 +188,7 @@ def test_fault_matrix(placement, tmp_path, reference):
     assert "runs ranks [0, 1, 2, 3] of 4 (restart 1)" in run.output, run.tail()
     assert not any(pid_alive(p) for p in pids)
     assert _check_resume(run, restart=1) == placement.resumed
-    sha = _sha(run)
-    if placement.hidden:
-        # Whatever a resume costs, the fault costs nothing more than a clean stop does.
-        assert sha == reference(placement, stop_at=FAULT_STEP), run.tail()
-    if sha != reference(placement):
-        raise ParamsDiffer(f"final params_sha256 {sha} differs from the uninterrupted run's "
-                           f"{reference(placement)}:\n{run.tail()}")
+    assert _sha(run) == reference(placement), run.tail()
 
 
 def _agent_kill(placement: Placement, tmp_path) -> None:
