@@ -4,8 +4,9 @@ loop that keeps a right-secret client busy meanwhile, and a process's descriptor
 counts.
 
 Every input is drawn from its own `random.Random` seeded by (seed, port, index), so a failure
-names the one input that reproduces it whatever the scheduling: `SHOAL_FUZZ_SEED` picks the
-seed, `SHOAL_FUZZ_INPUTS` the number of inputs per port.
+names an input that replays the same way whatever the scheduling (only the server's nonces and
+the clock differ between runs): `SHOAL_FUZZ_SEED` picks the seed, `SHOAL_FUZZ_INPUTS` the number
+of inputs per port.
 """
 
 from __future__ import annotations
@@ -120,10 +121,10 @@ class Probe:
 
     @property
     def s_nonce(self) -> bytes:
-        """The server's nonce (random bytes if the greeting never came)."""
+        """The server's nonce (zeros if the greeting never came)."""
         if len(self.greeting) == GREETING_BYTES:
             return self.greeting[len(MAGIC):]
-        return secrets.token_bytes(NONCE_BYTES)
+        return bytes(NONCE_BYTES)
 
     def send(self, data: bytes, pieces: int = 1, pause: float = 0.0) -> None:
         """Send `data` in `pieces` writes with `pause` seconds between them; errors are noted."""
@@ -269,7 +270,8 @@ _WRONG_PURPOSES = ("store", "collectives", "rpc-data", "rpc-stream", "", "store\
 
 def _truncated_proof(p: Probe, t: Target, rng: random.Random) -> str:
     p.greet()
-    data = client_reply(t.token, t.purpose, p.s_nonce)[:rng.randint(0, REPLY_BYTES - 1)]
+    reply = client_reply(t.token, t.purpose, p.s_nonce, rng.randbytes(NONCE_BYTES))
+    data = reply[:rng.randint(0, REPLY_BYTES - 1)]
     p.send(data, pieces=rng.choice((1, 3)))
     return _finish(p, rng, len(data))
 
@@ -293,18 +295,21 @@ def _unauthenticated_cases(t: Target) -> dict:
     """Every way a stranger may try `t`'s handshake, with the target's secret bound in."""
 
     def wrong_secret(p, rng):
-        other = secrets.token_bytes(rng.choice((1, 16, 32, 64)))
-        return client_reply(other if other != t.token else other + b"x", t.purpose, p.s_nonce)
+        other = rng.randbytes(rng.choice((1, 16, 32, 64)))
+        return client_reply(other if other != t.token else other + b"x", t.purpose, p.s_nonce,
+                            rng.randbytes(NONCE_BYTES))
 
     def flipped(p, rng):
-        return flip_bits(client_reply(t.token, t.purpose, p.s_nonce), rng, rng.randint(1, 4))
+        reply = client_reply(t.token, t.purpose, p.s_nonce, rng.randbytes(NONCE_BYTES))
+        return flip_bits(reply, rng, rng.randint(1, 4))
 
     def other_purpose(p, rng):
         purpose = rng.choice([x for x in _WRONG_PURPOSES if x != t.purpose])
-        return client_reply(t.token, purpose, p.s_nonce)
+        return client_reply(t.token, purpose, p.s_nonce, rng.randbytes(NONCE_BYTES))
 
     def replayed(p, rng):  # a right-secret proof, but for a nonce this server never sent
-        return client_reply(t.token, t.purpose, secrets.token_bytes(NONCE_BYTES))
+        return client_reply(t.token, t.purpose, rng.randbytes(NONCE_BYTES),
+                            rng.randbytes(NONCE_BYTES))
 
     # name: (play, weight); every proof here must be refused, and what follows it ignored.
     return {

@@ -49,6 +49,7 @@ from fuzz_support import (
     Target,
     Usage,
     assert_back_to,
+    flip_bits,
     fuzz_handshake_port,
     fuzz_length,
     play_inputs,
@@ -428,9 +429,7 @@ def _hello_variant(rng: random.Random, replayed: bytes) -> tuple[str, tuple]:
         "no hello": lambda: None,
         "random hello bytes": lambda: rng.randbytes(fuzz_length(rng, 1024)),
         "a hello with another secret": lambda: _hello(token=rng.randbytes(32)),
-        "a hello with flipped bits": lambda: bytes(
-            b ^ (1 << rng.randrange(8)) if i == pos else b
-            for pos in [rng.randrange(len(_hello()))] for i, b in enumerate(_hello())),
+        "a hello with flipped bits": lambda: flip_bits(_hello(), rng, rng.randint(1, 3)),
         "an expired hello": lambda: _hello(timestamp=time.time() - window),
         "a hello from the future": lambda: _hello(timestamp=time.time() + window),
         "a replayed hello": lambda: replayed,
