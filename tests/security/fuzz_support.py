@@ -100,7 +100,6 @@ class Probe:
         self.greeted = False  # greet() ran; else the greeting sits at the start of `after`
         self.after = bytearray()
         self.broken: Optional[str] = None  # the first socket error seen (reset, broken pipe)
-        self.closed_by_server = False
         self.sock.settimeout(IO_TIMEOUT_S)
 
     def greet(self) -> bytes:
@@ -110,7 +109,6 @@ class Probe:
             while len(buf) < GREETING_BYTES:
                 chunk = self.sock.recv(GREETING_BYTES - len(buf))
                 if not chunk:
-                    self.closed_by_server = True
                     break
                 buf += chunk
         except OSError as exc:
@@ -146,7 +144,6 @@ class Probe:
             while len(buf) < n:
                 chunk = self.sock.recv(n - len(buf))
                 if not chunk:
-                    self.closed_by_server = True
                     break
                 buf += chunk
         except OSError as exc:
@@ -167,7 +164,6 @@ class Probe:
             while len(self.after) < limit:
                 chunk = self.sock.recv(65536)
                 if not chunk:
-                    self.closed_by_server = True
                     return
                 self.after += chunk
         except socket.timeout:
@@ -177,7 +173,6 @@ class Probe:
             ) from None
         except OSError as exc:  # a reset: the server closed with our bytes unread
             self.broken = self.broken or repr(exc)
-            self.closed_by_server = True
 
     def reset(self) -> None:
         """Close with a TCP reset instead of a FIN."""
