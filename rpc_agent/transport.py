@@ -649,7 +649,9 @@ class GrpcTransport:
                 f"its proof is for worker id {hello.to_id}, not this one ({self.worker_id})"
             )
         now = time.time()
-        if abs(now - hello.timestamp) > AUTH_WINDOW_S:
+        # Written so that NaN fails: every comparison with NaN is False, and a NaN timestamp
+        # must not slip past the window and make its nonce replayable forever.
+        if not abs(now - hello.timestamp) <= AUTH_WINDOW_S:
             return None, (
                 f"its proof is {now - hello.timestamp:+.0f}s old, outside the "
                 f"{AUTH_WINDOW_S:g}s window"
