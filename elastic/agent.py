@@ -477,12 +477,12 @@ class Agent:
             "exit": describe_exit(first.exitcode), "time": first.time,
             "tail": list(first.tail), "log_path": first.log_path,
         }
-        hang = self._find_hang(failures)
+        hang, noticer = self._find_hang(failures)
         if hang is not None:
-            record.update(self._blame(hang, first))
+            record.update(self._blame(hang, noticer))
             logger.error("Round %s: %s hung: %s (rank %d noticed and ended with %s)", info.round,
-                         hang.culprit_names(), hang.reason, first.rank,
-                         describe_exit(first.exitcode))
+                         hang.culprit_names(), hang.reason, noticer.rank,
+                         describe_exit(noticer.exitcode))
         else:
             logger.error("Round %s: %s", info.round, first.describe())
         if first.exitcode in PEER_FAILURE_EXIT_CODES:
@@ -508,7 +508,7 @@ class Agent:
             self._safe(self.handler.set_closed)
             return AgentResult(1, summary, self._rounds)
         if hang is not None:
-            self._signal_restart(f"{hang.culprit_names()} hung: rank {first.rank} on node "
+            self._signal_restart(f"{hang.culprit_names()} hung: rank {noticer.rank} on node "
                                  f"{self.node_id} timed out waiting for it")
         else:
             self._signal_restart(f"rank {first.rank} on node {self.node_id} ended with "
@@ -517,14 +517,15 @@ class Agent:
         logger.warning("Restarting the job (restart %d of %d)", used, self.spec.max_restarts)
         return "worker_failure"
 
-    def _find_hang(self, failures: list[WorkerExit]) -> Optional[Hang]:
-        """A collective timeout behind these failures, from the watchdog dumps, or None."""
+    def _find_hang(self, failures: list[WorkerExit]) -> tuple[Optional[Hang], Optional[WorkerExit]]:
+        """A collective timeout behind these failures, from the watchdog dumps, and the worker
+        whose dump names it (the rank that noticed); (None, None) without one."""
         for failure in failures:
             if failure.exitcode in PEER_FAILURE_EXIT_CODES:
                 hang = find_hang(failure.pid, self._dump_dir)
                 if hang is not None:
-                    return hang
-        return None
+                    return hang, failure
+        return None, None
 
     def _blame(self, hang: Hang, detector: WorkerExit) -> dict:
         """The failure record's fields that point at the hung rank instead of the detector."""
