@@ -129,7 +129,7 @@ def _worker(side, rank, world, port, backend, commands, out):
                 os.environ["SHOAL_LOCAL_TRANSPORT"] = "tcp"
             if backend == "nccl":
                 os.environ["LOCAL_RANK"] = str(rank)  # one GPU per rank
-            import collectives as c
+            import shoal.collectives as c
 
             pg = c.init_process_group(backend, init_method="env://", timeout=300)
             make = lambda op, n: _shoal_runner(pg, op, n, world, backend)  # noqa: E731
@@ -170,7 +170,7 @@ def _session(sides: list, world: int, args) -> dict:
 
     Returns case -> side -> the slowest rank's time of each iteration.
     """
-    from collectives.store_tcp import TCPStore
+    from shoal.collectives.store.tcp import TCPStore
 
     out = CTX.Queue()
     stores, procs, commands = [], {}, {}
@@ -314,8 +314,8 @@ def main(argv=None) -> int:
     ops = set(args.ops.split(","))
     args.cases = [c for c in CASES if c[0] in ops and args.min_bytes <= c[1] <= args.max_bytes]
     if args.backend != "tcp":
-        from collectives.api import BackendUnavailable
-        from collectives.distributed import _backend_class
+        from shoal.collectives.types import BackendUnavailable
+        from shoal.collectives.distributed import _backend_class
 
         try:
             _backend_class(args.backend)  # "backend 'nccl' needs a CUDA device; none was found."

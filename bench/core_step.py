@@ -23,9 +23,10 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-import core  # noqa: E402
-from core import nn, optim  # noqa: E402
-from core.nn import functional as F  # noqa: E402
+from shoal import core  # noqa: E402
+from shoal.core import nn
+from shoal.core import optim  # noqa: E402
+from shoal.core.nn import functional as F  # noqa: E402
 
 SIZES = (784, 1024, 1024, 10)
 

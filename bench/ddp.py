@@ -47,8 +47,8 @@ JOIN_S = 600.0
 # ------------------------------------------------------------------ models
 
 def _shoal_model(seed):
-    import core
-    from core import nn
+    from shoal import core
+    from shoal.core import nn
 
     core.manual_seed(seed)
     layers = []
@@ -88,12 +88,12 @@ def _rank(rank, world, port, init_file, cfg, out):
 
 
 def _rank_body(rank, world, port, init_file, cfg):
-    import core
-    from collectives import metrics as ddp_metrics
-    from collectives.ddp import DistributedDataParallel
-    from collectives.pg_tcp import ProcessGroupTCP
-    from collectives.store_tcp import TCPStore
-    from core.nn import functional as F
+    from shoal import core
+    from shoal.collectives import metrics as ddp_metrics
+    from shoal.collectives.ddp.ddp import DistributedDataParallel
+    from shoal.collectives.backends.tcp.group import ProcessGroupTCP
+    from shoal.collectives.store.tcp import TCPStore
+    from shoal.core.nn import functional as F
 
     store = TCPStore("127.0.0.1", port, timeout=60)
     group = ProcessGroupTCP(store, rank, world, timeout=120)
@@ -187,7 +187,7 @@ def _rank_body(rank, world, port, init_file, cfg):
 
 def _run_group(world, cfg):
     """Spawn `world` ranks; per kind, the per-step seconds of the slowest rank."""
-    from collectives.store_tcp import TCPStore
+    from shoal.collectives.store.tcp import TCPStore
 
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()

@@ -71,7 +71,7 @@ def shoal_worker(out: str) -> int:
     started = time.time()
     import numpy as np
 
-    import collectives
+    from shoal import collectives
 
     imported = time.time()
     collectives.init_process_group("tcp", init_method="env://", timeout=ALLREDUCE_TIMEOUT_S)
@@ -121,7 +121,7 @@ def torch_worker(out: str) -> int:
 
 PEERS = {
     "shoal run": lambda out: (
-        [sys.executable, "-m", "launcher", "run", "--standalone", "--nproc-per-node", "2",
+        [sys.executable, "-m", "shoal.launcher", "run", "--standalone", "--nproc-per-node", "2",
          "--max-restarts", "3", __file__, "--worker", "shoal", "--out", out], {}),
     "torchrun c10d": lambda out: (
         [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",

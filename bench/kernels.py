@@ -53,7 +53,7 @@ def _exit(message: str) -> None:
 # ----------------------------------------------------------------------------- the cases
 
 def adam_case(cp, n):
-    from core.kernels import adam_step_cuda
+    from shoal.core.kernels import adam_step_cuda
 
     rng = cp.random.default_rng(0)
     g = rng.standard_normal(n, dtype=cp.float32)
@@ -87,7 +87,7 @@ def adam_case(cp, n):
 
 
 def ce_case(cp, rows, classes):
-    from core.kernels import cross_entropy_backward_cuda, cross_entropy_forward_cuda
+    from shoal.core.kernels import cross_entropy_backward_cuda, cross_entropy_forward_cuda
 
     rng = cp.random.default_rng(1)
     x = rng.standard_normal((rows, classes), dtype=cp.float32) * 3
@@ -121,7 +121,7 @@ def ce_case(cp, rows, classes):
 def gelu_case(cp, n):
     import cupyx.scipy.special as special
 
-    from core.kernels import gelu_backward_cuda, gelu_forward_cuda
+    from shoal.core.kernels import gelu_backward_cuda, gelu_forward_cuda
 
     rng = cp.random.default_rng(2)
     x = rng.standard_normal(n, dtype=cp.float32)

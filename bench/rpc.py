@@ -74,7 +74,7 @@ class _Side:
             self.rpc = trpc
             self.bulk = torch.zeros(BULK_BYTES // 4, dtype=torch.float32)
         else:
-            import rpc_agent  # noqa: PLC0415
+            from shoal import rpc_agent  # noqa: PLC0415
 
             self.rpc = rpc_agent
             self.bulk = np.zeros(BULK_BYTES // 4, dtype=np.float32)
@@ -197,7 +197,7 @@ def _worker(impl: str, rank: int, env: dict, commands, results) -> None:
             )
             trpc.init_rpc(f"w{rank}", rank=rank, world_size=2, rpc_backend_options=opts)
         else:
-            import rpc_agent  # noqa: PLC0415
+            from shoal import rpc_agent  # noqa: PLC0415
 
             opts = rpc_agent.RpcBackendOptions(init_method="env://", rpc_timeout=120)
             rpc_agent.init_rpc(f"w{rank}", rank=rank, world_size=2, rpc_backend_options=opts)
@@ -231,7 +231,7 @@ class _Pair:
             self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
             env = {"TORCHELASTIC_USE_AGENT_STORE": "True"}
         else:
-            from collectives.store_tcp import TCPStore  # noqa: PLC0415
+            from shoal.collectives.store.tcp import TCPStore  # noqa: PLC0415
 
             self._store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
             env = {"SHOAL_USE_AGENT_STORE": "1"}

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import importlib
 
-from collectives.api import (  # noqa: F401  (re-exports)
+from shoal.collectives.api import ProcessGroup, Work  # noqa: F401  (re-exports)
+from shoal.collectives.store.api import Store  # noqa: F401  (re-exports)
+from shoal.collectives.types import (  # noqa: F401  (re-exports)
     ASYNC_ERROR_EXIT_CODE,
     BackendUnavailable,
     CollectiveError,
@@ -16,30 +18,27 @@ from collectives.api import (  # noqa: F401  (re-exports)
     CollectiveTimeout,
     GroupDestroyed,
     PeerLost,
-    ProcessGroup,
     ReduceOp,
-    Store,
     StoreError,
     StoreTimeout,
-    Work,
 )
 
 # public name -> module that defines it
 _LAZY = {
-    "HashStore": "collectives.store_hash",
-    "PrefixStore": "collectives.store_prefix",
-    "TCPStore": "collectives.store_tcp",
-    "FileStore": "collectives.store_file",
-    "ProcessGroupTCP": "collectives.pg_tcp",
-    "DistributedDataParallel": "collectives.ddp",
-    "DDPError": "collectives.ddp",
-    "Join": "collectives.join",
-    "Joinable": "collectives.join",
-    "JoinHook": "collectives.join",
-    "EarlyTermination": "collectives.join",
+    "HashStore": "shoal.collectives.store.hash",
+    "PrefixStore": "shoal.collectives.store.prefix",
+    "TCPStore": "shoal.collectives.store.tcp",
+    "FileStore": "shoal.collectives.store.file",
+    "ProcessGroupTCP": "shoal.collectives.backends.tcp.group",
+    "DistributedDataParallel": "shoal.collectives.ddp.ddp",
+    "DDPError": "shoal.collectives.ddp.ddp",
+    "Join": "shoal.collectives.ddp.join",
+    "Joinable": "shoal.collectives.ddp.join",
+    "JoinHook": "shoal.collectives.ddp.join",
+    "EarlyTermination": "shoal.collectives.ddp.join",
 }
 # The torch.distributed-style module-level API lives in collectives.distributed.
-_LAZY.update({name: "collectives.distributed" for name in (
+_LAZY.update({name: "shoal.collectives.distributed" for name in (
     "init_process_group", "destroy_process_group", "is_initialized", "get_rank",
     "get_world_size", "get_backend", "new_group", "get_default_group", "get_process_group_ranks",
     "register_backend", "GroupMember", "all_reduce", "broadcast", "reduce", "all_gather",

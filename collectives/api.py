@@ -1,243 +1,18 @@
-"""Abstract seams of the collectives layer: `Store`, its errors, and the collective errors.
+"""The process-group seam: `ProcessGroup` and its `Work` handles.
 
-Public `Store` methods validate their input and normalise types, then call the private `_`
-hooks that each implementation (`store_tcp`, `store_file`, `store_hash`, `store_prefix`)
-overrides. Semantics follow torch's c10d stores so scripts can move between the two.
+Public methods validate and unwrap their arguments (`collectives.arrays`) and hand them to the
+private `_` hooks each backend (tcp, nccl) implements.
 """
 
 from __future__ import annotations
 
 import abc
-import datetime
-import enum
-from typing import Any, Callable, Iterable, Optional, Sequence, Union
-
-from core.errors import ShoalError
-from core.timeouts import TimeoutLike, to_seconds
-
-DEFAULT_STORE_TIMEOUT_S = 300.0
-DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0
-# Exit status of a worker that SHOAL_ASYNC_ERROR_HANDLING=1 ended after a failed collective; the
-# elastic agent treats it as "restart the group" (EX_TEMPFAIL in sysexits.h).
-ASYNC_ERROR_EXIT_CODE = 75
-MAX_KEY_BYTES = 4096
-MAX_VALUE_BYTES = 256 * 1024 * 1024
-
-ValueLike = Union[bytes, bytearray, memoryview, str]
-
-
-# ----------------------------------------------------------------------------- errors
-
-class StoreError(ShoalError):
-    """A store operation failed (connection lost, server gone, bad input)."""
-
-
-class StoreTimeout(StoreError, TimeoutError):
-    """A `get` or `wait` did not see its keys within the timeout; the message names them."""
-
-
-class CollectiveError(ShoalError, RuntimeError):
-    """A collective failed; the message names op, sequence number, group and the ranks at fault."""
-
-
-class CollectiveTimeout(CollectiveError, TimeoutError):
-    """A collective did not finish within its timeout; names the ranks that never arrived."""
-
-
-class CollectiveMismatch(CollectiveError):
-    """Ranks called different collectives (op, dtype or shape) at one sequence number."""
-
-
-class PeerLost(CollectiveError, ConnectionError):
-    """A peer's connection closed or failed mid-collective; names the dead rank."""
-
-
-class BackendUnavailable(CollectiveError):
-    """A process-group backend cannot run here (unknown name, missing module or device)."""
-
-
-class GroupDestroyed(CollectiveError):
-    """A collective was called on a process group that was destroyed or never joined."""
-
-
-class ReduceOp(enum.Enum):
-    """Reductions for all_reduce, reduce and reduce_scatter."""
-
-    SUM = "sum"
-    PRODUCT = "product"
-    MIN = "min"
-    MAX = "max"
-    AVG = "avg"
-
-
-# ----------------------------------------------------------------------------- Store
-
-def _key(key: str) -> str:
-    if isinstance(key, bytes):
-        key = key.decode()
-    if not isinstance(key, str):
-        raise TypeError(f"Store keys must be str, got {type(key).__name__}: {key!r}")
-    if not key:
-        raise ValueError("Store keys must be non-empty strings.")
-    if len(key.encode()) > MAX_KEY_BYTES:
-        raise ValueError(
-            f"Store key of {len(key.encode())} bytes exceeds the {MAX_KEY_BYTES}-byte limit."
-        )
-    return key
-
-
-def _value(value: ValueLike) -> bytes:
-    if isinstance(value, str):
-        value = value.encode()
-    elif isinstance(value, (bytearray, memoryview)):
-        value = bytes(value)
-    if not isinstance(value, bytes):
-        raise TypeError(f"Store values must be bytes or str, got {type(value).__name__}.")
-    if len(value) > MAX_VALUE_BYTES:
-        raise ValueError(
-            f"Store value of {len(value)} bytes exceeds the {MAX_VALUE_BYTES}-byte limit."
-        )
-    return value
-
-
-class Store(abc.ABC):
-    """A key-value store that ranks use to meet; values are bytes, counters are ASCII integers.
-
-    `timeout` is the default for `get` and `wait`. `add` on a missing key starts from 0.
-    `compare_set(key, expected, desired)` sets `desired` when the current value equals
-    `expected` (or the key is missing and `expected` is empty) and returns the value now
-    stored; on a missing key with non-empty `expected` it returns `expected`, as c10d does.
-    """
-
-    def __init__(self, timeout: TimeoutLike = DEFAULT_STORE_TIMEOUT_S):
-        self._timeout = to_seconds(timeout, DEFAULT_STORE_TIMEOUT_S)
-
-    # -- public API (validation, then the private hook)
-
-    @property
-    def timeout(self) -> float:
-        """Default timeout of `get` and `wait`, in seconds."""
-        return self._timeout
-
-    def set_timeout(self, timeout: TimeoutLike) -> None:
-        """Change the default timeout."""
-        self._timeout = to_seconds(timeout, DEFAULT_STORE_TIMEOUT_S)
-
-    def set(self, key: str, value: ValueLike) -> None:
-        """Store `value` under `key`, waking every waiter on it."""
-        self._set(_key(key), _value(value))
-
-    def get(self, key: str, timeout: TimeoutLike = None) -> bytes:
-        """Return the value of `key`, waiting for it to be set up to the timeout.
-
-        Raises:
-            StoreTimeout: the key did not appear in time.
-        """
-        return self._get(_key(key), self._resolve(timeout))
-
-    def add(self, key: str, amount: int) -> int:
-        """Atomically add `amount` to the integer under `key` and return the new value."""
-        if isinstance(amount, bool) or not isinstance(amount, int):
-            raise TypeError(f"Store.add amount must be an int, got {amount!r}.")
-        return self._add(_key(key), amount)
-
-    def compare_set(self, key: str, expected: ValueLike, desired: ValueLike) -> bytes:
-        """Atomic compare-and-set; returns the value stored afterwards (see class doc)."""
-        return self._compare_set(_key(key), _value(expected), _value(desired))
-
-    def wait(self, keys: Sequence[str], timeout: TimeoutLike = None) -> None:
-        """Block until every key in `keys` exists.
-
-        Raises:
-            StoreTimeout: naming the keys still missing after the timeout.
-        """
-        if isinstance(keys, (str, bytes)):
-            keys = [keys]
-        self._wait([_key(k) for k in keys], self._resolve(timeout))
-
-    def check(self, keys: Sequence[str]) -> bool:
-        """True if every key in `keys` exists now (no waiting)."""
-        if isinstance(keys, (str, bytes)):
-            keys = [keys]
-        return self._check([_key(k) for k in keys])
-
-    def delete(self, key: str) -> bool:
-        """Remove `key`; True if it existed."""
-        return self._delete(_key(key))
-
-    def num_keys(self) -> int:
-        """Number of keys stored."""
-        return self._num_keys()
-
-    def multi_get(self, keys: Sequence[str], timeout: TimeoutLike = None) -> list[bytes]:
-        """`get` of several keys at once, waiting for all of them."""
-        return self._multi_get([_key(k) for k in keys], self._resolve(timeout))
-
-    def multi_set(self, keys: Sequence[str], values: Sequence[ValueLike]) -> None:
-        """`set` of several keys at once (atomically where the backend allows)."""
-        keys = list(keys)
-        values = list(values)
-        if len(keys) != len(values):
-            raise ValueError(
-                f"multi_set got {len(keys)} keys but {len(values)} values; they must pair up."
-            )
-        self._multi_set([_key(k) for k in keys], [_value(v) for v in values])
-
-    def close(self) -> None:
-        """Release connections and files; the store is unusable afterwards."""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    # -- helpers for implementations
-
-    def _resolve(self, timeout: TimeoutLike) -> float:
-        seconds = to_seconds(timeout)
-        return self.timeout if seconds is None else seconds
-
-    # -- private hooks
-
-    @abc.abstractmethod
-    def _set(self, key: str, value: bytes) -> None: ...
-
-    @abc.abstractmethod
-    def _get(self, key: str, timeout: float) -> bytes: ...
-
-    @abc.abstractmethod
-    def _add(self, key: str, amount: int) -> int: ...
-
-    @abc.abstractmethod
-    def _compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes: ...
-
-    @abc.abstractmethod
-    def _wait(self, keys: list[str], timeout: float) -> None: ...
-
-    @abc.abstractmethod
-    def _check(self, keys: list[str]) -> bool: ...
-
-    @abc.abstractmethod
-    def _delete(self, key: str) -> bool: ...
-
-    @abc.abstractmethod
-    def _num_keys(self) -> int: ...
-
-    def _multi_get(self, keys: list[str], timeout: float) -> list[bytes]:
-        self._wait(keys, timeout)
-        return [self._get(k, timeout) for k in keys]
-
-    def _multi_set(self, keys: list[str], values: list[bytes]) -> None:
-        for k, v in zip(keys, values):
-            self._set(k, v)
-
-
-def missing_keys_message(store_name: str, keys: Iterable[str], timeout: float) -> str:
-    """The one wording every store uses for a wait that timed out."""
-    keys = list(keys)
-    shown = ", ".join(repr(k) for k in keys[:10]) + (" ..." if len(keys) > 10 else "")
-    return f"{store_name} waited {timeout:g}s for {len(keys)} key(s) that never appeared: {shown}."
+from typing import Any, Callable, Optional, Sequence
+
+from shoal.collectives import arrays
+from shoal.collectives.types import DEFAULT_COLLECTIVE_TIMEOUT_S, ReduceOp
+from shoal.core.errors import ShapeError
+from shoal.core.timeouts import TimeoutLike, to_seconds
 
 
 # ----------------------------------------------------------------------------- Work
@@ -302,9 +77,6 @@ class ProcessGroup(abc.ABC):
         self._size = size
         self._name = name
         self._timeout = to_seconds(timeout, DEFAULT_COLLECTIVE_TIMEOUT_S)
-        from collectives import _pg_arrays
-
-        self._arrays = _pg_arrays
 
     # -- identity and settings
 
@@ -339,52 +111,46 @@ class ProcessGroup(abc.ABC):
     def all_reduce(self, tensor, op: ReduceOp = ReduceOp.SUM, async_op: bool = False,
                    timeout: TimeoutLike = None) -> Work:
         """Reduce `tensor` across ranks, leaving the result in every rank's `tensor`."""
-        a = self._arrays
-        arr = a.unwrap(tensor, "all_reduce tensor")
+        arr = arrays.unwrap(tensor, "all_reduce tensor")
         if type(op) is not ReduceOp:
-            op = a.reduce_op(op)
+            op = arrays.reduce_op(op)
         if op is not ReduceOp.SUM:
-            a.check_reducible(op, arr.dtype)
+            arrays.check_reducible(op, arr.dtype)
         return self._all_reduce(tensor, arr, op, async_op, self._t(timeout))
 
     def broadcast(self, tensor, src: int = 0, async_op: bool = False,
                   timeout: TimeoutLike = None) -> Work:
         """Copy rank `src`'s `tensor` into every rank's `tensor`."""
-        arr = self._arrays.unwrap(tensor, "broadcast tensor")
+        arr = arrays.unwrap(tensor, "broadcast tensor")
         _rank_arg(src, self._size, "broadcast src")
         return self._broadcast(tensor, arr, src, async_op, self._t(timeout))
 
     def reduce(self, tensor, dst: int = 0, op: ReduceOp = ReduceOp.SUM, async_op: bool = False,
                timeout: TimeoutLike = None) -> Work:
         """Reduce `tensor` across ranks into rank `dst`'s `tensor` (others keep theirs)."""
-        a = self._arrays
-        arr = a.unwrap(tensor, "reduce tensor")
-        op = a.reduce_op(op)
-        a.check_reducible(op, arr.dtype)
+        arr = arrays.unwrap(tensor, "reduce tensor")
+        op = arrays.reduce_op(op)
+        arrays.check_reducible(op, arr.dtype)
         _rank_arg(dst, self._size, "reduce dst")
         return self._reduce(tensor, arr, dst, op, async_op, self._t(timeout))
 
     def all_gather(self, tensor_list: Sequence, tensor, async_op: bool = False,
                    timeout: TimeoutLike = None) -> Work:
         """Fill `tensor_list[j]` with rank j's `tensor` on every rank."""
-        a = self._arrays
-        arr = a.unwrap(tensor, "all_gather tensor")
-        outs = a.unwrap_list(tensor_list, "all_gather tensor_list", self._size)
-        a.same_layout(outs, arr, "all_gather tensor_list", "the input tensor")
+        arr = arrays.unwrap(tensor, "all_gather tensor")
+        outs = arrays.unwrap_list(tensor_list, "all_gather tensor_list", self._size)
+        arrays.same_layout(outs, arr, "all_gather tensor_list", "the input tensor")
         return self._all_gather(list(tensor_list), outs, arr, async_op, self._t(timeout))
 
     def all_gather_into_tensor(self, output, input, async_op: bool = False,
                                timeout: TimeoutLike = None) -> Work:
         """Concatenate every rank's `input` along a new leading block into `output`."""
-        a = self._arrays
-        arr = a.unwrap(input, "all_gather_into_tensor input")
-        out = a.unwrap(output, "all_gather_into_tensor output")
+        arr = arrays.unwrap(input, "all_gather_into_tensor input")
+        out = arrays.unwrap(output, "all_gather_into_tensor output")
         if out.dtype != arr.dtype or out.size != arr.size * self._size:
-            from core.errors import ShapeError
-
             raise ShapeError(
-                f"all_gather_into_tensor output is {a.describe(out)} but must hold {self._size} x "
-                f"{a.describe(arr)} (the input on each of the {self._size} ranks)."
+                f"all_gather_into_tensor output is {arrays.describe(out)} but must hold {self._size} x "
+                f"{arrays.describe(arr)} (the input on each of the {self._size} ranks)."
             )
         flat = out.reshape(-1)
         outs = [flat[i * arr.size:(i + 1) * arr.size].reshape(arr.shape) for i in range(self._size)]
@@ -393,15 +159,14 @@ class ProcessGroup(abc.ABC):
     def gather(self, tensor, gather_list: Optional[Sequence] = None, dst: int = 0,
                async_op: bool = False, timeout: TimeoutLike = None) -> Work:
         """Collect every rank's `tensor` into `gather_list` on rank `dst`."""
-        a = self._arrays
-        arr = a.unwrap(tensor, "gather tensor")
+        arr = arrays.unwrap(tensor, "gather tensor")
         _rank_arg(dst, self._size, "gather dst")
         outs = None
         if self._rank == dst:
             if gather_list is None:
                 raise ValueError(f"gather needs gather_list on the destination rank {dst}.")
-            outs = a.unwrap_list(gather_list, "gather gather_list", self._size)
-            a.same_layout(outs, arr, "gather gather_list", "the input tensor")
+            outs = arrays.unwrap_list(gather_list, "gather gather_list", self._size)
+            arrays.same_layout(outs, arr, "gather gather_list", "the input tensor")
         elif gather_list:
             raise ValueError(f"gather_list must be None or empty on rank {self._rank}, which is not dst {dst}.")
         return self._gather(gather_list, outs, arr, dst, async_op, self._t(timeout))
@@ -409,15 +174,14 @@ class ProcessGroup(abc.ABC):
     def scatter(self, tensor, scatter_list: Optional[Sequence] = None, src: int = 0,
                 async_op: bool = False, timeout: TimeoutLike = None) -> Work:
         """Rank `src` sends `scatter_list[j]` to rank j's `tensor`."""
-        a = self._arrays
-        out = a.unwrap(tensor, "scatter tensor")
+        out = arrays.unwrap(tensor, "scatter tensor")
         _rank_arg(src, self._size, "scatter src")
         ins = None
         if self._rank == src:
             if scatter_list is None:
                 raise ValueError(f"scatter needs scatter_list on the source rank {src}.")
-            ins = a.unwrap_list(scatter_list, "scatter scatter_list", self._size)
-            a.same_layout(ins, out, "scatter scatter_list", "the output tensor")
+            ins = arrays.unwrap_list(scatter_list, "scatter scatter_list", self._size)
+            arrays.same_layout(ins, out, "scatter scatter_list", "the output tensor")
         elif scatter_list:
             raise ValueError(f"scatter_list must be None or empty on rank {self._rank}, which is not src {src}.")
         return self._scatter(tensor, out, ins, src, async_op, self._t(timeout))
@@ -425,32 +189,30 @@ class ProcessGroup(abc.ABC):
     def reduce_scatter(self, output, input_list: Sequence, op: ReduceOp = ReduceOp.SUM,
                        async_op: bool = False, timeout: TimeoutLike = None) -> Work:
         """Reduce `input_list[j]` across ranks into rank j's `output`."""
-        a = self._arrays
-        out = a.unwrap(output, "reduce_scatter output")
-        ins = a.unwrap_list(input_list, "reduce_scatter input_list", self._size)
-        a.same_layout(ins, out, "reduce_scatter input_list", "the output tensor")
-        op = a.reduce_op(op)
-        a.check_reducible(op, out.dtype)
+        out = arrays.unwrap(output, "reduce_scatter output")
+        ins = arrays.unwrap_list(input_list, "reduce_scatter input_list", self._size)
+        arrays.same_layout(ins, out, "reduce_scatter input_list", "the output tensor")
+        op = arrays.reduce_op(op)
+        arrays.check_reducible(op, out.dtype)
         return self._reduce_scatter(output, out, ins, op, async_op, self._t(timeout))
 
     def all_to_all(self, output_list: Sequence, input_list: Sequence, async_op: bool = False,
                    timeout: TimeoutLike = None) -> Work:
         """Send `input_list[j]` to rank j, which receives it in its `output_list[i]`."""
-        a = self._arrays
-        outs = a.unwrap_list(output_list, "all_to_all output_list", self._size)
-        ins = a.unwrap_list(input_list, "all_to_all input_list", self._size)
+        outs = arrays.unwrap_list(output_list, "all_to_all output_list", self._size)
+        ins = arrays.unwrap_list(input_list, "all_to_all input_list", self._size)
         for i, (o, x) in enumerate(zip(outs, ins)):
             if o.dtype != x.dtype:
                 raise TypeError(
-                    f"all_to_all output_list[{i}] is {a.describe(o)} but input_list[{i}] is "
-                    f"{a.describe(x)}; all arrays must share one dtype."
+                    f"all_to_all output_list[{i}] is {arrays.describe(o)} but input_list[{i}] is "
+                    f"{arrays.describe(x)}; all arrays must share one dtype."
                 )
         return self._all_to_all(list(output_list), outs, ins, async_op, self._t(timeout))
 
     def send(self, tensor, dst: int, tag: int = 0, async_op: bool = False,
              timeout: TimeoutLike = None) -> Work:
         """Send `tensor` to rank `dst`; the matching `recv` must use the same tag."""
-        arr = self._arrays.unwrap(tensor, "send tensor")
+        arr = arrays.unwrap(tensor, "send tensor")
         _rank_arg(dst, self._size, "send dst")
         if dst == self._rank:
             raise ValueError(f"Rank {self._rank} cannot send to itself.")
@@ -459,7 +221,7 @@ class ProcessGroup(abc.ABC):
     def recv(self, tensor, src: Optional[int] = None, tag: int = 0, async_op: bool = False,
              timeout: TimeoutLike = None) -> Work:
         """Receive into `tensor` from rank `src` (None: any rank); `work.source_rank` says who."""
-        arr = self._arrays.unwrap(tensor, "recv tensor")
+        arr = arrays.unwrap(tensor, "recv tensor")
         if src is not None:
             _rank_arg(src, self._size, "recv src")
             if src == self._rank:
@@ -483,8 +245,7 @@ class ProcessGroup(abc.ABC):
         """Every rank's picklable `obj`, in rank order."""
         import numpy as np
 
-        a = self._arrays
-        data = a.pickle_to_array(obj)
+        data = arrays.pickle_to_array(obj)
         mine = np.array([data.size], dtype=np.int64)
         sizes = [np.zeros(1, dtype=np.int64) for _ in range(self._size)]
         self.all_gather(sizes, mine, timeout=timeout)
@@ -493,17 +254,16 @@ class ProcessGroup(abc.ABC):
         padded[: data.size] = data
         outs = [np.empty(longest, dtype=np.uint8) for _ in range(self._size)]
         self.all_gather(outs, padded, timeout=timeout)
-        return [a.array_to_object(o[: int(s[0])]) for o, s in zip(outs, sizes)]
+        return [arrays.array_to_object(o[: int(s[0])]) for o, s in zip(outs, sizes)]
 
     def broadcast_object_list(self, object_list: list, src: int = 0,
                               timeout: TimeoutLike = None) -> None:
         """Replace every rank's `object_list` items with rank `src`'s (lists of equal length)."""
         import numpy as np
 
-        a = self._arrays
         _rank_arg(src, self._size, "broadcast_object_list src")
         if self._rank == src:
-            blobs = [a.pickle_to_array(o) for o in object_list]
+            blobs = [arrays.pickle_to_array(o) for o in object_list]
             sizes = np.array([b.size for b in blobs], dtype=np.int64)
         else:
             sizes = np.zeros(len(object_list), dtype=np.int64)
@@ -514,7 +274,7 @@ class ProcessGroup(abc.ABC):
         if self._rank != src:
             offsets = np.concatenate([[0], np.cumsum(sizes)])
             for i in range(len(object_list)):
-                object_list[i] = a.array_to_object(data[offsets[i]:offsets[i + 1]])
+                object_list[i] = arrays.array_to_object(data[offsets[i]:offsets[i + 1]])
 
     # -- lifecycle
 

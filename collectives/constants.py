@@ -8,7 +8,7 @@ receive-and-reduce wins above that, where the copy work of both directions must 
 
 from __future__ import annotations
 
-from collectives.api import ASYNC_ERROR_EXIT_CODE, DEFAULT_COLLECTIVE_TIMEOUT_S
+from shoal.collectives.types import ASYNC_ERROR_EXIT_CODE, DEFAULT_COLLECTIVE_TIMEOUT_S
 
 __all__ = [
     "ASYNC_ERROR_EXIT_CODE",

@@ -16,18 +16,17 @@ import threading
 import urllib.parse
 from typing import Any, Callable, Optional, Sequence, Union
 
-from collectives import env
-from collectives.api import (
+from shoal.collectives import env
+from shoal.collectives.api import ProcessGroup, Work
+from shoal.collectives.store.api import Store
+from shoal.collectives.types import (
     DEFAULT_COLLECTIVE_TIMEOUT_S,
     BackendUnavailable,
     CollectiveError,
-    ProcessGroup,
     ReduceOp,
-    Store,
-    Work,
 )
-from collectives.constants import DEFAULT_GROUP_NAME
-from core.timeouts import TimeoutLike, to_seconds
+from shoal.collectives.constants import DEFAULT_GROUP_NAME
+from shoal.core.timeouts import TimeoutLike, to_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -40,9 +39,9 @@ __all__ = [
 ]
 
 _BACKENDS: dict[str, Union[str, Callable[..., ProcessGroup]]] = {
-    "tcp": "collectives.pg_tcp:ProcessGroupTCP",
-    "gloo": "collectives.pg_tcp:ProcessGroupTCP",
-    "nccl": "collectives.pg_nccl:ProcessGroupNCCL",
+    "tcp": "shoal.collectives.backends.tcp.group:ProcessGroupTCP",
+    "gloo": "shoal.collectives.backends.tcp.group:ProcessGroupTCP",
+    "nccl": "shoal.collectives.backends.nccl.group:ProcessGroupNCCL",
 }
 NCCL_UNAVAILABLE = "backend 'nccl' needs a CUDA device; none was found"
 
@@ -56,7 +55,7 @@ def register_backend(name: str, target: Union[str, Callable[..., ProcessGroup]])
 
 def _cuda_device_present() -> bool:
     """True where the nccl backend can run (cupy, a CUDA device and the NCCL library)."""
-    from collectives import _nccl_runtime
+    from shoal.collectives.backends.nccl import runtime as _nccl_runtime
 
     return _nccl_runtime.unavailable_reason() is None
 
@@ -70,7 +69,7 @@ def _backend_class(name: str) -> Callable[..., ProcessGroup]:
         )
     if key == "nccl":
         # The fixed sentence, then why (no cupy, no driver or device, no NCCL library).
-        from collectives import _nccl_runtime
+        from shoal.collectives.backends.nccl import runtime as _nccl_runtime
 
         reason = _nccl_runtime.unavailable_reason()
         if reason is not None:
@@ -143,8 +142,8 @@ def _check_rank_and_size(rank: int, size: int, source: str) -> None:
 
 def _store_for(init_method: str, rank: Optional[int], size: Optional[int], timeout: float):
     """(store, rank, size) from an init method URL."""
-    from collectives.store_file import FileStore
-    from collectives.store_tcp import TCPStore
+    from shoal.collectives.store.file import FileStore
+    from shoal.collectives.store.tcp import TCPStore
 
     url = urllib.parse.urlparse(init_method)
     query = dict(urllib.parse.parse_qsl(url.query))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from core import telemetry
+from shoal.core import telemetry
 
 OP_DURATION = telemetry.histogram(
     "shoal_collectives_op_duration_seconds",

@@ -1,8 +1,8 @@
 """shoal's compute core: tensors on numpy or cupy, autograd, nn, optim, CUDA kernels."""
 
-from core import dtypes
-from core.tensor import Tensor  # first: it binds the ops as methods (core/ops/bind.py)
-from core.autograd import (
+from shoal.core import dtypes
+from shoal.core.tensor import Tensor  # first: it binds the ops as methods (core/ops/bind.py)
+from shoal.core.autograd import (
     AutogradError,
     RemovableHandle,
     enable_grad,
@@ -10,13 +10,13 @@ from core.autograd import (
     no_grad,
     set_grad_enabled,
 )
-from core.backend import Device
-from core.backend import Device as device
-from core.dtypes import DType, DTypeError, bfloat16, float16, float32, float64, int32, int64
-from core.dtypes import bool_ as bool  # noqa: A001 - torch's name (core.bool)
-from core.errors import DeviceError, ShapeError, ShoalError
-from core.ops.arith import add, div, mul, pow, sub  # noqa: A004
-from core.ops.creation import (
+from shoal.core.backend import Device
+from shoal.core.backend import Device as device
+from shoal.core.dtypes import DType, DTypeError, bfloat16, float16, float32, float64, int32, int64
+from shoal.core.dtypes import bool_ as bool  # noqa: A001 - torch's name (core.bool)
+from shoal.core.errors import DeviceError, ShapeError, ShoalError
+from shoal.core.ops.arith import add, div, mul, pow, sub  # noqa: A004
+from shoal.core.ops.creation import (
     arange,
     as_tensor,
     empty,
@@ -36,23 +36,23 @@ from core.ops.creation import (
     zeros,
     zeros_like,
 )
-from core.ops.interop import DLPackError, from_dlpack, to_dlpack
-from core.ops.linalg import matmul
-from core.ops.random import initial_seed, manual_seed
-from core.ops.reduce import (
+from shoal.core.ops.interop import DLPackError, from_dlpack, to_dlpack
+from shoal.core.ops.linalg import matmul
+from shoal.core.ops.random import initial_seed, manual_seed
+from shoal.core.ops.reduce import (
     amax,
     amin,
     argmax,
     argmin,
     log_softmax,
     logsumexp,
-    max,  # noqa: A004
+    max,
     mean,
-    min,  # noqa: A004
+    min,
     softmax,
-    sum,  # noqa: A004
+    sum,
 )
-from core.ops.shape import (
+from shoal.core.ops.shape import (
     cat,
     chunk,
     clone,
@@ -68,10 +68,11 @@ from core.ops.shape import (
     unsqueeze,
     where,
 )
-from core.ops.unary import abs, clamp, exp, gelu, log, relu, sigmoid, sqrt, tanh  # noqa: A004
+from shoal.core.ops.unary import abs, clamp, exp, gelu, log, relu, sigmoid, sqrt, tanh  # noqa: A004
 
 # torch's dtype aliases (core.float is float32, as torch.float).
 half, float, double, long, int = float16, float32, float64, int64, int32  # noqa: A001
 
 # Last, because nn and optim build on everything above.
-from core import nn, optim  # noqa: E402
+from shoal.core import nn
+from shoal.core import optim  # noqa: E402

@@ -32,7 +32,7 @@ import threading
 import time
 from typing import Callable, Optional
 
-from core.auth import GREETING_TIMEOUT_S, REPLY_BYTES, ServerChallenge, require_secret_for
+from shoal.core.auth import GREETING_TIMEOUT_S, REPLY_BYTES, ServerChallenge, require_secret_for
 
 logger = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ import threading
 import time
 from typing import Callable, Optional
 
-from core.errors import AuthenticationError, HandshakeInterrupted
+from shoal.core.errors import AuthenticationError, HandshakeInterrupted
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ import itertools
 import threading
 from typing import Any, Callable, Iterable
 
-from core.errors import ShoalError
+from shoal.core.errors import ShoalError
 
 
 class AutogradError(ShoalError, RuntimeError):
@@ -188,7 +188,7 @@ _Tensor: Any = None
 def _tensor_cls() -> type:
     global _Tensor
     if _Tensor is None:
-        from core.tensor import Tensor  # noqa: PLC0415 - tensor.py imports this module
+        from shoal.core.tensor import Tensor  # noqa: PLC0415 - tensor.py imports this module
 
         _Tensor = Tensor
     return _Tensor

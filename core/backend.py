@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from core.errors import DeviceError
+from shoal.core.errors import DeviceError
 
 _cupy: Any = None  # the cupy module once a CUDA device was first asked for
 

@@ -14,7 +14,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from core.errors import ShoalError
+from shoal.core.errors import ShoalError
 
 
 class DTypeError(ShoalError, TypeError):

@@ -10,8 +10,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from core import autograd, backend, dtypes
-from core.autograd import AutogradError, RemovableHandle
+from shoal.core import autograd
+from shoal.core import backend
+from shoal.core import dtypes
+from shoal.core.autograd import AutogradError, RemovableHandle
 
 
 class Tensor:
@@ -191,7 +193,7 @@ class Tensor:
                 target_dt = a
             else:
                 target_dev = a
-        from core.ops import shape as _shape_ops  # noqa: PLC0415
+        from shoal.core.ops import shape as _shape_ops  # noqa: PLC0415
 
         return _shape_ops.to(self, target_dev, target_dt, copy)
 
@@ -425,6 +427,6 @@ def _scalar(x: Any) -> Any:
 
 
 # Bind the ops as methods (ops import Tensor from this module, which is complete by now).
-from core.ops import bind as _bind  # noqa: E402
+from shoal.core.ops import bind as _bind  # noqa: E402
 
 _bind.bind_methods(Tensor)

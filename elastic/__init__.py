@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib
 
-from elastic.api import (  # noqa: F401  (re-exports)
+from shoal.elastic.api import (
     CheckpointError,
     RendezvousBackend,
     RendezvousClosedError,
@@ -17,19 +17,19 @@ from elastic.api import (  # noqa: F401  (re-exports)
     RendezvousStateError,
     RendezvousTimeoutError,
     StoreHostLostError,
-)
+)  # noqa: F401  (re-exports)
 
 # public name -> module that defines it
 _LAZY = {
-    "RendezvousHandler": "elastic.rendezvous",
-    "create_backend": "elastic.registry",
-    "create_handler": "elastic.registry",
-    "StoreRendezvousBackend": "elastic.rdzv_store",
-    "EtcdRendezvousBackend": "elastic.rdzv_etcd",
-    "EtcdStore": "elastic.store_etcd",
-    "Checkpointer": "elastic.checkpoint",
-    "State": "elastic.state",
-    "Agent": "elastic.agent",
+    "RendezvousHandler": "shoal.elastic.rendezvous.handler",
+    "create_backend": "shoal.elastic.rendezvous.registry",
+    "create_handler": "shoal.elastic.rendezvous.registry",
+    "StoreRendezvousBackend": "shoal.elastic.rendezvous.store_backend",
+    "EtcdRendezvousBackend": "shoal.elastic.rendezvous.etcd_backend",
+    "EtcdStore": "shoal.elastic.rendezvous.etcd_store",
+    "Checkpointer": "shoal.elastic.checkpoint",
+    "State": "shoal.elastic.state",
+    "Agent": "shoal.elastic.agent.agent",
 }
 
 

@@ -39,9 +39,10 @@ import math
 import time
 from typing import Any, Mapping, Optional
 
-from collectives.api import Store, StoreTimeout
-from core.errors import ShoalError
-from core.timeouts import TimeoutLike, to_seconds
+from shoal.collectives.store.api import Store
+from shoal.collectives.types import StoreTimeout
+from shoal.core.errors import ShoalError
+from shoal.core.timeouts import TimeoutLike, to_seconds
 
 # Defaults, in seconds, of every rendezvous setting (one table for the package).
 DEFAULT_LAST_CALL_TIMEOUT_S = 2.0

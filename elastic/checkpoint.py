@@ -25,10 +25,10 @@ import secrets
 import socket
 from typing import Iterable, Optional
 
-from core.auth import load_token
-from core.errors import ShoalError
-from elastic.api import CheckpointError
-from elastic.checkpoint_format import (
+from shoal.core.auth import load_token
+from shoal.core.errors import ShoalError
+from shoal.elastic.api import CheckpointError
+from shoal.elastic.checkpoint_format import (
     CheckpointCorrupt,
     CheckpointRefused,
     CheckpointUnauthenticated,

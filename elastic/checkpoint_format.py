@@ -13,8 +13,8 @@ exact list of globals the metadata pickle may name.
 
 Why format 2. Format 1 (b"SHOALCK1") closed with a plain sha256 that anyone can recompute, and
 its unpickler admitted any class found under a module named `core.*` or `ml_dtypes.*`. Pickle
-protocol 4+ resolves dotted names, so ("core.tensor", "np._core._internal.ctypes.CDLL") reached
-ctypes.CDLL and ("core.auth", "logging.FileHandler") opened any path: whoever could write to a
+protocol 4+ resolves dotted names, so ("shoal.core.tensor", "np._core._internal.ctypes.CDLL") reached
+ctypes.CDLL and ("shoal.core.auth", "logging.FileHandler") opened any path: whoever could write to a
 shared checkpoint directory could run code in every worker that resumed. Format 2 closes both:
 
 - The MAC is keyed by the job's secret (`derive_key`) and checked, in constant time, over the
@@ -54,10 +54,10 @@ from typing import Any, BinaryIO, Optional
 import ml_dtypes
 import numpy as np
 
-from core import backend
-from core.nn.parameter import Parameter
-from core.tensor import Tensor
-from elastic.api import CheckpointError
+from shoal.core import backend
+from shoal.core.nn.parameter import Parameter
+from shoal.core.tensor import Tensor
+from shoal.elastic.api import CheckpointError
 
 __all__ = [
     "CheckpointCorrupt", "CheckpointUnauthenticated", "CheckpointRefused", "ALLOWED_GLOBALS",

@@ -15,8 +15,8 @@ import prometheus_client
 from prometheus_client import multiprocess
 from prometheus_client.registry import CollectorRegistry
 
-from core.telemetry import counter, gauge, histogram
-from elastic._metrics_http import HardenedHTTPServer
+from shoal.core.telemetry import counter, gauge, histogram
+from shoal.elastic.metrics_http import HardenedHTTPServer
 
 logger = logging.getLogger(__name__)
 

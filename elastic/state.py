@@ -26,8 +26,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from core.timeouts import TimeoutLike
-from elastic.checkpoint import Checkpointer
+from shoal.core.timeouts import TimeoutLike
+from shoal.elastic.checkpoint import Checkpointer
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ _STEP_KEY = "step"
 def _capture_rng() -> dict:
     states = {"python": random.getstate(), "numpy": np.random.get_state()}
     try:
-        from core.ops import random as core_random
+        from shoal.core.ops import random as core_random
 
         states["core"] = core_random.get_state()
     except ImportError:  # pragma: no cover  (core without its random module)
@@ -52,7 +52,7 @@ def _apply_rng(states: dict) -> None:
     random.setstate(states["python"])
     np.random.set_state(states["numpy"])
     if "core" in states:
-        from core.ops import random as core_random
+        from shoal.core.ops import random as core_random
 
         core_random.set_state(states["core"])
 
@@ -116,7 +116,7 @@ class State:
         if self._rank is not None:
             return self._rank
         try:
-            import collectives
+            from shoal import collectives
 
             if collectives.is_initialized():
                 return collectives.get_rank()
@@ -175,7 +175,7 @@ class State:
 
         Needs an initialized default process group (collectives.init_process_group).
         """
-        import collectives
+        from shoal import collectives
 
         box = [self._capture() if self.rank() == root else None]
         collectives.broadcast_object_list(box, src=root, group=group, timeout=timeout)

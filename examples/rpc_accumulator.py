@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 
-import rpc_agent as rpc
+import shoal.rpc_agent as rpc
 
 
 class Accumulator:

@@ -20,10 +20,10 @@ import time
 
 import numpy as np
 
-import core
-from collectives.ddp import DistributedDataParallel
-from core import nn
-from elastic.checkpoint import Checkpointer
+from shoal import core
+from shoal.collectives.ddp.ddp import DistributedDataParallel
+from shoal.core import nn
+from shoal.elastic.checkpoint import Checkpointer
 
 D_IN, D_HIDDEN, D_OUT = 16, 64, 4
 
@@ -93,7 +93,7 @@ def make_checkpointer(directory: str | None):
 
 def init_distributed():
     """The process group: from the torchrun environment `shoal run` sets, else a group of one."""
-    import collectives  # noqa: PLC0415
+    from shoal import collectives  # noqa: PLC0415
 
     if "WORLD_SIZE" in os.environ and "RANK" in os.environ:
         return collectives.init_process_group("tcp", init_method="env://")
@@ -148,7 +148,7 @@ def main(argv=None) -> int:
 
     if rank == 0:
         print(f"final step {args.steps} params_sha256 {params_sha256(model)}", flush=True)
-    import collectives  # noqa: PLC0415
+    from shoal import collectives  # noqa: PLC0415
 
     collectives.destroy_process_group()
     return 0

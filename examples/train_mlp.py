@@ -15,10 +15,11 @@ import time
 
 import numpy as np
 
-import core
-from core import nn, optim
-from core.nn import functional as F
-from core.optim.lr_scheduler import CosineAnnealingLR
+from shoal import core
+from shoal.core import nn
+from shoal.core import optim
+from shoal.core.nn import functional as F
+from shoal.core.optim.lr_scheduler import CosineAnnealingLR
 
 TARGET_ACCURACY = 0.95
 

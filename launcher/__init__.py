@@ -1,3 +1,3 @@
 """The `shoal` command line: `shoal run` starts an elastic job, `shoal store` a standalone store."""
 
-from launcher.cli import main  # noqa: F401  (re-export)
+from shoal.launcher.cli import main  # noqa: F401  (re-export)

@@ -1,8 +1,8 @@
-"""`python -m launcher run ...` is the same as `shoal run ...`."""
+"""`python -m shoal.launcher run ...` is the same as `shoal run ...`."""
 
 import sys
 
-from launcher.cli import main
+from shoal.launcher.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -15,7 +15,7 @@ import sys
 import tempfile
 from typing import Optional, Sequence
 
-from launcher import env as flags
+from shoal.launcher import flags
 
 logger = logging.getLogger("shoal.run")
 
@@ -90,13 +90,13 @@ def _auth_token(settings: flags.RunSettings) -> str:
             "argument --auth-token-file/--auth_token_file: a job of several nodes needs one "
             "shared secret; give --auth-token-file or set SHOAL_AUTH_TOKEN on every node"
         )
-    from core.auth import generate_token
+    from shoal.core.auth import generate_token
 
     return generate_token()
 
 
 def _local_addr(settings: flags.RunSettings) -> str:
-    from core.auth import is_loopback
+    from shoal.core.auth import is_loopback
 
     if settings.local_addr:
         return settings.local_addr
@@ -106,8 +106,8 @@ def _local_addr(settings: flags.RunSettings) -> str:
 
 
 def _make_handler(settings: flags.RunSettings, node_id: str):
-    from elastic.api import RendezvousSettings
-    from elastic.rendezvous import RendezvousHandler, create_backend
+    from shoal.elastic.api import RendezvousSettings
+    from shoal.elastic.rendezvous import RendezvousHandler, create_backend
 
     conf = dict(settings.rdzv_conf)
     timing = {k: conf[k] for k in
@@ -152,9 +152,9 @@ def _watch_store_host(settings: flags.RunSettings, handler, agent):
     that node dying (see elastic.store_host); None where there is nothing to watch."""
     if settings.rdzv_backend != "store" or settings.embedded_store:
         return None
-    from collectives.api import StoreError
-    from collectives.store_tcp import TCPStore
-    from elastic.store_host import StoreHostWatch
+    from shoal.collectives.types import StoreError
+    from shoal.collectives.store.tcp import TCPStore
+    from shoal.elastic.agent.store_host import StoreHostWatch
 
     rdzv = handler.settings
     lost_after = rdzv.heartbeat_timeout
@@ -211,8 +211,8 @@ def run(argv: Sequence[str]) -> int:
         # init_process_group reads it as its default timeout (collectives.env).
         worker_env["SHOAL_COLLECTIVE_TIMEOUT"] = repr(settings.collective_timeout)
 
-    from elastic.agent import Agent, WorkerSpec, default_node_id, python_argv
-    from core.errors import ShoalError
+    from shoal.elastic.agent.agent import Agent, WorkerSpec, default_node_id, python_argv
+    from shoal.core.errors import ShoalError
 
     cleanup: list[str] = []
     metrics_server = None
@@ -230,7 +230,7 @@ def run(argv: Sequence[str]) -> int:
                                          dir=metrics_parent or None)
         cleanup.append(multiproc_dir)
         if settings.metrics_port is not None:
-            from elastic.metrics import MetricsServer
+            from shoal.elastic.metrics import MetricsServer
 
             try:
                 metrics_server = MetricsServer(settings.metrics_host, settings.metrics_port,
@@ -249,7 +249,7 @@ def run(argv: Sequence[str]) -> int:
                              f"at {where}: {exc}\n")
             return 1
         if settings.embedded_store:
-            from elastic.store_host import announce_host
+            from shoal.elastic.agent.store_host import announce_host
 
             announce_host(handler.store, node_id)
             logger.info("Rendezvous store listening on %s:%s (run id %s)",
@@ -307,7 +307,7 @@ def store(argv: Sequence[str]) -> int:
     elif os.environ.get("SHOAL_AUTH_TOKEN") or os.environ.get("SHOAL_AUTH_TOKEN_FILE"):
         # The job's secret from either variable, never the development fallback: a standalone
         # store is meant for other machines.
-        from core.auth import load_token
+        from shoal.core.auth import load_token
 
         token = load_token()
     else:
@@ -317,7 +317,7 @@ def store(argv: Sequence[str]) -> int:
             "argument --auth-token-file/--auth_token_file: the store needs the job's secret; "
             "give --auth-token-file or set SHOAL_AUTH_TOKEN"
         )
-    from collectives.store_tcp import serve_forever
+    from shoal.collectives.store.tcp import serve_forever
 
     def announce(server) -> None:
         sys.stdout.write(f"shoal store listening on {server.host}:{server.port}\n")

@@ -16,32 +16,27 @@ import threading
 import time
 from typing import Any, Callable, Optional, Union
 
-from core.auth import load_token, require_secret_for
-from core.timeouts import to_seconds
-from rpc_agent import _current, metrics
-from rpc_agent.context import _local as _context_local
-from rpc_agent.context import context_id as _context_id
-from rpc_agent._generated import rpc_pb2
-from rpc_agent._threads import Deadlines, WorkerPool, is_io_thread
-from rpc_agent.api import (
-    RpcBackendOptions,
-    RpcError,
-    RpcPeerLost,
-    RpcTimeout,
-    WorkerInfo,
-)
-from rpc_agent.assembly import Assembler
-from rpc_agent.data_channel import DataChannels
-from rpc_agent.functions import is_async_execution
-from rpc_agent.futures import Future
-from rpc_agent.rref import RRef, RRefContext
-from rpc_agent.serialization import (
+from shoal.core.auth import load_token, require_secret_for
+from shoal.core.timeouts import to_seconds
+from shoal.rpc_agent import _current
+from shoal.rpc_agent import metrics
+from shoal.rpc_agent.context import _local as _context_local
+from shoal.rpc_agent.context import context_id as _context_id
+from shoal.rpc_agent._generated import rpc_pb2
+from shoal.rpc_agent._threads import Deadlines, WorkerPool, is_io_thread
+from shoal.rpc_agent.api import RpcBackendOptions, RpcError, RpcPeerLost, RpcTimeout, WorkerInfo
+from shoal.rpc_agent.transport.assembly import Assembler
+from shoal.rpc_agent.transport.data_channel import DataChannels
+from shoal.rpc_agent.functions import is_async_execution
+from shoal.rpc_agent.futures import Future
+from shoal.rpc_agent.rref import RRef, RRefContext
+from shoal.rpc_agent.serialization import (
     deserialize,
     rebuild_exception,
     serialize,
     serialize_exception,
 )
-from rpc_agent.transport import GrpcTransport, Stream
+from shoal.rpc_agent.transport.grpc import GrpcTransport, Stream
 
 logger = logging.getLogger(__name__)
 

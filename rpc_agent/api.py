@@ -6,8 +6,8 @@ import dataclasses
 import datetime
 from typing import Optional, Union
 
-from core.errors import ShoalError
-from core.timeouts import to_seconds
+from shoal.core.errors import ShoalError
+from shoal.core.timeouts import to_seconds
 
 # Defaults, in one table (DESIGN.md: "defaults live in one constants table per package").
 DEFAULT_RPC_TIMEOUT_S = 60.0
@@ -131,7 +131,9 @@ class RpcBackendOptions:
                 f"got {self.init_method!r}."
             )
         if self.store is not None:
-            from collectives.api import Store  # noqa: PLC0415  (keeps `api` import-light)
+            from shoal.collectives.store.api import (  # noqa: PLC0415  (keeps `api` import-light)
+                Store,
+            )
 
             if not isinstance(self.store, Store):
                 raise TypeError(

@@ -11,9 +11,9 @@ import logging
 import threading
 from typing import Any, Callable, Generic, Iterable, List, Optional, TypeVar
 
-from core.timeouts import to_seconds
-from rpc_agent._threads import before_blocking
-from rpc_agent.api import RpcError, RpcTimeout, TimeoutArg
+from shoal.core.timeouts import to_seconds
+from shoal.rpc_agent._threads import before_blocking
+from shoal.rpc_agent.api import RpcError, RpcTimeout, TimeoutArg
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from core import telemetry
+from shoal.core import telemetry
 
 REQUESTS = telemetry.counter(
     "shoal_rpc_requests_total",

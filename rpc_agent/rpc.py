@@ -16,13 +16,14 @@ import time
 import urllib.parse
 from typing import Any, Callable, Optional
 
-from collectives import env as collectives_env
-from collectives.api import Store, StoreError, StoreTimeout
-from collectives.store_prefix import PrefixStore
-from core.timeouts import Deadline, to_seconds
-from rpc_agent import _current
-from rpc_agent.agent import RpcAgent, WorkerRef
-from rpc_agent.api import (
+from shoal.collectives import env as collectives_env
+from shoal.collectives.store.api import Store
+from shoal.collectives.types import StoreError, StoreTimeout
+from shoal.collectives.store.prefix import PrefixStore
+from shoal.core.timeouts import Deadline, to_seconds
+from shoal.rpc_agent import _current
+from shoal.rpc_agent.agent import RpcAgent, WorkerRef
+from shoal.rpc_agent.api import (
     DEFAULT_SHUTDOWN_TIMEOUT_S,
     RpcBackendOptions,
     RpcError,
@@ -30,8 +31,8 @@ from rpc_agent.api import (
     TimeoutArg,
     WorkerInfo,
 )
-from rpc_agent.futures import Future
-from rpc_agent.rref import RRef
+from shoal.rpc_agent.futures import Future
+from shoal.rpc_agent.rref import RRef
 
 logger = logging.getLogger(__name__)
 
@@ -109,11 +110,11 @@ def _prefix(options: RpcBackendOptions) -> str:
 def _make_store(options: RpcBackendOptions, rank: int, world_size: int) -> tuple[Store, bool]:
     if options.store is not None:
         return options.store, False
-    from collectives.store_tcp import TCPStore  # noqa: PLC0415
+    from shoal.collectives.store.tcp import TCPStore  # noqa: PLC0415
 
     url = urllib.parse.urlparse(options.init_method)
     if url.scheme == "file":
-        from collectives.store_file import FileStore  # noqa: PLC0415
+        from shoal.collectives.store.file import FileStore  # noqa: PLC0415
 
         return FileStore(url.path, world_size=world_size, timeout=options.init_timeout), True
     if url.scheme == "env":

@@ -26,10 +26,11 @@ import threading
 import weakref
 from typing import Any, Optional
 
-from rpc_agent import _current, serialization
-from rpc_agent.api import RpcError, TimeoutArg, WorkerInfo
-from rpc_agent.functions import async_execution, is_async_execution
-from rpc_agent.futures import Future
+from shoal.rpc_agent import _current
+from shoal.rpc_agent import serialization
+from shoal.rpc_agent.api import RpcError, TimeoutArg, WorkerInfo
+from shoal.rpc_agent.functions import async_execution, is_async_execution
+from shoal.rpc_agent.futures import Future
 
 logger = logging.getLogger(__name__)
 

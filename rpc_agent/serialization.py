@@ -18,8 +18,8 @@ import threading
 import traceback
 from typing import Any, Optional
 
-from core.errors import DeviceError
-from rpc_agent.api import RemoteException
+from shoal.core.errors import DeviceError
+from shoal.rpc_agent.api import RemoteException
 
 PROTOCOL = 5
 
@@ -36,7 +36,7 @@ def _reduce_tensor(tensor) -> tuple:
 
 
 def _rebuild_tensor(cls, data, requires_grad: bool):
-    from core.tensor import Tensor  # noqa: PLC0415  (lazy: rpc_agent works without core's ops)
+    from shoal.core.tensor import Tensor  # noqa: PLC0415  (lazy: rpc_agent works without core's ops)
 
     tensor = cls.__new__(cls)
     Tensor.__init__(tensor, data, requires_grad=requires_grad)
@@ -78,7 +78,7 @@ class _Pickler(pickle.Pickler):
     def reducer_override(self, obj):  # noqa: D401  (pickle hook)
         # Only types from modules already imported can occur, so nothing is imported here.
         cls = type(obj)
-        tensor_mod = sys.modules.get("core.tensor")
+        tensor_mod = sys.modules.get("shoal.core.tensor")
         if tensor_mod is not None and isinstance(obj, tensor_mod.Tensor):
             return _reduce_tensor(obj)
         cupy = sys.modules.get("cupy")

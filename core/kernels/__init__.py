@@ -3,8 +3,8 @@
 Each family lives in its own module; importing this package never imports cupy.
 """
 
-from core.kernels.adam import adam_step, adam_step_cuda, adam_step_reference
-from core.kernels.fp16 import (
+from shoal.core.kernels.adam import adam_step, adam_step_cuda, adam_step_reference
+from shoal.core.kernels.fp16 import (
     compress,
     compress_cuda,
     compress_reference,
@@ -12,7 +12,7 @@ from core.kernels.fp16 import (
     decompress_cuda,
     decompress_reference,
 )
-from core.kernels.cross_entropy import (
+from shoal.core.kernels.cross_entropy import (
     TargetError,
     cross_entropy_backward,
     cross_entropy_backward_cuda,
@@ -21,7 +21,7 @@ from core.kernels.cross_entropy import (
     cross_entropy_forward_cuda,
     cross_entropy_forward_reference,
 )
-from core.kernels.buckets import (
+from shoal.core.kernels.buckets import (
     flatten,
     flatten_cuda,
     flatten_reference,
@@ -29,7 +29,7 @@ from core.kernels.buckets import (
     unflatten_cuda,
     unflatten_reference,
 )
-from core.kernels.gelu import (
+from shoal.core.kernels.gelu import (
     gelu_backward,
     gelu_backward_cuda,
     gelu_backward_reference,
@@ -37,8 +37,8 @@ from core.kernels.gelu import (
     gelu_forward_cuda,
     gelu_forward_reference,
 )
-from core.kernels._cuda import is_cuda_array
-from core.kernels.sgd import sgd_step, sgd_step_cuda, sgd_step_reference
+from shoal.core.kernels._cuda import is_cuda_array
+from shoal.core.kernels.sgd import sgd_step, sgd_step_cuda, sgd_step_reference
 
 __all__ = [
     "TargetError",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-from core.errors import DeviceError
+from shoal.core.errors import DeviceError
 
 # Accumulate half-precision values in float and everything else in its own type, so a float16
 # parameter's update is computed at float32 precision and rounded once on the way out.

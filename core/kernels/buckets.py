@@ -11,8 +11,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from core.errors import ShapeError
-from core.kernels._cuda import cached_kernel, cupy, is_cuda_array, launch_1d
+from shoal.core.errors import ShapeError
+from shoal.core.kernels._cuda import cached_kernel, cupy, is_cuda_array, launch_1d
 
 
 def _check_buffer(buffer: Any, arrays: Sequence[Any], op: str) -> int:

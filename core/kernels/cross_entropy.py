@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from core.errors import ShapeError, ShoalError
-from core.kernels._cuda import ACC_PREAMBLE, cached_kernel, cupy, is_cuda_array
+from shoal.core.errors import ShapeError, ShoalError
+from shoal.core.kernels._cuda import ACC_PREAMBLE, cached_kernel, cupy, is_cuda_array
 
 
 class TargetError(ShoalError, IndexError):

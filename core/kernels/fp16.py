@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from core.errors import ShapeError
-from core.kernels._cuda import cached_kernel, cupy, is_cuda_array
+from shoal.core.errors import ShapeError
+from shoal.core.kernels._cuda import cached_kernel, cupy, is_cuda_array
 
 
 def _check_pair(source: Any, target: Any, op: str) -> None:

@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from core.errors import ShoalError
-from core.kernels._cuda import ACC_PREAMBLE, cached_kernel, cupy, is_cuda_array
+from shoal.core.errors import ShoalError
+from shoal.core.kernels._cuda import ACC_PREAMBLE, cached_kernel, cupy, is_cuda_array
 
 _SQRT_HALF = math.sqrt(0.5)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)

@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from core.kernels._blocks import blocks
-from core.kernels._cuda import (
+from shoal.core.kernels._blocks import blocks
+from shoal.core.kernels._cuda import (
     ACC_PREAMBLE,
     GRAD_PARAM_PROLOGUE,
     cached_kernel,

@@ -1,8 +1,9 @@
 """Neural-network building blocks with torch.nn's names: Module, Parameter, layers, containers."""
 
-from core.nn import functional, init
-from core.nn.containers import ModuleList, Sequential
-from core.nn.layers import (
+from shoal.core.nn import functional
+from shoal.core.nn import init
+from shoal.core.nn.containers import ModuleList, Sequential
+from shoal.core.nn.layers import (
     GELU,
     Dropout,
     Embedding,
@@ -13,8 +14,8 @@ from core.nn.layers import (
     Sigmoid,
     Tanh,
 )
-from core.nn.module import IncompatibleKeys, Module, RemovableHandle, StateDictError
-from core.nn.parameter import Parameter
+from shoal.core.nn.module import IncompatibleKeys, Module, RemovableHandle, StateDictError
+from shoal.core.nn.parameter import Parameter
 
 __all__ = [
     "GELU", "Dropout", "Embedding", "Identity", "IncompatibleKeys", "LayerNorm", "Linear",

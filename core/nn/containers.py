@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any, Iterable, Iterator
 
-from core.nn.module import Module
+from shoal.core.nn.module import Module
 
 
 def _index(length: int, idx: int, kind: str) -> int:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.ops import reduce as _reduce
-from core.ops import unary as _unary
-from core.ops.nn import (  # noqa: F401 - re-exported public names
+from shoal.core.ops import reduce as _reduce
+from shoal.core.ops import unary as _unary
+from shoal.core.ops.nn import (
     cross_entropy,
     dropout,
     embedding,
@@ -14,8 +14,8 @@ from core.ops.nn import (  # noqa: F401 - re-exported public names
     linear,
     mse_loss,
     nll_loss,
-)
-from core.tensor import Tensor
+)  # noqa: F401 - re-exported public names
+from shoal.core.tensor import Tensor
 
 __all__ = [
     "linear",

@@ -9,10 +9,10 @@ from __future__ import annotations
 import math
 import numpy as np
 
-from core import backend
-from core.errors import ShapeError
-from core.ops import random as _random
-from core.tensor import Tensor
+from shoal.core import backend
+from shoal.core.errors import ShapeError
+from shoal.core.ops import random as _random
+from shoal.core.tensor import Tensor
 
 
 def _draw(tensor: Tensor, kind: str, a: float, b: float) -> Tensor:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from core import ops as _ops  # noqa: F401 - ensures Tensor's methods are bound
-from core.nn import functional as F
-from core.nn import init
-from core.nn.module import Module
-from core.nn.parameter import Parameter
-from core.ops import creation
+from shoal.core import ops as _ops  # noqa: F401 - ensures Tensor's methods are bound
+from shoal.core.nn import functional as F
+from shoal.core.nn import init
+from shoal.core.nn.module import Module
+from shoal.core.nn.parameter import Parameter
+from shoal.core.ops import creation
 
 
 def _empty(shape: tuple, device: Any, dtype: Any) -> Parameter:

@@ -11,10 +11,12 @@ import itertools
 from collections import OrderedDict, namedtuple
 from typing import Any, Callable, Iterator
 
-from core import autograd, backend, dtypes
-from core.errors import ShoalError
-from core.nn.parameter import Parameter
-from core.tensor import Tensor
+from shoal.core import autograd
+from shoal.core import backend
+from shoal.core import dtypes
+from shoal.core.errors import ShoalError
+from shoal.core.nn.parameter import Parameter
+from shoal.core.tensor import Tensor
 
 
 class StateDictError(ShoalError, RuntimeError):
@@ -470,6 +472,6 @@ class Module:
 # What Module.__setattr__ registers: (table, value type, noun before __init__, noun for a
 # registered name, the type named in its error).
 _REGISTRIES = (
-    ("_parameters", Parameter, "parameter", "parameter", "core.nn.Parameter"),
-    ("_modules", Module, "module", "child module", "core.nn.Module"),
+    ("_parameters", Parameter, "parameter", "parameter", "shoal.core.nn.Parameter"),
+    ("_modules", Module, "module", "child module", "shoal.core.nn.Module"),
 )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.tensor import Tensor
+from shoal.core.tensor import Tensor
 
 
 class Parameter(Tensor):

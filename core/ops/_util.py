@@ -7,10 +7,11 @@ from typing import Any, Callable
 import ml_dtypes
 import numpy as np
 
-from core import autograd, backend
-from core.autograd import Node
-from core.errors import ShapeError
-from core.tensor import Tensor
+from shoal.core import autograd
+from shoal.core import backend
+from shoal.core.autograd import Node
+from shoal.core.errors import ShapeError
+from shoal.core.tensor import Tensor
 
 _new = object.__new__
 _mode = autograd._mode

@@ -5,7 +5,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from core.ops._util import UnsupportedOperand, broadcast_error, needs_grad, result, unbroadcast, val, wrap
+from shoal.core.ops._util import (
+    UnsupportedOperand,
+    broadcast_error,
+    needs_grad,
+    result,
+    unbroadcast,
+    val,
+    wrap,
+)
 
 
 def add(x: Any, y: Any) -> Any:
@@ -117,7 +125,7 @@ def rpow(x: Any, y: Any) -> Any:
 
 
 def _xp_log(a: Any) -> Any:
-    from core.ops._util import xp_of  # noqa: PLC0415
+    from shoal.core.ops._util import xp_of  # noqa: PLC0415
 
     return xp_of(a).log(a)
 

@@ -7,8 +7,13 @@ from typing import Any
 
 def bind_methods(cls: type) -> None:
     """Install operators and op methods on the Tensor class."""
-    from core.ops import arith, interop, linalg, reduce, shape, unary  # noqa: PLC0415
-    from core.ops._util import UnsupportedOperand  # noqa: PLC0415
+    from shoal.core.ops import arith
+    from shoal.core.ops import interop
+    from shoal.core.ops import linalg
+    from shoal.core.ops import reduce
+    from shoal.core.ops import shape
+    from shoal.core.ops import unary  # noqa: PLC0415
+    from shoal.core.ops._util import UnsupportedOperand  # noqa: PLC0415
 
     def swap(fn: Any) -> Any:
         def reflected(self: Any, other: Any) -> Any:

@@ -6,9 +6,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from core import backend, dtypes
-from core.ops import random as _random
-from core.tensor import Tensor
+from shoal.core import backend
+from shoal.core import dtypes
+from shoal.core.ops import random as _random
+from shoal.core.tensor import Tensor
 
 
 def _dims(size: Sequence) -> tuple:

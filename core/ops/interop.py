@@ -6,9 +6,9 @@ from typing import Any
 
 import numpy as np
 
-from core import backend
-from core.errors import DeviceError, ShoalError
-from core.tensor import Tensor
+from shoal.core import backend
+from shoal.core.errors import DeviceError, ShoalError
+from shoal.core.tensor import Tensor
 
 _KDL_CPU = 1
 _KDL_CUDA = 2

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.errors import ShapeError
-from core.ops._util import needs_grad, result, unbroadcast, val
+from shoal.core.errors import ShapeError
+from shoal.core.ops._util import needs_grad, result, unbroadcast, val
 
 
 def matmul(x: Any, y: Any) -> Any:

@@ -6,12 +6,12 @@ from typing import Any
 
 import numpy as np
 
-from core import backend
-from core import kernels as _kernels
-from core.errors import ShapeError
-from core.ops import random as _random
-from core.ops._util import broadcast_error, needs_grad, result, unbroadcast, val, xp_of
-from core.tensor import Tensor
+from shoal.core import backend
+from shoal.core import kernels as _kernels
+from shoal.core.errors import ShapeError
+from shoal.core.ops import random as _random
+from shoal.core.ops._util import broadcast_error, needs_grad, result, unbroadcast, val, xp_of
+from shoal.core.tensor import Tensor
 
 _REDUCTIONS = ("mean", "sum", "none")
 
@@ -68,7 +68,7 @@ def embedding(input: Any, weight: Tensor, padding_idx: int | None = None) -> Ten
 
     def backward(g: Any) -> tuple:
         gw = xp.zeros(wd.shape, dtype=g.dtype)
-        from core.ops.shape import _scatter_add  # noqa: PLC0415
+        from shoal.core.ops.shape import _scatter_add  # noqa: PLC0415
 
         _scatter_add(xp, gw, idx.reshape(-1), g.reshape(-1, wd.shape[1]))
         if padding_idx is not None:
@@ -358,7 +358,7 @@ def nll_loss(
 ) -> Tensor:
     """Negative log likelihood of log-probabilities (input is log_softmax output)."""
     _check_reduction(reduction, "nll_loss")
-    from core.ops.shape import getitem  # noqa: PLC0415
+    from shoal.core.ops.shape import getitem  # noqa: PLC0415
 
     td = val(target)
     xp = xp_of(input.data)

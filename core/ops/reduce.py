@@ -10,7 +10,7 @@ import builtins
 import ml_dtypes
 import numpy as np
 
-from core.ops._util import norm_dims, result, wrap, xp_of
+from shoal.core.ops._util import norm_dims, result, wrap, xp_of
 
 _HALF = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 
@@ -31,7 +31,7 @@ def sum(x: Any, dim: Any = None, keepdim: bool = False, dtype: Any = None) -> An
     dims = norm_dims(dim, xd.ndim, "sum")
     np_dtype = None
     if dtype is not None:
-        from core import dtypes  # noqa: PLC0415
+        from shoal.core import dtypes  # noqa: PLC0415
 
         np_dtype = dtypes.get(dtype).np
     if np_dtype is None and xd.dtype in _HALF:
@@ -103,10 +103,10 @@ def _extreme(x: Any, dim: Any, keepdim: bool, largest: bool) -> Any:
 
 def max(x: Any, dim: Any = None, keepdim: bool = False) -> Any:  # noqa: A001
     """The maximum; with dim, a (values, indices) pair as in torch."""
-    from core.tensor import Tensor  # noqa: PLC0415
+    from shoal.core.tensor import Tensor  # noqa: PLC0415
 
     if isinstance(dim, Tensor):
-        from core.ops.shape import maximum  # noqa: PLC0415
+        from shoal.core.ops.shape import maximum  # noqa: PLC0415
 
         return maximum(x, dim)
     return _extreme(x, dim, keepdim, True)

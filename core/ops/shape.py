@@ -6,10 +6,20 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from core import backend, dtypes
-from core.errors import DeviceError, ShapeError
-from core.ops._util import broadcast_error, needs_grad, norm_dims, result, unbroadcast, val, wrap, xp_of
-from core.tensor import Tensor
+from shoal.core import backend
+from shoal.core import dtypes
+from shoal.core.errors import DeviceError, ShapeError
+from shoal.core.ops._util import (
+    broadcast_error,
+    needs_grad,
+    norm_dims,
+    result,
+    unbroadcast,
+    val,
+    wrap,
+    xp_of,
+)
+from shoal.core.tensor import Tensor
 
 
 def _shape_args(shape: Sequence) -> tuple:

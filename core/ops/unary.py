@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from core import kernels as _kernels
-from core.ops import _special
-from core.ops._util import result, xp_of
+from shoal.core import kernels as _kernels
+from shoal.core.ops import _special
+from shoal.core.ops._util import result, xp_of
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _INV_SQRT_2 = 1.0 / math.sqrt(2.0)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from core import backend
-from core.kernels import adam_step
-from core.optim.optimizer import Optimizer, OptimizerError, ParamsT
-from core.tensor import Tensor
+from shoal.core import backend
+from shoal.core.kernels import adam_step
+from shoal.core.optim.optimizer import Optimizer, OptimizerError, ParamsT
+from shoal.core.tensor import Tensor
 
 
 class Adam(Optimizer):

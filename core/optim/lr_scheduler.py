@@ -12,8 +12,8 @@ import math
 import types
 from typing import Any, Callable, Sequence
 
-from core.errors import ShoalError
-from core.optim.optimizer import Optimizer
+from shoal.core.errors import ShoalError
+from shoal.core.optim.optimizer import Optimizer
 
 
 class SchedulerError(ShoalError, ValueError):

@@ -12,9 +12,10 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from core import autograd, backend
-from core.errors import ShapeError, ShoalError
-from core.tensor import Tensor
+from shoal.core import autograd
+from shoal.core import backend
+from shoal.core.errors import ShapeError, ShoalError
+from shoal.core.tensor import Tensor
 
 
 class OptimizerError(ShoalError, ValueError):

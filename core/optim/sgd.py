@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.kernels import sgd_step
-from core.optim.optimizer import Optimizer, OptimizerError, ParamsT
-from core.tensor import Tensor
+from shoal.core.kernels import sgd_step
+from shoal.core.optim.optimizer import Optimizer, OptimizerError, ParamsT
+from shoal.core.tensor import Tensor
 
 
 class SGD(Optimizer):

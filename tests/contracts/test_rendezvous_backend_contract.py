@@ -3,24 +3,20 @@ HashStore and over a TCPStore, and the etcd backend over a real etcd started her
 
 from __future__ import annotations
 
-import os
-import sys
 import threading
 import time
 import uuid
 
 import pytest
 
-from collectives.store_hash import HashStore
-from collectives.store_tcp import TCPStore
-from elastic.api import RendezvousBackend, RendezvousClosedError, RendezvousSettings
-from elastic.rdzv_store import StoreRendezvousBackend
-from elastic.rendezvous import RendezvousHandler
+from shoal.collectives.store.hash import HashStore
+from shoal.collectives.store.tcp import TCPStore
+from shoal.elastic.api import RendezvousBackend, RendezvousClosedError, RendezvousSettings
+from shoal.elastic.rendezvous.store_backend import StoreRendezvousBackend
+from shoal.elastic.rendezvous.handler import RendezvousHandler
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "integration"))
-
-from etcd_server import EtcdServer, require_etcd  # noqa: E402
-from rdzv_helpers import join_all  # noqa: E402
+from tests.support.etcd_server import EtcdServer, require_etcd
+from tests.support.rdzv import join_all
 
 WAIT_S = 30.0
 
@@ -193,12 +189,12 @@ class TestEtcdBackend(RendezvousBackendContract):
         cls.server.close()
 
     def make_backend(self, run_id):
-        from elastic.rdzv_etcd import EtcdRendezvousBackend
+        from shoal.elastic.rendezvous.etcd_backend import EtcdRendezvousBackend
 
         return EtcdRendezvousBackend([self.server.endpoint], run_id, ttl=10, timeout=10)
 
     def make_store(self):
-        from elastic.store_etcd import EtcdStore
+        from shoal.elastic.rendezvous.etcd_store import EtcdStore
 
         return EtcdStore([self.server.endpoint], prefix=f"/store-{uuid.uuid4().hex[:8]}/",
                          timeout=10)

@@ -11,12 +11,12 @@ import tempfile
 
 import pytest
 
-from collectives.store_file import FileStore
-from collectives.store_hash import HashStore
-from collectives.store_prefix import PrefixStore
-from collectives.store_tcp import TCPStore
-from store_contract import StoreContract
-from collectives.api import missing_keys_message
+from shoal.collectives.store.file import FileStore
+from shoal.collectives.store.hash import HashStore
+from shoal.collectives.store.prefix import PrefixStore
+from shoal.collectives.store.tcp import TCPStore
+from tests.support.store_contract import StoreContract
+from shoal.collectives.store.api import missing_keys_message
 
 STARTUP_S = 30.0
 
@@ -26,7 +26,7 @@ def start_store_process(*extra: str) -> tuple[subprocess.Popen, int]:
     # stderr goes to a file: a pipe nobody reads could fill up and stall the server's logging
     log = tempfile.TemporaryFile()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "collectives.store_tcp", "--host", "127.0.0.1", "--port", "0",
+        [sys.executable, "-m", "shoal.collectives.store.tcp", "--host", "127.0.0.1", "--port", "0",
          *extra],
         stdout=subprocess.PIPE, stderr=log, env=os.environ.copy(),
     )

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from collectives.store_hash import HashStore
+from shoal.collectives.store.hash import HashStore
 
 cp = pytest.importorskip("cupy")
 STEPS = 4
@@ -23,8 +23,8 @@ def _device_count() -> int:
 
 
 def make_model(seed=0):
-    import core
-    from core import nn
+    from shoal import core
+    from shoal.core import nn
 
     core.manual_seed(seed)
     return nn.Sequential(nn.Linear(12, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(),
@@ -32,7 +32,7 @@ def make_model(seed=0):
 
 
 def batch(step, rank, device):
-    from core.tensor import Tensor
+    from shoal.core.tensor import Tensor
 
     rng = np.random.default_rng([step, rank])
     x = Tensor(rng.standard_normal((8, 12)).astype(np.float32))
@@ -46,9 +46,9 @@ def mse(out, y, scale=1.0):
 
 
 def train(group, device, hook=None, steps=STEPS, rank=0, **ddp_kw):
-    import core
-    from collectives import comm_hooks
-    from collectives.ddp import DistributedDataParallel
+    from shoal import core
+    from shoal.collectives.ddp import comm_hooks
+    from shoal.collectives.ddp.ddp import DistributedDataParallel
 
     model = make_model(seed=rank)  # DDP broadcasts rank 0's parameters at construction
     if device == "cuda":
@@ -70,8 +70,8 @@ def train(group, device, hook=None, steps=STEPS, rank=0, **ddp_kw):
                                      {"hook": "fp16_compress_hook"}],
                          ids=["plain", "bucket_view", "fp16_hook"])
 def test_ddp_on_cuda_equals_ddp_on_cpu_at_world_one(variant):
-    from collectives.pg_nccl import ProcessGroupNCCL
-    from collectives.pg_tcp import ProcessGroupTCP
+    from shoal.collectives.backends.nccl.group import ProcessGroupNCCL
+    from shoal.collectives.backends.tcp.group import ProcessGroupTCP
 
     cpu_group = ProcessGroupTCP(HashStore(), 0, 1, timeout=30)
     gpu_group = ProcessGroupNCCL(HashStore(), 0, 1, timeout=30, device=0)
@@ -87,8 +87,8 @@ def test_ddp_on_cuda_equals_ddp_on_cpu_at_world_one(variant):
 
 
 def _rank(rank, world, port):
-    from collectives.pg_nccl import ProcessGroupNCCL
-    from collectives.store_tcp import TCPStore
+    from shoal.collectives.backends.nccl.group import ProcessGroupNCCL
+    from shoal.collectives.store.tcp import TCPStore
 
     store = TCPStore("127.0.0.1", port, is_master=False, timeout=30)
     group = ProcessGroupNCCL(store, rank, world, timeout=60, device=rank)
@@ -102,7 +102,7 @@ def _rank(rank, world, port):
 
 @pytest.mark.skipif(_device_count() < 2, reason="needs two GPUs (NCCL wants one device per rank)")
 def test_ddp_on_two_gpus_equals_one_process_on_the_whole_batch():
-    import core
+    from shoal import core
     from test_nccl import run_ranks
 
     finals = run_ranks(_rank, 2)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from core import kernels as K
-from core.errors import ShapeError
+from shoal.core import kernels as K
+from shoal.core.errors import ShapeError
 
 cp = pytest.importorskip("cupy")
 
@@ -173,8 +173,9 @@ def test_fp16_kernels_match_reference(dtype):
 
 @pytest.mark.parametrize("kind", ["sgd", "adam", "adamw"])
 def test_optimizers_on_cuda_parameters_match_the_cpu_path(kind):
-    import core  # noqa: PLC0415
-    from core import nn, optim  # noqa: PLC0415
+    from shoal import core  # noqa: PLC0415
+    from shoal.core import nn
+    from shoal.core import optim  # noqa: PLC0415
 
     core.manual_seed(0)
     cpu_model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).double()

@@ -11,8 +11,8 @@ import traceback
 import numpy as np
 import pytest
 
-from collectives.api import ReduceOp
-from collectives.store_hash import HashStore
+from shoal.collectives.types import ReduceOp
+from shoal.collectives.store.hash import HashStore
 
 cp = pytest.importorskip("cupy")
 CTX = multiprocessing.get_context("spawn")
@@ -42,7 +42,7 @@ def run_ranks(target, world, args=(), timeout=90.0, env=None):
     """
     import os
 
-    from collectives.store_tcp import TCPStore
+    from shoal.collectives.store.tcp import TCPStore
 
     store = TCPStore("127.0.0.1", 0, world_size=None, is_master=True, timeout=30,
                      wait_for_workers=False)
@@ -84,7 +84,7 @@ def run_ranks(target, world, args=(), timeout=90.0, env=None):
 
 @pytest.fixture
 def pg():
-    from collectives.pg_nccl import ProcessGroupNCCL
+    from shoal.collectives.backends.nccl.group import ProcessGroupNCCL
 
     group = ProcessGroupNCCL(HashStore(), 0, 1, timeout=30, device=0)
     yield group
@@ -148,7 +148,7 @@ def test_data_movement_at_world_one(pg):
 
 
 def test_work_orders_the_callers_stream_and_synchronizes_the_host(pg):
-    from core.tensor import Tensor
+    from shoal.core.tensor import Tensor
 
     n = 1 << 22
     x = cp.ones(n, cp.float32)
@@ -172,7 +172,7 @@ def test_work_orders_the_callers_stream_and_synchronizes_the_host(pg):
 
 
 def test_refusals(pg):
-    from core.errors import DeviceError
+    from shoal.core.errors import DeviceError
 
     with pytest.raises(TypeError, match="NCCL cannot reduce int16"):
         pg.all_reduce(cp.zeros(3, cp.int16))
@@ -184,7 +184,7 @@ def test_refusals(pg):
 
 
 def test_init_process_group_nccl_at_world_one():
-    import collectives
+    from shoal import collectives
 
     pg = collectives.init_process_group("nccl", store=HashStore(), rank=0, world_size=1, timeout=30)
     try:
@@ -203,9 +203,9 @@ def _catalogue(rank, world, port):
     import cupy as cp  # noqa: F811
     import numpy as np  # noqa: F811
 
-    from collectives.api import ReduceOp as Op
-    from collectives.pg_nccl import ProcessGroupNCCL
-    from collectives.store_tcp import TCPStore
+    from shoal.collectives.types import ReduceOp as Op
+    from shoal.collectives.backends.nccl.group import ProcessGroupNCCL
+    from shoal.collectives.store.tcp import TCPStore
 
     store = TCPStore("127.0.0.1", port, is_master=False, timeout=30)
     pg = ProcessGroupNCCL(store, rank, world, timeout=30, device=rank)

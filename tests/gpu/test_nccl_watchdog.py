@@ -36,9 +36,9 @@ def _report_and_exit(out, value):
 def _rank0(port, mode, out):
     import cupy as cp  # noqa: F811
 
-    from collectives.api import CollectiveTimeout
-    from collectives.pg_nccl import ProcessGroupNCCL
-    from collectives.store_tcp import TCPStore
+    from shoal.collectives.types import CollectiveTimeout
+    from shoal.collectives.backends.nccl.group import ProcessGroupNCCL
+    from shoal.collectives.store.tcp import TCPStore
 
     store = TCPStore("127.0.0.1", port, is_master=False, timeout=30)
     t0 = time.monotonic()
@@ -58,8 +58,8 @@ def _rank0(port, mode, out):
 
 
 def _rank1_joins_then_idles(port):
-    from collectives.pg_nccl import ProcessGroupNCCL
-    from collectives.store_tcp import TCPStore
+    from shoal.collectives.backends.nccl.group import ProcessGroupNCCL
+    from shoal.collectives.store.tcp import TCPStore
 
     store = TCPStore("127.0.0.1", port, is_master=False, timeout=30)
     ProcessGroupNCCL(store, 1, 2, timeout=30, device=1)
@@ -67,8 +67,8 @@ def _rank1_joins_then_idles(port):
 
 
 def _run(mode, env=None):
-    from collectives import _nccl_bootstrap as bootstrap
-    from collectives.store_tcp import TCPStore
+    from shoal.collectives.backends.nccl import bootstrap
+    from shoal.collectives.store.tcp import TCPStore
 
     store = TCPStore("127.0.0.1", 0, is_master=True, timeout=30, wait_for_workers=False)
     out = CTX.Queue()
@@ -129,7 +129,7 @@ def test_rank_that_never_calls_the_collective_times_out_and_aborts():
 
 @pytest.mark.skipif(_device_count() < 2, reason="a joined 2-rank communicator needs two GPUs")
 def test_async_error_handling_ends_the_rank_with_the_exit_code(tmp_path):
-    from collectives.api import ASYNC_ERROR_EXIT_CODE
+    from shoal.collectives.types import ASYNC_ERROR_EXIT_CODE
 
     value, code = _run("never_calls", env={"SHOAL_ASYNC_ERROR_HANDLING": "1",
                                            "SHOAL_DUMP_DIR": str(tmp_path)})

@@ -21,7 +21,7 @@ def describe_and_double(x):
     """Runs on the callee: what arrived, and x * 2 on the same device."""
     import cupy  # noqa: PLC0415
 
-    from core.tensor import Tensor  # noqa: PLC0415
+    from shoal.core.tensor import Tensor  # noqa: PLC0415
 
     data = x.data if isinstance(x, Tensor) else x
     kind = "cupy" if isinstance(data, cupy.ndarray) else type(data).__name__
@@ -38,9 +38,9 @@ def describe_and_double(x):
 def _worker(rank, world, port):
     import cupy  # noqa: PLC0415
 
-    import rpc_agent
-    from collectives.store_tcp import TCPStore
-    from core.tensor import Tensor
+    from shoal import rpc_agent
+    from shoal.collectives.store.tcp import TCPStore
+    from shoal.core.tensor import Tensor
 
     store = TCPStore("127.0.0.1", port, is_master=False, timeout=30)
     opts = rpc_agent.RpcBackendOptions(store=store, rpc_timeout=60, init_timeout=60)

@@ -13,8 +13,8 @@ import threading
 import numpy as np
 import pytest
 
-from collectives.api import ReduceOp
-from collectives.store_hash import HashStore
+from shoal.collectives.types import ReduceOp
+from shoal.collectives.store.hash import HashStore
 
 cp = pytest.importorskip("cupy")
 W = 3
@@ -22,7 +22,7 @@ W = 3
 
 @pytest.fixture
 def groups():
-    from collectives.pg_tcp import ProcessGroupTCP
+    from shoal.collectives.backends.tcp.group import ProcessGroupTCP
 
     store, pgs, errors = HashStore(), [None] * W, []
 

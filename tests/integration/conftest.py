@@ -6,14 +6,9 @@ the whole session, for tests that only need keys of their own (use a unique run 
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
-
-from etcd_server import EtcdServer, require_etcd  # noqa: E402
+from tests.support.etcd_server import EtcdServer, require_etcd
 
 
 @pytest.fixture

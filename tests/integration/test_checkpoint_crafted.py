@@ -13,10 +13,10 @@ import struct
 import subprocess
 import sys
 
-from workers.launch import ROOT, TRAIN_DDP, ShoalRun
+from tests.support.shoal_run import ROOT, TRAIN_DDP, ShoalRun
 
-from elastic.checkpoint import Checkpointer
-from elastic.checkpoint_format import END, MAGIC, derive_key
+from shoal.elastic.checkpoint import Checkpointer
+from shoal.elastic.checkpoint_format import END, MAGIC, derive_key
 
 TOKEN = "crafted-checkpoint-job-secret"
 STEPS = 20
@@ -31,7 +31,7 @@ def _str(text: str) -> bytes:
 def _file_handler_gadget(path: str, marker: str) -> None:
     """A format-2 file, MAC'd with the job's key, whose pickle calls
     core.auth.logging.FileHandler(marker): the route format 1's loader let through."""
-    skeleton = (pickle.PROTO + b"\x05" + pickle.EMPTY_DICT + _str("model") + _str("core.auth")
+    skeleton = (pickle.PROTO + b"\x05" + pickle.EMPTY_DICT + _str("model") + _str("shoal.core.auth")
                 + _str("logging.FileHandler") + pickle.STACK_GLOBAL
                 + pickle.dumps((marker,), protocol=2)[2:-1] + pickle.REDUCE + pickle.SETITEM
                 + pickle.STOP)
@@ -75,7 +75,7 @@ def test_a_crafted_newest_checkpoint_is_refused_and_the_job_resumes_from_the_goo
     assert re.search(r"Skipping checkpoint of step 15: Checkpoint '\S*ckpt-000000000015\.shoal' "
                      r".*not written by this job", out), run.tail()
     assert re.search(r"Skipping checkpoint of step 10: Checkpoint '\S*ckpt-000000000010\.shoal' "
-                     r"holds the dotted global core\.auth\.logging\.FileHandler", out), run.tail()
+                     r"holds the dotted global shoal\.core\.auth\.logging\.FileHandler", out), run.tail()
     assert "[rank 0] resumed from step 5 (restart 0)" in out, run.tail()
     assert re.search(rf"\[rank 0\] final step {STEPS} params_sha256 [0-9a-f]{{64}}", out)
     assert ck.load_latest()[0] == STEPS  # the job's own saves verify under its secret

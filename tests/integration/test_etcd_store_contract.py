@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import os
-import sys
 import threading
 import time
 import uuid
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "contracts"))
-
-from store_contract import StoreContract  # noqa: E402
-
-from collectives.api import StoreError, StoreTimeout, missing_keys_message  # noqa: E402
-from elastic.store_etcd import EtcdStore  # noqa: E402
+from shoal.collectives.store.api import missing_keys_message
+from shoal.collectives.types import StoreError, StoreTimeout
+from shoal.elastic.rendezvous.etcd_store import EtcdStore
+from tests.support.store_contract import StoreContract
 
 
 class TestEtcdStore(StoreContract):
@@ -100,7 +96,7 @@ def test_store_keeps_working_across_an_etcd_restart(etcd):
 
 def test_a_failover_by_one_thread_does_not_break_another_threads_call(shared_etcd, monkeypatch):
     import aetcd.exceptions as aexc
-    from elastic import _etcd_client
+    from shoal.elastic.rendezvous import etcd_client as _etcd_client
 
     monkeypatch.setattr(_etcd_client, "CLOSE_GRACE_S", 0.5)
 

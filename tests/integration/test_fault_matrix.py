@@ -29,7 +29,7 @@ from typing import Optional
 
 import pytest
 
-from workers.launch import WORKERS, ShoalRun, pid_alive
+from tests.support.shoal_run import WORKERS, ShoalRun, pid_alive
 
 pytestmark = pytest.mark.slow
 

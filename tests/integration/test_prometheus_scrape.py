@@ -3,8 +3,8 @@ and its workers' shoal_collectives_* series (prometheus_client multiprocess mode
 
 import os
 
-from prometheus_server import PrometheusServer
-from workers.launch import WORKERS, ShoalRun
+from tests.support.prometheus_server import PrometheusServer
+from tests.support.shoal_run import WORKERS, ShoalRun
 
 
 def test_prometheus_scrapes_the_agent_and_its_workers(tmp_path):

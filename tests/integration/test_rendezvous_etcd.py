@@ -13,9 +13,9 @@ import uuid
 
 import pytest
 
-from elastic.api import RendezvousError, RendezvousSettings
-from elastic.rendezvous import create_handler
-from rdzv_helpers import join_all
+from shoal.elastic.api import RendezvousError, RendezvousSettings
+from shoal.elastic.rendezvous import create_handler
+from tests.support.rdzv import join_all
 
 WAIT_S = 30.0
 
@@ -37,7 +37,7 @@ def test_rendezvous_and_store_survive_a_3s_etcd_outage(etcd, caplog):
         infos = join_all(handlers)
         assert [i.participants for i in infos] == [["a", "b"]] * 2
         infos[0].store.set("before", b"1")
-        with caplog.at_level(logging.WARNING, logger="elastic.rdzv_etcd"):
+        with caplog.at_level(logging.WARNING, logger="shoal.elastic.rendezvous.etcd_backend"):
             etcd.restart(downtime=3.0)
             # Watch over two heartbeat timeouts: no node is declared dead.
             end = time.monotonic() + 2 * s.heartbeat_timeout

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from workers.launch import ROOT, WORKERS, ShoalRun, pid_alive
+from tests.support.shoal_run import ROOT, WORKERS, ShoalRun, pid_alive
 
 ENV_WORKER = str(WORKERS / "env_worker.py")
 
@@ -103,7 +103,7 @@ def test_sigterm_and_sigint_are_forwarded_and_stubborn_workers_killed_after_the_
 
 
 def test_nodes_meet_through_a_standalone_shoal_store(tmp_path):
-    store = subprocess.Popen([sys.executable, "-m", "launcher", "store", "--port", "0"], cwd=ROOT,
+    store = subprocess.Popen([sys.executable, "-m", "shoal.launcher", "store", "--port", "0"], cwd=ROOT,
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         line = store.stdout.readline()

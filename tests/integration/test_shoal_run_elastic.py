@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from workers.launch import TRAIN_DDP, WORKERS, ShoalRun, pid_alive
+from tests.support.shoal_run import TRAIN_DDP, WORKERS, ShoalRun, pid_alive
 
 STEPS, EVERY = 40, 5
 TRAIN = [str(TRAIN_DDP), "--steps", str(STEPS), "--checkpoint-every", str(EVERY)]

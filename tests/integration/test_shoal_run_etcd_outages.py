@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from workers.launch import WORKERS, ShoalRun, pid_alive
+from tests.support.shoal_run import WORKERS, ShoalRun, pid_alive
 
 ENV_WORKER = str(WORKERS / "env_worker.py")
 FAIL_ON_FILE = str(WORKERS / "fail_on_file.py")

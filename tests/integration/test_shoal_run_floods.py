@@ -15,8 +15,8 @@ import uuid
 
 import pytest
 
-from collectives.store_tcp import TCPStore
-from workers.launch import TRAIN_DDP, ShoalRun
+from shoal.collectives.store.tcp import TCPStore
+from tests.support.shoal_run import TRAIN_DDP, ShoalRun
 
 pytestmark = pytest.mark.slow
 

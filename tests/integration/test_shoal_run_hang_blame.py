@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from workers.launch import WORKERS, ShoalRun
+from tests.support.shoal_run import WORKERS, ShoalRun
 
 LOOP = str(WORKERS / "allreduce_loop.py")
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from workers.launch import WORKERS, ShoalRun
+from tests.support.shoal_run import WORKERS, ShoalRun
 
 ENV_WORKER = str(WORKERS / "env_worker.py")
 RDZV_CONF = "heartbeat_interval=0.25,heartbeat_timeout=2,last_call_timeout=0.5"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from _helpers import agent_store, run_ranks
+from tests.support.ranks import agent_store, run_ranks
 
 SIZES = [0, 1, 7, 1000, 70_001, 1_200_003]  # up to ~4.8 MiB of float32: every algorithm
 DTYPES = ["float32", "float64", "int32", "int64", "uint8", "float16"]
@@ -37,7 +37,7 @@ def _reference(op: str, arrays: list[np.ndarray]) -> np.ndarray:
 
 
 def _catalogue(rank: int, world: int) -> dict:
-    import collectives as c
+    import shoal.collectives as c
 
     pg = c.init_process_group("tcp", init_method="env://", timeout=30)
     assert c.is_initialized() and c.get_rank() == rank and c.get_world_size() == world

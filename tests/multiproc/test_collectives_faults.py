@@ -15,9 +15,9 @@ import time
 import numpy as np
 import pytest
 
-from _helpers import EVENTS, Ranks, agent_store
+from tests.support.ranks import EVENTS, Ranks, agent_store
 
-from collectives.api import ASYNC_ERROR_EXIT_CODE
+from shoal.collectives.types import ASYNC_ERROR_EXIT_CODE
 
 
 def _wait_failed(pg, seconds: float) -> str:
@@ -29,7 +29,7 @@ def _wait_failed(pg, seconds: float) -> str:
 
 
 def _never_calls(rank, world, events):
-    import collectives as c
+    import shoal.collectives as c
 
     pg = c.init_process_group("tcp", init_method="env://", timeout=30)
     c.all_reduce(np.ones(4))  # a healthy collective first, so sequence numbers are past 1
@@ -71,7 +71,7 @@ def test_rank_that_never_calls_is_named_and_dumped(tmp_path):
 
 
 def _loop_until_killed(rank, world, events):
-    import collectives as c
+    import shoal.collectives as c
 
     c.init_process_group("tcp", init_method="env://", timeout=60)
     a = np.ones(4 * 1024 * 1024, np.float32)
@@ -109,7 +109,7 @@ def test_sigkilled_rank_fails_the_others_within_seconds():
 
 
 def _stopped(rank, world, n, events):
-    import collectives as c
+    import shoal.collectives as c
 
     pg = c.init_process_group("tcp", init_method="env://", timeout=30)
     c.barrier()
@@ -148,7 +148,7 @@ def test_sigstopped_rank_times_out_naming_it(n):
 
 
 def _async_error(rank, world, events):
-    import collectives as c
+    import shoal.collectives as c
 
     pg = c.init_process_group("tcp", init_method="env://", timeout=30)
     c.barrier()
@@ -201,7 +201,7 @@ _SEGMENT = 64 * 1024  # float32 elements per rank: the ring's pumped path, one c
 
 
 def _dies_after_its_allreduce(rank, world, how, events):
-    import collectives as c
+    import shoal.collectives as c
 
     pg = c.init_process_group("tcp", init_method="env://", timeout=30)
     c.barrier()

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from _helpers import agent_store, run_ranks
+from tests.support.ranks import agent_store, run_ranks
 
 
 def _reinit(rank, world, path):
-    import collectives as c
+    import shoal.collectives as c
 
     c.init_process_group("tcp", init_method=f"file://{path}", rank=rank, world_size=world, timeout=20)
     a = np.full(3, rank + 1.0)

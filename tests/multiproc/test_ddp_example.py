@@ -32,7 +32,7 @@ def _env(**extra):
 
 
 def _shoal_run(args, ckpt_dir):
-    cmd = [sys.executable, "-m", "launcher", "run", "--nproc-per-node", "2", "--max-restarts", "2",
+    cmd = [sys.executable, "-m", "shoal.launcher", "run", "--nproc-per-node", "2", "--max-restarts", "2",
            "--checkpoint-dir", str(ckpt_dir), EXAMPLE, *args]
     return subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)

@@ -24,8 +24,8 @@ STEPS = 3
 # ------------------------------------------------------------------ shared by parent and children
 
 def _model_cls():
-    import core
-    from core import nn
+    from shoal import core
+    from shoal.core import nn
 
     class Net(nn.Module):
         def __init__(self, extra: bool = False, hidden: int = 8) -> None:
@@ -43,14 +43,14 @@ def _model_cls():
 
 
 def make_model(seed=0, **kw):
-    import core
+    from shoal import core
 
     core.manual_seed(seed)
     return _model_cls()(**kw)
 
 
 def batch(step, rank):
-    from core.tensor import Tensor
+    from shoal.core.tensor import Tensor
 
     rng = np.random.default_rng([step, rank])
     return Tensor(rng.standard_normal((4, 6))), Tensor(rng.standard_normal((4, 3)))
@@ -80,7 +80,7 @@ TOLERANCE = {"fp16_hook": 2e-3, "bf16_hook": 2e-2}
 
 
 def reference_run(world, variant):
-    import core
+    from shoal import core
 
     kw, micro, extra_rank, _ = VARIANTS[variant]
     model = make_model(extra=extra_rank is not None)
@@ -98,8 +98,8 @@ def reference_run(world, variant):
 # ------------------------------------------------------------------ children (module level)
 
 def _init(rank, world, port, timeout):
-    from collectives.pg_tcp import ProcessGroupTCP
-    from collectives.store_tcp import TCPStore
+    from shoal.collectives.backends.tcp.group import ProcessGroupTCP
+    from shoal.collectives.store.tcp import TCPStore
 
     store = TCPStore("127.0.0.1", port, timeout=30)
     return ProcessGroupTCP(store, rank, world, timeout=timeout)
@@ -122,9 +122,9 @@ def _child(rank, world, port, scenario, arg, timeout, results):
 
 
 def _scenario_variants(group, variants):
-    import core
-    from collectives import comm_hooks
-    from collectives.ddp import DistributedDataParallel
+    from shoal import core
+    from shoal.collectives.ddp import comm_hooks
+    from shoal.collectives.ddp.ddp import DistributedDataParallel
 
     finals = {}
     rank = group.rank()
@@ -150,8 +150,8 @@ def _scenario_variants(group, variants):
 
 
 def _uneven_loop(group, batches, **join_kw):
-    import core
-    from collectives.ddp import DistributedDataParallel
+    from shoal import core
+    from shoal.collectives.ddp.ddp import DistributedDataParallel
 
     rank = group.rank()
     ddp = DistributedDataParallel(make_model(seed=rank), process_group=group)
@@ -182,7 +182,7 @@ def _scenario_join(group, batches):
 
 def _scenario_no_join(group, arg):
     """Rank 0 has 2 batches, rank 1 has 4; afterwards rank 0 meets at a barrier, idles or exits."""
-    from collectives.api import CollectiveError
+    from shoal.collectives.types import CollectiveError
 
     after, timeout = arg
     start = time.monotonic()
@@ -200,7 +200,7 @@ def _scenario_no_join(group, arg):
 
 
 def _scenario_mismatch(group, _):
-    from collectives.ddp import DDPError, DistributedDataParallel
+    from shoal.collectives.ddp.ddp import DDPError, DistributedDataParallel
 
     hidden = 8 if group.rank() != 1 else 9
     try:
@@ -214,7 +214,7 @@ def _scenario_mismatch(group, _):
 
 @pytest.fixture
 def store():
-    from collectives.store_tcp import TCPStore
+    from shoal.collectives.store.tcp import TCPStore
 
     master = TCPStore("127.0.0.1", 0, is_master=True, timeout=30)
     yield master
@@ -279,7 +279,7 @@ def test_ddp_training_matches_one_process_on_the_whole_batch(store, world):
 
 
 def reference_uneven(batches, divide_by_initial):
-    import core
+    from shoal import core
 
     model = make_model()
     opt = core.optim.SGD(model.parameters(), lr=0.1)

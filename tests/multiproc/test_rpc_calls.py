@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from rpc_agent.functions import async_execution
+from shoal.rpc_agent.functions import async_execution
 from test_rpc_pool import RpcWorkers, expect_error
 
 WORLD = 3
@@ -41,14 +41,14 @@ def add_kw(a, b=0, *, scale=1):
 
 
 def whoami():
-    import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent  # noqa: PLC0415
 
     return rpc_agent.get_worker_info().name
 
 
 def nested(path):
     """Call along `path` (worker names); each hop appends its own name."""
-    import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent  # noqa: PLC0415
 
     me = rpc_agent.get_worker_info().name
     if not path:
@@ -102,7 +102,7 @@ def wait_gate(timeout):
 # async_execution: each call returns at once with a Future another worker completes.
 @async_execution
 def async_chain(hops, value):
-    import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent  # noqa: PLC0415
 
     if not hops:
         fut = rpc_agent.Future()
@@ -116,7 +116,7 @@ def async_chain(hops, value):
 @async_execution
 def async_wait_gate(timeout):
     """Frees its thread at once; completes when the gate opens (polled by a timer thread)."""
-    import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent  # noqa: PLC0415
 
     fut = rpc_agent.Future()
 
@@ -135,14 +135,14 @@ def async_returns_int():
 # ----------------------------------------------------------------------------- caller side
 
 def call_sync(to, fn, args=(), kwargs=None, timeout=None):
-    import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent  # noqa: PLC0415
 
     return rpc_agent.rpc_sync(to, fn, args, kwargs, timeout=timeout)
 
 
 def check_values():
-    import rpc_agent  # noqa: PLC0415
-    from core.tensor import Tensor  # noqa: PLC0415
+    from shoal import rpc_agent  # noqa: PLC0415
+    from shoal.core.tensor import Tensor  # noqa: PLC0415
 
     out = {}
     out["add"] = rpc_agent.rpc_sync("w1", operator.add, (2, 3))
@@ -192,7 +192,7 @@ def test_nested_calls_go_through_every_hop_and_back(workers):
 def check_blocked_inline_call_keeps_stream_read():
     """w1's reader runs the first call (blocked on a plain Event, not a Future) itself; the
     call that opens the gate comes behind it on the same stream and must still be read."""
-    import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent  # noqa: PLC0415
 
     rpc_agent.rpc_sync("w1", reset_gate, timeout=30)
     start = time.monotonic()
@@ -211,8 +211,8 @@ def test_a_call_blocked_in_its_reader_does_not_stop_the_stream(workers):
 
 
 def check_futures():
-    import rpc_agent  # noqa: PLC0415
-    from rpc_agent import RpcError  # noqa: PLC0415
+    from shoal import rpc_agent  # noqa: PLC0415
+    from shoal.rpc_agent import RpcError  # noqa: PLC0415
 
     out = {}
     fut = rpc_agent.rpc_async("w1", slow, (0.3, "late"))
@@ -255,7 +255,7 @@ def test_futures_wait_then_callbacks_and_collections(workers):
 
 
 def check_async_chain():
-    import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent  # noqa: PLC0415
 
     # w1 -> w2 -> w0: each hop adds one on the way out (5 -> 6 -> 7 -> 8 on w0) and each
     # forwarding hop multiplies by ten on the way back (w2: 80, w1: 800).
@@ -265,7 +265,7 @@ def check_async_chain():
 def check_async_frees_threads():
     """More async_execution calls than w1 has threads, all waiting on one gate: only works if
     none of them holds a thread while it waits."""
-    import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent  # noqa: PLC0415
 
     rpc_agent.rpc_sync("w1", reset_gate)
     futs = [rpc_agent.rpc_async("w1", async_wait_gate, (20,)) for _ in range(12)]
@@ -284,7 +284,7 @@ def test_async_execution_chains_and_frees_server_threads(workers):
 
 
 def catch_remote(fn, args=()):
-    import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent  # noqa: PLC0415
 
     try:
         rpc_agent.rpc_sync("w1", fn, args)
@@ -313,7 +313,7 @@ def test_remote_exceptions_keep_type_message_and_traceback(workers):
 
 
 def timed_call(to, fn, args, timeout):
-    import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent  # noqa: PLC0415
 
     t = time.monotonic()
     try:
@@ -334,7 +334,7 @@ def test_timeouts_fail_the_future_naming_callee_and_function(workers):
 
 
 def check_bad_input():
-    import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent  # noqa: PLC0415
 
     out = {}
     try:
@@ -362,8 +362,8 @@ def test_bad_calls_fail_clearly_before_sending(workers):
 
 def break_stream_mid_call(peer):
     """Kill this worker's live stream to `peer` with a call pending, then call again."""
-    import rpc_agent  # noqa: PLC0415
-    from rpc_agent import _current  # noqa: PLC0415
+    from shoal import rpc_agent  # noqa: PLC0415
+    from shoal.rpc_agent import _current  # noqa: PLC0415
 
     agent = _current.get()
     fut = rpc_agent.rpc_async(peer, slow, (3, "never"))
@@ -405,7 +405,7 @@ def read_metrics():
 
 
 def burst(n):
-    import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent  # noqa: PLC0415
 
     for i in range(n):
         rpc_agent.rpc_sync("w1", echo, (i,))
@@ -425,7 +425,7 @@ def test_metrics_count_requests_latency_inflight_and_bytes(workers):
 
 def context_seen(hops):
     """The context id this call runs under, and those of the calls it makes in turn."""
-    import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent  # noqa: PLC0415
 
     here = rpc_agent.context.current_context_id()
     if not hops:
@@ -434,7 +434,7 @@ def context_seen(hops):
 
 
 def check_context_ids():
-    import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent  # noqa: PLC0415
 
     with rpc_agent.context.context_id(77):
         inside = rpc_agent.rpc_sync("w1", context_seen, (["w2"],))
@@ -451,7 +451,7 @@ def test_the_autograd_context_id_travels_with_calls_and_nested_calls(workers):
 def dialed_stream_client():
     import os  # noqa: PLC0415
 
-    from rpc_agent import _current  # noqa: PLC0415
+    from shoal.rpc_agent import _current  # noqa: PLC0415
 
     stream = _current.get()._streams[1]
     assert stream.outgoing
@@ -465,8 +465,8 @@ def test_dialed_streams_use_the_grpc_client_the_environment_names(workers):
 
 def check_coalescing_and_channels(n):
     """Frames queued together leave as one gRPC message; big buffers take the data channel."""
-    import rpc_agent  # noqa: PLC0415
-    from rpc_agent import _current  # noqa: PLC0415
+    from shoal import rpc_agent  # noqa: PLC0415
+    from shoal.rpc_agent import _current  # noqa: PLC0415
 
     agent = _current.get()
     stream = agent._streams[1]
@@ -489,8 +489,8 @@ def test_queued_frames_are_coalesced_and_big_buffers_use_the_data_channel(worker
 def check_coalescing_on_an_accepted_stream(n):
     """Worker 1 accepted the stream from worker 0: its frames leave through gRPC's server
     callback, written directly when the stream is idle, coalesced when they come in a burst."""
-    import rpc_agent  # noqa: PLC0415
-    from rpc_agent import _current  # noqa: PLC0415
+    from shoal import rpc_agent  # noqa: PLC0415
+    from shoal.rpc_agent import _current  # noqa: PLC0415
 
     stream = _current.get()._streams[0]
     assert not stream.outgoing
@@ -515,7 +515,7 @@ def test_an_accepted_stream_coalesces_bursts_and_sends_a_lone_call(workers):
 
 
 def many_small_arrays(n, size):
-    import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent  # noqa: PLC0415
 
     arrays = [np.full(size, i % 256, dtype=np.uint8) for i in range(n)]
     back = rpc_agent.rpc_sync("w1", echo, (arrays,))
@@ -534,10 +534,10 @@ def filled(value, n):
 def check_received_memory_reuse(n):
     """Results the caller keeps stay intact while later transfers arrive; once dropped, their
     memory serves later transfers instead of fresh pages."""
-    import rpc_agent  # noqa: PLC0415
-    from rpc_agent import _current  # noqa: PLC0415
+    from shoal import rpc_agent  # noqa: PLC0415
+    from shoal.rpc_agent import _current  # noqa: PLC0415
 
-    from rpc_agent.receive_buffers import ReceiveBuffers  # noqa: PLC0415
+    from shoal.rpc_agent.transport.receive_buffers import ReceiveBuffers  # noqa: PLC0415
 
     # A cache of its own, so that blocks earlier tests left do not enter the counts below.
     data = _current.get()._data
@@ -569,9 +569,9 @@ def slow_filled(seconds, n):
 
 
 def check_late_bulk_reply_is_dropped(n):
-    import rpc_agent  # noqa: PLC0415
-    from rpc_agent import _current  # noqa: PLC0415
-    from rpc_agent.api import RpcTimeout  # noqa: PLC0415
+    from shoal import rpc_agent  # noqa: PLC0415
+    from shoal.rpc_agent import _current  # noqa: PLC0415
+    from shoal.rpc_agent.api import RpcTimeout  # noqa: PLC0415
 
     assembler = _current.get()._assembler
     try:

@@ -43,7 +43,7 @@ def _worker_main(rank: int, world_size: int, env: dict, commands, results, init:
     logging.getLogger().setLevel(logging.INFO)
     try:
         if init:
-            import rpc_agent  # noqa: PLC0415
+            from shoal import rpc_agent  # noqa: PLC0415
 
             rpc_agent.init_rpc(
                 f"w{rank}", rank, world_size,
@@ -74,7 +74,7 @@ class RpcWorkers:
 
     def __init__(self, world_size: int, *, init: bool = True, env: Optional[dict] = None,
                  ready_timeout: float = 60.0, **options: Any):
-        from collectives.store_tcp import TCPStore  # noqa: PLC0415
+        from shoal.collectives.store.tcp import TCPStore  # noqa: PLC0415
 
         self.world_size = world_size
         self.store = TCPStore("127.0.0.1", 0, is_master=True, timeout=30, wait_for_workers=False)
@@ -176,7 +176,7 @@ class RpcWorkers:
 
     def shutdown(self, timeout: float = 60.0, ranks=None) -> None:
         """Graceful rpc shutdown on `ranks` (default all, at once), then let them exit."""
-        import rpc_agent  # noqa: PLC0415
+        from shoal import rpc_agent  # noqa: PLC0415
 
         ranks = range(self.world_size) if ranks is None else ranks
         ids = [self.submit(r, rpc_agent.shutdown) for r in ranks]
@@ -220,14 +220,14 @@ def expect_error(workers: RpcWorkers, rank: int, fn: Callable, *args, timeout: f
 # ----------------------------------------------------------------------------- tests of init
 
 def _info_of(name_or_rank):
-    import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent  # noqa: PLC0415
 
     info = rpc_agent.get_worker_info(name_or_rank)
     return info.name, info.id
 
 
 def _init_again():
-    import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent  # noqa: PLC0415
 
     rpc_agent.init_rpc("again", 0, 1)
 
@@ -235,8 +235,8 @@ def _init_again():
 def _init_as(name: str, rank: int, world_size: int, port: int, init_timeout: float,
              prefix: str):
     """init_rpc against the store at `port`; returns the error text (or "ok") and the time."""
-    import rpc_agent  # noqa: PLC0415
-    from collectives.store_tcp import TCPStore  # noqa: PLC0415
+    from shoal import rpc_agent  # noqa: PLC0415
+    from shoal.collectives.store.tcp import TCPStore  # noqa: PLC0415
 
     store = TCPStore("127.0.0.1", port, timeout=10)
     t = time.monotonic()
@@ -266,7 +266,7 @@ def test_init_names_every_worker_and_rejects_a_second_init():
 
 
 def test_init_timeout_names_the_ranks_that_never_joined_and_duplicate_names_fail():
-    from collectives.store_tcp import TCPStore  # noqa: PLC0415
+    from shoal.collectives.store.tcp import TCPStore  # noqa: PLC0415
 
     store = TCPStore("127.0.0.1", 0, is_master=True, timeout=10, wait_for_workers=False)
     try:

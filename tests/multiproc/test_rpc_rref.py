@@ -11,7 +11,7 @@ import weakref
 import numpy as np
 import pytest
 
-from rpc_agent.functions import async_execution
+from shoal.rpc_agent.functions import async_execution
 from test_rpc_pool import RpcWorkers
 
 WORLD = 3
@@ -44,7 +44,7 @@ class Counter:
 
     @async_execution
     def add_later(self, n):
-        import rpc_agent  # noqa: PLC0415
+        from shoal import rpc_agent  # noqa: PLC0415
 
         fut = rpc_agent.Future()
         threading.Timer(0.05, lambda: fut.set_result(self.add(n))).start()
@@ -116,14 +116,14 @@ def fetch_held(key):
 
 
 def owned_count():
-    from rpc_agent import _current  # noqa: PLC0415
+    from shoal.rpc_agent import _current  # noqa: PLC0415
 
     return _current.get().rrefs.owned_count()
 
 
 def my_own_rref(tag):
     """An RRef owned by this worker, returned to the caller (owner -> user fork)."""
-    import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent  # noqa: PLC0415
 
     return rpc_agent.RRef(make_tracked(tag))
 
@@ -136,7 +136,7 @@ def value_through_owner_handle(rref):
 # ----------------------------------------------------------------------------- user side
 
 def basic_remote():
-    import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent  # noqa: PLC0415
 
     rref = rpc_agent.remote("w1", Counter, (10,))
     out = {
@@ -178,7 +178,7 @@ def test_remote_to_here_and_the_proxy_helpers(workers):
 
 
 def to_here_waits():
-    import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent  # noqa: PLC0415
 
     t = time.monotonic()
     rref = rpc_agent.remote("w2", slow_value, (0.5, "ready"))
@@ -187,7 +187,7 @@ def to_here_waits():
 
 
 def to_here_of_failed_remote():
-    import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent  # noqa: PLC0415
 
     rref = rpc_agent.remote("w1", raise_in_remote)
     try:
@@ -198,7 +198,7 @@ def to_here_of_failed_remote():
 
 
 def to_here_timeout():
-    import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent  # noqa: PLC0415
 
     rref = rpc_agent.remote("w2", slow_value, (3, "late"))
     try:
@@ -214,12 +214,12 @@ def test_to_here_waits_for_a_value_still_being_computed(workers):
     assert workers.run(0, to_here_of_failed_remote) == (
         "LookupError", "the remote function failed", True)
     assert workers.run(0, to_here_timeout) == (
-        "The rref call of rpc_agent.rref._fetch on worker 'w2' (id 2) timed out after 0.3s.")
+        "The rref call of shoal.rpc_agent.rref._fetch on worker 'w2' (id 2) timed out after 0.3s.")
 
 
 def lifetime_user_to_user(tag):
     """w0 creates the value on w1, hands the RRef to w2, then drops its own."""
-    import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent  # noqa: PLC0415
 
     rref = rpc_agent.remote("w1", make_tracked, (tag,))
     held = rpc_agent.rpc_sync("w2", hold, (tag, rref))
@@ -244,7 +244,7 @@ def test_owner_keeps_the_value_until_every_user_dropped_it(workers):
 
 def lifetime_owner_to_user(tag):
     """w0 gets an RRef that w1 owns (w1 created it with RRef(value)) and sends it back to w1."""
-    import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent  # noqa: PLC0415
 
     rref = rpc_agent.rpc_sync("w1", my_own_rref, (tag,))
     owner_view = rpc_agent.rpc_sync("w1", value_through_owner_handle, (rref,))
@@ -263,7 +263,7 @@ def test_owner_to_user_and_user_to_owner_forks_are_released(workers):
 
 def many_forks(tag, rounds):
     """Pass one RRef back and forth between users many times, then drop everything."""
-    import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent  # noqa: PLC0415
 
     rref = rpc_agent.remote("w1", make_tracked, (tag,))
     for i in range(rounds):
@@ -289,7 +289,7 @@ def test_many_forks_from_two_users_all_count(workers):
 def pickle_rref_outside_rpc():
     import pickle  # noqa: PLC0415
 
-    import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent  # noqa: PLC0415
 
     rref = rpc_agent.RRef(5)
     try:

@@ -14,10 +14,10 @@ import grpc
 import numpy as np
 import pytest
 
-from core import auth
-from core.errors import AuthenticationError
-from rpc_agent._generated import rpc_pb2
-from rpc_agent.transport import (
+from shoal.core import auth
+from shoal.core.errors import AuthenticationError
+from shoal.rpc_agent._generated import rpc_pb2
+from shoal.rpc_agent.transport.grpc import (
     HELLO_METADATA,
     METHOD,
     PURPOSE_CLIENT,
@@ -42,7 +42,7 @@ def ports(workers):
 
 
 def _ports():
-    from rpc_agent import _current  # noqa: PLC0415
+    from shoal.rpc_agent import _current  # noqa: PLC0415
 
     agent = _current.get()
     return agent.grpc_port, agent.data_port
@@ -65,7 +65,7 @@ def echo(x):
 
 def still_serving():
     """A small call and a 1 MiB echo (data channel) from w0 to w1 and back."""
-    import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent  # noqa: PLC0415
 
     big = np.arange(256 * 1024, dtype=np.float32)
     ok = rpc_agent.rpc_sync("w1", echo, ("ping",), timeout=10) == "ping"

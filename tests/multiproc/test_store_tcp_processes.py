@@ -15,8 +15,8 @@ import traceback
 
 import pytest
 
-from collectives.api import StoreError
-from collectives.store_tcp import TCPStore
+from shoal.collectives.types import StoreError
+from shoal.collectives.store.tcp import TCPStore
 
 JOIN_S = 30.0
 
@@ -112,7 +112,7 @@ def test_client_killed_while_waiting_disturbs_no_one():
 
 def test_standalone_server_serves_other_processes_and_stops_on_sigterm():
     proc = subprocess.Popen(
-        [sys.executable, "-m", "collectives.store_tcp", "--host", "127.0.0.1", "--port", "0",
+        [sys.executable, "-m", "shoal.collectives.store.tcp", "--host", "127.0.0.1", "--port", "0",
          "--world-size", "2"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )

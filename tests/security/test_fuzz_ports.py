@@ -28,18 +28,18 @@ import grpc
 import numpy as np
 import pytest
 
-import fuzz_rpc_peer
-import rpc_agent
-from collectives import _pg_wire as wire
-from collectives._store_server import TCPStoreServer
-from collectives._store_wire import HEAD, LENGTH, MAX_FRAME_BYTES, Op, encode
-from collectives.pg_tcp import ProcessGroupTCP
-from collectives.store_hash import HashStore
-from collectives.store_tcp import TCPStore
-from core import auth
-from core.auth import GREETING_TIMEOUT_S
-from elastic.metrics import MetricsServer
-from fuzz_support import (
+from tests.support import fuzz_rpc_peer
+from shoal import rpc_agent
+from shoal.collectives.backends.tcp import wire
+from shoal.collectives.store.server import TCPStoreServer
+from shoal.collectives.store.wire import HEAD, LENGTH, MAX_FRAME_BYTES, Op, encode
+from shoal.collectives.backends.tcp.group import ProcessGroupTCP
+from shoal.collectives.store.hash import HashStore
+from shoal.collectives.store.tcp import TCPStore
+from shoal.core import auth
+from shoal.core.auth import GREETING_TIMEOUT_S
+from shoal.elastic.metrics import MetricsServer
+from tests.support.fuzz import (
     CONCURRENCY,
     INPUTS,
     IO_TIMEOUT_S,
@@ -55,9 +55,9 @@ from fuzz_support import (
     play_inputs,
     wait_until,
 )
-from rpc_agent._generated import rpc_pb2
-from rpc_agent.api import AUTH_WINDOW_S
-from rpc_agent.transport import (
+from shoal.rpc_agent._generated import rpc_pb2
+from shoal.rpc_agent.api import AUTH_WINDOW_S
+from shoal.rpc_agent.transport.grpc import (
     HELLO_METADATA,
     METHOD,
     PURPOSE_CLIENT,

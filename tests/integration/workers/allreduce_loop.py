@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-import collectives
+from shoal import collectives
 
 
 def main() -> int:

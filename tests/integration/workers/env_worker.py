@@ -12,7 +12,7 @@ import signal
 import sys
 import time
 
-from collectives.store_tcp import TCPStore
+from shoal.collectives.store.tcp import TCPStore
 
 KEYS = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
         "MASTER_PORT", "SHOAL_RUN_ID", "SHOAL_RESTART_COUNT", "SHOAL_CHECKPOINT_DIR",

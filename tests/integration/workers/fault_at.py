@@ -30,10 +30,7 @@ import socket
 import sys
 import threading
 
-from launch import TRAIN_DDP
-
-sys.path.insert(0, str(TRAIN_DDP.parent))
-import train_ddp  # noqa: E402
+from shoal.examples import train_ddp
 
 PLACEMENTS = ("none", "sockets", "shm", "backward", "stop")
 # A gradient bucket has at least this many elements; DDP's control all_reduces are far smaller.
@@ -64,7 +61,7 @@ def _install_step_counter() -> None:
 def _wrap_bucket_all_reduce(step: int, on_bucket) -> None:
     """Call on_bucket(flat, run) instead of the tcp backend's flat all_reduce for the first
     gradient bucket of `step`; `run()` runs the real one."""
-    from collectives._pg_tcp_ops import TCPCollectives  # noqa: PLC0415
+    from shoal.collectives.backends.tcp.collectives import TCPCollectives  # noqa: PLC0415
 
     real = TCPCollectives._allreduce_flat
     done = []
@@ -145,7 +142,7 @@ def _install_sockets(rank: int, step: int, fraction: float) -> None:
 
 
 def _install_shm(rank: int, step: int) -> None:
-    from collectives import _pg_shm  # noqa: PLC0415
+    from shoal.collectives.backends.tcp import shm as _pg_shm  # noqa: PLC0415
 
     real = _pg_shm.all_reduce
 
@@ -187,7 +184,7 @@ def _graph_nodes(root) -> list:
 
 
 def _install_backward(rank: int, step: int) -> None:
-    import core  # noqa: PLC0415
+    from shoal import core  # noqa: PLC0415
 
     real = core.Tensor.backward
 

@@ -7,10 +7,7 @@ import re
 import signal
 import sys
 
-from launch import TRAIN_DDP
-
-sys.path.insert(0, str(TRAIN_DDP.parent))
-import train_ddp  # noqa: E402
+from shoal.examples import train_ddp
 
 
 def main() -> int:

@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-import collectives
+from shoal import collectives
 
 
 def main() -> int:

@@ -7,10 +7,10 @@ import datetime
 
 import pytest
 
-import collectives as dist
-from collectives._pg_mesh import Mesh
-from collectives.store_hash import HashStore
-from core.errors import AuthenticationError
+import shoal.collectives as dist
+from shoal.collectives.backends.tcp.mesh import Mesh
+from shoal.collectives.store.hash import HashStore
+from shoal.core.errors import AuthenticationError
 
 RULE = r"which is not a loopback address, and no secret is set: set SHOAL_AUTH_TOKEN"
 
@@ -29,7 +29,7 @@ def test_init_process_group_over_tcp_on_all_interfaces_needs_a_secret(no_secret)
 
 
 def test_the_mesh_refuses_to_listen_off_loopback_with_the_development_token(no_secret):
-    from core.auth import load_token
+    from shoal.core.auth import load_token
 
     mesh = Mesh(store=HashStore(), rank=0, size=2, name="default", host="0.0.0.0",
                 token=load_token(), on_failure=lambda reason: None)

@@ -16,15 +16,15 @@ import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
-import core
-from collectives import comm_hooks
-from collectives._ddp_buckets import compute_bucket_assignment
-from collectives.api import CollectiveMismatch, CollectiveTimeout, ReduceOp
-from collectives.ddp import DDPError, DistributedDataParallel
-from collectives.join import EarlyTermination
-from core import nn
-from core.autograd import Node
-from core.tensor import Tensor
+from shoal import core
+from shoal.collectives.ddp import comm_hooks
+from shoal.collectives.ddp.buckets import compute_bucket_assignment
+from shoal.collectives.types import CollectiveMismatch, CollectiveTimeout, ReduceOp
+from shoal.collectives.ddp.ddp import DDPError, DistributedDataParallel
+from shoal.collectives.ddp.join import EarlyTermination
+from shoal.core import nn
+from shoal.core.autograd import Node
+from shoal.core.tensor import Tensor
 
 # ------------------------------------------------------------------ an in-memory group
 

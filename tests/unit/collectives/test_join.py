@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from collectives.join import EarlyTermination, Join, JoinHook, Joinable
+from shoal.collectives.ddp.join import EarlyTermination, Join, JoinHook, Joinable
 from test_ddp_threaded import run_ranks
 
 

@@ -9,10 +9,10 @@ import types
 import numpy as np
 import pytest
 
-import collectives
-from collectives import _nccl_runtime
-from collectives.api import BackendUnavailable
-from collectives.store_hash import HashStore
+from shoal import collectives
+from shoal.collectives.backends.nccl import runtime as _nccl_runtime
+from shoal.collectives.types import BackendUnavailable
+from shoal.collectives.store.hash import HashStore
 
 EXACT = r"^backend 'nccl' needs a CUDA device; none was found"
 
@@ -58,7 +58,7 @@ def test_without_cupy_init_fails_with_the_exact_sentence(monkeypatch):
         _init_nccl()
     assert not collectives.is_initialized()
     assert _nccl_runtime.unavailable_reason().startswith("cupy is not installed")
-    from collectives.pg_nccl import ProcessGroupNCCL
+    from shoal.collectives.backends.nccl.group import ProcessGroupNCCL
 
     with pytest.raises(BackendUnavailable, match=EXACT + r" \(cupy is not installed"):
         ProcessGroupNCCL(HashStore(), 0, 1)
@@ -73,7 +73,7 @@ def test_cupy_without_a_device_fails_with_the_exact_sentence(monkeypatch, count,
     _fake_cupy(monkeypatch, count)
     with pytest.raises(BackendUnavailable, match=EXACT):
         _init_nccl()
-    from collectives.pg_nccl import ProcessGroupNCCL
+    from shoal.collectives.backends.nccl.group import ProcessGroupNCCL
 
     with pytest.raises(BackendUnavailable, match=EXACT + r" \(" + context):
         ProcessGroupNCCL(HashStore(), 0, 1)

@@ -22,9 +22,9 @@ from collections import deque
 import numpy as np
 import pytest
 
-from collectives import _nccl_bootstrap as bootstrap
-from collectives import _nccl_runtime as nrt
-from collectives.api import (
+from shoal.collectives.backends.nccl import bootstrap
+from shoal.collectives.backends.nccl import runtime as nrt
+from shoal.collectives.types import (
     ASYNC_ERROR_EXIT_CODE,
     CollectiveError,
     CollectiveMismatch,
@@ -32,9 +32,9 @@ from collectives.api import (
     GroupDestroyed,
     ReduceOp,
 )
-from collectives.pg_nccl import ProcessGroupNCCL
-from collectives.store_hash import HashStore
-from core.errors import DeviceError, ShapeError
+from shoal.collectives.backends.nccl.group import ProcessGroupNCCL
+from shoal.collectives.store.hash import HashStore
+from shoal.core.errors import DeviceError, ShapeError
 from threaded_ranks import form_groups
 from threaded_ranks import run_all as run_ranks
 
@@ -670,11 +670,11 @@ def test_async_error_handling_ends_the_process_with_its_exit_code(tmp_path):
 # ----------------------------------------------------------------------------- DDP on this backend
 
 def test_ddp_over_the_nccl_backend_matches_one_process_on_the_whole_batch():
-    import core
-    from collectives import comm_hooks
-    from collectives.ddp import DistributedDataParallel
-    from core import nn
-    from core.tensor import Tensor
+    from shoal import core
+    from shoal.collectives.ddp import comm_hooks
+    from shoal.collectives.ddp.ddp import DistributedDataParallel
+    from shoal.core import nn
+    from shoal.core.tensor import Tensor
 
     def model(seed):
         core.manual_seed(seed)

@@ -12,12 +12,12 @@ import threading
 import numpy as np
 import pytest
 
-from collectives import _pg_shm as shm
-from collectives import env
-from collectives.api import CollectiveMismatch, CollectiveTimeout, ReduceOp
-from collectives.constants import SHM_SLOT_BYTES
-from collectives.pg_tcp import ProcessGroupTCP
-from collectives.store_hash import HashStore
+from shoal.collectives.backends.tcp import shm
+from shoal.collectives import env
+from shoal.collectives.types import CollectiveMismatch, CollectiveTimeout, ReduceOp
+from shoal.collectives.constants import SHM_SLOT_BYTES
+from shoal.collectives.backends.tcp.group import ProcessGroupTCP
+from shoal.collectives.store.hash import HashStore
 from threaded_ranks import form_groups, run_all
 
 

@@ -11,19 +11,19 @@ import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
-from collectives import _pg_wire as wire
-from collectives.api import (
+from shoal.collectives.backends.tcp import wire
+from shoal.collectives.types import (
     CollectiveMismatch,
     CollectiveTimeout,
     GroupDestroyed,
     PeerLost,
     ReduceOp,
 )
-from collectives.pg_tcp import ProcessGroupTCP
-from collectives.store_hash import HashStore
-from core.admission import CLOSED, WRONG_SECRET
-from core.auth import client_handshake, load_token
-from core.errors import AuthenticationError, ShapeError
+from shoal.collectives.backends.tcp.group import ProcessGroupTCP
+from shoal.collectives.store.hash import HashStore
+from shoal.core.admission import CLOSED, WRONG_SECRET
+from shoal.core.auth import client_handshake, load_token
+from shoal.core.errors import AuthenticationError, ShapeError
 from threaded_ranks import form_groups, run_all
 
 
@@ -113,7 +113,7 @@ def _closed_by_server(sock: socket.socket, timeout: float = 15.0) -> bool:
 
 
 def test_garbage_and_unauthenticated_connections_are_dropped_and_logged(pair, caplog):
-    caplog.set_level(logging.WARNING, logger="collectives._pg_mesh")
+    caplog.set_level(logging.WARNING, logger="shoal.collectives.backends.tcp.mesh")
     addr = pair[0].address
     # 1. garbage bytes instead of a handshake
     g = socket.create_connection(addr)
@@ -195,7 +195,7 @@ def test_failed_async_work_reports_its_exception(pair):
 
 def test_tensor_and_bfloat16_in_place(pair):
     ml_dtypes = pytest.importorskip("ml_dtypes")
-    from core.tensor import Tensor
+    from shoal.core.tensor import Tensor
 
     def fn(pg, r):
         t = Tensor(np.full(7, r + 1, np.float32))

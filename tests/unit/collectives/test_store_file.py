@@ -12,8 +12,8 @@ import struct
 
 import pytest
 
-from collectives.api import StoreError
-from collectives.store_file import FileStore
+from shoal.collectives.types import StoreError
+from shoal.collectives.store.file import FileStore
 
 
 def _open_set_and_close(path, key):

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from collectives.api import StoreError, StoreTimeout
-from collectives.store_tcp import TCPStore
+from shoal.collectives.types import StoreError, StoreTimeout
+from shoal.collectives.store.tcp import TCPStore
 
 
 def test_master_picks_a_port_and_a_client_reaches_it():

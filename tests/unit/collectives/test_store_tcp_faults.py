@@ -10,15 +10,15 @@ import time
 
 import pytest
 
-from collectives._store_server import TCPStoreServer
-from collectives._store_wire import LENGTH, MAX_FRAME_BYTES, Op, encode
-from collectives.api import StoreError
-from collectives.store_tcp import TCPStore
-from core.auth import MAGIC, client_handshake, load_token
-from core.errors import AuthenticationError
+from shoal.collectives.store.server import TCPStoreServer
+from shoal.collectives.store.wire import LENGTH, MAX_FRAME_BYTES, Op, encode
+from shoal.collectives.types import StoreError
+from shoal.collectives.store.tcp import TCPStore
+from shoal.core.auth import MAGIC, client_handshake, load_token
+from shoal.core.errors import AuthenticationError
 
-LOGGER = "collectives._store_server"
-GATE_LOGGER = "core.admission"  # connections turned away before they authenticate
+LOGGER = "shoal.collectives.store.server"
+GATE_LOGGER = "shoal.core.admission"  # connections turned away before they authenticate
 WAIT_S = 10.0
 
 

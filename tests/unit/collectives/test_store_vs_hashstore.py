@@ -7,10 +7,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from collectives.api import StoreTimeout
-from collectives.store_file import FileStore
-from collectives.store_hash import HashStore
-from collectives.store_tcp import TCPStore
+from shoal.collectives.types import StoreTimeout
+from shoal.collectives.store.file import FileStore
+from shoal.collectives.store.hash import HashStore
+from shoal.collectives.store.tcp import TCPStore
 
 KEYS = st.sampled_from(["a", "b", "c", "dir/d"])
 VALUES = st.sampled_from([b"", b"0", b"7", b"-3", b"x", b"\x00\xff"])

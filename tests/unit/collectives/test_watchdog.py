@@ -9,10 +9,10 @@ import time
 import numpy as np
 import pytest
 
-from collectives.api import CollectiveTimeout
-from collectives.pg_tcp import ProcessGroupTCP
-from collectives.store_hash import HashStore
-from collectives.watchdog import write_dump
+from shoal.collectives.types import CollectiveTimeout
+from shoal.collectives.backends.tcp.group import ProcessGroupTCP
+from shoal.collectives.store.hash import HashStore
+from shoal.collectives.backends.watchdog import write_dump
 from threaded_ranks import form_groups, run_all
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import collectives as c
-from collectives.api import BackendUnavailable, CollectiveError
-from collectives.store_hash import HashStore
+import shoal.collectives as c
+from shoal.collectives.types import BackendUnavailable, CollectiveError
+from shoal.collectives.store.hash import HashStore
 
 
 @pytest.fixture(autouse=True)
@@ -73,7 +73,7 @@ def test_setup_errors_are_clear(monkeypatch):
 
 
 def test_nccl_without_cuda_says_so():
-    from collectives.distributed import _cuda_device_present
+    from shoal.collectives.distributed import _cuda_device_present
 
     if _cuda_device_present():
         pytest.skip("a CUDA device is present")
@@ -82,7 +82,7 @@ def test_nccl_without_cuda_says_so():
 
 
 def test_registered_backend_is_used():
-    from collectives.pg_tcp import ProcessGroupTCP
+    from shoal.collectives.backends.tcp.group import ProcessGroupTCP
 
     made = []
 

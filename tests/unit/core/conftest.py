@@ -2,7 +2,7 @@
 
 import pytest
 
-import core
+from shoal import core
 
 
 @pytest.fixture(autouse=True)

@@ -6,7 +6,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-import core
+from shoal import core
 
 
 def _project(out: Any, weights: np.ndarray) -> float:

@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-from core import auth
-from core.admission import CLOSED, SHED, SILENT, WRONG_SECRET, Gatekeeper
-from core.errors import AuthenticationError
+from shoal.core import auth
+from shoal.core.admission import CLOSED, SHED, SILENT, WRONG_SECRET, Gatekeeper
+from shoal.core.errors import AuthenticationError
 
 TOKEN = b"the job's secret"
 PURPOSE = "store"
@@ -124,7 +124,7 @@ def test_silent_connections_expire_at_the_greeting_deadline():
 
 
 def test_garbage_and_wrong_secrets_are_refused_and_logged_once_per_interval(port, caplog):
-    caplog.set_level(logging.WARNING, "core.admission")
+    caplog.set_level(logging.WARNING, "shoal.core.admission")
     for i in range(200):
         sock = socket.create_connection(port.address, timeout=5)
         if i % 2:
@@ -135,11 +135,11 @@ def test_garbage_and_wrong_secrets_are_refused_and_logged_once_per_interval(port
         sock.close()
     wait_until(lambda: sum(port.gate.rejections.values()) == 200, "every stranger was judged")
     assert port.gate.rejections[WRONG_SECRET] + port.gate.rejections[CLOSED] == 200
-    lines = [r.getMessage() for r in caplog.records if r.name == "core.admission"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "shoal.core.admission"]
     assert len(lines) == 1, lines  # the first at once; the rest wait for the interval
     assert lines[0].startswith("test port turned away a connection from 127.0.0.1:")
     port.gate.close()  # a close flushes the summary
-    lines = [r.getMessage() for r in caplog.records if r.name == "core.admission"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "shoal.core.admission"]
     assert len(lines) == 2, lines
     assert "test port turned away 199 connection(s) in the last" in lines[1]
     assert "from 127.0.0.1 (199)" in lines[1]

@@ -5,8 +5,8 @@ import threading
 
 import pytest
 
-from core import auth
-from core.errors import AuthenticationError, HandshakeInterrupted
+from shoal.core import auth
+from shoal.core.errors import AuthenticationError, HandshakeInterrupted
 
 
 def _pair():

@@ -6,9 +6,9 @@ import threading
 import numpy as np
 import pytest
 
-import core
-import core.nn.functional as F
-from core import AutogradError
+from shoal import core
+import shoal.core.nn.functional as F
+from shoal.core import AutogradError
 
 
 def _leaf(*shape, seed=0):

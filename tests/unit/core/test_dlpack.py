@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-import core
+from shoal import core
 
 
 def test_numpy_round_trip_shares_memory():

@@ -5,9 +5,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import core
-import core.nn.functional as F
-from core.errors import ShapeError
+from shoal import core
+import shoal.core.nn.functional as F
+from shoal.core.errors import ShapeError
 from gradcheck import compare_with_torch, fast_settings, gradcheck
 
 

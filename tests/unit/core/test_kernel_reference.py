@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from core.errors import ShapeError
-from core.kernels import (
+from shoal.core.errors import ShapeError
+from shoal.core.kernels import (
     TargetError,
     adam_step_reference,
     compress_reference,

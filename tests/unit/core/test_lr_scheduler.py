@@ -7,9 +7,10 @@ import pickle
 import numpy as np
 import pytest
 
-import core
-from core.optim import SGD, lr_scheduler as ls
-from core.optim.lr_scheduler import SchedulerError
+from shoal import core
+from shoal.core.optim import SGD
+from shoal.core.optim import lr_scheduler as ls
+from shoal.core.optim.lr_scheduler import SchedulerError
 
 torch = pytest.importorskip("torch")
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import core
-from core import nn, optim
-from core.nn import functional as F
+from shoal import core
+from shoal.core import nn
+from shoal.core import optim
+from shoal.core.nn import functional as F
 
 torch = pytest.importorskip("torch")
 

@@ -9,9 +9,9 @@ import pickle
 import numpy as np
 import pytest
 
-import core
-from core import nn
-from core.nn import StateDictError
+from shoal import core
+from shoal.core import nn
+from shoal.core.nn import StateDictError
 
 torch = pytest.importorskip("torch")
 

@@ -6,8 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-import core
-from core.errors import ShapeError
+from shoal import core
+from shoal.core.errors import ShapeError
 from gradcheck import compare_with_torch, fast_settings, gradcheck
 
 

@@ -7,9 +7,9 @@ import pickle
 import numpy as np
 import pytest
 
-import core
-from core.errors import ShapeError
-from core.optim import SGD, Adam, AdamW, OptimizerError
+from shoal import core
+from shoal.core.errors import ShapeError
+from shoal.core.optim import SGD, Adam, AdamW, OptimizerError
 
 torch = pytest.importorskip("torch")
 

@@ -6,9 +6,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import core
-from core.backend import Device
-from core.errors import DeviceError, ShoalError
+from shoal import core
+from shoal.core.backend import Device
+from shoal.core.errors import DeviceError, ShoalError
 
 
 def test_tensor_infers_dtypes_like_torch_and_copies():

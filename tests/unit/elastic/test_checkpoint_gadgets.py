@@ -18,9 +18,9 @@ import struct
 import numpy as np
 import pytest
 
-from elastic.api import CheckpointError
-from elastic.checkpoint import Checkpointer, CheckpointCorrupt
-from elastic.checkpoint_format import (
+from shoal.elastic.api import CheckpointError
+from shoal.elastic.checkpoint import Checkpointer, CheckpointCorrupt
+from shoal.elastic.checkpoint_format import (
     END,
     MAGIC,
     CheckpointRefused,
@@ -65,13 +65,13 @@ def ck(tmp_path):
 
 # (module, name) as format 1 admitted them, and the same class named directly.
 GADGETS = {
-    "ctypes.CDLL": [("core.tensor", "np._core._internal.ctypes.CDLL"), ("ctypes", "CDLL")],
-    "threading.Thread": [("core.auth", "threading.Thread"), ("threading", "Thread")],
+    "ctypes.CDLL": [("shoal.core.tensor", "np._core._internal.ctypes.CDLL"), ("ctypes", "CDLL")],
+    "threading.Thread": [("shoal.core.auth", "threading.Thread"), ("threading", "Thread")],
     "functools.partial": [("ml_dtypes._finfo", "np._utils.functools.partial"),
                           ("functools", "partial")],
-    "builtins.type": [("core.tensor", "Tensor.__class__"), ("builtins", "type")],
-    "io.FileIO": [("core.tensor", "np.f2py.subprocess.io.FileIO"), ("io", "FileIO")],
-    "logging.FileHandler": [("core.auth", "logging.FileHandler"), ("logging", "FileHandler")],
+    "builtins.type": [("shoal.core.tensor", "Tensor.__class__"), ("builtins", "type")],
+    "io.FileIO": [("shoal.core.tensor", "np.f2py.subprocess.io.FileIO"), ("io", "FileIO")],
+    "logging.FileHandler": [("shoal.core.auth", "logging.FileHandler"), ("logging", "FileHandler")],
 }
 ROUTES = [pytest.param(m, n, id=f"{target}-via-{m}") for target, routes in GADGETS.items()
           for m, n in routes]
@@ -103,8 +103,8 @@ def test_each_gadget_with_a_valid_mac_is_refused_by_the_allow_list(ck, tmp_path,
 
 def test_a_file_handler_gadget_never_creates_its_file(ck, tmp_path):
     marker = tmp_path / "marker.log"
-    craft(ck, 3, call_global("core.auth", "logging.FileHandler", str(marker)))
-    with pytest.raises(CheckpointRefused, match=r"dotted global core\.auth\.logging\.FileHandler"):
+    craft(ck, 3, call_global("shoal.core.auth", "logging.FileHandler", str(marker)))
+    with pytest.raises(CheckpointRefused, match=r"dotted global shoal\.core\.auth\.logging\.FileHandler"):
         ck.load(3)
     assert not marker.exists()
 
@@ -118,11 +118,11 @@ def test_a_dotted_name_is_refused_even_when_its_parts_are_allowed(ck, tmp_path):
 
 
 def test_allow_admits_an_exact_extra_global_but_never_a_dotted_one(tmp_path):
-    ck = Checkpointer(tmp_path, token=TOKEN, allow=["builtins.sorted", "core.auth.threading"])
+    ck = Checkpointer(tmp_path, token=TOKEN, allow=["builtins.sorted", "shoal.core.auth.threading"])
     craft(ck, 1, call_global("builtins", "sorted", [3, 1, 2]))
     assert ck.load(1) == {"x": [1, 2, 3]}
-    craft(ck, 1, call_global("core.auth", "threading.Thread"))
-    with pytest.raises(CheckpointRefused, match=r"dotted global core\.auth\.threading\.Thread"):
+    craft(ck, 1, call_global("shoal.core.auth", "threading.Thread"))
+    with pytest.raises(CheckpointRefused, match=r"dotted global shoal\.core\.auth\.threading\.Thread"):
         ck.load(1)
 
 
@@ -174,9 +174,9 @@ def test_a_tampered_byte_is_refused(ck, where):
 def test_load_latest_falls_back_past_crafted_and_foreign_files(ck, tmp_path, caplog):
     marker = tmp_path / "marker.log"
     ck.save(1, {"step": 1, "w": np.ones(3)})
-    craft(ck, 2, call_global("core.auth", "logging.FileHandler", str(marker)))
+    craft(ck, 2, call_global("shoal.core.auth", "logging.FileHandler", str(marker)))
     Checkpointer(ck.directory, token="another-job").save(3, {"step": 3})
-    with caplog.at_level(logging.WARNING, logger="elastic.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="shoal.elastic.checkpoint"):
         step, state = ck.load_latest()
     assert step == 1 and state["step"] == 1 and not marker.exists()
     messages = [r.getMessage() for r in caplog.records]

@@ -13,11 +13,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import core
-from core import nn
-from core.nn.parameter import Parameter
-from elastic.checkpoint import Checkpointer, CheckpointRefused
-from elastic.checkpoint_format import ALIGN, ALLOWED_GLOBALS, PREFIX_BYTES
+from shoal import core
+from shoal.core import nn
+from shoal.core.nn.parameter import Parameter
+from shoal.elastic.checkpoint import Checkpointer, CheckpointRefused
+from shoal.elastic.checkpoint_format import ALIGN, ALLOWED_GLOBALS, PREFIX_BYTES
 
 TOKEN = "round-trip-secret"
 

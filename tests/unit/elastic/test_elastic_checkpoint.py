@@ -15,10 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import core
-from core import nn
-from elastic.api import CheckpointError
-from elastic.checkpoint import Checkpointer, CheckpointCorrupt
+from shoal import core
+from shoal.core import nn
+from shoal.elastic.api import CheckpointError
+from shoal.elastic.checkpoint import Checkpointer, CheckpointCorrupt
 
 WAIT_S = 60.0
 
@@ -94,7 +94,7 @@ def _damage_and_load(tmp_path, damage, caplog):
     ck.save(2, {"w": np.arange(1000.0) * 2, "step": 2})
     with open(ck.path(2), "r+b") as f:
         damage(f, os.path.getsize(ck.path(2)))
-    with caplog.at_level(logging.WARNING, logger="elastic.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="shoal.elastic.checkpoint"):
         step, state = ck.load_latest()
     assert step == 1 and state["step"] == 1
     np.testing.assert_array_equal(state["w"], np.arange(1000.0))

@@ -10,10 +10,10 @@ import traceback
 import numpy as np
 import pytest
 
-import core
-from core import nn
-from elastic.checkpoint import Checkpointer
-from elastic.state import State
+from shoal import core
+from shoal.core import nn
+from shoal.elastic.checkpoint import Checkpointer
+from shoal.elastic.state import State
 
 JOIN_S = 60.0
 
@@ -108,8 +108,8 @@ def test_names_are_checked():
 
 def _sync_rank(rank: int, port: int, queue) -> None:
     try:
-        import collectives
-        from collectives.store_tcp import TCPStore
+        from shoal import collectives
+        from shoal.collectives.store.tcp import TCPStore
 
         store = TCPStore("127.0.0.1", port, timeout=30)
         collectives.init_process_group("tcp", store=store, rank=rank, world_size=2, timeout=30)
@@ -127,7 +127,7 @@ def _sync_rank(rank: int, port: int, queue) -> None:
 
 
 def test_sync_gives_every_rank_rank_0s_state():
-    from collectives.store_tcp import TCPStore
+    from shoal.collectives.store.tcp import TCPStore
 
     master = TCPStore("127.0.0.1", 0, is_master=True, timeout=30)
     ctx = multiprocessing.get_context("spawn")

@@ -2,8 +2,8 @@
 
 import json
 
-from elastic._agent_env import summary_text
-from elastic._hang_blame import culprits_from_dump, find_hang
+from shoal.elastic.agent.env import summary_text
+from shoal.elastic.agent.hang_blame import culprits_from_dump, find_hang
 
 
 def _dump(progress, seq=12, p2p=False, pid=4242, group="default"):

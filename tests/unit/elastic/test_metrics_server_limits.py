@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-from elastic.metrics import MetricsServer
+from shoal.elastic.metrics import MetricsServer
 
 
 def _scrape(port: int, timeout: float = 2.0) -> bytes:

@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from collectives.store_hash import HashStore
-from elastic._rdzv_state import RendezvousState
-from elastic.api import (
+from shoal.collectives.store.hash import HashStore
+from shoal.elastic.rendezvous.state import RendezvousState
+from shoal.elastic.api import (
     RendezvousBackend,
     RendezvousClosedError,
     RendezvousError,
@@ -22,8 +22,8 @@ from elastic.api import (
     RendezvousStateError,
     RendezvousTimeoutError,
 )
-from elastic.rdzv_store import StoreRendezvousBackend
-from elastic.rendezvous import RendezvousHandler, create_backend, create_handler
+from shoal.elastic.rendezvous.store_backend import StoreRendezvousBackend
+from shoal.elastic.rendezvous import RendezvousHandler, create_backend, create_handler
 
 WAIT_S = 30.0  # generous: things that should happen
 

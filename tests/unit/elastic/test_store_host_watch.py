@@ -6,12 +6,12 @@ import time
 
 import pytest
 
-from collectives.api import StoreError
-from collectives.store_hash import HashStore
-from elastic.api import RendezvousSettings, StoreHostLostError
-from elastic.rdzv_store import StoreRendezvousBackend
-from elastic.rendezvous import RendezvousHandler
-from elastic.store_host import StoreHostWatch, announce_host
+from shoal.collectives.types import StoreError
+from shoal.collectives.store.hash import HashStore
+from shoal.elastic.api import RendezvousSettings, StoreHostLostError
+from shoal.elastic.rendezvous.store_backend import StoreRendezvousBackend
+from shoal.elastic.rendezvous.handler import RendezvousHandler
+from shoal.elastic.agent.store_host import StoreHostWatch, announce_host
 
 
 class FlakyStore(HashStore):

@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from elastic._agent_logs import TAIL_LINES, LogTee
-from elastic._agent_workers import WorkerGroup, describe_exit
-from elastic.agent import WorkerSpec, default_node_id, python_argv
-from elastic._agent_env import summary_text as _summary_text
+from shoal.elastic.agent.logs import TAIL_LINES, LogTee
+from shoal.elastic.agent.workers import WorkerGroup, describe_exit
+from shoal.elastic.agent.agent import WorkerSpec, default_node_id, python_argv
+from shoal.elastic.agent.env import summary_text as _summary_text
 
 
 def test_the_tee_prefixes_lines_keeps_the_tail_and_writes_the_raw_file(tmp_path):

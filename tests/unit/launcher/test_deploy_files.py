@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.env import parse_run
+from shoal.launcher.flags import parse_run
 
 ROOT = Path(__file__).resolve().parents[3]
 DEPLOY = ROOT / "deploy"

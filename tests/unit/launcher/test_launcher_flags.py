@@ -5,8 +5,8 @@ import sys
 
 import pytest
 
-from launcher import cli
-from launcher.env import RUN_GROUPS, parse_run, parse_store
+from shoal.launcher import cli
+from shoal.launcher.flags import RUN_GROUPS, parse_run, parse_store
 
 SCRIPT = __file__  # any existing file will do as the training script
 
@@ -113,7 +113,7 @@ def test_main_rejects_unknown_commands(capsys):
 
 
 def test_shoal_and_python_m_launcher_agree_on_errors():
-    for argv in (["shoal"], [sys.executable, "-m", "launcher"]):
+    for argv in (["shoal"], [sys.executable, "-m", "shoal.launcher"]):
         proc = subprocess.run(argv + ["run", "--nnodes", "x", SCRIPT], capture_output=True,
                               text=True, timeout=30)
         assert proc.returncode == 2, proc.stderr

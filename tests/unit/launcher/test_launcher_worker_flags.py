@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from launcher.env import parse_run
+from shoal.launcher.flags import parse_run
 
 SCRIPT = __file__
 
@@ -31,7 +31,7 @@ def test_a_bad_collective_timeout_is_a_usage_error(capsys, value):
 def test_the_workers_get_the_collective_timeout(tmp_path):
     script = tmp_path / "show.py"
     script.write_text("import os\nprint('TIMEOUT', os.environ.get('SHOAL_COLLECTIVE_TIMEOUT'))\n")
-    out = subprocess.run([sys.executable, "-m", "launcher", "run", "--standalone",
+    out = subprocess.run([sys.executable, "-m", "shoal.launcher", "run", "--standalone",
                           "--collective-timeout", "3", str(script)],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -45,7 +45,7 @@ def test_a_metrics_port_in_use_is_one_sentence_and_exit_2(tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        out = subprocess.run([sys.executable, "-m", "launcher", "run", "--standalone",
+        out = subprocess.run([sys.executable, "-m", "shoal.launcher", "run", "--standalone",
                               "--metrics-port", str(port), str(script)],
                              capture_output=True, text=True, timeout=60)
     assert out.returncode == 2, out.stderr

@@ -5,9 +5,9 @@ launcher is what sets them.)"""
 
 import pytest
 
-import collectives as dist
-from collectives import env
-from collectives.store_hash import HashStore
+import shoal.collectives as dist
+from shoal.collectives import env
+from shoal.collectives.store.hash import HashStore
 
 
 @pytest.fixture(autouse=True)

@@ -11,10 +11,10 @@ from concurrent import futures
 import grpc
 import pytest
 
-from rpc_agent import _grpc_direct
-from rpc_agent._generated import rpc_pb2
-from rpc_agent._grpc_direct import DirectCall, StreamEnded
-from rpc_agent.transport import METHOD, SERVICE, GrpcTransport, Stream, encode_batch
+from shoal.rpc_agent.transport import direct as _grpc_direct
+from shoal.rpc_agent._generated import rpc_pb2
+from shoal.rpc_agent.transport.direct import DirectCall, StreamEnded
+from shoal.rpc_agent.transport.grpc import METHOD, SERVICE, GrpcTransport, Stream, encode_batch
 
 TIMEOUT_S = 10.0
 

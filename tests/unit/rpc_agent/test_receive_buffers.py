@@ -9,8 +9,9 @@ import threading
 import numpy as np
 import pytest
 
-from rpc_agent import metrics, receive_buffers
-from rpc_agent.receive_buffers import MIN_CACHED_BYTES, ReceiveBuffers, size_class
+from shoal.rpc_agent import metrics
+from shoal.rpc_agent.transport import receive_buffers
+from shoal.rpc_agent.transport.receive_buffers import MIN_CACHED_BYTES, ReceiveBuffers, size_class
 
 MiB = 1 << 20
 

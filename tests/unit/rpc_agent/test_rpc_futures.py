@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from rpc_agent import Future, RpcError, RpcTimeout, collect_all, wait_all
+from shoal.rpc_agent import Future, RpcError, RpcTimeout, collect_all, wait_all
 
 
 def _later(fut, value=None, exc=None, delay=0.05):

@@ -23,7 +23,8 @@ def test_generated_code_matches_the_proto(tmp_path):
 
 
 def test_generated_modules_import_package_relative_and_avoid_bare_names():
-    from rpc_agent._generated import rpc_pb2, rpc_pb2_grpc
+    from shoal.rpc_agent._generated import rpc_pb2
+    from shoal.rpc_agent._generated import rpc_pb2_grpc
 
     assert rpc_pb2.DESCRIPTOR.name == "shoal/rpc.proto"
     assert rpc_pb2.DESCRIPTOR.package == "shoal.rpc"

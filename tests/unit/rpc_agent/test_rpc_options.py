@@ -6,8 +6,8 @@ import datetime
 
 import pytest
 
-from collectives.store_hash import HashStore
-from rpc_agent import RpcBackendOptions
+from shoal.collectives.store.hash import HashStore
+from shoal.rpc_agent import RpcBackendOptions
 
 
 def test_defaults_and_timedelta_normalisation():

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-import rpc_agent
-from core.auth import _INSECURE_DEFAULT
-from core.errors import AuthenticationError
-from rpc_agent import RpcBackendOptions
-from rpc_agent.data_channel import DataChannels
+from shoal import rpc_agent
+from shoal.core.auth import _INSECURE_DEFAULT
+from shoal.core.errors import AuthenticationError
+from shoal.rpc_agent import RpcBackendOptions
+from shoal.rpc_agent.transport.data_channel import DataChannels
 
 RULE = r"which is not a loopback address, and no secret is set: set SHOAL_AUTH_TOKEN"
 

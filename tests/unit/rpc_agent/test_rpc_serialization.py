@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rpc_agent import RemoteException
-from rpc_agent.serialization import (
+from shoal.rpc_agent import RemoteException
+from shoal.rpc_agent.serialization import (
     RemoteTraceback,
     deserialize,
     rebuild_exception,
@@ -28,8 +28,8 @@ def test_contiguous_arrays_travel_out_of_band_without_copies():
 
 
 def test_tensors_and_parameters_keep_type_data_and_requires_grad_but_not_the_graph():
-    from core.nn.parameter import Parameter
-    from core.tensor import Tensor
+    from shoal.core.nn.parameter import Parameter
+    from shoal.core.tensor import Tensor
 
     x = Tensor(np.arange(4, dtype=np.float32), requires_grad=True)
     y = x * 2  # has a grad_fn, which must not travel

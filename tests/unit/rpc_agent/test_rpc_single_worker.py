@@ -7,8 +7,8 @@ import operator
 import numpy as np
 import pytest
 
-import rpc_agent
-from collectives.store_hash import HashStore
+from shoal import rpc_agent
+from shoal.collectives.store.hash import HashStore
 
 
 def _double(x):

@@ -9,10 +9,10 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rpc_agent._generated import rpc_pb2
-from rpc_agent._threads import Deadlines
-from rpc_agent.assembly import Assembler
-from rpc_agent.transport import encode_batch
+from shoal.rpc_agent._generated import rpc_pb2
+from shoal.rpc_agent._threads import Deadlines
+from shoal.rpc_agent.transport.assembly import Assembler
+from shoal.rpc_agent.transport.grpc import encode_batch
 
 _frames = st.lists(
     st.builds(

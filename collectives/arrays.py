@@ -1,0 +1,143 @@
+"""Arrays as the process groups see them: unwrapping, validation, reductions, fingerprints.
+
+Collectives accept numpy arrays, cupy arrays and `core.Tensor`s (whose `.data` is one of the
+two) and work in place on the underlying buffer, as torch does on a tensor's storage.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any, Sequence
+
+import numpy as np
+
+from shoal.collectives.types import ReduceOp
+from shoal.core.errors import ShapeError
+
+
+def is_tensor(x: Any) -> bool:
+    """True for a `core.Tensor` (detected without importing core.tensor)."""
+    return type(x).__module__.startswith("shoal.core.") and hasattr(x, "data")
+
+
+def is_cupy(x: Any) -> bool:
+    """True for a cupy ndarray (detected without importing cupy)."""
+    return type(x).__module__.startswith("cupy")
+
+
+def unwrap(x: Any, what: str):
+    """The contiguous numpy or cupy array behind `x`, which collectives read and write in place.
+
+    Raises:
+        TypeError: `x` is no array.
+        ValueError: the array is not C-contiguous or not writeable.
+    """
+    if type(x) is np.ndarray:
+        arr = x
+    elif isinstance(x, np.ndarray):
+        arr = x
+    elif is_tensor(x):
+        arr = x.data
+    elif is_cupy(x):
+        arr = x
+    else:
+        raise TypeError(
+            f"{what} must be a numpy array, a cupy array or a core.Tensor, got {type(x).__name__}."
+        )
+    if arr.dtype.hasobject:
+        raise TypeError(f"{what} has dtype object; collectives move numeric arrays only.")
+    if not arr.flags.c_contiguous:
+        raise ValueError(
+            f"{what} must be C-contiguous to be used in place (shape {tuple(arr.shape)}, strides "
+            f"{tuple(arr.strides)}); pass np.ascontiguousarray(...) or .copy()."
+        )
+    if isinstance(arr, np.ndarray) and not arr.flags.writeable:
+        raise ValueError(f"{what} is read-only; collectives write their result into it.")
+    return arr
+
+
+def unwrap_list(xs: Sequence[Any], what: str, count: int) -> list:
+    """`unwrap` each of exactly `count` arrays."""
+    if isinstance(xs, (str, bytes)) or not hasattr(xs, "__len__"):
+        raise TypeError(f"{what} must be a list of {count} arrays, got {type(xs).__name__}.")
+    if len(xs) != count:
+        raise ValueError(f"{what} must hold {count} arrays (one per rank), got {len(xs)}.")
+    return [unwrap(x, f"{what}[{i}]") for i, x in enumerate(xs)]
+
+
+def same_layout(arrays: Sequence, ref, what: str, ref_what: str) -> None:
+    """Raise unless every array has `ref`'s shape and dtype."""
+    for i, a in enumerate(arrays):
+        if a.shape != ref.shape or a.dtype != ref.dtype:
+            raise ShapeError(
+                f"{what}[{i}] is {describe(a)} but {ref_what} is {describe(ref)}; they must match."
+            )
+
+
+def describe(arr) -> str:
+    """`float32[4, 3]`: the dtype and shape that fingerprints and messages show."""
+    return f"{arr.dtype.name}{list(arr.shape)}"
+
+
+def as_bytes(arr) -> memoryview:
+    """A flat writable byte view of a contiguous numpy array (works for every dtype)."""
+    try:
+        return memoryview(arr).cast("B")
+    except (TypeError, ValueError):  # dtypes the buffer protocol cannot name (bfloat16), 0-d
+        return memoryview(arr.reshape(-1).view(np.uint8))
+
+
+def reduce_op(op: Any) -> ReduceOp:
+    """Accept a ReduceOp or its name ("sum", "SUM")."""
+    if isinstance(op, ReduceOp):
+        return op
+    if isinstance(op, str):
+        try:
+            return ReduceOp[op.upper()]
+        except KeyError:
+            pass
+    raise ValueError(
+        f"op must be one of {', '.join('ReduceOp.' + o.name for o in ReduceOp)}, got {op!r}."
+    )
+
+
+_UFUNCS = {
+    ReduceOp.SUM: np.add,
+    ReduceOp.AVG: np.add,
+    ReduceOp.PRODUCT: np.multiply,
+    ReduceOp.MIN: np.minimum,
+    ReduceOp.MAX: np.maximum,
+}
+
+
+def check_reducible(op: ReduceOp, dtype) -> None:
+    """Raise for reductions a dtype does not support (AVG of integers, MIN/MAX of complex)."""
+    kind = np.dtype(dtype).kind
+    if op is ReduceOp.AVG and kind not in "fc" and np.dtype(dtype).name != "bfloat16":
+        raise ValueError(
+            f"ReduceOp.AVG needs a floating-point dtype, got {np.dtype(dtype).name}; use SUM and "
+            "divide, or cast first."
+        )
+    if op in (ReduceOp.MIN, ReduceOp.MAX) and kind == "c":
+        raise ValueError(f"ReduceOp.{op.name} is undefined for complex dtype {np.dtype(dtype).name}.")
+
+
+def ufunc(op: ReduceOp):
+    """The numpy ufunc that combines two operands in place for `op` (AVG sums, then divides)."""
+    return _UFUNCS[op]
+
+
+def finish_avg(arr: np.ndarray, world: int) -> None:
+    """Divide a SUM by the number of ranks, in place."""
+    if arr.size:
+        np.divide(arr, arr.dtype.type(world), out=arr)
+
+
+def pickle_to_array(obj: Any) -> np.ndarray:
+    """`obj` pickled into a uint8 array (object collectives move these)."""
+    return np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8).copy()
+
+
+def array_to_object(arr: np.ndarray) -> Any:
+    """Inverse of `pickle_to_array` (only ever called on bytes from authenticated peers)."""
+    return pickle.loads(arr.tobytes())

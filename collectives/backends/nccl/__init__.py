@@ -1,0 +1,1 @@
+"""The nccl backend: NCCL communicators through CuPy, bootstrapped through a store."""

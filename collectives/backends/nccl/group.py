@@ -1,0 +1,698 @@
+"""The `nccl` backend: collectives on CUDA devices through NCCL (cupy.cuda.nccl).
+
+One communicator per group and device, formed through the store (`_nccl_bootstrap`). Every
+collective runs on the group's own CUDA stream, which first waits for the caller's current
+stream (an event), and returns a `Work` backed by an event recorded after it (`_nccl_work`).
+cupy arrays and CUDA `core.Tensor`s are used in place; numpy arrays are staged through pinned
+host memory and the device, and their work blocks the host, so DDP's small host-side control
+collectives run unchanged on this backend. A watchdog (`_nccl_watchdog`) fails overdue work
+and NCCL's asynchronous errors; failing aborts the communicator from a separate thread with its
+own deadline, so an abort that hangs cannot hang the process.
+
+NCCL has no message tags and no receive-from-anyone: `tag` is accepted and ignored (as torch
+does) and `recv` needs `src`. Point-to-point transfers between two ranks match in call order.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from shoal.collectives.backends.nccl import bootstrap
+from shoal.collectives.backends.nccl import runtime as _nccl_runtime
+from shoal.collectives import env
+from shoal.collectives import metrics
+from shoal.collectives.backends.nccl.work import Ledger, NcclWork
+from shoal.collectives.backends.nccl.watchdog import NcclWatchdog
+from shoal.collectives.arrays import describe
+from shoal.collectives.api import ProcessGroup, Work
+from shoal.collectives.store.api import Store
+from shoal.collectives.types import (
+    CollectiveError,
+    CollectiveMismatch,
+    CollectiveTimeout,
+    GroupDestroyed,
+    ReduceOp,
+)
+from shoal.collectives.constants import (
+    DEFAULT_COLLECTIVE_TIMEOUT_S,
+    DEFAULT_GROUP_NAME,
+    WATCHDOG_TICK_S,
+)
+from shoal.collectives.backends.watchdog import exit_after_error
+from shoal.core.errors import DeviceError, ShapeError
+from shoal.core.timeouts import TimeoutLike
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ProcessGroupNCCL", "ABORT_TIMEOUT_S"]
+
+# How long the watchdog waits for ncclCommAbort before giving up on it (it then leaves the
+# abort thread behind and fails the work anyway).
+ABORT_TIMEOUT_S = 10.0
+# How long an abort waits for a launch in progress to leave NCCL before aborting under it (a
+# launch can block inside NCCL, e.g. connecting to a point-to-point peer that never comes).
+_LAUNCH_GRACE_S = 1.0
+# Extra time synchronize() allows past an operation's timeout: the watchdog's diagnosis (a
+# store query) and its abort both fit in it, so the watchdog's error is what the caller sees.
+_SYNC_GRACE_S = 5.0
+
+_LIVE: "weakref.WeakSet[ProcessGroupNCCL]" = weakref.WeakSet()
+
+
+def _env_local_rank() -> Optional[int]:
+    # collectives.env is the one reader of environment variables; LOCAL_RANK joins it through
+    # /tmp/gpu_patches/collectives_env.py.diff. Until then this fallback reads it here.
+    reader = getattr(env, "env_local_rank", None)
+    if reader is not None:
+        return reader()
+    import os  # noqa: PLC0415
+
+    raw = os.environ.get("LOCAL_RANK")
+    if raw in (None, ""):
+        return None
+    try:
+        return int(raw)
+    except ValueError as exc:
+        raise ValueError(f"Environment variable LOCAL_RANK must be an integer, got {raw!r}.") from exc
+
+
+def _device_index(device: Any) -> Optional[int]:
+    """An int device index from an int, 'cuda:N', or a core Device; None when not given."""
+    if device is None:
+        return None
+    if isinstance(device, bool):
+        raise DeviceError(f"device must be a CUDA device index or 'cuda:N', got {device!r}.")
+    if isinstance(device, int):
+        return device
+    index = getattr(device, "index", None)
+    kind = getattr(device, "type", None)
+    if kind is None and isinstance(device, str):
+        kind, _, idx = device.strip().lower().partition(":")
+        index = int(idx) if idx.isdigit() else None
+    if kind != "cuda" or index is None:
+        raise DeviceError(f"The nccl backend runs on a CUDA device such as 'cuda:0', got {device!r}.")
+    return int(index)
+
+
+class _Stage:
+    """One launch's staging: device buffers for host arrays, and the copies back after it."""
+
+    def __init__(self, pg: "ProcessGroupNCCL", work: NcclWork):
+        self._pg = pg
+        self._rt = pg._rt
+        self._work = work
+
+    def dev(self, arr: Any, upload: bool = True) -> Any:
+        """The device array to hand NCCL for `arr` (itself when it is already on the device)."""
+        if self._rt.is_device_array(arr):
+            self._work._keep.append(arr)
+            return arr
+        if upload:
+            d, pinned = self._rt.upload(np.ascontiguousarray(arr), self._pg._stream)
+            self._work._keep.append(pinned)
+        else:
+            d = self._rt.empty(arr.shape, arr.dtype)
+        self._work._keep.append(d)
+        return d
+
+    def back(self, d: Any, arr: Any) -> None:
+        """After the collective, bring device array `d` back into host array `arr`."""
+        if d is arr:
+            return
+        pinned = self._rt.download(d, self._pg._stream)
+        self._work._keep.append(pinned)
+        self._work._writebacks.append((arr, pinned))
+
+    def temp(self, shape: Any, dtype: Any) -> Any:
+        """A scratch device array that lives as long as the work."""
+        d = self._rt.empty(shape, dtype)
+        self._work._keep.append(d)
+        return d
+
+    def flat_of(self, arrays: list, n: int, dtype: Any, upload: bool = True) -> tuple[Any, bool]:
+        """(one flat device array over `arrays`, whether it is their own memory)."""
+        rt = self._rt
+        if all(rt.is_device_array(a) for a in arrays):
+            base = rt.address(arrays[0])
+            step = arrays[0].nbytes
+            if all(rt.address(a) == base + i * step for i, a in enumerate(arrays)):
+                flat = rt.flat_view(arrays[0], n * len(arrays))
+                self._work._keep.extend(arrays)
+                return flat, True
+        if not upload:
+            return self.temp((n * len(arrays),), dtype), False
+        if not any(rt.is_device_array(a) for a in arrays):
+            host = np.concatenate([np.asarray(a).reshape(-1) for a in arrays])
+            return self.dev(host), False
+        flat = self.temp((n * len(arrays),), dtype)
+        rt.flatten([self.dev(a) for a in arrays], flat)
+        return flat, False
+
+
+class ProcessGroupNCCL(ProcessGroup):
+    """A process group over NCCL; ranks meet through `store`.
+
+    Args:
+        store: where ranks exchange the NCCL unique id and publish progress.
+        rank: this process's rank in the group.
+        size: the number of ranks.
+        timeout: default timeout of every collective (and of forming the group).
+        name: the group's name, unique per concurrently existing group.
+        global_ranks: the world ranks of this group's members, for messages and dumps.
+        device: the CUDA device (index, 'cuda:N' or core Device); default: LOCAL_RANK (which
+            then becomes this thread's current device, as torchrun scripts do with
+            torch.cuda.set_device), else the current device.
+        abort_timeout: how long the watchdog waits for ncclCommAbort before giving up on it.
+        runtime: the CUDA/NCCL runtime (default: cupy's); tests pass a stand-in.
+
+    Raises:
+        BackendUnavailable: no CUDA device, cupy or NCCL here.
+        CollectiveTimeout: a rank did not join within `timeout` (named).
+        CollectiveError: the communicator could not be created.
+    """
+
+    backend_name = "nccl"
+
+    def __init__(
+        self,
+        store: Store,
+        rank: int,
+        size: int,
+        timeout: TimeoutLike = DEFAULT_COLLECTIVE_TIMEOUT_S,
+        name: str = DEFAULT_GROUP_NAME,
+        global_ranks: Optional[list[int]] = None,
+        device: Any = None,
+        abort_timeout: float = ABORT_TIMEOUT_S,
+        runtime: Any = None,
+        host: Optional[str] = None,
+        watchdog_tick: float = WATCHDOG_TICK_S,
+    ):
+        super().__init__(rank, size, name, timeout)
+        del host  # NCCL picks its own interfaces (NCCL_SOCKET_IFNAME)
+        if not isinstance(store, Store):
+            raise TypeError(f"ProcessGroupNCCL needs a collectives.Store, got {type(store).__name__}.")
+        self._rt = runtime if runtime is not None else _nccl_runtime.load()
+        self._store = store
+        self.global_ranks = list(global_ranks) if global_ranks is not None else list(range(size))
+        if len(self.global_ranks) != size:
+            raise ValueError(
+                f"global_ranks has {len(self.global_ranks)} entries for a group of {size}."
+            )
+        self.global_rank = self.global_ranks[rank]
+        self._abort_timeout = float(abort_timeout)
+        self._grace_s = self._abort_timeout + _SYNC_GRACE_S
+        self.device = self._pick_device(device)
+        self._ledger = Ledger()
+        self._engine = self._ledger  # watchdog.write_dump reads pg._engine's history
+        self._launch_lock = threading.RLock()
+        self._fail_lock = threading.Lock()
+        self._failure: Optional[tuple[str, str, Optional[str]]] = None  # kind, cause, dump path
+        self._destroyed = False
+        self._comm: Any = None
+        self._barrier_buf: Any = None
+        deadline = time.monotonic() + self._timeout
+        self._prefix = bootstrap.join_generation(store, name, rank, size)
+        with self._rt.device_context(self.device):
+            self._stream = self._rt.new_stream()
+            bootstrap.announce(store, self._prefix, rank, self.device)
+            bootstrap.await_peers(store, self._prefix, rank, size, name, deadline)
+            uid = bootstrap.exchange_unique_id(store, self._prefix, rank, name,
+                                               self._rt.unique_id, deadline)
+            device = self.device
+
+            def create():
+                with self._rt.device_context(device):
+                    return self._rt.communicator(size, uid, rank)
+
+            self._comm = bootstrap.init_communicator(create, rank, size, name, deadline)
+        self._watchdog = NcclWatchdog(self, tick=watchdog_tick).start()
+        _LIVE.add(self)
+        logger.debug("Rank %d joined nccl group %r of %d ranks on cuda:%d", rank, name, size,
+                     self.device)
+
+    def _pick_device(self, device: Any) -> int:
+        rt = self._rt
+        count = rt.device_count()
+        index = _device_index(device)
+        source = "device="
+        if index is None:
+            local = _env_local_rank()
+            if local is not None:
+                index, source = local, "LOCAL_RANK"
+                if 0 <= index < count:
+                    rt.use_device(index)
+            else:
+                index, source = rt.current_device(), "the current device"
+        if not 0 <= index < count:
+            raise DeviceError(
+                f"Rank {self._rank} of nccl group '{self.name}' was given CUDA device {index} "
+                f"(from {source}), but this machine has {count} CUDA device(s)."
+            )
+        return index
+
+    # ------------------------------------------------------------------ introspection
+
+    def __repr__(self) -> str:
+        return (f"ProcessGroupNCCL(name={self.name!r}, rank={self._rank}, size={self._size}, "
+                f"device=cuda:{self.device})")
+
+    @property
+    def failed(self) -> bool:
+        """True once the group failed (a timeout, an NCCL error, abort())."""
+        return self._failure is not None
+
+    @property
+    def failure(self) -> Optional[str]:
+        """Why the group failed (a sentence), or None while it is healthy."""
+        return None if self._failure is None else self._failure[1]
+
+    def _async_error(self) -> Optional[str]:
+        comm = self._comm
+        if comm is None or self._failure is not None:
+            return None
+        return comm.async_error()
+
+    # ------------------------------------------------------------------ failure
+
+    def _fail_group(self, kind: str, cause: str, culprit: Optional[NcclWork],
+                    message: Optional[str], culprits: list, dump_path: Optional[str] = None,
+                    in_launch: bool = False) -> None:
+        """Fail the group once: fail every outstanding work, then abort the communicator.
+
+        The work fails first: an abort lets NCCL's kernels exit, which fires their events, and
+        no caller may take such an event for success (NcclWork.poll checks the failure too).
+        """
+        with self._fail_lock:
+            if self._failure is not None:
+                return
+            self._failure = (kind, cause, dump_path)
+        logger.warning("Rank %d: nccl group %r failed (culprits: %s): %s", self._rank, self.name,
+                       culprits, cause)
+        if culprit is not None and message is not None:
+            cls = CollectiveMismatch if kind == "mismatch" else CollectiveTimeout
+            culprit.finish(cls(message))
+            metrics.count_error(culprit.record.op, kind)
+        for work in self._watchdog.outstanding():
+            err = self._error_for(work.record)
+            if work.finish(err):
+                metrics.count_error(work.record.op, kind)
+        self._abort_comm(wait_for_launch=not in_launch)
+        if env.async_error_handling():
+            exit_after_error(
+                message or f"Rank {self._rank}'s nccl group '{self.name}' failed: {cause}."
+            )
+
+    def _error_for(self, rec) -> CollectiveError:
+        kind, cause, path = self._failure
+        text = f"Rank {self._rank}'s {rec.label} of group '{self.name}' failed: {cause}"
+        if kind in ("timeout", "error"):
+            text += "; the NCCL communicator was aborted"
+        text += "."
+        if path:
+            text += f" Recent collectives of this rank are in {path}."
+        return CollectiveError(text)
+
+    def _abort_comm(self, wait_for_launch: bool = True) -> bool:
+        """ncclCommAbort in its own thread; True if it returned within the abort deadline."""
+        comm, self._comm = self._comm, None
+        if comm is None:
+            return True
+        done = threading.Event()
+
+        def run() -> None:
+            # Not under a launch that is still inside NCCL, unless that launch hangs there.
+            got = wait_for_launch and self._launch_lock.acquire(timeout=_LAUNCH_GRACE_S)
+            try:
+                comm.abort()
+            except Exception:  # noqa: BLE001  (an abort that fails still leaves us failed)
+                logger.exception("Rank %d: ncclCommAbort of group %r raised", self._rank, self.name)
+            finally:
+                if got:
+                    self._launch_lock.release()
+                done.set()
+
+        threading.Thread(target=run, name=f"shoal-nccl-{self.name}-abort", daemon=True).start()
+        if done.wait(self._abort_timeout):
+            return True
+        logger.error(
+            "Rank %d: ncclCommAbort of group %r did not return within %gs; giving up on it (its "
+            "thread stays blocked and the communicator's resources leak).",
+            self._rank, self.name, self._abort_timeout,
+        )
+        return False
+
+    # ------------------------------------------------------------------ launching
+
+    def _check_device_arrays(self, op: str, arrays: list) -> None:
+        rt = self._rt
+        for a in arrays:
+            if rt.is_device_array(a) and rt.array_device(a) != self.device:
+                raise DeviceError(
+                    f"{op} got an array on cuda:{rt.array_device(a)}, but rank {self._rank}'s "
+                    f"nccl group '{self.name}' runs on cuda:{self.device}; move it there first."
+                )
+
+    def _spec(self, op: ReduceOp, dtype: Any, what: str):
+        try:
+            return _nccl_runtime.reduce_spec(dtype, op, self._rt.nccl_version)
+        except TypeError as exc:
+            raise TypeError(f"{what}: {exc}") from None
+
+    def _launch(self, op: str, desc: str, nbytes: int, timeout: float, async_op: bool,
+                outputs: list, arrays: list, body: Callable[[_Stage, Any], None],
+                p2p: bool = False, blocking: bool = False, work_hook=None) -> Work:
+        """Run `body(stage, comm)` on the group's stream after the caller's, and return its Work."""
+        self._check_device_arrays(op, arrays)
+        rt = self._rt
+        host = any(not rt.is_device_array(a) for a in arrays)
+        with self._launch_lock:
+            if self._destroyed:
+                raise GroupDestroyed(
+                    f"{op} was called on nccl group '{self.name}' after it was destroyed."
+                )
+            if self._failure is not None:
+                raise CollectiveError(
+                    f"Rank {self._rank}'s {op} cannot run: nccl group '{self.name}' failed earlier: "
+                    f"{self._failure[1]}."
+                )
+            rec = self._ledger.open(op, desc, nbytes, timeout, p2p)
+            work = NcclWork(self, rec, outputs, host_blocking=blocking or host)
+            if work_hook is not None:
+                work_hook(work)
+            self._watchdog.track(work)
+            comm = self._comm
+            try:
+                with rt.device_context(self.device):
+                    rt.wait_event(self._stream, rt.record(rt.current_stream()))
+                    with rt.stream_context(self._stream):
+                        body(_Stage(self, work), comm)
+                    work.event = rt.record(self._stream)
+            except Exception as exc:
+                if self._failure is None:
+                    # NCCL refused to enqueue: the communicator cannot be trusted any more.
+                    self._fail_group("error", f"rank {self._rank} could not launch {rec.label}: "
+                                     f"{type(exc).__name__}: {exc}", None, None, [self._rank],
+                                     in_launch=True)
+                work.finish(self._error_for(rec))
+                raise work._exc from exc
+        if not async_op:
+            work.wait()
+        return work
+
+    # ------------------------------------------------------------------ collectives
+
+    def _all_reduce(self, tensor, arr, op, async_op, timeout):
+        spec = self._spec(op, arr.dtype, "all_reduce")
+        size = self._size
+
+        def body(st: _Stage, comm) -> None:
+            d = st.dev(arr)
+            comm.all_reduce(d, d, spec, self._stream)
+            if spec.divide_after:
+                self._rt.divide(d, size)
+            st.back(d, arr)
+
+        return self._launch("all_reduce", f"all_reduce({describe(arr)}, op={op.name})", arr.nbytes,
+                            timeout, async_op, [tensor], [arr], body)
+
+    def _reduce(self, tensor, arr, dst, op, async_op, timeout):
+        spec = self._spec(op, arr.dtype, "reduce")
+        me, size = self._rank, self._size
+
+        def body(st: _Stage, comm) -> None:
+            d = st.dev(arr)
+            comm.reduce(d, d, spec, dst, self._stream)
+            if me == dst:
+                if spec.divide_after:
+                    self._rt.divide(d, size)
+                st.back(d, arr)
+
+        return self._launch("reduce", f"reduce({describe(arr)}, dst={dst}, op={op.name})",
+                            arr.nbytes, timeout, async_op, [tensor], [arr], body)
+
+    def _broadcast(self, tensor, arr, src, async_op, timeout):
+        me = self._rank
+
+        def body(st: _Stage, comm) -> None:
+            d = st.dev(arr, upload=me == src)
+            comm.broadcast(d, src, self._stream)
+            if me != src:
+                st.back(d, arr)
+
+        return self._launch("broadcast", f"broadcast({describe(arr)}, src={src})", arr.nbytes,
+                            timeout, async_op, [tensor], [arr], body)
+
+    def _all_gather(self, outputs, outs, arr, async_op, timeout):
+        size, n = self._size, arr.size
+
+        def body(st: _Stage, comm) -> None:
+            d = st.dev(arr)
+            flat, own = st.flat_of(outs, n, arr.dtype, upload=False)
+            comm.all_gather(d, flat, self._stream)
+            if not own:
+                for q, o in enumerate(outs):
+                    piece = flat[q * n:(q + 1) * n]
+                    if self._rt.is_device_array(o):
+                        self._rt.copy(o, piece)
+                    else:
+                        st.back(piece, o)
+
+        return self._launch("all_gather", f"all_gather({describe(arr)})", arr.nbytes, timeout,
+                            async_op, outputs, [arr, *outs], body)
+
+    def _reduce_scatter(self, output, out, ins, op, async_op, timeout):
+        spec = self._spec(op, out.dtype, "reduce_scatter")
+        size = self._size
+
+        def body(st: _Stage, comm) -> None:
+            flat, _own = st.flat_of(ins, out.size, out.dtype)
+            d = st.dev(out, upload=False)
+            comm.reduce_scatter(flat, d, spec, self._stream)
+            if spec.divide_after:
+                self._rt.divide(d, size)
+            st.back(d, out)
+
+        return self._launch("reduce_scatter",
+                            f"reduce_scatter({describe(out)} x {size}, op={op.name})",
+                            out.nbytes * size, timeout, async_op, [output], [out, *ins], body)
+
+    def _all_to_all(self, outputs, outs, ins, async_op, timeout):
+        me = self._rank
+        if outs[me].size != ins[me].size:
+            raise ShapeError(
+                f"all_to_all output_list[{me}] is {describe(outs[me])} but input_list[{me}] is "
+                f"{describe(ins[me])} on rank {me}; a rank's own block must keep its size."
+            )
+        rt = self._rt
+
+        def body(st: _Stage, comm) -> None:
+            dins = [st.dev(x) for x in ins]
+            douts = [st.dev(o, upload=False) for o in outs]
+            with rt.group():
+                for q in range(self._size):
+                    if q != me:
+                        comm.send(dins[q], q, self._stream)
+                        comm.recv(douts[q], q, self._stream)
+            rt.copy(douts[me], dins[me])
+            for d, o in zip(douts, outs):
+                st.back(d, o)
+
+        desc = ("all_to_all(in " + ", ".join(describe(x) for x in ins) + "; out "
+                + ", ".join(describe(o) for o in outs) + ")")
+        return self._launch("all_to_all", desc, sum(x.nbytes for x in ins), timeout, async_op,
+                            outputs, [*outs, *ins], body)
+
+    def _gather(self, outputs, outs, arr, dst, async_op, timeout):
+        me, rt = self._rank, self._rt
+
+        def body(st: _Stage, comm) -> None:
+            d = st.dev(arr)
+            if me == dst:
+                douts = [st.dev(o, upload=False) for o in outs]
+                with rt.group():
+                    for q in range(self._size):
+                        if q != me:
+                            comm.recv(douts[q], q, self._stream)
+                rt.copy(douts[me], d)
+                for dq, o in zip(douts, outs):
+                    st.back(dq, o)
+            else:
+                with rt.group():
+                    comm.send(d, dst, self._stream)
+
+        arrays = [arr, *(outs or [])]
+        return self._launch("gather", f"gather({describe(arr)}, dst={dst})", arr.nbytes, timeout,
+                            async_op, list(outputs) if outputs else [], arrays, body)
+
+    def _scatter(self, tensor, out, ins, src, async_op, timeout):
+        me, rt = self._rank, self._rt
+
+        def body(st: _Stage, comm) -> None:
+            d = st.dev(out, upload=False)
+            if me == src:
+                dins = [st.dev(x) for x in ins]
+                with rt.group():
+                    for q in range(self._size):
+                        if q != me:
+                            comm.send(dins[q], q, self._stream)
+                rt.copy(d, dins[me])
+            else:
+                with rt.group():
+                    comm.recv(d, src, self._stream)
+            st.back(d, out)
+
+        return self._launch("scatter", f"scatter({describe(out)}, src={src})", out.nbytes,
+                            timeout, async_op, [tensor], [out, *(ins or [])], body)
+
+    def _send(self, arr, dst, tag, async_op, timeout):
+        def body(st: _Stage, comm) -> None:
+            d = st.dev(arr)
+            with self._rt.group():
+                comm.send(d, dst, self._stream)
+
+        return self._launch("send", f"send({describe(arr)}, dst={dst}, tag={tag})", arr.nbytes,
+                            timeout, async_op, [arr], [arr], body, p2p=True)
+
+    def _recv(self, tensor, arr, src, tag, async_op, timeout):
+        if src is None:
+            raise ValueError(
+                "The nccl backend cannot receive from any rank: NCCL matches point-to-point "
+                "messages by peer, so pass src=."
+            )
+
+        def body(st: _Stage, comm) -> None:
+            d = st.dev(arr, upload=False)
+            with self._rt.group():
+                comm.recv(d, src, self._stream)
+            st.back(d, arr)
+
+        def hook(work: NcclWork) -> None:
+            work.source_rank = src
+
+        return self._launch("recv", f"recv({describe(arr)}, src={src}, tag={tag})", arr.nbytes,
+                            timeout, async_op, [tensor], [arr], body, p2p=True, work_hook=hook)
+
+    def _barrier(self, async_op, timeout):
+        def body(st: _Stage, comm) -> None:
+            if self._barrier_buf is None:
+                self._barrier_buf = self._rt.empty((1,), np.int32)
+            buf = self._barrier_buf
+            spec = _nccl_runtime.reduce_spec(np.int32, ReduceOp.SUM, self._rt.nccl_version)
+            comm.all_reduce(buf, buf, spec, self._stream)
+
+        # A device-side barrier means nothing to the host: its work blocks the host, as torch's.
+        return self._launch("barrier", "barrier()", 0, timeout, async_op, [], [], body, blocking=True)
+
+    def _monitored_barrier(self, timeout, wait_all_ranks):
+        """Through the store (NCCL cannot tell who is missing): rank 0 names absent ranks."""
+        from shoal.collectives.types import StoreTimeout  # noqa: PLC0415
+
+        with self._launch_lock:
+            if self._failure is not None:
+                raise CollectiveError(
+                    f"Rank {self._rank}'s monitored_barrier cannot run: nccl group '{self.name}' "
+                    f"failed earlier: {self._failure[1]}."
+                )
+            rec = self._ledger.open("monitored_barrier", "monitored_barrier()", 0, timeout, False)
+        base = f"{self._prefix}/monitored_barrier/{rec.seq}"
+        store, me = self._store, self._rank
+        error: Optional[BaseException] = None
+        try:
+            store.set(f"{base}/arrived/{me}", b"1")
+            if me == 0:
+                keys = [f"{base}/arrived/{q}" for q in range(1, self._size)]
+                try:
+                    store.wait(keys, timeout=timeout)
+                except StoreTimeout:
+                    missing = [q for q in range(1, self._size) if not store.check([keys[q - 1]])]
+                    shown = missing if wait_all_ranks else missing[:1]
+                    word = "rank" if len(shown) == 1 else "ranks"
+                    reason = (f"{word} {', '.join(map(str, shown))} did not reach "
+                              f"monitored_barrier #{rec.seq} within {timeout:g}s")
+                    store.set(f"{base}/result", "fail:" + reason)
+                    error = CollectiveTimeout(
+                        f"Rank 0 timed out in monitored_barrier #{rec.seq} of group "
+                        f"'{self.name}': {reason}."
+                    )
+                else:
+                    store.set(f"{base}/result", "ok")
+            else:
+                try:
+                    result = store.get(f"{base}/result", timeout=timeout + _SYNC_GRACE_S).decode()
+                except StoreTimeout:
+                    result = ("fail:rank 0 did not report the outcome within "
+                              f"{timeout + _SYNC_GRACE_S:g}s")
+                if result != "ok":
+                    error = CollectiveTimeout(
+                        f"Rank {me}'s monitored_barrier #{rec.seq} of group '{self.name}' failed: "
+                        f"{result[5:]}."
+                    )
+        except CollectiveError as exc:
+            error = exc
+        except Exception as exc:  # the store failed under us
+            error = CollectiveError(
+                f"Rank {me}'s monitored_barrier #{rec.seq} of group '{self.name}' failed: {exc}"
+            )
+            error.__cause__ = exc
+        self._ledger.close(rec, error)
+        if error is not None:
+            raise error
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def abort(self) -> None:
+        """Abort the communicator now and fail every pending and later collective."""
+        self._fail_group("error", f"rank {self._rank} aborted the group (ProcessGroup.abort())",
+                         None, None, [self._rank])
+
+    def shutdown(self) -> None:
+        """Leave the group: destroy the communicator (abort it if work is still pending)."""
+        if self._destroyed:
+            return
+        self._destroyed = True
+        _LIVE.discard(self)
+        self._watchdog.stop()
+        pending = self._watchdog.outstanding()
+        comm = self._comm
+        if comm is not None and not pending:
+            self._comm = None
+            done = threading.Event()
+
+            def run() -> None:
+                try:
+                    comm.destroy()
+                except Exception:  # noqa: BLE001  (leaving anyway)
+                    logger.debug("ncclCommDestroy of group %r raised", self.name, exc_info=True)
+                finally:
+                    done.set()
+
+            threading.Thread(target=run, name=f"shoal-nccl-{self.name}-destroy", daemon=True).start()
+            if not done.wait(self._abort_timeout):
+                logger.error("Rank %d: ncclCommDestroy of group %r did not return within %gs.",
+                             self._rank, self.name, self._abort_timeout)
+        elif comm is not None:
+            self._abort_comm()
+        error = GroupDestroyed(
+            f"Nccl group '{self.name}' was destroyed while this collective was still running."
+        )
+        for work in pending:
+            work.finish(error)
+
+
+def _close_all_at_exit() -> None:
+    for pg in list(_LIVE):
+        try:
+            pg.shutdown()
+        except Exception:  # noqa: BLE001  (exiting anyway)
+            pass
+
+
+import atexit  # noqa: E402  (registered once, when the backend is first imported)
+
+atexit.register(_close_all_at_exit)

@@ -1,0 +1,398 @@
+"""The tcp backend's algorithms, written as plans for `_pg_pump` (and one tight direct path).
+
+Choice by size, as measured in bench/allreduce.py: direct exchange (every rank sends its whole
+array to every other, then reduces locally in rank order) while a message fits the socket
+buffers; above that a ring reduce-scatter plus all-gather, chunked so that sending, receiving
+and reducing overlap, pumped from one thread; and for the largest arrays the same ring with a
+sender thread. Results are bitwise identical on every rank: direct exchange reduces in rank
+order everywhere, and the ring computes each element once and then copies it around.
+"""
+
+from __future__ import annotations
+
+import functools
+import socket
+import time
+from typing import Optional, Sequence
+
+import numpy as np
+
+from shoal.collectives.backends.tcp import wire
+from shoal.collectives.backends.tcp.pump import LinkDown, Plan
+
+HEADER_SIZE = wire.DATA_HEADER.size
+_DONTWAIT = socket.MSG_DONTWAIT
+_FP_LEN_AT = HEADER_SIZE - 2  # offset of the fingerprint length inside a header
+
+
+class HeaderMismatch(Exception):
+    """A peer's header disagrees with ours (internal; the group turns it into CollectiveMismatch)."""
+
+    def __init__(self, peer: int, their_seq: Optional[int], their_fp: Optional[str], ours: bytes):
+        super().__init__(peer, their_seq, their_fp)
+        self.peer = peer
+        self.their_seq = their_seq
+        self.their_fp = their_fp
+        self.ours = ours.decode(errors="replace")
+
+
+class ProtocolError(Exception):
+    """Bytes on a data connection that are not a header where one must be (internal)."""
+
+    def __init__(self, peer: int, detail: str):
+        super().__init__(peer, detail)
+        self.peer = peer
+        self.detail = detail
+
+
+def _read_more(sock: socket.socket, n: int, timeout: float = 1.0) -> bytes:
+    """Best-effort read of `n` more bytes for an error message (never blocks long)."""
+    out = bytearray()
+    old = sock.gettimeout()
+    try:
+        sock.settimeout(timeout)
+        while len(out) < n:
+            chunk = sock.recv(n - len(out))
+            if not chunk:
+                break
+            out += chunk
+    except OSError:
+        pass
+    finally:
+        try:
+            sock.settimeout(old)
+        except OSError:
+            pass
+    return bytes(out)
+
+
+def check_header(peer: int, sock, raw: memoryview, got: int, seq: int, fp: bytes) -> None:
+    """Raise HeaderMismatch/ProtocolError unless `raw[:got]` opens with our own header."""
+    magic, their_seq, fp_len = wire.DATA_HEADER.unpack_from(raw)
+    if magic != wire.DATA_MAGIC or not wire.fingerprint_ok(fp_len):
+        raise ProtocolError(peer, f"bytes {bytes(raw[:HEADER_SIZE])!r} where a collective header belongs")
+    have = bytes(raw[HEADER_SIZE:min(got, HEADER_SIZE + fp_len)])
+    if len(have) < fp_len:
+        have += _read_more(sock, fp_len - len(have))
+    their_fp = have.decode(errors="replace")
+    if their_seq != seq or have != fp:
+        raise HeaderMismatch(peer, their_seq, their_fp, fp)
+
+
+def expect_header(plan: Plan, peer: int, sock, seq: int, fp: bytes) -> None:
+    """Queue the receive and check of a peer's header for this collective."""
+    buf = bytearray(HEADER_SIZE + len(fp))
+    view = memoryview(buf)
+
+    def check_fixed():
+        magic, their_seq, fp_len = wire.DATA_HEADER.unpack_from(view)
+        if magic != wire.DATA_MAGIC or not wire.fingerprint_ok(fp_len):
+            raise ProtocolError(peer, f"bytes {bytes(view[:HEADER_SIZE])!r} where a collective header belongs")
+        if fp_len != len(fp):
+            raise HeaderMismatch(peer, their_seq, _read_more(sock, fp_len).decode(errors="replace"), fp)
+
+    def check_fp():
+        check_header(peer, sock, view, len(view), seq, fp)
+
+    plan.recv(peer, view[:HEADER_SIZE], check_fixed)
+    plan.recv(peer, view[HEADER_SIZE:], check_fp)
+
+
+def chunks(lo: int, hi: int, step: int):
+    """[lo, hi) cut into pieces of at most `step` (none when empty)."""
+    return [(o, min(o + step, hi)) for o in range(lo, hi, step)]
+
+
+def bounds(n: int, parts: int) -> list[int]:
+    """Split points of n elements into `parts` nearly equal segments (some may be empty)."""
+    return [(n * i) // parts for i in range(parts + 1)]
+
+
+# ----------------------------------------------------------------------------- direct
+
+class Direct:
+    """Small-message exchange with every peer, without the pump (the 4 KiB latency path)."""
+
+    def __init__(self, rank: int, size: int, tx: list, rx: list, spin_s: float = 0.0):
+        self.rank = rank
+        self.size = size
+        self.tx = tx
+        self.rx = rx
+        self.spin_s = spin_s
+        # Polling only pays while peers answer within the window; on a busy machine it steals
+        # the CPU the peer needs. Misses switch it off for a while; the watchdog also turns it
+        # off while the machine's load exceeds its CPUs (see `pg_tcp`).
+        self.spin_allowed = spin_s > 0
+        self._spin_hits = 0
+        self._spin_misses = 0
+        self._spin_pause = 0
+        self.peers = [q for q in range(size) if q != rank]
+        self._bufs: dict[int, bytearray] = {}
+
+    def buffer(self, peer: int, n: int) -> memoryview:
+        buf = self._bufs.get(peer)
+        if buf is None or len(buf) < n:
+            buf = bytearray(max(n, 4096))
+            self._bufs[peer] = buf
+        return memoryview(buf)[:n]
+
+    def exchange(self, seq: int, fp: bytes, payload, sizes: Optional[dict] = None) -> dict:
+        """Send header+payload to every peer, receive theirs; returns peer -> payload view.
+
+        `payload` is one buffer for all peers or a dict peer -> buffer; `sizes` gives the
+        expected payload size per peer (default: the same as ours).
+        """
+        hdr = wire.data_header(seq, fp)
+        hl = len(hdr)
+        tx = self.tx
+        for q in self.peers:
+            body = payload[q] if isinstance(payload, dict) else payload
+            try:
+                if len(body):
+                    wire.send_all(tx[q], [hdr, body])
+                else:
+                    tx[q].sendall(hdr)
+            except OSError as exc:
+                raise LinkDown(q, exc) from exc
+        out = {}
+        for q in self.peers:
+            if sizes is not None:
+                nb = sizes[q]
+            else:
+                nb = len(payload[q]) if isinstance(payload, dict) else len(payload)
+            out[q] = self._receive(q, self.rx[q], hdr, seq, fp, hl, hl + nb)
+        return out
+
+    def _receive(self, q, sock, hdr, seq, fp, hl, need):
+        view = self.buffer(q, need)
+        got = 0
+        if self.spin_allowed:
+            if self._spin_pause:
+                self._spin_pause -= 1
+            else:
+                got = self._spin(q, sock, view, need)
+        try:
+            # Fixed header first: with a shorter fingerprint and no payload, waiting for our
+            # full header length would hang.
+            while got < HEADER_SIZE:
+                k = sock.recv_into(view[got:], need - got)
+                if k == 0:
+                    raise LinkDown(q, None)
+                got += k
+            if view[_FP_LEN_AT:HEADER_SIZE] != hdr[_FP_LEN_AT:HEADER_SIZE]:
+                check_header(q, sock, view, got, seq, fp)
+            while got < hl:
+                k = sock.recv_into(view[got:], need - got)
+                if k == 0:
+                    raise LinkDown(q, None)
+                got += k
+            if view[:hl] != hdr:
+                check_header(q, sock, view, got, seq, fp)
+            while got < need:
+                k = sock.recv_into(view[got:], need - got)
+                if k == 0:
+                    raise LinkDown(q, None)
+                got += k
+        except OSError as exc:
+            raise LinkDown(q, exc) from exc
+        return view[hl:]
+
+    def _spin(self, q, sock, view, need) -> int:
+        end = time.perf_counter() + self.spin_s
+        while True:
+            try:
+                got = sock.recv_into(view, need, _DONTWAIT)
+            except BlockingIOError:
+                if time.perf_counter() < end:
+                    continue
+                self._spin_misses += 1
+                if self._spin_misses >= 8 and self._spin_misses > self._spin_hits:
+                    self._spin_pause = 500
+                    self._spin_hits = self._spin_misses = 0
+                return 0
+            except OSError as exc:
+                raise LinkDown(q, exc) from exc
+            if got == 0:
+                raise LinkDown(q, None)
+            self._spin_hits += 1
+            if self._spin_hits >= 64:
+                self._spin_hits = self._spin_misses = 0
+            return got
+
+    def send_to(self, q: int, seq: int, fp: bytes, body=b"") -> None:
+        hdr = wire.data_header(seq, fp)
+        try:
+            if len(body):
+                wire.send_all(self.tx[q], [hdr, body])
+            else:
+                self.tx[q].sendall(hdr)
+        except OSError as exc:
+            raise LinkDown(q, exc) from exc
+
+    def recv_from(self, q: int, seq: int, fp: bytes, nbytes: int = 0) -> memoryview:
+        hdr = wire.data_header(seq, fp)
+        return self._receive(q, self.rx[q], hdr, seq, fp, len(hdr), len(hdr) + nbytes)
+
+
+def combine_pair(mine: np.ndarray, theirs: np.ndarray, rank: int, uf) -> None:
+    """mine := x_0 op x_1 for a group of two, with rank 0's operand first on both ranks.
+
+    Operand order matters bitwise even for "commutative" ops: maximum/minimum return their
+    first operand for +0.0 vs -0.0 and for two NaNs, and complex multiplication rounds
+    differently with the operands swapped. One order on both ranks keeps them identical.
+    """
+    if rank == 0:
+        uf(mine, theirs, out=mine)
+    else:
+        uf(theirs, mine, out=mine)
+
+
+def reduce_in_rank_order(flat: np.ndarray, rank: int, peers_data: dict, uf) -> None:
+    """flat := x_0 op x_1 op ... op x_{W-1}, every rank in the same order (bitwise agreement)."""
+    size = len(peers_data) + 1
+    if size == 2:
+        (other,) = peers_data.values()
+        combine_pair(flat, np.frombuffer(other, dtype=flat.dtype), rank, uf)
+        return
+    operands = [
+        flat if q == rank else np.frombuffer(peers_data[q], dtype=flat.dtype) for q in range(size)
+    ]
+    acc = np.array(operands[0], copy=True)
+    for x in operands[1:]:
+        uf(acc, x, out=acc)
+    np.copyto(flat, acc)
+
+
+# ----------------------------------------------------------------------------- ring plans
+
+def ring_allreduce_plan(
+    rank: int, size: int, rx: list, seq: int, fp: bytes, flat: np.ndarray,
+    scratch: memoryview, uf, chunk_elems: int, shift: int = 0, gather: bool = True,
+) -> Plan:
+    """Ring reduce-scatter (+ all-gather when `gather`) of `flat` in place.
+
+    After the reduce-scatter, rank r holds the reduced segment (r + 1 + shift) mod W; with
+    shift=-1 that is segment r (what reduce_scatter wants).
+    """
+    nxt = (rank + 1) % size
+    prv = (rank - 1) % size
+    plan = Plan()
+    plan.send(nxt, wire.data_header(seq, fp))
+    expect_header(plan, prv, rx[prv], seq, fp)
+    b = bounds(flat.size, size)
+    item = flat.itemsize
+    raw = memoryview(flat.view(np.uint8))
+    scratch_np = np.frombuffer(scratch, dtype=flat.dtype)
+
+    def seg(i):
+        i %= size
+        return b[i], b[i + 1]
+
+    # done_after[segment-step] = recv counts after each chunk, to gate the forwarding sends.
+    prev_counts: Optional[list[int]] = None
+    for s in range(size - 1):
+        slo, shi = seg(rank - s + shift)
+        for c, (lo, hi) in enumerate(chunks(slo, shi, chunk_elems)):
+            gate = (prv, prev_counts[c]) if prev_counts is not None else None
+            plan.send(nxt, raw[lo * item:hi * item], gate)
+        rlo, rhi = seg(rank - s - 1 + shift)
+        counts = []
+        for lo, hi in chunks(rlo, rhi, chunk_elems):
+            target = flat[lo:hi]
+            cb = functools.partial(uf, target, scratch_np[:hi - lo], out=target)
+            counts.append(plan.recv(prv, scratch[:(hi - lo) * item], cb))
+        prev_counts = counts
+    if not gather:
+        return plan
+    for s in range(size - 1):
+        slo, shi = seg(rank + 1 + shift - s)
+        for c, (lo, hi) in enumerate(chunks(slo, shi, chunk_elems)):
+            plan.send(nxt, raw[lo * item:hi * item], (prv, prev_counts[c]))
+        rlo, rhi = seg(rank + shift - s)
+        counts = []
+        for lo, hi in chunks(rlo, rhi, chunk_elems):
+            counts.append(plan.recv(prv, raw[lo * item:hi * item]))
+        prev_counts = counts
+    return plan
+
+
+def ring_allgather_plan(
+    rank: int, size: int, rx: list, seq: int, fp: bytes, segments: Sequence[memoryview],
+    chunk_bytes: int,
+) -> Plan:
+    """Ring all-gather: segment j (bytes) starts at rank j and ends on every rank."""
+    nxt = (rank + 1) % size
+    prv = (rank - 1) % size
+    plan = Plan()
+    plan.send(nxt, wire.data_header(seq, fp))
+    expect_header(plan, prv, rx[prv], seq, fp)
+    prev_counts: Optional[list[int]] = None
+    for s in range(size - 1):
+        out_seg = segments[(rank - s) % size]
+        for c, (lo, hi) in enumerate(chunks(0, len(out_seg), chunk_bytes)):
+            gate = (prv, prev_counts[c]) if prev_counts is not None else None
+            plan.send(nxt, out_seg[lo:hi], gate)
+        in_seg = segments[(rank - s - 1) % size]
+        prev_counts = [plan.recv(prv, in_seg[lo:hi]) for lo, hi in chunks(0, len(in_seg), chunk_bytes)]
+    return plan
+
+
+def chain_broadcast_plan(
+    rank: int, size: int, rx: list, seq: int, fp: bytes, root: int, raw: memoryview,
+    chunk_bytes: int,
+) -> Plan:
+    """Pipelined chain root -> root+1 -> ... -> root-1, then an ack from the last to the root.
+
+    The ack closes the loop of header checks, so the root learns of any rank that disagrees.
+    """
+    rel = (rank - root) % size
+    nxt = (rank + 1) % size
+    prv = (rank - 1) % size
+    last = (root - 1) % size
+    plan = Plan()
+    pieces = chunks(0, len(raw), chunk_bytes)
+    if rel == 0:
+        plan.send(nxt, wire.data_header(seq, fp))
+        for lo, hi in pieces:
+            plan.send(nxt, raw[lo:hi])
+        expect_header(plan, last, rx[last], seq, fp)
+        return plan
+    expect_header(plan, prv, rx[prv], seq, fp)
+    counts = [plan.recv(prv, raw[lo:hi]) for lo, hi in pieces]
+    done = plan.recv_count(prv)
+    if rank != last:
+        plan.send(nxt, wire.data_header(seq, fp))
+        for (lo, hi), c in zip(pieces, counts):
+            plan.send(nxt, raw[lo:hi], (prv, c))
+    else:
+        plan.send(root, wire.data_header(seq, fp), (prv, done))
+    return plan
+
+
+def star_plan(
+    rank: int, size: int, rx: list, seq: int, fps_out: dict, fps_in: dict,
+    sends: dict, recvs: dict, chunk_bytes: int, acks: Sequence[int] = (),
+    ack_from: Sequence[int] = (), ack_fp: Optional[bytes] = None,
+    callbacks: Optional[dict] = None,
+) -> Plan:
+    """Direct transfers: to each peer q send header(fps_out[q]) + sends[q]; receive
+    header(fps_in[q]) + recvs[q]. Peers in `acks` get an ack header once everything from them
+    arrived; `ack_from` peers are expected to ack us."""
+    plan = Plan()
+    for q, body in sends.items():
+        plan.send(q, wire.data_header(seq, fps_out[q]))
+        for lo, hi in chunks(0, len(body), chunk_bytes):
+            plan.send(q, body[lo:hi])
+    for q, body in recvs.items():
+        expect_header(plan, q, rx[q], seq, fps_in[q])
+        cb_last = (callbacks or {}).get(q)
+        pieces = chunks(0, len(body), chunk_bytes)
+        for i, (lo, hi) in enumerate(pieces):
+            plan.recv(q, body[lo:hi], cb_last if i == len(pieces) - 1 else None)
+        if not pieces and cb_last is not None:
+            plan.recv(q, body[0:0], cb_last)
+    for q in acks:
+        plan.send(q, wire.data_header(seq, ack_fp), (q, plan.recv_count(q)))
+    for q in ack_from:
+        expect_header(plan, q, rx[q], seq, ack_fp)
+    return plan

@@ -1,0 +1,107 @@
+"""Byte layouts of the tcp backend: data headers, connection hellos and control frames.
+
+Every collective begins, on every link it uses, with a data header: a magic, the group's
+sequence number and the sender's fingerprint of the call ("all_reduce(float32[1024], op=SUM)").
+The receiver compares it with its own before a single payload byte lands in a user buffer, so
+ranks that disagree get `CollectiveMismatch` instead of corrupt results.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+
+from shoal.collectives.constants import MAX_FINGERPRINT_BYTES, SOCKET_BUFFER_BYTES
+
+DATA_MAGIC = b"SHd1"
+# magic, sequence number, fingerprint length; the fingerprint follows.
+DATA_HEADER = struct.Struct("<4sQH")
+
+HELLO_MAGIC = b"SHh1"
+# magic, group id (hash of name and generation), sender's rank, receiver's rank, channel.
+HELLO = struct.Struct("<4s8siiB")
+HELLO_ACK = b"\x06"
+# Each pair has two one-way data connections: a TCP socket's send and receive paths share a
+# lock in the kernel, so one socket carrying both directions halves a ring's throughput.
+CHANNEL_UP = 0  # the dialing (higher) rank sends on it
+CHANNEL_DOWN = 1  # the accepting (lower) rank sends on it
+CHANNEL_CONTROL = 2
+CHANNELS = (CHANNEL_UP, CHANNEL_DOWN, CHANNEL_CONTROL)
+
+CONTROL_MAGIC = b"SHk1"
+# magic, kind, aux (a tag for point-to-point), payload length.
+CONTROL_HEADER = struct.Struct("<4sBiQ")
+KIND_BYE = 1
+KIND_ABORT = 2
+KIND_P2P = 3
+KINDS = {KIND_BYE: "bye", KIND_ABORT: "abort", KIND_P2P: "p2p"}
+P2P_FP_LEN = struct.Struct("<H")
+
+
+def data_header(seq: int, fingerprint: bytes) -> bytes:
+    """The header that opens a collective on one link."""
+    return DATA_HEADER.pack(DATA_MAGIC, seq, len(fingerprint)) + fingerprint
+
+
+def control_frame(kind: int, aux: int, payload: bytes = b"") -> bytes:
+    """A control-channel frame header followed by `payload`."""
+    return CONTROL_HEADER.pack(CONTROL_MAGIC, kind, aux, len(payload)) + payload
+
+
+def fingerprint_ok(length: int) -> bool:
+    """Whether a header's fingerprint length is sane."""
+    return 0 < length <= MAX_FINGERPRINT_BYTES
+
+
+def tune_socket(sock: socket.socket) -> None:
+    """Small fixed buffers (set before connect so the window starts small); 0 keeps autotuning."""
+    if SOCKET_BUFFER_BYTES:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
+
+
+def set_nodelay(sock: socket.socket) -> None:
+    """Disable Nagle: collectives are request/response and every microsecond shows at 4 KiB."""
+    if sock.family != socket.AF_UNIX:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def host_identity() -> str:
+    """Equal on two processes exactly when they share a kernel and a network namespace, which
+    is when an abstract Unix socket of one is reachable from the other."""
+    parts = [socket.gethostname()]
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            parts.append(f.read().strip())
+        parts.append(str(os.stat("/proc/self/ns/net").st_ino))
+    except OSError:
+        return ""
+    return "/".join(parts)
+
+
+def recv_exact(sock: socket.socket, view: memoryview) -> bool:
+    """Fill `view` from a blocking socket; False if the peer closed the connection first."""
+    got = 0
+    n = len(view)
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            return False
+        got += k
+    return True
+
+
+def send_all(sock: socket.socket, parts: list) -> None:
+    """sendmsg of several buffers, finishing any partial send with sendall."""
+    total = sum(len(p) for p in parts)
+    sent = sock.sendmsg(parts)
+    if sent == total:
+        return
+    for p in parts:
+        n = len(p)
+        if sent >= n:
+            sent -= n
+            continue
+        sock.sendall(memoryview(p)[sent:])
+        sent = 0

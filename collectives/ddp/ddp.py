@@ -1,0 +1,295 @@
+"""DistributedDataParallel: data-parallel training of a core.nn.Module across a process group.
+
+Every rank holds a replica of the module and feeds it its own shard of the batch; during
+backward the reducer (collectives/_ddp_reducer.py) averages the gradients bucket by bucket, each
+bucket's all_reduce overlapping the rest of backward, so that after `loss.backward()` every
+replica holds the same averaged `.grad` and the optimizer steps keep the replicas identical.
+Behaviour and names follow torch.nn.parallel.DistributedDataParallel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+import numpy as np
+
+from shoal.collectives.ddp import comm
+from shoal.collectives.ddp.buckets import DEFAULT_FIRST_BUCKET_BYTES, MIB
+from shoal.collectives.ddp.future import Future
+from shoal.collectives.ddp.buckets import GradBucket
+from shoal.collectives.ddp.reducer import DDPError, Reducer
+from shoal.collectives.types import ReduceOp
+from shoal.collectives.ddp.join import Join, JoinHook, Joinable
+from shoal.core import kernels
+from shoal.core import nn
+from shoal.core.autograd import is_grad_enabled
+from shoal.core.tensor import Tensor
+
+log = logging.getLogger(__name__)
+
+__all__ = ["DistributedDataParallel", "DDPError", "GradBucket", "Future"]
+
+
+class DistributedDataParallel(nn.Module, Joinable):
+    """Wrap `module` so that backward averages its gradients across `process_group`.
+
+    Args:
+        module: the model; every rank must build it with the same parameters in the same order.
+        process_group: the group to reduce over (the default group when None).
+        bucket_cap_mb: the size of a gradient bucket in MiB (the first bucket holds 1 MiB at
+            most, so its all_reduce starts early in backward).
+        broadcast_buffers: copy rank 0's buffers to every rank at the start of each forward.
+        find_unused_parameters: search each forward's graph for parameters it did not reach,
+            and reduce those as zeros.
+        static_graph: the graph is the same every iteration: learn it in the first one, then
+            allow reentrant backward (a parameter's hook firing several times) and skip the
+            search for unused parameters.
+        gradient_as_bucket_view: make each `.grad` a view into its bucket (saves memory and a
+            copy per parameter).
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        process_group: Optional[Any] = None,
+        bucket_cap_mb: float = 25,
+        broadcast_buffers: bool = True,
+        find_unused_parameters: bool = False,
+        static_graph: bool = False,
+        gradient_as_bucket_view: bool = False,
+    ) -> None:
+        nn.Module.__init__(self)
+        Joinable.__init__(self)
+        if not isinstance(module, nn.Module):
+            raise TypeError(
+                f"DistributedDataParallel wraps a core.nn.Module, got {type(module).__name__}."
+            )
+        if isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (int, float)) or not (
+            bucket_cap_mb > 0
+        ):
+            raise ValueError(f"bucket_cap_mb must be a positive number of MiB, got {bucket_cap_mb!r}.")
+        self.module = module
+        group = comm.resolve(process_group)
+        # Plain attributes set through object.__setattr__ stay out of Module's registries.
+        object.__setattr__(self, "process_group", group)
+        self.broadcast_buffers = bool(broadcast_buffers)
+        self.find_unused_parameters = bool(find_unused_parameters)
+        self.static_graph = bool(static_graph)
+        self.gradient_as_bucket_view = bool(gradient_as_bucket_view)
+        self.bucket_bytes_cap = max(1, int(bucket_cap_mb * MIB))
+        self.require_backward_grad_sync = True
+        self._rank = comm.rank(group)
+        self._world = comm.size(group)
+        self._divide_by_initial_world_size = True
+
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        if not named:
+            raise DDPError(
+                "DistributedDataParallel is not needed when a module has no parameter that "
+                "requires a gradient."
+            )
+        self._param_names = [n for n, _ in named]
+        self._params = [p for _, p in named]
+        self._buffers_list = [b for _, b in module.named_buffers()]
+        self._verify_same_parameters(named)
+        self._broadcast_arrays([p.data for p in module.parameters()] + [
+            b.data for b in self._buffers_list
+        ], src=0)
+        first = min(DEFAULT_FIRST_BUCKET_BYTES, self.bucket_bytes_cap)
+        reducer = Reducer(
+            self._params,
+            self._param_names,
+            group,
+            bucket_limits=[first, self.bucket_bytes_cap],
+            find_unused_parameters=self.find_unused_parameters,
+            static_graph=self.static_graph,
+            gradient_as_bucket_view=self.gradient_as_bucket_view,
+        )
+        object.__setattr__(self, "reducer", reducer)
+
+    # ------------------------------------------------------------------ construction checks
+
+    def _verify_same_parameters(self, named: Sequence[tuple[str, Tensor]]) -> None:
+        """Every rank learns every rank's parameter list; all raise on the first difference."""
+        mine = [[n, list(p.data.shape), str(p.data.dtype)] for n, p in named]
+        blob = np.frombuffer(json.dumps(mine).encode(), dtype=np.uint8)
+        length = np.array([blob.size], dtype=np.int64)
+        comm.all_reduce(self.process_group, length, ReduceOp.MAX)
+        table = np.zeros((self._world, int(length[0]) + 1), dtype=np.int64)
+        table[self._rank, 0] = blob.size
+        table[self._rank, 1 : blob.size + 1] = blob
+        comm.all_reduce(self.process_group, table, ReduceOp.SUM)
+        lists = [
+            json.loads(row[1 : int(row[0]) + 1].astype(np.uint8).tobytes()) for row in table
+        ]
+        reference = lists[0]
+        for other_rank in range(1, self._world):
+            problem = _first_difference(reference, lists[other_rank], other_rank)
+            if problem:
+                raise DDPError(
+                    "DistributedDataParallel expects the same parameters, with the same shapes "
+                    f"and dtypes in the same order, on every rank, but {problem} Build the same "
+                    f"model on every rank (seen from rank {self._rank})."
+                )
+
+    def _broadcast_arrays(self, arrays: Sequence[Any], src: int) -> None:
+        """Overwrite `arrays` with rank `src`'s values: one broadcast per dtype, coalesced.
+
+        Packing and unpacking are core.kernels' flatten/unflatten: one kernel launch each for
+        arrays on a CUDA device (whatever their number), numpy copies on the host.
+        """
+        by_dtype: dict[Any, list] = {}
+        for arr in arrays:
+            by_dtype.setdefault((arr.dtype, type(arr)), []).append(arr)
+        for (dtype, _), group in sorted(by_dtype.items(), key=lambda kv: str(kv[0][0])):
+            flat = kernels.flatten(group)
+            comm.broadcast(self.process_group, flat, src=src)
+            if self._rank != src:
+                kernels.unflatten(flat, group)
+
+    # ------------------------------------------------------------------ forward
+
+    def forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        """Run the module; with grad on, prepare this rank to reduce the gradients of backward."""
+        grad_on = is_grad_enabled()
+        sync = grad_on and self.require_backward_grad_sync
+        reducer = self.reducer
+        if grad_on:
+            reducer.check_prior_round()
+        divide_by = self._world
+        sync_buffers = sync and self.broadcast_buffers and bool(self._buffers_list)
+        authoritative = 0
+        if grad_on and self._join_config.enable:
+            remaining = Join.notify_join_context(self)
+            if remaining is not None and not self._divide_by_initial_world_size:
+                divide_by = remaining
+            flags = np.array([int(sync), self._rank, int(sync_buffers)], np.int64)
+            comm.all_reduce(self.process_group, flags, ReduceOp.MAX)
+            authoritative = int(flags[1])  # the highest rank still training
+        if sync_buffers:
+            self._broadcast_arrays([b.data for b in self._buffers_list], src=authoritative)
+        if sync:
+            reducer.open_round(divide_by)
+        outputs = self.module(*inputs, **kwargs)
+        if sync:
+            outputs = reducer.attach(outputs)
+        return outputs
+
+    # ------------------------------------------------------------------ public extras
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Within this block, backward accumulates gradients locally without communicating."""
+        previous = self.require_backward_grad_sync
+        self.require_backward_grad_sync = False
+        try:
+            yield
+        finally:
+            self.require_backward_grad_sync = previous
+
+    def register_comm_hook(self, state: Any, hook: Callable[[Any, GradBucket], Future]) -> None:
+        """Reduce each bucket with `hook(state, bucket)`, which returns a Future of the result.
+
+        The Future's value is the bucket's reduced flat buffer (averaged: the built-in
+        all_reduce divides by the world size, a hook does its own division). Call it once,
+        before the first forward. See collectives/comm_hooks.py for the built-in hooks.
+        """
+        if not callable(hook):
+            raise TypeError(f"register_comm_hook needs a callable hook, got {type(hook).__name__}.")
+        self.reducer.register_comm_hook(state, hook)
+
+    @property
+    def bucket_indices(self) -> list[list[int]]:
+        """Parameter indices (in module order) of each gradient bucket, in launch order."""
+        return self.reducer.bucket_indices
+
+    # ------------------------------------------------------------------ Joinable
+
+    def join(
+        self,
+        divide_by_initial_world_size: bool = True,
+        enable: bool = True,
+        throw_on_early_termination: bool = False,
+    ) -> Join:
+        """A Join context for uneven inputs across ranks: `with ddp.join(): for b in data: ...`.
+
+        divide_by_initial_world_size: average over the initial world size even when fewer ranks
+        still train (joined ranks contribute zeros); False averages over the ranks still
+        training. throw_on_early_termination: raise on every rank as soon as one runs out.
+        """
+        return Join(
+            [self],
+            enable,
+            throw_on_early_termination,
+            divide_by_initial_world_size=divide_by_initial_world_size,
+        )
+
+    def join_hook(self, **kwargs: Any) -> JoinHook:
+        """The hook a joined rank runs to shadow this module's collectives."""
+        divide = kwargs.get("divide_by_initial_world_size", True)
+        self._divide_by_initial_world_size = bool(divide)
+        return _DDPJoinHook(self)
+
+    @property
+    def join_device(self) -> Any:
+        """The device of the parameters."""
+        return self._params[0].device
+
+    @property
+    def join_process_group(self) -> Any:
+        """The process group gradients are reduced over."""
+        return self.process_group
+
+    def _sync_final_model(self, is_last_joiner: bool) -> None:
+        # The last rank to join trained longest and holds the final model; copy it everywhere.
+        source = np.array([self._rank if is_last_joiner else -1], dtype=np.int64)
+        comm.all_reduce(self.process_group, source, ReduceOp.MAX)
+        self._broadcast_arrays(
+            [p.data for p in self.module.parameters()] + [b.data for b in self._buffers_list],
+            src=int(source[0]),
+        )
+
+
+class _DDPJoinHook(JoinHook):
+    """Shadows one DDP iteration on a rank that has run out of data."""
+
+    def __init__(self, ddp: DistributedDataParallel) -> None:
+        self._ddp = ddp
+
+    def main_hook(self) -> None:
+        """Match the forward's control all_reduce and buffer broadcast, then backward's."""
+        ddp = self._ddp
+        flags = np.array([0, -1, 0], dtype=np.int64)
+        comm.all_reduce(ddp.process_group, flags, ReduceOp.MAX)
+        sync, authoritative, sync_buffers = (int(x) for x in flags)
+        if sync_buffers:
+            ddp._broadcast_arrays([b.data for b in ddp._buffers_list], src=authoritative)
+        if sync:
+            ddp.reducer.shadow_backward()
+
+    def post_hook(self, is_last_joiner: bool) -> None:
+        """Make every replica equal to the last joiner's."""
+        self._ddp._sync_final_model(is_last_joiner)
+
+
+def _first_difference(reference: list, other: list, other_rank: int) -> str:
+    """A sentence naming the first parameter where `other` differs from rank 0's list, or ''."""
+    for index, (ref, oth) in enumerate(zip(reference, other)):
+        if ref[1] != oth[1] or ref[2] != oth[2]:
+            return (
+                f"rank {other_rank} differs from rank 0 at parameter {index}: rank 0 has "
+                f"{ref[0]!r} of shape {tuple(ref[1])} and dtype {ref[2]}, rank {other_rank} has "
+                f"{oth[0]!r} of shape {tuple(oth[1])} and dtype {oth[2]}."
+            )
+    if len(reference) != len(other):
+        longer, rank_longer = (reference, 0) if len(reference) > len(other) else (other, other_rank)
+        extra = longer[min(len(reference), len(other))]
+        return (
+            f"rank {other_rank} has {len(other)} parameters and rank 0 has {len(reference)}: "
+            f"parameter {min(len(reference), len(other))} ({extra[0]!r} of shape "
+            f"{tuple(extra[1])}) exists only on rank {rank_longer}."
+        )
+    return ""

@@ -1,0 +1,188 @@
+"""Spawning ranks for multi-process tests: module-level targets, child errors sent back to the
+parent, bounded joins that fail naming the rank and its exit code, and kill helpers.
+
+Usage:
+    results = run_ranks(target, world_size, args=(...), timeout=60)   # list, one per rank
+    with Ranks(target, world_size, env=...) as ranks:                # for fault tests
+        ranks.wait_ready(...); ranks.kill(2); ranks.results(timeout=...)
+`target(rank, world_size, *args)` must be a module-level function; its return value must pickle.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import queue as queue_mod
+import signal
+import time
+import traceback
+from typing import Any, Callable, Optional
+
+CTX = multiprocessing.get_context("spawn")
+
+
+class RankFailed(AssertionError):
+    """A spawned rank raised, exited early or did not finish in time."""
+
+
+def _child(target, rank, world_size, args, env, results, events) -> None:
+    os.environ.update(env)
+    os.environ["RANK"] = str(rank)
+    os.environ["WORLD_SIZE"] = str(world_size)
+    try:
+        if events is not None:
+            # EVENTS arrives as an unpickled copy, so match by type.
+            args = tuple(events if isinstance(a, _EventsMarker) else a for a in args)
+        value = target(rank, world_size, *args)
+        results.put((rank, "ok", value))
+    except BaseException as exc:  # the parent reports it with the rank
+        results.put((rank, "error", (type(exc).__name__, str(exc), traceback.format_exc())))
+
+
+class _EventsMarker:
+    """Placeholder in `args` replaced by a queue the child may use to talk to the parent."""
+
+
+EVENTS = _EventsMarker()
+
+
+def agent_store(world_size: Optional[int] = None):
+    """A TCPStore hosted by the test process (as the elastic agent hosts one), and the env that
+    lets ranks reach it through init_method="env://"."""
+    from shoal.collectives.store.tcp import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, world_size=world_size, is_master=True, timeout=30,
+                     wait_for_workers=False)
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port), "SHOAL_USE_AGENT_STORE": "1"}
+    return store, env
+
+
+class Ranks:
+    """`world_size` spawned processes running `target`; a context manager that kills leftovers."""
+
+    def __init__(self, target: Callable, world_size: int, args: tuple = (),
+                 env: Optional[dict] = None, rank_env: Optional[dict] = None):
+        self.world_size = world_size
+        self.results_queue = CTX.Queue()
+        self.events = CTX.Queue()
+        self._results: dict[int, tuple] = {}
+        self.procs = []
+        for rank in range(world_size):
+            child_env = dict(env or {})
+            child_env.update((rank_env or {}).get(rank, {}))
+            uses_events = any(a is EVENTS for a in args)
+            p = CTX.Process(
+                target=_child,
+                args=(target, rank, world_size, args, child_env, self.results_queue,
+                      self.events if uses_events else None),
+                name=f"rank{rank}", daemon=True,
+            )
+            self.procs.append(p)
+
+    def start(self) -> "Ranks":
+        for p in self.procs:
+            p.start()
+        return self
+
+    def __enter__(self) -> "Ranks":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.cleanup()
+
+    def kill(self, rank: int, sig: int = signal.SIGKILL) -> None:
+        """Send `sig` to rank `rank`'s process."""
+        os.kill(self.procs[rank].pid, sig)
+
+    def event(self, timeout: float) -> Any:
+        """The next message a child put on the EVENTS queue (fails early if a rank errs)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return self.events.get(timeout=min(0.5, max(0.01, deadline - time.monotonic())))
+            except queue_mod.Empty:
+                pass
+            try:
+                rank, status, value = self.results_queue.get_nowait()
+                self._results[rank] = (status, value)
+                if status != "ok":
+                    raise RankFailed(f"Rank {rank} raised while the test waited for an event: {value}")
+            except queue_mod.Empty:
+                pass
+            if time.monotonic() >= deadline:
+                codes = {r: p.exitcode for r, p in enumerate(self.procs)}
+                raise RankFailed(f"No event from any rank within {timeout:g}s (exit codes {codes}).")
+
+    def results(self, timeout: float, ranks=None) -> dict[int, tuple]:
+        """Collect ("ok", value) or ("error", (type, message, traceback)) from `ranks`."""
+        wanted = set(range(self.world_size) if ranks is None else ranks)
+        deadline = time.monotonic() + timeout
+        while not wanted <= set(self._results):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                missing = sorted(wanted - set(self._results))
+                codes = {r: self.procs[r].exitcode for r in missing}
+                raise RankFailed(
+                    f"Ranks {missing} reported nothing within {timeout:g}s (exit codes {codes})."
+                )
+            try:
+                rank, status, value = self.results_queue.get(timeout=min(left, 0.5))
+            except queue_mod.Empty:
+                dead = [r for r in wanted - set(self._results)
+                        if self.procs[r].exitcode is not None]
+                if dead:
+                    # Give a result that was put just before exit a moment to arrive.
+                    try:
+                        rank, status, value = self.results_queue.get(timeout=1.0)
+                    except queue_mod.Empty:
+                        codes = {r: self.procs[r].exitcode for r in dead}
+                        raise RankFailed(f"Ranks {dead} exited without a result (exit codes {codes}).") from None
+                else:
+                    continue
+            self._results[rank] = (status, value)
+        return {r: self._results[r] for r in wanted}
+
+    def join(self, timeout: float, ranks=None) -> dict[int, Optional[int]]:
+        """Wait for processes to exit; returns rank -> exit code; fails naming stragglers."""
+        deadline = time.monotonic() + timeout
+        chosen = range(self.world_size) if ranks is None else ranks
+        for r in chosen:
+            self.procs[r].join(max(0.0, deadline - time.monotonic()))
+        stuck = [r for r in chosen if self.procs[r].exitcode is None]
+        if stuck:
+            raise RankFailed(f"Ranks {stuck} did not exit within {timeout:g}s.")
+        return {r: self.procs[r].exitcode for r in chosen}
+
+    def cleanup(self) -> None:
+        for p in self.procs:
+            if p.is_alive():
+                try:
+                    os.kill(p.pid, signal.SIGCONT)
+                except OSError:
+                    pass
+                p.kill()
+        for p in self.procs:
+            p.join(5)
+        self.results_queue.close()
+        self.events.close()
+
+
+def run_ranks(target: Callable, world_size: int, args: tuple = (), timeout: float = 60.0,
+              env: Optional[dict] = None) -> list:
+    """Run `target` on `world_size` spawned ranks; return their results in rank order.
+
+    Raises:
+        RankFailed: a rank raised (its traceback is in the message), exited early, hung, or
+            exited with a non-zero code.
+    """
+    with Ranks(target, world_size, args, env) as ranks:
+        results = ranks.results(timeout)
+        errors = {r: v for r, (s, v) in results.items() if s != "ok"}
+        if errors:
+            parts = [f"rank {r} raised {t}: {m}\n{tb}" for r, (t, m, tb) in sorted(errors.items())]
+            raise RankFailed("\n".join(parts))
+        codes = ranks.join(30)
+        bad = {r: c for r, c in codes.items() if c != 0}
+        if bad:
+            raise RankFailed(f"Ranks exited with non-zero codes: {bad}.")
+        return [results[r][1] for r in range(world_size)]

@@ -1,0 +1,134 @@
+"""Start `shoal run` as a real subprocess and follow its output (for the integration tests)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKERS = ROOT / "tests" / "integration" / "workers"
+TRAIN_DDP = ROOT / "examples" / "train_ddp.py"
+
+
+class ShoalRun:
+    """One `python -m shoal.launcher run ARGS` process; its stdout and stderr are read by a thread."""
+
+    def __init__(self, args: Sequence[str], env: Optional[dict] = None, name: str = "shoal"):
+        self.name = name
+        self.args = list(args)
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "shoal.launcher", "run", *self.args], cwd=ROOT, env=full_env,
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, errors="replace", start_new_session=True,
+        )
+        self._lines: list[str] = []
+        self.last_index = 0  # the line the last successful wait_for matched
+        self._cond = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            with self._cond:
+                self._lines.append(line.rstrip("\n"))
+                self._cond.notify_all()
+        with self._cond:
+            self._cond.notify_all()
+
+    @property
+    def output(self) -> str:
+        """Everything printed so far."""
+        with self._cond:
+            return "\n".join(self._lines)
+
+    def lines(self) -> list[str]:
+        """The lines printed so far."""
+        with self._cond:
+            return list(self._lines)
+
+    def wait_for(self, pattern: str, timeout: float, start: int = 0) -> re.Match:
+        """Wait for a line matching `pattern` (from line `start`); fail with the output tail.
+
+        The matching line's index is left in `last_index`.
+        """
+        regex = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                for index in range(start, len(self._lines)):
+                    match = regex.search(self._lines[index])
+                    if match:
+                        self.last_index = index
+                        return match
+                left = deadline - time.monotonic()
+                if left <= 0 or (self.proc.poll() is not None and not self._reader.is_alive()):
+                    break
+                self._cond.wait(min(left, 0.2))
+        raise AssertionError(
+            f"{self.name} printed no line matching {pattern!r} within {timeout:g}s "
+            f"(exit status {self.proc.poll()}); output:\n{self.tail()}"
+        )
+
+    def wait(self, timeout: float) -> int:
+        """Wait for the exit status; on timeout kill the process and fail with its output."""
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(
+                f"{self.name} did not finish within {timeout:g}s; output:\n{self.tail()}"
+            ) from None
+        self._reader.join(5.0)
+        return code
+
+    def tail(self, n: int = 80) -> str:
+        """The last `n` lines."""
+        return "\n".join(self.lines()[-n:])
+
+    def signal(self, signum: int) -> None:
+        """Send `signum` to the agent process only."""
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signum)
+
+    def kill(self) -> None:
+        """SIGKILL the agent (its workers die with it through their parent-death signal)."""
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(10)
+
+    def worker_pids(self, timeout: float, start: int = 0) -> list[int]:
+        """The pids of the workers this agent started (from its 'Started ranks' log line)."""
+        match = self.wait_for(r"Started ranks \[[0-9, ]+\] as pids \[([0-9, ]+)\]", timeout, start)
+        return [int(p) for p in match.group(1).split(",")]
+
+    def store_port(self, timeout: float = 30.0) -> int:
+        """The port of the embedded rendezvous store this agent hosts."""
+        match = self.wait_for(r"Rendezvous store listening on \S+:(\d+)", timeout)
+        return int(match.group(1))
+
+    def __enter__(self) -> "ShoalRun":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.kill()
+
+
+def pid_alive(pid: int) -> bool:
+    """True if `pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
