@@ -14,14 +14,14 @@ import signal
 import subprocess
 import tempfile
 import time
-from typing import Optional
+from typing import Optional, Sequence
 
 import pytest
 
 STARTUP_S = 30.0
 STOP_S = 10.0
 MAX_REQUEST_BYTES = 32 * 1024 * 1024
-_SERVING = re.compile(rb"serving insecure client requests on 127\.0\.0\.1:(\d+)")
+_SERVING = re.compile(rb"serving insecure client requests on [0-9.]+:(\d+)")
 _READY = re.compile(rb"ready to serve client requests")
 
 
@@ -44,8 +44,13 @@ def require_etcd() -> str:
 class EtcdServer:
     """One single-member etcd process; `endpoint` is 'host:port' once started."""
 
-    def __init__(self, binary: Optional[str] = None, data_root: Optional[str] = None):
+    def __init__(self, binary: Optional[str] = None, data_root: Optional[str] = None,
+                 host: str = "127.0.0.1", command_prefix: Sequence[str] = ()):
+        # `host` and `command_prefix` serve multi-host tests: etcd runs inside a test host
+        # (`ip netns exec NS`) and listens on that host's address.
         self.binary = binary or require_etcd()
+        self.host = host
+        self.command_prefix = list(command_prefix)
         # tmpfs keeps etcd's fsyncs cheap on a busy CI disk.
         root = data_root or ("/dev/shm" if os.path.isdir("/dev/shm") else None)
         self.workdir = tempfile.mkdtemp(prefix="shoal-etcd-", dir=root)
@@ -57,22 +62,22 @@ class EtcdServer:
 
     @property
     def endpoint(self) -> str:
-        """'127.0.0.1:<port>' of the client listener."""
+        """'host:port' of the client listener."""
         if self.port is None:
             raise RuntimeError("etcd was never started")
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     def start(self) -> "EtcdServer":
         """Start etcd (on its first port after a stop) and wait until it serves clients."""
         if self.proc is not None and self.proc.poll() is None:
             raise RuntimeError("etcd is already running")
-        client = f"http://127.0.0.1:{self.port or 0}"
-        args = [
+        client = f"http://{self.host}:{self.port or 0}"
+        args = self.command_prefix + [
             self.binary, "--name", "shoal-test", "--data-dir", self.data_dir,
             "--listen-client-urls", client, "--advertise-client-urls", client,
-            "--listen-peer-urls", "http://127.0.0.1:0",
-            "--initial-advertise-peer-urls", "http://127.0.0.1:0",
-            "--initial-cluster", "shoal-test=http://127.0.0.1:0",
+            "--listen-peer-urls", f"http://{self.host}:0",
+            "--initial-advertise-peer-urls", f"http://{self.host}:0",
+            "--initial-cluster", f"shoal-test=http://{self.host}:0",
             "--enable-grpc-gateway=false", "--log-level", "info",
             # The Store contract sends 4 MiB values; etcd's default limit is 1.5 MiB.
             "--max-request-bytes", str(MAX_REQUEST_BYTES),

@@ -1,0 +1,81 @@
+"""The multi-host harness itself (tests/support/netns.py): hosts reach each other over the
+bridge, not each other's loopback; etcd serves on a host's address; a cut host is gone; and
+nothing the harness made outlives it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.etcd_server import EtcdServer
+from tests.support.netns import Hosts, require_netns
+
+pytestmark = pytest.mark.usefixtures("netns")
+
+ECHO_SERVER = """
+import socket, sys
+srv = socket.create_server((sys.argv[1], 0))
+print(srv.getsockname()[1], flush=True)
+conn, _ = srv.accept()
+conn.sendall(conn.recv(64).upper())
+"""
+
+CONNECT = """
+import socket, sys
+try:
+    with socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2) as s:
+        s.sendall(b"hello")
+        print(s.recv(64).decode())
+except OSError as exc:
+    print(type(exc).__name__)
+"""
+
+CONNECT_ONLY = """
+import socket, sys
+socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2).close()
+print("connected")
+"""
+
+
+@pytest.fixture
+def netns():
+    require_netns()
+
+
+def _netns_names() -> set:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10)
+    return {line.split()[0] for line in out.stdout.splitlines() if line.strip()}
+
+
+def test_hosts_reach_each_other_over_the_bridge_and_leave_nothing_behind():
+    before = _netns_names()
+    with Hosts(2) as hosts:
+        a, b = hosts[0], hosts[1]
+        server = a.popen([sys.executable, "-c", ECHO_SERVER, a.address],
+                         stdout=subprocess.PIPE, text=True)
+        port = int(server.stdout.readline())
+        assert b.run([sys.executable, "-c", CONNECT, a.address, str(port)]).stdout.strip() == "HELLO"
+        # b's loopback is b's own: a's listener is not there.
+        assert b.run([sys.executable, "-c", CONNECT, "127.0.0.1", str(port)]).stdout.strip() \
+            == "ConnectionRefusedError"
+        assert len(_netns_names() - before) == 3  # two hosts and the switch
+        hosts.cut(a)
+        assert server.poll() is not None
+        assert b.run([sys.executable, "-c", CONNECT, a.address, str(port)]).stdout.strip() in (
+            "TimeoutError", "OSError", "ConnectionRefusedError")
+    assert _netns_names() == before
+
+
+def test_etcd_serves_on_a_hosts_address():
+    with Hosts(2) as hosts:
+        etcd = EtcdServer(host=hosts[0].address, command_prefix=hosts[0].command([]))
+        try:
+            etcd.start()
+            host, port = etcd.endpoint.split(":")
+            assert host == hosts[0].address
+            probe = hosts[1].run([sys.executable, "-c", CONNECT_ONLY, host, port])
+            assert probe.stdout.strip() == "connected", probe.stderr
+        finally:
+            etcd.close()

@@ -1,0 +1,177 @@
+"""Hosts for multi-host tests: Linux network namespaces joined by veth pairs to one bridge.
+
+Each `Host` is a network namespace with its own loopback and one interface (`eth0`) on a private
+subnet that exists only inside the namespaces made here; the bridge sits in a namespace of its
+own, so nothing is added to the machine's own network. Processes started on a host see only
+that host's interfaces (so abstract Unix sockets and loopback are per host, as on real
+machines). `cut(host)` tears a host off the network and kills everything it runs, as a lost
+machine would look to the others.
+
+Needs root and iproute2. Without them `require_netns()` fails the test under CI=true (CI must
+run them) and skips it elsewhere, with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import pytest
+
+# A subnet used only between the namespaces made here (never routed anywhere else).
+SUBNET = "10.213.47"
+PREFIX_LEN = 24
+_IP_TIMEOUT_S = 10.0
+
+
+def netns_unavailable_reason() -> Optional[str]:
+    """Why hosts cannot be made here, or None."""
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    if shutil.which("ip") is None:
+        return "iproute2's `ip` is not installed (apt-get install iproute2)"
+    probe = f"shoal-probe-{uuid.uuid4().hex[:8]}"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True,
+                          timeout=_IP_TIMEOUT_S)
+    if made.returncode != 0:
+        return f"`ip netns add` failed: {made.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True, timeout=_IP_TIMEOUT_S)
+    return None
+
+
+def require_netns() -> None:
+    """Skip the test when hosts cannot be made here; fail it under CI=true."""
+    reason = netns_unavailable_reason()
+    if reason is None:
+        return
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"{reason}; CI must run the multi-host tests.")
+    pytest.skip(reason)
+
+
+def _ip(*args: str, netns: Optional[str] = None) -> None:
+    argv = ["ip"] + (["-n", netns] if netns else []) + list(args)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=_IP_TIMEOUT_S)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed: {done.stderr.strip()}")
+
+
+@dataclass
+class Host:
+    """One namespace: `address` is its eth0 address, `netns` its name for `ip netns exec`."""
+
+    index: int
+    netns: str
+    address: str
+    switch_port: str
+    procs: list = field(default_factory=list)
+
+    def command(self, argv: Sequence[str]) -> list[str]:
+        """`argv` wrapped to run inside this host."""
+        return ["ip", "netns", "exec", self.netns, *argv]
+
+    def popen(self, argv: Sequence[str], **kwargs) -> subprocess.Popen:
+        """Start `argv` on this host in a session of its own (killed by `cut` and cleanup)."""
+        kwargs.setdefault("start_new_session", True)
+        proc = subprocess.Popen(self.command(argv), **kwargs)
+        self.procs.append(proc)
+        return proc
+
+    def run(self, argv: Sequence[str], timeout: float = 30.0, **kwargs):
+        """Run `argv` on this host to completion (captured output, bounded by `timeout`)."""
+        return subprocess.run(self.command(argv), capture_output=True, text=True,
+                              timeout=timeout, **kwargs)
+
+
+class Hosts:
+    """`n` hosts on one bridge; use as a context manager, which removes everything it made."""
+
+    def __init__(self, n: int):
+        if n < 1:
+            raise ValueError(f"Hosts needs at least one host, got {n}.")
+        tag = uuid.uuid4().hex[:8]
+        self.switch = f"shoal-{tag}-sw"
+        self.hosts = [Host(i, f"shoal-{tag}-h{i}", f"{SUBNET}.{i + 1}", f"p{i}")
+                      for i in range(n)]
+        self._made: list[str] = []
+
+    def __enter__(self) -> "Hosts":
+        try:
+            self._make()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __getitem__(self, index: int) -> Host:
+        return self.hosts[index]
+
+    def __len__(self) -> int:
+        return len(self.hosts)
+
+    def _add_netns(self, name: str) -> None:
+        _ip("netns", "add", name)
+        self._made.append(name)
+        _ip("link", "set", "lo", "up", netns=name)
+
+    def _make(self) -> None:
+        self._add_netns(self.switch)
+        _ip("link", "add", "br0", "type", "bridge", netns=self.switch)
+        _ip("link", "set", "br0", "up", netns=self.switch)
+        for host in self.hosts:
+            self._add_netns(host.netns)
+            # Both ends are created inside their namespaces: no name ever appears outside.
+            _ip("link", "add", "eth0", "netns", host.netns, "type", "veth",
+                "peer", "name", host.switch_port, "netns", self.switch)
+            _ip("link", "set", host.switch_port, "master", "br0", netns=self.switch)
+            _ip("link", "set", host.switch_port, "up", netns=self.switch)
+            _ip("addr", "add", f"{host.address}/{PREFIX_LEN}", "dev", "eth0", netns=host.netns)
+            _ip("link", "set", "eth0", "up", netns=host.netns)
+
+    def cut(self, host: Host) -> None:
+        """Take `host` off the network and kill everything running on it (a lost machine)."""
+        _ip("link", "del", host.switch_port, netns=self.switch)
+        self._kill(host)
+
+    def _kill(self, host: Host) -> None:
+        # Every process in the namespace, including those started by processes we started.
+        listed = subprocess.run(["ip", "netns", "pids", host.netns], capture_output=True,
+                                text=True, timeout=_IP_TIMEOUT_S)
+        for pid in listed.stdout.split():
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass
+        for proc in host.procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def close(self) -> None:
+        """Kill every process on every host and delete every namespace made (idempotent)."""
+        for host in self.hosts:
+            if host.netns in self._made:
+                self._kill(host)
+        for name in reversed(self._made):
+            for _ in range(50):  # a namespace whose last process is still exiting is busy
+                done = subprocess.run(["ip", "netns", "del", name], capture_output=True,
+                                      timeout=_IP_TIMEOUT_S)
+                if done.returncode == 0 or not os.path.exists(f"/run/netns/{name}"):
+                    break
+                time.sleep(0.1)
+        self._made.clear()
