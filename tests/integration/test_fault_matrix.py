@@ -29,7 +29,7 @@ from typing import Optional
 
 import pytest
 
-from tests.support.shoal_run import WORKERS, ShoalRun, pid_alive
+from tests.support.shoal_run import WORKERS, ShoalRun, check_resume, final_sha, pid_alive
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +37,6 @@ STEPS, EVERY, FAULT_STEP = 30, 5, 12
 TRAIN_ARGS = ["--steps", str(STEPS), "--checkpoint-every", str(EVERY)]
 FAULT_AT = str(WORKERS / "fault_at.py")
 KILL_IN_SAVE = str(WORKERS / "kill_in_save.py")
-FINAL = re.compile(rf"\[rank 0\] final step {STEPS} params_sha256 ([0-9a-f]{{64}})")
 JOB_TIMEOUT = 60
 # A bucket of this hidden width is 76816 bytes: past the 64 KiB small-message size, so it
 # takes the ring over sockets and the shared-memory path under SHOAL_LOCAL_TRANSPORT=shm.
@@ -103,29 +102,6 @@ PLACEMENTS = [
 ]
 
 
-def _sha(run: ShoalRun) -> str:
-    match = FINAL.search(run.output)
-    assert match, f"{run.name} printed no final line:\n{run.tail()}"
-    return match.group(1)
-
-
-def _steps(lines: list[str]) -> list[int]:
-    return [int(m.group(1)) for line in lines if (m := re.match(r"\[rank 0\] step (\d+) ", line))]
-
-
-def _check_resume(run: ShoalRun, restart: int) -> int:
-    """The job resumed from a checkpoint it had reached and ran every later step once."""
-    lines = run.lines()
-    pattern = re.compile(rf"\[rank 0\] resumed from step (\d+) \(restart {restart}\)")
-    index = next((i for i, line in enumerate(lines) if pattern.search(line)), None)
-    assert index is not None, f"{run.name} never resumed (restart {restart}):\n{run.tail()}"
-    resumed = int(pattern.search(lines[index]).group(1))
-    before, after = _steps(lines[:index]), _steps(lines[index:])
-    assert resumed % EVERY == 0 and resumed <= max(before), (resumed, before)
-    assert after == list(range(resumed + 1, STEPS + 1)), f"steps after the resume: {after}"
-    return resumed
-
-
 def _env(placement: Placement, tmp_path) -> dict:
     return {"SHOAL_LOCAL_TRANSPORT": placement.transport, "SHOAL_DUMP_DIR": str(tmp_path)}
 
@@ -148,7 +124,7 @@ def reference(tmp_path_factory):
         key = (placement.hidden, placement.transport)
         if key not in cache:
             clean = dataclasses.replace(placement, fault="none")
-            cache[key] = _sha(launch(clean, tmp_path_factory.mktemp("reference")))
+            cache[key] = final_sha(launch(clean, tmp_path_factory.mktemp("reference")), STEPS)
         return cache[key]
 
     return get
@@ -190,8 +166,8 @@ def test_fault_matrix(placement, tmp_path, reference):
     assert "Restarting the job (restart 1 of 1)" in run.output, run.tail()
     assert "runs ranks [0, 1, 2, 3] of 4 (restart 1)" in run.output, run.tail()
     assert not any(pid_alive(p) for p in pids)
-    assert _check_resume(run, restart=1) == placement.resumed
-    assert _sha(run) == reference(placement), run.tail()
+    assert check_resume(run, 1, STEPS, EVERY) == placement.resumed
+    assert final_sha(run, STEPS) == reference(placement), run.tail()
 
 
 def _agent_kill(placement: Placement, tmp_path) -> None:
@@ -220,6 +196,6 @@ def _agent_kill(placement: Placement, tmp_path) -> None:
     assert re.search(r"INFO Round [1-9]\d*: node rank 0 of 1 runs ranks \[0, 1\] of 2 "
                      r"\(restart 0\)", a.output), a.tail()
     assert "Restarting the job" not in a.output  # a lost node costs no restart
-    resumed = _check_resume(a, restart=0)
+    resumed = check_resume(a, 0, STEPS, EVERY)
     assert resumed >= 5, resumed
-    _sha(a)
+    final_sha(a, STEPS)

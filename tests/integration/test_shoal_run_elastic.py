@@ -10,38 +10,21 @@ import uuid
 
 import pytest
 
-from tests.support.shoal_run import TRAIN_DDP, WORKERS, ShoalRun, pid_alive
+from tests.support.shoal_run import (
+    TRAIN_DDP,
+    WORKERS,
+    ShoalRun,
+    check_resume,
+    final_sha,
+    pid_alive,
+    steps_run,
+)
 
 STEPS, EVERY = 40, 5
 TRAIN = [str(TRAIN_DDP), "--steps", str(STEPS), "--checkpoint-every", str(EVERY)]
 # Short heartbeats so a dead agent is noticed in about 2 s.
 RDZV_CONF = "heartbeat_interval=0.25,heartbeat_timeout=2,last_call_timeout=0.5"
-FINAL = re.compile(rf"\[rank 0\] final step {STEPS} params_sha256 ([0-9a-f]{{64}})")
 JOB_TIMEOUT = 90
-
-
-def _sha(run: ShoalRun) -> str:
-    match = FINAL.search(run.output)
-    assert match, f"{run.name} printed no final line:\n{run.tail()}"
-    return match.group(1)
-
-
-def _steps(lines: list[str]) -> list[int]:
-    return [int(m.group(1)) for line in lines if (m := re.match(r"\[rank 0\] step (\d+) ", line))]
-
-
-def _check_resume(run: ShoalRun, restart: int) -> int:
-    """The job resumed from its last checkpoint and its step counter continued from there."""
-    lines = run.lines()
-    pattern = re.compile(rf"\[rank 0\] resumed from step (\d+) \(restart {restart}\)")
-    index = next((i for i, line in enumerate(lines) if pattern.search(line)), None)
-    assert index is not None, f"{run.name} never resumed (restart {restart}):\n{run.tail()}"
-    resumed = int(pattern.search(lines[index]).group(1))
-    before, after = _steps(lines[:index]), _steps(lines[index:])
-    assert resumed >= EVERY and resumed % EVERY == 0
-    assert resumed <= max(before), "resumed from a step the job had not reached"
-    assert after == list(range(resumed + 1, STEPS + 1)), f"steps after the resume: {after}"
-    return resumed
 
 
 def _pair(backend, request, tmp_path, worker, *, nnodes="2", nproc="2", late_b=False):
@@ -70,7 +53,7 @@ def reference_sha(tmp_path_factory):
     with ShoalRun(["--standalone", "--nproc-per-node", "4", "--checkpoint-dir", str(ck)] + TRAIN,
                   name="reference") as run:
         assert run.wait(JOB_TIMEOUT) == 0, run.tail()
-    return _sha(run)
+    return final_sha(run, STEPS)
 
 
 @pytest.mark.parametrize("backend", ["store", "etcd"])
@@ -90,8 +73,8 @@ def test_two_nodes_form_one_group_and_resume_after_a_sigkilled_worker(
     assert "runs ranks [2, 3] of 4 (restart 0)" in b.output
     assert f"rank 3 (local rank 1, pid {victim}) ended with signal SIGKILL" in b.output
     assert "runs ranks [0, 1] of 4 (restart 1)" in a.output
-    _check_resume(a, restart=1)
-    assert _sha(a) == reference_sha  # exactly the uninterrupted run's parameters
+    check_resume(a, 1, STEPS, EVERY)
+    assert final_sha(a, STEPS) == reference_sha  # exactly the uninterrupted run's parameters
 
 
 def test_a_killed_agent_leaves_the_others_running_at_the_smaller_size(request, tmp_path):
@@ -107,7 +90,7 @@ def test_a_killed_agent_leaves_the_others_running_at_the_smaller_size(request, t
     assert re.search(r"Round \d+: node rank 0 of 1 runs ranks \[0, 1\] of 2", a.output), a.tail()
     # A lost node costs no restart: the survivors' restart count stays 0.
     assert re.search(r"\[rank 0\] resumed from step \d+ \(restart 0\)", a.output), a.tail()
-    _sha(a)
+    final_sha(a, STEPS)
 
 
 def test_a_node_joining_late_scales_the_job_up(request, tmp_path):
@@ -122,8 +105,8 @@ def test_a_node_joining_late_scales_the_job_up(request, tmp_path):
     assert "a node is waiting to join: scaling up" in a.output
     assert re.search(r"runs ranks \[0, 1\] of 4", a.output)
     assert re.search(r"runs ranks \[2, 3\] of 4", b.output)
-    _check_resume(a, restart=0)  # scaling up costs no restart
-    _sha(a)
+    check_resume(a, 0, STEPS, EVERY)  # scaling up costs no restart
+    final_sha(a, STEPS)
 
 
 def test_the_job_survives_etcd_stopping_for_three_seconds(request, tmp_path):
@@ -137,8 +120,8 @@ def test_the_job_survives_etcd_stopping_for_three_seconds(request, tmp_path):
         assert a.wait(JOB_TIMEOUT) == 0, a.tail()
         assert b.wait(JOB_TIMEOUT) == 0, b.tail()
     assert "Restarting the job" not in a.output + b.output
-    assert _steps(a.lines()) == list(range(1, STEPS + 1))  # no step lost or repeated
-    _sha(a)
+    assert steps_run(a.lines()) == list(range(1, STEPS + 1))  # no step lost or repeated
+    final_sha(a, STEPS)
 
 
 def test_exhausted_restarts_on_etcd_end_with_the_summary(request, tmp_path):
@@ -161,5 +144,5 @@ def test_a_kill_inside_a_checkpoint_save_resumes_from_the_previous_one(tmp_path,
     with ShoalRun(args, name="job") as run:
         assert run.wait(JOB_TIMEOUT) == 0, run.tail()
     assert "killing rank 0 inside the save of step 10" in run.output
-    assert _check_resume(run, restart=1) == 5  # step 10's file never appeared
-    assert _sha(run) == reference_sha
+    assert check_resume(run, 1, STEPS, EVERY) == 5  # step 10's file never appeared
+    assert final_sha(run, STEPS) == reference_sha

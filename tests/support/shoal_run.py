@@ -132,3 +132,33 @@ def pid_alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except OSError:
         return False
+
+
+# ----------------------------------------------------------------------------- train_ddp's output
+
+def final_sha(run: ShoalRun, steps: int) -> str:
+    """The params_sha256 rank 0 of examples/train_ddp.py printed after its last step."""
+    match = re.search(rf"\[rank 0\] final step {steps} params_sha256 ([0-9a-f]{{64}})",
+                      run.output)
+    assert match, f"{run.name} printed no final line for step {steps}:\n{run.tail()}"
+    return match.group(1)
+
+
+def steps_run(lines: list[str]) -> list[int]:
+    """The steps rank 0 reported, in order."""
+    return [int(m.group(1)) for line in lines if (m := re.match(r"\[rank 0\] step (\d+) ", line))]
+
+
+def check_resume(run: ShoalRun, restart: int, steps: int, every: int) -> int:
+    """The job resumed (in `restart`) from a checkpoint it had reached (a multiple of `every`)
+    and then ran every later step exactly once; returns the step it resumed from."""
+    lines = run.lines()
+    pattern = re.compile(rf"\[rank 0\] resumed from step (\d+) \(restart {restart}\)")
+    index = next((i for i, line in enumerate(lines) if pattern.search(line)), None)
+    assert index is not None, f"{run.name} never resumed (restart {restart}):\n{run.tail()}"
+    resumed = int(pattern.search(lines[index]).group(1))
+    before, after = steps_run(lines[:index]), steps_run(lines[index:])
+    assert resumed >= every and resumed % every == 0, (resumed, every)
+    assert resumed <= max(before), f"resumed from step {resumed}, which the job had not reached"
+    assert after == list(range(resumed + 1, steps + 1)), f"steps after the resume: {after}"
+    return resumed
