@@ -18,6 +18,8 @@ from typing import Optional, Sequence
 
 import pytest
 
+from tests.support.requirements import missing
+
 STARTUP_S = 30.0
 STOP_S = 10.0
 MAX_REQUEST_BYTES = 32 * 1024 * 1024
@@ -34,10 +36,7 @@ def require_etcd() -> str:
     """The etcd executable; skips the test without one, or fails it under CI=true."""
     binary = etcd_binary()
     if binary is None:
-        message = "etcd is not installed (apt-get install etcd-server)"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"{message}; CI must run the etcd tests.")
-        pytest.skip(message)
+        missing("the etcd tests", "etcd is not installed (apt-get install etcd-server)")
     return binary
 
 
