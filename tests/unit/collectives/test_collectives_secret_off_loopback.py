@@ -12,13 +12,7 @@ from shoal.collectives.backends.tcp.mesh import Mesh
 from shoal.collectives.store.hash import HashStore
 from shoal.core.errors import AuthenticationError
 
-RULE = r"which is not a loopback address, and no secret is set: set SHOAL_AUTH_TOKEN"
-
-
-@pytest.fixture
-def no_secret(monkeypatch):
-    for name in ("SHOAL_AUTH_TOKEN", "SHOAL_AUTH_TOKEN_FILE", "MASTER_ADDR"):
-        monkeypatch.delenv(name, raising=False)
+from tests.conftest import DEVELOPMENT_TOKEN_RULE as RULE
 
 
 def test_init_process_group_over_tcp_on_all_interfaces_needs_a_secret(no_secret):

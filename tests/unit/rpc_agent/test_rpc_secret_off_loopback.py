@@ -11,13 +11,7 @@ from shoal.core.errors import AuthenticationError
 from shoal.rpc_agent import RpcBackendOptions
 from shoal.rpc_agent.transport.data_channel import DataChannels
 
-RULE = r"which is not a loopback address, and no secret is set: set SHOAL_AUTH_TOKEN"
-
-
-@pytest.fixture
-def no_secret(monkeypatch):
-    for name in ("SHOAL_AUTH_TOKEN", "SHOAL_AUTH_TOKEN_FILE", "MASTER_ADDR"):
-        monkeypatch.delenv(name, raising=False)
+from tests.conftest import DEVELOPMENT_TOKEN_RULE as RULE
 
 
 def test_init_rpc_on_all_interfaces_needs_a_secret(no_secret):
