@@ -135,6 +135,48 @@ class Deadlines:
                     logger.exception("Expiring RPC %s failed", key)
 
 
+class BurstWriter:
+    """A stream's writer thread for bursts: started on the first `wake()`, it calls `drain()`
+    once after each wake-up and exits when `drain()` returns False (the stream is over).
+
+    A thread that sends a frame in a burst wakes it instead of writing: it gets the GIL only when
+    the senders pause, so one gRPC write carries many frames.
+    """
+
+    def __init__(self, drain: Callable[[], bool], name: str):
+        self._drain = drain
+        self._name = name
+        self._lock = threading.Lock()
+        self._wake: Optional[threading.Semaphore] = None
+
+    @property
+    def started(self) -> bool:
+        """True once the thread runs (it may have exited since)."""
+        return self._wake is not None
+
+    def wake(self) -> None:
+        """Have the thread drain once more (starting it on first use)."""
+        if self._wake is None:
+            with self._lock:
+                if self._wake is None:
+                    wake = threading.Semaphore(0)
+                    threading.Thread(target=self._run, args=(wake,), daemon=True,
+                                     name=self._name).start()
+                    self._wake = wake
+        self._wake.release()
+
+    def wake_if_started(self) -> None:
+        """Let a running thread see that the stream is over; starts none."""
+        if self._wake is not None:
+            self._wake.release()
+
+    def _run(self, wake: threading.Semaphore) -> None:
+        while True:
+            wake.acquire()
+            if not self._drain():
+                return
+
+
 _marks = threading.local()
 
 

@@ -1,6 +1,6 @@
 """`RpcAgent`: calls out, serves calls in, over the gRPC streams and the data channels.
 
-Threads: per stream one reader (and a writer during bursts; rpc_agent/transport.py); the worker
+Threads: per stream one reader (and a writer during bursts; rpc_agent/transport/); the worker
 pool (runs incoming calls, and the callbacks of Futures completed on a reader); one reader and
 one sender per data socket; the timer thread (call deadlines); the RRef delete thread. Readers
 never block and never run user callbacks: they parse frames, complete plain waits, register
@@ -14,7 +14,7 @@ import itertools
 import logging
 import threading
 import time
-from typing import Any, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 from shoal.core.auth import load_token, require_secret_for
 from shoal.core.timeouts import to_seconds
@@ -36,7 +36,10 @@ from shoal.rpc_agent.serialization import (
     serialize,
     serialize_exception,
 )
-from shoal.rpc_agent.transport.grpc import GrpcTransport, Stream
+from shoal.rpc_agent.transport import grpc_tuning
+
+if TYPE_CHECKING:
+    from shoal.rpc_agent.transport.stream import Stream
 
 logger = logging.getLogger(__name__)
 
@@ -120,6 +123,13 @@ class RpcAgent:
         self._pool = WorkerPool(options.num_worker_threads, name)
         self._deadlines = Deadlines(self._on_deadline, name)
         self.rrefs = RRefContext(self)
+        # The one place shoal loads grpc, and late on purpose: gRPC core reads its process-wide
+        # settings as grpc loads, so shoal's tuning goes into the environment just before
+        # (transport/grpc_tuning.py). This is no cycle dodged: transport.grpc never imports
+        # the agent.
+        grpc_tuning.apply()
+        from shoal.rpc_agent.transport.grpc import GrpcTransport
+
         self._transport = GrpcTransport(
             name=name, worker_id=rank, token=self._token, host=options.host,
             max_streams=2 * world_size, on_frames=self._on_frames,
@@ -163,7 +173,7 @@ class RpcAgent:
         end = time.monotonic() + timeout
         for stream in streams:
             stream.opened.wait(max(0.0, end - time.monotonic()))
-            if stream.state != Stream.OPEN:
+            if stream.state != stream.OPEN:
                 raise RpcError(
                     f"Worker {self.info.name!r} could not open its RPC stream to "
                     f"{stream.describe()} within {timeout:g}s: {stream.dead_reason or 'no answer'}."

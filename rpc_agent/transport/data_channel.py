@@ -3,7 +3,7 @@
 grpcio's Python API copies a message into `bytes` several times on each side; a plain socket
 sends straight from the array's memory and receives straight into a preallocated array, so a
 16 MiB buffer costs one kernel copy per side. The control frame that refers to a buffer travels
-on the gRPC stream; a buffer is matched to it by (sender, transfer id) (rpc_agent/assembly.py),
+on the gRPC stream; a buffer is matched to it by (sender, transfer id) (transport/assembly.py),
 so neither has to arrive first, and small calls never queue behind a bulk transfer. Received
 buffers land in reused memory (rpc_agent/receive_buffers.py).
 

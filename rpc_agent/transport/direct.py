@@ -50,6 +50,8 @@ from typing import Callable, Optional
 
 import grpc
 
+from shoal.rpc_agent._threads import BurstWriter
+
 logger = logging.getLogger(__name__)
 
 try:
@@ -126,9 +128,8 @@ class Pump:
         self._encode = encode
         self._max_bytes = max_message_bytes
         self._burst_gap_s = burst_gap_s
-        self._name = name
         self._last_send = 0.0
-        self._writer_wake: Optional[threading.Semaphore] = None
+        self._writer = BurstWriter(self._write_burst, f"shoal-rpc-write-{name}")
         self._lock = threading.Lock()
         self._outbox: list[bytes] = []
         # True while a send is in flight, or before release(): new frames wait in the outbox.
@@ -188,7 +189,7 @@ class Pump:
                 return not self._over
             if quiet and time.monotonic() - self._last_send >= self._burst_gap_s:
                 return self._send_outbox()
-        self._wake_writer()
+        self._writer.wake()
         return True
 
     def _accept_frame(self, frame: bytes) -> bool:
@@ -205,8 +206,7 @@ class Pump:
         """The call is over for sending: the writer thread exits, sends return False."""
         with self._lock:
             self._over = True
-        if self._writer_wake is not None:
-            self._writer_wake.release()
+        self._writer.wake_if_started()
 
     def drain(self) -> None:
         """Cancel the call and read it to its end (any thread; waits for a reader that polls).
@@ -221,23 +221,15 @@ class Pump:
             except (StopIteration, StreamEnded):
                 return
 
-    def _wake_writer(self) -> None:
-        if self._writer_wake is None:
-            with self._lock:
-                if self._writer_wake is None:
-                    self._writer_wake = threading.Semaphore(0)
-                    threading.Thread(target=self._writer_loop, daemon=True,
-                                     name=f"shoal-rpc-write-{self._name}").start()
-        self._writer_wake.release()
-
-    def _writer_loop(self) -> None:
-        while True:
-            self._writer_wake.acquire()
-            with self._lock:
-                if self._over:
-                    return
-                if self._outbox and not self._holding:
-                    self._send_outbox()
+    def _write_burst(self) -> bool:
+        """The writer thread's turn: send what waits, unless a send is in flight (its
+        completion wakes the writer again); False once the call is over."""
+        with self._lock:
+            if self._over:
+                return False
+            if self._outbox and not self._holding:
+                self._send_outbox()
+            return True
 
     def _send_outbox(self) -> bool:
         # Under _lock. Takes frames up to the message bound (at least one).
@@ -292,9 +284,9 @@ class Pump:
                 else:
                     self._on_event(tag, event)
                     if self._over:
-                        wake_writer = self._writer_wake is not None  # it sees _over and exits
+                        wake_writer = self._writer.started  # it sees _over and exits
             if wake_writer:
-                self._wake_writer()
+                self._writer.wake()
 
 
 class DirectCall(Pump):

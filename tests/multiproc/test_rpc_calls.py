@@ -18,8 +18,9 @@ WORLD = 3
 
 @pytest.fixture(scope="module", params=["direct", "public"])
 def workers(request):
-    """Every test runs over both ways a dialed stream can drive gRPC (rpc_agent/_grpc_direct):
-    grpcio's Cython layer, the default, and its public API, the fallback."""
+    """Every test runs over both ways a dialed stream can drive gRPC
+    (rpc_agent/transport/direct.py): grpcio's Cython layer, the default, and its public API,
+    the fallback."""
     env = {"SHOAL_RPC_GRPC": request.param}
     with RpcWorkers(WORLD, num_worker_threads=4, env=env) as pool:
         yield pool
@@ -455,7 +456,7 @@ def dialed_stream_client():
 
     stream = _current.get()._streams[1]
     assert stream.outgoing
-    return os.environ["SHOAL_RPC_GRPC"], type(stream._direct).__name__
+    return os.environ["SHOAL_RPC_GRPC"], type(stream.pump).__name__
 
 
 def test_dialed_streams_use_the_grpc_client_the_environment_names(workers):

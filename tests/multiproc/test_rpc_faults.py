@@ -36,7 +36,7 @@ def call_and_report(to, fn, args, timeout=None):
 
 @pytest.mark.parametrize("layer", ["direct", "public"])
 def test_a_killed_callee_fails_the_call_within_seconds_naming_it(tmp_path, layer):
-    """Over both ways the stream can drive gRPC (rpc_agent/_grpc_direct.py)."""
+    """Over both ways the stream can drive gRPC (rpc_agent/transport/direct.py)."""
     marker = str(tmp_path / "started")
     with RpcWorkers(2, env={"SHOAL_RPC_GRPC": layer}) as workers:
         task = workers.submit(0, call_and_report, "w1", slow_with_marker, (marker, 60))

@@ -22,8 +22,8 @@ from shoal.rpc_agent.transport.grpc import (
     METHOD,
     PURPOSE_CLIENT,
     _hello_signing_bytes,
-    encode_batch,
 )
+from shoal.rpc_agent.transport.stream import encode_batch
 from test_rpc_pool import LOGS, RpcWorkers
 
 TOKEN = os.environ.get("SHOAL_AUTH_TOKEN", "shoal-test-suite-token").encode()

@@ -1,4 +1,4 @@
-"""DirectCall (rpc_agent/_grpc_direct.py) against a real gRPC server in this process: frames
+"""DirectCall (rpc_agent/transport/direct.py) against a real gRPC server in this process: frames
 held until release, coalescing, message bounds, every way a call ends, and the fallback to
 grpcio's public API."""
 
@@ -14,7 +14,8 @@ import pytest
 from shoal.rpc_agent.transport import direct as _grpc_direct
 from shoal.rpc_agent._generated import rpc_pb2
 from shoal.rpc_agent.transport.direct import DirectCall, StreamEnded
-from shoal.rpc_agent.transport.grpc import METHOD, SERVICE, GrpcTransport, Stream, encode_batch
+from shoal.rpc_agent.transport.grpc import METHOD, SERVICE, GrpcTransport
+from shoal.rpc_agent.transport.stream import Stream, encode_batch
 
 TIMEOUT_S = 10.0
 
@@ -199,24 +200,24 @@ def test_the_transport_falls_back_to_the_public_api_when_the_private_layer_diffe
         server, channel, monkeypatch):
     monkeypatch.setattr(_grpc_direct, "_disabled_reason", None)
     stream = Stream(1, "w1", outgoing=True)
-    assert stream._direct is not None
+    assert stream.pump is not None
     stream.send(_frame(b"queued before the call"))
 
     def start(*args):
         raise TypeError("segregated_call() takes 10 positional arguments")
 
-    monkeypatch.setattr(stream._direct, "start", start)
+    monkeypatch.setattr(stream.pump, "start", start)
     call = GrpcTransport._start_call(stream, channel, ())
     assert not isinstance(call, DirectCall)
     assert not _grpc_direct.available()
     stream.send(_frame(b"sent after"))
-    stream._open(call.cancel)
+    stream.mark_open(call.cancel)
     got = []
     while len(got) < 2:
         got.extend(_frames_of(_next_with_timeout(call)))
     assert got == [b"queued before the call", b"sent after"]
     # A stream made now uses the public API from the start.
-    assert Stream(2, "w2", outgoing=True)._direct is None
+    assert Stream(2, "w2", outgoing=True).pump is None
     call.cancel()
 
 
@@ -224,7 +225,7 @@ def test_the_client_choice_comes_from_the_environment(monkeypatch):
     monkeypatch.setattr(_grpc_direct, "_disabled_reason", None)
     monkeypatch.setenv(_grpc_direct.ENV_LAYER, "public")
     assert not _grpc_direct.available()
-    assert Stream(1, "w1", outgoing=True)._direct is None
+    assert Stream(1, "w1", outgoing=True).pump is None
     monkeypatch.setenv(_grpc_direct.ENV_LAYER, "direct")
     assert _grpc_direct.available()
     monkeypatch.setenv(_grpc_direct.ENV_LAYER, "fast")
@@ -234,7 +235,7 @@ def test_the_client_choice_comes_from_the_environment(monkeypatch):
 
 
 def test_an_accepted_stream_has_no_call_until_the_server_attaches_one():
-    assert Stream(1, "w1", outgoing=False)._direct is None
+    assert Stream(1, "w1", outgoing=False).pump is None
 
 
 # ----------------------------------------------------------------------------- server side

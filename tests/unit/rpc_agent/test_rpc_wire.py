@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from shoal.rpc_agent._generated import rpc_pb2
 from shoal.rpc_agent._threads import Deadlines
 from shoal.rpc_agent.transport.assembly import Assembler
-from shoal.rpc_agent.transport.grpc import encode_batch
+from shoal.rpc_agent.transport.stream import encode_batch
 
 _frames = st.lists(
     st.builds(

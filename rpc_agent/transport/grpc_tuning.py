@@ -1,0 +1,74 @@
+"""gRPC core's process-wide settings that shoal's RPC latency is measured with, applied just
+before shoal loads grpc.
+
+Both cut thread hand-offs in gRPC's C core, measured with a bare 64-byte ping-pong between two
+processes and in the agent (see bench/rpc.py):
+- EventEngine client/listener off: the EventEngine does socket I/O on its own threads and posts
+  results to the completion queue a Python thread polls, one more hand-off per message per
+  side; the older iomgr path does the I/O on the polling thread itself.
+- the `poll` strategy: under iomgr's default `epoll1` every completion queue of the process
+  shares one epoll set, so the agent's idle server thread wakes for its client streams'
+  messages and passes them on; with `poll` each queue polls only its own connections.
+
+gRPC core reads them from the environment once per process, as grpcio's Cython module
+(`grpc._cython.cygrpc`) loads, that is on the process's first `import grpc`; a value set later
+changes nothing (grpcio 1.85 checked: GRPC_POLL_STRATEGY=bogus set before that import aborts the
+process, set after it is ignored). They cannot be set per channel or per server. Hence:
+- importing shoal.rpc_agent neither sets them nor imports grpc;
+- `apply()` runs when the agent is about to make its gRPC transport (init_rpc), before shoal
+  first imports grpc, and sets each one the user has not set;
+- where grpc is loaded already (the script or a library such as aetcd imported it first), they
+  could not take effect: nothing is set, and a debug message says so once;
+- SHOAL_RPC_GRPC_TUNING=0 leaves the environment alone.
+What `apply()` sets holds for every gRPC user in the process, aetcd included, and for child
+processes started afterwards, which inherit the environment: the README documents it as the one
+process-wide choice.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+logger = logging.getLogger(__name__)
+
+GRPC_ENVIRONMENT = {
+    "GRPC_EXPERIMENTS": "-event_engine_client,-event_engine_listener",
+    "GRPC_POLL_STRATEGY": "poll",
+}
+# SHOAL_RPC_GRPC_TUNING=0 opts out (1, the default, applies GRPC_ENVIRONMENT).
+ENV_TUNING = "SHOAL_RPC_GRPC_TUNING"
+# The module whose loading starts gRPC's C core and makes it read its configuration.
+GRPC_CORE_MODULE = "grpc._cython.cygrpc"
+
+# gRPC core reads the settings once per process, so they are decided once: by the first agent.
+_decided = False
+
+
+def apply() -> dict[str, str]:
+    """Set the variables of GRPC_ENVIRONMENT the user has not set, where gRPC core has not read
+    its configuration yet; return those set (none when opted out, too late, or decided by an
+    earlier call in this process).
+
+    Raises:
+        ValueError: SHOAL_RPC_GRPC_TUNING is neither 0 nor 1.
+    """
+    global _decided
+    choice = os.environ.get(ENV_TUNING, "1")
+    if choice not in ("0", "1"):
+        raise ValueError(f"{ENV_TUNING} must be 0 or 1, got {choice!r}.")
+    if _decided or choice == "0":
+        return {}
+    _decided = True
+    if GRPC_CORE_MODULE in sys.modules:
+        logger.debug(
+            "grpc was imported before init_rpc, so gRPC core has read its settings already and "
+            "shoal's tuning (%s) does not apply in this process; set these variables before the "
+            "first import of grpc to get it.",
+            ", ".join(f"{name}={value}" for name, value in GRPC_ENVIRONMENT.items()),
+        )
+        return {}
+    applied = {name: value for name, value in GRPC_ENVIRONMENT.items() if name not in os.environ}
+    os.environ.update(applied)
+    return applied
