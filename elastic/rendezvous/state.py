@@ -1,21 +1,27 @@
 """The rendezvous state that backends store: a small JSON document, validated on every read.
 
 JSON rather than pickle because the state comes from a shared server (etcd, a store) and
-nothing is unpickled from there.
+nothing is unpickled from there. The state is an immutable value: decisions read it, and a
+change is a new state (`dataclasses.replace`), so nothing can edit the copy another thread or a
+retried compare-and-set still holds.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Optional
+import types
+from typing import Mapping, Optional
 
 from shoal.elastic.api import RendezvousStateError
 
 FORMAT_VERSION = 1
 
 
-@dataclasses.dataclass
+_NODE_LISTS = ("participants", "wait_list", "expected", "dead", "lost")
+
+
+@dataclasses.dataclass(frozen=True)
 class RendezvousState:
     """One run's rendezvous: the current round and who is in, waiting, expected or lost."""
 
@@ -23,27 +29,34 @@ class RendezvousState:
     complete: bool = False
     closed: bool = False
     # Join order while the round forms; rank order once it is complete.
-    participants: list[str] = dataclasses.field(default_factory=list)
+    participants: tuple[str, ...] = ()
     # Nodes that arrived while the round ran; they join the next one.
-    wait_list: list[str] = dataclasses.field(default_factory=list)
+    wait_list: tuple[str, ...] = ()
     # Nodes a forming round waits for before its last call: the previous round's survivors
     # and its waiters, so a restart completes as soon as they are back.
-    expected: list[str] = dataclasses.field(default_factory=list)
+    expected: tuple[str, ...] = ()
     opened_at: float = 0.0
     min_reached_at: Optional[float] = None
     # Why the current (complete) round must end, once someone asked for that.
     restart: Optional[str] = None
     # Participants of the current round declared dead (heartbeat lapsed or left).
-    dead: list[str] = dataclasses.field(default_factory=list)
+    dead: tuple[str, ...] = ()
     # Why this round was opened, and the previous round's nodes that were not carried over.
     reason: Optional[str] = None
-    lost: list[str] = dataclasses.field(default_factory=list)
+    lost: tuple[str, ...] = ()
     # node id -> its latest heartbeat value; observers time how long a value stays the same.
-    heartbeats: dict[str, str] = dataclasses.field(default_factory=dict)
+    heartbeats: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        # Lists in, tuples kept: callers may pass lists, and nobody can append to a snapshot.
+        for name in _NODE_LISTS:
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        object.__setattr__(self, "heartbeats", types.MappingProxyType(dict(self.heartbeats)))
 
     def encode(self) -> bytes:
         """The state as canonical JSON bytes."""
-        doc = dataclasses.asdict(self)
+        doc = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        doc["heartbeats"] = dict(self.heartbeats)
         doc["format"] = FORMAT_VERSION
         return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
@@ -73,38 +86,43 @@ class RendezvousState:
             raise RendezvousStateError(
                 f"The stored rendezvous state has unknown fields {sorted(unknown)}."
             )
-        state = cls(**doc)
-        state._validate()
-        return state
+        _validate(doc)
+        return cls(**doc)
 
-    def _validate(self) -> None:
-        def bad(name: str, rule: str) -> RendezvousStateError:
-            return RendezvousStateError(
-                f"The stored rendezvous state's field {name!r} = {getattr(self, name)!r} "
-                f"must be {rule}."
-            )
 
-        if isinstance(self.round, bool) or not isinstance(self.round, int) or self.round < 0:
-            raise bad("round", "an integer >= 0")
-        for name in ("complete", "closed"):
-            if not isinstance(getattr(self, name), bool):
-                raise bad(name, "true or false")
-        for name in ("participants", "wait_list", "expected", "dead", "lost"):
-            value = getattr(self, name)
-            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                raise bad(name, "a list of node ids")
-        for name in ("restart", "reason"):
-            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
-                raise bad(name, "a string or null")
-        for name in ("opened_at", "min_reached_at"):
-            value = getattr(self, name)
-            if value is None and name == "min_reached_at":
-                continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise bad(name, "a number of seconds")
-        if not isinstance(self.heartbeats, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in self.heartbeats.items()
+def _validate(doc: dict) -> None:
+    """Check a decoded document's field types; a missing field takes its default."""
+
+    def bad(name: str, rule: str) -> RendezvousStateError:
+        return RendezvousStateError(
+            f"The stored rendezvous state's field {name!r} = {doc[name]!r} must be {rule}."
+        )
+
+    def present(*names: str):
+        return [name for name in names if name in doc]
+
+    for name in present("round"):
+        if isinstance(doc[name], bool) or not isinstance(doc[name], int) or doc[name] < 0:
+            raise bad(name, "an integer >= 0")
+    for name in present("complete", "closed"):
+        if not isinstance(doc[name], bool):
+            raise bad(name, "true or false")
+    for name in present(*_NODE_LISTS):
+        if not isinstance(doc[name], list) or not all(isinstance(v, str) for v in doc[name]):
+            raise bad(name, "a list of node ids")
+    for name in present("restart", "reason"):
+        if doc[name] is not None and not isinstance(doc[name], str):
+            raise bad(name, "a string or null")
+    for name in present("opened_at", "min_reached_at"):
+        if doc[name] is None and name == "min_reached_at":
+            continue
+        if isinstance(doc[name], bool) or not isinstance(doc[name], (int, float)):
+            raise bad(name, "a number of seconds")
+    for name in present("heartbeats"):
+        if not isinstance(doc[name], dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in doc[name].items()
         ):
-            raise bad("heartbeats", "an object of node id -> string")
-        if len(set(self.participants)) != len(self.participants):
-            raise bad("participants", "free of duplicates")
+            raise bad(name, "an object of node id -> string")
+    for name in present("participants"):
+        if len(set(doc[name])) != len(doc[name]):
+            raise bad(name, "free of duplicates")
