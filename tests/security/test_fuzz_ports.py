@@ -63,8 +63,8 @@ from shoal.rpc_agent.transport.grpc import (
     PURPOSE_CLIENT,
     PURPOSE_SERVER,
     _hello_signing_bytes,
-    encode_batch,
 )
+from shoal.rpc_agent.transport.stream import encode_batch
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
