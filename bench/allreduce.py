@@ -315,10 +315,10 @@ def main(argv=None) -> int:
     args.cases = [c for c in CASES if c[0] in ops and args.min_bytes <= c[1] <= args.max_bytes]
     if args.backend != "tcp":
         from shoal.collectives.types import BackendUnavailable
-        from shoal.collectives.distributed import _backend_class
+        from shoal.collectives.backends.registry import backend_class
 
         try:
-            _backend_class(args.backend)  # "backend 'nccl' needs a CUDA device; none was found."
+            backend_class(args.backend)  # "backend 'nccl' needs a CUDA device; none was found."
         except BackendUnavailable as exc:
             print(f"bench/allreduce.py: {exc}", file=sys.stderr)
             return 2

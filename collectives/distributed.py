@@ -3,14 +3,11 @@
 
 Ranks given to module-level functions (`src`, `dst`, `new_group(ranks)`) are world ranks, as in
 torch; `ProcessGroup` methods take the group's own ranks. Backends are found by name in a
-registry and imported only when used: "tcp" (alias "gloo") is `collectives.pg_tcp`, "nccl" is
-`collectives.pg_nccl`. A backend class is called as
-`cls(store, rank, size, timeout=..., name=..., global_ranks=...)`.
+registry (`backends.registry`) and imported only when used: "tcp" (alias "gloo") and "nccl".
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 import threading
 import urllib.parse
@@ -18,10 +15,10 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 from shoal.collectives import env
 from shoal.collectives.api import ProcessGroup, Work
+from shoal.collectives.backends import registry
 from shoal.collectives.store.api import Store
 from shoal.collectives.types import (
     DEFAULT_COLLECTIVE_TIMEOUT_S,
-    BackendUnavailable,
     CollectiveError,
     ReduceOp,
 )
@@ -38,52 +35,10 @@ __all__ = [
     "all_to_all", "send", "recv", "isend", "irecv", "barrier", "monitored_barrier",
 ]
 
-_BACKENDS: dict[str, Union[str, Callable[..., ProcessGroup]]] = {
-    "tcp": "shoal.collectives.backends.tcp.group:ProcessGroupTCP",
-    "gloo": "shoal.collectives.backends.tcp.group:ProcessGroupTCP",
-    "nccl": "shoal.collectives.backends.nccl.group:ProcessGroupNCCL",
-}
-NCCL_UNAVAILABLE = "backend 'nccl' needs a CUDA device; none was found"
-
 
 def register_backend(name: str, target: Union[str, Callable[..., ProcessGroup]]) -> None:
     """Make `init_process_group(backend=name)` use `target` ("module:Class" or a callable)."""
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"A backend name must be a non-empty str, got {name!r}.")
-    _BACKENDS[name.lower()] = target
-
-
-def _cuda_device_present() -> bool:
-    """True where the nccl backend can run (cupy, a CUDA device and the NCCL library)."""
-    from shoal.collectives.backends.nccl import runtime as _nccl_runtime
-
-    return _nccl_runtime.unavailable_reason() is None
-
-
-def _backend_class(name: str) -> Callable[..., ProcessGroup]:
-    key = (name or "tcp").lower()
-    target = _BACKENDS.get(key)
-    if target is None:
-        raise BackendUnavailable(
-            f"Unknown process-group backend {name!r}; known backends: {', '.join(sorted(_BACKENDS))}."
-        )
-    if key == "nccl":
-        # The fixed sentence, then why (no cupy, no driver or device, no NCCL library).
-        from shoal.collectives.backends.nccl import runtime as _nccl_runtime
-
-        reason = _nccl_runtime.unavailable_reason()
-        if reason is not None:
-            raise BackendUnavailable(f"{NCCL_UNAVAILABLE} ({reason}).")
-    if callable(target):
-        return target
-    module_name, _, attr = target.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        if key == "nccl":
-            raise BackendUnavailable(f"{NCCL_UNAVAILABLE} ({exc}).") from exc
-        raise BackendUnavailable(f"Backend {name!r} could not be imported from {module_name}: {exc}") from exc
-    return getattr(module, attr)
+    registry.register_backend(name, target)
 
 
 class _NonMember:
@@ -221,7 +176,7 @@ def init_process_group(
             raise CollectiveError(
                 "init_process_group was called twice; call destroy_process_group() first."
             )
-        cls = _backend_class(backend or "tcp")
+        cls = registry.backend_class(backend)
         rank_, size_ = _int_or_none(rank), _int_or_none(world_size)
         own_store = store is None
         if store is None:
@@ -248,7 +203,7 @@ def init_process_group(
         _world.default = pg
         _world.store = store
         _world.own_store = own_store
-        _world.backend = (backend or "tcp").lower()
+        _world.backend = registry.canonical_name(backend)
         _world.rank = rank_
         _world.size = size_
         _world.timeout = seconds
@@ -340,7 +295,7 @@ def new_group(ranks: Optional[Sequence[int]] = None, timeout: TimeoutLike = None
         name = group_name or f"group{_world.group_count}"
         if _world.rank not in ranks:
             return GroupMember.NON_GROUP_MEMBER
-        cls = _backend_class(backend or _world.backend)
+        cls = registry.backend_class(backend or _world.backend)
         seconds = to_seconds(timeout, _world.timeout)
         pg = cls(_world.store, ranks.index(_world.rank), len(ranks), timeout=seconds, name=name,
                  global_ranks=ranks)

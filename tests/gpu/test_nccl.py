@@ -167,7 +167,7 @@ def test_work_orders_the_callers_stream_and_synchronizes_the_host(pg):
     assert done == [work.seq]
     np.testing.assert_array_equal(cp.asnumpy(y[:4]), [4.0] * 4)
     assert pg.all_reduce(t, async_op=True).result() == [t]  # core.Tensors work in place
-    seqs = [rec.seq for rec in pg._engine.history]
+    seqs = [rec.seq for rec in pg.ledger.history]
     assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
 
 

@@ -21,17 +21,13 @@ import threading
 import time
 from typing import Any
 
+from shoal.collectives.backends.progress import rank_list
 from shoal.collectives.store.api import Store
 from shoal.collectives.types import CollectiveError, CollectiveTimeout, StoreError, StoreTimeout
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["join_generation", "announce", "await_peers", "exchange_unique_id", "init_communicator"]
-
-
-def _ranks(ranks) -> str:
-    ranks = list(ranks)
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
 def join_generation(store: Store, name: str, rank: int, size: int) -> str:
@@ -70,7 +66,7 @@ def await_peers(store: Store, prefix: str, rank: int, size: int, name: str,
             missing = [q for q, k in enumerate(keys) if not store.check([k])]
         except StoreError:
             missing = []
-        who = _ranks(missing) + " never arrived" if missing else "some ranks never arrived"
+        who = rank_list(missing) + " never arrived" if missing else "some ranks never arrived"
         raise CollectiveTimeout(
             f"Rank {rank} of nccl group '{name}' waited {waited:.3g}s for the other ranks to "
             f"join: {who} (did every rank call init_process_group/new_group?)."

@@ -2,12 +2,13 @@
 
 One communicator per group and device, formed through the store (`_nccl_bootstrap`). Every
 collective runs on the group's own CUDA stream, which first waits for the caller's current
-stream (an event), and returns a `Work` backed by an event recorded after it (`_nccl_work`).
+stream (an event), and returns a `Work` backed by an event recorded after it (`work`).
 cupy arrays and CUDA `core.Tensor`s are used in place; numpy arrays are staged through pinned
 host memory and the device, and their work blocks the host, so DDP's small host-side control
-collectives run unchanged on this backend. A watchdog (`_nccl_watchdog`) fails overdue work
-and NCCL's asynchronous errors; failing aborts the communicator from a separate thread with its
-own deadline, so an abort that hangs cannot hang the process.
+collectives run unchanged on this backend. The shared watchdog (`backends.watchdog`) finishes
+work whose events fired (this group's `watchdog_tick`), fails overdue work and NCCL's
+asynchronous errors; failing aborts the communicator from a separate thread with its own
+deadline, so an abort that hangs cannot hang the process.
 
 NCCL has no message tags and no receive-from-anyone: `tag` is accepted and ignored (as torch
 does) and `recv` needs `src`. Point-to-point transfers between two ranks match in call order.
@@ -18,19 +19,27 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import weakref
 from typing import Any, Callable, Optional
 
 import numpy as np
 
-from shoal.collectives.backends.nccl import bootstrap
-from shoal.collectives.backends.nccl import runtime as _nccl_runtime
 from shoal.collectives import env
 from shoal.collectives import metrics
-from shoal.collectives.backends.nccl.work import Ledger, NcclWork
-from shoal.collectives.backends.nccl.watchdog import NcclWatchdog
+from shoal.collectives.api import Work
 from shoal.collectives.arrays import describe
-from shoal.collectives.api import ProcessGroup, Work
+from shoal.collectives.backends.api import Verdict
+from shoal.collectives.backends.base import BackendGroup
+from shoal.collectives.backends.ledger import OpRecord
+from shoal.collectives.backends.nccl import bootstrap
+from shoal.collectives.backends.nccl import runtime as _nccl_runtime
+from shoal.collectives.backends.nccl.staging import DeviceStage
+from shoal.collectives.backends.nccl.work import InFlight, NcclWork
+from shoal.collectives.backends.watchdog import exit_after_error
+from shoal.collectives.constants import (
+    DEFAULT_COLLECTIVE_TIMEOUT_S,
+    DEFAULT_GROUP_NAME,
+    WATCHDOG_TICK_S,
+)
 from shoal.collectives.store.api import Store
 from shoal.collectives.types import (
     CollectiveError,
@@ -38,13 +47,8 @@ from shoal.collectives.types import (
     CollectiveTimeout,
     GroupDestroyed,
     ReduceOp,
+    StoreTimeout,
 )
-from shoal.collectives.constants import (
-    DEFAULT_COLLECTIVE_TIMEOUT_S,
-    DEFAULT_GROUP_NAME,
-    WATCHDOG_TICK_S,
-)
-from shoal.collectives.backends.watchdog import exit_after_error
 from shoal.core.errors import DeviceError, ShapeError
 from shoal.core.timeouts import TimeoutLike
 
@@ -61,26 +65,6 @@ _LAUNCH_GRACE_S = 1.0
 # Extra time synchronize() allows past an operation's timeout: the watchdog's diagnosis (a
 # store query) and its abort both fit in it, so the watchdog's error is what the caller sees.
 _SYNC_GRACE_S = 5.0
-
-_LIVE: "weakref.WeakSet[ProcessGroupNCCL]" = weakref.WeakSet()
-
-
-def _env_local_rank() -> Optional[int]:
-    # collectives.env is the one reader of environment variables; LOCAL_RANK joins it through
-    # /tmp/gpu_patches/collectives_env.py.diff. Until then this fallback reads it here.
-    reader = getattr(env, "env_local_rank", None)
-    if reader is not None:
-        return reader()
-    import os  # noqa: PLC0415
-
-    raw = os.environ.get("LOCAL_RANK")
-    if raw in (None, ""):
-        return None
-    try:
-        return int(raw)
-    except ValueError as exc:
-        raise ValueError(f"Environment variable LOCAL_RANK must be an integer, got {raw!r}.") from exc
-
 
 def _device_index(device: Any) -> Optional[int]:
     """An int device index from an int, 'cuda:N', or a core Device; None when not given."""
@@ -100,62 +84,7 @@ def _device_index(device: Any) -> Optional[int]:
     return int(index)
 
 
-class _Stage:
-    """One launch's staging: device buffers for host arrays, and the copies back after it."""
-
-    def __init__(self, pg: "ProcessGroupNCCL", work: NcclWork):
-        self._pg = pg
-        self._rt = pg._rt
-        self._work = work
-
-    def dev(self, arr: Any, upload: bool = True) -> Any:
-        """The device array to hand NCCL for `arr` (itself when it is already on the device)."""
-        if self._rt.is_device_array(arr):
-            self._work._keep.append(arr)
-            return arr
-        if upload:
-            d, pinned = self._rt.upload(np.ascontiguousarray(arr), self._pg._stream)
-            self._work._keep.append(pinned)
-        else:
-            d = self._rt.empty(arr.shape, arr.dtype)
-        self._work._keep.append(d)
-        return d
-
-    def back(self, d: Any, arr: Any) -> None:
-        """After the collective, bring device array `d` back into host array `arr`."""
-        if d is arr:
-            return
-        pinned = self._rt.download(d, self._pg._stream)
-        self._work._keep.append(pinned)
-        self._work._writebacks.append((arr, pinned))
-
-    def temp(self, shape: Any, dtype: Any) -> Any:
-        """A scratch device array that lives as long as the work."""
-        d = self._rt.empty(shape, dtype)
-        self._work._keep.append(d)
-        return d
-
-    def flat_of(self, arrays: list, n: int, dtype: Any, upload: bool = True) -> tuple[Any, bool]:
-        """(one flat device array over `arrays`, whether it is their own memory)."""
-        rt = self._rt
-        if all(rt.is_device_array(a) for a in arrays):
-            base = rt.address(arrays[0])
-            step = arrays[0].nbytes
-            if all(rt.address(a) == base + i * step for i, a in enumerate(arrays)):
-                flat = rt.flat_view(arrays[0], n * len(arrays))
-                self._work._keep.extend(arrays)
-                return flat, True
-        if not upload:
-            return self.temp((n * len(arrays),), dtype), False
-        if not any(rt.is_device_array(a) for a in arrays):
-            host = np.concatenate([np.asarray(a).reshape(-1) for a in arrays])
-            return self.dev(host), False
-        flat = self.temp((n * len(arrays),), dtype)
-        rt.flatten([self.dev(a) for a in arrays], flat)
-        return flat, False
-
-
-class ProcessGroupNCCL(ProcessGroup):
+class ProcessGroupNCCL(BackendGroup):
     """A process group over NCCL; ranks meet through `store`.
 
     Args:
@@ -193,23 +122,14 @@ class ProcessGroupNCCL(ProcessGroup):
         host: Optional[str] = None,
         watchdog_tick: float = WATCHDOG_TICK_S,
     ):
-        super().__init__(rank, size, name, timeout)
+        super().__init__(store, rank, size, timeout, name, global_ranks)
         del host  # NCCL picks its own interfaces (NCCL_SOCKET_IFNAME)
-        if not isinstance(store, Store):
-            raise TypeError(f"ProcessGroupNCCL needs a collectives.Store, got {type(store).__name__}.")
         self._rt = runtime if runtime is not None else _nccl_runtime.load()
-        self._store = store
-        self.global_ranks = list(global_ranks) if global_ranks is not None else list(range(size))
-        if len(self.global_ranks) != size:
-            raise ValueError(
-                f"global_ranks has {len(self.global_ranks)} entries for a group of {size}."
-            )
-        self.global_rank = self.global_ranks[rank]
         self._abort_timeout = float(abort_timeout)
         self._grace_s = self._abort_timeout + _SYNC_GRACE_S
         self.device = self._pick_device(device)
-        self._ledger = Ledger()
-        self._engine = self._ledger  # watchdog.write_dump reads pg._engine's history
+        self._inflight = InFlight()
+        self._device_selected = False  # in the watchdog's thread, by its first tick
         self._launch_lock = threading.RLock()
         self._fail_lock = threading.Lock()
         self._failure: Optional[tuple[str, str, Optional[str]]] = None  # kind, cause, dump path
@@ -231,8 +151,7 @@ class ProcessGroupNCCL(ProcessGroup):
                     return self._rt.communicator(size, uid, rank)
 
             self._comm = bootstrap.init_communicator(create, rank, size, name, deadline)
-        self._watchdog = NcclWatchdog(self, tick=watchdog_tick).start()
-        _LIVE.add(self)
+        self._start_watchdog(watchdog_tick)
         logger.debug("Rank %d joined nccl group %r of %d ranks on cuda:%d", rank, name, size,
                      self.device)
 
@@ -242,7 +161,7 @@ class ProcessGroupNCCL(ProcessGroup):
         index = _device_index(device)
         source = "device="
         if index is None:
-            local = _env_local_rank()
+            local = env.env_local_rank()
             if local is not None:
                 index, source = local, "LOCAL_RANK"
                 if 0 <= index < count:
@@ -262,6 +181,26 @@ class ProcessGroupNCCL(ProcessGroup):
         return (f"ProcessGroupNCCL(name={self.name!r}, rank={self._rank}, size={self._size}, "
                 f"device=cuda:{self.device})")
 
+    @classmethod
+    def check_backend_availability(cls) -> Optional[str]:
+        """None where cupy, a CUDA device and the NCCL library are here; else why not."""
+        return _nccl_runtime.unavailable_sentence()
+
+    @property
+    def runtime(self) -> Any:
+        """The CUDA/NCCL runtime this group runs on (cupy's, or a test's stand-in)."""
+        return self._rt
+
+    @property
+    def sync_grace_s(self) -> float:
+        """How long past an operation's timeout `synchronize()` waits: by then the watchdog has
+        diagnosed and aborted, so its error is what the caller sees."""
+        return self._grace_s
+
+    @property
+    def store_prefix(self) -> str:
+        return self._prefix
+
     @property
     def failed(self) -> bool:
         """True once the group failed (a timeout, an NCCL error, abort())."""
@@ -272,11 +211,27 @@ class ProcessGroupNCCL(ProcessGroup):
         """Why the group failed (a sentence), or None while it is healthy."""
         return None if self._failure is None else self._failure[1]
 
-    def _async_error(self) -> Optional[str]:
+    def watchdog_tick(self) -> None:
+        """Finish the work whose events fired (callbacks see the group's device as current)."""
+        if not self._device_selected:
+            self._device_selected = True
+            try:
+                self._rt.use_device(self.device)
+            except Exception:  # noqa: BLE001  (the device is the caller's problem, not ours)
+                logger.debug("the watchdog could not select device %s", self.device,
+                             exc_info=True)
+        self._inflight.finish_fired()
+
+    def async_error(self) -> Optional[str]:
         comm = self._comm
         if comm is None or self._failure is not None:
             return None
         return comm.async_error()
+
+    def fail_from_watchdog(self, verdict: Verdict) -> None:
+        overdue = None if verdict.kind == "error" else self._inflight.find(verdict.record)
+        self._fail_group(verdict.kind, verdict.cause, overdue, verdict.message,
+                         list(verdict.culprits), dump_path=verdict.dump_path)
 
     # ------------------------------------------------------------------ failure
 
@@ -298,8 +253,8 @@ class ProcessGroupNCCL(ProcessGroup):
             cls = CollectiveMismatch if kind == "mismatch" else CollectiveTimeout
             culprit.finish(cls(message))
             metrics.count_error(culprit.record.op, kind)
-        for work in self._watchdog.outstanding():
-            err = self._error_for(work.record)
+        for work in self._inflight.outstanding():
+            err = self.error_for(work.record)
             if work.finish(err):
                 metrics.count_error(work.record.op, kind)
         self._abort_comm(wait_for_launch=not in_launch)
@@ -308,7 +263,8 @@ class ProcessGroupNCCL(ProcessGroup):
                 message or f"Rank {self._rank}'s nccl group '{self.name}' failed: {cause}."
             )
 
-    def _error_for(self, rec) -> CollectiveError:
+    def error_for(self, rec: OpRecord) -> CollectiveError:
+        """The error operation `rec` fails with, once the group failed."""
         kind, cause, path = self._failure
         text = f"Rank {self._rank}'s {rec.label} of group '{self.name}' failed: {cause}"
         if kind in ("timeout", "error"):
@@ -365,7 +321,7 @@ class ProcessGroupNCCL(ProcessGroup):
             raise TypeError(f"{what}: {exc}") from None
 
     def _launch(self, op: str, desc: str, nbytes: int, timeout: float, async_op: bool,
-                outputs: list, arrays: list, body: Callable[[_Stage, Any], None],
+                outputs: list, arrays: list, body: Callable[[DeviceStage, Any], None],
                 p2p: bool = False, blocking: bool = False, work_hook=None) -> Work:
         """Run `body(stage, comm)` on the group's stream after the caller's, and return its Work."""
         self._check_device_arrays(op, arrays)
@@ -385,13 +341,13 @@ class ProcessGroupNCCL(ProcessGroup):
             work = NcclWork(self, rec, outputs, host_blocking=blocking or host)
             if work_hook is not None:
                 work_hook(work)
-            self._watchdog.track(work)
+            self._inflight.track(work)
             comm = self._comm
             try:
                 with rt.device_context(self.device):
                     rt.wait_event(self._stream, rt.record(rt.current_stream()))
                     with rt.stream_context(self._stream):
-                        body(_Stage(self, work), comm)
+                        body(DeviceStage(rt, self._stream, work), comm)
                     work.event = rt.record(self._stream)
             except Exception as exc:
                 if self._failure is None:
@@ -399,7 +355,7 @@ class ProcessGroupNCCL(ProcessGroup):
                     self._fail_group("error", f"rank {self._rank} could not launch {rec.label}: "
                                      f"{type(exc).__name__}: {exc}", None, None, [self._rank],
                                      in_launch=True)
-                work.finish(self._error_for(rec))
+                work.finish(self.error_for(rec))
                 raise work._exc from exc
         if not async_op:
             work.wait()
@@ -411,7 +367,7 @@ class ProcessGroupNCCL(ProcessGroup):
         spec = self._spec(op, arr.dtype, "all_reduce")
         size = self._size
 
-        def body(st: _Stage, comm) -> None:
+        def body(st: DeviceStage, comm) -> None:
             d = st.dev(arr)
             comm.all_reduce(d, d, spec, self._stream)
             if spec.divide_after:
@@ -425,7 +381,7 @@ class ProcessGroupNCCL(ProcessGroup):
         spec = self._spec(op, arr.dtype, "reduce")
         me, size = self._rank, self._size
 
-        def body(st: _Stage, comm) -> None:
+        def body(st: DeviceStage, comm) -> None:
             d = st.dev(arr)
             comm.reduce(d, d, spec, dst, self._stream)
             if me == dst:
@@ -439,7 +395,7 @@ class ProcessGroupNCCL(ProcessGroup):
     def _broadcast(self, tensor, arr, src, async_op, timeout):
         me = self._rank
 
-        def body(st: _Stage, comm) -> None:
+        def body(st: DeviceStage, comm) -> None:
             d = st.dev(arr, upload=me == src)
             comm.broadcast(d, src, self._stream)
             if me != src:
@@ -451,7 +407,7 @@ class ProcessGroupNCCL(ProcessGroup):
     def _all_gather(self, outputs, outs, arr, async_op, timeout):
         size, n = self._size, arr.size
 
-        def body(st: _Stage, comm) -> None:
+        def body(st: DeviceStage, comm) -> None:
             d = st.dev(arr)
             flat, own = st.flat_of(outs, n, arr.dtype, upload=False)
             comm.all_gather(d, flat, self._stream)
@@ -470,7 +426,7 @@ class ProcessGroupNCCL(ProcessGroup):
         spec = self._spec(op, out.dtype, "reduce_scatter")
         size = self._size
 
-        def body(st: _Stage, comm) -> None:
+        def body(st: DeviceStage, comm) -> None:
             flat, _own = st.flat_of(ins, out.size, out.dtype)
             d = st.dev(out, upload=False)
             comm.reduce_scatter(flat, d, spec, self._stream)
@@ -491,7 +447,7 @@ class ProcessGroupNCCL(ProcessGroup):
             )
         rt = self._rt
 
-        def body(st: _Stage, comm) -> None:
+        def body(st: DeviceStage, comm) -> None:
             dins = [st.dev(x) for x in ins]
             douts = [st.dev(o, upload=False) for o in outs]
             with rt.group():
@@ -511,7 +467,7 @@ class ProcessGroupNCCL(ProcessGroup):
     def _gather(self, outputs, outs, arr, dst, async_op, timeout):
         me, rt = self._rank, self._rt
 
-        def body(st: _Stage, comm) -> None:
+        def body(st: DeviceStage, comm) -> None:
             d = st.dev(arr)
             if me == dst:
                 douts = [st.dev(o, upload=False) for o in outs]
@@ -533,7 +489,7 @@ class ProcessGroupNCCL(ProcessGroup):
     def _scatter(self, tensor, out, ins, src, async_op, timeout):
         me, rt = self._rank, self._rt
 
-        def body(st: _Stage, comm) -> None:
+        def body(st: DeviceStage, comm) -> None:
             d = st.dev(out, upload=False)
             if me == src:
                 dins = [st.dev(x) for x in ins]
@@ -551,7 +507,7 @@ class ProcessGroupNCCL(ProcessGroup):
                             timeout, async_op, [tensor], [out, *(ins or [])], body)
 
     def _send(self, arr, dst, tag, async_op, timeout):
-        def body(st: _Stage, comm) -> None:
+        def body(st: DeviceStage, comm) -> None:
             d = st.dev(arr)
             with self._rt.group():
                 comm.send(d, dst, self._stream)
@@ -566,7 +522,7 @@ class ProcessGroupNCCL(ProcessGroup):
                 "messages by peer, so pass src=."
             )
 
-        def body(st: _Stage, comm) -> None:
+        def body(st: DeviceStage, comm) -> None:
             d = st.dev(arr, upload=False)
             with self._rt.group():
                 comm.recv(d, src, self._stream)
@@ -579,7 +535,7 @@ class ProcessGroupNCCL(ProcessGroup):
                             timeout, async_op, [tensor], [arr], body, p2p=True, work_hook=hook)
 
     def _barrier(self, async_op, timeout):
-        def body(st: _Stage, comm) -> None:
+        def body(st: DeviceStage, comm) -> None:
             if self._barrier_buf is None:
                 self._barrier_buf = self._rt.empty((1,), np.int32)
             buf = self._barrier_buf
@@ -591,15 +547,16 @@ class ProcessGroupNCCL(ProcessGroup):
 
     def _monitored_barrier(self, timeout, wait_all_ranks):
         """Through the store (NCCL cannot tell who is missing): rank 0 names absent ranks."""
-        from shoal.collectives.types import StoreTimeout  # noqa: PLC0415
-
         with self._launch_lock:
             if self._failure is not None:
                 raise CollectiveError(
                     f"Rank {self._rank}'s monitored_barrier cannot run: nccl group '{self.name}' "
                     f"failed earlier: {self._failure[1]}."
                 )
-            rec = self._ledger.open("monitored_barrier", "monitored_barrier()", 0, timeout, False)
+            # Bounded by its own waits; the watchdog's limit lies beyond them, so the barrier
+            # names the missing ranks itself instead of the watchdog failing the group.
+            rec = self._ledger.open("monitored_barrier", "monitored_barrier()", 0,
+                                    timeout + 2 * _SYNC_GRACE_S, False)
         base = f"{self._prefix}/monitored_barrier/{rec.seq}"
         store, me = self._store, self._rank
         error: Optional[BaseException] = None
@@ -640,7 +597,7 @@ class ProcessGroupNCCL(ProcessGroup):
                 f"Rank {me}'s monitored_barrier #{rec.seq} of group '{self.name}' failed: {exc}"
             )
             error.__cause__ = exc
-        self._ledger.close(rec, error)
+        self._ledger.finish(rec, error)
         if error is not None:
             raise error
 
@@ -653,12 +610,9 @@ class ProcessGroupNCCL(ProcessGroup):
 
     def shutdown(self) -> None:
         """Leave the group: destroy the communicator (abort it if work is still pending)."""
-        if self._destroyed:
+        if not self._leave():
             return
-        self._destroyed = True
-        _LIVE.discard(self)
-        self._watchdog.stop()
-        pending = self._watchdog.outstanding()
+        pending = self._inflight.outstanding()
         comm = self._comm
         if comm is not None and not pending:
             self._comm = None
@@ -683,16 +637,3 @@ class ProcessGroupNCCL(ProcessGroup):
         )
         for work in pending:
             work.finish(error)
-
-
-def _close_all_at_exit() -> None:
-    for pg in list(_LIVE):
-        try:
-            pg.shutdown()
-        except Exception:  # noqa: BLE001  (exiting anyway)
-            pass
-
-
-import atexit  # noqa: E402  (registered once, when the backend is first imported)
-
-atexit.register(_close_all_at_exit)

@@ -1,6 +1,6 @@
 """What the nccl backend asks of CUDA and NCCL, behind one small class over CuPy.
 
-`pg_nccl` talks to a `runtime` object (streams, events, staging copies, communicators) instead
+The nccl group talks to a `runtime` object (streams, events, staging copies, communicators) instead
 of to cupy directly, for two reasons: cupy is an optional dependency imported only here and only
 when a group is built, and the group's logic (ordering, staging, the watchdog, aborts) can be
 exercised on a machine without a GPU by handing it a stand-in runtime (see
@@ -19,10 +19,10 @@ from typing import Any, Optional
 
 import numpy as np
 
-from shoal.collectives.types import ReduceOp
+from shoal.collectives.types import BackendUnavailable, ReduceOp
 
 __all__ = [
-    "NCCL_UNAVAILABLE", "unavailable_reason", "load", "reduce_spec", "WireSpec", "CupyRuntime",
+    "NCCL_UNAVAILABLE", "unavailable_reason", "unavailable_sentence", "load", "reduce_spec", "WireSpec", "CupyRuntime",
     "unique_id_to_bytes", "unique_id_from_bytes",
 ]
 
@@ -133,13 +133,17 @@ def unavailable_reason() -> Optional[str]:
     return None
 
 
+def unavailable_sentence() -> Optional[str]:
+    """None where the nccl backend can run; otherwise NCCL_UNAVAILABLE and why, one sentence."""
+    reason = unavailable_reason()
+    return None if reason is None else f"{NCCL_UNAVAILABLE} ({reason})."
+
+
 def load() -> "CupyRuntime":
     """The cupy runtime; raises BackendUnavailable (with NCCL_UNAVAILABLE) where it cannot run."""
-    from shoal.collectives.types import BackendUnavailable  # noqa: PLC0415
-
-    reason = unavailable_reason()
-    if reason is not None:
-        raise BackendUnavailable(f"{NCCL_UNAVAILABLE} ({reason}).")
+    sentence = unavailable_sentence()
+    if sentence is not None:
+        raise BackendUnavailable(sentence)
     return CupyRuntime()
 
 

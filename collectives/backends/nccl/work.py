@@ -1,4 +1,5 @@
-"""`Work` of the nccl backend: a CUDA event on the group's stream, and the records behind it.
+"""`Work` of the nccl backend: a CUDA event on the group's stream; and `InFlight`, the group's
+outstanding work, which the watchdog's tick finishes as their events fire.
 
 A collective is finished, from the host's point of view, when its event has fired. `wait()`
 follows torch: it makes the caller's current stream wait for the event and returns without
@@ -27,10 +28,9 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import numpy as np
 
 from shoal.collectives import metrics
-from shoal.collectives.backends.ledger import OpRecord
 from shoal.collectives.api import Work
+from shoal.collectives.backends.ledger import OpRecord
 from shoal.collectives.types import CollectiveTimeout
-from shoal.collectives.constants import HISTORY_LENGTH
 from shoal.core.timeouts import TimeoutLike, to_seconds
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -38,54 +38,12 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Ledger", "NcclWork"]
+__all__ = ["NcclWork", "InFlight"]
 
 # Host polling of an event: spin briefly (small collectives finish in microseconds), then sleep
 # with a growing interval up to this cap.
 _SPIN_S = 50e-6
 _MAX_SLEEP_S = 1e-3
-
-
-class Ledger:
-    """Sequence numbers and the flight-recorder history (what watchdog.write_dump reads)."""
-
-    def __init__(self) -> None:
-        self.seq = 0
-        self.p2p_seq = 0
-        self.started_seq = 0
-        self.finished_seq = 0
-        self.current: Optional[OpRecord] = None
-        self.history: collections.deque[OpRecord] = collections.deque(maxlen=HISTORY_LENGTH)
-
-    def open(self, op: str, desc: str, nbytes: int, timeout: float, p2p: bool) -> OpRecord:
-        """Number and record one operation, marked as running from now."""
-        if p2p:
-            self.p2p_seq += 1
-            seq = self.p2p_seq
-        else:
-            self.seq += 1
-            seq = self.seq
-        rec = OpRecord(seq, op, desc, nbytes, timeout, None, p2p)
-        rec.state = "running"
-        rec.started = time.monotonic()
-        if not p2p:
-            self.started_seq = seq
-        self.current = rec
-        self.history.append(rec)
-        return rec
-
-    def close(self, rec: OpRecord, error: Optional[BaseException]) -> None:
-        """Mark `rec` finished (or failed)."""
-        rec.finished = time.monotonic()
-        if error is None:
-            rec.state = "completed"
-            if not rec.p2p and rec.seq > self.finished_seq:
-                self.finished_seq = rec.seq
-        else:
-            rec.state = "failed"
-            rec.error = str(error)
-        if self.current is rec:
-            self.current = None
 
 
 class NcclWork(Work):
@@ -115,6 +73,19 @@ class NcclWork(Work):
         """The flight-recorder entry of this operation."""
         return self._record
 
+    @property
+    def done(self) -> bool:
+        """True once finished, without polling (a poll may run callbacks)."""
+        return self._done
+
+    def keep(self, obj: Any) -> None:
+        """Keep `obj` (an array NCCL reads or writes) alive until the work finished."""
+        self._keep.append(obj)
+
+    def copy_back_later(self, host: np.ndarray, pinned: np.ndarray) -> None:
+        """Once the work succeeded, copy `pinned` (its download target) into `host`."""
+        self._writebacks.append((host, pinned))
+
     def __repr__(self) -> str:
         state = "failed" if self._exc else ("completed" if self._done else "pending")
         return f"NcclWork({self._record.label}, group={self._pg.name!r}, {state})"
@@ -128,12 +99,11 @@ class NcclWork(Work):
         """
         if not self._done:
             event = self.event
-            if event is None or not self._pg._rt.query(event):
-                return False
             pg = self._pg
+            if event is None or not pg.runtime.query(event):
+                return False
             # After a failure, an event may fire because the abort ended NCCL's kernels.
-            self.finish(None if pg._failure is None else pg._error_for(self._record),
-                        run_callbacks=caller)
+            self.finish(pg.error_for(self._record) if pg.failed else None, run_callbacks=caller)
         elif caller and self._callbacks:
             self._run_callbacks()
         return True
@@ -151,7 +121,7 @@ class NcclWork(Work):
             self._keep = []
             self._writebacks = []
         rec = self._record
-        self._pg._ledger.close(rec, exc)
+        self._pg.ledger.finish(rec, exc)
         if exc is None and rec.started is not None:
             metrics.observe(rec.op, "nccl", rec.finished - rec.started, rec.nbytes)
         if run_callbacks or exc is not None:
@@ -183,7 +153,7 @@ class NcclWork(Work):
             return self.synchronize(timeout)
         event = self.event
         if not self._done and event is not None:
-            rt = self._pg._rt
+            rt = self._pg.runtime
             with rt.device_context(self._pg.device):
                 rt.wait_event(rt.current_stream(), event)
         if self._exc is not None:
@@ -203,7 +173,7 @@ class NcclWork(Work):
             CollectiveTimeout: it did not finish within `timeout`.
         """
         seconds = to_seconds(timeout)
-        budget = seconds if seconds is not None else self._record.timeout + self._pg._grace_s
+        budget = seconds if seconds is not None else self._record.timeout + self._pg.sync_grace_s
         start = time.monotonic()
         end = start + budget
         sleep = 0.0
@@ -246,3 +216,41 @@ class NcclWork(Work):
                 self._callbacks.append(fn)
                 return
         fn(self)
+
+
+class InFlight:
+    """A group's outstanding work, oldest first (they finish in order on the group's stream)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._works: collections.deque[NcclWork] = collections.deque()
+
+    def track(self, work: NcclWork) -> None:
+        """Watch `work` from now on (before it is enqueued, so a hang while enqueuing counts)."""
+        with self._lock:
+            self._works.append(work)
+
+    def outstanding(self) -> list[NcclWork]:
+        """Work not yet seen finished, oldest first."""
+        with self._lock:
+            return [w for w in self._works if not w.done]
+
+    def find(self, record: Optional[OpRecord]) -> Optional[NcclWork]:
+        """The outstanding work of `record`, if any."""
+        with self._lock:
+            return next((w for w in self._works if w.record is record and not w.done), None)
+
+    def finish_fired(self) -> None:
+        """Finish the work whose events fired (the watchdog's polls leave the callbacks to a
+        caller's thread), and forget finished work."""
+        with self._lock:
+            works = list(self._works)
+        finished = False
+        for work in works:
+            if not work.poll(caller=False):
+                break  # later work cannot finish before this one on the group's stream
+            finished = True
+        if finished:
+            with self._lock:
+                while self._works and self._works[0].done:
+                    self._works.popleft()

@@ -1,10 +1,14 @@
 """The `tcp` backend: gloo-like collectives over persistent, authenticated TCP connections.
 
-The group owns a `Mesh` (sockets and control service), an `Engine` (ordering, records, Work),
-a `Watchdog`, and the algorithms of `_pg_algos`. Every failure (a mismatched header, a lost
-peer, a timeout) fails the whole group once: the first reason is sent to every peer, the
-connections are broken so blocked calls return, and every pending and later collective on
-every rank raises an error naming the same culprit.
+The group owns a `Mesh` (sockets and control service), the `Links` its collectives run on
+(`collectives`), an `InOrderExecutor` (ordering and Work handles) and, through `BackendGroup`,
+the shared op ledger and watchdog. Each collective hook fingerprints the call, declares which
+arrays it reads and writes (cupy arrays are staged through host memory once around the job,
+`staging.on_host`), and submits a job that runs one function of `collectives`.
+
+Every failure (a mismatched header, a lost peer, a timeout) fails the whole group once: the
+first reason is sent to every peer, the connections are broken so blocked calls return, and
+every pending and later collective on every rank raises an error naming the same culprit.
 """
 
 from __future__ import annotations
@@ -13,20 +17,25 @@ import logging
 import os
 import threading
 import time
-import weakref
-from typing import Optional
+from typing import Any, Callable, Optional
 
-from shoal.collectives.backends.tcp import algorithms as algos
-from shoal.collectives.backends.tcp import shm
 from shoal.collectives import env
 from shoal.collectives import metrics
-from shoal.collectives.backends.ledger import Engine, OpRecord
-from shoal.collectives.backends.tcp.mesh import FailureReason, Mesh
-from shoal.collectives.backends.tcp.pump import LinkDown, SenderThread
-from shoal.collectives.backends.tcp.collectives import GroupFailed, P2PMismatch, TCPCollectives
-from shoal.collectives.api import ProcessGroup, Work
-from shoal.collectives.store.api import Store
-from shoal.collectives.types import CollectiveError, CollectiveTimeout, GroupDestroyed
+from shoal.collectives.api import Work
+from shoal.collectives.arrays import describe
+from shoal.collectives.backends.api import Verdict
+from shoal.collectives.backends.base import BackendGroup
+from shoal.collectives.backends.dump import write_dump
+from shoal.collectives.backends.ledger import OpLedger, OpRecord
+from shoal.collectives.backends.tcp import algorithms as algos
+from shoal.collectives.backends.tcp import collectives as ops
+from shoal.collectives.backends.tcp import shm
+from shoal.collectives.backends.tcp import staging
+from shoal.collectives.backends.tcp.collectives import GroupFailed, Links, P2PMismatch
+from shoal.collectives.backends.tcp.executor import InOrderExecutor, Job
+from shoal.collectives.backends.tcp.mesh import ERROR_CLASSES, FailureReason, Mesh
+from shoal.collectives.backends.tcp.pump import LinkDown
+from shoal.collectives.backends.watchdog import exit_after_error
 from shoal.collectives.constants import (
     DEFAULT_COLLECTIVE_TIMEOUT_S,
     DEFAULT_GROUP_NAME,
@@ -34,7 +43,8 @@ from shoal.collectives.constants import (
     SHM_SLOT_BYTES,
     SPIN_S,
 )
-from shoal.collectives.backends.watchdog import Watchdog, exit_after_error, write_dump
+from shoal.collectives.store.api import Store
+from shoal.collectives.types import CollectiveError, GroupDestroyed
 from shoal.core.auth import load_token
 from shoal.core.timeouts import TimeoutLike
 
@@ -42,21 +52,22 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["ProcessGroupTCP"]
 
-# Groups still open in this process: closed with a goodbye at interpreter exit, so that a script
-# that ends without destroy_process_group does not look like a crash to its peers.
-_LIVE: "weakref.WeakSet[ProcessGroupTCP]" = weakref.WeakSet()
 # How long a collective in flight may keep running on the bytes of a peer that died (see
 # `_mesh_failure`) before the group fails anyway; a collective that needs more from it fails
 # as soon as its data connection ends.
 LOST_PEER_GRACE_S = 5.0
+# The watchdog ticks every WATCHDOG_TICK_S; the spin decision is revisited every this many.
+_ADAPT_EVERY_TICKS = 10
+_FIRST = (0,)
+_NONE = ()
 try:
     _CPUS = len(os.sched_getaffinity(0))
 except (AttributeError, OSError):
     _CPUS = os.cpu_count() or 1
 
 
-class ProcessGroupTCP(TCPCollectives, ProcessGroup):
-    """A process group over TCP; ranks meet through `store` (see `_pg_mesh` for the protocol).
+class ProcessGroupTCP(BackendGroup):
+    """A process group over TCP; ranks meet through `store` (see `mesh` for the protocol).
 
     Args:
         store: where ranks publish their addresses and progress (shared by all ranks).
@@ -86,48 +97,39 @@ class ProcessGroupTCP(TCPCollectives, ProcessGroup):
         token: Optional[bytes | str] = None,
         global_ranks: Optional[list[int]] = None,
     ):
-        super().__init__(rank, size, name, timeout)
-        if not isinstance(store, Store):
-            raise TypeError(f"ProcessGroupTCP needs a collectives.Store, got {type(store).__name__}.")
-        self._store = store
-        self.global_ranks = list(global_ranks) if global_ranks is not None else list(range(size))
-        if len(self.global_ranks) != size:
-            raise ValueError(f"global_ranks has {len(self.global_ranks)} entries for a group of {size}.")
-        self.global_rank = self.global_ranks[rank]
+        super().__init__(store, rank, size, timeout, name, global_ranks)
         self._failure: Optional[FailureReason] = None
-        self._timeout_local: Optional[tuple[OpRecord, str]] = None
+        self._verdict: Optional[Verdict] = None  # the watchdog's, for the overdue op's caller
         self._fail_lock = threading.Lock()
         # A peer whose control connection closed without a goodbye while a collective was in
         # flight: that collective may still finish on the bytes the peer sent before it died.
         self._in_collective = False
         self._lost: Optional[FailureReason] = None
         self._lost_timer: Optional[threading.Timer] = None
-        self._destroyed = False
-        self._engine = Engine(name, self._run, self._describe)
+        self._ticks = 0
+        self._fp_cache: dict = {}
+        self._executor = InOrderExecutor(name, self._ledger, self._run, self._describe)
         self._mesh = Mesh(
             store=store, rank=rank, size=size, name=name, host=host or env.bind_host(None),
             token=load_token(token), on_failure=self._mesh_failure,
         )
         try:
             self._mesh.connect(self._timeout)
-            self._shm = self._setup_shared_memory()
+            shared = self._setup_shared_memory()
         except BaseException:
             self._mesh.close()
             raise
-        self._tx = self._mesh.tx
-        self._rx = self._mesh.rx
-        self._direct = algos.Direct(rank, size, self._tx, self._rx, env.spin_seconds(size, SPIN_S))
+        direct = algos.Direct(rank, size, self._mesh.tx, self._mesh.rx,
+                              env.spin_seconds(size, SPIN_S))
+        self._links = Links(rank, size, self._mesh, direct, shared, name, lambda: self.failed)
         self._adapt_to_load()
-        self._scratch_buf: Optional[bytearray] = None
-        self._sender: Optional[SenderThread] = None
-        self._fp_cache: dict = {}
-        self._watchdog = Watchdog(self).start()
-        _LIVE.add(self)
+        self._start_watchdog()
 
     def _setup_shared_memory(self) -> Optional[shm.SharedSlots]:
         """Shared memory for large all_reduces when every rank of the group shares our host."""
         mesh = self._mesh
-        if self._size < 2 or any(t != "unix" for q, t in enumerate(mesh.transports) if q != self._rank):
+        if self._size < 2 or any(t != "unix" for q, t in enumerate(mesh.transports)
+                                 if q != self._rank):
             return None
         # Every all-Unix group runs the setup, offering nothing unless this rank's mode is
         # "shm": ranks started with different SHOAL_LOCAL_TRANSPORT values then agree on
@@ -151,6 +153,34 @@ class ProcessGroupTCP(TCPCollectives, ProcessGroup):
         return self._mesh.address
 
     @property
+    def transports(self) -> list[str]:
+        """How this rank reaches each rank: "self", "unix" or "tcp"."""
+        return list(self._mesh.transports)
+
+    @property
+    def uses_shared_memory(self) -> bool:
+        """True when large collectives go through shared memory (every rank on this host)."""
+        return self._links.shm is not None
+
+    # The multiprocess catalogue (tests/multiproc/test_collectives.py) still reads these two
+    # private names; they go when the contract suite in tests/contracts replaces it.
+    @property
+    def _engine(self) -> OpLedger:
+        return self._ledger
+
+    @property
+    def _shm(self) -> Optional[shm.SharedSlots]:
+        return self._links.shm
+
+    @property
+    def store_prefix(self) -> str:
+        return self._mesh.prefix
+
+    @property
+    def failed(self) -> bool:
+        return self._failure is not None
+
+    @property
     def failure(self) -> Optional[str]:
         """Why the group failed (a sentence), or None while it is healthy."""
         return None if self._failure is None else self._failure.cause
@@ -158,9 +188,14 @@ class ProcessGroupTCP(TCPCollectives, ProcessGroup):
     def __repr__(self) -> str:
         return f"ProcessGroupTCP(name={self.name!r}, rank={self._rank}, size={self._size})"
 
+    def watchdog_tick(self) -> None:
+        self._ticks += 1
+        if self._ticks % _ADAPT_EVERY_TICKS == 0:
+            self._adapt_to_load()
+
     def _adapt_to_load(self) -> None:
-        """Poll small receives only while the machine has a spare CPU (called every second)."""
-        d = self._direct
+        """Poll small receives only while the machine has a spare CPU (about every second)."""
+        d = self._links.direct
         if d.spin_s:
             try:
                 # Our own ranks count towards the load; other work beyond that means no spare CPU.
@@ -184,7 +219,7 @@ class ProcessGroupTCP(TCPCollectives, ProcessGroup):
         if reason.kind == "timeout" and reason.origin != self._rank and reason.dump_path is None:
             # Leave a trace on every rank, not only on the one whose watchdog fired.
             reason.dump_path = write_dump(self, f"Group '{self.name}' failed: {reason.cause}.",
-                                          self._engine.current)
+                                          self._ledger.current)
         self._mesh.abort(reason)
         return True
 
@@ -219,19 +254,21 @@ class ProcessGroupTCP(TCPCollectives, ProcessGroup):
         if reason is not None:
             self._fail(reason)
 
-    def _fail_timeout(self, cause: str, message: str, culprits, path, rec: OpRecord) -> None:
+    def fail_from_watchdog(self, verdict: Verdict) -> None:
         """Called by the watchdog for an overdue operation."""
-        self._timeout_local = (rec, message)
-        self._fail(FailureReason("timeout", cause, self._rank, culprits, path))
+        self._verdict = verdict
+        self._fail(FailureReason(verdict.kind, verdict.cause, self._rank, verdict.culprits,
+                                 verdict.dump_path))
         if env.async_error_handling():
-            metrics.count_error(rec.op, "timeout")
-            exit_after_error(message)
+            if verdict.record is not None:
+                metrics.count_error(verdict.record.op, verdict.kind)
+            exit_after_error(verdict.message)
 
     def _error_for(self, rec: OpRecord) -> CollectiveError:
+        verdict = self._verdict
+        if verdict is not None and verdict.record is rec:
+            return ERROR_CLASSES[verdict.kind](verdict.message)
         reason = self._failure
-        local = self._timeout_local
-        if local is not None and local[0] is rec:
-            return CollectiveTimeout(local[1])
         message = f"Rank {self._rank} failed {rec.label} of group '{self.name}': {reason.cause}."
         if reason.dump_path:
             message += f" Recent collectives of this rank are in {reason.dump_path}."
@@ -273,25 +310,28 @@ class ProcessGroupTCP(TCPCollectives, ProcessGroup):
             raise err from cause
         raise err
 
-    def _run(self, rec: OpRecord) -> list:
+    # ------------------------------------------------------------------ running one operation
+
+    def _run(self, rec: OpRecord, job: Job, arrays: Any) -> list:
+        """The executor's runner: `job` with this group's failure handling around it."""
         if rec.p2p:
-            return self._run_op(rec)
+            return self._run_op(rec, job, arrays)
         with self._fail_lock:
             self._in_collective = True
         try:
-            return self._run_op(rec)
+            return self._run_op(rec, job, arrays)
         finally:
             with self._fail_lock:
                 self._in_collective = False
             if self._lost is not None:
                 self._fail_lost()
 
-    def _run_op(self, rec: OpRecord) -> list:
+    def _run_op(self, rec: OpRecord, job: Job, arrays: Any) -> list:
         if self._failure is not None:
             self._raise_failed(rec)
         t0 = time.perf_counter()
         try:
-            result = rec.fn(rec)
+            result = job(rec, arrays)
         except (P2PMismatch, CollectiveError):  # already the caller's error (and counted)
             raise
         except LinkDown as exc:
@@ -313,7 +353,8 @@ class ProcessGroupTCP(TCPCollectives, ProcessGroup):
             ))
             self._raise_failed(rec, exc)
         except GroupFailed as exc:
-            self._fail(exc.reason)
+            if exc.reason is not None:
+                self._fail(exc.reason)
             self._raise_failed(rec, None)
         except Exception as exc:
             if self._failure is None:
@@ -325,9 +366,8 @@ class ProcessGroupTCP(TCPCollectives, ProcessGroup):
         metrics.observe(rec.op, "tcp", time.perf_counter() - t0, rec.nbytes)
         return result
 
-    # ------------------------------------------------------------------ helpers
-
-    def _fingerprint(self, key, build) -> tuple[bytes, str]:
+    def _fingerprint(self, key, build: Callable[[], str]) -> tuple[bytes, str]:
+        """(header fingerprint, description) of a call, cached by its shape."""
         pair = self._fp_cache.get(key)
         if pair is None:
             desc = build()
@@ -337,58 +377,193 @@ class ProcessGroupTCP(TCPCollectives, ProcessGroup):
             self._fp_cache[key] = pair
         return pair
 
-    def _scratch(self, nbytes: int) -> memoryview:
-        buf = self._scratch_buf
-        if buf is None or len(buf) < nbytes:
-            buf = self._scratch_buf = bytearray(nbytes)
-        return memoryview(buf)[:nbytes]
-
-    def _sender_thread(self) -> SenderThread:
-        if self._sender is None:
-            self._sender = SenderThread(f"shoal-pg-{self.name}-sender")
-        return self._sender
-
-    def _submit(self, op: str, fp_desc: tuple[bytes, str], fn, nbytes: int, timeout: float,
-                async_op: bool, p2p: bool = False) -> Work:
+    def _submit(self, op: str, desc: str, job: Job, arrays: tuple, nbytes: int, timeout: float,
+                async_op: bool, copy_in=None, copy_out=_NONE, p2p: bool = False) -> Work:
+        """Run `job(record, arrays)` in order; cupy `arrays` are staged around it (see
+        `staging.on_host`: `copy_in` are read, None meaning all, `copy_out` are written)."""
         if self._destroyed:
-            raise GroupDestroyed(f"{op} was called on process group '{self.name}' after it was destroyed.")
-        return self._engine.submit(op, fp_desc[1], fn, nbytes, timeout, async_op, p2p)
+            raise GroupDestroyed(
+                f"{op} was called on process group '{self.name}' after it was destroyed."
+            )
+        job = staging.on_host(job, arrays, copy_in, copy_out)
+        return self._executor.submit(op, desc, nbytes, timeout, async_op, p2p, job, arrays)
+
+    # ------------------------------------------------------------------ collectives
+
+    def _all_reduce(self, tensor, arr, op, async_op, timeout):
+        fp, desc = self._fingerprint(("all_reduce", arr.dtype, arr.shape, op),
+                                     lambda: f"all_reduce({describe(arr)}, op={op.name})")
+        links = self._links
+
+        def job(rec, a):
+            ops.all_reduce(links, rec.seq, fp, a[0], op)
+            return [tensor]
+
+        return self._submit("all_reduce", desc, job, (arr,), arr.nbytes, timeout, async_op,
+                            copy_out=_FIRST)
+
+    def _reduce(self, tensor, arr, dst, op, async_op, timeout):
+        fp, desc = self._fingerprint(("reduce", arr.dtype, arr.shape, op, dst),
+                                     lambda: f"reduce({describe(arr)}, dst={dst}, op={op.name})")
+        links = self._links
+
+        def job(rec, a):
+            ops.reduce(links, rec.seq, fp, a[0], dst, op)
+            return [tensor]
+
+        return self._submit("reduce", desc, job, (arr,), arr.nbytes, timeout, async_op,
+                            copy_out=_FIRST if self._rank == dst else _NONE)
+
+    def _broadcast(self, tensor, arr, src, async_op, timeout):
+        fp, desc = self._fingerprint(("broadcast", arr.dtype, arr.shape, src),
+                                     lambda: f"broadcast({describe(arr)}, src={src})")
+        links = self._links
+
+        def job(rec, a):
+            ops.broadcast(links, rec.seq, fp, a[0], src)
+            return [tensor]
+
+        root = self._rank == src
+        return self._submit("broadcast", desc, job, (arr,), arr.nbytes, timeout, async_op,
+                            copy_in=_FIRST if root else _NONE, copy_out=_NONE if root else _FIRST)
+
+    def _all_gather(self, outputs, outs, arr, async_op, timeout):
+        fp, desc = self._fingerprint(("all_gather", arr.dtype, arr.shape),
+                                     lambda: f"all_gather({describe(arr)})")
+        links = self._links
+
+        def job(rec, a):
+            ops.all_gather(links, rec.seq, fp, a[0], a[1:])
+            return outputs
+
+        return self._submit("all_gather", desc, job, (arr, *outs), arr.nbytes, timeout, async_op,
+                            copy_in=_FIRST, copy_out=range(1, 1 + self._size))
+
+    def _reduce_scatter(self, output, out, ins, op, async_op, timeout):
+        size = self._size
+        fp, desc = self._fingerprint(
+            ("reduce_scatter", out.dtype, out.shape, op),
+            lambda: f"reduce_scatter({describe(out)} x {size}, op={op.name})")
+        links = self._links
+
+        def job(rec, a):
+            ops.reduce_scatter(links, rec.seq, fp, a[0], a[1:], op)
+            return [output]
+
+        return self._submit("reduce_scatter", desc, job, (out, *ins), out.nbytes * size, timeout,
+                            async_op, copy_in=range(1, 1 + size), copy_out=_FIRST)
+
+    def _gather(self, outputs, outs, arr, dst, async_op, timeout):
+        fp, desc = self._fingerprint(("gather", arr.dtype, arr.shape, dst),
+                                     lambda: f"gather({describe(arr)}, dst={dst})")
+        ack = f"gather-ack(dst={dst})".encode()
+        links = self._links
+        receives = outs is not None
+
+        def job(rec, a):
+            ops.gather(links, rec.seq, fp, ack, a[0], a[1:] if receives else None, dst)
+            return list(outputs) if outputs else []
+
+        return self._submit("gather", desc, job, (arr, *(outs or ())), arr.nbytes, timeout,
+                            async_op, copy_in=_FIRST,
+                            copy_out=range(1, 1 + self._size) if receives else _NONE)
+
+    def _scatter(self, tensor, out, ins, src, async_op, timeout):
+        fp, desc = self._fingerprint(("scatter", out.dtype, out.shape, src),
+                                     lambda: f"scatter({describe(out)}, src={src})")
+        ack = f"scatter-ack(src={src})".encode()
+        links = self._links
+        sends = ins is not None
+
+        def job(rec, a):
+            ops.scatter(links, rec.seq, fp, ack, a[0], a[1:] if sends else None, src)
+            return [tensor]
+
+        return self._submit("scatter", desc, job, (out, *(ins or ())), out.nbytes, timeout,
+                            async_op, copy_in=range(1, 1 + self._size), copy_out=_FIRST)
+
+    def _all_to_all(self, outputs, outs, ins, async_op, timeout):
+        w = self._size
+        fp_desc = self._fingerprint(
+            ("all_to_all", tuple((o.dtype, o.shape) for o in outs),
+             tuple((x.dtype, x.shape) for x in ins)),
+            lambda: "all_to_all(in " + ", ".join(describe(x) for x in ins)
+            + "; out " + ", ".join(describe(o) for o in outs) + ")")
+        peers = [q for q in range(w) if q != self._rank]
+        # Each peer checks the header of its own block: the shapes differ from peer to peer.
+        fps_out = {q: f"all_to_all({describe(ins[q])})".encode() for q in peers}
+        fps_in = {q: f"all_to_all({describe(outs[q])})".encode() for q in peers}
+        links = self._links
+
+        def job(rec, a):
+            ops.all_to_all(links, rec.seq, fps_out, fps_in, a[:w], a[w:])
+            return list(outputs)
+
+        return self._submit("all_to_all", fp_desc[1], job, (*outs, *ins),
+                            sum(x.nbytes for x in ins), timeout, async_op,
+                            copy_in=range(w, 2 * w), copy_out=range(w))
+
+    def _barrier(self, async_op, timeout):
+        links = self._links
+
+        def job(rec, a):
+            ops.barrier(links, rec.seq, b"barrier()")
+            return []
+
+        return self._submit("barrier", "barrier()", job, (), 0, timeout, async_op)
+
+    def _monitored_barrier(self, timeout, wait_all_ranks):
+        links = self._links
+
+        def job(rec, a):
+            ops.monitored_barrier(links, rec.seq, b"monitored_barrier()", timeout, wait_all_ranks)
+            return []
+
+        # The watchdog gives rank 0 time to name the missing ranks itself.
+        self._submit("monitored_barrier", "monitored_barrier()", job, (), 0, timeout + 5.0, False)
+
+    # ------------------------------------------------------------------ point to point
+
+    def _send(self, arr, dst, tag, async_op, timeout):
+        fp = f"p2p({describe(arr)})".encode()
+        links = self._links
+
+        def job(rec, a):
+            ops.send(links, fp, a[0], dst, tag)
+            return [arr]
+
+        return self._submit("send", f"send({describe(arr)}, dst={dst}, tag={tag})", job, (arr,),
+                            arr.nbytes, timeout, async_op, p2p=True)
+
+    def _recv(self, tensor, arr, src, tag, async_op, timeout):
+        expected = f"p2p({describe(arr)})".encode()
+        links = self._links
+
+        def job(rec, a):
+            rec.source = ops.recv(links, expected, a[0], src, tag)
+            return [tensor]
+
+        where = "any rank" if src is None else f"src={src}"
+        return self._submit("recv", f"recv({describe(arr)}, {where}, tag={tag})", job, (arr,),
+                            arr.nbytes, timeout, async_op, copy_in=_NONE, copy_out=_FIRST,
+                            p2p=True)
 
     # ------------------------------------------------------------------ lifecycle
 
     def abort(self) -> None:
         self._fail(FailureReason(
-            "error", f"rank {self._rank} aborted the group (ProcessGroup.abort())", self._rank, (self._rank,)
+            "error", f"rank {self._rank} aborted the group (ProcessGroup.abort())", self._rank,
+            (self._rank,)
         ))
 
     def shutdown(self) -> None:
-        if self._destroyed:
+        if not self._leave():
             return
-        self._destroyed = True
-        _LIVE.discard(self)
-        self._watchdog.stop()
-        self._engine.stop(GroupDestroyed(
+        self._executor.stop(GroupDestroyed(
             f"Process group '{self.name}' was destroyed before this queued collective ran."
         ))
-        if self._sender is not None:
-            self._sender.stop()
+        self._links.close()
         timer = self._lost_timer
         if timer is not None:
             timer.cancel()
         self._mesh.close()
-        # Never unmapped explicitly: a collective aborted in another thread may still be
-        # reading; the mappings go with the last array that views them.
-        self._shm = None
-
-
-def _close_all_at_exit() -> None:
-    for pg in list(_LIVE):
-        try:
-            pg.shutdown()
-        except Exception:  # exiting anyway
-            pass
-
-
-import atexit  # noqa: E402  (registered once, when the backend is first imported)
-
-atexit.register(_close_all_at_exit)

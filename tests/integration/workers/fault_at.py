@@ -61,19 +61,19 @@ def _install_step_counter() -> None:
 def _wrap_bucket_all_reduce(step: int, on_bucket) -> None:
     """Call on_bucket(flat, run) instead of the tcp backend's flat all_reduce for the first
     gradient bucket of `step`; `run()` runs the real one."""
-    from shoal.collectives.backends.tcp.collectives import TCPCollectives  # noqa: PLC0415
+    from shoal.collectives.backends.tcp import collectives  # noqa: PLC0415
 
-    real = TCPCollectives._allreduce_flat
+    real = collectives.allreduce_flat
     done = []
 
-    def allreduce_flat(self, flat, op, seq, fp):
-        run = lambda: real(self, flat, op, seq, fp)  # noqa: E731
+    def allreduce_flat(links, flat, op, seq, fp):
+        run = lambda: real(links, flat, op, seq, fp)  # noqa: E731
         if done or _current["step"] != step or flat.size < BUCKET_MIN_ELEMENTS:
             return run()
         done.append(True)
         return on_bucket(flat, run)
 
-    TCPCollectives._allreduce_flat = allreduce_flat
+    collectives.allreduce_flat = allreduce_flat
 
 
 def _install_sockets(rank: int, step: int, fraction: float) -> None:

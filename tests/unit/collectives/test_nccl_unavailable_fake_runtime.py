@@ -465,7 +465,7 @@ def test_work_numbering_callbacks_and_history(trio):
         late = []
         works[0].add_done_callback(lambda w: late.append(w.seq))  # already done: runs at once
         return [w.seq for w in works], seen, late, [w.is_success() for w in works], \
-            [rec.state for rec in pg._engine.history]
+            [rec.state for rec in pg.ledger.history]
 
     for seqs, seen, late, ok, states in run_all(trio, body):
         assert seqs == [1, 2, 3, 4] and seen == [4] and late == [1] and all(ok)
@@ -479,9 +479,9 @@ def test_callbacks_run_in_the_callers_thread_not_the_watchdogs():
         work = pg.all_reduce(dev(np.ones(3)), async_op=True)
         work.add_done_callback(lambda w: threads.append(threading.current_thread().name))
         end = time.monotonic() + 5
-        while not work._done and time.monotonic() < end:  # the watchdog finishes it...
+        while not work.done and time.monotonic() < end:  # the watchdog finishes it...
             time.sleep(0.01)
-        assert work._done and threads == []  # ...but leaves the callback to a caller
+        assert work.done and threads == []  # ...but leaves the callback to a caller
         assert work.is_completed()
         assert threads == [threading.current_thread().name]
     finally:
@@ -502,7 +502,7 @@ def test_bad_calls_are_refused_before_anything_runs(trio):
         pg.all_reduce(dev(np.zeros(2), Dev1))
     with pytest.raises(ShapeError, match="own block must keep its size"):
         pg.all_to_all([np.zeros(1)] * 3, [np.zeros(2)] * 3)
-    assert pg._ledger.seq == 0  # nothing was numbered, so the ranks stay in step
+    assert pg.ledger.seq == 0  # nothing was numbered, so the ranks stay in step
 
 
 def test_reduce_spec_table():
@@ -582,7 +582,7 @@ def test_timeout_names_the_missing_rank_aborts_and_fails_later_calls(tmp_path):
                            r"collectives are in .*shoal-collectives-default-rank0"):
             work.synchronize()
         assert time.monotonic() - t0 < 5
-        assert pgs[0].failed and eventually(lambda: pgs[0]._rt.comm.aborted)
+        assert pgs[0].failed and eventually(lambda: pgs[0].runtime.comm.aborted)
         assert list(tmp_path.glob("shoal-collectives-default-rank0-*.json"))
         with pytest.raises(CollectiveError, match="all_reduce cannot run: nccl group 'default' failed earlier: rank 0 timed out"):
             pgs[0].all_reduce(np.ones(1))
@@ -607,13 +607,13 @@ def test_mismatched_collectives_are_named():
 def test_unmatched_recv_times_out_and_an_abort_that_hangs_is_given_up():
     pgs = make_groups(2, timeout=10, abort_timeout=0.3)
     try:
-        pgs[0]._rt.comm.abort_hangs = True
+        pgs[0].runtime.comm.abort_hangs = True
         t0 = time.monotonic()
         with pytest.raises(CollectiveTimeout, match=r"Rank 0 timed out after 0.5s in recv p2p#1 of "
                            r"group 'default': its point-to-point peer never matched it"):
             pgs[0].recv(dev(np.zeros(3)), src=1, async_op=True, timeout=0.5).synchronize()
         assert time.monotonic() - t0 < 0.5 + 0.3 + 3
-        assert not pgs[0]._rt.comm.aborted  # the abort never returned; we went on without it
+        assert not pgs[0].runtime.comm.aborted  # the abort never returned; we went on without it
     finally:
         for pg in pgs:
             pg.shutdown()
@@ -623,13 +623,13 @@ def test_async_error_fails_outstanding_work():
     pgs = make_groups(2, timeout=30)
     try:
         works = [pgs[0].all_reduce(dev(np.ones(4)), async_op=True) for _ in range(2)]
-        pgs[0]._rt.comm.async_err = "NCCL_ERROR_SYSTEM_ERROR: unhandled system error"
+        pgs[0].runtime.comm.async_err = "NCCL_ERROR_SYSTEM_ERROR: unhandled system error"
         for seq, w in enumerate(works, 1):
             with pytest.raises(CollectiveError, match=f"Rank 0's all_reduce #{seq} of group 'default' "
                                "failed: NCCL reported an asynchronous error on rank 0: "
                                "NCCL_ERROR_SYSTEM_ERROR.*the NCCL communicator was aborted"):
                 w.synchronize(timeout=5)
-        assert eventually(lambda: pgs[0]._rt.comm.aborted)
+        assert eventually(lambda: pgs[0].runtime.comm.aborted)
     finally:
         for pg in pgs:
             pg.shutdown()

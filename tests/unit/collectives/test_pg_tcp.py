@@ -235,7 +235,7 @@ def test_bad_arguments_get_clear_errors_and_touch_nothing(pair):
         ro = np.ones(3)
         ro.setflags(write=False)
         pg.all_reduce(ro)
-    assert pg._engine.seq == 0  # nothing was submitted
+    assert pg.ledger.seq == 0  # nothing was submitted
     run_all(pair, lambda g, r: g.barrier())
 
 

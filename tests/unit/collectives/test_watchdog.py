@@ -12,7 +12,7 @@ import pytest
 from shoal.collectives.types import CollectiveTimeout
 from shoal.collectives.backends.tcp.group import ProcessGroupTCP
 from shoal.collectives.store.hash import HashStore
-from shoal.collectives.backends.watchdog import write_dump
+from shoal.collectives.backends.dump import write_dump
 from threaded_ranks import form_groups, run_all
 
 

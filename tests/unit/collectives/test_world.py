@@ -73,9 +73,9 @@ def test_setup_errors_are_clear(monkeypatch):
 
 
 def test_nccl_without_cuda_says_so():
-    from shoal.collectives.distributed import _cuda_device_present
+    from shoal.collectives.backends import registry
 
-    if _cuda_device_present():
+    if registry.check_backend_availability("nccl") is None:
         pytest.skip("a CUDA device is present")
     with pytest.raises(BackendUnavailable, match="backend 'nccl' needs a CUDA device; none was found"):
         c.init_process_group("nccl", store=HashStore(), rank=0, world_size=1)

@@ -1,0 +1,227 @@
+"""How the tcp backend runs its operations: strictly in submission order, and `Work` handles.
+
+A synchronous call on an idle group runs inline in the caller's thread (a thread hand-off
+costs more than a whole 4 KiB all_reduce); anything else goes to the group's worker thread,
+which runs operations one at a time in submission order, so several outstanding async ops
+complete correctly and in order. Every operation is numbered and recorded in the group's
+`OpLedger` (under this executor's lock, so numbers follow submission order).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Any, Callable, Optional
+
+from shoal.collectives.api import Work
+from shoal.collectives.backends.ledger import OpLedger, OpRecord
+from shoal.collectives.types import CollectiveTimeout, GroupDestroyed
+from shoal.core.timeouts import TimeoutLike, to_seconds
+
+__all__ = ["InOrderExecutor", "OpWork", "DoneWork", "Job"]
+
+# An operation's body: job(record, arrays) -> the Work's result list.
+Job = Callable[[OpRecord, Any], list]
+# How the group runs a job (failure handling around it): runner(record, job, arrays).
+Runner = Callable[[OpRecord, Job, Any], list]
+
+
+class OpWork(Work):
+    """The handle of one queued operation."""
+
+    __slots__ = ("_record", "_event", "_done", "_exc", "_result", "_callbacks", "_lock",
+                 "_describe")
+
+    def __init__(self, record: OpRecord, describe: Callable[[OpRecord], str]):
+        self._record = record
+        self._event = threading.Event()
+        self._done = False
+        self._exc: Optional[BaseException] = None
+        self._result: list = []
+        self._callbacks: list = []
+        self._lock = threading.Lock()
+        self._describe = describe
+
+    @property
+    def seq(self) -> int:
+        """The operation's sequence number in its group."""
+        return self._record.seq
+
+    @property
+    def source_rank(self) -> Optional[int]:
+        """For a recv: the rank the message came from."""
+        return self._record.source
+
+    def finish(self, result: Optional[list], exc: Optional[BaseException]) -> None:
+        """Complete the handle (called once, by the executor) and run the callbacks."""
+        with self._lock:
+            self._result = result if result is not None else []
+            self._exc = exc
+            self._done = True
+            self._event.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for cb in callbacks:
+            cb(self)
+
+    def wait(self, timeout: TimeoutLike = None) -> bool:
+        seconds = to_seconds(timeout)
+        if not self._done and not self._event.wait(seconds):
+            raise CollectiveTimeout(
+                f"{self._describe(self._record)} did not complete within the {seconds:g}s that "
+                "wait() allowed; it is still running and the group's watchdog still times it."
+            )
+        if self._exc is not None:
+            raise self._exc
+        return True
+
+    def is_completed(self) -> bool:
+        return self._done
+
+    def is_success(self) -> bool:
+        return self._done and self._exc is None
+
+    def exception(self) -> Optional[BaseException]:
+        return self._exc
+
+    def result(self) -> list:
+        self.wait()
+        return self._result
+
+    def add_done_callback(self, fn: Callable[[Work], Any]) -> None:
+        with self._lock:
+            if not self._done:
+                self._callbacks.append(fn)
+                return
+        fn(self)
+
+
+class DoneWork(Work):
+    """The handle of an operation that ran inline and succeeded (cheaper than an OpWork: an
+    op run inline is finished before anyone can wait on it, so it needs no Event)."""
+
+    __slots__ = ("seq", "_result", "source_rank")
+
+    def __init__(self, record: OpRecord, result: list):
+        self.seq = record.seq
+        self.source_rank = record.source
+        self._result = result
+
+    def wait(self, timeout: TimeoutLike = None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def exception(self) -> Optional[BaseException]:
+        return None
+
+    def result(self) -> list:
+        return self._result
+
+    def add_done_callback(self, fn: Callable[[Work], Any]) -> None:
+        fn(self)
+
+
+class InOrderExecutor:
+    """Runs a group's operations one at a time, in submission order."""
+
+    def __init__(self, name: str, ledger: OpLedger, runner: Runner,
+                 describe: Callable[[OpRecord], str]):
+        self.name = name
+        self._ledger = ledger
+        self._runner = runner
+        self._describe = describe
+        self._lock = threading.Condition(threading.Lock())
+        self._queue: collections.deque[tuple[OpRecord, Job, Any, OpWork]] = collections.deque()
+        self._busy = False
+        self._stopped = False
+        self._worker: Optional[threading.Thread] = None
+
+    def submit(self, op: str, desc: str, nbytes: int, timeout: float, async_op: bool, p2p: bool,
+               job: Job, arrays: Any) -> Work:
+        """Number, record and run (inline or queued) `job(record, arrays)`; returns its Work."""
+        with self._lock:
+            if self._stopped:
+                raise GroupDestroyed(
+                    f"{op} was called on process group '{self.name}' after it was destroyed."
+                )
+            rec = self._ledger.record(op, desc, nbytes, timeout, p2p)
+            inline = not async_op and not self._busy and not self._queue
+            if inline:
+                self._busy = True
+            else:
+                work = OpWork(rec, self._describe)
+                self._queue.append((rec, job, arrays, work))
+                if self._worker is None:
+                    self._worker = threading.Thread(
+                        target=self._loop, name=f"shoal-pg-{self.name}-worker", daemon=True
+                    )
+                    self._worker.start()
+                self._lock.notify_all()
+        if inline:
+            return self._run_inline(rec, job, arrays)
+        if not async_op:
+            work.wait()
+        return work
+
+    def _run_recorded(self, rec: OpRecord, job: Job, arrays: Any) -> list:
+        # The ledger's record is what the watchdog, the dump and the progress other ranks read.
+        ledger = self._ledger
+        ledger.start(rec)
+        try:
+            result = self._runner(rec, job, arrays)
+        except BaseException as exc:
+            ledger.finish(rec, exc)
+            raise
+        ledger.finish(rec)
+        return result
+
+    def _run_inline(self, rec: OpRecord, job: Job, arrays: Any) -> Work:
+        # The synchronous fast path: no Work object exists until the op has finished.
+        try:
+            return DoneWork(rec, self._run_recorded(rec, job, arrays))
+        finally:
+            with self._lock:
+                self._busy = False
+                if self._queue:
+                    self._lock.notify_all()
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                while (self._busy or not self._queue) and not self._stopped:
+                    self._lock.wait()
+                if self._stopped and not self._queue:
+                    return
+                rec, job, arrays, work = self._queue.popleft()
+                self._busy = True
+            try:
+                try:
+                    result = self._run_recorded(rec, job, arrays)
+                except BaseException as exc:
+                    work.finish(None, exc)
+                else:
+                    work.finish(result, None)
+            finally:
+                with self._lock:
+                    self._busy = False
+                    self._lock.notify_all()
+
+    def pending(self) -> int:
+        """Operations queued or running."""
+        with self._lock:
+            return len(self._queue) + (1 if self._busy else 0)
+
+    def stop(self, error: BaseException) -> None:
+        """Refuse new work and fail whatever is still queued with `error`."""
+        with self._lock:
+            self._stopped = True
+            queued = list(self._queue)
+            self._queue.clear()
+            self._lock.notify_all()
+        for rec, _job, _arrays, work in queued:
+            self._ledger.finish(rec, error)
+            work.finish(None, error)
