@@ -210,7 +210,8 @@ def _dies_after_its_allreduce(rank, world, how, events):
         # Ring 0 -> 1 -> 2 -> 0. Rank 2 stops reading from rank 1 before the last segment of the
         # all-gather, which rank 1 can still send and finish without; rank 2 then still has to
         # read it and forward rank 1's segment to rank 0, long after rank 1 is dead.
-        pg._rx[1] = _LateReader(pg._rx[1], 3 * 4 * _SEGMENT, 1.5)
+        rx = pg._mesh.rx  # the receiving sockets by peer, shared by every algorithm
+        rx[1] = _LateReader(rx[1], 3 * 4 * _SEGMENT, 1.5)
     c.all_reduce(x)
     if rank == 1:
         events.put(("done", os.getpid()))

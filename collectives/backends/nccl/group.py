@@ -88,12 +88,8 @@ class ProcessGroupNCCL(BackendGroup):
     """A process group over NCCL; ranks meet through `store`.
 
     Args:
-        store: where ranks exchange the NCCL unique id and publish progress.
-        rank: this process's rank in the group.
-        size: the number of ranks.
-        timeout: default timeout of every collective (and of forming the group).
-        name: the group's name, unique per concurrently existing group.
-        global_ranks: the world ranks of this group's members, for messages and dumps.
+        store, rank, size, timeout, name, global_ranks: as for `BackendGroup` (the store also
+            carries the NCCL unique id).
         device: the CUDA device (index, 'cuda:N' or core Device); default: LOCAL_RANK (which
             then becomes this thread's current device, as torchrun scripts do with
             torch.cuda.set_device), else the current device.

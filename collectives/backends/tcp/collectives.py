@@ -235,45 +235,40 @@ def all_gather(links: Links, seq: int, fp: bytes, arr: np.ndarray,
 def gather(links: Links, seq: int, fp: bytes, ack: bytes, arr: np.ndarray,
            outs: Optional[Sequence[np.ndarray]], dst: int) -> None:
     """On rank `dst`, `outs[q]` := rank q's `arr`; the others send theirs and wait for an ack."""
-    me = links.rank
-    if links.size > 1:
-        peers = links.direct.peers
-        if me == dst:
-            plan = algos.star_plan(
-                me, links.size, links.rx, seq, {}, dict.fromkeys(peers, fp),
-                {}, {q: arrays.as_bytes(outs[q]) for q in peers}, PUMP_CHUNK_BYTES,
-                acks=peers, ack_fp=ack,
-            )
-        else:
-            plan = algos.star_plan(
-                me, links.size, links.rx, seq, {dst: fp}, {},
-                {dst: arrays.as_bytes(arr)}, {}, PUMP_CHUNK_BYTES, ack_from=[dst], ack_fp=ack,
-            )
-        pump(plan, links.tx, links.rx)
-    if me == dst:
+    _rooted(links, seq, fp, ack, dst, arr, outs, inbound=True)
+    if links.rank == dst:
         np.copyto(outs[dst], arr)
 
 
 def scatter(links: Links, seq: int, fp: bytes, ack: bytes, out: np.ndarray,
             ins: Optional[Sequence[np.ndarray]], src: int) -> None:
     """`out` := rank `src`'s `ins[rank]`."""
-    me = links.rank
-    if links.size > 1:
-        peers = links.direct.peers
-        if me == src:
-            plan = algos.star_plan(
-                me, links.size, links.rx, seq, dict.fromkeys(peers, fp), {},
-                {q: arrays.as_bytes(ins[q]) for q in peers}, {}, PUMP_CHUNK_BYTES,
-                ack_from=peers, ack_fp=ack,
-            )
-        else:
-            plan = algos.star_plan(
-                me, links.size, links.rx, seq, {}, {src: fp},
-                {}, {src: arrays.as_bytes(out)}, PUMP_CHUNK_BYTES, acks=[src], ack_fp=ack,
-            )
-        pump(plan, links.tx, links.rx)
-    if me == src:
+    _rooted(links, seq, fp, ack, src, out, ins, inbound=False)
+    if links.rank == src:
         np.copyto(out, ins[src])
+
+
+def _rooted(links: Links, seq: int, fp: bytes, ack: bytes, root: int, own: np.ndarray,
+            blocks: Optional[Sequence[np.ndarray]], inbound: bool) -> None:
+    """Move one block between `root` and each other rank: towards the root (`inbound`, gather:
+    rank q's `own` into the root's `blocks[q]`) or away from it (scatter: the root's `blocks[q]`
+    into rank q's `own`). The receiver of each block acknowledges it, so the sender learns of a
+    receiver that disagrees about the call before it moves on."""
+    me = links.rank
+    if links.size == 1:
+        return
+    if me == root:
+        legs = {q: arrays.as_bytes(blocks[q]) for q in links.direct.peers}
+    else:
+        legs = {root: arrays.as_bytes(own)}
+    fps = dict.fromkeys(legs, fp)
+    if (me == root) == inbound:  # this rank receives
+        plan = algos.star_plan(me, links.size, links.rx, seq, {}, fps, {}, legs, PUMP_CHUNK_BYTES,
+                               acks=list(legs), ack_fp=ack)
+    else:
+        plan = algos.star_plan(me, links.size, links.rx, seq, fps, {}, legs, {}, PUMP_CHUNK_BYTES,
+                               ack_from=list(legs), ack_fp=ack)
+    pump(plan, links.tx, links.rx)
 
 
 def all_to_all(links: Links, seq: int, fps_out: dict, fps_in: dict,

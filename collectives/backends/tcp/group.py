@@ -70,14 +70,9 @@ class ProcessGroupTCP(BackendGroup):
     """A process group over TCP; ranks meet through `store` (see `mesh` for the protocol).
 
     Args:
-        store: where ranks publish their addresses and progress (shared by all ranks).
-        rank: this process's rank in the group.
-        size: the number of ranks.
-        timeout: default timeout of every collective (and of forming the group).
-        name: the group's name, unique per concurrently existing group.
+        store, rank, size, timeout, name, global_ranks: as for `BackendGroup`.
         host: the address to listen on (default: from `collectives.env.bind_host`).
         token: the job's secret (default: `core.auth.load_token()`).
-        global_ranks: the world ranks of this group's members, for messages and dumps.
 
     Raises:
         CollectiveTimeout: a peer did not join within `timeout`.
@@ -454,33 +449,31 @@ class ProcessGroupTCP(BackendGroup):
                             async_op, copy_in=range(1, 1 + size), copy_out=_FIRST)
 
     def _gather(self, outputs, outs, arr, dst, async_op, timeout):
-        fp, desc = self._fingerprint(("gather", arr.dtype, arr.shape, dst),
-                                     lambda: f"gather({describe(arr)}, dst={dst})")
-        ack = f"gather-ack(dst={dst})".encode()
-        links = self._links
-        receives = outs is not None
-
-        def job(rec, a):
-            ops.gather(links, rec.seq, fp, ack, a[0], a[1:] if receives else None, dst)
-            return list(outputs) if outputs else []
-
-        return self._submit("gather", desc, job, (arr, *(outs or ())), arr.nbytes, timeout,
-                            async_op, copy_in=_FIRST,
-                            copy_out=range(1, 1 + self._size) if receives else _NONE)
+        result = list(outputs) if outputs else []
+        return self._rooted("gather", arr, outs, dst, True, result, async_op, timeout)
 
     def _scatter(self, tensor, out, ins, src, async_op, timeout):
-        fp, desc = self._fingerprint(("scatter", out.dtype, out.shape, src),
-                                     lambda: f"scatter({describe(out)}, src={src})")
-        ack = f"scatter-ack(src={src})".encode()
+        return self._rooted("scatter", out, ins, src, False, [tensor], async_op, timeout)
+
+    def _rooted(self, op, own, blocks, root, inbound, result, async_op, timeout):
+        """gather (`inbound`: every rank's `own` into the root's `blocks`) or scatter (the
+        root's `blocks[q]` into rank q's `own`); `blocks` is None except on the root."""
+        where = "dst" if inbound else "src"
+        fp, desc = self._fingerprint((op, own.dtype, own.shape, root),
+                                     lambda: f"{op}({describe(own)}, {where}={root})")
+        ack = f"{op}-ack({where}={root})".encode()
         links = self._links
-        sends = ins is not None
+        run = ops.gather if inbound else ops.scatter
+        has_blocks = blocks is not None
 
         def job(rec, a):
-            ops.scatter(links, rec.seq, fp, ack, a[0], a[1:] if sends else None, src)
-            return [tensor]
+            run(links, rec.seq, fp, ack, a[0], a[1:] if has_blocks else None, root)
+            return result
 
-        return self._submit("scatter", desc, job, (out, *(ins or ())), out.nbytes, timeout,
-                            async_op, copy_in=range(1, 1 + self._size), copy_out=_FIRST)
+        others = range(1, 1 + self._size)
+        return self._submit(op, desc, job, (own, *(blocks or ())), own.nbytes, timeout, async_op,
+                            copy_in=_FIRST if inbound else others,
+                            copy_out=(others if has_blocks else _NONE) if inbound else _FIRST)
 
     def _all_to_all(self, outputs, outs, ins, async_op, timeout):
         w = self._size
