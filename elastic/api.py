@@ -3,11 +3,13 @@
 The rendezvous state machine (`elastic.rendezvous.RendezvousHandler`) sits above one small
 `RendezvousBackend` with three members, as in torch.distributed.elastic: `get_state`,
 `set_state` (a compare-and-set on an opaque token) and an optional `watch`. Backends are named
-by kind: `rdzv_etcd.EtcdRendezvousBackend` (etcd v3) and `rdzv_store.StoreRendezvousBackend`
-(any collectives Store, the embedded TCPStore by default).
+by kind: `rendezvous.etcd_backend.EtcdRendezvousBackend` (etcd v3) and
+`rendezvous.store_backend.StoreRendezvousBackend` (any collectives Store, the embedded TCPStore
+by default); `rendezvous.registry.BACKENDS` is the one list of them.
 
-The handler in `elastic.rendezvous`, the factories in `elastic.registry` (both importable
-from `elastic.rendezvous` and `elastic`):
+The handler in `elastic.rendezvous.handler` (its rules in `rendezvous.decisions`), the
+factories in `elastic.rendezvous.registry` (both importable from `elastic.rendezvous` and
+`elastic`):
 
     create_backend(name: "store" | "etcd", endpoints: str | list[str] | None, run_id: str, *,
                    store: Store | None = None, is_host: bool = False,
@@ -143,19 +145,53 @@ class RendezvousBackend(abc.ABC):
 
 # ----------------------------------------------------------------------------- settings
 
-def _positive(name: str, value: float, *, allow_zero: bool = False) -> float:
+def check_seconds(name: str, value: float, *, allow_zero: bool = False) -> float:
+    """`value` as float seconds if it is a finite number above zero (or zero, if allowed).
+
+    The one rule for every rendezvous timeout, whether it comes from code or `--rdzv-conf`.
+
+    Raises:
+        ValueError: naming `name`, the value and the rule.
+    """
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"Rendezvous setting {name} must be a number of seconds, got {value!r}.")
     value = float(value)
     if math.isnan(value) or value < 0 or (value == 0 and not allow_zero):
         rule = "zero or more" if allow_zero else "more than zero"
         raise ValueError(f"Rendezvous setting {name} must be {rule} seconds, got {value!r}.")
+    if math.isinf(value):
+        # A hang is a bug: every wait ends, if only after a long time.
+        raise ValueError(f"Rendezvous setting {name} must be a finite number of seconds, got "
+                         f"{value!r}.")
     return value
+
+
+def check_lease_ttl(ttl: float) -> float:
+    """An etcd lease's time to live: 2 to 3600 seconds (etcd's own floor and a sane ceiling).
+
+    Raises:
+        ValueError: naming the value and the rule.
+    """
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 2 <= ttl <= 3600:
+        raise ValueError(f"etcd lease ttl must be 2..3600 seconds, got {ttl!r}.")
+    return float(ttl)
+
+
+# The `--rdzv-conf` keys that are RendezvousSettings fields -> what they mean (for --help).
+SETTINGS_CONF_KEYS: Mapping[str, str] = {
+    "join_timeout": "seconds a node waits for the first round to form",
+    "last_call_timeout": "seconds to wait for more nodes once the minimum has joined",
+    "heartbeat_interval": "seconds between an agent's heartbeats",
+    "heartbeat_timeout": "seconds without a heartbeat before a node is dead",
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class RendezvousSettings:
-    """How one run meets: node counts and every timeout, in seconds."""
+    """How one run meets: node counts and every timeout, in seconds.
+
+    The one place their rules live: the launcher and the registry build this to check them.
+    """
 
     run_id: str
     min_nodes: int
@@ -181,10 +217,10 @@ class RendezvousSettings:
             raise ValueError(
                 f"Rendezvous max_nodes ({self.max_nodes}) must be >= min_nodes ({self.min_nodes})."
             )
-        for name in ("last_call_timeout",):
-            object.__setattr__(self, name, _positive(name, getattr(self, name), allow_zero=True))
-        for name in ("join_timeout", "heartbeat_interval", "heartbeat_timeout"):
-            object.__setattr__(self, name, _positive(name, getattr(self, name)))
+        for name in SETTINGS_CONF_KEYS:
+            value = check_seconds(name, getattr(self, name),
+                                  allow_zero=name == "last_call_timeout")
+            object.__setattr__(self, name, value)
         if self.heartbeat_timeout <= self.heartbeat_interval:
             raise ValueError(
                 f"Rendezvous heartbeat_timeout ({self.heartbeat_timeout:g}s) must exceed "
@@ -193,15 +229,15 @@ class RendezvousSettings:
 
     @classmethod
     def from_conf(
-        cls, run_id: str, min_nodes: int, max_nodes: int, conf: Mapping[str, str]
+        cls, run_id: str, min_nodes: int, max_nodes: int, conf: Mapping[str, object]
     ) -> "RendezvousSettings":
-        """Build settings from `--rdzv-conf` pairs (timeouts as strings of seconds).
+        """Build settings from `--rdzv-conf` pairs (timeouts as numbers or strings of seconds).
 
-        Unknown keys are left for the backend (see `backend_options`); a value that is not a
-        number raises ValueError naming the key.
+        Keys that are not settings are left for the backend and the launcher; a value that is
+        not a number raises ValueError naming the key.
         """
         values: dict[str, float] = {}
-        for key in ("last_call_timeout", "join_timeout", "heartbeat_interval", "heartbeat_timeout"):
+        for key in SETTINGS_CONF_KEYS:
             raw = conf.get(key, conf.get(key.replace("_", "-")))
             if raw is None:
                 continue
@@ -212,18 +248,6 @@ class RendezvousSettings:
                     f"--rdzv-conf {key}={raw!r} is not a number of seconds."
                 ) from exc
         return cls(run_id=run_id, min_nodes=min_nodes, max_nodes=max_nodes, **values)
-
-
-SETTINGS_CONF_KEYS = frozenset(
-    {"last_call_timeout", "join_timeout", "heartbeat_interval", "heartbeat_timeout"}
-)
-
-
-def backend_options(conf: Mapping[str, str]) -> dict[str, str]:
-    """The `--rdzv-conf` pairs that are not settings (handed to `create_backend`)."""
-    return {
-        k: v for k, v in conf.items() if k.replace("-", "_") not in SETTINGS_CONF_KEYS
-    }
 
 
 # ----------------------------------------------------------------------------- result

@@ -1,8 +1,9 @@
 """`shoal run` (an elastic job's node agent) and `shoal store` (a standalone TCPStore).
 
-Heavy imports (prometheus_client, the rendezvous, the stores) happen inside the commands, so
-that `shoal --help` is quick and PROMETHEUS_MULTIPROC_DIR can be taken out of this process's
-environment before prometheus_client reads it.
+Heavy imports (prometheus_client, the agent, the stores, the etcd client) happen inside the
+commands, so that `shoal --help` is quick and PROMETHEUS_MULTIPROC_DIR can be taken out of this
+process's environment before prometheus_client reads it. The flags import only the
+rendezvous' rules (elastic.api and the registry, which loads each backend when it is built).
 """
 
 from __future__ import annotations
@@ -106,44 +107,22 @@ def _local_addr(settings: flags.RunSettings) -> str:
 
 
 def _make_handler(settings: flags.RunSettings, node_id: str):
-    from shoal.elastic.api import RendezvousSettings
+    """This node's rendezvous handler; every value was checked by flags.parse_run."""
     from shoal.elastic.rendezvous import RendezvousHandler, create_backend
 
-    conf = dict(settings.rdzv_conf)
-    timing = {k: conf[k] for k in
-              ("last_call_timeout", "join_timeout", "heartbeat_interval", "heartbeat_timeout")
-              if k in conf}
-    try:
-        rdzv_settings = RendezvousSettings(run_id=settings.rdzv_id, min_nodes=settings.min_nodes,
-                                           max_nodes=settings.max_nodes, **timing)
-    except ValueError as exc:
-        flags.run_parser().error(f"argument --rdzv-conf/--rdzv_conf: {exc}")
-    try:
-        timeout = float(conf.get("store_timeout", 30.0))
-        if not timeout > 0:
-            raise ValueError
-    except ValueError:
-        flags.run_parser().error(
-            f"argument --rdzv-conf/--rdzv_conf: store_timeout must be a positive number of "
-            f"seconds, got {conf.get('store_timeout')!r}"
-        )
+    timeout = float(settings.rdzv_conf.get("store_timeout", flags.DEFAULT_STORE_TIMEOUT_S))
     if settings.embedded_store and not settings.rdzv_endpoints:
         endpoint = "127.0.0.1:0"
     else:
         endpoint = ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}"
                             for h, p in settings.rdzv_endpoints)
-    kwargs = {"timeout": timeout}
+    kwargs = dict(settings.backend_options, timeout=timeout)
     if settings.rdzv_backend == "store":
         kwargs["is_host"] = settings.embedded_store
-        if "ttl" in conf:
-            flags.run_parser().error("argument --rdzv-conf/--rdzv_conf: ttl applies to the etcd "
-                                     "backend only")
-    elif "ttl" in conf:
-        kwargs["ttl"] = conf["ttl"]
     backend, store = create_backend(settings.rdzv_backend, endpoint, settings.rdzv_id, **kwargs)
     # Not owned: the agent leaves the rendezvous first, then tells the store's host it is done,
     # and only then are the backend and store closed (see `run`).
-    return RendezvousHandler(backend, rdzv_settings, node_id, store, owns=False,
+    return RendezvousHandler(backend, settings.rendezvous, node_id, store, owns=False,
                              backend_timeout=timeout)
 
 
@@ -211,7 +190,13 @@ def run(argv: Sequence[str]) -> int:
         # init_process_group reads it as its default timeout (collectives.env).
         worker_env["SHOAL_COLLECTIVE_TIMEOUT"] = repr(settings.collective_timeout)
 
-    from shoal.elastic.agent.agent import Agent, WorkerSpec, default_node_id, python_argv
+    from shoal.elastic.agent.agent import (
+        DEFAULT_EXIT_BARRIER_TIMEOUT_S,
+        Agent,
+        WorkerSpec,
+        default_node_id,
+        python_argv,
+    )
     from shoal.core.errors import ShoalError
 
     cleanup: list[str] = []
@@ -266,7 +251,8 @@ def run(argv: Sequence[str]) -> int:
             grace_period=settings.grace_period,
             log_dir=os.path.abspath(settings.log_dir) if settings.log_dir else None,
             tee=settings.tee, multiproc_dir=multiproc_dir, base_env=worker_env,
-            exit_barrier_timeout=float(settings.rdzv_conf.get("exit_barrier_timeout", 300.0)),
+            exit_barrier_timeout=float(settings.rdzv_conf.get(
+                "exit_barrier_timeout", DEFAULT_EXIT_BARRIER_TIMEOUT_S)),
         )
         agent = Agent(spec, handler, is_store_host=settings.embedded_store)
         host_watch = _watch_store_host(settings, handler, agent)

@@ -4,7 +4,8 @@ This is the launcher's one module that reads the environment. A flag given on th
 beats its variable, which beats the default. Every flag accepts both spellings
 (`--max-restarts` and `--max_restarts`). A bad value, from either source, ends in argparse's
 usage error (exit status 2) with a message that names the flag, and the variable when the value
-came from one.
+came from one. The rendezvous' own rules (its settings, the backends, their endpoints and
+options) live in elastic; parsing applies them, so a bad value is still a usage error here.
 """
 
 from __future__ import annotations
@@ -17,12 +18,21 @@ import re
 import uuid
 from typing import Callable, Mapping, Optional, Sequence
 
-BACKENDS = ("store", "etcd")
+from shoal.elastic.api import SETTINGS_CONF_KEYS, RendezvousSettings
+from shoal.elastic.rendezvous.registry import (
+    BACKENDS,
+    backend_options,
+    check_backend,
+    check_endpoints,
+    parse_endpoint,
+)
+
 DEFAULT_MAX_RESTARTS = 3
 DEFAULT_MONITOR_INTERVAL_S = 0.1
 DEFAULT_GRACE_PERIOD_S = 5.0
 DEFAULT_NPROC_PER_NODE = 1
 DEFAULT_STORE_PORT = 29400
+DEFAULT_STORE_TIMEOUT_S = 30.0
 
 # --rdzv-conf keys: name -> (converter, meaning). Timeouts are seconds.
 RDZV_CONF_KEYS: dict[str, tuple[Callable[[str], object], str]] = {}
@@ -56,6 +66,15 @@ def _seconds(text: str, allow_zero: bool = False) -> float:
             f"{text!r} must be a finite number of seconds {'>= 0' if allow_zero else '> 0'}"
         )
     return value
+
+
+def number(text: str) -> float:
+    """Any number; its rule is checked where the value is used (RendezvousSettings, the
+    rendezvous registry), so that one rule serves code and command line alike."""
+    try:
+        return float(str(text).strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
 
 
 def positive_seconds(text: str) -> float:
@@ -103,37 +122,26 @@ def port(text: str) -> int:
     return value
 
 
-def host_port(text: str, default_port: int = DEFAULT_STORE_PORT) -> tuple[str, int]:
-    """`HOST:PORT` or `HOST` (default port); IPv6 as `[::1]:PORT`."""
-    text = str(text).strip()
-    if not text:
-        raise argparse.ArgumentTypeError("an empty endpoint; give HOST:PORT")
-    if text.startswith("["):
-        host, sep, rest = text[1:].partition("]")
-        if not sep or (rest and not rest.startswith(":")):
-            raise argparse.ArgumentTypeError(f"{text!r} is not [IPV6]:PORT")
-        port_text = rest[1:] if rest else ""
-    elif text.count(":") == 1:
-        host, port_text = text.split(":")
-    elif ":" not in text:
-        host, port_text = text, ""
-    else:
-        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT (write IPv6 as [ADDR]:PORT)")
-    if not host or any(c.isspace() for c in host):
-        raise argparse.ArgumentTypeError(f"{text!r} has no valid host")
-    try:
-        number = port(port_text) if port_text else default_port
-    except argparse.ArgumentTypeError as exc:
-        raise argparse.ArgumentTypeError(f"{text!r} has a bad port: {exc}") from None
-    return host, number
-
-
 def endpoints(text: str) -> tuple[tuple[str, int], ...]:
-    """`HOST:PORT[,HOST:PORT...]`; an empty string means no endpoint."""
+    """`HOST:PORT[,HOST:PORT...]` (`HOST` alone: the default store port; IPv6 as
+    `[::1]:PORT`); an empty string means no endpoint."""
     text = str(text).strip()
     if not text:
         return ()
-    return tuple(host_port(part) for part in text.split(","))
+    try:
+        return tuple(parse_endpoint(part, DEFAULT_STORE_PORT) for part in text.split(","))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def rdzv_backend(text: str) -> str:
+    """The name of a rendezvous backend (see elastic.rendezvous.registry.BACKENDS)."""
+    name = str(text).strip()
+    try:
+        check_backend(name)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return name
 
 
 def run_id(text: str) -> str:
@@ -155,21 +163,24 @@ def nproc(text: str) -> int:
 
 
 def _conf_keys() -> dict[str, tuple[Callable[[str], object], str]]:
-    return {
-        "join_timeout": (positive_seconds, "seconds a node waits for the first round to form"),
-        "last_call_timeout": (
-            nonnegative_seconds, "seconds to wait for more nodes once the minimum has joined"),
-        "heartbeat_interval": (positive_seconds, "seconds between an agent's heartbeats"),
-        "heartbeat_timeout": (positive_seconds, "seconds without a heartbeat before a node is dead"),
+    # The rendezvous settings and the backends' options are checked by elastic when parse_run
+    # builds them; here they only need to be numbers. The rest are the launcher's own.
+    keys: dict[str, tuple[Callable[[str], object], str]] = {
+        key: (number, meaning) for key, meaning in SETTINGS_CONF_KEYS.items()}
+    for name, kind in BACKENDS.items():
+        keys.update((key, (number, f"{meaning} ({name})")) for key, meaning in kind.options.items())
+    keys.update({
         "store_timeout": (positive_seconds, "timeout of store operations (embedded store)"),
         "exit_barrier_timeout": (
             positive_seconds, "seconds an agent waits at the exit barrier for the other nodes"),
         "is_host": (boolean, "this node hosts the embedded store at --rdzv-endpoint"),
-        "ttl": (positive_seconds, "seconds an etcd lease outlives its last keepalive (etcd)"),
-    }
+    })
+    return keys
 
 
 RDZV_CONF_KEYS.update(_conf_keys())
+# The --rdzv-conf keys that shoal run itself reads (the rest go to elastic).
+LAUNCHER_CONF_KEYS = ("store_timeout", "exit_barrier_timeout", "is_host")
 
 
 def rdzv_conf(text: str) -> dict[str, object]:
@@ -275,7 +286,9 @@ RUN_GROUPS: dict[str, list[Flag]] = {
              "error (the default of init_process_group; default 600)"),
     ],
     "rendezvous": [
-        Flag("rdzv-backend", text_value, "store", "store (embedded TCPStore, default) or etcd"),
+        Flag("rdzv-backend", rdzv_backend, "store",
+             "; ".join(f"{name}: {kind.summary}" for name, kind in BACKENDS.items())
+             + " (default store)"),
         Flag("rdzv-endpoint", endpoints, (),
              "HOST:PORT[,HOST:PORT...] of etcd or of the store; none: an embedded store here"),
         Flag("rdzv-id", run_id, None,
@@ -371,6 +384,9 @@ class RunSettings:
     rdzv_endpoints: tuple[tuple[str, int], ...]
     rdzv_id: str
     rdzv_conf: Mapping[str, object]
+    # Built from the flags above, so that their rules were checked while parsing.
+    rendezvous: RendezvousSettings
+    backend_options: Mapping[str, object]
     standalone: bool
     max_restarts: int
     monitor_interval: float
@@ -421,11 +437,6 @@ def parse_run(argv: Sequence[str], environ: Optional[Mapping[str, str]] = None) 
     flags = [flag for group in RUN_GROUPS.values() for flag in group]
     _apply_env(parser, flags, ns, environ)
 
-    if ns.rdzv_backend not in BACKENDS:
-        parser.error(
-            f"argument --rdzv-backend/--rdzv_backend: {ns.rdzv_backend!r} is not one of "
-            f"{', '.join(BACKENDS)}"
-        )
     min_nodes, max_nodes = ns.nnodes
     if ns.standalone:
         if ns.rdzv_backend != "store" or ns.rdzv_endpoint:
@@ -434,18 +445,23 @@ def parse_run(argv: Sequence[str], environ: Optional[Mapping[str, str]] = None) 
         if (min_nodes, max_nodes) != (1, 1):
             parser.error(f"argument --standalone: it runs one node, but --nnodes asks for "
                          f"{min_nodes}:{max_nodes}")
-    if ns.rdzv_backend == "etcd" and not ns.rdzv_endpoint:
-        parser.error("argument --rdzv-endpoint/--rdzv_endpoint: the etcd backend needs the "
-                     "HOST:PORT of at least one etcd server")
-    if ns.rdzv_backend == "etcd" and any(p == 0 for _, p in ns.rdzv_endpoint):
-        parser.error("argument --rdzv-endpoint/--rdzv_endpoint: an etcd endpoint needs a real "
-                     "port, not 0")
-    if ns.rdzv_backend == "store" and len(ns.rdzv_endpoint) > 1:
-        parser.error("argument --rdzv-endpoint/--rdzv_endpoint: the store backend takes one "
-                     f"HOST:PORT, got {len(ns.rdzv_endpoint)}")
+    # No store endpoint: this node hosts an embedded store on 127.0.0.1 (see embedded_store).
+    embedded = ns.rdzv_backend == "store" and (ns.standalone or not ns.rdzv_endpoint)
+    if not embedded:
+        try:
+            check_endpoints(ns.rdzv_backend, ns.rdzv_endpoint)
+        except ValueError as exc:
+            parser.error(f"argument --rdzv-endpoint/--rdzv_endpoint: {exc}")
     if ns.rdzv_id is None:
-        embedded = ns.rdzv_backend == "store" and (ns.standalone or not ns.rdzv_endpoint)
         ns.rdzv_id = uuid.uuid4().hex[:12] if embedded else "default"
+    conf = dict(ns.rdzv_conf)
+    try:
+        rendezvous = RendezvousSettings.from_conf(ns.rdzv_id, min_nodes, max_nodes, conf)
+        options = backend_options(ns.rdzv_backend, {
+            k: v for k, v in conf.items()
+            if k not in SETTINGS_CONF_KEYS and k not in LAUNCHER_CONF_KEYS})
+    except ValueError as exc:
+        parser.error(f"argument --rdzv-conf/--rdzv_conf: {exc}")
     if not ns.module and not os.path.isfile(ns.script):
         # Caught here, not as the same crash in every worker and every restart.
         parser.error(f"argument script: {ns.script!r} is not a file (from {os.getcwd()!r}); "
@@ -467,7 +483,8 @@ def parse_run(argv: Sequence[str], environ: Optional[Mapping[str, str]] = None) 
         node_rank=ns.node_rank, local_addr=ns.local_addr,
         collective_timeout=ns.collective_timeout, rdzv_backend=ns.rdzv_backend,
         rdzv_endpoints=tuple(ns.rdzv_endpoint), rdzv_id=ns.rdzv_id,
-        rdzv_conf=dict(ns.rdzv_conf), standalone=ns.standalone, max_restarts=ns.max_restarts,
+        rdzv_conf=conf, rendezvous=rendezvous, backend_options=options,
+        standalone=ns.standalone, max_restarts=ns.max_restarts,
         monitor_interval=ns.monitor_interval, grace_period=ns.grace_period,
         checkpoint_dir=ns.checkpoint_dir, metrics_port=ns.metrics_port,
         metrics_host=ns.metrics_host, log_dir=ns.log_dir, tee=ns.tee,

@@ -31,6 +31,7 @@ from shoal.elastic.api import (
     RendezvousBackend,
     RendezvousError,
     Token,
+    check_lease_ttl,
 )
 
 logger = logging.getLogger(__name__)
@@ -60,10 +61,8 @@ class EtcdRendezvousBackend(RendezvousBackend):
     ):
         if not isinstance(run_id, str) or not run_id or "/" in run_id:
             raise ValueError(f"run_id must be a non-empty string without '/', got {run_id!r}.")
-        if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 2 <= ttl <= 3600:
-            raise ValueError(f"etcd lease ttl must be 2..3600 seconds, got {ttl!r}.")
         self.run_id = run_id
-        self.ttl = int(round(ttl))
+        self.ttl = int(round(check_lease_ttl(ttl)))
         self.timeout = to_seconds(timeout, DEFAULT_BACKEND_TIMEOUT_S)
         self.prefix = f"/shoal/{run_id}/"
         self.key = f"{self.prefix}rdzv/state".encode()

@@ -1,37 +1,147 @@
-"""Build rendezvous backends and handlers by name ("store", "etcd"), importing each lazily.
+"""The rendezvous backends by name ("store", "etcd"): their rules, and factories that import
+each implementation lazily.
 
-The etcd backend pulls in aetcd and gRPC; the store backend a TCPStore client. Neither is
-imported until asked for.
+`BACKENDS` is the one list of backends: the launcher's `--rdzv-backend` help and check come
+from it. The rules of endpoints and backend options live here too, so that `shoal run` checks
+them as it parses its flags and `create_backend` checks them again for callers in code, with
+the same words. The etcd backend pulls in aetcd and gRPC, the store backend a TCPStore client;
+neither is imported until asked for.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Union
+import dataclasses
+from typing import Mapping, Optional, Sequence, Union
 
 from shoal.collectives.store.api import Store
 from shoal.core.timeouts import TimeoutLike, to_seconds
-from shoal.elastic.api import DEFAULT_BACKEND_TIMEOUT_S, RendezvousBackend, RendezvousSettings
+from shoal.elastic.api import (
+    DEFAULT_BACKEND_TIMEOUT_S,
+    RendezvousBackend,
+    RendezvousSettings,
+    check_lease_ttl,
+)
 from shoal.elastic.rendezvous.handler import RendezvousHandler
 
-__all__ = ["create_backend", "create_handler"]
+__all__ = ["BACKENDS", "BackendKind", "backend_options", "check_backend", "check_endpoints",
+           "create_backend", "create_handler", "parse_endpoint"]
 
-BACKENDS = ("store", "etcd")
+Endpoint = tuple[str, int]
 
 
-def _parse_endpoints(endpoints: Union[str, Sequence[str], None]) -> list[str]:
+@dataclasses.dataclass(frozen=True)
+class BackendKind:
+    """What a rendezvous backend needs: a summary for --help, its options and endpoints."""
+
+    summary: str
+    # `--rdzv-conf` keys the backend takes -> what they mean.
+    options: Mapping[str, str]
+    # At most this many endpoints (None: any number); at least one is always needed.
+    max_endpoints: Optional[int]
+    # Port 0 stands for "any free port": only a node that hosts the server can bind one.
+    port_zero: bool
+
+
+BACKENDS: Mapping[str, BackendKind] = {
+    "store": BackendKind(
+        "a TCPStore: embedded in the node at --rdzv-endpoint, or a standalone `shoal store`",
+        options={}, max_endpoints=1, port_zero=True),
+    "etcd": BackendKind(
+        "etcd v3 servers",
+        options={"ttl": "seconds an etcd lease outlives its last keepalive (2 to 3600)"},
+        max_endpoints=None, port_zero=False),
+}
+
+
+def check_backend(name: str) -> BackendKind:
+    """The backend called `name`.
+
+    Raises:
+        ValueError: no backend has that name.
+    """
+    kind = BACKENDS.get(name)
+    if kind is None:
+        raise ValueError(f"Unknown rendezvous backend {name!r}; choose one of {list(BACKENDS)}.")
+    return kind
+
+
+def parse_endpoint(text: str, default_port: Optional[int] = None) -> Endpoint:
+    """`HOST:PORT` or `[IPV6]:PORT` (or `HOST` alone, given a default port) as (host, port).
+
+    Raises:
+        ValueError: naming the endpoint and the rule.
+    """
+    text = str(text).strip()
+    if text.startswith("["):
+        host, sep, rest = text[1:].partition("]")
+        if not sep or (rest and not rest.startswith(":")):
+            raise ValueError(f"Rendezvous endpoint {text!r} is not '[IPV6]:PORT'.")
+        port_text = rest[1:]
+    elif text.count(":") == 1:
+        host, port_text = text.split(":")
+    elif ":" not in text:
+        host, port_text = text, ""
+    else:
+        raise ValueError(f"Rendezvous endpoint {text!r} is not 'HOST:PORT' (write IPv6 as "
+                         "'[ADDR]:PORT').")
+    if not host or any(c.isspace() for c in host):
+        raise ValueError(f"Rendezvous endpoint {text!r} has no valid host.")
+    port_text = port_text.strip()
+    if not port_text and default_port is not None:
+        return host, default_port
+    if not port_text.isdigit() or int(port_text) > 65535:
+        raise ValueError(f"Rendezvous endpoint {text!r} is not 'HOST:PORT' with a port in "
+                         "0..65535.")
+    return host, int(port_text)
+
+
+def check_endpoints(name: str, endpoints: Sequence[Endpoint]) -> None:
+    """Check that backend `name` can use `endpoints` (how many, which ports).
+
+    Raises:
+        ValueError: an unknown backend, or endpoints it cannot use.
+    """
+    kind = check_backend(name)
+    if not endpoints:
+        raise ValueError(f"The {name} rendezvous backend needs at least one 'HOST:PORT' "
+                         "endpoint.")
+    if kind.max_endpoints is not None and len(endpoints) > kind.max_endpoints:
+        raise ValueError(f"The {name} rendezvous backend needs exactly one 'HOST:PORT' "
+                         f"endpoint, got {len(endpoints)}.")
+    if not kind.port_zero:
+        for host, port in endpoints:
+            if port == 0:
+                raise ValueError(f"A {name} endpoint needs a real port, not 0 (got {host}:0).")
+
+
+def backend_options(name: str, options: Mapping[str, object]) -> dict[str, object]:
+    """The keyword arguments of backend `name`'s constructor from its `--rdzv-conf` options.
+
+    Raises:
+        ValueError: an option the backend does not take, or a value its rule rejects.
+    """
+    kind = check_backend(name)
+    unknown = sorted(set(options) - set(kind.options))
+    if unknown:
+        known = sorted(kind.options) or "none"
+        raise ValueError(f"The {name} rendezvous backend takes no option {unknown[0]!r} "
+                         f"(its options: {known}).")
+    kwargs: dict[str, object] = {}
+    if "ttl" in options:
+        try:
+            kwargs["ttl"] = check_lease_ttl(float(options["ttl"]))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"The {name} rendezvous option ttl={options['ttl']!r} is invalid: "
+                             f"{exc}") from exc
+    return kwargs
+
+
+def _split_endpoints(endpoints: Union[str, Sequence[str], None]) -> list[str]:
     if endpoints is None:
         return []
     if isinstance(endpoints, str):
-        endpoints = [e for e in endpoints.split(",")]
-    result = [e.strip() for e in endpoints if e and e.strip()]
-    return result
-
-
-def _host_port(endpoint: str, what: str) -> tuple[str, int]:
-    host, sep, port = endpoint.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"{what} endpoint {endpoint!r} is not 'HOST:PORT' with a port in 0..65535.")
-    return host.strip("[]"), int(port)
+        endpoints = endpoints.split(",")
+    return [e.strip() for e in endpoints if e and e.strip()]
 
 
 def create_backend(
@@ -50,46 +160,28 @@ def create_backend(
         ValueError: an unknown name, a bad endpoint or an unknown option.
     """
     seconds = to_seconds(timeout, DEFAULT_BACKEND_TIMEOUT_S)
+    kwargs = backend_options(name, options)
+    texts = _split_endpoints(endpoints)
     if name == "store":
-        if options:
-            raise ValueError(f"The store rendezvous backend takes no options, got {sorted(options)}.")
         from shoal.elastic.rendezvous.store_backend import StoreRendezvousBackend
 
         if store is None:
-            eps = _parse_endpoints(endpoints)
-            if len(eps) != 1:
-                raise ValueError(
-                    f"The store rendezvous backend needs exactly one 'HOST:PORT' endpoint, "
-                    f"got {endpoints!r}."
-                )
-            host, port = _host_port(eps[0], "Store rendezvous")
+            parsed = [parse_endpoint(e) for e in texts]
+            check_endpoints(name, parsed)
             from shoal.collectives.store.tcp import TCPStore
 
+            host, port = parsed[0]
             store = TCPStore(host, port, is_master=is_host, timeout=seconds)
         return StoreRendezvousBackend(store, run_id, timeout=seconds), store
-    if name == "etcd":
-        eps = _parse_endpoints(endpoints)
-        if not eps:
-            raise ValueError("The etcd rendezvous backend needs at least one 'HOST:PORT' endpoint.")
-        for ep in eps:
-            _host_port(ep.split("://", 1)[-1], "etcd")
-        unknown = set(options) - {"ttl"}
-        if unknown:
-            raise ValueError(f"Unknown etcd rendezvous options {sorted(unknown)}; known: ['ttl'].")
-        from shoal.elastic.rendezvous.etcd_backend import EtcdRendezvousBackend
-        from shoal.elastic.rendezvous.etcd_store import EtcdStore
+    # etcd: endpoints may name a scheme ("http://h:2379"); the client takes them as given.
+    check_endpoints(name, [parse_endpoint(e.split("://", 1)[-1]) for e in texts])
+    from shoal.elastic.rendezvous.etcd_backend import EtcdRendezvousBackend
+    from shoal.elastic.rendezvous.etcd_store import EtcdStore
 
-        kwargs = {}
-        if "ttl" in options:
-            try:
-                kwargs["ttl"] = float(options["ttl"])
-            except (TypeError, ValueError) as exc:
-                raise ValueError(f"etcd option ttl={options['ttl']!r} is not a number.") from exc
-        backend = EtcdRendezvousBackend(eps, run_id, timeout=seconds, **kwargs)
-        if store is None:
-            store = EtcdStore(eps, prefix=f"/shoal/{run_id}/store/", timeout=seconds)
-        return backend, store
-    raise ValueError(f"Unknown rendezvous backend {name!r}; choose one of {list(BACKENDS)}.")
+    backend = EtcdRendezvousBackend(texts, run_id, timeout=seconds, **kwargs)
+    if store is None:
+        store = EtcdStore(texts, prefix=f"/shoal/{run_id}/store/", timeout=seconds)
+    return backend, store
 
 
 def create_handler(

@@ -330,6 +330,7 @@ def test_garbage_state_is_a_clear_error():
         (dict(heartbeat_interval=2, heartbeat_timeout=1),
          r"heartbeat_timeout \(1s\) must exceed heartbeat_interval \(2s\)"),
         (dict(last_call_timeout="x"), r"last_call_timeout must be a number of seconds"),
+        (dict(join_timeout=float("inf")), r"join_timeout must be a finite number of seconds"),
     ],
 )
 def test_settings_are_validated(kw, message):
@@ -349,6 +350,12 @@ def test_settings_from_conf_and_factory_errors():
         create_backend("store", "nohost", "r")
     with pytest.raises(ValueError, match="exactly one 'HOST:PORT' endpoint"):
         create_backend("store", "a:1,b:2", "r")
+    with pytest.raises(ValueError, match=r"store rendezvous backend takes no option 'ttl'"):
+        create_backend("store", "h:1", "r", ttl=5)
+    with pytest.raises(ValueError, match=r"ttl=1 is invalid: etcd lease ttl must be 2..3600"):
+        create_backend("etcd", "h:2379", "r", ttl=1)
+    with pytest.raises(ValueError, match=r"etcd endpoint needs a real port, not 0 \(got h:0\)"):
+        create_backend("etcd", "h:0", "r")
 
 
 def test_create_handler_over_a_hosted_tcp_store():

@@ -5,8 +5,10 @@ import sys
 
 import pytest
 
+from shoal.elastic.api import RendezvousSettings
+from shoal.elastic.rendezvous.registry import BACKENDS
 from shoal.launcher import cli
-from shoal.launcher.flags import RUN_GROUPS, parse_run, parse_store
+from shoal.launcher.flags import RUN_GROUPS, parse_run, parse_store, run_parser
 
 SCRIPT = __file__  # any existing file will do as the training script
 
@@ -69,10 +71,39 @@ def test_variables_fill_in_and_flags_beat_them():
     (["--auth-token-file", "/no/such/file", SCRIPT], "--auth-token-file"),
     (["--standalone", "--nnodes", "2", SCRIPT], "--standalone"),
     (["--rdzv-backend", "etcd", SCRIPT], "--rdzv-endpoint"),
+    (["--rdzv-backend", "etcd", "--rdzv-endpoint", "h:0", SCRIPT], "--rdzv-endpoint"),
+    (["--rdzv-endpoint", "a:1,b:2", SCRIPT], "--rdzv-endpoint"),
+    (["--rdzv-conf", "join_timeout=0", SCRIPT], "--rdzv-conf"),
+    (["--rdzv-conf", "heartbeat_interval=2,heartbeat_timeout=1", SCRIPT], "--rdzv-conf"),
+    (["--rdzv-conf", "ttl=5", SCRIPT], "--rdzv-conf"),  # the store backend takes no ttl
     (["--bogus", SCRIPT], "--bogus"),
 ])
 def test_bad_values_exit_2_naming_the_flag(capsys, argv, names):
     assert names in _error(capsys, argv)
+
+
+def test_rendezvous_rules_are_elastic_s_own_words(capsys):
+    """parse_run applies RendezvousSettings and the registry: the same sentence as in code."""
+    with pytest.raises(ValueError) as info:
+        RendezvousSettings(run_id="r", min_nodes=1, max_nodes=1, heartbeat_interval=2,
+                           heartbeat_timeout=1)
+    err = _error(capsys, ["--rdzv-conf", "heartbeat_interval=2,heartbeat_timeout=1", SCRIPT])
+    assert f"argument --rdzv-conf/--rdzv_conf: {info.value}" in err
+    s = parse_run(["--rdzv-backend", "etcd", "--rdzv-endpoint", "h:2379", "--rdzv-id", "j",
+                   "--nnodes", "1:2", "--rdzv-conf", "join_timeout=7,ttl=9", SCRIPT], {})
+    assert s.rendezvous == RendezvousSettings(run_id="j", min_nodes=1, max_nodes=2,
+                                              join_timeout=7.0)
+    assert s.backend_options == {"ttl": 9.0}
+
+
+def test_the_backend_flag_lists_the_registry_s_backends(capsys):
+    def squeezed(text):  # argparse wraps lines anywhere, even inside a flag's name
+        return "".join(text.split())
+
+    help_text = squeezed(run_parser().format_help())
+    for name, kind in BACKENDS.items():
+        assert squeezed(f"{name}: {kind.summary}") in help_text
+    assert "choose one of ['store', 'etcd']" in _error(capsys, ["--rdzv-backend", "zk", SCRIPT])
 
 
 def test_a_bad_variable_names_flag_and_variable(capsys):
