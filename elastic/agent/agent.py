@@ -142,7 +142,6 @@ class Agent:
         self._group: Optional[WorkerGroup] = None
         self._master_store = None
         self._signum: Optional[int] = None
-        self._in_rendezvous = False
         self._wake = threading.Event()
         self._rounds = 0
         self._last_info: Optional[RendezvousInfo] = None
@@ -196,7 +195,7 @@ class Agent:
             leave_by = time.monotonic() + self.spec.grace_period + SIGNAL_LEAVE_S
             self._limit_backend(leave_by)
             self._arm_last_resort(signum, leave_by + 1.0)
-        if self._interruptible or self._in_rendezvous:
+        if self._interruptible:
             # Break out of whatever blocking rendezvous or store call the main thread is in.
             raise AgentInterrupted(signum)
 
@@ -319,14 +318,11 @@ class Agent:
             metrics.RESTARTS.labels(reason=outcome).inc()
 
     def _rendezvous(self) -> RendezvousInfo:
+        # Only _run calls this, while _interruptible holds: a signal ends the join at once.
         started = time.monotonic()
-        self._in_rendezvous = True
-        try:
-            if self._signum is not None:
-                raise AgentInterrupted(self._signum)
-            info = self.handler.next_rendezvous()
-        finally:
-            self._in_rendezvous = False
+        if self._signum is not None:
+            raise AgentInterrupted(self._signum)
+        info = self.handler.next_rendezvous()
         metrics.RENDEZVOUS_DURATION.observe(time.monotonic() - started)
         metrics.RENDEZVOUS_ROUND.set(info.round)
         self._rounds += 1
