@@ -352,7 +352,7 @@ class ProcessGroupNCCL(BackendGroup):
                                      f"{type(exc).__name__}: {exc}", None, None, [self._rank],
                                      in_launch=True)
                 work.finish(self.error_for(rec))
-                raise work._exc from exc
+                raise work.exception() from exc
         if not async_op:
             work.wait()
         return work

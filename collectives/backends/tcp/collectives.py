@@ -34,7 +34,7 @@ from shoal.collectives.constants import (
 from shoal.collectives.types import CollectiveMismatch, ReduceOp
 
 __all__ = [
-    "Links", "GroupFailed", "P2PMismatch", "allreduce_flat", "all_reduce", "reduce", "broadcast",
+    "Links", "GroupFailed", "P2PMismatch", "allreduce_flat", "reduce", "broadcast",
     "all_gather", "reduce_scatter", "gather", "scatter", "all_to_all", "barrier",
     "monitored_barrier", "send", "recv",
 ]
@@ -109,7 +109,7 @@ def _shm_copy_chunk(nbytes: int) -> int:
 # ----------------------------------------------------------------------------- reductions
 
 def allreduce_flat(links: Links, flat: np.ndarray, op: ReduceOp, seq: int, fp: bytes) -> None:
-    """Reduce the 1-D `flat` across ranks in place (the heart of all_reduce and reduce)."""
+    """Reduce the 1-D `flat` across ranks in place: all_reduce itself, and the heart of reduce."""
     size = links.size
     if size > 1:
         nbytes = flat.nbytes
@@ -141,11 +141,6 @@ def allreduce_flat(links: Links, flat: np.ndarray, op: ReduceOp, seq: int, fp: b
                 pump(plan, links.tx, links.rx)
     if op is ReduceOp.AVG:
         arrays.finish_avg(flat, size)
-
-
-def all_reduce(links: Links, seq: int, fp: bytes, arr: np.ndarray, op: ReduceOp) -> None:
-    """`arr` := its reduction over ranks, on every rank."""
-    allreduce_flat(links, arr.reshape(-1), op, seq, fp)
 
 
 def reduce(links: Links, seq: int, fp: bytes, arr: np.ndarray, dst: int, op: ReduceOp) -> None:

@@ -4,7 +4,7 @@ The group owns a `Mesh` (sockets and control service), the `Links` its collectiv
 (`collectives`), an `InOrderExecutor` (ordering and Work handles) and, through `BackendGroup`,
 the shared op ledger and watchdog. Each collective hook fingerprints the call, declares which
 arrays it reads and writes (cupy arrays are staged through host memory once around the job,
-`staging.on_host`), and submits a job that runs one function of `collectives`.
+`staging.HostStage.around`), and submits a job that runs one function of `collectives`.
 
 Every failure (a mismatched header, a lost peer, a timeout) fails the whole group once: the
 first reason is sent to every peer, the connections are broken so blocked calls return, and
@@ -374,13 +374,17 @@ class ProcessGroupTCP(BackendGroup):
 
     def _submit(self, op: str, desc: str, job: Job, arrays: tuple, nbytes: int, timeout: float,
                 async_op: bool, copy_in=None, copy_out=_NONE, p2p: bool = False) -> Work:
-        """Run `job(record, arrays)` in order; cupy `arrays` are staged around it (see
-        `staging.on_host`: `copy_in` are read, None meaning all, `copy_out` are written)."""
+        """Run `job(record, arrays)` in order; of cupy `arrays`, those in `copy_in` (None: all)
+        are copied to the host before it and those in `copy_out` back to the device after it."""
         if self._destroyed:
             raise GroupDestroyed(
                 f"{op} was called on process group '{self.name}' after it was destroyed."
             )
-        job = staging.on_host(job, arrays, copy_in, copy_out)
+        # cupy arrays: staged through host memory once around the job (recorded on the caller's
+        # stream here, in the caller's thread); numpy arrays go as they are.
+        stage = staging.for_arrays(arrays)
+        if stage is not None:
+            job = stage.around(job, copy_in, copy_out)
         return self._executor.submit(op, desc, nbytes, timeout, async_op, p2p, job, arrays)
 
     # ------------------------------------------------------------------ collectives
@@ -391,11 +395,11 @@ class ProcessGroupTCP(BackendGroup):
         links = self._links
 
         def job(rec, a):
-            ops.all_reduce(links, rec.seq, fp, a[0], op)
+            ops.allreduce_flat(links, a[0].reshape(-1), op, rec.seq, fp)
             return [tensor]
 
         return self._submit("all_reduce", desc, job, (arr,), arr.nbytes, timeout, async_op,
-                            copy_out=_FIRST)
+                            None, _FIRST)
 
     def _reduce(self, tensor, arr, dst, op, async_op, timeout):
         fp, desc = self._fingerprint(("reduce", arr.dtype, arr.shape, op, dst),

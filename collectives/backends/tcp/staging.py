@@ -6,7 +6,8 @@ submission, in the caller's thread, an event is recorded on the caller's current
 stream that produced the arrays); the copy to the host, which may run later in the group's
 worker thread, first waits for that event. The copy back completes (the host waits for it)
 before the collective's Work completes, so whatever the caller runs after `wait()` sees it.
-`on_host` applies this once around an operation's job, which then sees numpy arrays only.
+`HostStage.around` applies this once around an operation's job, which then sees numpy arrays
+only.
 Nothing here imports cupy: cupy arrays exist only where cupy was imported already.
 """
 
@@ -18,7 +19,7 @@ from typing import Any, Callable, Collection, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["HostStage", "for_arrays", "on_host"]
+__all__ = ["HostStage", "for_arrays"]
 
 
 def for_arrays(arrays: Sequence[Any]) -> Optional["HostStage"]:
@@ -27,25 +28,6 @@ def for_arrays(arrays: Sequence[Any]) -> Optional["HostStage"]:
         if a is not None and not isinstance(a, np.ndarray):
             return HostStage(arrays)
     return None
-
-
-def on_host(job: Callable[[Any, Sequence[Any]], list], arrays: Sequence[Any],
-            copy_in: Optional[Collection[int]], copy_out: Collection[int]):
-    """`job(record, arrays)` itself when no array is a cupy array; else a job that copies
-    arrays `copy_in` (None: all) to pinned host memory, runs `job` on the host copies, and
-    copies arrays `copy_out` back to their devices. Call it at submission, in the caller's
-    thread: that is where the caller's stream is recorded."""
-    stage = for_arrays(arrays)
-    if stage is None:
-        return job
-
-    def staged(record: Any, _arrays: Sequence[Any]) -> list:
-        host = [stage.host(i, copy_in=copy_in is None or i in copy_in) for i in range(len(arrays))]
-        result = job(record, host)
-        stage.write_back(*copy_out)
-        return result
-
-    return staged
 
 
 class HostStage:
@@ -64,6 +46,20 @@ class HostStage:
                     event = cp.cuda.Event(block=False, disable_timing=True)
                     event.record(cp.cuda.get_current_stream())
                 self._events[i] = event
+
+    def around(self, job: Callable[[Any, Sequence[Any]], list],
+               copy_in: Optional[Collection[int]], copy_out: Collection[int]):
+        """A job that copies arrays `copy_in` (None: all) to pinned host memory, runs
+        `job(record, host arrays)`, and copies arrays `copy_out` back to their devices."""
+        n = len(self._arrays)
+
+        def staged(record: Any, _arrays: Sequence[Any]) -> list:
+            host = [self.host(i, copy_in=copy_in is None or i in copy_in) for i in range(n)]
+            result = job(record, host)
+            self.write_back(*copy_out)
+            return result
+
+        return staged
 
     def host(self, i: int, copy_in: bool = True) -> np.ndarray:
         """The numpy array to work on for array `i` (itself when it is a numpy array)."""
