@@ -4,9 +4,10 @@ The rank whose watchdog fires is the one that noticed the hang (it exits with th
 async-error code, 75), not the one that caused it: that one is often still alive, stopped or
 stuck. The watchdog names the culprits in the `CollectiveTimeout` it raises and records the
 evidence in a JSON dump (`collectives.backends.dump`, which describes the format): the overdue
-op's sequence number and every rank's published progress. The agent points SHOAL_DUMP_DIR of its workers at a known
-directory and reads the dump of the worker that exited, by its pid, so the summary can blame
-the rank that never arrived. The dump is structured data, so no log line is parsed.
+op's sequence number and every rank's published progress. The agent points SHOAL_DUMP_DIR of
+its workers at a known directory and reads the dump of the worker that exited, by its pid, so
+the summary can blame the rank that never arrived. The dump is structured data, so no log
+line is parsed.
 """
 
 from __future__ import annotations
