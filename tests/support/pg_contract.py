@@ -137,15 +137,6 @@ def assert_matches(got, want: np.ndarray, what: str) -> None:
                                    err_msg=what)
 
 
-def as_input(x: np.ndarray, i: int):
-    """Every other input as a core.Tensor over the same buffer (both work in place)."""
-    return Tensor(x) if i % 2 else x
-
-
-def data_of(x) -> np.ndarray:
-    return x.data if isinstance(x, Tensor) else x
-
-
 # ----------------------------------------------------------------------------- the host
 
 class ContractHost(Protocol):
@@ -179,6 +170,9 @@ def wait_for(predicate, within: float = SLACK_S) -> bool:
 MISMATCHES = {
     "shape": (lambda pg, dev, t: pg.all_reduce(np.ones(12 if dev else 10, np.float32), timeout=t),
               "all_reduce(float32[10], op=SUM)", "all_reduce(float32[12], op=SUM)"),
+    "large shape": (lambda pg, dev, t: pg.all_reduce(np.ones(300_001 if dev else 300_000, np.float32),
+                                                     timeout=t),
+                    "all_reduce(float32[300000], op=SUM)", "all_reduce(float32[300001], op=SUM)"),
     "dtype": (lambda pg, dev, t: pg.all_reduce(np.ones(10, np.float64 if dev else np.float32),
                                                timeout=t),
               "all_reduce(float32[10], op=SUM)", "all_reduce(float64[10], op=SUM)"),
@@ -210,6 +204,27 @@ class ProcessGroupContract:
 
     def start_job(self, world: int) -> Any:
         return None
+
+    def device_array(self, x: np.ndarray) -> Any:
+        """`x` copied to the backend's device (a cupy array), or None where it has none."""
+        return None
+
+    def from_device(self, arr: Any) -> np.ndarray:
+        """A device array's values on the host (once the calls that wrote it completed)."""
+        return arr
+
+    def as_input(self, x: np.ndarray, i: int) -> Any:
+        """Input `i` as numpy, a core.Tensor over the same buffer, or a device array, in turn."""
+        kind = i % 3
+        if kind == 2:
+            d = self.device_array(x)
+            return x if d is None else d
+        return Tensor(x) if kind == 1 else x
+
+    def to_numpy(self, x: Any) -> np.ndarray:
+        """What a call left in an input made by `as_input`, as numpy."""
+        arr = x.data if isinstance(x, Tensor) else x
+        return arr if type(arr) is np.ndarray else self.from_device(arr)
 
     def end_job(self, job: Any) -> None:
         pass
@@ -253,10 +268,10 @@ class ProcessGroupContract:
         def body(r):
             out = []
             for i, (shape, op) in enumerate(cases):
-                x = as_input(sample(r, shape, dtype, salt=i), i)
+                x = self.as_input(sample(r, shape, dtype, salt=i), i)
                 work = w.pgs[r].all_reduce(x, op=op)
                 assert work.is_completed() and work.is_success()  # returned done, as torch's
-                out.append(data_of(x))
+                out.append(self.to_numpy(x))
             return out
 
         results = w.run(body)
@@ -319,9 +334,9 @@ class ProcessGroupContract:
         def body(r):
             out = []
             for i, (dt, op, dst) in enumerate(cases):
-                x = as_input(sample(r, (2, 3), dt, salt=i), i)
+                x = self.as_input(sample(r, (2, 3), dt, salt=i), i)
                 w.pgs[r].reduce(x, dst=dst, op=op)
-                out.append(data_of(x))
+                out.append(self.to_numpy(x))
             return out
 
         results = w.run(body)
@@ -340,10 +355,10 @@ class ProcessGroupContract:
         def body(r):
             out = []
             for i, (dt, shape, op) in enumerate(cases):
-                ins = [as_input(sample(r, shape, dt, salt=100 * i + j), j) for j in range(size)]
-                o = as_input(np.zeros(shape, np_dtype(dt)), i)
+                ins = [self.as_input(sample(r, shape, dt, salt=100 * i + j), j) for j in range(size)]
+                o = self.as_input(np.zeros(shape, np_dtype(dt)), i)
                 w.pgs[r].reduce_scatter(o, ins, op=op)
-                out.append(data_of(o))
+                out.append(self.to_numpy(o))
             return out
 
         results = w.run(body)
@@ -363,9 +378,9 @@ class ProcessGroupContract:
         def body(r):
             out = []
             for i, (dt, shape, src) in enumerate(cases):
-                x = as_input(sample(r, shape, dt, salt=i), i)
+                x = self.as_input(sample(r, shape, dt, salt=i), i)
                 w.pgs[r].broadcast(x, src=src)
-                out.append(data_of(x))
+                out.append(self.to_numpy(x))
             return out
 
         results = w.run(body)
@@ -382,9 +397,9 @@ class ProcessGroupContract:
         def body(r):
             out = []
             for i, (dt, shape) in enumerate(cases):
-                outs = [as_input(np.zeros(shape, np_dtype(dt)), i + j) for j in range(size)]
-                w.pgs[r].all_gather(outs, as_input(sample(r, shape, dt, salt=i), i))
-                out.append([data_of(o) for o in outs])
+                outs = [self.as_input(np.zeros(shape, np_dtype(dt)), i + j) for j in range(size)]
+                w.pgs[r].all_gather(outs, self.as_input(sample(r, shape, dt, salt=i), i))
+                out.append([self.to_numpy(o) for o in outs])
             return out
 
         results = w.run(body)
@@ -403,9 +418,9 @@ class ProcessGroupContract:
             out = []
             for i, (dt, layout) in enumerate(cases):
                 shape = (size * 6,) if layout == "flat" else (size, 2, 3)
-                o = as_input(np.zeros(shape, np_dtype(dt)), i)
-                w.pgs[r].all_gather_into_tensor(o, as_input(sample(r, (2, 3), dt, salt=i), i + 1))
-                out.append(data_of(o))
+                o = self.as_input(np.zeros(shape, np_dtype(dt)), i)
+                w.pgs[r].all_gather_into_tensor(o, self.as_input(sample(r, (2, 3), dt, salt=i), i + 1))
+                out.append(self.to_numpy(o))
             return out
 
         results = w.run(body)
@@ -424,11 +439,11 @@ class ProcessGroupContract:
             out = []
             for i, (dt, dst) in enumerate(cases):
                 x = sample(r, (2, 3), dt, salt=i)
-                gl = [as_input(np.zeros((2, 3), np_dtype(dt)), j) for j in range(size)]
+                gl = [self.as_input(np.zeros((2, 3), np_dtype(dt)), j) for j in range(size)]
                 # Non-destination ranks pass None or an empty list, as torch allows.
                 given = gl if r == dst else (None if i % 2 else [])
-                w.pgs[r].gather(as_input(x, i), given, dst=dst)
-                out.append([data_of(g) for g in gl] if r == dst else None)
+                w.pgs[r].gather(self.as_input(x, i), given, dst=dst)
+                out.append([self.to_numpy(g) for g in gl] if r == dst else None)
             return out
 
         results = w.run(body)
@@ -445,11 +460,11 @@ class ProcessGroupContract:
         def body(r):
             out = []
             for i, (dt, src) in enumerate(cases):
-                sl = ([as_input(sample(100 + j, (2, 3), dt, salt=i), j) for j in range(size)]
+                sl = ([self.as_input(sample(100 + j, (2, 3), dt, salt=i), j) for j in range(size)]
                       if r == src else None)
-                o = as_input(np.zeros((2, 3), np_dtype(dt)), i)
+                o = self.as_input(np.zeros((2, 3), np_dtype(dt)), i)
                 w.pgs[r].scatter(o, sl, src=src)
-                out.append(data_of(o))
+                out.append(self.to_numpy(o))
             return out
 
         results = w.run(body)
@@ -470,10 +485,10 @@ class ProcessGroupContract:
         def body(r):
             out = []
             for i, dt in enumerate(DTYPES):
-                ins = [as_input(block(r, j, dt, i), j) for j in range(size)]
-                outs = [as_input(np.zeros(j + r + 1, np_dtype(dt)), j + 1) for j in range(size)]
+                ins = [self.as_input(block(r, j, dt, i), j) for j in range(size)]
+                outs = [self.as_input(np.zeros(j + r + 1, np_dtype(dt)), j + 1) for j in range(size)]
                 w.pgs[r].all_to_all(outs, ins)
-                out.append([data_of(o) for o in outs])
+                out.append([self.to_numpy(o) for o in outs])
             return out
 
         results = w.run(body)
@@ -494,12 +509,12 @@ class ProcessGroupContract:
             right, left = (r + 1) % size, (r - 1) % size
             out = []
             for i, dt in enumerate(DTYPES):
-                buf = as_input(np.zeros((2, 3), np_dtype(dt)), i)
-                sw = pg.send(as_input(sample(r, (2, 3), dt, salt=i), i + 1), dst=right,
+                buf = self.as_input(np.zeros((2, 3), np_dtype(dt)), i)
+                sw = pg.send(self.as_input(sample(r, (2, 3), dt, salt=i), i + 1), dst=right,
                              tag=i, async_op=True)
                 rw = pg.recv(buf, src=left, tag=i, async_op=True)
                 assert rw.wait(timeout=GROUP_TIMEOUT_S) and sw.wait(timeout=GROUP_TIMEOUT_S)
-                out.append(data_of(buf))
+                out.append(self.to_numpy(buf))
             # The module-level calls on this group (world ranks = group ranks here).
             big = np.zeros(20_003, np.float32)
             if r % 2 == 0:

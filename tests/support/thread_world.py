@@ -24,6 +24,14 @@ FORM_TIMEOUT_S = 30.0
 RUN_TIMEOUT_S = 30.0
 
 
+_local = threading.local()
+
+
+def current_rank() -> Optional[int]:
+    """The rank the calling thread runs as (inside `on_threads`), else None."""
+    return getattr(_local, "rank", None)
+
+
 class RankFailed(AssertionError):
     """A rank's function raised or did not return in time; the message names the rank."""
 
@@ -34,6 +42,7 @@ def on_threads(fn: Callable[[int], Any], ranks: Iterable[int], timeout: float) -
     out: dict[int, Any] = {}
 
     def body(r: int) -> None:
+        _local.rank = r
         try:
             out[r] = fn(r)
         except BaseException as exc:  # the caller decides whether an exception is a failure
