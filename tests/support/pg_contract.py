@@ -5,7 +5,9 @@ A backend's test class subclasses `ProcessGroupContract` and provides (see `Cont
 - `make_group(job, store, rank, size, *, name, global_ranks, timeout)`: one rank's group, built
   in that rank's thread; `global_ranks[rank]` is its world rank and `job` what `start_job` made;
 - optionally `prepare(monkeypatch)` (environment read when groups form), `start_job(world)` and
-  `end_job(job)` (state the ranks of one job share, such as a stand-in NCCL world);
+  `end_job(job)` (state the ranks of one job share, such as a stand-in NCCL world), and
+  `device_array(x)`/`from_device(arr)` where it takes device arrays (inputs then rotate through
+  numpy, core.Tensor and device arrays);
 - its differences from the common case: `any_source_recv`, `tags_reorder`, `more_dtypes`
   (reducible beyond the common families), `refused_dtypes` (reductions it refuses) and
   `mismatch_xfails` (mismatch cases it gets wrong, with the exact symptom: strict xfails).
