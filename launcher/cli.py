@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import socket
 import sys
 import tempfile
 from typing import Optional, Sequence
@@ -97,13 +96,33 @@ def _auth_token(settings: flags.RunSettings) -> str:
 
 
 def _local_addr(settings: flags.RunSettings) -> str:
+    """Where the other nodes reach this node (its master store, its workers' ports).
+
+    Default: loopback for a rendezvous on this machine, else the local address that routes to
+    the rendezvous endpoint, never the hostname's /etc/hosts entry (127.0.1.1 on Debian).
+    """
     from shoal.core.auth import is_loopback
+    from shoal.core.netaddr import address_towards, is_local_address
 
     if settings.local_addr:
+        if not is_local_address(settings.local_addr):
+            flags.run_parser().error(
+                f"argument --local-addr/--local_addr: {settings.local_addr!r} is not an address "
+                "of this host; give one of its own addresses (see `ip addr`), or leave it out "
+                "to use the one that routes to the rendezvous endpoint"
+            )
         return settings.local_addr
     if not settings.rdzv_endpoints or all(is_loopback(h) for h, _ in settings.rdzv_endpoints):
         return "127.0.0.1"
-    return socket.getfqdn()
+    for host, _ in settings.rdzv_endpoints:
+        address = address_towards(host)
+        if address is not None:
+            return address
+    where = ",".join(f"{h}:{p}" for h, p in settings.rdzv_endpoints)
+    flags.run_parser().error(
+        f"argument --local-addr/--local_addr: no local address routes to the rendezvous "
+        f"endpoint {where}; give --local-addr"
+    )
 
 
 def _make_handler(settings: flags.RunSettings, node_id: str):
@@ -172,6 +191,7 @@ def _metrics_port_error(settings: flags.RunSettings, exc: OSError) -> int:
 def run(argv: Sequence[str]) -> int:
     """`shoal run`: parse, set up the rendezvous, metrics and directories, run the agent."""
     settings = flags.parse_run(argv)
+    local_addr = _local_addr(settings)
     _configure_logging()
     token = _auth_token(settings)
     # Stores this process opens (the embedded one, the workers' master store) use it too.
@@ -246,7 +266,7 @@ def run(argv: Sequence[str]) -> int:
         spec = WorkerSpec(
             argv=python_argv(settings.script, settings.script_args, settings.module),
             nproc_per_node=settings.nproc_per_node, run_id=settings.rdzv_id,
-            checkpoint_dir=checkpoint_dir, auth_token=token, local_addr=_local_addr(settings),
+            checkpoint_dir=checkpoint_dir, auth_token=token, local_addr=local_addr,
             max_restarts=settings.max_restarts, monitor_interval=settings.monitor_interval,
             grace_period=settings.grace_period,
             log_dir=os.path.abspath(settings.log_dir) if settings.log_dir else None,
