@@ -26,7 +26,7 @@ from shoal.collectives.arrays import describe
 from shoal.collectives.backends.api import Verdict
 from shoal.collectives.backends.base import BackendGroup
 from shoal.collectives.backends.dump import write_dump
-from shoal.collectives.backends.ledger import OpLedger, OpRecord
+from shoal.collectives.backends.ledger import OpRecord
 from shoal.collectives.backends.tcp import algorithms as algos
 from shoal.collectives.backends.tcp import collectives as ops
 from shoal.collectives.backends.tcp import shm
@@ -156,16 +156,6 @@ class ProcessGroupTCP(BackendGroup):
     def uses_shared_memory(self) -> bool:
         """True when large collectives go through shared memory (every rank on this host)."""
         return self._links.shm is not None
-
-    # The multiprocess catalogue (tests/multiproc/test_collectives.py) still reads these two
-    # private names; they go when the contract suite in tests/contracts replaces it.
-    @property
-    def _engine(self) -> OpLedger:
-        return self._ledger
-
-    @property
-    def _shm(self) -> Optional[shm.SharedSlots]:
-        return self._links.shm
 
     @property
     def store_prefix(self) -> str:
