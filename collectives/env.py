@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
 from typing import Optional
+
+from shoal.core.auth import is_loopback
+from shoal.core.netaddr import address_towards
 
 _TRUE = {"1", "true", "yes", "on"}
 
@@ -106,19 +108,15 @@ def use_agent_store() -> bool:
 
 
 def bind_host(master_addr: Optional[str]) -> str:
-    """The address this rank's backend listens on.
+    """The address this rank's backend listens on and advertises to its peers.
 
     SHOAL_COLLECTIVES_HOST wins; otherwise loopback when the master is on this machine, else the
-    local address that routes to the master (found by a UDP connect, which sends nothing).
+    local address that routes to the master, which is the one peers on other hosts can reach
+    (`core.netaddr.address_towards`; loopback only if there is no route at all).
     """
     explicit = os.environ.get("SHOAL_COLLECTIVES_HOST")
     if explicit:
         return explicit
-    if not master_addr or master_addr in ("localhost", "127.0.0.1", "::1") or master_addr.startswith("127."):
+    if not master_addr or is_loopback(master_addr):
         return "127.0.0.1"
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            probe.connect((master_addr, 9))
-            return probe.getsockname()[0]
-    except OSError:
-        return "127.0.0.1"
+    return address_towards(master_addr) or "127.0.0.1"

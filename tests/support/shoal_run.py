@@ -136,12 +136,17 @@ def pid_alive(pid: int) -> bool:
 
 # ----------------------------------------------------------------------------- train_ddp's output
 
+def digest_in(output: str, steps: int) -> Optional[str]:
+    """The params_sha256 rank 0 of examples/train_ddp.py printed after step `steps`, if any."""
+    match = re.search(rf"\[rank 0\] final step {steps} params_sha256 ([0-9a-f]{{64}})", output)
+    return match.group(1) if match else None
+
+
 def final_sha(run: ShoalRun, steps: int) -> str:
-    """The params_sha256 rank 0 of examples/train_ddp.py printed after its last step."""
-    match = re.search(rf"\[rank 0\] final step {steps} params_sha256 ([0-9a-f]{{64}})",
-                      run.output)
-    assert match, f"{run.name} printed no final line for step {steps}:\n{run.tail()}"
-    return match.group(1)
+    """The params_sha256 rank 0 printed after its last step (the run must have printed it)."""
+    sha = digest_in(run.output, steps)
+    assert sha, f"{run.name} printed no final line for step {steps}:\n{run.tail()}"
+    return sha
 
 
 def steps_run(lines: list[str]) -> list[int]:

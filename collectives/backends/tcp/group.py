@@ -71,7 +71,8 @@ class ProcessGroupTCP(BackendGroup):
 
     Args:
         store, rank, size, timeout, name, global_ranks: as for `BackendGroup`.
-        host: the address to listen on (default: from `collectives.env.bind_host`).
+        host: the address to listen on and advertise (default: `collectives.env.bind_host` of
+            the store's host or MASTER_ADDR: the local address that routes there).
         token: the job's secret (default: `core.auth.load_token()`).
 
     Raises:
@@ -105,7 +106,8 @@ class ProcessGroupTCP(BackendGroup):
         self._fp_cache: dict = {}
         self._executor = InOrderExecutor(name, self._ledger, self._run, self._describe)
         self._mesh = Mesh(
-            store=store, rank=rank, size=size, name=name, host=host or env.bind_host(None),
+            store=store, rank=rank, size=size, name=name,
+            host=host or env.bind_host(_store_host(store)),
             token=load_token(token), on_failure=self._mesh_failure,
         )
         try:
@@ -554,3 +556,11 @@ class ProcessGroupTCP(BackendGroup):
         if timer is not None:
             timer.cancel()
         self._mesh.close()
+
+
+def _store_host(store: Store) -> Optional[str]:
+    """The host the ranks meet at: the TCPStore's (under any PrefixStores), else MASTER_ADDR.
+    Peers on other hosts reach this rank at the local address that routes there."""
+    while not hasattr(store, "host") and hasattr(store, "underlying_store"):
+        store = store.underlying_store
+    return getattr(store, "host", None) or os.environ.get("MASTER_ADDR")

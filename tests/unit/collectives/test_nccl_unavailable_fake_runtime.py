@@ -361,9 +361,10 @@ def _data(r, shape=(3, 4), dtype=np.float32):
     return (np.arange(np.prod(shape)).reshape(shape) + 10 * r + 1).astype(dtype)
 
 
-@pytest.mark.parametrize("version", [22000, 20900], ids=["ncclAvg", "avg-as-sum-then-divide"])
-def test_reductions_match_numpy_on_device_and_host_arrays(version):
-    pgs = make_groups(3, version=version)
+# NCCL >= 2.10 reduces AVG itself (the ProcessGroup contract covers that); older NCCL has no
+# ncclAvg, and the backend sums then divides.
+def test_reductions_match_numpy_on_device_and_host_arrays_before_nccl_avg():
+    pgs = make_groups(3, version=20900)
     try:
         ref = [_data(r) for r in range(3)]
         expect = {ReduceOp.SUM: sum(ref), ReduceOp.PRODUCT: ref[0] * ref[1] * ref[2],
@@ -390,69 +391,6 @@ def test_reductions_match_numpy_on_device_and_host_arrays(version):
     finally:
         for pg in pgs:
             pg.shutdown()
-
-
-def test_data_movement_matches_numpy(trio):
-    def body(pg, r):
-        res = {}
-        b = dev(_data(r)) if r else _data(r)  # a host array on the source, device elsewhere
-        w = pg.broadcast(b, src=0, async_op=True)
-        w.synchronize()
-        res["broadcast"] = np.array(b)
-        outs = [dev(np.zeros((3, 4), np.float32)) for _ in range(3)]
-        pg.all_gather(outs, dev(_data(r)), async_op=True).synchronize()
-        res["all_gather"] = [np.array(o) for o in outs]
-        host_outs = [np.zeros((3, 4), np.float32) for _ in range(3)]
-        pg.all_gather(host_outs, _data(r))
-        res["all_gather_host"] = host_outs
-        into = dev(np.zeros((3, 3, 4), np.float32))
-        pg.all_gather_into_tensor(into, dev(_data(r)), async_op=True).synchronize()
-        res["into"] = np.array(into)
-        rs = dev(np.zeros(4, np.float32))
-        ins = [dev(np.full(4, 10 * r + q, np.float32)) for q in range(3)]
-        pg.reduce_scatter(rs, ins, async_op=True).synchronize()
-        res["reduce_scatter"] = np.array(rs)
-        a2a_out = [np.zeros(2, np.int64) for _ in range(3)]
-        pg.all_to_all(a2a_out, [np.array([r, q], np.int64) for q in range(3)])
-        res["all_to_all"] = a2a_out
-        g = [np.zeros(2, np.int32) for _ in range(3)] if r == 2 else None
-        pg.gather(np.array([r, r * r], np.int32), g, dst=2)
-        res["gather"] = g
-        s = np.zeros(3, np.float64)
-        pg.scatter(s, [np.full(3, q + 0.5) for q in range(3)] if r == 1 else None, src=1)
-        res["scatter"] = s
-        ring = np.zeros(5, np.float32)
-        right, left = (r + 1) % 3, (r - 1) % 3
-        sw = pg.send(np.full(5, r, np.float32), dst=right, async_op=True)
-        rw = pg.recv(ring, src=left, async_op=True)
-        sw.wait()
-        rw.wait()
-        res["ring"], res["source"] = ring, rw.source_rank
-        pg.barrier()
-        res["objects"] = pg.all_gather_object({"rank": r})
-        lst = [None, None] if r else ["x", {"y": 1}]
-        pg.broadcast_object_list(lst, src=0)
-        res["object_list"] = lst
-        pg.monitored_barrier(timeout=5)
-        return res
-
-    out = run_all(trio, body)
-    for r, res in enumerate(out):
-        np.testing.assert_array_equal(res["broadcast"], _data(0))
-        for q in range(3):
-            np.testing.assert_array_equal(res["all_gather"][q], _data(q))
-            np.testing.assert_array_equal(res["all_gather_host"][q], _data(q))
-            np.testing.assert_array_equal(res["into"][q], _data(q))
-            np.testing.assert_array_equal(res["all_to_all"][q], [q, r])
-        np.testing.assert_array_equal(res["reduce_scatter"], np.full(4, 30 + 3 * r))
-        if r == 2:
-            for q in range(3):
-                np.testing.assert_array_equal(res["gather"][q], [q, q * q])
-        np.testing.assert_array_equal(res["scatter"], np.full(3, r + 0.5))
-        np.testing.assert_array_equal(res["ring"], np.full(5, (r - 1) % 3))
-        assert res["source"] == (r - 1) % 3
-        assert res["objects"] == [{"rank": q} for q in range(3)]
-        assert res["object_list"] == ["x", {"y": 1}]
 
 
 def test_work_numbering_callbacks_and_history(trio):

@@ -1,0 +1,82 @@
+"""A job across hosts: two network-namespace hosts (tests/support/netns.py), etcd on the first,
+one `shoal run` agent per host with two workers each. The ranks must reach each other at
+addresses that route between the hosts (never loopback), and the job must end with exactly the
+parameters of the same job run on one host over sockets."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from tests.support.etcd_server import EtcdServer
+from tests.support.netns import Hosts, require_netns
+from tests.support.shoal_run import ROOT, TRAIN_DDP, ShoalRun, digest_in, final_sha
+
+pytestmark = pytest.mark.slow
+
+STEPS = 12
+TRAIN = [str(TRAIN_DDP), "--steps", str(STEPS), "--checkpoint-every", "4"]
+JOB_TIMEOUT = 120
+SECRET = "multihost-" + uuid.uuid4().hex
+
+
+@pytest.fixture
+def two_hosts():
+    require_netns()
+    with Hosts(2) as hosts:
+        etcd = EtcdServer(host=hosts[0].address, command_prefix=hosts[0].command([]))
+        try:
+            etcd.start()
+            yield hosts, etcd
+        finally:
+            etcd.close()
+
+
+@pytest.fixture(scope="module")
+def one_host_sha(tmp_path_factory):
+    """The same 4-rank job on one host, its ranks linked by sockets as across hosts."""
+    ck = tmp_path_factory.mktemp("one-host")
+    with ShoalRun(["--standalone", "--nproc-per-node", "4", "--checkpoint-dir", str(ck)] + TRAIN,
+                  env={"SHOAL_LOCAL_TRANSPORT": "unix"}, name="one host") as run:
+        assert run.wait(JOB_TIMEOUT) == 0, run.tail()
+    return final_sha(run, STEPS)
+
+
+def _agent(host, etcd, run_id, tmp_path, extra=()):
+    argv = [sys.executable, "-m", "shoal.launcher", "run", "--nnodes", "2",
+            "--nproc-per-node", "2", "--rdzv-backend", "etcd", "--rdzv-endpoint", etcd.endpoint,
+            "--rdzv-id", run_id, "--max-restarts", "0",
+            "--checkpoint-dir", str(tmp_path / f"ck-{host.index}"), *extra, *TRAIN]
+    env = {**os.environ, "SHOAL_AUTH_TOKEN": SECRET}
+    return host.popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                      stderr=subprocess.STDOUT, text=True)
+
+
+def _finish(procs) -> list[str]:
+    outputs = []
+    for proc in procs:
+        try:
+            out, _ = proc.communicate(timeout=JOB_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+        outputs.append(out)
+    for proc, out in zip(procs, outputs):
+        assert proc.returncode == 0, out[-4000:]
+    return outputs
+
+
+@pytest.mark.parametrize("local_addr", ["default", "explicit"])
+def test_two_hosts_train_as_one_host_would(two_hosts, one_host_sha, tmp_path, local_addr):
+    hosts, etcd = two_hosts
+    run_id = f"mh-{uuid.uuid4().hex[:8]}"
+    procs = [_agent(h, etcd, run_id, tmp_path,
+                    ["--local-addr", h.address] if local_addr == "explicit" else [])
+             for h in hosts.hosts]
+    outputs = _finish(procs)
+    digests = [digest_in(out, STEPS) for out in outputs]
+    assert [d for d in digests if d] == [one_host_sha], outputs[0][-4000:]
