@@ -84,7 +84,10 @@ class OpLedger:
         self.p2p_seq = 0
         self.started_seq = 0  # the last collective this rank started...
         self.finished_seq = 0  # ...and the last it finished: the progress other ranks read
-        self.current: Optional[OpRecord] = None  # the operation started last, while it runs
+        # The collective started last: while it runs, and after it failed, so that ranks whose
+        # own timeout expires later still read what this rank called (a failed rank that
+        # published an empty call would turn their mismatch diagnosis into a bare timeout).
+        self.current: Optional[OpRecord] = None
         self.history: collections.deque[OpRecord] = collections.deque(maxlen=HISTORY_LENGTH)
         # Running operations, oldest first; they mostly finish in that order, so `finish` pops
         # from the left (a deque reuses its blocks: no allocation per operation).
@@ -127,7 +130,7 @@ class OpLedger:
         else:
             rec.state = "failed"
             rec.error = str(error)
-        if self.current is rec:
+        if self.current is rec and error is None:
             self.current = None
         running = self._running
         if running and running[0] is rec:
