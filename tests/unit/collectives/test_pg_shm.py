@@ -18,7 +18,7 @@ from shoal.collectives.types import CollectiveMismatch, CollectiveTimeout, Reduc
 from shoal.collectives.constants import SHM_SLOT_BYTES
 from shoal.collectives.backends.tcp.group import ProcessGroupTCP
 from shoal.collectives.store.hash import HashStore
-from threaded_ranks import form_groups, run_all
+from tests.support.threaded_ranks import form_groups, run_all
 
 
 def make_groups(world: int, timeout: float = 10.0):

@@ -18,7 +18,7 @@ from shoal.collectives.store.hash import HashStore
 from shoal.core.admission import CLOSED, WRONG_SECRET
 from shoal.core.auth import client_handshake, load_token
 from shoal.core.errors import AuthenticationError
-from threaded_ranks import form_groups, run_all
+from tests.support.threaded_ranks import form_groups, run_all
 
 
 def make_groups(world: int, timeout: float = 10.0, name: str = "default"):

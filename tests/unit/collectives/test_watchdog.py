@@ -13,7 +13,7 @@ from shoal.collectives.types import CollectiveTimeout
 from shoal.collectives.backends.tcp.group import ProcessGroupTCP
 from shoal.collectives.store.hash import HashStore
 from shoal.collectives.backends.dump import write_dump
-from threaded_ranks import form_groups, run_all
+from tests.support.threaded_ranks import form_groups, run_all
 
 
 def make_groups(world: int, timeout: float = 10.0):

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from shoal import core
 import shoal.core.nn.functional as F
 from shoal.core.errors import ShapeError
-from gradcheck import compare_with_torch, fast_settings, gradcheck
+from tests.support.gradcheck import compare_with_torch, fast_settings, gradcheck
 
 
 def _rand(*shape, seed=0):

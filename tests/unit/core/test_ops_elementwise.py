@@ -8,7 +8,7 @@ from hypothesis.extra import numpy as hnp
 
 from shoal import core
 from shoal.core.errors import ShapeError
-from gradcheck import compare_with_torch, fast_settings, gradcheck
+from tests.support.gradcheck import compare_with_torch, fast_settings, gradcheck
 
 pair_shapes = hnp.mutually_broadcastable_shapes(
     num_shapes=2, min_dims=0, max_dims=3, min_side=1, max_side=3

@@ -8,7 +8,7 @@ from hypothesis.extra import numpy as hnp
 
 from shoal import core
 from shoal.core.errors import ShapeError
-from gradcheck import compare_with_torch, fast_settings, gradcheck
+from tests.support.gradcheck import compare_with_torch, fast_settings, gradcheck
 
 
 @st.composite
