@@ -120,3 +120,12 @@ def bind_host(master_addr: Optional[str]) -> str:
     if not master_addr or is_loopback(master_addr):
         return "127.0.0.1"
     return address_towards(master_addr) or "127.0.0.1"
+
+
+def bind_host_for(store) -> str:
+    """`bind_host` for ranks that meet through `store`: the TCPStore's host (under any
+    PrefixStores), else MASTER_ADDR. Peers on other hosts reach this rank at the local address
+    that routes there."""
+    while not hasattr(store, "host") and hasattr(store, "underlying_store"):
+        store = store.underlying_store
+    return bind_host(getattr(store, "host", None) or os.environ.get("MASTER_ADDR"))

@@ -10,6 +10,7 @@ RRef forks in stream order, and hand everything else to the pool.
 from __future__ import annotations
 
 import functools
+import dataclasses
 import itertools
 import logging
 import threading
@@ -101,6 +102,8 @@ class RpcAgent:
     def __init__(self, name: str, rank: int, world_size: int, options: RpcBackendOptions):
         self.info = WorkerInfo(name, rank)
         self.world_size = world_size
+        if options.host is None:  # built directly, not by init_rpc: stay on this machine
+            options = dataclasses.replace(options, host="127.0.0.1")
         self.options = options
         self._token = load_token(options.token)
         # The gRPC port runs code for whoever holds the secret: never with the public one.

@@ -93,7 +93,9 @@ class RpcBackendOptions:
         store: an existing collectives.Store every worker shares (not closed by shutdown).
         rpc_timeout: default per-call timeout (seconds or timedelta); 0 means none.
         num_worker_threads: threads that run incoming calls.
-        host: the address this worker binds and advertises for its two ports.
+        host: the address this worker binds and advertises for its two ports; None (the
+            default) picks the local address that routes to the rendezvous store's host, which
+            is loopback when the store is on this machine.
         data_threshold: buffers of at least this many bytes go over the data channel.
         receive_cache_bytes: memory the worker may keep for reuse by received buffers of 1 MiB
             and more (held once used, until shutdown); 0 gives every transfer fresh memory.
@@ -106,7 +108,7 @@ class RpcBackendOptions:
     store: Optional[object] = dataclasses.field(default=None, compare=False, repr=False)
     rpc_timeout: TimeoutArg = DEFAULT_RPC_TIMEOUT_S
     num_worker_threads: int = DEFAULT_NUM_WORKER_THREADS
-    host: str = "127.0.0.1"
+    host: Optional[str] = None
     data_threshold: int = DEFAULT_DATA_THRESHOLD_BYTES
     receive_cache_bytes: int = DEFAULT_RECEIVE_CACHE_BYTES
     init_timeout: TimeoutArg = DEFAULT_INIT_TIMEOUT_S

@@ -8,6 +8,7 @@ worker has done so. Shutdown is the same store used as a barrier.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -84,6 +85,9 @@ def init_rpc(name: str, rank: Optional[int] = None, world_size: Optional[int] = 
             )
         deadline = Deadline(options.init_timeout)
         raw_store, owns_store = _make_store(options, rank, world_size)
+        if options.host is None:
+            # Peers on other hosts must reach this worker: never advertise loopback to them.
+            options = dataclasses.replace(options, host=collectives_env.bind_host_for(raw_store))
         store = PrefixStore(_prefix(options), raw_store)
         agent = RpcAgent(name, rank, world_size, options)
         try:

@@ -46,11 +46,11 @@ def one_host_sha(tmp_path_factory):
     return final_sha(run, STEPS)
 
 
-def _agent(host, etcd, run_id, tmp_path, extra=()):
+def _agent(host, etcd, run_id, tmp_path, extra=(), job=TRAIN, nproc=2):
     argv = [sys.executable, "-m", "shoal.launcher", "run", "--nnodes", "2",
-            "--nproc-per-node", "2", "--rdzv-backend", "etcd", "--rdzv-endpoint", etcd.endpoint,
-            "--rdzv-id", run_id, "--max-restarts", "0",
-            "--checkpoint-dir", str(tmp_path / f"ck-{host.index}"), *extra, *TRAIN]
+            "--nproc-per-node", str(nproc), "--rdzv-backend", "etcd",
+            "--rdzv-endpoint", etcd.endpoint, "--rdzv-id", run_id, "--max-restarts", "0",
+            "--checkpoint-dir", str(tmp_path / f"ck-{host.index}"), *extra, *job]
     env = {**os.environ, "SHOAL_AUTH_TOKEN": SECRET}
     return host.popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                       stderr=subprocess.STDOUT, text=True)
@@ -80,3 +80,16 @@ def test_two_hosts_train_as_one_host_would(two_hosts, one_host_sha, tmp_path, lo
     outputs = _finish(procs)
     digests = [digest_in(out, STEPS) for out in outputs]
     assert [d for d in digests if d] == [one_host_sha], outputs[0][-4000:]
+
+
+def test_rpc_workers_on_two_hosts_reach_each_other(two_hosts, tmp_path):
+    """One RPC worker per host: each advertises the address that routes to the store's host, so
+    the RRef owner on one host serves calls from the other."""
+    hosts, etcd = two_hosts
+    run_id = f"mh-rpc-{uuid.uuid4().hex[:8]}"
+    job = [str(ROOT / "examples" / "rpc_accumulator.py")]
+    outputs = _finish([_agent(h, etcd, run_id, tmp_path, job=job, nproc=1)
+                       for h in hosts.hosts])
+    joined = "\n".join(outputs)
+    assert "remote total: [10. 10. 10. 10.] owner: worker0" in joined, joined[-4000:]
+    assert "sum via rpc_sync: [3. 3.]" in joined

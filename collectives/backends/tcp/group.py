@@ -107,7 +107,7 @@ class ProcessGroupTCP(BackendGroup):
         self._executor = InOrderExecutor(name, self._ledger, self._run, self._describe)
         self._mesh = Mesh(
             store=store, rank=rank, size=size, name=name,
-            host=host or env.bind_host(_store_host(store)),
+            host=host or env.bind_host_for(store),
             token=load_token(token), on_failure=self._mesh_failure,
         )
         try:
@@ -556,11 +556,3 @@ class ProcessGroupTCP(BackendGroup):
         if timer is not None:
             timer.cancel()
         self._mesh.close()
-
-
-def _store_host(store: Store) -> Optional[str]:
-    """The host the ranks meet at: the TCPStore's (under any PrefixStores), else MASTER_ADDR.
-    Peers on other hosts reach this rank at the local address that routes there."""
-    while not hasattr(store, "host") and hasattr(store, "underlying_store"):
-        store = store.underlying_store
-    return getattr(store, "host", None) or os.environ.get("MASTER_ADDR")
