@@ -5,6 +5,7 @@ parameters of the same job run on one host over sockets."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -14,7 +15,14 @@ import pytest
 
 from tests.support.etcd_server import EtcdServer
 from tests.support.netns import Hosts, require_netns
-from tests.support.shoal_run import ROOT, TRAIN_DDP, ShoalRun, digest_in, final_sha
+from tests.support.shoal_run import (
+    ROOT,
+    TRAIN_DDP,
+    WORKERS,
+    ShoalRun,
+    digest_in,
+    final_sha,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -24,16 +32,23 @@ JOB_TIMEOUT = 120
 SECRET = "multihost-" + uuid.uuid4().hex
 
 
-@pytest.fixture
-def two_hosts():
+@contextlib.contextmanager
+def _hosts_with_etcd(n: int):
+    """`n` hosts, etcd serving on the first."""
     require_netns()
-    with Hosts(2) as hosts:
+    with Hosts(n) as hosts:
         etcd = EtcdServer(host=hosts[0].address, command_prefix=hosts[0].command([]))
         try:
             etcd.start()
             yield hosts, etcd
         finally:
             etcd.close()
+
+
+@pytest.fixture
+def two_hosts():
+    with _hosts_with_etcd(2) as made:
+        yield made
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +61,8 @@ def one_host_sha(tmp_path_factory):
     return final_sha(run, STEPS)
 
 
-def _agent(host, etcd, run_id, tmp_path, extra=(), job=TRAIN, nproc=2):
-    argv = [sys.executable, "-m", "shoal.launcher", "run", "--nnodes", "2",
+def _agent(host, etcd, run_id, tmp_path, extra=(), job=TRAIN, nproc=2, nnodes=2):
+    argv = [sys.executable, "-m", "shoal.launcher", "run", "--nnodes", str(nnodes),
             "--nproc-per-node", str(nproc), "--rdzv-backend", "etcd",
             "--rdzv-endpoint", etcd.endpoint, "--rdzv-id", run_id, "--max-restarts", "0",
             "--checkpoint-dir", str(tmp_path / f"ck-{host.index}"), *extra, *job]
@@ -93,3 +108,17 @@ def test_rpc_workers_on_two_hosts_reach_each_other(two_hosts, tmp_path):
     joined = "\n".join(outputs)
     assert "remote total: [10. 10. 10. 10.] owner: worker0" in joined, joined[-4000:]
     assert "sum via rpc_sync: [3. 3.]" in joined
+
+
+@pytest.mark.parametrize("nhosts, nproc", [(2, 2), (3, 1)], ids=["2x2", "3x1"])
+def test_the_collective_catalogue_across_hosts(tmp_path, nhosts, nproc):
+    """Every collective, checked against numpy on every rank (workers/catalogue.py), with ranks
+    on several hosts: sockets between hosts, and within a host whatever the host allows."""
+    with _hosts_with_etcd(nhosts) as (hosts, etcd):
+        run_id = f"mh-cat-{uuid.uuid4().hex[:8]}"
+        job = [str(WORKERS / "catalogue.py")]
+        outputs = _finish([_agent(h, etcd, run_id, tmp_path, job=job, nproc=nproc,
+                                  nnodes=nhosts) for h in hosts.hosts])
+    joined = "\n".join(outputs)
+    for rank in range(nhosts * nproc):
+        assert f"[rank {rank}] catalogue ok" in joined, joined[-4000:]
