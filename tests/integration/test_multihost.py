@@ -61,8 +61,8 @@ def one_host_sha(tmp_path_factory):
     return final_sha(run, STEPS)
 
 
-def _agent(host, etcd, run_id, tmp_path, extra=(), job=TRAIN, nproc=2, nnodes=2):
-    argv = [sys.executable, "-m", "shoal.launcher", "run", "--nnodes", str(nnodes),
+def _agent(host, etcd, run_id, tmp_path, extra=(), job=TRAIN, nproc=2, nnodes="2"):
+    argv = [sys.executable, "-m", "shoal.launcher", "run", "--nnodes", nnodes,
             "--nproc-per-node", str(nproc), "--rdzv-backend", "etcd",
             "--rdzv-endpoint", etcd.endpoint, "--rdzv-id", run_id, "--max-restarts", "0",
             "--checkpoint-dir", str(tmp_path / f"ck-{host.index}"), *extra, *job]
@@ -118,7 +118,47 @@ def test_the_collective_catalogue_across_hosts(tmp_path, nhosts, nproc):
         run_id = f"mh-cat-{uuid.uuid4().hex[:8]}"
         job = [str(WORKERS / "catalogue.py")]
         outputs = _finish([_agent(h, etcd, run_id, tmp_path, job=job, nproc=nproc,
-                                  nnodes=nhosts) for h in hosts.hosts])
+                                  nnodes=str(nhosts)) for h in hosts.hosts])
     joined = "\n".join(outputs)
     for rank in range(nhosts * nproc):
         assert f"[rank {rank}] catalogue ok" in joined, joined[-4000:]
+
+
+def test_a_lost_host_leaves_the_others_to_finish_from_the_last_checkpoint(tmp_path):
+    """Two hosts x 2 ranks (--nnodes 1:2, one shared checkpoint directory, as shared storage
+    would be); after step 9 the second host is torn down (link cut, agent and workers killed).
+    The first host's agent re-rendezvouses alone, resumes from step 8 at world size 2 and ends
+    with the parameters of the same schedule run on one host: 4 ranks to step 8, then 2."""
+    steps, every = 16, 4
+    job = [str(TRAIN_DDP), "--steps", str(steps), "--checkpoint-every", str(every),
+           "--step-sleep", "0.2", "--checkpoint-dir", str(tmp_path / "shared")]
+    conf = ["--rdzv-conf", "heartbeat_interval=0.25,heartbeat_timeout=2,last_call_timeout=0.5"]
+    with _hosts_with_etcd(2) as (hosts, etcd):
+        run_id = f"mh-lost-{uuid.uuid4().hex[:8]}"
+        # Node ranks fix where rank 0 (the one that prints) runs: on the surviving host.
+        procs = [_agent(h, etcd, run_id, tmp_path, job=job, nnodes="1:2",
+                        extra=["--max-restarts", "1", "--node-rank", str(h.index), *conf])
+                 for h in hosts.hosts]
+        survivor, lost = procs
+        seen: list[str] = []
+        for line in survivor.stdout:  # bounded: the job fails its test timeout otherwise
+            seen.append(line)
+            if "[rank 0] step 9 " in line:
+                break
+        hosts.cut(hosts[1])
+        rest, _ = survivor.communicate(timeout=JOB_TIMEOUT)
+    out = "".join(seen) + rest
+    assert survivor.returncode == 0, out[-4000:]
+    assert lost.returncode is not None
+    assert "resumed from step 8" in out, out[-4000:]
+    got = digest_in(out, steps)
+
+    # The same schedule on one host, over sockets as across hosts.
+    token = {"SHOAL_AUTH_TOKEN": SECRET, "SHOAL_LOCAL_TRANSPORT": "unix"}
+    ck = tmp_path / "reference"
+    reference = [str(TRAIN_DDP), "--checkpoint-every", str(every), "--checkpoint-dir", str(ck)]
+    for nproc, until in ((4, 8), (2, steps)):
+        with ShoalRun(["--standalone", "--nproc-per-node", str(nproc), *reference, "--steps",
+                       str(until)], env=token, name=f"reference W={nproc}") as run:
+            assert run.wait(JOB_TIMEOUT) == 0, run.tail()
+    assert got == final_sha(run, steps), out[-4000:]
