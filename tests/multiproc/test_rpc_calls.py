@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from shoal.rpc_agent.functions import async_execution
-from test_rpc_pool import RpcWorkers, expect_error
+from tests.support.rpc_workers import RpcWorkers, expect_error
 
 WORLD = 3
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from test_rpc_pool import RpcWorkers
+from tests.support.rpc_workers import RpcWorkers
 
 
 def slow(seconds, value=None):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from shoal.rpc_agent.functions import async_execution
-from test_rpc_pool import RpcWorkers
+from tests.support.rpc_workers import RpcWorkers
 
 WORLD = 3
 

@@ -24,7 +24,7 @@ from shoal.rpc_agent.transport.grpc import (
     _hello_signing_bytes,
 )
 from shoal.rpc_agent.transport.stream import encode_batch
-from test_rpc_pool import LOGS, RpcWorkers
+from tests.support.rpc_workers import LOGS, RpcWorkers
 
 TOKEN = os.environ.get("SHOAL_AUTH_TOKEN", "shoal-test-suite-token").encode()
 
