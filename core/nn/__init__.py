@@ -2,7 +2,10 @@
 
 from shoal.core.nn import functional
 from shoal.core.nn import init
+from shoal.core.nn import utils
+from shoal.core.nn.attention import MultiheadAttention
 from shoal.core.nn.containers import ModuleList, Sequential
+from shoal.core.nn.conv import Conv1d, Conv2d
 from shoal.core.nn.layers import (
     GELU,
     Dropout,
@@ -15,10 +18,15 @@ from shoal.core.nn.layers import (
     Tanh,
 )
 from shoal.core.nn.module import IncompatibleKeys, Module, RemovableHandle, StateDictError
+from shoal.core.nn.normalization import BatchNorm1d, BatchNorm2d
 from shoal.core.nn.parameter import Parameter
+from shoal.core.nn.pooling import AdaptiveAvgPool2d, AvgPool2d, Flatten, MaxPool2d
+from shoal.core.nn.transformer import TransformerEncoder, TransformerEncoderLayer
 
 __all__ = [
-    "GELU", "Dropout", "Embedding", "Identity", "IncompatibleKeys", "LayerNorm", "Linear",
-    "Module", "ModuleList", "Parameter", "ReLU", "RemovableHandle", "Sequential", "Sigmoid",
-    "StateDictError", "Tanh", "functional", "init",
+    "GELU", "AdaptiveAvgPool2d", "AvgPool2d", "BatchNorm1d", "BatchNorm2d", "Conv1d", "Conv2d",
+    "Dropout", "Embedding", "Flatten", "Identity", "IncompatibleKeys", "LayerNorm", "Linear",
+    "MaxPool2d", "Module", "ModuleList", "MultiheadAttention", "Parameter", "ReLU",
+    "RemovableHandle", "Sequential", "Sigmoid", "StateDictError", "Tanh", "TransformerEncoder",
+    "TransformerEncoderLayer", "functional", "init", "utils",
 ]

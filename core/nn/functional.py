@@ -5,6 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from shoal.core.ops import reduce as _reduce
+from shoal.core.ops.attention import scaled_dot_product_attention  # noqa: F401
+from shoal.core.ops.conv import conv1d, conv2d  # noqa: F401
+from shoal.core.ops.norm import batch_norm  # noqa: F401
+from shoal.core.ops.pooling import adaptive_avg_pool2d, avg_pool2d, max_pool2d  # noqa: F401
 from shoal.core.ops import unary as _unary
 from shoal.core.ops.nn import (
     cross_entropy,
@@ -31,6 +35,13 @@ __all__ = [
     "mse_loss",
     "layer_norm",
     "embedding",
+    "conv1d",
+    "conv2d",
+    "max_pool2d",
+    "avg_pool2d",
+    "adaptive_avg_pool2d",
+    "batch_norm",
+    "scaled_dot_product_attention",
 ]
 
 

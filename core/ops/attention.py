@@ -1,0 +1,92 @@
+"""scaled_dot_product_attention as one graph node: softmax(q k^T * scale + mask) v.
+
+One node instead of five (matmul, scale, mask, softmax, matmul) keeps the probabilities for the
+backward pass and lets it run four batched GEMMs and one fused softmax gradient.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from shoal.core import backend
+from shoal.core.errors import ShapeError
+from shoal.core.ops import random as _random
+from shoal.core.ops._util import needs_grad, result, unbroadcast, val, xp_of
+from shoal.core.tensor import Tensor
+
+
+def scaled_dot_product_attention(
+    query: Tensor, key: Tensor, value: Tensor, attn_mask: Any = None, dropout_p: float = 0.0,
+    is_causal: bool = False, scale: float | None = None,
+) -> Tensor:
+    """torch's F.scaled_dot_product_attention: a boolean mask keeps True entries, a float mask adds."""
+    qd, kd, vd = query.data, key.data, value.data
+    if qd.ndim < 2 or kd.ndim != qd.ndim or vd.ndim != qd.ndim:
+        raise ShapeError(
+            f"scaled_dot_product_attention: query, key and value must have the same number of "
+            f"dims (at least 2), got {tuple(qd.shape)}, {tuple(kd.shape)}, {tuple(vd.shape)}."
+        )
+    if qd.shape[-1] != kd.shape[-1] or kd.shape[-2] != vd.shape[-2]:
+        raise ShapeError(
+            f"scaled_dot_product_attention: query {tuple(qd.shape)} and key {tuple(kd.shape)} "
+            f"must share the last dim, key and value {tuple(vd.shape)} the sequence dim."
+        )
+    if is_causal and attn_mask is not None:
+        raise ValueError("scaled_dot_product_attention: pass either attn_mask or is_causal, not both.")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"scaled_dot_product_attention: dropout_p must be in [0, 1), got {dropout_p}.")
+    xp = xp_of(qd)
+    L, S = qd.shape[-2], kd.shape[-2]
+    sc = 1.0 / math.sqrt(qd.shape[-1]) if scale is None else float(scale)
+    scores = qd @ kd.swapaxes(-1, -2)
+    scores *= sc
+    md = None if attn_mask is None else val(attn_mask)
+    if md is not None and not backend.is_array(md):
+        md = xp.asarray(md)
+    if is_causal:
+        md = xp.tril(xp.ones((L, S), dtype=bool))
+    if md is not None:
+        if md.dtype == bool:
+            scores = xp.where(md, scores, -xp.inf)
+        else:
+            try:
+                scores = scores + md
+            except ValueError as exc:
+                raise ShapeError(
+                    f"scaled_dot_product_attention: attn_mask of shape {tuple(md.shape)} does not "
+                    f"broadcast to the scores' shape {tuple(scores.shape)}."
+                ) from exc
+    probs = scores - scores.max(axis=-1, keepdims=True)
+    xp.exp(probs, out=probs)
+    probs /= probs.sum(axis=-1, keepdims=True)
+    # A row with every key masked out is NaN, as in torch's math path.
+    keep = None
+    dropped = probs
+    if dropout_p > 0.0:
+        gen = _random.generator(xp, backend.device_of(qd).index)
+        keep = (gen.random(probs.shape, dtype=np.float32) >= dropout_p) * (1.0 / (1.0 - dropout_p))
+        dropped = probs * keep.astype(probs.dtype)
+    out = dropped @ vd
+    mask_grad = md is not None and md.dtype != bool and needs_grad(attn_mask)
+
+    def backward(g: Any) -> tuple:
+        gq = gk = gv = gmask = None
+        if needs_grad(value):
+            gv = unbroadcast(dropped.swapaxes(-1, -2) @ g, vd.shape)
+        gp = g @ vd.swapaxes(-1, -2)
+        if keep is not None:
+            gp *= keep
+        gs = probs * (gp - (gp * probs).sum(axis=-1, keepdims=True))
+        if mask_grad:
+            gmask = unbroadcast(gs, md.shape)
+        gs *= sc
+        if needs_grad(query):
+            gq = unbroadcast(gs @ kd, qd.shape)
+        if needs_grad(key):
+            gk = unbroadcast(gs.swapaxes(-1, -2) @ qd, kd.shape)
+        return gq, gk, gv, gmask
+
+    return result(out, "ScaledDotProductAttentionBackward", backward, (query, key, value, attn_mask))

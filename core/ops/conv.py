@@ -1,0 +1,215 @@
+"""Convolutions (conv1d, conv2d) as im2col plus one matrix product, each a single graph node.
+
+The input is padded once and viewed as windows with `as_strided` (no copy); the windows are
+laid out as rows of a (N*Ho*Wo, C*kh*kw) matrix, the single copy of the forward pass, and one
+GEMM with the (O, C*kh*kw) weight gives the output. The backward pass runs the same two
+GEMMs transposed and scatters the window gradients back with one strided add per kernel
+position (kh*kw of them, never one per pixel).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shoal.core.errors import ShapeError
+from shoal.core.ops._util import needs_grad, result, xp_of
+from shoal.core.tensor import Tensor
+
+
+def pair(value: Any, name: str, op: str) -> tuple[int, int]:
+    """An int or a pair of ints as a pair (torch's _pair)."""
+    if isinstance(value, int):
+        return (value, value)
+    out = tuple(value)
+    if len(out) != 2 or not all(isinstance(v, int) for v in out):
+        raise ValueError(f"{op}: {name} must be an int or a pair of ints, got {value!r}.")
+    return out  # type: ignore[return-value]
+
+
+def windows(xpad: Any, kh: int, kw: int, ho: int, wo: int, stride: tuple, dilation: tuple) -> Any:
+    """A (N, C, Ho, Wo, kh, kw) strided view of every kernel window of a padded NCHW array."""
+    xp = xp_of(xpad)
+    sn, sc, sh, sw = xpad.strides
+    return xp.lib.stride_tricks.as_strided(
+        xpad,
+        shape=(xpad.shape[0], xpad.shape[1], ho, wo, kh, kw),
+        strides=(sn, sc, sh * stride[0], sw * stride[1], sh * dilation[0], sw * dilation[1]),
+        writeable=False,
+    )
+
+
+def scatter_windows(
+    gwin: Any, padded_shape: tuple, stride: tuple, dilation: tuple, dtype: Any
+) -> Any:
+    """The adjoint of `windows`: add each window position's gradient back into a padded array."""
+    xp = xp_of(gwin)
+    _, _, ho, wo, kh, kw = gwin.shape
+    out = xp.zeros(padded_shape, dtype=dtype)
+    for i in range(kh):
+        r0 = i * dilation[0]
+        for j in range(kw):
+            c0 = j * dilation[1]
+            out[:, :, r0 : r0 + stride[0] * (ho - 1) + 1 : stride[0],
+                c0 : c0 + stride[1] * (wo - 1) + 1 : stride[1]] += gwin[:, :, :, :, i, j]
+    return out
+
+
+def _padding(padding: Any, kernel: tuple, stride: tuple, dilation: tuple, op: str) -> tuple:
+    """((top, bottom), (left, right)) from an int, a pair, 'valid' or 'same' (torch's rules)."""
+    if isinstance(padding, str):
+        if padding == "valid":
+            return ((0, 0), (0, 0))
+        if padding != "same":
+            raise ValueError(
+                f"{op}: padding must be 'valid', 'same', an int or a pair of ints, got {padding!r}."
+            )
+        if stride != (1, 1):
+            raise ValueError(f"{op}: padding='same' is not supported for strided convolutions.")
+        out = []
+        for k, d in zip(kernel, dilation):
+            total = d * (k - 1)
+            out.append((total // 2, total - total // 2))  # the odd pixel goes last, as torch
+        return tuple(out)
+    ph, pw = pair(padding, "padding", op)
+    if ph < 0 or pw < 0:
+        raise ValueError(f"{op}: padding must not be negative, got {padding!r}.")
+    return ((ph, ph), (pw, pw))
+
+
+def conv2d(
+    input: Tensor,  # noqa: A002 - torch's name
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+) -> Tensor:
+    """2-D convolution (cross-correlation, as torch) over an (N, C, H, W) or (C, H, W) input."""
+    return _conv(input, weight, bias, stride, padding, dilation, groups, "conv2d", spatial=2)
+
+
+def conv1d(
+    input: Tensor,  # noqa: A002
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+) -> Tensor:
+    """1-D convolution over an (N, C, L) or (C, L) input: a conv2d of height 1."""
+
+    def one(v: Any, name: str) -> Any:
+        if isinstance(v, str):
+            return v
+        if not isinstance(v, int):
+            seq = tuple(v)
+            if len(seq) != 1:
+                raise ValueError(f"conv1d: {name} must be an int or a 1-tuple, got {v!r}.")
+            v = seq[0]
+        return (1 if name != "padding" else 0, v)
+
+    return _conv(
+        input, weight, bias, one(stride, "stride"), one(padding, "padding"),
+        one(dilation, "dilation"), groups, "conv1d", spatial=1,
+    )
+
+
+def _conv(
+    x: Tensor, weight: Tensor, bias: Tensor | None, stride: Any, padding: Any, dilation: Any,
+    groups: int, op: str, spatial: int,
+) -> Tensor:
+    xd, wd = x.data, weight.data
+    bd = None if bias is None else bias.data
+    batched = xd.ndim == spatial + 2
+    if xd.ndim not in (spatial + 1, spatial + 2) or wd.ndim != spatial + 2:
+        raise ShapeError(
+            f"{op}: expected a {spatial + 1}-d (unbatched) or {spatial + 2}-d input and a "
+            f"{spatial + 2}-d weight, got input {tuple(xd.shape)} and weight {tuple(wd.shape)}."
+        )
+    if not batched:
+        xd = xd[None]
+    if spatial == 1:
+        xd, wd = xd[:, :, None, :], wd[:, :, None, :]
+    n, c, h, w = xd.shape
+    o, cg, kh, kw = wd.shape
+    if not isinstance(groups, int) or groups < 1 or c % groups or o % groups:
+        raise ValueError(
+            f"{op}: groups={groups!r} must be a positive int dividing both in_channels ({c}) "
+            f"and out_channels ({o})."
+        )
+    if cg * groups != c:
+        raise ShapeError(
+            f"{op}: weight of shape {tuple(weight.shape)} expects {cg * groups} input channels "
+            f"(groups={groups}), but the input of shape {tuple(x.shape)} has {c}."
+        )
+    if bd is not None and tuple(bd.shape) != (o,):
+        raise ShapeError(f"{op}: bias of shape {tuple(bd.shape)} does not match {o} out channels.")
+    st = pair(stride, "stride", op)
+    dil = pair(dilation, "dilation", op)
+    if min(st) < 1 or min(dil) < 1:
+        raise ValueError(f"{op}: stride and dilation must be positive, got {stride!r}, {dilation!r}.")
+    (pt, pb), (pl, pr) = _padding(padding, (kh, kw), st, dil, op)
+    xp = xp_of(xd)
+    hp, wp = h + pt + pb, w + pl + pr
+    ho = (hp - dil[0] * (kh - 1) - 1) // st[0] + 1
+    wo = (wp - dil[1] * (kw - 1) - 1) // st[1] + 1
+    if ho < 1 or wo < 1:
+        raise ShapeError(
+            f"{op}: the kernel (dilated size {dil[0] * (kh - 1) + 1}x{dil[1] * (kw - 1) + 1}) "
+            f"is larger than the padded input ({hp}x{wp}) of shape {tuple(x.shape)}."
+        )
+    xpad = xd if not (pt or pb or pl or pr) else xp.pad(xd, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    k = cg * kh * kw
+    rows = n * ho * wo
+    # (N, Ho, Wo, C, kh, kw) rows; a group's columns are contiguous because C leads kh, kw.
+    cols = windows(xpad, kh, kw, ho, wo, st, dil).transpose(0, 2, 3, 1, 4, 5).reshape(rows, c * kh * kw)
+    og = o // groups
+    if groups == 1:
+        out2 = cols @ wd.reshape(o, k).T
+    else:
+        cg3 = cols.reshape(rows, groups, k).transpose(1, 0, 2)
+        out2 = (cg3 @ wd.reshape(groups, og, k).transpose(0, 2, 1)).transpose(1, 0, 2).reshape(rows, o)
+    if bd is not None:
+        out2 += bd
+    out = out2.reshape(n, ho, wo, o).transpose(0, 3, 1, 2)
+    if spatial == 1:
+        out = out[:, :, 0, :]
+    if not batched:
+        out = out[0]
+    out = xp.ascontiguousarray(out)
+
+    def backward(g: Any) -> tuple:
+        if not batched:
+            g = g[None]
+        if spatial == 1:
+            g = g[:, :, None, :]
+        g2 = xp.ascontiguousarray(g.transpose(0, 2, 3, 1)).reshape(rows, o)
+        gx = gw = gb = None
+        if needs_grad(weight):
+            if groups == 1:
+                gw = (g2.T @ cols).reshape(wd.shape)
+            else:
+                g3 = g2.reshape(rows, groups, og).transpose(1, 2, 0)
+                gw = (g3 @ cols.reshape(rows, groups, k).transpose(1, 0, 2)).reshape(wd.shape)
+            if spatial == 1:
+                gw = gw[:, :, 0, :]
+        if bias is not None and bias.requires_grad:
+            gb = g2.sum(axis=0)
+        if needs_grad(x):
+            if groups == 1:
+                gcols = g2 @ wd.reshape(o, k)
+            else:
+                g3 = g2.reshape(rows, groups, og).transpose(1, 0, 2)
+                gcols = (g3 @ wd.reshape(groups, og, k)).transpose(1, 0, 2)
+            gwin = gcols.reshape(n, ho, wo, c, kh, kw).transpose(0, 3, 1, 2, 4, 5)
+            gpad = scatter_windows(gwin, xpad.shape, st, dil, xd.dtype)
+            gx = gpad[:, :, pt : pt + h, pl : pl + w]
+            if spatial == 1:
+                gx = gx[:, :, 0, :]
+            if not batched:
+                gx = gx[0]
+        return gx, gw, gb
+
+    return result(out, "ConvolutionBackward", backward, (x, weight, bias))

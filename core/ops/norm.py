@@ -1,0 +1,132 @@
+"""Batch normalisation as one graph node, with an optional cross-process reduction of its sums.
+
+`batch_norm` normalises over every dim but the channel dim (1). In training it updates the
+running statistics in place as torch does (the running variance takes the unbiased variance).
+`reduce_sums` lets a caller outside core (collectives.SyncBatchNorm) sum the per-channel
+statistics over a process group without core importing collectives: it is called with one
+array and must return the elementwise sum over every participant.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from shoal.core.errors import ShapeError
+from shoal.core.ops._util import needs_grad, result, xp_of
+from shoal.core.tensor import Tensor
+
+Reducer = Callable[[Any], Any]
+
+
+def batch_norm(
+    input: Tensor,  # noqa: A002 - torch's name
+    running_mean: Tensor | None,
+    running_var: Tensor | None,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    training: bool = False,
+    momentum: float | None = 0.1,
+    eps: float = 1e-5,
+    reduce_sums: Reducer | None = None,
+) -> Tensor:
+    """torch.nn.functional.batch_norm: normalise per channel, updating running stats in training.
+
+    `reduce_sums`, when given, sums [count, sum, sum of squares] over participants in the
+    forward pass and [sum of dy, sum of dy * xhat] in the backward pass.
+    """
+    xd = input.data
+    if xd.ndim < 2:
+        raise ShapeError(f"batch_norm: expected at least 2 dims (N, C, ...), got {tuple(xd.shape)}.")
+    xp = xp_of(xd)
+    c = xd.shape[1]
+    axes = (0,) + tuple(range(2, xd.ndim))
+    bshape = (1, c) + (1,) * (xd.ndim - 2)
+    for name, t in (("running_mean", running_mean), ("running_var", running_var),
+                    ("weight", weight), ("bias", bias)):
+        if t is not None and tuple(t.shape) != (c,):
+            raise ShapeError(
+                f"batch_norm: {name} of shape {tuple(t.shape)} does not match {c} channels of "
+                f"input {tuple(xd.shape)}."
+            )
+    if training:
+        count_local = xd.size // c
+        if reduce_sums is None:
+            if count_local <= 1:
+                raise ValueError(
+                    f"Expected more than 1 value per channel when training, got input size "
+                    f"{tuple(xd.shape)}"
+                )
+            mean = xd.mean(axis=axes)
+            xc = xd - mean.reshape(bshape)
+            var = (xc * xc).mean(axis=axes)
+            count = count_local
+        else:
+            # One reduction carries the count too: ranks may hold different batch sizes.
+            stats = xp.concatenate([
+                xp.full((1,), count_local, dtype=xd.dtype), xd.sum(axis=axes),
+                (xd * xd).sum(axis=axes),
+            ])
+            stats = reduce_sums(stats)
+            count = int(round(float(stats[0])))
+            if count <= 1:
+                raise ValueError(
+                    f"Expected more than 1 value per channel when training, got {count} in all."
+                )
+            mean = stats[1 : c + 1] / count
+            var = xp.maximum(stats[c + 1 :] / count - mean * mean, 0)
+            xc = xd - mean.reshape(bshape)
+        if running_mean is not None or running_var is not None:
+            _update_running(running_mean, running_var, mean, var, count, momentum, xd.dtype)
+    else:
+        if running_mean is None or running_var is None:
+            raise ValueError("batch_norm: evaluation needs running_mean and running_var.")
+        mean, var = running_mean.data, running_var.data
+        xc = xd - mean.reshape(bshape)
+    rstd = 1.0 / xp.sqrt(var + eps)
+    xhat = xc * rstd.reshape(bshape)
+    wd = None if weight is None else weight.data
+    out = xhat * wd.reshape(bshape) if wd is not None else xhat.copy()
+    if bias is not None:
+        out += bias.data.reshape(bshape)
+
+    def backward(g: Any) -> tuple:
+        gx = gw = gb = None
+        sum_g = g.sum(axis=axes)
+        sum_gx = (g * xhat).sum(axis=axes)
+        if needs_grad(weight):
+            gw = sum_gx
+        if needs_grad(bias):
+            gb = sum_g
+        if needs_grad(input):
+            scale = rstd if wd is None else rstd * wd
+            if not training:
+                gx = g * scale.reshape(bshape)
+            else:
+                if reduce_sums is not None:
+                    both = reduce_sums(xp.concatenate([sum_g, sum_gx]))
+                    tot_g, tot_gx = both[:c], both[c:]
+                else:
+                    tot_g, tot_gx = sum_g, sum_gx
+                gx = (g - (tot_g / count).reshape(bshape)
+                      - xhat * (tot_gx / count).reshape(bshape)) * scale.reshape(bshape)
+        return gx, None, None, gw, gb
+
+    return result(out, "NativeBatchNormBackward", backward,
+                  (input, running_mean, running_var, weight, bias))
+
+
+def _update_running(
+    running_mean: Tensor | None, running_var: Tensor | None, mean: Any, var: Any, count: int,
+    momentum: float | None, dtype: Any,
+) -> None:
+    # The layers turn momentum=None into 1/num_batches_tracked (a cumulative average) first.
+    factor = 0.0 if momentum is None else momentum
+    unbiased = var * (count / (count - 1))
+    if running_mean is not None:
+        rm = running_mean.data
+        rm *= 1.0 - factor
+        rm += factor * mean.astype(rm.dtype, copy=False)
+    if running_var is not None:
+        rv = running_var.data
+        rv *= 1.0 - factor
+        rv += factor * unbiased.astype(rv.dtype, copy=False)

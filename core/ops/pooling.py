@@ -1,0 +1,126 @@
+"""Pooling (max_pool2d, avg_pool2d, adaptive_avg_pool2d) over strided window views."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shoal.core.errors import ShapeError
+from shoal.core.ops._util import result, xp_of
+from shoal.core.ops.conv import pair, scatter_windows, windows
+from shoal.core.tensor import Tensor
+
+
+def _geometry(xd: Any, kernel_size: Any, stride: Any, padding: Any, dilation: Any, op: str) -> tuple:
+    if xd.ndim not in (3, 4):
+        raise ShapeError(f"{op}: expected a 3-d or 4-d input, got shape {tuple(xd.shape)}.")
+    k = pair(kernel_size, "kernel_size", op)
+    st = k if stride is None or stride == [] or stride == () else pair(stride, "stride", op)
+    pd = pair(padding, "padding", op)
+    dil = pair(dilation, "dilation", op)
+    if min(k) < 1 or min(st) < 1 or min(dil) < 1:
+        raise ValueError(f"{op}: kernel_size, stride and dilation must be positive.")
+    if pd[0] * 2 > k[0] or pd[1] * 2 > k[1]:
+        raise ValueError(
+            f"{op}: padding {pd} should be at most half of kernel size {k}."
+        )
+    h, w = xd.shape[-2:]
+    ho = (h + 2 * pd[0] - dil[0] * (k[0] - 1) - 1) // st[0] + 1
+    wo = (w + 2 * pd[1] - dil[1] * (k[1] - 1) - 1) // st[1] + 1
+    if ho < 1 or wo < 1:
+        raise ShapeError(f"{op}: the output would be empty for input shape {tuple(xd.shape)}.")
+    return k, st, pd, dil, ho, wo
+
+
+def max_pool2d(
+    input: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0,  # noqa: A002
+    dilation: Any = 1, ceil_mode: bool = False, return_indices: bool = False,
+) -> Tensor:
+    """The maximum of each window (padding counts as -inf); the gradient goes to the argmax."""
+    if ceil_mode or return_indices:
+        raise NotImplementedError("max_pool2d: ceil_mode and return_indices are not supported.")
+    xd = input.data
+    k, st, pd, dil, ho, wo = _geometry(xd, kernel_size, stride, padding, dilation, "max_pool2d")
+    xp = xp_of(xd)
+    x4 = xd if xd.ndim == 4 else xd[None]
+    pads = ((0, 0), (0, 0), (pd[0], pd[0]), (pd[1], pd[1]))
+    xpad = xp.pad(x4, pads, constant_values=-xp.inf) if pd != (0, 0) else x4
+    win = windows(xpad, k[0], k[1], ho, wo, st, dil)
+    flat = win.reshape(win.shape[:4] + (k[0] * k[1],))
+    arg = flat.argmax(axis=-1)
+    out = xp.take_along_axis(flat, arg[..., None], axis=-1)[..., 0]
+    if xd.ndim == 3:
+        out = out[0]
+
+    def backward(g: Any) -> tuple:
+        g4 = g if g.ndim == 4 else g[None]
+        onehot = (arg[..., None] == xp.arange(k[0] * k[1])) * g4[..., None]
+        gwin = onehot.reshape(win.shape)
+        gpad = scatter_windows(gwin, xpad.shape, st, dil, xd.dtype)
+        gx = gpad[:, :, pd[0] : pd[0] + x4.shape[2], pd[1] : pd[1] + x4.shape[3]]
+        return (gx if xd.ndim == 4 else gx[0],)
+
+    return result(out, "MaxPool2DBackward", backward, (input,))
+
+
+def avg_pool2d(
+    input: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0,  # noqa: A002
+    ceil_mode: bool = False, count_include_pad: bool = True, divisor_override: int | None = None,
+) -> Tensor:
+    """The mean of each window; padded zeros count unless count_include_pad=False."""
+    if ceil_mode:
+        raise NotImplementedError("avg_pool2d: ceil_mode is not supported.")
+    xd = input.data
+    k, st, pd, dil, ho, wo = _geometry(xd, kernel_size, stride, padding, 1, "avg_pool2d")
+    xp = xp_of(xd)
+    x4 = xd if xd.ndim == 4 else xd[None]
+    pads = ((0, 0), (0, 0), (pd[0], pd[0]), (pd[1], pd[1]))
+    xpad = xp.pad(x4, pads) if pd != (0, 0) else x4
+    sums = windows(xpad, k[0], k[1], ho, wo, st, dil).sum(axis=(4, 5))
+    if divisor_override:
+        divisor: Any = float(divisor_override)
+    elif count_include_pad or pd == (0, 0):
+        divisor = float(k[0] * k[1])
+    else:
+        ones = xp.pad(xp.ones((1, 1) + x4.shape[2:], dtype=xd.dtype), pads)
+        divisor = windows(ones, k[0], k[1], ho, wo, st, dil).sum(axis=(4, 5))
+    out = sums / divisor
+    if xd.ndim == 3:
+        out = out[0]
+
+    def backward(g: Any) -> tuple:
+        g4 = (g if g.ndim == 4 else g[None]) / divisor
+        gwin = xp.broadcast_to(g4[..., None, None], g4.shape + k)
+        gpad = scatter_windows(gwin, xpad.shape, st, dil, xd.dtype)
+        gx = gpad[:, :, pd[0] : pd[0] + x4.shape[2], pd[1] : pd[1] + x4.shape[3]]
+        return (gx if xd.ndim == 4 else gx[0],)
+
+    return result(out, "AvgPool2DBackward", backward, (input,))
+
+
+def adaptive_avg_pool2d(input: Tensor, output_size: Any) -> Tensor:  # noqa: A002
+    """Average over the bins torch uses: rows floor(i*H/oh) to ceil((i+1)*H/oh)."""
+    xd = input.data
+    if xd.ndim not in (3, 4):
+        raise ShapeError(f"adaptive_avg_pool2d: expected a 3-d or 4-d input, got {tuple(xd.shape)}.")
+    h, w = xd.shape[-2:]
+    if isinstance(output_size, int):
+        output_size = (output_size, output_size)
+    oh, ow = (h if output_size[0] is None else output_size[0],
+              w if output_size[1] is None else output_size[1])
+    xp = xp_of(xd)
+    rows = [(i * h // oh, -(-(i + 1) * h // oh)) for i in range(oh)]
+    cols = [(j * w // ow, -(-(j + 1) * w // ow)) for j in range(ow)]
+    out = xp.empty(xd.shape[:-2] + (oh, ow), dtype=xd.dtype)
+    # One mean per output cell: outputs are small (1x1 to 7x7), inputs arbitrary.
+    for i, (r0, r1) in enumerate(rows):
+        for j, (c0, c1) in enumerate(cols):
+            out[..., i, j] = xd[..., r0:r1, c0:c1].mean(axis=(-2, -1))
+
+    def backward(g: Any) -> tuple:
+        gx = xp.zeros(xd.shape, dtype=xd.dtype)
+        for i, (r0, r1) in enumerate(rows):
+            for j, (c0, c1) in enumerate(cols):
+                gx[..., r0:r1, c0:c1] += (g[..., i, j] / ((r1 - r0) * (c1 - c0)))[..., None, None]
+        return (gx,)
+
+    return result(out, "AdaptiveAvgPool2DBackward", backward, (input,))
