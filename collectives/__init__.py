@@ -36,6 +36,7 @@ _LAZY = {
     "Joinable": "shoal.collectives.ddp.join",
     "JoinHook": "shoal.collectives.ddp.join",
     "EarlyTermination": "shoal.collectives.ddp.join",
+    "SyncBatchNorm": "shoal.collectives.sync_batchnorm",
 }
 # The torch.distributed-style module-level API lives in collectives.distributed.
 _LAZY.update({name: "shoal.collectives.distributed" for name in (
