@@ -19,7 +19,7 @@ from shoal.launcher import flags
 
 logger = logging.getLogger("shoal.run")
 
-USAGE = """usage: shoal {run,store} ...
+USAGE = """usage: shoal {run,store,--version} ...
 
   shoal run [flags] SCRIPT [ARGS...]   run an elastic job's workers on this node
   shoal store [--host H] [--port P]     serve a standalone TCPStore for rendezvous
@@ -62,6 +62,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     command, rest = argv[0], argv[1:]
     if command in ("-h", "--help", "help"):
         sys.stdout.write(USAGE + "\n")
+        return 0
+    if command in ("-V", "--version", "version"):
+        from shoal import __version__
+
+        sys.stdout.write(f"shoal {__version__}\n")
         return 0
     if command == "run":
         return run(rest)
@@ -126,7 +131,8 @@ def _local_addr(settings: flags.RunSettings) -> str:
 
 
 def _make_handler(settings: flags.RunSettings, node_id: str):
-    """This node's rendezvous handler; every value was checked by flags.parse_run."""
+    """This node's rendezvous handler and whether this process hosts the store; every value
+    was checked by flags.parse_run."""
     from shoal.elastic.rendezvous import RendezvousHandler, create_backend
 
     timeout = float(settings.rdzv_conf.get("store_timeout", flags.DEFAULT_STORE_TIMEOUT_S))
@@ -136,19 +142,34 @@ def _make_handler(settings: flags.RunSettings, node_id: str):
         endpoint = ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}"
                             for h, p in settings.rdzv_endpoints)
     kwargs = dict(settings.backend_options, timeout=timeout)
+    hosted = settings.rdzv_backend == "store" and settings.embedded_store
     if settings.rdzv_backend == "store":
-        kwargs["is_host"] = settings.embedded_store
-    backend, store = create_backend(settings.rdzv_backend, endpoint, settings.rdzv_id, **kwargs)
+        kwargs["is_host"] = hosted
+    if settings.try_host and not hosted:
+        # torchrun's c10d: the endpoint names this machine, so host the store there; if another
+        # agent on this machine already does, its port is taken and we are its client.
+        try:
+            backend, store = create_backend("store", endpoint, settings.rdzv_id,
+                                            **dict(kwargs, is_host=True))
+            hosted = True
+        except OSError as exc:
+            logger.info("The store at %s is hosted by another process (%s); joining it as a "
+                        "client", endpoint, exc)
+            backend, store = create_backend("store", endpoint, settings.rdzv_id, **kwargs)
+    else:
+        backend, store = create_backend(settings.rdzv_backend, endpoint, settings.rdzv_id,
+                                        **kwargs)
     # Not owned: the agent leaves the rendezvous first, then tells the store's host it is done,
     # and only then are the backend and store closed (see `run`).
-    return RendezvousHandler(backend, settings.rendezvous, node_id, store, owns=False,
-                             backend_timeout=timeout)
+    handler = RendezvousHandler(backend, settings.rendezvous, node_id, store, owns=False,
+                                backend_timeout=timeout)
+    return handler, hosted
 
 
-def _watch_store_host(settings: flags.RunSettings, handler, agent):
+def _watch_store_host(settings: flags.RunSettings, handler, agent, hosted: bool):
     """On a node that uses another node's embedded store, end the agent within seconds of
     that node dying (see elastic.store_host); None where there is nothing to watch."""
-    if settings.rdzv_backend != "store" or settings.embedded_store:
+    if settings.rdzv_backend != "store" or hosted:
         return None
     from shoal.collectives.types import StoreError
     from shoal.collectives.store.tcp import TCPStore
@@ -188,11 +209,78 @@ def _metrics_port_error(settings: flags.RunSettings, exc: OSError) -> int:
     return 2
 
 
+def _scratch_dir() -> Optional[str]:
+    """The temporary directory the agent may write (tempfile's choice: TMPDIR, /tmp, ...), or
+    None when there is none, as on a read-only root filesystem without an emptyDir at /tmp."""
+    try:
+        return tempfile.gettempdir()
+    except FileNotFoundError:
+        return None
+
+
+def _no_scratch_error() -> int:
+    candidates = ", ".join(tempfile._candidate_tempdir_list())  # noqa: SLF001  (for the message)
+    sys.stderr.write(
+        "shoal run: error: no writable temporary directory (tried " + candidates + "). "
+        "The root filesystem is probably read-only: mount a writable volume (a Kubernetes "
+        "emptyDir) at /tmp, or point TMPDIR at a writable directory.\n")
+    return 2
+
+
+def _worker_argv(settings: flags.RunSettings) -> tuple[str, ...]:
+    """The worker command line, as torchrun builds it (--run-path beats --no-python)."""
+    from shoal.elastic.agent.agent import python_argv
+
+    python = os.environ.get("PYTHON_EXEC") or sys.executable  # torchrun's override
+    if settings.run_path:
+        return (python, "-u", "-m", "shoal.launcher.run_path",
+                os.path.abspath(settings.script), *settings.script_args)
+    if settings.no_python:
+        return (settings.script, *settings.script_args)
+    argv = python_argv(settings.script, settings.script_args, settings.module)
+    return (python,) + argv[1:]
+
+
+def _omp_notice(settings: flags.RunSettings, worker_env: dict) -> None:
+    """torchrun's rule: several workers per node and no OMP_NUM_THREADS -> 1 per worker."""
+    if "OMP_NUM_THREADS" in os.environ or settings.nproc_per_node <= 1:
+        return
+    worker_env["OMP_NUM_THREADS"] = "1"
+    logger.warning("Setting OMP_NUM_THREADS=1 for each of the %d workers on this node, so they "
+                   "do not overload it; set OMP_NUM_THREADS yourself to tune it",
+                   settings.nproc_per_node)
+
+
+def _write_agent_error_file(result) -> None:
+    """torchrun's contract: on failure, the root cause goes to the agent's own
+    TORCHELASTIC_ERROR_FILE (e.g. /dev/termination-log for a Kubernetes pod)."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path or result.exit_code == 0:
+        return
+    from shoal.elastic.errors import TERMINATION_MESSAGE_LIMIT, error_document, write_error_file
+
+    failure = result.failure or {}
+    message = failure.get("error") or result.summary or f"shoal run exited {result.exit_code}"
+    callstack = failure.get("traceback") or "\n".join(failure.get("tail") or [])
+    extra = {k: failure[k] for k in ("round", "rank", "local_rank", "node", "pid", "exitcode",
+                                     "exit", "log_path", "error_file", "dump_path")
+             if k in failure}
+    doc = error_document(message, callstack, dict(extra, summary=result.summary or ""))
+    try:
+        write_error_file(path, doc, limit=TERMINATION_MESSAGE_LIMIT
+                         if path.startswith("/dev/") else None)
+    except OSError as exc:
+        logger.warning("Cannot write the error file %s (TORCHELASTIC_ERROR_FILE): %s", path, exc)
+
+
 def run(argv: Sequence[str]) -> int:
     """`shoal run`: parse, set up the rendezvous, metrics and directories, run the agent."""
     settings = flags.parse_run(argv)
     local_addr = _local_addr(settings)
     _configure_logging()
+    scratch = _scratch_dir()
+    if scratch is None:
+        return _no_scratch_error()
     token = _auth_token(settings)
     # Stores this process opens (the embedded one, the workers' master store) use it too.
     os.environ["SHOAL_AUTH_TOKEN"] = token
@@ -206,34 +294,56 @@ def run(argv: Sequence[str]) -> int:
     worker_env = dict(os.environ)
     if grpc_fork_default:
         worker_env.pop("GRPC_ENABLE_FORK_SUPPORT")
+    # The agent's error file is the agent's; each worker gets its own (see elastic.errors).
+    worker_env.pop("TORCHELASTIC_ERROR_FILE", None)
     if settings.collective_timeout is not None:
         # init_process_group reads it as its default timeout (collectives.env).
         worker_env["SHOAL_COLLECTIVE_TIMEOUT"] = repr(settings.collective_timeout)
+    _omp_notice(settings, worker_env)
 
     from shoal.elastic.agent.agent import (
         DEFAULT_EXIT_BARRIER_TIMEOUT_S,
         Agent,
         WorkerSpec,
         default_node_id,
-        python_argv,
     )
     from shoal.core.errors import ShoalError
+    from shoal.launcher.streams import route
 
     cleanup: list[str] = []
+    keep_on_failure: list[str] = []
     metrics_server = None
     handler = None
+    result = None
     try:
-        if settings.checkpoint_dir is not None:
-            checkpoint_dir = os.path.abspath(settings.checkpoint_dir)
-            os.makedirs(checkpoint_dir, exist_ok=True)
-        else:
-            checkpoint_dir = tempfile.mkdtemp(prefix=f"shoal-{settings.rdzv_id}-checkpoints-")
-            cleanup.append(checkpoint_dir)
-        if metrics_parent:
-            os.makedirs(metrics_parent, exist_ok=True)
-        multiproc_dir = tempfile.mkdtemp(prefix=f"shoal-{settings.rdzv_id}-metrics-",
-                                         dir=metrics_parent or None)
-        cleanup.append(multiproc_dir)
+        try:
+            if settings.checkpoint_dir is not None:
+                checkpoint_dir = os.path.abspath(settings.checkpoint_dir)
+                os.makedirs(checkpoint_dir, exist_ok=True)
+            else:
+                checkpoint_dir = tempfile.mkdtemp(prefix=f"shoal-{settings.rdzv_id}-checkpoints-")
+                cleanup.append(checkpoint_dir)
+            if metrics_parent:
+                os.makedirs(metrics_parent, exist_ok=True)
+            multiproc_dir = tempfile.mkdtemp(prefix=f"shoal-{settings.rdzv_id}-metrics-",
+                                             dir=metrics_parent or None)
+            cleanup.append(multiproc_dir)
+            log_dir = os.path.abspath(settings.log_dir) if settings.log_dir else None
+            if log_dir is None and (settings.redirects or settings.tee):
+                # As torchrun: redirected or teed streams need files; make a directory for them.
+                log_dir = tempfile.mkdtemp(prefix=f"shoal-{settings.rdzv_id}-logs-")
+                logger.info("Worker logs go to %s (no --log-dir was given)", log_dir)
+            error_dir = log_dir or tempfile.mkdtemp(prefix=f"shoal-{settings.rdzv_id}-errors-")
+            if error_dir != log_dir:
+                keep_on_failure.append(error_dir)
+            dump_dir = worker_env.get("SHOAL_DUMP_DIR") or scratch
+            os.makedirs(dump_dir, exist_ok=True)
+            worker_env["SHOAL_DUMP_DIR"] = dump_dir
+        except OSError as exc:
+            sys.stderr.write(f"shoal run: error: cannot create the job's directories: {exc}. "
+                             "Give writable --checkpoint-dir/--log-dir, SHOAL_DUMP_DIR and TMPDIR "
+                             "(on a read-only root filesystem: an emptyDir at /tmp).\n")
+            return 2
         if settings.metrics_port is not None:
             from shoal.elastic.metrics import MetricsServer
 
@@ -246,36 +356,44 @@ def run(argv: Sequence[str]) -> int:
 
         node_id = default_node_id(settings.node_rank)
         try:
-            handler = _make_handler(settings, node_id)
+            handler, hosted = _make_handler(settings, node_id)
         except (ShoalError, OSError, ValueError) as exc:
             # StoreError (an unreachable store endpoint) is a ShoalError like RendezvousError.
             where = ",".join(f"{h}:{p}" for h, p in settings.rdzv_endpoints) or "an embedded store"
             sys.stderr.write(f"shoal run: cannot reach the {settings.rdzv_backend} rendezvous "
                              f"at {where}: {exc}\n")
             return 1
-        if settings.embedded_store:
+        if hosted:
             from shoal.elastic.agent.store_host import announce_host
 
             announce_host(handler.store, node_id)
             logger.info("Rendezvous store listening on %s:%s (run id %s)",
                         handler.store.host, handler.store.port, settings.rdzv_id)
+        backend_name = settings.rdzv_backend
+        if settings.requested_backend != backend_name:
+            backend_name = f"{settings.requested_backend} ({backend_name})"
         logger.info("Node %s joins run %s (%s backend, nodes %d:%d, %d worker(s) here)",
-                    node_id, settings.rdzv_id, settings.rdzv_backend, settings.min_nodes,
+                    node_id, settings.rdzv_id, backend_name, settings.min_nodes,
                     settings.max_nodes, settings.nproc_per_node)
+        logger.info("Watchdog dumps of this node's workers go to %s (SHOAL_DUMP_DIR)", dump_dir)
 
+        routes = tuple(route(local, redirects=settings.redirects, tee=settings.tee,
+                             log_dir=log_dir, ranks_filter=settings.local_ranks_filter)
+                       for local in range(settings.nproc_per_node))
         spec = WorkerSpec(
-            argv=python_argv(settings.script, settings.script_args, settings.module),
+            argv=_worker_argv(settings),
             nproc_per_node=settings.nproc_per_node, run_id=settings.rdzv_id,
             checkpoint_dir=checkpoint_dir, auth_token=token, local_addr=local_addr,
             max_restarts=settings.max_restarts, monitor_interval=settings.monitor_interval,
-            grace_period=settings.grace_period,
-            log_dir=os.path.abspath(settings.log_dir) if settings.log_dir else None,
-            tee=settings.tee, multiproc_dir=multiproc_dir, base_env=worker_env,
+            grace_period=settings.grace_period, log_dir=log_dir,
+            tee=True, multiproc_dir=multiproc_dir, base_env=worker_env,
             exit_barrier_timeout=float(settings.rdzv_conf.get(
                 "exit_barrier_timeout", DEFAULT_EXIT_BARRIER_TIMEOUT_S)),
+            signals=tuple(settings.signals), routes=routes, role=settings.role,
+            error_dir=error_dir,
         )
-        agent = Agent(spec, handler, is_store_host=settings.embedded_store)
-        host_watch = _watch_store_host(settings, handler, agent)
+        agent = Agent(spec, handler, is_store_host=hosted)
+        host_watch = _watch_store_host(settings, handler, agent, hosted)
         restore = agent.install_signal_handlers()
         try:
             result = agent.run()
@@ -286,6 +404,7 @@ def run(argv: Sequence[str]) -> int:
         if result.summary:
             sys.stderr.write(result.summary + "\n")
             sys.stderr.flush()
+        _write_agent_error_file(result)
         return result.exit_code
     finally:
         if handler is not None:
@@ -297,6 +416,8 @@ def run(argv: Sequence[str]) -> int:
                     logger.debug("Closing %r failed: %s", resource, exc)
         if metrics_server is not None:
             metrics_server.stop()
+        if result is None or result.exit_code == 0:
+            cleanup += keep_on_failure
         for path in cleanup:
             shutil.rmtree(path, ignore_errors=True)
 

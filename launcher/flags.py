@@ -15,10 +15,13 @@ import dataclasses
 import math
 import os
 import re
+import signal
 import uuid
 from typing import Callable, Mapping, Optional, Sequence
 
 from shoal.elastic.api import SETTINGS_CONF_KEYS, RendezvousSettings
+from shoal.launcher import devices
+from shoal.launcher.streams import StdSpec
 from shoal.elastic.rendezvous.registry import (
     BACKENDS,
     backend_options,
@@ -33,6 +36,8 @@ DEFAULT_GRACE_PERIOD_S = 5.0
 DEFAULT_NPROC_PER_NODE = 1
 DEFAULT_STORE_PORT = 29400
 DEFAULT_STORE_TIMEOUT_S = 30.0
+DEFAULT_MASTER_PORT = 29500  # torchrun's static rendezvous port
+DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"  # torchrun's default
 
 # --rdzv-conf keys: name -> (converter, meaning). Timeouts are seconds.
 RDZV_CONF_KEYS: dict[str, tuple[Callable[[str], object], str]] = {}
@@ -134,13 +139,24 @@ def endpoints(text: str) -> tuple[tuple[str, int], ...]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+# torchrun's backend names -> what each means here. c10d: a TCPStore hosted by the node whose
+# address the endpoint names (shoal's `store`); static: node rank 0 hosts it at
+# --master-addr:--master-port and the node count is fixed; etcd-v2: etcd (shoal speaks v3).
+TORCHRUN_BACKENDS = {"c10d": "store", "static": "store", "etcd-v2": "etcd"}
+
+
 def rdzv_backend(text: str) -> str:
-    """The name of a rendezvous backend (see elastic.rendezvous.registry.BACKENDS)."""
+    """The name of a rendezvous backend (see elastic.rendezvous.registry.BACKENDS), or one of
+    torchrun's names (TORCHRUN_BACKENDS)."""
     name = str(text).strip()
+    if name in TORCHRUN_BACKENDS:
+        return name
     try:
         check_backend(name)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"unknown rendezvous backend {name!r}; choose one of "
+            f"{list(BACKENDS) + list(TORCHRUN_BACKENDS)}") from None
     return name
 
 
@@ -156,10 +172,68 @@ def run_id(text: str) -> str:
 
 
 def nproc(text: str) -> int:
-    """A worker count >= 1, or `cpu` for one per CPU core."""
-    if str(text).strip().lower() == "cpu":
-        return os.cpu_count() or 1
-    return _int_at_least(1)(text)
+    """A worker count >= 1, or as torchrun: `cpu` (one per core), `gpu` (one per CUDA device),
+    `auto` (gpu if there is one, else cpu)."""
+    word = str(text).strip().lower()
+    if word == "cpu":
+        return devices.cpu_count()
+    if word in ("gpu", "cuda"):
+        count = devices.gpu_count()
+        if count == 0:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} asks for one worker per GPU, but no CUDA device is visible "
+                f"({devices.why_no_gpu()})")
+        return count
+    if word == "auto":
+        return devices.gpu_count() or devices.cpu_count()
+    try:
+        return _int_at_least(1)(text)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (give an integer, cpu, gpu or auto)") from None
+
+
+def std_spec(text: str) -> "StdSpec":
+    """torchrun's -r/-t value: `0` none, `1` stdout, `2` stderr, `3` both, for every local rank,
+    or per local rank as `0:1,1:2`."""
+    try:
+        return StdSpec.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def ranks_filter(text: str) -> tuple[int, ...]:
+    """Local ranks whose output reaches the console, `0,1,2` (empty: all)."""
+    text = str(text).strip()
+    if not text:
+        return ()
+    try:
+        ranks = tuple(sorted({int(part) for part in text.split(",")}))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of local ranks, e.g. 0,1,2") from None
+    if any(rank < 0 for rank in ranks):
+        raise argparse.ArgumentTypeError(f"{text!r} names a negative local rank")
+    return ranks
+
+
+def signal_names(text: str) -> tuple[signal.Signals, ...]:
+    """`SIGTERM,SIGINT,...` (with or without the SIG prefix)."""
+    found = []
+    for part in str(text).split(","):
+        name = part.strip().upper()
+        if not name:
+            continue
+        if not name.startswith("SIG"):
+            name = "SIG" + name
+        try:
+            found.append(signal.Signals[name])
+        except KeyError:
+            raise argparse.ArgumentTypeError(f"{part.strip()!r} is not a signal name") from None
+        if found[-1] in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD):
+            raise argparse.ArgumentTypeError(f"{name} cannot be handled or forwarded")
+    if not found:
+        raise argparse.ArgumentTypeError("no signal named")
+    return tuple(dict.fromkeys(found))
 
 
 def _conf_keys() -> dict[str, tuple[Callable[[str], object], str]]:
@@ -203,6 +277,14 @@ def rdzv_conf(text: str) -> dict[str, object]:
         except argparse.ArgumentTypeError as exc:
             raise argparse.ArgumentTypeError(f"key {key!r}: {exc}") from None
     return result
+
+
+def start_method(text: str) -> str:
+    """spawn, fork or forkserver (torchrun's choices)."""
+    word = str(text).strip()
+    if word not in ("spawn", "fork", "forkserver"):
+        raise argparse.ArgumentTypeError(f"{word!r} is not one of spawn, fork, forkserver")
+    return word
 
 
 def readable_file(text: str) -> str:
@@ -260,6 +342,14 @@ class Flag:
         return self.env_prefix + self.dest.upper()
 
     @property
+    def envs(self) -> tuple[str, ...]:
+        """The variables that back this flag, first found wins: shoal's, then torchrun's
+        `PET_<FLAG>` (what Kubeflow's PyTorchJob and Trainer inject)."""
+        if self.env_prefix != "SHOAL_":
+            return (self.env,)
+        return (self.env, "PET_" + self.dest.upper())
+
+    @property
     def option_strings(self) -> list[str]:
         """Both spellings (and the short one, if any)."""
         spellings = [f"--{self.name}"]
@@ -274,7 +364,8 @@ RUN_GROUPS: dict[str, list[Flag]] = {
     "nodes and workers": [
         Flag("nnodes", nnodes, (1, 1), "number of nodes, N or MIN:MAX (default 1)"),
         Flag("nproc-per-node", nproc, DEFAULT_NPROC_PER_NODE,
-             "workers per node, an integer or 'cpu' (default 1)"),
+             "workers per node: an integer, cpu (one per core), gpu (one per CUDA device) or "
+             "auto (gpu if any, else cpu) (default 1)"),
         Flag("node-rank", _int_at_least(0), None,
              "this node's rank; 0 hosts the embedded store at --rdzv-endpoint (ranks in the "
              "group are assigned by the rendezvous)"),
@@ -284,11 +375,19 @@ RUN_GROUPS: dict[str, list[Flag]] = {
         Flag("collective-timeout", positive_seconds, None,
              "seconds a worker's process group and its collectives wait before a hang is an "
              "error (the default of init_process_group; default 600)"),
+        Flag("master-addr", text_value, None,
+             "static rendezvous (torchrun's default backend): the address of node rank 0, "
+             "which hosts the store (default 127.0.0.1)"),
+        Flag("master-port", port, None,
+             f"static rendezvous: the store's port on node rank 0 (default {DEFAULT_MASTER_PORT})"),
+        Flag("role", text_value, "default", "the workers' role (ROLE_NAME; default 'default')"),
     ],
     "rendezvous": [
-        Flag("rdzv-backend", rdzv_backend, "store",
+        Flag("rdzv-backend", rdzv_backend, None,
              "; ".join(f"{name}: {kind.summary}" for name, kind in BACKENDS.items())
-             + " (default store)"),
+             + "; torchrun's c10d (a store hosted by the node the endpoint names), static "
+             "(node rank 0 hosts it at --master-addr:--master-port) and etcd-v2 (etcd) "
+             "(default: static with --master-addr/--master-port, else store)"),
         Flag("rdzv-endpoint", endpoints, (),
              "HOST:PORT[,HOST:PORT...] of etcd or of the store; none: an embedded store here"),
         Flag("rdzv-id", run_id, None,
@@ -308,6 +407,11 @@ RUN_GROUPS: dict[str, list[Flag]] = {
         Flag("grace-period", nonnegative_seconds, DEFAULT_GRACE_PERIOD_S,
              "seconds workers get after SIGTERM before SIGKILL "
              f"(default {DEFAULT_GRACE_PERIOD_S:g})"),
+        Flag("shutdown-timeout", nonnegative_seconds, None,
+             "torchrun's name for --grace-period (beats it when given)"),
+        Flag("signals-to-handle", signal_names, signal_names(DEFAULT_SIGNALS),
+             "signals the agent forwards to its workers before stopping them and exiting "
+             f"(default {DEFAULT_SIGNALS})"),
         Flag("checkpoint-dir", directory, None,
              "SHOAL_CHECKPOINT_DIR for workers (default: a per-job temporary directory)"),
     ],
@@ -315,9 +419,17 @@ RUN_GROUPS: dict[str, list[Flag]] = {
         Flag("metrics-port", port, None,
              "serve /metrics of the agent and its workers on this port (0: any free port, logged)"),
         Flag("metrics-host", text_value, "127.0.0.1", "address the metrics server binds"),
-        Flag("log-dir", directory, None, "write each worker's output to LOG_DIR/.../rank_R.log"),
-        Flag("tee", boolean, False,
-             "with --log-dir, also show the output on the console", switch=True),
+        Flag("log-dir", directory, None,
+             "write each worker's output to LOG_DIR/RUN_ID/round_N/rank_R.log (also shown on "
+             "the console unless --redirects says otherwise)"),
+        Flag("redirects", std_spec, None,
+             "send streams to the log file only: 0 none, 1 stdout, 2 stderr, 3 both, or per "
+             "local rank as 0:1,1:2 (as torchrun)", short="-r"),
+        Flag("tee", std_spec, None,
+             "send streams to the log file and the console (same format as --redirects; "
+             "a bare --tee means 3)", short="-t"),
+        Flag("local-ranks-filter", ranks_filter, (),
+             "show only these local ranks' output on the console, e.g. 0,1 (files keep all)"),
     ],
     "security": [
         Flag("auth-token-file", readable_file, None,
@@ -326,6 +438,14 @@ RUN_GROUPS: dict[str, list[Flag]] = {
     "script": [
         Flag("module", boolean, False, "run SCRIPT as a module (python -m SCRIPT)", switch=True,
              short="-m"),
+        Flag("no-python", boolean, False,
+             "run SCRIPT as a program of its own, not through python", switch=True),
+        Flag("run-path", boolean, False,
+             "run SCRIPT with runpy.run_path in a python worker (as torchrun; beats "
+             "--no-python)", switch=True),
+        Flag("start-method", start_method, "spawn",
+             "accepted for torchrun's command lines: every worker is a fresh process here "
+             "(spawn, fork or forkserver)"),
     ],
 }
 
@@ -340,7 +460,7 @@ STORE_FLAGS: list[Flag] = [
 
 
 def _add_flag(container, flag: Flag) -> None:
-    kwargs = dict(dest=flag.dest, default=None, help=f"{flag.help} [{flag.env}]")
+    kwargs = dict(dest=flag.dest, default=None, help=f"{flag.help} [{', '.join(flag.envs)}]")
     if flag.switch:
         # A switch takes no value (so `--standalone train.py` keeps the script); its variable
         # may still say false.
@@ -355,13 +475,15 @@ def _apply_env(parser: argparse.ArgumentParser, flags: Sequence[Flag], ns: argpa
     for flag in flags:
         if getattr(ns, flag.dest) is not None:
             continue
-        raw = environ.get(flag.env)
-        if raw is not None and raw != "":
+        name, raw = next(((n, environ[n]) for n in flag.envs if environ.get(n, "") != ""),
+                         (None, None))
+        if raw is not None:
+            convert = boolean if flag.switch else flag.convert
             try:
-                value = flag.convert(raw)
+                value = convert(raw)
             except argparse.ArgumentTypeError as exc:
                 parser.error(
-                    f"argument {'/'.join(flag.option_strings)} (from {flag.env}={raw!r}): {exc}"
+                    f"argument {'/'.join(flag.option_strings)} (from {name}={raw!r}): {exc}"
                 )
         else:
             value = flag.default
@@ -380,6 +502,8 @@ class RunSettings:
     node_rank: Optional[int]
     local_addr: Optional[str]
     collective_timeout: Optional[float]
+    # The backend shoal runs ("store" or "etcd") and the name it was asked for (torchrun's
+    # c10d, static and etcd-v2 map onto those two).
     rdzv_backend: str
     rdzv_endpoints: tuple[tuple[str, int], ...]
     rdzv_id: str
@@ -395,15 +519,25 @@ class RunSettings:
     metrics_port: Optional[int]
     metrics_host: str
     log_dir: Optional[str]
-    tee: bool
+    redirects: StdSpec
+    tee: StdSpec
+    local_ranks_filter: tuple[int, ...]
+    signals: tuple[signal.Signals, ...]
     auth_token_file: Optional[str]
     module: bool
+    no_python: bool
+    run_path: bool
+    role: str
     script: str
     script_args: tuple[str, ...]
+    requested_backend: str = "store"
+    # c10d with an endpoint naming this host: host the store there, or, if another agent on
+    # this host already does (its port is taken), be its client, as torchrun does.
+    try_host: bool = False
 
     @property
     def embedded_store(self) -> bool:
-        """True when the store backend is hosted by this launcher."""
+        """True when the store backend is hosted by this launcher (see also try_host)."""
         if self.rdzv_backend != "store":
             return False
         if self.standalone or not self.rdzv_endpoints:
@@ -412,57 +546,142 @@ class RunSettings:
         return number == 0 or self.node_rank == 0 or bool(self.rdzv_conf.get("is_host", False))
 
 
+_SPEC_TOKEN = re.compile(r"^(\d|\d+:\d(,\d+:\d)*)$")
+
+
+def _bare_tee(argv: Sequence[str]) -> list[str]:
+    """shoal's older `--tee` switch took no value; torchrun's -t does. A --tee followed by
+    something that is not a spec (a script, another flag) means --tee 3."""
+    out = list(argv)
+    i = 0
+    while i < len(out):
+        token = out[i]
+        if not token.startswith("-"):
+            break  # the script: everything after it is the script's own
+        if token in ("--tee", "-t") and (i + 1 >= len(out) or not _SPEC_TOKEN.match(out[i + 1])
+                                         and out[i + 1].lower() not in ("true", "false", "yes",
+                                                                        "no", "on", "off")):
+            out.insert(i + 1, "3")
+        elif "=" not in token and token not in _SWITCHES:
+            i += 1  # skip the flag's value
+        i += 1
+    return out
+
+
+_SWITCHES = {spelling for group in RUN_GROUPS.values() for flag in group if flag.switch
+             for spelling in flag.option_strings} | {"-h", "--help", "--version"}
+
+
 def run_parser() -> argparse.ArgumentParser:
     """The argparse parser of `shoal run` (defaults are applied afterwards, from variables)."""
     parser = argparse.ArgumentParser(
         prog="shoal run",
         description="Start workers on this node, form a group with the other nodes through a "
-                    "rendezvous, and restart everyone from the last checkpoint on a failure.",
+                    "rendezvous, and restart everyone from the last checkpoint on a failure. "
+                    "torchrun's flags and PET_* variables are understood with torchrun's "
+                    "meaning.",
         allow_abbrev=False,
     )
+    parser.add_argument("--version", action="version", version=f"shoal {_version()}")
     for title, flags in RUN_GROUPS.items():
         group = parser.add_argument_group(title)
         for flag in flags:
             _add_flag(group, flag)
-    parser.add_argument("script", help="the training script (or module with -m)")
+    parser.add_argument("script", help="the training script (or module with -m, or program "
+                                       "with --no-python)")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's arguments")
     return parser
+
+
+def _version() -> str:
+    from shoal import __version__
+
+    return __version__
+
+
+def _rendezvous_target(parser, ns) -> tuple[str, tuple, Optional[int], bool, dict]:
+    """Map torchrun's backends onto shoal's: (backend, endpoints, node rank, try_host, conf)."""
+    requested = ns.rdzv_backend
+    conf = dict(ns.rdzv_conf)
+    endpoints_, node_rank, try_host = tuple(ns.rdzv_endpoint), ns.node_rank, False
+    if requested == "static":
+        if ns.nnodes[0] != ns.nnodes[1]:
+            parser.error(f"argument --nnodes: the static rendezvous needs a fixed node count, "
+                         f"got {ns.nnodes[0]}:{ns.nnodes[1]}; use --rdzv-backend c10d (or "
+                         "etcd) for an elastic range")
+        if not endpoints_:
+            endpoints_ = ((ns.master_addr or "127.0.0.1",
+                           DEFAULT_MASTER_PORT if ns.master_port is None else ns.master_port),)
+        node_rank = 0 if node_rank is None else node_rank
+        if node_rank >= ns.nnodes[1]:
+            parser.error(f"argument --node-rank/--node_rank: {node_rank} is not below --nnodes "
+                         f"{ns.nnodes[1]}")
+        conf.setdefault("is_host", node_rank == 0)
+    elif requested == "c10d" and endpoints_ and "is_host" not in conf and node_rank is None:
+        host, number = endpoints_[0]
+        if number != 0:
+            from shoal.core.netaddr import is_local_address
+
+            # torchrun hosts the store where the endpoint names this machine.
+            try_host = host == "localhost" or is_local_address(host)
+    return TORCHRUN_BACKENDS.get(requested, requested), endpoints_, node_rank, try_host, conf
 
 
 def parse_run(argv: Sequence[str], environ: Optional[Mapping[str, str]] = None) -> RunSettings:
     """Parse `shoal run` arguments; exits with status 2 and a message on a bad value."""
     environ = os.environ if environ is None else environ
     parser = run_parser()
-    ns = parser.parse_args(list(argv))
+    ns = parser.parse_args(_bare_tee(argv))
     flags = [flag for group in RUN_GROUPS.values() for flag in group]
     _apply_env(parser, flags, ns, environ)
+    if ns.rdzv_backend is None:
+        # torchrun's default is static at --master-addr:--master-port; shoal's is an embedded
+        # store. A master address or port (flag or PET_ variable) asks for torchrun's.
+        ns.rdzv_backend = ("static" if ns.master_addr is not None or ns.master_port is not None
+                           else "store")
 
     min_nodes, max_nodes = ns.nnodes
     if ns.standalone:
-        if ns.rdzv_backend != "store" or ns.rdzv_endpoint:
+        if ns.rdzv_backend not in ("store", "c10d", "static") or ns.rdzv_endpoint:
             parser.error("argument --standalone: it runs an embedded store on this machine; "
                          "do not combine it with --rdzv-backend etcd or --rdzv-endpoint")
         if (min_nodes, max_nodes) != (1, 1):
             parser.error(f"argument --standalone: it runs one node, but --nnodes asks for "
                          f"{min_nodes}:{max_nodes}")
+        ns.rdzv_backend = "store"
+    requested = ns.rdzv_backend
+    backend, endpoint_list, node_rank, try_host, conf = _rendezvous_target(parser, ns)
     # No store endpoint: this node hosts an embedded store on 127.0.0.1 (see embedded_store).
-    embedded = ns.rdzv_backend == "store" and (ns.standalone or not ns.rdzv_endpoint)
+    embedded = backend == "store" and (ns.standalone or not endpoint_list)
     if not embedded:
         try:
-            check_endpoints(ns.rdzv_backend, ns.rdzv_endpoint)
+            check_endpoints(backend, endpoint_list)
         except ValueError as exc:
             parser.error(f"argument --rdzv-endpoint/--rdzv_endpoint: {exc}")
-    if ns.rdzv_id is None:
-        ns.rdzv_id = uuid.uuid4().hex[:12] if embedded else "default"
-    conf = dict(ns.rdzv_conf)
+    if ns.rdzv_id is None or (ns.rdzv_id == "none" and requested in TORCHRUN_BACKENDS):
+        # torchrun's default id is the word "none"; one job per endpoint makes it harmless.
+        ns.rdzv_id = uuid.uuid4().hex[:12] if embedded else (ns.rdzv_id or "default")
     try:
         rendezvous = RendezvousSettings.from_conf(ns.rdzv_id, min_nodes, max_nodes, conf)
-        options = backend_options(ns.rdzv_backend, {
+        options = backend_options(backend, {
             k: v for k, v in conf.items()
             if k not in SETTINGS_CONF_KEYS and k not in LAUNCHER_CONF_KEYS})
     except ValueError as exc:
         parser.error(f"argument --rdzv-conf/--rdzv_conf: {exc}")
-    if not ns.module and not os.path.isfile(ns.script):
+    if ns.no_python and ns.module and not ns.run_path:
+        parser.error("argument --no-python/--no_python: do not combine it with -m/--module "
+                     "(a module needs python)")
+    if ns.run_path:
+        if not os.path.isfile(ns.script):
+            parser.error(f"argument --run-path/--run_path: {ns.script!r} is not a file "
+                         f"(from {os.getcwd()!r})")
+    elif ns.no_python:
+        import shutil
+
+        if shutil.which(ns.script) is None:
+            parser.error(f"argument script: {ns.script!r} is not an executable program (with "
+                         "--no-python it runs as it is: give a path or a name on PATH)")
+    elif not ns.module and not os.path.isfile(ns.script):
         # Caught here, not as the same crash in every worker and every restart.
         parser.error(f"argument script: {ns.script!r} is not a file (from {os.getcwd()!r}); "
                      "give a script path, or -m with a module name")
@@ -480,16 +699,20 @@ def parse_run(argv: Sequence[str], environ: Optional[Mapping[str, str]] = None) 
 
     return RunSettings(
         min_nodes=min_nodes, max_nodes=max_nodes, nproc_per_node=ns.nproc_per_node,
-        node_rank=ns.node_rank, local_addr=ns.local_addr,
-        collective_timeout=ns.collective_timeout, rdzv_backend=ns.rdzv_backend,
-        rdzv_endpoints=tuple(ns.rdzv_endpoint), rdzv_id=ns.rdzv_id,
+        node_rank=node_rank, local_addr=ns.local_addr,
+        collective_timeout=ns.collective_timeout, rdzv_backend=backend,
+        rdzv_endpoints=tuple(endpoint_list), rdzv_id=ns.rdzv_id,
         rdzv_conf=conf, rendezvous=rendezvous, backend_options=options,
         standalone=ns.standalone, max_restarts=ns.max_restarts,
-        monitor_interval=ns.monitor_interval, grace_period=ns.grace_period,
+        monitor_interval=ns.monitor_interval,
+        grace_period=ns.grace_period if ns.shutdown_timeout is None else ns.shutdown_timeout,
         checkpoint_dir=ns.checkpoint_dir, metrics_port=ns.metrics_port,
-        metrics_host=ns.metrics_host, log_dir=ns.log_dir, tee=ns.tee,
-        auth_token_file=ns.auth_token_file, module=ns.module, script=ns.script,
-        script_args=tuple(ns.script_args),
+        metrics_host=ns.metrics_host, log_dir=ns.log_dir,
+        redirects=ns.redirects or StdSpec(), tee=ns.tee or StdSpec(),
+        local_ranks_filter=ns.local_ranks_filter, signals=ns.signals_to_handle,
+        auth_token_file=ns.auth_token_file, module=ns.module, no_python=ns.no_python,
+        run_path=ns.run_path, role=ns.role, script=ns.script,
+        script_args=tuple(ns.script_args), requested_backend=requested, try_host=try_host,
     )
 
 

@@ -33,6 +33,12 @@ from typing import Callable, Mapping, Optional
 from shoal.collectives import api as _collectives_api
 from shoal.collectives.types import StoreError, StoreTimeout
 from shoal.elastic import metrics
+from shoal.elastic.errors import (
+    ERROR_FILE_ENV,
+    error_document,
+    read_error_file,
+    write_error_file,
+)
 from shoal.elastic.agent.env import (
     WorkerPlace,
     default_node_id,
@@ -40,6 +46,7 @@ from shoal.elastic.agent.env import (
     summary_text,
     worker_env,
 )
+from shoal.elastic.agent.logs import StreamRoute
 from shoal.elastic.agent.workers import WorkerExit, WorkerGroup, describe_exit
 from shoal.elastic.agent.hang_blame import Hang, find_hang
 from shoal.elastic.agent.round_poll import RoundPoller
@@ -99,6 +106,13 @@ class WorkerSpec:
     base_env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     exit_barrier_timeout: float = DEFAULT_EXIT_BARRIER_TIMEOUT_S
     master_timeout: float = DEFAULT_MASTER_TIMEOUT_S
+    # Signals forwarded to the workers before they are stopped (torchrun's default set).
+    signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+    # Per local rank, where stdout and stderr go (None: console, plus files with log_dir).
+    routes: Optional[tuple[StreamRoute, ...]] = None
+    role: str = "default"
+    # Where each worker's TORCHELASTIC_ERROR_FILE lives: ERROR_DIR/RUN_ID/round_N/rank_R/.
+    error_dir: Optional[str] = None
 
     def __post_init__(self):
         if not self.argv:
@@ -118,6 +132,8 @@ class AgentResult:
     exit_code: int
     summary: Optional[str] = None
     rounds: int = 0
+    # The failure record of the worker that ended the job (its rank, node, exit, error).
+    failure: Optional[dict] = None
 
 
 class Agent:
@@ -134,7 +150,6 @@ class Agent:
                  console_out=None, console_err=None):
         self.spec = spec
         self.handler = handler
-        self.store = handler.store
         self.node_id = handler.node_id
         self._is_store_host = is_store_host
         self._console_out = console_out
@@ -154,6 +169,14 @@ class Agent:
         # node runs each global rank in the current round.
         self._dump_dir = spec.base_env.get("SHOAL_DUMP_DIR") or tempfile.gettempdir()
         self._rank_nodes: dict[int, str] = {}
+        self._error_files: dict[int, str] = {}  # global rank -> its TORCHELASTIC_ERROR_FILE
+
+    @property
+    def store(self):
+        """The job's keys: the run's store scoped to the job the rendezvous joined (a new job
+        under a used run id starts clean), or the whole store for handlers without scoping."""
+        scoped = getattr(self.handler, "job_store", None)
+        return scoped if scoped is not None else self.handler.store
 
     def store_host_lost(self, error: StoreHostLostError) -> None:
         """The run's store is gone with its host (see elastic.store_host): end this agent.
@@ -173,8 +196,9 @@ class Agent:
     # ------------------------------------------------------------------ signals
 
     def install_signal_handlers(self) -> Callable[[], None]:
-        """Forward SIGTERM/SIGINT to the workers and end the agent; returns a restorer."""
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        """Forward the spec's signals (SIGTERM, SIGINT, SIGHUP, SIGQUIT by default) to the
+        workers and end the agent; returns a restorer."""
+        previous = {s: signal.signal(s, self._on_signal) for s in self.spec.signals}
 
         def restore() -> None:
             for signum, handler in previous.items():
@@ -345,7 +369,7 @@ class Agent:
             argv, envs, ranks, log_paths=log_paths,
             to_console=self.spec.tee or self.spec.log_dir is None,
             multiproc_dir=self.spec.multiproc_dir, console_out=self._console_out,
-            console_err=self._console_err,
+            console_err=self._console_err, routes=self.spec.routes,
         )
         logger.info("Round %s: node rank %d of %d runs ranks %s of %d (restart %d)",
                     info.round, info.group_rank, info.num_nodes, ranks,
@@ -395,7 +419,40 @@ class Agent:
                        multiproc_dir=s.multiproc_dir, dump_dir=self._dump_dir)
             for local, rank in enumerate(ranks)
         ]
+        self._error_files = {}
+        for env, rank in zip(envs, ranks):
+            env["ROLE_NAME"] = s.role
+            if s.error_dir is not None:
+                path = os.path.join(s.error_dir, s.run_id, f"round_{info.round}",
+                                    f"rank_{rank}", "error.json")
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)  # a file from an earlier job must not be taken for ours
+                env[ERROR_FILE_ENV] = path
+                self._error_files[rank] = path
         return envs, ranks, restarts
+
+    def _error_file_of(self, failure: WorkerExit) -> dict:
+        """The failure record's error fields: the worker's own error file (torch's @record,
+        shoal.elastic.errors.record), else one the agent writes for it from its exit."""
+        path = self._error_files.get(failure.rank)
+        if path is None:
+            return {}
+        doc = read_error_file(path)
+        if doc is None:
+            doc = error_document(
+                f"rank {failure.rank} (pid {failure.pid}) ended with "
+                f"{describe_exit(failure.exitcode)} and wrote no error file",
+                "\n".join(failure.tail), {"rank": failure.rank, "exitcode": failure.exitcode})
+            try:
+                write_error_file(path, doc)
+            except OSError as exc:
+                logger.warning("Cannot write rank %s's error file %s: %s", failure.rank, path,
+                               exc)
+                return {}
+            return {"error_file": path}
+        message = doc["message"]
+        return {"error_file": path, "error": message["message"],
+                "traceback": message.get("extraInfo", {}).get("py_callstack", "")}
 
     def _log_path(self, round_: int, rank: int) -> Optional[str]:
         if self.spec.log_dir is None:
@@ -473,6 +530,10 @@ class Agent:
             "exit": describe_exit(first.exitcode), "time": first.time,
             "tail": list(first.tail), "log_path": first.log_path,
         }
+        for failure in failures:
+            fields = self._error_file_of(failure)
+            if failure is first:
+                record.update(fields)
         hang, noticer = self._find_hang(failures)
         if hang is not None:
             record.update(self._blame(hang, noticer))
@@ -502,7 +563,7 @@ class Agent:
             self._safe(lambda: self.store.set("agent/final_failure",
                                               json.dumps({**record, "summary": summary})))
             self._safe(self.handler.set_closed)
-            return AgentResult(1, summary, self._rounds)
+            return AgentResult(1, summary, self._rounds, failure={**record, "summary": summary})
         if hang is not None:
             self._signal_restart(f"{hang.culprit_names()} hung: rank {noticer.rank} on node "
                                  f"{self.node_id} timed out waiting for it")
@@ -647,14 +708,17 @@ class Agent:
             raw = None
         if raw:
             try:
-                summary = json.loads(raw)["summary"]
+                failure = json.loads(raw)
+                summary = failure["summary"]
             except (ValueError, KeyError, TypeError):
+                failure = None
                 summary = "shoal run: the job failed on another node (its summary is unreadable)."
-            return AgentResult(1, summary, self._rounds)
+            return AgentResult(1, summary, self._rounds, failure=failure)
         if self._rounds == 0:
             return AgentResult(
-                1, f"shoal run: the rendezvous of job {self.spec.run_id!r} is closed: the job "
-                   "already ended, so this node cannot join it.", self._rounds)
+                1, f"shoal run: run id {self.spec.run_id!r} belongs to a job that already ended "
+                   "(its rendezvous is closed), so this node cannot join it; give a new job its "
+                   "own --rdzv-id.", self._rounds)
         return AgentResult(0, None, self._rounds)
 
     def _interrupted(self, signum: int) -> AgentResult:

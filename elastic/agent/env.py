@@ -93,6 +93,12 @@ def summary_text(run_id: str, failure: Mapping, restarts: int, max_restarts: int
     else:
         lines.append(f"The failing worker: {worker} ended with {failure['exit']} in round "
                      f"{failure['round']}.")
+    if failure.get("error"):
+        lines.append(f"Its error: {failure['error']}")
+    if failure.get("error_file"):
+        lines.append(f"Error file: {failure['error_file']}")
+    if failure.get("dump_path"):
+        lines.append(f"Watchdog dump: {failure['dump_path']}")
     where = f" ({failure['log_path']})" if failure.get("log_path") else ""
     if failure.get("tail"):
         lines.append(f"Last lines of {whose}{where}:")

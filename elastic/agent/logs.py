@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import os
 import threading
-from typing import IO, Optional, TextIO
+from typing import IO, Optional, TextIO, Union
 
 logger = logging.getLogger(__name__)
 
@@ -14,6 +15,14 @@ TAIL_LINES = 20
 
 # One lock for every worker's console writes, so that lines never interleave mid-line.
 _console_lock = threading.Lock()
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamRoute:
+    """Where one worker's (stdout, stderr) go: to the console, to its log file."""
+
+    console: tuple[bool, bool] = (True, True)
+    file: tuple[bool, bool] = (True, True)
 
 
 class LogTee:
@@ -32,13 +41,17 @@ class LogTee:
         *,
         console_out: TextIO,
         console_err: TextIO,
-        to_console: bool,
+        to_console: Union[bool, tuple[bool, bool]],
         log_path: Optional[str] = None,
+        to_file: tuple[bool, bool] = (True, True),
     ):
         self.rank = rank
-        self.log_path = log_path
         self._prefix = f"[rank {rank}] "
-        self._to_console = to_console
+        # Per stream (stdout, stderr), as torchrun's --redirects/--tee choose them.
+        shown = to_console if isinstance(to_console, tuple) else (to_console, to_console)
+        if log_path is None or not any(to_file):
+            log_path, to_file = None, (False, False)
+        self.log_path = log_path
         self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self._tail_lock = threading.Lock()
         self._file = None
@@ -46,15 +59,17 @@ class LogTee:
             os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
             self._file = open(log_path, "ab", buffering=0)
         self._threads = [
-            threading.Thread(target=self._pump, args=(pipe, console), daemon=True,
-                             name=f"shoal-log-rank{rank}-{name}")
-            for name, pipe, console in (("out", stdout, console_out), ("err", stderr, console_err))
+            threading.Thread(target=self._pump, args=(pipe, console if show else None, keep),
+                             daemon=True, name=f"shoal-log-rank{rank}-{name}")
+            for name, pipe, console, show, keep in (
+                ("out", stdout, console_out, shown[0], to_file[0]),
+                ("err", stderr, console_err, shown[1], to_file[1]))
             if pipe is not None
         ]
         for thread in self._threads:
             thread.start()
 
-    def _pump(self, pipe: IO[bytes], console: TextIO) -> None:
+    def _pump(self, pipe: IO[bytes], console: Optional[TextIO], keep: bool) -> None:
         try:
             for raw in iter(pipe.readline, b""):
                 line = raw.decode("utf-8", errors="replace")
@@ -62,13 +77,13 @@ class LogTee:
                     line += "\n"
                 with self._tail_lock:
                     self._tail.append(line.rstrip("\n"))
-                if self._file is not None:
+                if self._file is not None and keep:
                     try:
                         self._file.write(raw if raw.endswith(b"\n") else raw + b"\n")
                     except (OSError, ValueError) as exc:
                         logger.warning("Cannot write rank %s's log %s: %s", self.rank,
                                        self.log_path, exc)
-                if self._to_console:
+                if console is not None:
                     with _console_lock:
                         try:
                             console.write(self._prefix + line)

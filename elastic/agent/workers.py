@@ -15,7 +15,7 @@ import time
 from typing import Mapping, Optional, Sequence
 
 from shoal.elastic import metrics
-from shoal.elastic.agent.logs import LogTee
+from shoal.elastic.agent.logs import LogTee, StreamRoute
 
 logger = logging.getLogger(__name__)
 
@@ -95,8 +95,12 @@ class WorkerGroup:
         multiproc_dir: Optional[str],
         console_out=None,
         console_err=None,
+        routes: Optional[Sequence[StreamRoute]] = None,
     ):
         self._argv = list(argv)
+        # Per local rank: which streams reach the console and the log file.
+        self._routes = list(routes) if routes is not None else [
+            StreamRoute(console=(to_console, to_console)) for _ in ranks]
         self._envs = [dict(e) for e in envs]
         self._ranks = list(ranks)
         self._log_paths = list(log_paths)
@@ -127,9 +131,10 @@ class WorkerGroup:
                 raise OSError(
                     exc.errno, f"Cannot start rank {rank} ({' '.join(self._argv)}): {exc}"
                 ) from exc
+            route = self._routes[local_rank]
             tee = LogTee(rank, proc.stdout, proc.stderr, console_out=self._console_out,
-                         console_err=self._console_err, to_console=self._to_console,
-                         log_path=self._log_paths[local_rank])
+                         console_err=self._console_err, to_console=route.console,
+                         log_path=self._log_paths[local_rank], to_file=route.file)
             worker = _Worker(rank, local_rank, proc, tee)
             self._workers.append(worker)
             threading.Thread(target=self._reap, args=(worker,), daemon=True,

@@ -16,6 +16,7 @@ and the timing of other nodes' heartbeats (`liveness`) live beside it.
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
 from typing import Callable, Optional
@@ -90,6 +91,9 @@ class RendezvousHandler:
         # only (next_rendezvous); the heartbeat thread just reads the round number.
         self._round: Optional[int] = None
         self._participants: tuple[str, ...] = ()
+        # The generation of the job this node joined (see RendezvousState.generation).
+        self._generation: Optional[str] = None
+        self._waiting_logged_at: Optional[float] = None
         self._liveness = LivenessTracker(node_id, settings.heartbeat_timeout)
         self._stop = threading.Event()
         self._heartbeat_thread = HeartbeatThread(
@@ -105,6 +109,14 @@ class RendezvousHandler:
     def round(self) -> Optional[int]:
         """The round this node last joined, or None before the first."""
         return self._round
+
+    @property
+    def job_store(self) -> Store:
+        """The run's store, scoped to the job this node joined (its generation), so that keys of
+        an earlier job under the same run id are never seen; the whole store before a join."""
+        if not self._generation:
+            return self.store
+        return PrefixStore(f"job/{self._generation}", self.store)
 
     def next_rendezvous(self) -> RendezvousInfo:
         """Join the next round and wait until it completes; return this node's place in it.
@@ -125,12 +137,22 @@ class RendezvousHandler:
             state, token, outcome = self._update(
                 lambda ctx: decisions.decide_join(ctx, timed_out), deadline)
             if outcome.kind is ActionKind.ERROR_CLOSED:
+                if self._round is None:
+                    self._generation = state.generation
+                    raise RendezvousClosedError(
+                        f"Run id {self.settings.run_id!r} belongs to a job that already ended "
+                        f"(its rendezvous on the {self.backend.name} backend is closed), so "
+                        f"node {self.node_id} cannot join it: give a new job its own run id "
+                        "(--rdzv-id), or wait until the old state expires (etcd: the lease "
+                        "ttl after its last node left)."
+                    )
                 raise RendezvousClosedError(
                     f"The rendezvous of run {self.settings.run_id!r} is closed; node "
                     f"{self.node_id} cannot join a new round."
                 )
             if outcome.kind is ActionKind.FINISH:
                 return self._finish(state, time.monotonic() - started)
+            self._log_waiting(state, started)
             self._raise_if_aborted()
             if outcome.kind is ActionKind.ERROR_TIMEOUT:
                 self._give_up(state)
@@ -303,13 +325,36 @@ class RendezvousHandler:
             current = (new_state, new_token)  # lost the race: decide again on the winner's state
 
     def _fresh_state(self) -> RendezvousState:
-        """The state to create when none is stored: round 0, or after ours if it vanished."""
+        """The state to create when none is stored: round 0 of a new job (a new generation),
+        or, for a node already in the job, the round after ours (it vanished)."""
         if self._round is None:
-            return RendezvousState(opened_at=time.time())
+            return RendezvousState(opened_at=time.time(), generation=secrets.token_hex(8))
         # The stored state disappeared (an etcd lease expired, the store was wiped): carry on
-        # with a higher round number, so every node sees its own round as over.
+        # with a higher round number, so every node sees its own round as over, and the same
+        # generation, so the job keeps its restart count.
         return RendezvousState(round=self._round + 1, opened_at=time.time(),
-                               reason=self._vanished())
+                               reason=self._vanished(), generation=self._generation or "")
+
+    def _log_waiting(self, state: RendezvousState, started: float) -> None:
+        """While a round forms, say every so often whom it waits for (joins can take minutes)."""
+        now = time.monotonic()
+        every = max(5.0, min(30.0, self.settings.join_timeout / 20))
+        if self._waiting_logged_at is not None and now - self._waiting_logged_at < every:
+            return
+        self._waiting_logged_at = now
+        have = list(state.participants)
+        if state.complete:
+            logger.info("Node %s waits for round %s of run %s to end before joining (it runs "
+                        "with %d nodes); waited %.0fs of %gs", self.node_id, state.round,
+                        self.settings.run_id, len(have), now - started,
+                        self.settings.join_timeout)
+            return
+        missing = max(0, self.settings.min_nodes - len(have))
+        if missing:
+            logger.info("Node %s: waiting for %d more node(s) (have %d of min %d: %s) in round %s "
+                        "of run %s; waited %.0fs of %gs", self.node_id, missing, len(have),
+                        self.settings.min_nodes, ", ".join(have) or "none", state.round,
+                        self.settings.run_id, now - started, self.settings.join_timeout)
 
     def _vanished(self) -> str:
         return (f"the rendezvous state of run {self.settings.run_id!r} vanished from the "
@@ -354,6 +399,8 @@ class RendezvousHandler:
         rank = state.participants.index(self.node_id)
         self._round = state.round
         self._participants = state.participants
+        self._generation = state.generation
+        self._waiting_logged_at = None
         logger.info("Node %s joined round %s as node rank %d of %d after %.2fs", self.node_id,
                     state.round, rank, len(state.participants), took)
         return RendezvousInfo(
@@ -361,8 +408,14 @@ class RendezvousHandler:
             group_rank=rank,
             num_nodes=len(state.participants),
             participants=list(state.participants),
-            store=PrefixStore(f"rdzv/{self.settings.run_id}/round_{state.round}", self.store),
+            store=PrefixStore(self._round_prefix(state), self.store),
         )
+
+    def _round_prefix(self, state: RendezvousState) -> str:
+        run = f"rdzv/{self.settings.run_id}"
+        if state.generation:
+            run += f"/{state.generation}"
+        return f"{run}/round_{state.round}"
 
     def _give_up(self, state: RendezvousState) -> None:
         try:

@@ -46,6 +46,10 @@ class RendezvousState:
     lost: tuple[str, ...] = ()
     # node id -> its latest heartbeat value; observers time how long a value stays the same.
     heartbeats: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # Random, made by the node that created the state: the job's store keys live under it, so
+    # a new job under a used run id (after the old state expired or was wiped) never reads the
+    # old job's restart count or round keys.
+    generation: str = ""
 
     def __post_init__(self):
         # Lists in, tuples kept: callers may pass lists, and nobody can append to a snapshot.
@@ -110,6 +114,9 @@ def _validate(doc: dict) -> None:
     for name in present(*_NODE_LISTS):
         if not isinstance(doc[name], list) or not all(isinstance(v, str) for v in doc[name]):
             raise bad(name, "a list of node ids")
+    for name in present("generation"):
+        if not isinstance(doc[name], str) or "/" in doc[name]:
+            raise bad(name, "a string without '/'")
     for name in present("restart", "reason"):
         if doc[name] is not None and not isinstance(doc[name], str):
             raise bad(name, "a string or null")

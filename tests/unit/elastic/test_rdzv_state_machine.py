@@ -143,7 +143,10 @@ def test_round_store_is_scoped_and_master_address_is_shared(cluster):
     ia, ib = results(c.join("a", "b"))
     ia.publish_master("127.0.0.1", 29500)
     assert ib.read_master(timeout=5) == ("127.0.0.1", 29500)
-    assert c.store.get("rdzv/job/round_0/master_addr_port") == b"127.0.0.1:29500"
+    generation = RendezvousState.decode(c.store.get("shoal/rdzv/job/state").split(b"\n", 1)[1]
+                                        ).generation
+    assert len(generation) == 16  # made by the first node: the job's keys live under it
+    assert c.store.get(f"rdzv/job/{generation}/round_0/master_addr_port") == b"127.0.0.1:29500"
 
 
 def test_dead_node_requests_restart_and_survivors_form_the_next_round(cluster):
@@ -238,7 +241,9 @@ def test_close_ends_the_job_everywhere(cluster):
     assert c.handlers["b"].is_closed()
     with pytest.raises(RendezvousClosedError, match="run 'job' is closed; node b cannot join"):
         c.handlers["b"].next_rendezvous()
-    with pytest.raises(RendezvousClosedError):
+    # c never ran in the job: it is told the run id is used up, and what to do instead.
+    with pytest.raises(RendezvousClosedError, match=r"Run id 'job' belongs to a job that "
+                       r"already ended .*give a new job its own run id \(--rdzv-id\)"):
         c.handlers["c"].next_rendezvous()
 
 

@@ -9,6 +9,7 @@ from shoal.elastic.api import RendezvousSettings
 from shoal.elastic.rendezvous.registry import BACKENDS
 from shoal.launcher import cli
 from shoal.launcher.flags import RUN_GROUPS, parse_run, parse_store, run_parser
+from shoal.launcher.streams import StdSpec
 
 SCRIPT = __file__  # any existing file will do as the training script
 
@@ -40,7 +41,7 @@ def test_every_flag_in_both_spellings_and_script_args_kept():
     assert (s.min_nodes, s.max_nodes, s.nproc_per_node, s.node_rank) == (2, 4, 3, 1)
     assert s.rdzv_endpoints == (("h1", 2379), ("::1", 2380)) and s.rdzv_id == "job.7"
     assert s.rdzv_conf == {"join_timeout": 5.0, "last_call_timeout": 0.0, "is_host": True}
-    assert (s.max_restarts, s.monitor_interval, s.metrics_port, s.tee) == (0, 0.5, 0, True)
+    assert (s.max_restarts, s.monitor_interval, s.metrics_port, s.tee) == (0, 0.5, 0, StdSpec(3))
     assert s.script_args == ("--nnodes", "9", "-x")  # after the script: the script's own
 
 
@@ -48,7 +49,8 @@ def test_variables_fill_in_and_flags_beat_them():
     environ = {"SHOAL_NNODES": "1:3", "SHOAL_NPROC_PER_NODE": "2", "SHOAL_MAX_RESTARTS": "7",
                "SHOAL_TEE": "yes", "SHOAL_RDZV_ID": "from-env", "SHOAL_STANDALONE": "0"}
     s = parse_run([SCRIPT], environ)
-    assert (s.min_nodes, s.max_nodes, s.nproc_per_node, s.max_restarts, s.tee) == (1, 3, 2, 7, True)
+    assert (s.min_nodes, s.max_nodes, s.nproc_per_node, s.max_restarts, s.tee) == (1, 3, 2, 7,
+                                                                                   StdSpec(3))
     assert s.rdzv_id == "from-env"
     s = parse_run(["--max-restarts", "1", "--nnodes", "2", SCRIPT], environ)
     assert (s.max_restarts, s.min_nodes, s.max_nodes) == (1, 2, 2)
@@ -103,7 +105,8 @@ def test_the_backend_flag_lists_the_registry_s_backends(capsys):
     help_text = squeezed(run_parser().format_help())
     for name, kind in BACKENDS.items():
         assert squeezed(f"{name}: {kind.summary}") in help_text
-    assert "choose one of ['store', 'etcd']" in _error(capsys, ["--rdzv-backend", "zk", SCRIPT])
+    assert ("choose one of ['store', 'etcd', 'c10d', 'static', 'etcd-v2']"
+            in _error(capsys, ["--rdzv-backend", "zk", SCRIPT]))
 
 
 def test_a_bad_variable_names_flag_and_variable(capsys):
