@@ -443,3 +443,114 @@ def _run(heap: list, pending: dict, deps: dict, retain_graph: bool, capture: dic
             # Drop the edges too: they hold the input tensors, whose arrays (activations) would
             # otherwise live until the output is dropped, e.g. through the next forward pass.
             node.inputs = ()
+
+
+class GraphTask:
+    """A backward pass whose gradients arrive over time: the engine distributed autograd runs.
+
+    `sources` lists the tensors that will receive a contribution from outside the graph, once
+    per occurrence (a root's seed, or a gradient arriving for a tensor that was sent to another
+    worker). Dependencies are counted over the graph reachable from all of them, so every node
+    runs once, when its last contribution has landed, whichever order the contributions arrive
+    in. A contribution may be None ("nothing flows here"): a node whose contributions were all
+    None does not run, and passes None on to its inputs, so a graph part that backward never
+    reaches still completes. Finished leaves go to `leaf_sink(leaf, grad or None, owned)`
+    instead of `.grad`. Not thread-safe: the caller serialises `feed` calls.
+    """
+
+    def __init__(self, sources: list, retain_graph: bool, leaf_sink: Callable) -> None:
+        deps = _count_dependencies(sources)
+        for t in sources:
+            deps[id(t)] = deps.get(id(t), 0) + 1
+        self._deps = deps
+        self._pending: dict[int, list] = {}
+        self._heap: list = []
+        self._retain = retain_graph
+        self._sink = leaf_sink
+        self._outstanding = len(sources)
+
+    @property
+    def done(self) -> bool:
+        """True once every source's contribution has been fed (the whole graph then ran)."""
+        return self._outstanding == 0
+
+    def expects(self, t: Any) -> bool:
+        """Whether `t` is in this task's graph (a leaf outside it gets nothing, ever)."""
+        return self._deps.get(id(t), 0) > 0
+
+    def feed(self, t: Any, g: Any) -> None:
+        """One source contribution for `t` (an array, or None), then run what became ready."""
+        self._outstanding -= 1
+        prev_mode = _mode.enabled
+        _mode.enabled = False
+        try:
+            self._deliver(t, g, False)
+            self._drain()
+        finally:
+            _mode.enabled = prev_mode
+
+    def _deliver(self, t: Any, g: Any, owned: bool) -> None:
+        k = id(t)
+        if g is not None:
+            entry = self._pending.get(k)
+            if entry is None:
+                self._pending[k] = [g, owned]
+            else:
+                prev = entry[0]
+                if entry[1] and _contiguous_owned(prev) and prev.shape == g.shape:
+                    prev += g
+                else:
+                    entry[0], entry[1] = prev + g, True
+        n = self._deps[k] - 1
+        self._deps[k] = n
+        if n == 0:
+            if t.grad_fn is None:
+                entry = self._pending.pop(k, None)
+                if entry is None:
+                    self._sink(t, None, False)
+                else:
+                    g, owned = entry
+                    if t._hooks:
+                        g, owned = _run_hooks(t, g, owned)
+                    self._sink(t, g, owned)
+            else:
+                heapq.heappush(self._heap, (-t.grad_fn.seq, t))
+
+    def _drain(self) -> None:
+        heap = self._heap
+        while heap:
+            _, t = heapq.heappop(heap)
+            node = t.grad_fn
+            entry = self._pending.pop(id(t), None)
+            if entry is None:
+                grads: Any = (None,) * len(node.inputs)
+                owned = False
+                g = None
+            else:
+                g, owned = entry
+                if t._hooks:
+                    g, owned = _run_hooks(t, g, owned)
+                if t._retains_grad:
+                    _retain(t, g)
+                fn = node.backward_fn
+                if fn is None:
+                    raise _freed_error(node._name)
+                grads = fn(g)
+                if not self._retain:
+                    node.backward_fn = None
+            root_in = None if g is None else _root(g)
+            seen: list = []
+            for inp, gi in zip(node.inputs, grads):
+                if inp is None or not inp.requires_grad:
+                    continue
+                own = False
+                if gi is not None:
+                    r = _root(gi)
+                    if r is root_in:
+                        own, owned = owned, False
+                    else:
+                        own = not any(s is r for s in seen)
+                        seen.append(r)
+                self._deliver(inp, gi, own)
+            if not self._retain:
+                node.inputs = ()

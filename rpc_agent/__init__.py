@@ -1,6 +1,7 @@
 """RPC over gRPC with remote references, after torch.distributed.rpc (TensorPipe backend)."""
 
 from shoal.rpc_agent import context
+from shoal.rpc_agent import dist_autograd  # noqa: F401
 from shoal.rpc_agent import functions  # noqa: F401
 from shoal.rpc_agent.api import (
     RemoteException,

@@ -24,6 +24,7 @@ from shoal.rpc_agent import metrics
 from shoal.rpc_agent.context import _local as _context_local
 from shoal.rpc_agent.context import context_id as _context_id
 from shoal.rpc_agent._generated import rpc_pb2
+from shoal.rpc_agent.dist_autograd import container as autograd_contexts
 from shoal.rpc_agent._threads import Deadlines, WorkerPool, is_io_thread
 from shoal.rpc_agent.api import RpcBackendOptions, RpcError, RpcPeerLost, RpcTimeout, WorkerInfo
 from shoal.rpc_agent.transport.assembly import Assembler
@@ -61,10 +62,13 @@ def qualified_name(func: Callable) -> str:
 class _Call:
     """A call this worker issued and is waiting on."""
 
-    __slots__ = ("future", "dst", "function", "kind", "start", "stream", "timeout", "timed")
+    __slots__ = ("future", "dst", "function", "kind", "start", "stream", "timeout", "timed",
+                 "context_id")
 
-    def __init__(self, future, dst, function, kind, stream, timeout, timed):
+    def __init__(self, future, dst, function, kind, stream, timeout, timed, context_id):
         self.future = future
+        # The distributed autograd context the call was made in: its reply records into it.
+        self.context_id = context_id
         self.dst = dst
         self.function = function
         self.kind = kind
@@ -215,6 +219,7 @@ class RpcAgent:
         self._closing = True
         self._closed = True
         self.rrefs.close()
+        autograd_contexts.clear()
         self._transport.stop()
         self._data.close()
         for rid in list(self._pending):
@@ -343,9 +348,10 @@ class RpcAgent:
         future: Future = Future(f"the {kind} call of {fname} on worker {dst.name!r}")
         rid = next(self._ids)
         frame_kind = _CALL if rref_id is None else _REMOTE_CALL
+        cid = getattr(_context_local, "context_id", None)
         try:
             frame, big = self._encode(
-                frame_kind, rid, fname, (func, args or (), kwargs), dst.id, rref_id
+                frame_kind, rid, fname, (func, args or (), kwargs), dst.id, rref_id, cid
             )
         except Exception as exc:
             raise RpcError(
@@ -353,7 +359,9 @@ class RpcAgent:
             ) from exc
         stream = self._local if dst.id == self.info.id else self._stream_to(dst.id)
         timed = seconds is not None and sync_deadline is None
-        call = _Call(future, dst, fname, kind, stream, seconds, timed)
+        call = _Call(future, dst, fname, kind, stream, seconds, timed, cid)
+        if cid is not None:
+            autograd_contexts.note_peer(cid, dst.id)
         self._pending[rid] = call
         stream.pending_ids.add(rid)
         metrics.INFLIGHT.inc()
@@ -374,13 +382,13 @@ class RpcAgent:
         return future
 
     def _encode(self, kind: int, rid: int, fname: str, obj: Any, dst_id: int,
-                rref_id=None) -> tuple[bytes, list]:
-        payload, buffers = serialize(obj, dst_id)
+                rref_id=None, cid: Optional[int] = None) -> tuple[bytes, list]:
+        """One frame; `cid`, the call's distributed autograd context, rides on calls and
+        records the Tensors that require grad (on replies too)."""
+        payload, buffers = serialize(obj, dst_id, cid)
         frame = rpc_pb2.Frame(kind=kind, request_id=rid, function=fname)
-        if kind != _RESPONSE:
-            cid = getattr(_context_local, "context_id", None)
-            if cid is not None:
-                frame.context_id = cid
+        if kind != _RESPONSE and cid is not None:
+            frame.context_id = cid
         if rref_id is not None:
             frame.rref_id.created_on, frame.rref_id.local_id = rref_id
             frame.fork_id.created_on, frame.fork_id.local_id = rref_id
@@ -515,10 +523,13 @@ class RpcAgent:
                 exc = RpcError(f"The remote error of {frame.function} cannot be read: {exc2}")
             self._complete(rid, None, exc, "error")
             return
+        call = self._pending.get(rid)
         try:
-            value = deserialize(payload, buffers)
+            if call is not None and call.context_id is not None:
+                value = deserialize(payload, buffers, call.dst.id, call.context_id)
+            else:
+                value = deserialize(payload, buffers)
         except Exception as exc:  # noqa: BLE001
-            call = self._pending.get(rid)
             where = f" from worker {call.dst.name!r}" if call is not None else ""
             err = RpcError(f"The result of {frame.function}{where} cannot be unpickled: {exc}")
             err.__cause__ = exc
@@ -533,12 +544,15 @@ class RpcAgent:
         rid, fname = frame.request_id, frame.function
         if buffers is None:
             buffers = [bytearray(d.inline_data) for d in frame.buffers]
+        cid = frame.context_id if frame.HasField("context_id") else None
         try:
             if error is not None:
                 raise RpcError(f"The arguments of {fname} did not arrive whole: {error}.")
-            func, args, kwargs = deserialize(payload, buffers)
-            if frame.HasField("context_id"):
-                with _context_id(frame.context_id):
+            if cid is not None:
+                autograd_contexts.touch(cid, stream.peer_id)
+            func, args, kwargs = deserialize(payload, buffers, stream.peer_id, cid)
+            if cid is not None:
+                with _context_id(cid):
                     result = func(*args, **kwargs) if kwargs else func(*args)
             else:
                 result = func(*args, **kwargs) if kwargs else func(*args)
@@ -549,22 +563,23 @@ class RpcAgent:
                         f"{type(result).__name__}, not a Future."
                     )
                 result.add_done_callback(
-                    lambda f: self._reply_outcome(stream, rid, fname, f, record)
+                    lambda f: self._reply_outcome(stream, rid, fname, f, record, cid)
                 )
                 return
         except BaseException as exc:  # noqa: BLE001  (travels back to the caller)
             self._reply(stream, rid, fname, None, exc, record)
             return
-        self._reply(stream, rid, fname, result, None, record)
+        self._reply(stream, rid, fname, result, None, record, cid)
 
-    def _reply_outcome(self, stream, rid: int, fname: str, fut: Future, record) -> None:
+    def _reply_outcome(self, stream, rid: int, fname: str, fut: Future, record,
+                       cid: Optional[int]) -> None:
         if fut.exception() is not None:
             self._reply(stream, rid, fname, None, fut.exception(), record)
         else:
-            self._reply(stream, rid, fname, fut.value(), None, record)
+            self._reply(stream, rid, fname, fut.value(), None, record, cid)
 
     def _reply(self, stream, rid: int, fname: str, value: Any,
-               exc: Optional[BaseException], record) -> None:
+               exc: Optional[BaseException], record, cid: Optional[int] = None) -> None:
         if record is not None:
             # A remote(): the owner keeps the value; the caller only learns that it is set.
             if exc is None:
@@ -575,7 +590,8 @@ class RpcAgent:
         big = []
         if exc is None:
             try:
-                frame, big = self._encode(_RESPONSE, rid, fname, value, stream.peer_id)
+                frame, big = self._encode(_RESPONSE, rid, fname, value, stream.peer_id,
+                                          cid=cid)
             except Exception as pickle_exc:  # noqa: BLE001
                 exc = RpcError(
                     f"The result of {fname} on worker {self.info.name!r} cannot be pickled: "
@@ -613,6 +629,9 @@ class RpcAgent:
             if self._streams.get(stream.peer_id) is stream:
                 del self._streams[stream.peer_id]
         self._assembler.drop_stream(stream)
+        if not self._closing:
+            autograd_contexts.peer_lost(stream.peer_id, stream.describe(),
+                                        str(stream.dead_reason), self.info.id)
         ids = list(stream.pending_ids)
         if not self._closing or ids:
             log = logger.warning if ids and not self._closing else logger.info

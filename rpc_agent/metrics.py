@@ -45,3 +45,20 @@ RECEIVE_CACHE_BYTES = telemetry.gauge(
     "Bytes of memory this worker keeps for reuse by large received buffers "
     "(RpcBackendOptions.receive_cache_bytes bounds it).",
 )
+
+# Distributed autograd (rpc_agent/dist_autograd/).
+DIST_CONTEXTS = telemetry.gauge(
+    "shoal_rpc_dist_autograd_contexts",
+    "Distributed autograd contexts live on this worker (created here or joined by a call).",
+)
+DIST_BACKWARD = telemetry.counter(
+    "shoal_rpc_dist_autograd_backward_total",
+    "Distributed backward passes this worker started, by outcome (ok, error).",
+    ["status"],
+)
+DIST_BACKWARD_SECONDS = telemetry.histogram(
+    "shoal_rpc_dist_autograd_backward_seconds",
+    "Seconds a distributed backward pass took on the worker that started it.",
+)
+DIST_BACKWARD_OK = DIST_BACKWARD.labels("ok")
+DIST_BACKWARD_ERROR = DIST_BACKWARD.labels("error")

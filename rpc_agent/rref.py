@@ -29,6 +29,9 @@ from typing import Any, Optional
 from shoal.rpc_agent import _current
 from shoal.rpc_agent import serialization
 from shoal.rpc_agent.api import RpcError, TimeoutArg, WorkerInfo
+from shoal.rpc_agent.context import _local as _context_local
+from shoal.rpc_agent.context import context_id as _context_id
+from shoal.rpc_agent.dist_autograd import engine as dist_engine
 from shoal.rpc_agent.functions import async_execution, is_async_execution
 from shoal.rpc_agent.futures import Future
 
@@ -160,6 +163,19 @@ class RRef:
     def remote(self, timeout: TimeoutArg = None) -> "_Proxy":
         """`rref.remote().method(*args)` returns an RRef to the method's result, on the owner."""
         return _Proxy(self, "remote", timeout)
+
+    def backward(self, dist_autograd_ctx_id: int = -1, retain_graph: bool = False) -> None:
+        """Run backward from this RRef's value (a scalar Tensor) on its owner: a distributed
+        backward pass in context `dist_autograd_ctx_id`, or local autograd for -1 (torch 1.7).
+
+        Raises:
+            DistAutogradError: as dist_autograd.backward, for a context id.
+        """
+        if self._record is not None:
+            dist_engine.backward_on_owner(self, dist_autograd_ctx_id, retain_graph)
+            return
+        self._agent.call(self._owner, dist_engine.backward_on_owner,
+                         (self, dist_autograd_ctx_id, retain_graph), None, 0, "rref").wait()
 
     # -- lifetime
 
@@ -463,11 +479,14 @@ def _fetch(rref_id: GUID) -> Future:
 @async_execution
 def _invoke_method(rref: RRef, name: str, args: tuple, kwargs: Optional[dict]) -> Future:
     out: Future = Future(f"RRef method {name}")
+    # The value may arrive on another thread: the method still runs in the caller's context.
+    cid = getattr(_context_local, "context_id", None)
 
     def run(value_future: Future) -> None:
         try:
             method = getattr(value_future.value(), name)
-            result = method(*args, **(kwargs or {}))
+            with _context_id(cid):
+                result = method(*args, **(kwargs or {}))
             if is_async_execution(method):
                 result.add_done_callback(lambda f: _copy_outcome(f, out))
             else:

@@ -3,7 +3,9 @@
 numpy arrays hand their memory to pickle as `PickleBuffer`s (no copy); the agent sends those
 beside the pickle, inline when small and over the data channel when large, and the receiver
 gives pickle the arrays it received them into, so a large array is never copied in Python.
-A `core.Tensor` travels as its array plus `requires_grad` (no autograd graph); a cupy array as a
+A `core.Tensor` travels as its array plus `requires_grad` (no autograd graph); inside a distributed
+autograd context a Tensor that requires grad also records a send function on the sender and a
+recv function on the receiver (rpc_agent/dist_autograd/container.py); a cupy array as a
 host copy that is rebuilt on the same device number on the receiving side. RRefs pickle
 through the agent's fork protocol (rpc_agent/rref.py), which needs to know the destination:
 `serialize` keeps it in a thread-local while pickling.
@@ -20,6 +22,7 @@ from typing import Any, Optional
 
 from shoal.core.errors import DeviceError
 from shoal.rpc_agent.api import RemoteException
+from shoal.rpc_agent.dist_autograd import container as autograd_container
 
 PROTOCOL = 5
 
@@ -32,7 +35,22 @@ def destination() -> Optional[int]:
 
 
 def _reduce_tensor(tensor) -> tuple:
+    if tensor.requires_grad:
+        cid = getattr(_context, "cid", None)
+        if cid is not None:
+            send_id = autograd_container.record_send(cid, tensor, _context.dst)
+            return (_rebuild_received, (type(tensor), tensor.data, send_id))
     return (_rebuild_tensor, (type(tensor), tensor.data, bool(tensor.requires_grad)))
+
+
+def _rebuild_received(cls, data, send_id: int):
+    """A tensor that left its worker requiring grad inside a context: a leaf here, whose
+    gradient goes back to the sender's send function `send_id`."""
+    tensor = _rebuild_tensor(cls, data, True)
+    cid = getattr(_context, "cid", None)
+    if cid is not None:
+        autograd_container.record_recv(cid, tensor, _context.src, send_id)
+    return tensor
 
 
 def _rebuild_tensor(cls, data, requires_grad: bool):
@@ -87,22 +105,37 @@ class _Pickler(pickle.Pickler):
         return NotImplemented
 
 
-def serialize(obj: Any, dst: int) -> tuple[bytes, list[memoryview]]:
-    """Pickle `obj` for worker `dst`: (pickle bytes, out-of-band buffers as byte views)."""
+def serialize(obj: Any, dst: int, context_id: Optional[int] = None) -> tuple[bytes, list[memoryview]]:
+    """Pickle `obj` for worker `dst`: (pickle bytes, out-of-band buffers as byte views).
+
+    With `context_id`, Tensors that require grad record send functions in that context.
+    """
     buffers: list = []
     out = io.BytesIO()
-    previous = getattr(_context, "dst", None)
-    _context.dst = dst
+    previous = getattr(_context, "dst", None), getattr(_context, "cid", None)
+    _context.dst, _context.cid = dst, context_id
     try:
         _Pickler(out, PROTOCOL, buffer_callback=buffers.append).dump(obj)
     finally:
-        _context.dst = previous
+        _context.dst, _context.cid = previous
     return out.getvalue(), [b.raw() for b in buffers]
 
 
-def deserialize(payload, buffers: list) -> Any:
-    """Unpickle what `serialize` produced, given the received buffers in order."""
-    return pickle.loads(payload, buffers=buffers)
+def deserialize(payload, buffers: list, src: Optional[int] = None,
+                context_id: Optional[int] = None) -> Any:
+    """Unpickle what `serialize` produced, given the received buffers in order.
+
+    With `context_id` (and the sending worker `src`), Tensors that were sent requiring grad
+    record recv functions in that context.
+    """
+    if context_id is None:
+        return pickle.loads(payload, buffers=buffers)
+    previous = getattr(_context, "src", None), getattr(_context, "cid", None)
+    _context.src, _context.cid = src, context_id
+    try:
+        return pickle.loads(payload, buffers=buffers)
+    finally:
+        _context.src, _context.cid = previous
 
 
 # ----------------------------------------------------------------------------- exceptions

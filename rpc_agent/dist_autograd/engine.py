@@ -1,0 +1,381 @@
+"""The distributed backward pass (torch's FAST mode) and the context manager around it.
+
+One pass, on every worker the context touched:
+- A worker *begins* the pass on first contact (the starting worker with its roots; the others
+  when a `begin` or a gradient message arrives): it counts dependencies over the graph that
+  its roots and all of its send functions reach (core.autograd.GraphTask), tells its peers to
+  begin too, and at once answers "no gradient" for every recv function outside that graph.
+- Each send function then receives exactly one message (a gradient, or None when backward
+  never reaches it), so each node runs once, when its last contribution lands. The recv
+  functions that finish in one step are sent back batched, one message per peer.
+- A message is answered only after the work it caused here, and the messages that work sent,
+  are done. Every piece of work is caused by the starting worker's roots, so when its own
+  messages are answered, the whole pass is over on every worker; an error anywhere travels
+  back along the same answers, and a dead peer fails the message pending on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import threading
+import time
+from typing import Any, Iterator, Optional
+
+from shoal.core.autograd import GraphTask
+from shoal.core.tensor import Tensor
+from shoal.rpc_agent import _current, metrics
+from shoal.rpc_agent.api import RpcError
+from shoal.rpc_agent.context import _local as _context_local
+from shoal.rpc_agent.context import context_id as _context_id
+from shoal.rpc_agent.dist_autograd import container
+from shoal.rpc_agent.dist_autograd.types import DistAutogradError
+from shoal.rpc_agent.functions import async_execution
+from shoal.rpc_agent.futures import Future
+
+logger = logging.getLogger(__name__)
+
+_pass_counter = itertools.count(1)
+
+
+# ----------------------------------------------------------------------------- context
+
+@contextlib.contextmanager
+def context() -> Iterator[int]:
+    """A distributed autograd context: yields its id; calls made inside the block record the
+    graph across workers. On exit the context ends on every worker it touched."""
+    agent = _current.get()
+    outer = getattr(_context_local, "context_id", None)
+    if outer is not None and container.get(outer) is not None:
+        raise DistAutogradError(
+            f"This thread already has distributed autograd context {outer}; contexts do not "
+            "nest."
+        )
+    ctx = container.new_context(agent.info.id)
+    try:
+        with _context_id(ctx.context_id):
+            yield ctx.context_id
+    finally:
+        _release_everywhere(agent, ctx.context_id)
+
+
+def _release_everywhere(agent, cid: int) -> None:
+    ctx = container.release(cid)
+    if ctx is None:
+        return
+    futures = _forward_release(agent, ctx, origin=None)
+    timeout = agent.default_timeout_or_none()
+    for fut in futures:
+        try:
+            fut.wait(timeout)
+        except Exception as exc:  # noqa: BLE001  (exit must not mask the block's own error)
+            logger.warning("Ending distributed autograd context %d on a peer failed: %s",
+                           cid, exc)
+
+
+def _forward_release(agent, ctx, origin: Optional[int]) -> list:
+    me = agent.info.id
+    with _context_id(None):
+        return [agent.call(peer, _release_remote, (ctx.context_id, me), None, None, "async")
+                for peer in sorted(ctx.peers) if peer not in (me, origin)]
+
+
+@async_execution
+def _release_remote(cid: int, origin: int) -> Future:
+    agent = _current.get()
+    ctx = container.release(cid)
+    if ctx is None:
+        return _done()
+    return _all_ok(_forward_release(agent, ctx, origin))
+
+
+# ----------------------------------------------------------------------------- queries
+
+def _check_id(context_id: Any) -> int:
+    if isinstance(context_id, bool) or not isinstance(context_id, int):
+        raise DistAutogradError(
+            f"A distributed autograd context id is an int, got {context_id!r}."
+        )
+    return context_id
+
+
+def get_gradients(context_id: int) -> dict:
+    """{tensor: gradient} for this worker's leaves in the context (nothing touches `.grad`).
+
+    Raises:
+        DistAutogradError: no live context of that id on this worker.
+    """
+    agent = _current.get()
+    ctx = container.retrieve(_check_id(context_id), agent.info.name)
+    with ctx.lock:
+        return {leaf: grad for leaf, grad in ctx.grads.values()}
+
+
+def live_context_count() -> int:
+    """How many distributed autograd contexts are live on this worker."""
+    return container.live_count()
+
+
+# ----------------------------------------------------------------------------- one pass
+
+class _Pass:
+    """One backward pass's state on this worker."""
+
+    def __init__(self, agent, ctx, pass_id: tuple, retain_graph: bool, roots: list) -> None:
+        self.agent = agent
+        self.ctx = ctx
+        self.pass_id = pass_id
+        self.retain_graph = retain_graph
+        self.outbox: dict[int, list] = {}
+        # Leaves whose .grad shows the context's gradient while their post-accumulate hooks
+        # (DDP's reducer) run, as torch's reducer works on the context's gradient.
+        self.shown: dict[int, tuple] = {}
+        self.task = GraphTask(list(ctx.sends.values()) + roots, retain_graph, self._sink)
+
+    def _sink(self, leaf: Any, g: Any, owned: bool) -> None:
+        ctx = self.ctx
+        received = ctx.recvs.get(id(leaf))
+        if received is not None:
+            _, src, send_id = received
+            if g is not None and not owned:
+                g = g.copy()  # the engine may still add into what it does not own
+            self.outbox.setdefault(src, []).append((send_id, g))
+            return
+        if g is None:
+            return
+        data = leaf.data
+        if g.dtype != data.dtype:
+            g, owned = g.astype(data.dtype), True
+        entry = ctx.grads.get(id(leaf))
+        if entry is None:
+            grad = type(leaf)(g if owned else g.copy())
+            ctx.grads[id(leaf)] = (leaf, grad)
+        else:
+            grad = entry[1]
+            grad.data = grad.data + g
+        if leaf._post_hooks:
+            if id(leaf) not in self.shown:
+                self.shown[id(leaf)] = (leaf, leaf.grad)
+            leaf.grad = grad
+            for hook in list(leaf._post_hooks.values()):
+                hook(leaf)
+
+    def start(self, roots: list) -> None:
+        """Answer None for recv functions outside the graph, then seed the roots."""
+        for tensor, src, send_id in self.ctx.recvs.values():
+            if not self.task.expects(tensor):
+                self.outbox.setdefault(src, []).append((send_id, None))
+        for root in roots:
+            seed = root.data.copy()
+            seed[...] = 1
+            self.task.feed(root, seed)
+
+    def flush(self) -> list:
+        """Send what finished, one message per peer; their Futures."""
+        outbox, self.outbox = self.outbox, {}
+        me = self.agent.info.id
+        with _context_id(None):
+            return [
+                self.agent.call(peer, _receive_gradients,
+                                (self.ctx.context_id, self.pass_id, self.retain_graph, items, me),
+                                None, None, "async")
+                for peer, items in outbox.items()
+            ]
+
+    def finish_if_done(self) -> None:
+        if not self.task.done:
+            return
+        for leaf, previous in self.shown.values():
+            leaf.grad = previous
+        self.shown.clear()
+        ctx = self.ctx
+        ctx.passes.pop(self.pass_id, None)
+        ctx.finished_passes.add(self.pass_id)
+        if not self.retain_graph:
+            ctx.graph_freed = True
+
+
+def _begin(agent, ctx, pass_id: tuple, retain_graph: bool, origin: Optional[int],
+           roots: list = ()) -> tuple[Optional[_Pass], list]:
+    """This worker's pass state, begun now if this is its first contact; the Futures of the
+    messages beginning it sent. Call with ctx.lock held."""
+    state = ctx.passes.get(pass_id)
+    if state is not None or pass_id in ctx.finished_passes:
+        return state, []
+    if ctx.failure is not None:
+        raise DistAutogradError(
+            f"Distributed autograd context {ctx.context_id} failed on worker "
+            f"{agent.info.name!r}: {ctx.failure}"
+        ) from ctx.failure
+    if ctx.graph_freed:
+        raise DistAutogradError(
+            f"Distributed autograd context {ctx.context_id} already ran a backward pass "
+            f"without retain_graph=True on worker {agent.info.name!r}; its graph is freed, so "
+            "a second backward needs retain_graph=True on the first."
+        )
+    state = _Pass(agent, ctx, pass_id, retain_graph, list(roots))
+    ctx.passes[pass_id] = state
+    me = agent.info.id
+    with _context_id(None):
+        futures = [
+            agent.call(peer, _begin_remote, (ctx.context_id, pass_id, retain_graph, me),
+                       None, None, "async")
+            for peer in sorted(ctx.peers) if peer not in (me, origin)
+        ]
+    state.start(list(roots))
+    futures += state.flush()
+    state.finish_if_done()
+    return state, futures
+
+
+def _live_context(agent, cid: int) -> Any:
+    ctx = container.get(cid)
+    if ctx is None:
+        raise DistAutogradError(
+            f"Distributed autograd context {cid} is not live on worker {agent.info.name!r} "
+            "(it ended, or failed with a peer), so its backward pass cannot run there."
+        )
+    return ctx
+
+
+@async_execution
+def _begin_remote(cid: int, pass_id: tuple, retain_graph: bool, origin: int) -> Future:
+    agent = _current.get()
+    ctx = _live_context(agent, cid)
+    with ctx.lock:
+        _, futures = _begin(agent, ctx, pass_id, retain_graph, origin)
+    return _all_ok(futures)
+
+
+@async_execution
+def _receive_gradients(cid: int, pass_id: tuple, retain_graph: bool, items: list,
+                       origin: int) -> Future:
+    agent = _current.get()
+    ctx = _live_context(agent, cid)
+    with ctx.lock:
+        state, futures = _begin(agent, ctx, pass_id, retain_graph, origin)
+        if state is None:
+            raise DistAutogradError(
+                f"Gradients for distributed autograd context {cid} reached worker "
+                f"{agent.info.name!r} after its part of backward pass {pass_id} had finished."
+            )
+        for send_id, grad in items:
+            tensor = ctx.sends.get(send_id)
+            if tensor is None:
+                raise DistAutogradError(
+                    f"Worker {agent.info.name!r} has no send function {send_id} in "
+                    f"distributed autograd context {cid}."
+                )
+            state.task.feed(tensor, grad)
+        futures += state.flush()
+        state.finish_if_done()
+    return _all_ok(futures)
+
+
+# ----------------------------------------------------------------------------- backward
+
+def _check_roots(cid: int, roots: Any) -> list:
+    if isinstance(roots, Tensor):
+        roots = [roots]
+    if not isinstance(roots, (list, tuple)) or not roots:
+        raise DistAutogradError(
+            f"backward(context {cid}): roots must be a non-empty list of Tensors, got "
+            f"{roots!r}."
+        )
+    for i, root in enumerate(roots):
+        if not isinstance(root, Tensor):
+            raise DistAutogradError(
+                f"backward(context {cid}): root {i} is a {type(root).__name__}, not a Tensor."
+            )
+        if root.data.size != 1:
+            raise DistAutogradError(
+                f"backward(context {cid}): root {i} has shape {tuple(root.shape)}; distributed "
+                "backward starts from scalars only."
+            )
+        if not root.requires_grad:
+            raise DistAutogradError(
+                f"backward(context {cid}): root {i} does not require grad, so there is "
+                "nothing to differentiate."
+            )
+    return list(roots)
+
+
+def backward(context_id: int, roots: Any, retain_graph: bool = False) -> None:
+    """Run backward from scalar `roots` across every worker the context touched; gradients
+    accumulate in the context (`get_gradients`), never in `.grad`.
+
+    Raises:
+        DistAutogradError: bad roots, an unknown or ended context, a second backward without
+            retain_graph, or a failure on any worker (the message names it).
+    """
+    agent = _current.get()
+    cid = _check_id(context_id)
+    ctx = container.retrieve(cid, agent.info.name)
+    roots = _check_roots(cid, roots)
+    pass_id = (agent.info.id, next(_pass_counter))
+    start = time.perf_counter()
+    try:
+        with ctx.lock:
+            state, futures = _begin(agent, ctx, pass_id, bool(retain_graph), None, roots)
+        _all_ok(futures).wait()
+        if not state.task.done:
+            raise DistAutogradError(
+                f"The backward pass of distributed autograd context {cid} ended on worker "
+                f"{agent.info.name!r} with send functions that never received a gradient."
+            )
+    except DistAutogradError:
+        metrics.DIST_BACKWARD_ERROR.inc()
+        raise
+    except Exception as exc:
+        metrics.DIST_BACKWARD_ERROR.inc()
+        if isinstance(exc, RpcError) or ctx.failure is not None:
+            raise DistAutogradError(
+                f"The backward pass of distributed autograd context {cid} failed: {exc}"
+            ) from exc
+        raise
+    metrics.DIST_BACKWARD_OK.inc()
+    metrics.DIST_BACKWARD_SECONDS.observe(time.perf_counter() - start)
+
+
+def backward_on_owner(rref, context_id: int, retain_graph: bool) -> None:
+    """RRef.backward's work on the owner: the RRef's value is the root."""
+    value = rref.local_value()
+    if context_id == -1:
+        value.backward(retain_graph=retain_graph)
+    else:
+        backward(context_id, [value], retain_graph)
+
+
+# ----------------------------------------------------------------------------- futures
+
+def _done() -> Future:
+    fut: Future = Future("nothing to wait for")
+    fut.set_result(None)
+    return fut
+
+
+def _all_ok(futures: list) -> Future:
+    """Done when every future is; fails as soon as one fails, with its exception."""
+    combined: Future = Future(f"{len(futures)} distributed autograd message(s)")
+    if not futures:
+        combined.set_result(None)
+        return combined
+    remaining = [len(futures)]
+    lock = threading.Lock()
+
+    def one_done(fut: Future) -> None:
+        exc = fut.exception()
+        with lock:
+            remaining[0] -= 1
+            last = remaining[0] == 0
+            if combined.done():
+                return
+            if exc is not None:
+                combined.set_exception(exc)
+            elif last:
+                combined.set_result(None)
+
+    for fut in futures:
+        fut.add_done_callback(one_done)
+    return combined

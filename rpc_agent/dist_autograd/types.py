@@ -1,0 +1,9 @@
+"""Errors of distributed autograd (a leaf module: it imports nothing of its package)."""
+
+from __future__ import annotations
+
+from shoal.rpc_agent.api import RpcError
+
+
+class DistAutogradError(RpcError):
+    """Distributed autograd was misused or failed; the message names the context id."""

@@ -1,0 +1,383 @@
+"""Distributed autograd across three spawned workers: gradients equal one process's, finite
+differences through a graph spanning three workers (A -> B -> C -> A), a tensor sent twice,
+remote() results and RRef.backward, @async_execution callees, cleanup on every worker, the
+bad-input errors and the metrics."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from shoal import core, rpc_agent
+from shoal.rpc_agent import dist_autograd
+from shoal.rpc_agent.functions import async_execution
+from tests.support.rpc_workers import RpcWorkers, WorkerFailed
+
+# Each worker's own parameters (module globals live once per spawned process).
+_PARAMS: dict = {}
+RNG_SEED = 7
+
+
+def _values(seed: int, shape) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape)
+
+
+def init_params() -> None:
+    """Every worker makes its parameter `w` (4x4) deterministically from its rank."""
+    rank = rpc_agent.get_worker_info().id
+    _PARAMS["w"] = core.Tensor(_values(100 + rank, (4, 4)), requires_grad=True)
+
+
+def live_contexts() -> int:
+    return dist_autograd.live_context_count()
+
+
+# ----------------------------------------------------------------------------- stages
+
+def stage(x):
+    """tanh(x @ w) with this worker's w."""
+    return (x @ _PARAMS["w"]).tanh()
+
+
+def stage_then(x, nxt):
+    """This worker's stage, then the next worker's stage (nested call)."""
+    return rpc_agent.rpc_sync(nxt, stage_then_last, (stage(x),))
+
+
+def stage_then_last(x):
+    """Stage on B, then C's stage, which calls back into A's stage: A -> B -> C -> A."""
+    y = stage(x)
+    return rpc_agent.rpc_sync("w2", stage_calling_back, (y,))
+
+
+def stage_calling_back(x):
+    return rpc_agent.rpc_sync("w0", stage, (stage(x),)) * 2.0
+
+
+@async_execution
+def stage_async(x):
+    """An @async_execution callee that calls on: its result comes through a Future."""
+    return rpc_agent.rpc_async("w2", stage, (stage(x),))
+
+
+def local_stage(x, w):
+    return (x @ w).tanh()
+
+
+# ----------------------------------------------------------------------------- tasks on w0
+
+def _x() -> core.Tensor:
+    return core.Tensor(_values(1, (3, 4)), requires_grad=True)
+
+
+def chain_loss(x):
+    """loss(x) through w0 -> w1 -> w2 -> w0 -> w2 ... : x, w0 and (remotely) w1, w2."""
+    y = stage(x)
+    z = rpc_agent.rpc_sync("w1", stage_then_last, (y,))
+    return (z * z).sum()
+
+
+def task_chain_grads():
+    x = _x()
+    with dist_autograd.context() as cid:
+        loss = chain_loss(x)
+        dist_autograd.backward(cid, [loss])
+        grads = dist_autograd.get_gradients(cid)
+        local = {"x": grads[x].data.copy(), "w0": grads[_PARAMS["w"]].data.copy()}
+        remote = {f"w{r}": rpc_agent.rpc_sync(f"w{r}", my_grad, (cid,)) for r in (1, 2)}
+        untouched = x.grad is None and _PARAMS["w"].grad is None
+    return float(loss.item()), local, remote, untouched
+
+
+def my_grad(cid):
+    return dist_autograd.get_gradients(cid)[_PARAMS["w"]].data.copy()
+
+
+def task_chain_loss_value(w_values: dict, x_value):
+    """The chain's loss for given parameter values (finite differences), no autograd."""
+    return float(_chain_loss_numpy(w_values, x_value))
+
+
+def _chain_loss_numpy(ws: dict, x):
+    y = np.tanh(x @ ws["w0"])
+    y = np.tanh(y @ ws["w1"])
+    y = np.tanh(y @ ws["w2"])
+    y = np.tanh(y @ ws["w0"]) * 2.0
+    return (y * y).sum()
+
+
+def task_twice_and_remote():
+    """A tensor sent twice, a remote() result fetched with to_here, summed."""
+    x = _x()
+    with dist_autograd.context() as cid:
+        a = rpc_agent.rpc_sync("w1", stage, (x,))
+        b = rpc_agent.rpc_sync("w1", stage, (x,))
+        r = rpc_agent.remote("w2", stage, (x,))
+        loss = (a * b).sum() + r.to_here().sum()
+        dist_autograd.backward(cid, [loss])
+        gx = dist_autograd.get_gradients(cid)[x].data.copy()
+        g1 = rpc_agent.rpc_sync("w1", my_grad, (cid,))
+        g2 = rpc_agent.rpc_sync("w2", my_grad, (cid,))
+    return gx, g1, g2
+
+
+def task_rref_backward():
+    """remote() keeps a loss on w1; RRef.backward runs the pass from there."""
+    x = _x()
+    with dist_autograd.context() as cid:
+        loss_rref = rpc_agent.remote("w1", remote_loss, (x,))
+        loss_rref.backward(cid)
+        gx = dist_autograd.get_gradients(cid)[x].data.copy()
+        g1 = rpc_agent.rpc_sync("w1", my_grad, (cid,))
+    return gx, g1
+
+
+def remote_loss(x):
+    return stage(x).sum()
+
+
+def task_async_execution():
+    x = _x()
+    with dist_autograd.context() as cid:
+        y = rpc_agent.rpc_sync("w1", stage_async, (x,))
+        dist_autograd.backward(cid, [y.sum()])
+        gx = dist_autograd.get_gradients(cid)[x].data.copy()
+        g1 = rpc_agent.rpc_sync("w1", my_grad, (cid,))
+        g2 = rpc_agent.rpc_sync("w2", my_grad, (cid,))
+    return gx, g1, g2
+
+
+def task_unused_remote_and_retain():
+    """A call whose result backward never reaches, and two passes with retain_graph."""
+    x = _x()
+    with dist_autograd.context() as cid:
+        rpc_agent.rpc_sync("w2", stage, (x,))  # unused: its send gets "no gradient"
+        y = rpc_agent.rpc_sync("w1", stage, (x,))
+        loss = y.sum()
+        dist_autograd.backward(cid, [loss], retain_graph=True)
+        once = dist_autograd.get_gradients(cid)[x].data.copy()
+        dist_autograd.backward(cid, [loss])
+        twice = dist_autograd.get_gradients(cid)[x].data.copy()
+        w2_grads = rpc_agent.rpc_sync("w2", grad_count, (cid,))
+    return once, twice, w2_grads
+
+
+def grad_count(cid):
+    return len(dist_autograd.get_gradients(cid))
+
+
+def task_errors():
+    """Each bad input's error type and message."""
+    out = {}
+    x = _x()
+
+    def catch(key, fn):
+        try:
+            fn()
+        except dist_autograd.DistAutogradError as exc:
+            out[key] = str(exc)
+
+    catch("unknown", lambda: dist_autograd.backward(12345, [x.sum()]))
+    catch("bad_id", lambda: dist_autograd.get_gradients("1"))
+    with dist_autograd.context() as cid:
+        y = rpc_agent.rpc_sync("w1", stage, (x,))
+        catch("not_scalar", lambda: dist_autograd.backward(cid, [y]))
+        catch("no_grad", lambda: dist_autograd.backward(cid, [core.Tensor(np.ones(()))]))
+        catch("not_list", lambda: dist_autograd.backward(cid, []))
+        catch("nested", lambda: dist_autograd.context().__enter__())
+        dist_autograd.backward(cid, [y.sum()])
+        catch("twice", lambda: dist_autograd.backward(cid, [y.sum()]))
+    catch("ended", lambda: dist_autograd.get_gradients(cid))
+    out["cid"] = cid
+    return out
+
+
+def task_metrics():
+    from shoal.rpc_agent import metrics  # noqa: PLC0415
+
+    before = metrics.DIST_BACKWARD_OK._value.get()
+    x = _x()
+    with dist_autograd.context() as cid:
+        y = rpc_agent.rpc_sync("w1", stage, (x,))
+        live = metrics.DIST_CONTEXTS._value.get()
+        dist_autograd.backward(cid, [y.sum()])
+    after = metrics.DIST_BACKWARD_OK._value.get()
+    count = metrics.DIST_BACKWARD_SECONDS._sum.get()
+    return live, after - before, count, metrics.DIST_CONTEXTS._value.get()
+
+
+# ----------------------------------------------------------------------------- tests
+
+@pytest.fixture(scope="module")
+def workers():
+    with RpcWorkers(3) as pool:
+        pool.run_all(init_params)
+        yield pool
+        pool.shutdown()
+
+
+def _ws() -> dict:
+    return {f"w{r}": _values(100 + r, (4, 4)) for r in range(3)}
+
+
+def _local_chain():
+    """The same model in one process, with core's local autograd: the reference."""
+    ws = {k: core.Tensor(v, requires_grad=True) for k, v in _ws().items()}
+    x = _x()
+    y = local_stage(x, ws["w0"])
+    y = local_stage(y, ws["w1"])
+    y = local_stage(y, ws["w2"])
+    y = local_stage(y, ws["w0"]) * 2.0
+    loss = (y * y).sum()
+    loss.backward()
+    return float(loss.item()), x.grad.data, {k: t.grad.data for k, t in ws.items()}
+
+
+def _assert_all_released(workers):
+    assert workers.run_all(live_contexts) == [0, 0, 0]
+
+
+def test_gradients_through_a_three_worker_cycle_equal_one_process(workers):
+    loss, local, remote, untouched = workers.run(0, task_chain_grads)
+    ref_loss, ref_x, ref_w = _local_chain()
+    assert loss == pytest.approx(ref_loss, abs=1e-12)
+    np.testing.assert_allclose(local["x"], ref_x, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(local["w0"], ref_w["w0"], rtol=0, atol=1e-12)
+    for key in ("w1", "w2"):
+        np.testing.assert_allclose(remote[key], ref_w[key], rtol=0, atol=1e-12)
+    assert untouched, "distributed backward wrote into .grad"
+    _assert_all_released(workers)
+
+
+def test_finite_differences_through_three_workers(workers):
+    _, local, remote, _ = workers.run(0, task_chain_grads)
+    grads = {"w0": local["w0"], **remote}
+    ws, x = _ws(), _values(1, (3, 4))
+    eps = 1e-6
+    rng = np.random.default_rng(3)
+    for key in ("w0", "w1", "w2"):
+        for _ in range(3):
+            i, j = rng.integers(0, 4, size=2)
+            plus = {k: v.copy() for k, v in ws.items()}
+            minus = {k: v.copy() for k, v in ws.items()}
+            plus[key][i, j] += eps
+            minus[key][i, j] -= eps
+            fd = (_chain_loss_numpy(plus, x) - _chain_loss_numpy(minus, x)) / (2 * eps)
+            assert grads[key][i, j] == pytest.approx(fd, rel=1e-6, abs=1e-8), (key, i, j)
+
+
+def test_a_tensor_sent_twice_and_a_remote_result(workers):
+    gx, g1, g2 = workers.run(0, task_twice_and_remote)
+    ws = {k: core.Tensor(v, requires_grad=True) for k, v in _ws().items()}
+    x = _x()
+    a = local_stage(x, ws["w1"])
+    b = local_stage(x, ws["w1"])
+    loss = (a * b).sum() + local_stage(x, ws["w2"]).sum()
+    loss.backward()
+    np.testing.assert_allclose(gx, x.grad.data, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(g1, ws["w1"].grad.data, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(g2, ws["w2"].grad.data, rtol=0, atol=1e-12)
+    _assert_all_released(workers)
+
+
+def test_rref_backward_starts_on_the_owner(workers):
+    gx, g1 = workers.run(0, task_rref_backward)
+    w1 = core.Tensor(_values(101, (4, 4)), requires_grad=True)
+    x = _x()
+    local_stage(x, w1).sum().backward()
+    np.testing.assert_allclose(gx, x.grad.data, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(g1, w1.grad.data, rtol=0, atol=1e-12)
+    _assert_all_released(workers)
+
+
+def test_calls_from_async_execution_functions(workers):
+    gx, g1, g2 = workers.run(0, task_async_execution)
+    ws = {k: core.Tensor(v, requires_grad=True) for k, v in _ws().items()}
+    x = _x()
+    local_stage(local_stage(x, ws["w1"]), ws["w2"]).sum().backward()
+    np.testing.assert_allclose(gx, x.grad.data, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(g1, ws["w1"].grad.data, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(g2, ws["w2"].grad.data, rtol=0, atol=1e-12)
+
+
+def test_unreached_calls_complete_and_retain_graph_accumulates(workers):
+    once, twice, w2_grads = workers.run(0, task_unused_remote_and_retain)
+    np.testing.assert_allclose(twice, 2 * once, rtol=0, atol=1e-12)
+    assert w2_grads == 0
+    _assert_all_released(workers)
+
+
+def test_bad_input_errors_name_the_context(workers):
+    out = workers.run(0, task_errors)
+    cid = out["cid"]
+    assert out["unknown"].startswith(
+        "Could not find autograd context with id 12345 on worker 'w0'")
+    assert out["bad_id"] == "A distributed autograd context id is an int, got '1'."
+    assert out["not_scalar"] == (
+        f"backward(context {cid}): root 0 has shape (3, 4); distributed backward starts from "
+        "scalars only.")
+    assert out["no_grad"] == (
+        f"backward(context {cid}): root 0 does not require grad, so there is nothing to "
+        "differentiate.")
+    assert out["not_list"] == (
+        f"backward(context {cid}): roots must be a non-empty list of Tensors, got [].")
+    assert out["nested"] == (
+        f"This thread already has distributed autograd context {cid}; contexts do not nest.")
+    assert out["twice"].startswith(
+        f"Distributed autograd context {cid} already ran a backward pass without "
+        "retain_graph=True on worker 'w0'")
+    assert out["ended"].startswith(f"Could not find autograd context with id {cid} on worker")
+    assert issubclass(dist_autograd.DistAutogradError, rpc_agent.RpcError)
+    _assert_all_released(workers)
+
+
+def test_metrics_count_contexts_and_passes(workers):
+    live, passes, seconds, after = workers.run(0, task_metrics)
+    assert live == 1 and after == 0
+    assert passes == 1
+    assert seconds > 0
+
+
+# ----------------------------------------------------------------------------- faults
+
+def slow_stage(x):
+    """A stage whose backward blocks until the test kills this worker."""
+    def hang(g):
+        import time  # noqa: PLC0415
+
+        time.sleep(60)
+        return g
+    y = stage(x)
+    y.register_hook(hang)
+    return y
+
+
+def task_backward_with_dying_peer():
+    import time  # noqa: PLC0415
+
+    x = _x()
+    with dist_autograd.context() as cid:
+        y = rpc_agent.rpc_sync("w1", slow_stage, (x,))
+        start = time.monotonic()
+        try:
+            dist_autograd.backward(cid, [y.sum()])
+        except dist_autograd.DistAutogradError as exc:
+            return str(exc), time.monotonic() - start
+    return None, time.monotonic() - start
+
+
+def test_a_worker_killed_mid_backward_fails_the_pass_naming_it():
+    with RpcWorkers(2, rpc_timeout=20) as pool:
+        pool.run_all(init_params)
+        task = pool.submit(0, task_backward_with_dying_peer)
+        # w1 is inside its hook once its process shows the sleeping backward; a short pause
+        # suffices since the pass itself takes milliseconds.
+        import time  # noqa: PLC0415
+
+        time.sleep(2.0)
+        pool.kill(1)
+        message, seconds = pool.result(task, timeout=30)
+        assert message is not None and "'w1'" in message, message
+        assert seconds < 20
+        assert pool.run(0, live_contexts) == 0
+        pool.close()
