@@ -1,0 +1,343 @@
+"""`DataLoader`: torch's loader (arguments, defaults, errors), with resumable state.
+
+Map-style datasets are read through a sampler (sequential, random, or the user's, e.g.
+collectives.DistributedSampler) grouped by a BatchSampler; iterable datasets are read as
+streams, each worker its own copy. With `num_workers > 0` the batches are built in worker
+processes (pool.py) and cross into this process through shared memory (handover.py).
+
+`state_dict()` records where the training loop is, not where the workers are: the sampler's
+state after the samples already handed out, so a loader resumed with `load_state_dict` yields
+exactly the batches an uninterrupted one would have yielded next.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any, Callable, Iterator, Optional
+
+from shoal.core.data import pin as pinning
+from shoal.core.data.collate import default_collate, default_convert
+from shoal.core.data.dataset import IterableDataset
+from shoal.core.data.datapipes import sharding
+from shoal.core.data.datapipes.iter import IterDataPipe
+from shoal.core.data.errors import DataLoaderError
+from shoal.core.data.pool import Failure, WorkerPool
+from shoal.core.data.random import Generator, default_seed
+from shoal.core.data.sampler import (
+    BatchSampler,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+    resumable,
+)
+from shoal.core.data.worker import WorkerSpec
+
+_END = object()  # an iterable dataset's worker ran out of items
+_iterations = itertools.count()
+
+
+def _check(cond: bool, message: str) -> None:
+    if not cond:
+        raise ValueError(message)
+
+
+class DataLoader:
+    """Batches from a dataset, optionally built by worker processes (torch's DataLoader)."""
+
+    def __init__(self, dataset: Any, batch_size: Optional[int] = 1, shuffle: Optional[bool] = None,
+                 sampler: Optional[Sampler] = None, batch_sampler: Optional[Sampler] = None,
+                 num_workers: int = 0, collate_fn: Optional[Callable] = None,
+                 pin_memory: bool = False, drop_last: bool = False, timeout: float = 0,
+                 worker_init_fn: Optional[Callable] = None, multiprocessing_context: Any = None,
+                 generator: Optional[Generator] = None, *, prefetch_factor: Optional[int] = None,
+                 persistent_workers: bool = False) -> None:
+        _check(isinstance(num_workers, int) and num_workers >= 0,
+               "num_workers option should be non-negative; use num_workers=0 to disable "
+               "multiprocessing.")
+        _check(timeout >= 0, "timeout option should be non-negative")
+        if num_workers == 0:
+            _check(prefetch_factor is None,
+                   "prefetch_factor option could only be specified in multiprocessing.let "
+                   "num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor "
+                   "to None.")
+            _check(not persistent_workers, "persistent_workers option needs num_workers > 0")
+        elif prefetch_factor is None:
+            prefetch_factor = 2
+        _check(prefetch_factor is None or prefetch_factor >= 1,
+               f"prefetch_factor must be at least 1, got {prefetch_factor}")
+        self.dataset = dataset
+        self.iterable = isinstance(dataset, IterableDataset)
+        if self.iterable:
+            for name, value in (("shuffle", shuffle), ("sampler", sampler),
+                                ("batch_sampler", batch_sampler)):
+                _check(value in (None, False), "DataLoader with IterableDataset: expected "
+                                               f"unspecified {name} option, but got {name}={value}")
+        _check(sampler is None or not shuffle, "sampler option is mutually exclusive with shuffle")
+        if batch_sampler is not None:
+            _check(batch_size == 1 and not shuffle and sampler is None and not drop_last,
+                   "batch_sampler option is mutually exclusive with batch_size, shuffle, "
+                   "sampler, and drop_last")
+            batch_size, drop_last = None, False
+        elif batch_size is None:
+            _check(not drop_last, "batch_size=None option disables auto-batching and is "
+                                  "mutually exclusive with drop_last")
+        if sampler is None and not self.iterable:
+            sampler = (RandomSampler(dataset, generator=generator) if shuffle
+                       else SequentialSampler(dataset))
+        if batch_size is not None and batch_sampler is None and not self.iterable:
+            batch_sampler = BatchSampler(sampler, batch_size, drop_last)
+        self.batch_size, self.drop_last = batch_size, bool(drop_last)
+        self.sampler, self.batch_sampler = sampler, batch_sampler
+        self.num_workers, self.prefetch_factor = num_workers, prefetch_factor
+        self.auto_collation = batch_sampler is not None or (self.iterable and batch_size is not None)
+        self.collate_fn = collate_fn or (default_collate if self.auto_collation else default_convert)
+        self.pin_memory, self.timeout = bool(pin_memory), float(timeout)
+        self.worker_init_fn, self.multiprocessing_context = worker_init_fn, multiprocessing_context
+        self.generator, self.persistent_workers = generator, bool(persistent_workers)
+        self._pool: Optional[WorkerPool] = None
+        self._iterator: Optional[_LoaderIter] = None
+        self._resume: Optional[dict] = None
+
+    @property
+    def _index_sampler(self) -> Any:
+        return self.batch_sampler if self.batch_sampler is not None else self.sampler
+
+    def __len__(self) -> int:
+        if self.iterable:
+            n = len(self.dataset)
+            if self.batch_size is None:
+                return n
+            return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+        return len(self._index_sampler)
+
+    def __iter__(self) -> Iterator:
+        resume, self._resume = self._resume, None
+        if resume is not None and not self.iterable:
+            self._index_sampler.load_state_dict(resume["sampler"])
+        base_seed = (int(resume["base_seed"]) if resume is not None
+                     else self.generator.random_int64() if self.generator is not None
+                     else default_seed())
+        if self._iterator is not None:
+            self._iterator.close()
+        if self.num_workers == 0:
+            it: _LoaderIter = _SingleProcessIter(self, base_seed)
+        else:
+            it = _MultiProcessIter(self, base_seed)
+        if resume is not None and self.iterable:
+            it.skip(int(resume["batches"]))
+        self._iterator = it
+        return it
+
+    # -- state ------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Where the training loop stands: resume with load_state_dict to continue from here.
+
+        For a sampler-driven loader: the sampler's state after the samples handed out so far
+        (ints and arrays only, so checkpoints admit it); for an iterable dataset: the number of
+        batches handed out, which a resumed loader skips.
+        """
+        it = self._iterator
+        if it is None and self._resume is not None:
+            return self._resume
+        seed = it.base_seed if it is not None else 0
+        if self.iterable:
+            return {"batches": it.batches if it is not None else 0, "base_seed": seed}
+        if not resumable(self._index_sampler):
+            raise DataLoaderError(
+                f"DataLoader.state_dict needs a sampler with state_after/load_state_dict; "
+                f"{type(self._index_sampler).__name__} has none")
+        consumed = it.samples if it is not None else 0
+        return {"sampler": self._index_sampler.state_after(consumed), "base_seed": seed,
+                "batches": it.batches if it is not None else 0}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Make the next `iter(loader)` continue from `state` (from state_dict)."""
+        if not isinstance(state, dict) or "base_seed" not in state:
+            raise ValueError(f"not a DataLoader state: {state!r}")
+        if self._iterator is not None:
+            self._iterator.close()
+            self._iterator = None
+        self._resume = dict(state)
+
+    def _worker_pool(self, base_seed: int) -> WorkerPool:
+        if self._pool is not None and not self._pool.closed:
+            return self._pool
+        prepare = _pipe_preparer(self.dataset)
+        specs = [WorkerSpec(self.dataset, wid, self.num_workers, base_seed, self.collate_fn,
+                            self.auto_collation, self.batch_size, self.drop_last, self.iterable,
+                            self.worker_init_fn, prepare) for wid in range(self.num_workers)]
+        pool = WorkerPool(specs, self.prefetch_factor, self.multiprocessing_context)
+        if self.persistent_workers:
+            self._pool = pool
+        return pool
+
+    def __del__(self) -> None:
+        if getattr(self, "_pool", None) is not None:
+            self._pool.shutdown()
+
+
+def _pipe_preparer(dataset: Any) -> Optional[Callable]:
+    """DataPipes are sharded over (rank, worker) inside each worker; other datasets are not."""
+    return sharding.prepare_in_worker if isinstance(dataset, IterDataPipe) else None
+
+
+class _LoaderIter:
+    """What both iterators share: counting what was handed out, pinning, closing."""
+
+    def __init__(self, loader: DataLoader, base_seed: int) -> None:
+        self.loader = loader
+        self.base_seed = base_seed
+        self.samples = 0  # samples handed to the training loop in this iteration
+        self.batches = 0
+
+    def __iter__(self) -> "_LoaderIter":
+        return self
+
+    def _hand_out(self, batch: Any, samples: int) -> Any:
+        self.samples += samples
+        self.batches += 1
+        return pinning.pin(batch) if self.loader.pin_memory else batch
+
+    def skip(self, batches: int) -> None:
+        """Discard the first `batches` batches (an iterable dataset's resume)."""
+        for _ in range(batches):
+            next(self)
+
+    def close(self) -> None:
+        """Release what the iteration holds."""
+
+
+class _SingleProcessIter(_LoaderIter):
+    def __init__(self, loader: DataLoader, base_seed: int) -> None:
+        super().__init__(loader, base_seed)
+        prepare = _pipe_preparer(loader.dataset)
+        if prepare is not None:
+            prepare(loader.dataset, 0, 1, base_seed)
+        self._indices = None if loader.iterable else iter(loader._index_sampler)
+        self._items = iter(loader.dataset) if loader.iterable else None
+
+    def __next__(self) -> Any:
+        loader = self.loader
+        if self._indices is not None:
+            indices = next(self._indices)
+            if loader.auto_collation:
+                return self._hand_out(loader.collate_fn([loader.dataset[i] for i in indices]),
+                                      len(indices))
+            return self._hand_out(loader.collate_fn(loader.dataset[indices]), 1)
+        if not loader.auto_collation:
+            return self._hand_out(loader.collate_fn(next(self._items)), 1)
+        items = []
+        for item in self._items:
+            items.append(item)
+            if len(items) == loader.batch_size:
+                break
+        if not items or (loader.drop_last and len(items) < loader.batch_size):
+            raise StopIteration
+        return self._hand_out(loader.collate_fn(items), len(items))
+
+
+class _MultiProcessIter(_LoaderIter):
+    """Keeps prefetch_factor tasks in flight per worker and yields results in task order."""
+
+    def __init__(self, loader: DataLoader, base_seed: int) -> None:
+        super().__init__(loader, base_seed)
+        self.pool = loader._worker_pool(base_seed)
+        self._indices = None if loader.iterable else iter(loader._index_sampler)
+        self._tasks: dict[int, tuple[int, int]] = {}  # task -> (worker, samples)
+        self._done: dict[int, Any] = {}
+        self._exhausted = [False] * self.pool.size
+        self._send, self._next, self._turn = 0, 0, 0
+        self._sampler_done = False
+        self._epoch = next(_iterations)  # tags this iteration's tasks (a reused pool's stale ones)
+        if loader.iterable:
+            for w in range(self.pool.size):
+                self.pool.send(w, ("reset",))
+        try:
+            while self._dispatch():
+                pass
+        except BaseException:
+            self.close()
+            raise
+
+    def _dispatch(self) -> bool:
+        pool = self.pool
+        for k in range(pool.size):
+            w = (self._turn + k) % pool.size
+            if pool.free_slots[w] and not self._exhausted[w]:
+                break
+        else:
+            return False
+        samples = 1
+        indices = None
+        if self._indices is not None:
+            if self._sampler_done:
+                return False
+            try:
+                indices = next(self._indices)
+            except StopIteration:
+                self._sampler_done = True
+                return False
+            samples = len(indices) if self.loader.auto_collation else 1
+        self._turn = (w + 1) % pool.size
+        task = self._send
+        self._send += 1
+        self._tasks[task] = (w, samples)
+        pool.submit(w, (self._epoch, task), indices)
+        return True
+
+    def __next__(self) -> Any:
+        try:
+            return self._next_batch()
+        except StopIteration:
+            self.close()
+            raise
+        except BaseException:
+            self.close(error=True)
+            raise
+
+    def _next_batch(self) -> Any:
+        timeout = self.loader.timeout
+        while True:
+            if self._next in self._done:
+                item = self._done.pop(self._next)
+                worker, samples = self._tasks.pop(self._next)
+                self._next += 1
+                self._dispatch()
+                if item is _END:
+                    continue
+                if isinstance(item, Failure):
+                    raise item.exception()
+                return self._hand_out(item, samples)
+            if self._next >= self._send and not self._dispatch():
+                raise StopIteration
+            worker = self._tasks[self._next][0]
+            deadline = time.monotonic() + timeout if timeout > 0 else None
+            for w, message in self.pool.receive(deadline, timeout, f"batch {self._next}",
+                                                [worker]):
+                self._accept(w, message)
+
+    def _accept(self, worker: int, message: tuple) -> None:
+        kind, tag = message[0], message[1]
+        if kind == "error" and tag is None:  # worker_init_fn failed: the worker is gone
+            raise message[2].exception()
+        epoch, task = tag
+        if epoch != self._epoch:
+            return  # an abandoned iteration's batch (persistent workers): its slot is free
+        if kind == "batch":
+            self._done[task] = message[3]
+        elif kind == "error":
+            self._done[task] = message[2]
+        elif kind == "end":
+            self._exhausted[worker] = True
+            self._done[task] = _END
+
+    def close(self, error: bool = False) -> None:
+        if error or not self.loader.persistent_workers:
+            self.pool.shutdown()
+            if self.loader._pool is self.pool:
+                self.loader._pool = None
+
+    def __del__(self) -> None:
+        if not self.loader.persistent_workers:
+            self.pool.shutdown()

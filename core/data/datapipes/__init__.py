@@ -1,0 +1,27 @@
+"""DataPipes in the torchdata style: composable iterable and map-style pipes."""
+
+from shoal.core.data.datapipes.files import FileLister, FileOpener, LineReader
+from shoal.core.data.datapipes.iter import (
+    Batcher,
+    Collator,
+    Concater,
+    Cycler,
+    Filter,
+    Header,
+    IterableWrapper,
+    IterDataPipe,
+    Mapper,
+    ShardingFilter,
+    Shuffler,
+    UnBatcher,
+    Zipper,
+)
+from shoal.core.data.datapipes.map import MapDataPipe, SequenceWrapper
+from shoal.core.data.datapipes.sharding import apply_sharding, distributed_info, set_distributed_info
+
+__all__ = [
+    "Batcher", "Collator", "Concater", "Cycler", "FileLister", "FileOpener", "Filter", "Header",
+    "IterDataPipe", "IterableWrapper", "LineReader", "MapDataPipe", "Mapper", "SequenceWrapper",
+    "ShardingFilter", "Shuffler", "UnBatcher", "Zipper", "apply_sharding", "distributed_info",
+    "set_distributed_info",
+]

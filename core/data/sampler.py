@@ -1,0 +1,172 @@
+"""Samplers with torch's semantics, plus the resumable state a checkpoint carries.
+
+A sampler that can resume mid-epoch implements `state_after(consumed)`: the state from which a
+fresh iteration yields exactly the indices that follow the first `consumed` ones of the current
+iteration; `load_state_dict` installs it for the next `__iter__`. The DataLoader, which knows how
+many samples it handed to the training loop (its workers run ahead), asks for it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Iterable, Iterator, Optional, Sequence, Sized
+
+import numpy as np
+
+from shoal.core.data.random import Generator, default_seed
+
+
+class Sampler:
+    """Yields dataset indices (or, for a batch sampler, lists of them)."""
+
+    def __iter__(self) -> Iterator:
+        raise NotImplementedError(f"{type(self).__name__} must implement __iter__")
+
+    def state_after(self, consumed: int) -> dict:
+        """The state that resumes after `consumed` items of the current iteration."""
+        raise NotImplementedError(f"{type(self).__name__} cannot resume mid-epoch")
+
+    def load_state_dict(self, state: dict) -> None:
+        """Make the next `__iter__` resume from `state` (from state_after)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot resume mid-epoch")
+
+
+def _start(state: dict, what: str) -> int:
+    start = state.get("start")
+    if not isinstance(start, (int, np.integer)) or start < 0:
+        raise ValueError(f"a {what} state needs a non-negative int 'start', got {start!r}")
+    return int(start)
+
+
+class SequentialSampler(Sampler):
+    """0, 1, ..., len(data_source) - 1."""
+
+    def __init__(self, data_source: Sized) -> None:
+        self.data_source = data_source
+        self._begin = 0  # where the next iteration starts (set by load_state_dict)
+        self._current = 0  # where the running iteration started
+
+    def __iter__(self) -> Iterator[int]:
+        self._current, self._begin = self._begin, 0
+        return iter(range(self._current, len(self.data_source)))
+
+    def __len__(self) -> int:
+        return len(self.data_source)
+
+    def state_after(self, consumed: int) -> dict:
+        return {"start": min(self._current + consumed, len(self.data_source))}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._begin = _start(state, "SequentialSampler")
+
+
+class RandomSampler(Sampler):
+    """A random order of the indices (torch's stream for the same Generator seed)."""
+
+    def __init__(self, data_source: Sized, replacement: bool = False,
+                 num_samples: Optional[int] = None, generator: Optional[Generator] = None) -> None:
+        self.data_source = data_source
+        self.replacement = bool(replacement)
+        self._num_samples = num_samples
+        self.generator = generator
+        if not isinstance(self.num_samples, int) or self.num_samples <= 0:
+            raise ValueError(
+                f"num_samples should be a positive integer value, but got num_samples={self.num_samples}"
+            )
+        self._resume: Optional[tuple[np.ndarray, int]] = None
+        self._current: tuple[np.ndarray, int] = (np.zeros(0, np.uint32), 0)
+
+    @property
+    def num_samples(self) -> int:
+        """How many indices one iteration yields (the dataset's length by default)."""
+        return len(self.data_source) if self._num_samples is None else self._num_samples
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def _stream(self, gen: Generator) -> Iterator[int]:
+        n = len(self.data_source)
+        if self.replacement:
+            for _ in range(self.num_samples // 32):
+                yield from (gen.words(32) % n).tolist()
+            yield from (gen.words(self.num_samples % 32) % n).tolist()
+        else:
+            for _ in range(self.num_samples // n):
+                yield from gen.randperm(n).tolist()
+            yield from gen.randperm(n).tolist()[: self.num_samples % n]
+
+    def __iter__(self) -> Iterator[int]:
+        if self._resume is not None:
+            (state, skip), self._resume = self._resume, None
+            gen = self.generator or Generator()
+            gen.set_state(state)
+        else:
+            gen = self.generator or Generator(default_seed())
+            skip = 0
+        self._current = (gen.get_state(), skip)
+        return itertools.islice(self._stream(gen), skip, None)
+
+    def state_after(self, consumed: int) -> dict:
+        state, skip = self._current
+        return {"generator": state.copy(), "start": min(skip + consumed, self.num_samples)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._resume = (np.asarray(state["generator"], np.uint32), _start(state, "RandomSampler"))
+
+
+class SubsetRandomSampler(Sampler):
+    """The given indices in a random order."""
+
+    def __init__(self, indices: Sequence[int], generator: Optional[Generator] = None) -> None:
+        self.indices = list(indices)
+        self.generator = generator
+
+    def __iter__(self) -> Iterator[int]:
+        gen = self.generator or Generator(default_seed())
+        for i in gen.randperm(len(self.indices)).tolist():
+            yield self.indices[i]
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+class BatchSampler(Sampler):
+    """Groups another sampler's indices into lists of `batch_size`."""
+
+    def __init__(self, sampler: Iterable[int], batch_size: int, drop_last: bool) -> None:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+            raise ValueError(
+                f"batch_size should be a positive integer value, but got batch_size={batch_size}"
+            )
+        self.sampler = sampler
+        self.batch_size = batch_size
+        self.drop_last = bool(drop_last)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        it = iter(self.sampler)
+        while True:
+            batch = list(itertools.islice(it, self.batch_size))
+            if not batch or (self.drop_last and len(batch) < self.batch_size):
+                return
+            yield batch
+
+    def __len__(self) -> int:
+        n = len(self.sampler)  # type: ignore[arg-type]
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def state_after(self, consumed: int) -> dict:
+        """`consumed` counts indices (not batches), as the loader reports them."""
+        return self.sampler.state_after(consumed)  # type: ignore[attr-defined]
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sampler.load_state_dict(state)  # type: ignore[attr-defined]
+
+
+def resumable(sampler: Any) -> bool:
+    """True when `sampler` implements the mid-epoch state protocol."""
+    try:
+        probe = type(sampler).state_after
+    except AttributeError:
+        return False
+    return probe is not Sampler.state_after and not (
+        isinstance(sampler, BatchSampler) and not resumable(sampler.sampler))

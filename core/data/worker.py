@@ -1,0 +1,177 @@
+"""The loader worker process: its seeding, `get_worker_info()`, and its task loop.
+
+Seeding follows torch: worker `i` of an iterator whose base seed is `b` seeds Python's `random`
+and core with `b + i`, and numpy's global generator with four words of a SeedSequence over
+(i, b mod 2**32, b >> 32, 0), which is what torch's `_generate_state` computes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import pickle
+import random
+import signal
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from shoal.core.data.handover import SlotWriter
+from shoal.core.ops import random as core_random
+
+# How often an idle worker checks that the process that started it is still there.
+PARENT_POLL_S = 1.0
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """What `get_worker_info()` returns inside a worker."""
+
+    id: int
+    num_workers: int
+    seed: int
+    dataset: Any
+
+
+_info: Optional[WorkerInfo] = None
+
+
+def get_worker_info() -> Optional[WorkerInfo]:
+    """This worker's id, count, seed and dataset copy; None in the main process."""
+    return _info
+
+
+def numpy_seed_words(base_seed: int, worker_id: int) -> np.ndarray:
+    """The four words torch seeds a worker's numpy global generator with."""
+    entropy = [worker_id, base_seed & 0xFFFFFFFF, base_seed >> 32, 0]
+    return np.random.SeedSequence(entropy, pool_size=4).generate_state(4)
+
+
+def seed_worker(base_seed: int, worker_id: int) -> int:
+    """Seed random, numpy and core for worker `worker_id`; returns the worker's seed."""
+    seed = base_seed + worker_id
+    random.seed(seed)
+    core_random.manual_seed(seed)
+    np.random.seed(numpy_seed_words(base_seed, worker_id))
+    return seed
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (a rank killed mid-step)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the idle poll below still notices the parent is gone
+
+
+@dataclass
+class WorkerSpec:
+    """Everything a worker needs, sent to it once at start (pickled under spawn)."""
+
+    dataset: Any
+    worker_id: int
+    num_workers: int
+    base_seed: int
+    collate_fn: Optional[Callable]
+    auto_collation: bool
+    batch_size: Optional[int]
+    drop_last: bool
+    iterable: bool
+    worker_init_fn: Optional[Callable]
+    prepare: Optional[Callable]  # called with the dataset before iterating (DataPipe sharding)
+
+
+def _error_message(exc: BaseException, task_id: Optional[int], where: str) -> tuple:
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    try:
+        exc_type = pickle.dumps(type(exc))
+    except Exception:  # noqa: BLE001 - a local class: the loader raises WorkerError instead
+        exc_type = None
+    return ("error", task_id, exc_type, type(exc).__name__, where, text)
+
+
+class _Fetcher:
+    """Turns a task into a batch: indices for map-style datasets, the next items for iterables."""
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.spec = spec
+        self._iterator = None
+
+    def reset(self) -> None:
+        if self.spec.iterable:
+            self._iterator = iter(self.spec.dataset)
+
+    def fetch(self, indices: Optional[list]) -> Any:
+        spec = self.spec
+        if not spec.iterable:
+            if spec.auto_collation:
+                return spec.collate_fn([spec.dataset[i] for i in indices])
+            return spec.collate_fn(spec.dataset[indices])
+        if self._iterator is None:
+            self.reset()
+        if not spec.auto_collation:
+            return spec.collate_fn(next(self._iterator))
+        items = []
+        for item in self._iterator:
+            items.append(item)
+            if len(items) == spec.batch_size:
+                break
+        if not items or (spec.drop_last and len(items) < spec.batch_size):
+            raise StopIteration
+        return spec.collate_fn(items)
+
+
+def worker_loop(conn: Any, spec: WorkerSpec, parent_pid: int) -> None:
+    """Serve tasks from `conn` until told to stop or the parent disappears."""
+    global _info
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+    seed = seed_worker(spec.base_seed, spec.worker_id)
+    _info = WorkerInfo(spec.worker_id, spec.num_workers, seed, spec.dataset)
+    writer = SlotWriter()
+    try:
+        if spec.prepare is not None:
+            spec.prepare(spec.dataset, spec.worker_id, spec.num_workers, spec.base_seed)
+        if spec.worker_init_fn is not None:
+            spec.worker_init_fn(spec.worker_id)
+    except BaseException as exc:  # noqa: BLE001 - reported to the main process, then exit
+        conn.send(_error_message(exc, None, "worker_init_fn"))
+        return
+    fetcher = _Fetcher(spec)
+    try:
+        _serve(conn, fetcher, writer, parent_pid)
+    except (EOFError, BrokenPipeError, KeyboardInterrupt):
+        pass  # the main process went away or closed the pipe: nothing left to serve
+    finally:
+        writer.close()
+        conn.close()
+
+
+def _serve(conn: Any, fetcher: _Fetcher, writer: SlotWriter, parent_pid: int) -> None:
+    while True:
+        if not conn.poll(PARENT_POLL_S):
+            if os.getppid() != parent_pid:
+                return
+            continue
+        task = conn.recv()
+        kind = task[0]
+        if kind == "stop":
+            return
+        if kind == "reset":
+            fetcher.reset()
+            continue
+        _, task_id, indices, slot = task
+        try:
+            data = fetcher.fetch(indices)
+        except StopIteration:
+            conn.send(("end", task_id))
+            continue
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the main process
+            conn.send(_error_message(exc, task_id, "fetching a batch"))
+            continue
+        header, path, layout, size = writer.pack(data, slot)
+        conn.send(("batch", task_id, slot, header, path, layout, size))
+
