@@ -43,6 +43,9 @@ _EXIT_WAIT_S = 10.0
 
 _lock = threading.Lock()
 _store_state: dict[str, Any] = {}
+# Tests set this to widen the window between reading the worker table and recording it
+# (issue 24's start-up race); called with the agent, never set in production.
+_before_set_workers: Optional[Callable[[RpcAgent], None]] = None
 
 
 # ----------------------------------------------------------------------------- init
@@ -161,7 +164,16 @@ def _rendezvous(agent: RpcAgent, store: Store, deadline: Deadline) -> None:
                 f"{item['id']}); worker names must be unique."
             )
         seen[item["name"]] = item["id"]
+    if _before_set_workers is not None:
+        _before_set_workers(agent)
     agent.set_workers(infos)
+    # A peer rejects a hello from a worker missing from its table: dial a higher-id peer only
+    # once it has recorded the table (issue 24: the dial raced the peer's set_workers).
+    store.set(f"table/{info.id}", "1")
+    higher = [f"table/{i}" for i in range(info.id + 1, agent.world_size)]
+    if higher:
+        _wait_keys(store, higher, deadline, f"worker {info.name!r} waited in init_rpc",
+                   "recorded the worker table")
     agent.connect_higher_peers(max(0.1, deadline.remaining()))
     store.set(f"connected/{info.id}", "1")
     _wait_keys(store, [f"connected/{i}" for i in range(agent.world_size)], deadline,
