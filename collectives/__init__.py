@@ -37,6 +37,8 @@ _LAZY = {
     "JoinHook": "shoal.collectives.ddp.join",
     "EarlyTermination": "shoal.collectives.ddp.join",
     "SyncBatchNorm": "shoal.collectives.sync_batchnorm",
+    "DistributedSampler": "shoal.collectives.data",
+    "set_datapipe_sharding": "shoal.collectives.data",
 }
 # The torch.distributed-style module-level API lives in collectives.distributed.
 _LAZY.update({name: "shoal.collectives.distributed" for name in (
