@@ -3,11 +3,15 @@
     shoal run --nproc-per-node 2 examples/train_ddp.py --steps 50 --checkpoint-every 10
     python examples/train_ddp.py --steps 20            # no launcher: a group of one
 
-Each rank's batch at step s is drawn from (seed, s, rank), so a run that is killed and resumed
-from its latest checkpoint ends with exactly the parameters of one that never stopped; the last
-line, `final step S params_sha256 HEX`, lets tests compare runs. Rank 0 saves a checkpoint every
---checkpoint-every steps into SHOAL_CHECKPOINT_DIR (or --checkpoint-dir); every rank loads the
-latest one when it starts.
+The data is a dataset of --dataset-size samples drawn from the seed, read through a DataLoader
+(--data-workers worker processes) with a DistributedSampler: every epoch each sample goes to
+one rank, in an order drawn from (seed, epoch). The loader's position travels in the
+checkpoint, so a run that is killed and resumed from its latest checkpoint ends with exactly
+the parameters of one that never stopped, and a run resumed at another world size reads the
+rest of the epoch, each sample once. The last line, `final step S params_sha256 HEX`, lets
+tests compare runs; --log-samples prints each rank's sample indices per step. Rank 0 saves a
+checkpoint every --checkpoint-every steps into SHOAL_CHECKPOINT_DIR (or --checkpoint-dir);
+every rank loads the latest one when it starts.
 """
 
 from __future__ import annotations
@@ -21,8 +25,10 @@ import time
 import numpy as np
 
 from shoal import core
+from shoal.collectives.data import DistributedSampler
 from shoal.collectives.ddp.ddp import DistributedDataParallel
 from shoal.core import nn
+from shoal.core.data import DataLoader, Dataset
 from shoal.elastic.checkpoint import Checkpointer
 
 D_IN, D_HIDDEN, D_OUT = 16, 64, 4
@@ -53,8 +59,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--step-sleep", "--step_sleep", type=float, default=0.0,
                         help="seconds to sleep after each step (lets fault tests kill mid-run)")
+    parser.add_argument("--dataset-size", "--dataset_size", type=int, default=1024,
+                        help="samples in the generated dataset (one epoch)")
+    parser.add_argument("--data-workers", "--data_workers", type=int, default=0,
+                        help="DataLoader worker processes per rank (0: load in the rank)")
+    parser.add_argument("--log-samples", "--log_samples", action="store_true",
+                        help="print each rank's sample indices after every step")
     args = parser.parse_args(argv)
-    for name in ("steps", "batch_size"):
+    if args.data_workers < 0:
+        parser.error("--data-workers must not be negative")
+    for name in ("steps", "batch_size", "dataset_size"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.checkpoint_every < 0 or args.step_sleep < 0:
@@ -70,11 +84,39 @@ def teacher(seed: int):
     return lambda x: np.tanh(x @ w1) @ w2
 
 
-def make_batch(seed: int, step: int, rank: int, batch_size: int, target_fn):
-    """Rank `rank`'s batch at `step`: a function of (seed, step, rank) only."""
-    rng = np.random.default_rng([seed, step, rank])
-    x = rng.standard_normal((batch_size, D_IN)).astype(np.float32)
-    return core.Tensor(x), core.Tensor(target_fn(x).astype(np.float32))
+class TeacherDataset(Dataset):
+    """`size` samples (index, x, teacher(x)); x is drawn from (seed, index) alone."""
+
+    def __init__(self, seed: int, size: int) -> None:
+        rng = np.random.default_rng([seed, 0xDA7A])
+        self.x = rng.standard_normal((size, D_IN)).astype(np.float32)
+        self.y = teacher(seed)(self.x).astype(np.float32)
+
+    def __getitem__(self, index: int):
+        return index, self.x[index], self.y[index]
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+
+def epochs(loader: DataLoader, sampler: DistributedSampler, first: int):
+    """(epoch, batch) from epoch `first` on, forever (set_epoch reshuffles each epoch)."""
+    epoch = first
+    while True:
+        sampler.set_epoch(epoch)
+        for batch in loader:
+            yield epoch, batch
+        epoch += 1
+
+
+def make_batch(seed: int, step: int, rank: int, batch_size: int, batches):
+    """Rank `rank`'s batch at `step`: the next (epoch, batch) of `batches`, as Tensors.
+
+    One call per step (the fault tests wrap it to know the step); returns (x, y, epoch,
+    sample indices).
+    """
+    epoch, (index, x, y) = next(batches)
+    return x, y, epoch, index.data.tolist()
 
 
 def params_sha256(module: nn.Module) -> str:
@@ -118,30 +160,42 @@ def main(argv=None) -> int:
     net = DistributedDataParallel(model, process_group=group)
     opt = core.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9)
 
-    start = 0
+    dataset = TeacherDataset(args.seed, args.dataset_size)
+    sampler = DistributedSampler(dataset, seed=args.seed)  # rank and size: the default group
+    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler,
+                        num_workers=args.data_workers, persistent_workers=args.data_workers > 0)
+
+    start, first_epoch = 0, 0
     loaded = checkpointer.load_latest() if checkpointer is not None else None
     if loaded is not None:
         start, state = loaded
         model.load_state_dict({k: core.Tensor(v) for k, v in state["model"].items()})
         opt.load_state_dict(state["optim"])
+        if "data" in state:  # the loader's place in its epoch, valid at any world size
+            loader.load_state_dict(state["data"])
+            first_epoch = int(state["data"]["sampler"]["epoch"])
         if rank == 0:
             print(f"resumed from step {start} (restart {restarts})", flush=True)
 
-    target_fn = teacher(args.seed)
+    batches = epochs(loader, sampler, first_epoch)
     for step in range(start, args.steps):
-        x, y = make_batch(args.seed, step, rank, args.batch_size, target_fn)
+        x, y, epoch, indices = make_batch(args.seed, step, rank, args.batch_size, batches)
         opt.zero_grad()
         diff = (net(x) - y) * float(1.0 / np.sqrt(y.numel()))
         loss = (diff * diff).sum()
         loss.backward()
         opt.step()
         done = step + 1
+        if args.log_samples:
+            print(f"rank {rank} step {done} epoch {epoch} samples "
+                  f"{','.join(map(str, indices))}", flush=True)
         if rank == 0:
             print(f"step {done} loss {loss.item():.4f}", flush=True)
             if checkpointer is not None and args.checkpoint_every and done % args.checkpoint_every == 0:
                 checkpointer.save(done, {
                     "model": {k: v.data.copy() for k, v in model.state_dict().items()},
                     "optim": opt.state_dict(),
+                    "data": loader.state_dict(),
                 })
         if args.step_sleep:
             time.sleep(args.step_sleep)
