@@ -82,6 +82,18 @@ def local_transport() -> str:
     return value
 
 
+def hierarchical_collectives() -> bool:
+    """SHOAL_HIERARCHICAL (default 1): whether tcp groups that span hosts run their large
+    collectives in two levels (shared memory within a host, TCP between hosts); 0 runs the flat
+    algorithms over sockets, for comparison."""
+    value = os.environ.get("SHOAL_HIERARCHICAL", "1").strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"SHOAL_HIERARCHICAL must be 0 or 1, got {value!r}.")
+
+
 def spin_seconds(group_size: int, default: float) -> float:
     """How long small receives poll before blocking: SHOAL_SPIN_US if set, else `default` when
     this process may use at least `group_size` CPUs (so ranks do not steal each other's core)."""

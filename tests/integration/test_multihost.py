@@ -110,10 +110,17 @@ def test_rpc_workers_on_two_hosts_reach_each_other(two_hosts, tmp_path):
     assert "sum via rpc_sync: [3. 3.]" in joined
 
 
-@pytest.mark.parametrize("nhosts, nproc", [(2, 2), (3, 1)], ids=["2x2", "3x1"])
-def test_the_collective_catalogue_across_hosts(tmp_path, nhosts, nproc):
-    """Every collective, checked against numpy on every rank (workers/catalogue.py), with ranks
-    on several hosts: sockets between hosts, and within a host whatever the host allows."""
+@pytest.mark.parametrize("nhosts, nproc, path, layout", [
+    (2, 2, "hierarchical", "0,1 | 2,3"),
+    (3, 1, "sockets", "0 | 1 | 2"),
+    (1, 4, "shared memory", "0,1,2,3"),
+], ids=["2x2", "3x1", "1x4"])
+def test_the_collective_catalogue_across_hosts(tmp_path, nhosts, nproc, path, layout):
+    """Every collective, checked against numpy and bitwise across ranks on every rank
+    (workers/catalogue.py, which also runs subgroups), with ranks on several hosts: two-level
+    algorithms when a host has several ranks (shared memory within, TCP between), sockets when
+    every host has one, shared memory alone on one host. Each rank reports the topology it
+    learned and the path it took."""
     with _hosts_with_etcd(nhosts) as (hosts, etcd):
         run_id = f"mh-cat-{uuid.uuid4().hex[:8]}"
         job = [str(WORKERS / "catalogue.py")]
@@ -121,6 +128,7 @@ def test_the_collective_catalogue_across_hosts(tmp_path, nhosts, nproc):
                                   nnodes=str(nhosts)) for h in hosts.hosts])
     joined = "\n".join(outputs)
     for rank in range(nhosts * nproc):
+        assert f"[rank {rank}] path {path} hosts {layout}" in joined, joined[-4000:]
         assert f"[rank {rank}] catalogue ok" in joined, joined[-4000:]
 
 

@@ -1,37 +1,36 @@
 """The tcp backend's collectives on host (numpy) arrays, as functions of an explicit `Links`.
 
 `ProcessGroupTCP` fingerprints each call, stages cupy arrays through host memory once around
-submission, and runs one of these functions in its executor. Each picks an algorithm by size
-(`algorithms` and `shm`) and runs it on the group's links. They raise the internal errors of
-`algorithms`/`pump` (a header mismatch, a lost link) or `GroupFailed`; the group turns those into
-the caller's errors and fails the group.
+submission, and runs one of these functions in its executor. Each picks a path by where the
+ranks are and by size, the same choice on every rank (it depends only on the topology and on
+shapes every rank shares):
+
+- every rank on this host (`links.shm`): shared memory above the small-message size
+  (`shm` for all_reduce, broadcast and all_gather, `shm_streams` for the rest);
+- ranks on several hosts with several ranks on some host (`links.hier`): the two-level
+  algorithms of `hierarchical` above the small-message size;
+- otherwise, and for small messages, the sockets alone (`over_sockets`).
+
+They raise the internal errors of `algorithms`/`pump` (a header mismatch, a lost link) or
+`GroupFailed`; the group turns those into the caller's errors and fails the group.
 """
 
 from __future__ import annotations
 
-import functools
 import select
+import struct
 import time
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
 from shoal.collectives import arrays
-from shoal.collectives.backends.tcp import algorithms as algos
-from shoal.collectives.backends.tcp import shm
-from shoal.collectives.backends.tcp.mesh import FailureReason, Mesh
-from shoal.collectives.backends.tcp.pump import LinkDown, SenderThread, pump, pump_threaded
-from shoal.collectives.constants import (
-    PUMP_CHUNK_BYTES,
-    SHM_SLOT_BYTES,
-    SHM_W2_MIN_CHUNK_BYTES,
-    SMALL_MAX_BYTES,
-    THREADED_CHUNK_MAX_BYTES,
-    THREADED_CHUNK_MIN_BYTES,
-    THREADED_CHUNKS_PER_SEGMENT,
-    THREADED_MIN_BYTES,
-)
-from shoal.collectives.types import CollectiveMismatch, ReduceOp
+from shoal.collectives.backends.tcp import hierarchical, over_sockets, shm, shm_streams
+from shoal.collectives.backends.tcp.links import GroupFailed, Links, P2PMismatch
+from shoal.collectives.backends.tcp.mesh import FailureReason
+from shoal.collectives.backends.tcp.pump import LinkDown
+from shoal.collectives.constants import SHM_SLOT_BYTES, SHM_W2_MIN_CHUNK_BYTES, SMALL_MAX_BYTES
+from shoal.collectives.types import ReduceOp
 
 __all__ = [
     "Links", "GroupFailed", "P2PMismatch", "allreduce_flat", "reduce", "broadcast",
@@ -40,70 +39,21 @@ __all__ = [
 ]
 
 
-class P2PMismatch(CollectiveMismatch):
-    """A received point-to-point message does not fit the receiving array (the group survives)."""
-
-
-class GroupFailed(Exception):
-    """Raised inside an operation that found the group failed (internal).
-
-    `reason` is the failure it decided on, or None when the group had failed already.
-    """
-
-    def __init__(self, reason: Optional[FailureReason] = None):
-        super().__init__(reason.cause if reason is not None else "the group failed")
-        self.reason = reason
-
-
-class Links:
-    """What a tcp collective runs on: this rank's place in the group, its connections to every
-    peer (`mesh`, with `tx`/`rx` sockets and the small-message `direct` path), the shared-memory
-    slots when every rank is on this host, and reusable scratch space and sender thread."""
-
-    def __init__(self, rank: int, size: int, mesh: Mesh, direct: algos.Direct,
-                 shared: Optional[shm.SharedSlots], name: str, failed: Callable[[], bool]):
-        self.rank = rank
-        self.size = size
-        self.mesh = mesh
-        self.tx = mesh.tx
-        self.rx = mesh.rx
-        self.direct = direct
-        self.shm = shared
-        self.failed = failed  # True once the group failed (a p2p receive stops waiting then)
-        self._name = name
-        self._scratch: Optional[bytearray] = None
-        self._sender: Optional[SenderThread] = None
-
-    def scratch(self, nbytes: int) -> memoryview:
-        """A reusable buffer of `nbytes` (operations run one at a time)."""
-        buf = self._scratch
-        if buf is None or len(buf) < nbytes:
-            buf = self._scratch = bytearray(nbytes)
-        return memoryview(buf)[:nbytes]
-
-    def sender_thread(self) -> SenderThread:
-        """The sender thread of the largest ring all_reduces, started on first use."""
-        if self._sender is None:
-            self._sender = SenderThread(f"shoal-pg-{self._name}-sender")
-        return self._sender
-
-    def shm_barrier(self, seq: int, fp: bytes) -> Callable[[], object]:
-        """A barrier for the shared-memory algorithms: an empty exchange of this op's header
-        with every peer, so each step still checks the sequence number and fingerprint."""
-        return functools.partial(self.direct.exchange, seq, fp, b"")
-
-    def close(self) -> None:
-        """Stop the sender thread and drop the shared memory (its mappings go with the last
-        array that views them: a collective aborted in another thread may still be reading)."""
-        if self._sender is not None:
-            self._sender.stop()
-        self.shm = None
-
-
 def _shm_copy_chunk(nbytes: int) -> int:
     """Chunk size of shared-memory broadcast/all_gather: four steps or more, so that publishing
     one chunk overlaps the copies out of the previous one."""
     return min(SHM_SLOT_BYTES, max(SHM_W2_MIN_CHUNK_BYTES, nbytes // 4))
+
+
+def _u8(arr: np.ndarray) -> np.ndarray:
+    return np.frombuffer(arrays.as_bytes(arr), np.uint8)
+
+
+def _uniform_hier(links: Links) -> Optional[hierarchical.Plan]:
+    """The two-level plan when the hosts have equal rank counts (what all_gather and
+    reduce_scatter need to split their blocks evenly), else None."""
+    plan = links.hier
+    return plan if plan is not None and plan.topology.uniform else None
 
 
 # ----------------------------------------------------------------------------- reductions
@@ -114,39 +64,45 @@ def allreduce_flat(links: Links, flat: np.ndarray, op: ReduceOp, seq: int, fp: b
     if size > 1:
         nbytes = flat.nbytes
         uf = arrays.ufunc(op)
-        if nbytes <= SMALL_MAX_BYTES:
-            data = links.direct.exchange(seq, fp, arrays.as_bytes(flat))
-            algos.reduce_in_rank_order(flat, links.rank, data, uf)
-        elif links.shm is not None:
+        if nbytes > SMALL_MAX_BYTES and links.shm is not None:
             if size == 2:
                 chunk = min(SHM_SLOT_BYTES, max(SHM_W2_MIN_CHUNK_BYTES, nbytes // 4))
             else:
                 chunk = SHM_SLOT_BYTES
             shm.all_reduce(flat, uf, links.shm, links.shm_barrier(seq, fp), chunk)
+        elif nbytes > SMALL_MAX_BYTES and links.hier is not None:
+            hierarchical.all_reduce(links.hier, flat, uf, seq, fp,
+                                    avg_over=size if op is ReduceOp.AVG else None)
+            return
         else:
-            threaded = nbytes >= THREADED_MIN_BYTES
-            if threaded:
-                chunk = min(THREADED_CHUNK_MAX_BYTES, max(
-                    THREADED_CHUNK_MIN_BYTES, nbytes // (size * THREADED_CHUNKS_PER_SEGMENT)))
-            else:
-                chunk = PUMP_CHUNK_BYTES
-            chunk_elems = max(1, chunk // flat.itemsize)
-            plan = algos.ring_allreduce_plan(
-                links.rank, size, links.rx, seq, fp, flat,
-                links.scratch(chunk_elems * flat.itemsize), uf, chunk_elems,
-            )
-            if threaded:
-                pump_threaded(plan, links.tx, links.rx, links.sender_thread())
-            else:
-                pump(plan, links.tx, links.rx)
+            over_sockets.all_reduce(links, flat, uf, seq, fp)
     if op is ReduceOp.AVG:
         arrays.finish_avg(flat, size)
 
 
 def reduce(links: Links, seq: int, fp: bytes, arr: np.ndarray, dst: int, op: ReduceOp) -> None:
     """`arr` := its reduction over ranks, on rank `dst` only."""
+    size, me = links.size, links.rank
+    if links.shm is not None and arr.nbytes > SMALL_MAX_BYTES:
+        # One host: rank q reduces segment q in its own copy, and only dst copies the
+        # results out; the others' arrays stay untouched, as torch leaves them.
+        flat = arr.reshape(-1) if me == dst else arr.reshape(-1).copy()
+        b = [(flat.size * i) // size for i in range(size + 1)]
+        uf = arrays.ufunc(op)
+        barrier = links.shm_barrier(seq, fp)
+        shm_streams.reduce_scatter(
+            links.shm, barrier, uf, flat.dtype, [b[j + 1] - b[j] for j in range(size)],
+            {j: [flat[b[j]:b[j + 1]]] for j in range(size) if j != me}, [flat[b[me]:b[me + 1]]])
+        segment = flat[b[me]:b[me + 1]]
+        if op is ReduceOp.AVG:
+            arrays.finish_avg(segment, size)
+        wants = ({j: [(0, _u8(flat[b[j]:b[j + 1]]))] for j in range(size) if j != me}
+                 if me == dst else {})
+        shm_streams.relay(links.shm, barrier, [(b[j + 1] - b[j]) * flat.itemsize for j in range(size)],
+                          [_u8(segment)], wants, _shm_copy_chunk(flat.nbytes // size))
+        return
     # Other ranks reduce a copy: torch leaves their tensors untouched.
-    flat = arr.reshape(-1) if links.rank == dst else arr.reshape(-1).copy()
+    flat = arr.reshape(-1) if me == dst else arr.reshape(-1).copy()
     allreduce_flat(links, flat, op, seq, fp)
 
 
@@ -156,23 +112,17 @@ def reduce_scatter(links: Links, seq: int, fp: bytes, out: np.ndarray,
     size, me = links.size, links.rank
     uf = arrays.ufunc(op)
     flat_out = out.reshape(-1)
-    if size == 1:
-        np.copyto(flat_out, ins[0].reshape(-1))
-    elif out.nbytes <= SMALL_MAX_BYTES:
-        payload = {q: arrays.as_bytes(ins[q]) for q in links.direct.peers}
-        data = links.direct.exchange(seq, fp, payload)
+    large = size > 1 and out.nbytes > SMALL_MAX_BYTES
+    plan = _uniform_hier(links)
+    if large and links.shm is not None:
         np.copyto(flat_out, ins[me].reshape(-1))
-        algos.reduce_in_rank_order(flat_out, me, data, uf)
+        shm_streams.reduce_scatter(
+            links.shm, links.shm_barrier(seq, fp), uf, out.dtype, [out.size] * size,
+            {j: [ins[j].reshape(-1)] for j in range(size) if j != me}, [flat_out])
+    elif large and plan is not None:
+        hierarchical.reduce_scatter(plan, seq, fp, flat_out, ins, uf)
     else:
-        work = np.concatenate([x.reshape(-1) for x in ins])
-        chunk_elems = max(1, PUMP_CHUNK_BYTES // work.itemsize)
-        plan = algos.ring_allreduce_plan(
-            me, size, links.rx, seq, fp, work, links.scratch(chunk_elems * work.itemsize), uf,
-            chunk_elems, shift=-1, gather=False,
-        )
-        pump(plan, links.tx, links.rx)
-        n = out.size
-        np.copyto(flat_out, work[me * n:(me + 1) * n])
+        over_sockets.reduce_scatter(links, seq, fp, out, ins, uf)
     if op is ReduceOp.AVG:
         arrays.finish_avg(flat_out, size)
 
@@ -184,23 +134,13 @@ def broadcast(links: Links, seq: int, fp: bytes, arr: np.ndarray, src: int) -> N
     if links.size == 1:
         return
     raw = arrays.as_bytes(arr)
-    d = links.direct
-    if links.shm is not None and len(raw) > SMALL_MAX_BYTES:
+    if len(raw) > SMALL_MAX_BYTES and links.shm is not None:
         shm.broadcast(np.frombuffer(raw, np.uint8), src, links.shm, links.shm_barrier(seq, fp),
                       _shm_copy_chunk(len(raw)))
-    elif len(raw) <= SMALL_MAX_BYTES:
-        if links.rank == src:
-            for q in d.peers:
-                d.send_to(q, seq, fp, raw)
-            for q in d.peers:
-                d.recv_from(q, seq, fp, 0)
-        else:
-            raw[:] = d.recv_from(src, seq, fp, len(raw))
-            d.send_to(src, seq, fp)
+    elif len(raw) > SMALL_MAX_BYTES and links.hier is not None:
+        hierarchical.broadcast(links.hier, seq, fp, np.frombuffer(raw, np.uint8), src)
     else:
-        plan = algos.chain_broadcast_plan(links.rank, links.size, links.rx, seq, fp, src, raw,
-                                          PUMP_CHUNK_BYTES)
-        pump(plan, links.tx, links.rx)
+        over_sockets.broadcast(links, seq, fp, raw, src)
 
 
 def all_gather(links: Links, seq: int, fp: bytes, arr: np.ndarray,
@@ -211,73 +151,61 @@ def all_gather(links: Links, seq: int, fp: bytes, arr: np.ndarray,
         np.copyto(mine, arr)
     if links.size == 1:
         return
+    plan = _uniform_hier(links)
     if links.shm is not None and arr.nbytes > SMALL_MAX_BYTES:
-        shm.all_gather(
-            np.frombuffer(arrays.as_bytes(arr), np.uint8),
-            [np.frombuffer(arrays.as_bytes(o), np.uint8) for o in outs], links.shm,
-            links.shm_barrier(seq, fp), _shm_copy_chunk(arr.nbytes),
-        )
-    elif arr.nbytes <= SMALL_MAX_BYTES:
-        data = links.direct.exchange(seq, fp, arrays.as_bytes(arr))
-        for q, view in data.items():
-            arrays.as_bytes(outs[q])[:] = view
+        shm.all_gather(_u8(arr), [_u8(o) for o in outs], links.shm, links.shm_barrier(seq, fp),
+                       _shm_copy_chunk(arr.nbytes))
+    elif plan is not None and arr.nbytes > SMALL_MAX_BYTES:
+        hierarchical.all_gather(plan, seq, fp, [_u8(o) for o in outs])
     else:
-        plan = algos.ring_allgather_plan(links.rank, links.size, links.rx, seq, fp,
-                                         [arrays.as_bytes(o) for o in outs], PUMP_CHUNK_BYTES)
-        pump(plan, links.tx, links.rx)
+        over_sockets.all_gather(links, seq, fp, [arrays.as_bytes(o) for o in outs])
 
 
 def gather(links: Links, seq: int, fp: bytes, ack: bytes, arr: np.ndarray,
            outs: Optional[Sequence[np.ndarray]], dst: int) -> None:
     """On rank `dst`, `outs[q]` := rank q's `arr`; the others send theirs and wait for an ack."""
-    _rooted(links, seq, fp, ack, dst, arr, outs, inbound=True)
-    if links.rank == dst:
+    me, size = links.rank, links.size
+    if links.shm is not None and arr.nbytes > SMALL_MAX_BYTES:
+        # Every rank but dst publishes its block; dst copies them out.
+        lengths = [0 if q == dst else arr.nbytes for q in range(size)]
+        wants = {q: [(0, _u8(outs[q]))] for q in range(size) if q != dst} if me == dst else {}
+        shm_streams.relay(links.shm, links.shm_barrier(seq, fp), lengths,
+                          None if me == dst else [_u8(arr)], wants, _shm_copy_chunk(arr.nbytes))
+    else:
+        over_sockets.rooted(links, seq, fp, ack, dst, arr, outs, inbound=True)
+    if me == dst:
         np.copyto(outs[dst], arr)
 
 
 def scatter(links: Links, seq: int, fp: bytes, ack: bytes, out: np.ndarray,
             ins: Optional[Sequence[np.ndarray]], src: int) -> None:
     """`out` := rank `src`'s `ins[rank]`."""
-    _rooted(links, seq, fp, ack, src, out, ins, inbound=False)
-    if links.rank == src:
+    me, size = links.rank, links.size
+    if links.shm is not None and out.nbytes > SMALL_MAX_BYTES:
+        # src publishes every other rank's block in rank order; rank q copies its own out.
+        others = [q for q in range(size) if q != src]
+        lengths = [out.nbytes * len(others) if q == src else 0 for q in range(size)]
+        wants = {} if me == src else {src: [(others.index(me) * out.nbytes, _u8(out))]}
+        shm_streams.relay(links.shm, links.shm_barrier(seq, fp), lengths,
+                          [_u8(ins[q]) for q in others] if me == src else None, wants,
+                          _shm_copy_chunk(out.nbytes))
+    else:
+        over_sockets.rooted(links, seq, fp, ack, src, out, ins, inbound=False)
+    if me == src:
         np.copyto(out, ins[src])
 
 
-def _rooted(links: Links, seq: int, fp: bytes, ack: bytes, root: int, own: np.ndarray,
-            blocks: Optional[Sequence[np.ndarray]], inbound: bool) -> None:
-    """Move one block between `root` and each other rank: towards the root (`inbound`, gather:
-    rank q's `own` into the root's `blocks[q]`) or away from it (scatter: the root's `blocks[q]`
-    into rank q's `own`). The receiver of each block acknowledges it, so the sender learns of a
-    receiver that disagrees about the call before it moves on."""
-    me = links.rank
-    if links.size == 1:
-        return
-    if me == root:
-        legs = {q: arrays.as_bytes(blocks[q]) for q in links.direct.peers}
-    else:
-        legs = {root: arrays.as_bytes(own)}
-    fps = dict.fromkeys(legs, fp)
-    if (me == root) == inbound:  # this rank receives
-        plan = algos.star_plan(me, links.size, links.rx, seq, {}, fps, {}, legs, PUMP_CHUNK_BYTES,
-                               acks=list(legs), ack_fp=ack)
-    else:
-        plan = algos.star_plan(me, links.size, links.rx, seq, fps, {}, legs, {}, PUMP_CHUNK_BYTES,
-                               ack_from=list(legs), ack_fp=ack)
-    pump(plan, links.tx, links.rx)
+_SIZES = struct.Struct("<Q")
 
 
 def all_to_all(links: Links, seq: int, fps_out: dict, fps_in: dict,
                outs: Sequence[np.ndarray], ins: Sequence[np.ndarray]) -> None:
     """`outs[q]` := rank q's `ins[rank]`."""
-    me = links.rank
-    if links.size > 1:
-        peers = links.direct.peers
-        plan = algos.star_plan(
-            me, links.size, links.rx, seq, fps_out, fps_in,
-            {q: arrays.as_bytes(ins[q]) for q in peers},
-            {q: arrays.as_bytes(outs[q]) for q in peers}, PUMP_CHUNK_BYTES,
-        )
-        pump(plan, links.tx, links.rx)
+    me, size = links.rank, links.size
+    if size > 1 and links.shm is not None:
+        _all_to_all_shared(links, seq, outs, ins)
+    elif size > 1:
+        over_sockets.all_to_all(links, seq, fps_out, fps_in, outs, ins)
     if outs[me].shape != ins[me].shape:
         raise GroupFailed(FailureReason(
             "mismatch",
@@ -286,6 +214,41 @@ def all_to_all(links: Links, seq: int, fps_out: dict, fps_in: dict,
             me, (me,),
         ))
     np.copyto(outs[me], ins[me])
+
+
+def _all_to_all_shared(links: Links, seq: int, outs, ins) -> None:
+    """all_to_all on one host: the ranks first swap how many bytes each sends to and expects
+    from every other (the blocks' sizes differ from rank to rank, and every rank must run the
+    same relay steps), check that every pair agrees, then each publishes its outgoing blocks
+    in rank order and copies its incoming ones out of their senders' regions."""
+    me, size = links.rank, links.size
+    table = np.zeros((2, size), dtype="<u8")
+    table[0] = [0 if q == me else ins[q].nbytes for q in range(size)]
+    table[1] = [0 if q == me else outs[q].nbytes for q in range(size)]
+    got = links.direct.exchange(seq, b"all_to_all(sizes)", table.tobytes())
+    tables = {me: table}
+    tables.update({q: np.frombuffer(raw, dtype="<u8").reshape(2, size) for q, raw in got.items()})
+    for p in range(size):
+        for q in range(size):
+            if p != q and tables[p][0][q] != tables[q][1][p]:
+                lo, hi = sorted((p, q))
+                raise GroupFailed(FailureReason(
+                    "mismatch",
+                    f"rank {p}'s all_to_all input_list[{q}] has {int(tables[p][0][q])} bytes but "
+                    f"rank {q}'s output_list[{p}] has {int(tables[q][1][p])}; every block must "
+                    "match the receiver's output block",
+                    me, (lo, hi),
+                ))
+    lengths = [int(tables[p][0].sum()) for p in range(size)]
+    wants = {}
+    for p in range(size):
+        if p != me:
+            offset = int(tables[p][0][:me].sum())
+            wants[p] = [(offset, _u8(outs[p]))]
+    publish = [_u8(ins[q]) for q in range(size) if q != me]
+    longest = max(lengths)
+    shm_streams.relay(links.shm, links.shm_barrier(seq, b"all_to_all"), lengths, publish, wants,
+                      _shm_copy_chunk(longest))
 
 
 # ----------------------------------------------------------------------------- barriers

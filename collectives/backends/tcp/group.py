@@ -31,7 +31,9 @@ from shoal.collectives.backends.tcp import algorithms as algos
 from shoal.collectives.backends.tcp import collectives as ops
 from shoal.collectives.backends.tcp import shm
 from shoal.collectives.backends.tcp import staging
-from shoal.collectives.backends.tcp.collectives import GroupFailed, Links, P2PMismatch
+from shoal.collectives.backends.tcp import hierarchical
+from shoal.collectives.backends.tcp import topology as topo
+from shoal.collectives.backends.tcp.links import GroupFailed, Links, P2PMismatch
 from shoal.collectives.backends.tcp.executor import InOrderExecutor, Job
 from shoal.collectives.backends.tcp.mesh import ERROR_CLASSES, FailureReason, Mesh
 from shoal.collectives.backends.tcp.pump import LinkDown
@@ -112,13 +114,18 @@ class ProcessGroupTCP(BackendGroup):
         )
         try:
             self._mesh.connect(self._timeout)
-            shared = self._setup_shared_memory()
+            self._topology = topo.from_identities(
+                self._mesh.host_identities(min(self._timeout, 60.0)))
+            shared = self._setup_shared_memory() if self._topology.single_host else None
+            direct = algos.Direct(rank, size, self._mesh.tx, self._mesh.rx,
+                                  env.spin_seconds(size, SPIN_S))
+            self._links = Links(rank, size, self._mesh, direct, shared, name,
+                                lambda: self.failed)
+            if self._topology.hierarchical:
+                self._links.hier = self._setup_hierarchy()
         except BaseException:
             self._mesh.close()
             raise
-        direct = algos.Direct(rank, size, self._mesh.tx, self._mesh.rx,
-                              env.spin_seconds(size, SPIN_S))
-        self._links = Links(rank, size, self._mesh, direct, shared, name, lambda: self.failed)
         self._adapt_to_load()
         self._start_watchdog()
 
@@ -142,7 +149,56 @@ class ProcessGroupTCP(BackendGroup):
                 f"{exc}; set SHOAL_LOCAL_TRANSPORT=unix to use sockets only."
             ) from exc
 
+    def _setup_hierarchy(self) -> Optional[hierarchical.Plan]:
+        """The two-level plan for a group that spans hosts: shared memory among this host's
+        ranks, and links to the ranks with our local index on the other hosts. Every rank of
+        the group agrees on using it, or nobody does (a host whose shared memory failed, or a
+        rank run with SHOAL_LOCAL_TRANSPORT=unix or SHOAL_HIERARCHICAL=0, means flat
+        algorithms everywhere)."""
+        topology, links = self._topology, self._links
+        local_members = topology.local_ranks(self._rank)
+        index = local_members.index(self._rank)
+        willing = env.local_transport() == "shm" and env.hierarchical_collectives()
+        local = None
+        if len(local_members) > 1:
+            local = links.subset(list(local_members), label="host")
+            try:
+                local.shm = shm.SharedSlots.establish(
+                    local.rank, local.size, local.tx, local.rx, SHM_SLOT_BYTES,
+                    min(self._timeout, 60.0), offer=willing,
+                )
+            except shm.ShmSetupError as exc:
+                peer = local_members[exc.peer]
+                raise CollectiveError(
+                    f"Rank {self._rank} of group '{self.name}' could not set up shared memory "
+                    f"with rank {peer}: {exc.detail}; set SHOAL_LOCAL_TRANSPORT=unix to use "
+                    "sockets only."
+                ) from exc
+            willing = willing and local.shm is not None
+        # Every rank must take the same path: one byte from each says whether it can.
+        verdicts = links.direct.exchange(0, b"hierarchy", bytes([int(willing)]))
+        if not (willing and all(bytes(v) == b"\x01" for v in verdicts.values())):
+            if local is not None:
+                local.shm = None
+            logger.info("Group %r spans hosts (%s) but runs flat collectives: a rank cannot use "
+                        "shared memory", self.name, topology.describe())
+            return None
+        k = topology.leaders_per_host
+        cross = (links.subset(list(topology.cross_ranks(index)), label=f"ring{index}")
+                 if index < k else None)
+        return hierarchical.Plan(topology, topology.host_of(self._rank), index, local, cross)
+
     # ------------------------------------------------------------------ introspection
+
+    @property
+    def topology(self) -> topo.Topology:
+        """Which ranks of this group share a host (`topology.hosts`), from the store."""
+        return self._topology
+
+    @property
+    def hierarchical(self) -> bool:
+        """True when large collectives run in two levels (the group spans hosts)."""
+        return self._links.hier is not None
 
     @property
     def address(self) -> tuple[str, int]:
@@ -156,8 +212,10 @@ class ProcessGroupTCP(BackendGroup):
 
     @property
     def uses_shared_memory(self) -> bool:
-        """True when large collectives go through shared memory (every rank on this host)."""
-        return self._links.shm is not None
+        """True when large collectives go through shared memory: every rank on this host, or
+        within each host in the two-level algorithms."""
+        hier = self._links.hier
+        return self._links.shm is not None or (hier is not None and hier.local is not None)
 
     @property
     def store_prefix(self) -> str:

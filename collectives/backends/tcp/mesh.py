@@ -217,6 +217,9 @@ class Mesh:
             self._gate.add_listener(unix)
             self.unix_address = unix.getsockname()
             self.store.set(f"{self.prefix}/unix/{self.rank}", identity.encode() + b"\n" + self.unix_address)
+        # Published by every rank before its address, so once the mesh is complete every
+        # rank's entry is there (see `host_identities`).
+        self.store.set(f"{self.prefix}/host/{self.rank}", identity if self.unix_listener else "")
         self._gate.start()
         self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
         self._service = threading.Thread(
@@ -248,6 +251,18 @@ class Mesh:
             if q != self.rank:
                 self._register_control(q)
         logger.debug("Rank %d of group %r connected to %d peers", self.rank, self.name, self.size - 1)
+
+    def host_identities(self, timeout: float) -> list[str]:
+        """Every rank's host identity ("" for a rank that uses no local sockets), read once
+        the mesh is complete: `topology.from_identities` turns them into hosts."""
+        keys = [f"{self.prefix}/host/{q}" for q in range(self.size)]
+        try:
+            return [v.decode(errors="replace") for v in self.store.multi_get(keys, timeout=timeout)]
+        except StoreError as exc:
+            raise CollectiveError(
+                f"Rank {self.rank} of group '{self.name}' could not read the ranks' hosts from "
+                f"the store: {exc}"
+            ) from exc
 
     def _peer_address(self, peer: int, deadline: float) -> tuple[str, int]:
         left = max(0.0, deadline - time.monotonic())

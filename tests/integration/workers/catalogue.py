@@ -1,7 +1,14 @@
-"""Every collective once, checked against numpy on every rank (run under `shoal run`, one or
-more ranks per host): the multi-host tests run it across network-namespace hosts.
+"""Every collective, checked against numpy on every rank (run under `shoal run`, one or more
+ranks per host): the multi-host tests run it across network-namespace hosts, the single-host
+shared-memory test on one.
 
-Prints "[rank R] catalogue ok" at the end; any difference raises (the worker fails).
+Sizes cover one message (7 elements), the pumped ring or a single shared-memory step (70k) and
+several pipelined steps (1.5M float32, 6 MB, more than the 4 MiB shared-memory slots). Then
+the same on subgroups: the first three ranks (under 2 hosts x 2 ranks: hosts of unequal size)
+and the last rank of each host (one rank per host).
+
+Prints "[rank R] path <what the default group uses> hosts <topology>" and, at the end,
+"[rank R] catalogue ok"; any difference raises (the worker fails).
 """
 
 from __future__ import annotations
@@ -14,61 +21,108 @@ import numpy as np
 import shoal.collectives as dist
 from shoal.collectives import ReduceOp
 
-SIZES = (7, 70_001, 1_500_000)  # one message, the ring, the threaded ring
+SIZES = (7, 70_001, 1_500_000)
 
 
 def data(rank: int, n: int, dtype=np.float32) -> np.ndarray:
     return ((np.arange(n) % 97) + 3 * rank + 1).astype(dtype)
 
 
+def same_everywhere(x: np.ndarray, group, size: int, what: str) -> None:
+    """Bitwise identical on every rank of the group (the rule of every algorithm)."""
+    digest = np.frombuffer(hashlib.sha256(x.tobytes()).digest(), np.uint8).copy()
+    digests = [np.zeros_like(digest) for _ in range(size)]
+    dist.all_gather(digests, digest, group=group)
+    assert all((d == digest).all() for d in digests), f"{what} differs between ranks"
+
+
+def catalogue(group, members: list[int], rank: int, n: int) -> None:
+    """Every collective on `group` (whose world ranks are `members`) with `n` elements."""
+    size = len(members)
+    me = members.index(rank)
+    ref = [data(r, n) for r in members]
+    tag = f"group {members} n={n}"
+    for op, expect in ((ReduceOp.SUM, sum(ref)), (ReduceOp.MAX, np.maximum.reduce(ref)),
+                       (ReduceOp.MIN, np.minimum.reduce(ref)), (ReduceOp.AVG, sum(ref) / size)):
+        x = data(rank, n)
+        dist.all_reduce(x, op=op, group=group)
+        np.testing.assert_allclose(x, expect, rtol=1e-6, err_msg=f"all_reduce {op} {tag}")
+        same_everywhere(x, group, size, f"all_reduce {op} {tag}")
+
+    for src in members:
+        x = data(rank, n)
+        dist.broadcast(x, src=src, group=group)
+        np.testing.assert_array_equal(x, data(src, n), err_msg=f"broadcast from {src} {tag}")
+
+    for dst in (members[0], members[-1]):
+        x = data(rank, n)
+        dist.reduce(x, dst=dst, group=group)
+        np.testing.assert_allclose(x, sum(ref) if rank == dst else data(rank, n), rtol=1e-6,
+                                   err_msg=f"reduce to {dst} {tag}")
+
+    outs = [np.zeros(n, np.float32) for _ in range(size)]
+    dist.all_gather(outs, data(rank, n), group=group)
+    for i, r in enumerate(members):
+        np.testing.assert_array_equal(outs[i], data(r, n), err_msg=f"all_gather {tag}")
+
+    # Block i of every rank goes to rank i: made distinct per (sender, receiver).
+    for op in (ReduceOp.SUM, ReduceOp.AVG):
+        out = np.zeros(n, np.float32)
+        dist.reduce_scatter(out, [data(rank, n) + 100 * i for i in range(size)], op=op,
+                            group=group)
+        expect = sum(data(q, n) + 100 * me for q in members)
+        if op is ReduceOp.AVG:
+            expect = expect / size
+        np.testing.assert_allclose(out, expect, rtol=1e-6, err_msg=f"reduce_scatter {op} {tag}")
+
+    root = members[-1]
+    gathered = [np.zeros(n, np.float32) for _ in range(size)] if rank == root else None
+    dist.gather(data(rank, n), gathered, dst=root, group=group)
+    if rank == root:
+        for i, r in enumerate(members):
+            np.testing.assert_array_equal(gathered[i], data(r, n), err_msg=f"gather {tag}")
+    out = np.zeros(n, np.float32)
+    blocks = [data(r, n) * 2 for r in members] if rank == root else None
+    dist.scatter(out, blocks, src=root, group=group)
+    np.testing.assert_array_equal(out, data(rank, n) * 2, err_msg=f"scatter {tag}")
+
+    # all_to_all with blocks of different sizes: rank a sends rank b a block of n + a + 2b.
+    sizes = lambda a, b: n + a + 2 * b  # noqa: E731
+    ins = [data(rank, sizes(me, j)) + 10 * j for j in range(size)]
+    received = [np.zeros(sizes(i, me), np.float32) for i in range(size)]
+    dist.all_to_all(received, ins, group=group)
+    for i, q in enumerate(members):
+        np.testing.assert_array_equal(received[i], data(q, sizes(i, me)) + 10 * me,
+                                      err_msg=f"all_to_all {tag}")
+
+
+def subgroups(world: int, per_host: int) -> list[list[int]]:
+    groups = []
+    if world >= 3:
+        groups.append([0, 1, 2])
+    if per_host > 1 and world > per_host:
+        groups.append([h * per_host + per_host - 1 for h in range(world // per_host)])
+    return groups
+
+
 def main() -> None:
     dist.init_process_group("tcp", init_method="env://")
     rank, world = dist.get_rank(), dist.get_world_size()
+    per_host = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    pg = dist.get_default_group()
+    path = ("hierarchical" if getattr(pg, "hierarchical", False)
+            else "shared memory" if getattr(pg, "uses_shared_memory", False) else "sockets")
+    hosts = pg.topology.describe() if hasattr(pg, "topology") else "?"
+    print(f"[rank {rank}] path {path} hosts {hosts}", flush=True)
 
+    everyone = list(range(world))
     for n in SIZES:
-        ref = [data(r, n) for r in range(world)]
-        for op, expect in ((ReduceOp.SUM, sum(ref)), (ReduceOp.MAX, np.maximum.reduce(ref)),
-                           (ReduceOp.MIN, np.minimum.reduce(ref))):
-            x = data(rank, n)
-            dist.all_reduce(x, op=op)
-            np.testing.assert_allclose(x, expect, rtol=1e-6, err_msg=f"all_reduce {op} {n}")
-            # Bitwise identical on every rank (the ring's rule), checked by digest.
-            digest = np.frombuffer(hashlib.sha256(x.tobytes()).digest(), np.uint8).copy()
-            digests = [np.zeros_like(digest) for _ in range(world)]
-            dist.all_gather(digests, digest)
-            assert all((d == digest).all() for d in digests), f"all_reduce {op} {n} differs"
-
-        for src in range(world):
-            x = data(rank, n)
-            dist.broadcast(x, src=src)
-            np.testing.assert_array_equal(x, data(src, n))
-
-        x = data(rank, n)
-        dist.reduce(x, dst=world - 1)
-        np.testing.assert_allclose(x, sum(ref) if rank == world - 1 else data(rank, n), rtol=1e-6)
-
-        outs = [np.zeros(n, np.float32) for _ in range(world)]
-        dist.all_gather(outs, data(rank, n))
-        for r in range(world):
-            np.testing.assert_array_equal(outs[r], data(r, n))
-
-    # Rooted and personalised exchanges, on small arrays.
-    gathered = [np.zeros(5, np.float32) for _ in range(world)] if rank == 0 else None
-    dist.gather(data(rank, 5), gathered, dst=0)
-    if rank == 0:
-        for r in range(world):
-            np.testing.assert_array_equal(gathered[r], data(r, 5))
-    out = np.zeros(5, np.float32)
-    dist.scatter(out, [data(r, 5) for r in range(world)] if rank == 0 else None, src=0)
-    np.testing.assert_array_equal(out, data(rank, 5))
-    pieces = [data(rank, 6) + 100 * r for r in range(world)]
-    out = np.zeros(6, np.float32)
-    dist.reduce_scatter(out, pieces)
-    np.testing.assert_allclose(out, sum(data(q, 6) + 100 * rank for q in range(world)))
-    received = [np.zeros(3, np.float32) for _ in range(world)]
-    dist.all_to_all(received, [data(rank, 3) + 10 * r for r in range(world)])
-    for q in range(world):
-        np.testing.assert_array_equal(received[q], data(q, 3) + 10 * rank)
+        catalogue(None, everyone, rank, n)
+    for members in subgroups(world, per_host):
+        sub = dist.new_group(members)
+        if rank in members:
+            for n in SIZES[1:]:
+                catalogue(sub, members, rank, n)
 
     # Point to point around a ring, and the object collectives.
     if world > 1:

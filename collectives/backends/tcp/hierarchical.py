@@ -1,0 +1,184 @@
+"""Two-level collectives for groups whose ranks span hosts: shared memory within each host,
+TCP between hosts, carried by several leaders per host at once.
+
+With H hosts of L ranks, a flat TCP ring makes every byte of a large all_reduce cross the
+sockets 2(W-1)/W times on every rank, even between ranks on one host. Here (the scheme of
+NCCL's and Horovod's hierarchical all_reduce):
+
+1. within each host, a shared-memory reduce-scatter: local rank i reduces segment i of the
+   array over the ranks of its host (`shm_streams.reduce_scatter`);
+2. between hosts, k concurrent rings: ring i joins local rank i of every host and all-reduces
+   segment i over TCP (`over_sockets.all_reduce`), so each rank sends about 2(H-1)/H of S/k
+   bytes instead of 2(W-1)/W of S, and k sockets share each host's link;
+3. within each host, a shared-memory all-gather of the k reduced segments.
+
+k, the leaders per host, is the smallest host's rank count (every cross-host ring needs a
+member on every host); with unequal hosts the ranks beyond k only take part within their host.
+broadcast, all_gather and reduce_scatter follow the same pattern (see each function). Every
+output element is computed by exactly one rank and copied to the others, so all ranks agree
+bitwise, as the flat algorithms do; the order of a reduction differs from the flat ring's,
+so the two differ in the last bits of a float sum.
+
+Each phase runs on a `Links.subset` of the group's links: `local` (the host's ranks, with
+their shared memory) and `cross` (ring i). Both reuse the group's authenticated sockets and
+header checks, so a mismatched call or a dead peer fails the group as before, naming the
+group rank (`Links.renumbered`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+
+from shoal.collectives.backends.tcp import algorithms as algos
+from shoal.collectives.backends.tcp import over_sockets, shm_streams
+from shoal.collectives.backends.tcp.links import Links
+from shoal.collectives.backends.tcp.topology import Topology
+from shoal.collectives.constants import SHM_SLOT_BYTES, SHM_W2_MIN_CHUNK_BYTES
+
+__all__ = ["Plan", "all_reduce", "broadcast", "all_gather", "reduce_scatter"]
+
+
+@dataclass
+class Plan:
+    """This rank's place in the two levels."""
+
+    topology: Topology
+    host: int  # index of this rank's host in topology.hosts
+    index: int  # this rank's index on its host
+    local: Optional[Links]  # the host's ranks with their shared memory; None when alone
+    cross: Optional[Links]  # ring `index` across hosts; None when index >= leaders per host
+
+    @property
+    def leaders(self) -> int:
+        return self.topology.leaders_per_host
+
+    @property
+    def local_size(self) -> int:
+        return len(self.topology.hosts[self.host])
+
+
+def _relay_chunk(nbytes: int) -> int:
+    """Bytes per shared-memory step: at least four steps, so publishing one overlaps the
+    copies out of the previous one."""
+    return min(SHM_SLOT_BYTES, max(SHM_W2_MIN_CHUNK_BYTES, nbytes // 4))
+
+
+def _as_u8(arr: np.ndarray) -> np.ndarray:
+    return arr.reshape(-1).view(np.uint8)
+
+
+def all_reduce(plan: Plan, flat: np.ndarray, uf, seq: int, fp: bytes,
+               avg_over: Optional[int] = None) -> None:
+    """flat (1-D) := its reduction over the group, in place; divided by `avg_over` if given."""
+    k, li = plan.leaders, plan.index
+    b = algos.bounds(flat.size, k)
+    owned = li < k
+    segment = flat[b[li]:b[li + 1]] if owned else flat[0:0]
+    local = plan.local
+    if local is not None:
+        lengths = [b[j + 1] - b[j] if j < k else 0 for j in range(local.size)]
+        sends = {j: [flat[b[j]:b[j + 1]]] for j in range(min(k, local.size)) if j != li}
+        with local.renumbered():
+            shm_streams.reduce_scatter(local.shm, local.shm_barrier(seq, fp), uf, flat.dtype,
+                                       lengths, sends, [segment] if owned else [])
+    if owned:
+        with plan.cross.renumbered():
+            over_sockets.all_reduce(plan.cross, segment, uf, seq, fp)
+        if avg_over is not None and segment.size:
+            np.divide(segment, segment.dtype.type(avg_over), out=segment)
+    if local is not None:
+        item = flat.itemsize
+        lengths_b = [n * item for n in lengths]
+        wants = {j: [(0, _as_u8(flat[b[j]:b[j + 1]]))] for j in range(min(k, local.size))
+                 if j != li}
+        with local.renumbered():
+            shm_streams.relay(local.shm, local.shm_barrier(seq, fp), lengths_b,
+                              [_as_u8(segment)] if owned else None, wants,
+                              _relay_chunk(flat.nbytes // max(1, k)))
+
+
+def broadcast(plan: Plan, seq: int, fp: bytes, raw: np.ndarray, src: int) -> None:
+    """raw (uint8) := rank `src`'s, on every rank.
+
+    On the root's host the root shares the whole array through shared memory; then ring i
+    carries segment i from the root's host to every other host (a chain); there the k
+    segments are shared through shared memory.
+    """
+    topo = plan.topology
+    root_host = topo.host_of(src)
+    k, li = plan.leaders, plan.index
+    b = algos.bounds(raw.size, k)
+    local = plan.local
+    on_root_host = plan.host == root_host
+    if on_root_host and local is not None:
+        root_index = topo.hosts[root_host].index(src)
+        lengths = [raw.size if j == root_index else 0 for j in range(local.size)]
+        with local.renumbered():
+            shm_streams.relay(local.shm, local.shm_barrier(seq, fp), lengths,
+                              [raw] if li == root_index else None,
+                              {} if li == root_index else {root_index: [(0, raw)]},
+                              _relay_chunk(raw.size))
+    if li < k:
+        segment = memoryview(raw[b[li]:b[li + 1]])
+        with plan.cross.renumbered():
+            over_sockets.broadcast(plan.cross, seq, fp, segment, root_host)
+    if not on_root_host and local is not None:
+        lengths = [b[j + 1] - b[j] if j < k else 0 for j in range(local.size)]
+        wants = {j: [(0, raw[b[j]:b[j + 1]])] for j in range(min(k, local.size)) if j != li}
+        with local.renumbered():
+            shm_streams.relay(local.shm, local.shm_barrier(seq, fp), lengths,
+                              [raw[b[li]:b[li + 1]]] if li < k else None, wants,
+                              _relay_chunk(raw.size // max(1, k)))
+
+
+def all_gather(plan: Plan, seq: int, fp: bytes, outs: Sequence[np.ndarray]) -> None:
+    """outs[q] (uint8, equal sizes) := rank q's block, on every rank; outs[rank] holds ours.
+
+    Hosts of equal size only: ring i gathers the blocks of local rank i of every host over
+    TCP, then each host's ranks share what their rings brought through shared memory.
+    """
+    topo = plan.topology
+    li = plan.index
+    ring = topo.cross_ranks(li)
+    with plan.cross.renumbered():
+        over_sockets.all_gather(plan.cross, seq, fp, [memoryview(outs[q]) for q in ring])
+    local = plan.local
+    if local is not None:
+        per_rank = outs[0].size
+        lengths = [per_rank * len(topo.hosts)] * local.size
+        wants = {j: [(h * per_rank, outs[topo.hosts[h][j]]) for h in range(len(topo.hosts))]
+                 for j in range(local.size) if j != li}
+        with local.renumbered():
+            shm_streams.relay(local.shm, local.shm_barrier(seq, fp), lengths,
+                              [outs[q] for q in ring], wants, _relay_chunk(lengths[0]))
+
+
+def reduce_scatter(plan: Plan, seq: int, fp: bytes, out: np.ndarray, ins: Sequence[np.ndarray],
+                   uf) -> None:
+    """out := the reduction over the group of every rank's ins[rank] (hosts of equal size).
+
+    Within each host, local rank i reduces the blocks of ring i's ranks (one per host) over
+    its host; ring i then reduce-scatters those over TCP, leaving each rank its own block.
+    """
+    topo = plan.topology
+    li = plan.index
+    hosts = topo.hosts
+    ring = topo.cross_ranks(li)
+    n = out.size
+    work = np.empty(n * len(hosts), dtype=out.dtype)
+    for h, q in enumerate(ring):
+        np.copyto(work[h * n:(h + 1) * n], ins[q].reshape(-1))
+    local = plan.local
+    if local is not None:
+        lengths = [n * len(hosts)] * local.size
+        sends = {j: [ins[hosts[h][j]].reshape(-1) for h in range(len(hosts))]
+                 for j in range(local.size) if j != li}
+        with local.renumbered():
+            shm_streams.reduce_scatter(local.shm, local.shm_barrier(seq, fp), uf, out.dtype,
+                                       lengths, sends, [work])
+    blocks = [work[h * n:(h + 1) * n] for h in range(len(hosts))]
+    with plan.cross.renumbered():
+        over_sockets.reduce_scatter(plan.cross, seq, fp, out, blocks, uf)

@@ -1,0 +1,151 @@
+"""The tcp backend's collectives over its sockets alone: the flat algorithms, for ranks on
+different hosts (and for every group when shared memory is off), and the cross-host phase of
+the hierarchical ones, which run them on a `Links.subset`.
+
+Each picks its algorithm by size (see `algorithms`): a direct exchange while a message fits
+the socket buffers, a pumped ring or chain above that, a ring with a sender thread for the
+largest all_reduces. Reductions take the ufunc of the op and never divide: the caller finishes
+an AVG once, over the whole group.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+
+from shoal.collectives import arrays
+from shoal.collectives.backends.tcp import algorithms as algos
+from shoal.collectives.backends.tcp.links import Links
+from shoal.collectives.backends.tcp.pump import pump, pump_threaded
+from shoal.collectives.constants import (
+    PUMP_CHUNK_BYTES,
+    SMALL_MAX_BYTES,
+    THREADED_CHUNK_MAX_BYTES,
+    THREADED_CHUNK_MIN_BYTES,
+    THREADED_CHUNKS_PER_SEGMENT,
+    THREADED_MIN_BYTES,
+)
+
+__all__ = ["all_reduce", "reduce_scatter", "broadcast", "all_gather", "rooted", "all_to_all"]
+
+
+def all_reduce(links: Links, flat: np.ndarray, uf, seq: int, fp: bytes) -> None:
+    """flat (1-D) := its reduction over the ranks of `links`, in place."""
+    size = links.size
+    if size < 2:
+        return
+    nbytes = flat.nbytes
+    if nbytes <= SMALL_MAX_BYTES:
+        data = links.direct.exchange(seq, fp, arrays.as_bytes(flat))
+        algos.reduce_in_rank_order(flat, links.rank, data, uf)
+        return
+    threaded = nbytes >= THREADED_MIN_BYTES
+    if threaded:
+        chunk = min(THREADED_CHUNK_MAX_BYTES, max(
+            THREADED_CHUNK_MIN_BYTES, nbytes // (size * THREADED_CHUNKS_PER_SEGMENT)))
+    else:
+        chunk = PUMP_CHUNK_BYTES
+    chunk_elems = max(1, chunk // flat.itemsize)
+    plan = algos.ring_allreduce_plan(
+        links.rank, size, links.rx, seq, fp, flat,
+        links.scratch(chunk_elems * flat.itemsize), uf, chunk_elems,
+    )
+    if threaded:
+        pump_threaded(plan, links.tx, links.rx, links.sender_thread())
+    else:
+        pump(plan, links.tx, links.rx)
+
+
+def reduce_scatter(links: Links, seq: int, fp: bytes, out: np.ndarray,
+                   ins: Sequence[np.ndarray], uf) -> None:
+    """`out` := the reduction over ranks of every rank's `ins[rank]`."""
+    size, me = links.size, links.rank
+    flat_out = out.reshape(-1)
+    if size == 1:
+        np.copyto(flat_out, ins[0].reshape(-1))
+    elif out.nbytes <= SMALL_MAX_BYTES:
+        payload = {q: arrays.as_bytes(ins[q]) for q in links.direct.peers}
+        data = links.direct.exchange(seq, fp, payload)
+        np.copyto(flat_out, ins[me].reshape(-1))
+        algos.reduce_in_rank_order(flat_out, me, data, uf)
+    else:
+        work = np.concatenate([x.reshape(-1) for x in ins])
+        chunk_elems = max(1, PUMP_CHUNK_BYTES // work.itemsize)
+        plan = algos.ring_allreduce_plan(
+            me, size, links.rx, seq, fp, work, links.scratch(chunk_elems * work.itemsize), uf,
+            chunk_elems, shift=-1, gather=False,
+        )
+        pump(plan, links.tx, links.rx)
+        n = out.size
+        np.copyto(flat_out, work[me * n:(me + 1) * n])
+
+
+def broadcast(links: Links, seq: int, fp: bytes, raw: memoryview, src: int) -> None:
+    """`raw` (bytes) := rank `src`'s."""
+    if links.size == 1:
+        return
+    d = links.direct
+    if len(raw) <= SMALL_MAX_BYTES:
+        if links.rank == src:
+            for q in d.peers:
+                d.send_to(q, seq, fp, raw)
+            for q in d.peers:
+                d.recv_from(q, seq, fp, 0)
+        else:
+            raw[:] = d.recv_from(src, seq, fp, len(raw))
+            d.send_to(src, seq, fp)
+    else:
+        plan = algos.chain_broadcast_plan(links.rank, links.size, links.rx, seq, fp, src, raw,
+                                          PUMP_CHUNK_BYTES)
+        pump(plan, links.tx, links.rx)
+
+
+def all_gather(links: Links, seq: int, fp: bytes, segments: Sequence[memoryview]) -> None:
+    """segments[q] (bytes) := rank q's segments[q], on every rank."""
+    if links.size == 1:
+        return
+    mine = segments[links.rank]
+    if len(mine) <= SMALL_MAX_BYTES and all(len(s) == len(mine) for s in segments):
+        data = links.direct.exchange(seq, fp, mine)
+        for q, view in data.items():
+            segments[q][:] = view
+    else:
+        plan = algos.ring_allgather_plan(links.rank, links.size, links.rx, seq, fp, segments,
+                                         PUMP_CHUNK_BYTES)
+        pump(plan, links.tx, links.rx)
+
+
+def rooted(links: Links, seq: int, fp: bytes, ack: bytes, root: int, own: np.ndarray,
+           blocks: Optional[Sequence[np.ndarray]], inbound: bool) -> None:
+    """Move one block between `root` and each other rank: towards the root (`inbound`, gather:
+    rank q's `own` into the root's `blocks[q]`) or away from it (scatter: the root's `blocks[q]`
+    into rank q's `own`). The receiver of each block acknowledges it, so the sender learns of a
+    receiver that disagrees about the call before it moves on."""
+    me = links.rank
+    if links.size == 1:
+        return
+    if me == root:
+        legs = {q: arrays.as_bytes(blocks[q]) for q in links.direct.peers}
+    else:
+        legs = {root: arrays.as_bytes(own)}
+    fps = dict.fromkeys(legs, fp)
+    if (me == root) == inbound:  # this rank receives
+        plan = algos.star_plan(me, links.size, links.rx, seq, {}, fps, {}, legs, PUMP_CHUNK_BYTES,
+                               acks=list(legs), ack_fp=ack)
+    else:
+        plan = algos.star_plan(me, links.size, links.rx, seq, fps, {}, legs, {}, PUMP_CHUNK_BYTES,
+                               ack_from=list(legs), ack_fp=ack)
+    pump(plan, links.tx, links.rx)
+
+
+def all_to_all(links: Links, seq: int, fps_out: dict, fps_in: dict,
+               outs: Sequence[np.ndarray], ins: Sequence[np.ndarray]) -> None:
+    """`outs[q]` := rank q's `ins[rank]`, for every peer q (the caller copies its own block)."""
+    peers = links.direct.peers
+    plan = algos.star_plan(
+        links.rank, links.size, links.rx, seq, fps_out, fps_in,
+        {q: arrays.as_bytes(ins[q]) for q in peers},
+        {q: arrays.as_bytes(outs[q]) for q in peers}, PUMP_CHUNK_BYTES,
+    )
+    pump(plan, links.tx, links.rx)
