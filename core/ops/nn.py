@@ -26,22 +26,26 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
             f"{tuple(wd.shape)} (weight is (out_features, in_features), so the input's last "
             f"dim must be {wd.shape[1] if wd.ndim == 2 else '?'})."
         )
-    out = xd @ wd.T  # a transposed view: BLAS reads it with a transpose flag, no copy
+    # One 2-D GEMM over all leading dims: numpy's matmul runs a 3-D operand as a loop of small
+    # per-batch GEMMs, several times slower than one tall GEMM on the same data.
+    lead = xd.shape[:-1]
+    x2 = xd.reshape(-1, xd.shape[-1]) if xd.ndim != 2 else xd
+    out2 = x2 @ wd.T  # a transposed view: BLAS reads it with a transpose flag, no copy
     if bd is not None:
         if bd.shape != (wd.shape[0],):
             raise ShapeError(
                 f"linear: bias of shape {tuple(bd.shape)} does not match weight of shape "
                 f"{tuple(wd.shape)}; expected ({wd.shape[0]},)."
             )
-        out += bd
+        out2 += bd
+    out = out2.reshape(lead + (wd.shape[0],)) if xd.ndim != 2 else out2
 
     def backward(g: Any) -> tuple:
         gx = gw = gb = None
         g2 = g.reshape(-1, g.shape[-1]) if g.ndim != 2 else g
         if needs_grad(x):
-            gx = g @ wd
+            gx = (g2 @ wd).reshape(xd.shape)
         if needs_grad(weight):
-            x2 = xd.reshape(-1, xd.shape[-1]) if xd.ndim != 2 else xd
             gw = g2.T @ x2
         if bias is not None and bias.requires_grad:
             gb = g2.sum(axis=0)
