@@ -381,3 +381,89 @@ def test_a_worker_killed_mid_backward_fails_the_pass_naming_it():
         assert seconds < 20
         assert pool.run(0, live_contexts) == 0
         pool.close()
+
+
+# ----------------------------------------------------------------------------- torch oracle
+
+_TORCH: dict = {}
+
+
+def torch_stage(x):
+    return (x @ _TORCH["w"]).tanh()
+
+
+def torch_stage_then_last(x):
+    import torch.distributed.rpc as trpc  # noqa: PLC0415
+
+    return trpc.rpc_sync("w2", torch_stage_calling_back, (torch_stage(x),))
+
+
+def torch_stage_calling_back(x):
+    import torch.distributed.rpc as trpc  # noqa: PLC0415
+
+    return trpc.rpc_sync("w0", torch_stage, (torch_stage(x),)) * 2.0
+
+
+def torch_my_grad(cid):
+    import torch.distributed.autograd as tdist  # noqa: PLC0415
+
+    return tdist.get_gradients(cid)[_TORCH["w"]].numpy().copy()
+
+
+def _torch_worker(rank: int, init_file: str, results) -> None:
+    import os  # noqa: PLC0415
+
+    os.environ.update(TP_SOCKET_IFNAME="lo", GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    import torch  # noqa: PLC0415
+    import torch.distributed.autograd as tdist  # noqa: PLC0415
+    import torch.distributed.rpc as trpc  # noqa: PLC0415
+
+    try:
+        torch.set_num_threads(1)
+        _TORCH["w"] = torch.tensor(_values(100 + rank, (4, 4)), requires_grad=True)
+        opts = trpc.TensorPipeRpcBackendOptions(
+            init_method=f"file://{init_file}", rpc_timeout=30,
+            _transports=["uv"], _channels=["basic"],
+        )
+        trpc.init_rpc(f"w{rank}", rank=rank, world_size=3, rpc_backend_options=opts)
+        if rank == 0:
+            x = torch.tensor(_values(1, (3, 4)), requires_grad=True)
+            with tdist.context() as cid:
+                y = torch_stage(x)
+                z = trpc.rpc_sync("w1", torch_stage_then_last, (y,))
+                loss = (z * z).sum()
+                tdist.backward(cid, [loss])
+                grads = tdist.get_gradients(cid)
+                out = {"x": grads[x].numpy().copy(), "w0": grads[_TORCH["w"]].numpy().copy()}
+                for r in (1, 2):
+                    out[f"w{r}"] = trpc.rpc_sync(f"w{r}", torch_my_grad, (cid,))
+            results.put(("ok", out))
+        trpc.shutdown()
+    except BaseException as exc:  # noqa: BLE001  (sent to the test)
+        results.put(("error", repr(exc)))
+
+
+@pytest.mark.slow
+def test_torch_dist_autograd_over_tensorpipe_gives_the_same_gradients(workers, tmp_path):
+    pytest.importorskip("torch")
+    import multiprocessing  # noqa: PLC0415
+
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_torch_worker, args=(r, str(tmp_path / "init"), results),
+                         daemon=True) for r in range(3)]
+    for proc in procs:
+        proc.start()
+    try:
+        status, torch_grads = results.get(timeout=90)
+    finally:
+        for proc in procs:
+            proc.join(30)
+            if proc.is_alive():
+                proc.kill()
+    assert status == "ok", torch_grads
+    _, local, remote, _ = workers.run(0, task_chain_grads)
+    ours = {**local, **remote}
+    for key in ("x", "w0", "w1", "w2"):
+        np.testing.assert_allclose(ours[key], torch_grads[key], rtol=0, atol=1e-12,
+                                   err_msg=key)
