@@ -653,6 +653,7 @@ def parse_run(argv: Sequence[str], environ: Optional[Mapping[str, str]] = None) 
     backend, endpoint_list, node_rank, try_host, conf = _rendezvous_target(parser, ns)
     # No store endpoint: this node hosts an embedded store on 127.0.0.1 (see embedded_store).
     embedded = backend == "store" and (ns.standalone or not endpoint_list)
+    private = embedded or (backend == "store" and endpoint_list[0][1] == 0)  # a port of its own
     if not embedded:
         try:
             check_endpoints(backend, endpoint_list)
@@ -660,7 +661,7 @@ def parse_run(argv: Sequence[str], environ: Optional[Mapping[str, str]] = None) 
             parser.error(f"argument --rdzv-endpoint/--rdzv_endpoint: {exc}")
     if ns.rdzv_id is None or (ns.rdzv_id == "none" and requested in TORCHRUN_BACKENDS):
         # torchrun's default id is the word "none"; one job per endpoint makes it harmless.
-        ns.rdzv_id = uuid.uuid4().hex[:12] if embedded else (ns.rdzv_id or "default")
+        ns.rdzv_id = uuid.uuid4().hex[:12] if private else (ns.rdzv_id or "default")
     try:
         rendezvous = RendezvousSettings.from_conf(ns.rdzv_id, min_nodes, max_nodes, conf)
         options = backend_options(backend, {

@@ -1,0 +1,282 @@
+"""torchrun's own documented command lines, with only the program name changed to `shoal run`.
+
+The lines come from torch.distributed.run's documentation (Usage: single-node, stacked, fault
+tolerant, elastic) and from what Kubeflow's PyTorchJob injects (PET_* variables, static
+rendezvous). Where torch is installed, the single-node lines also run under torchrun itself and
+the workers must see the same torchrun variables. Multi-node lines run one agent per
+network-namespace host (tests/support/netns.py), so the fixed ports of the documentation (29400,
+29500) are private to the test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.support.netns import Hosts, require_netns
+from tests.support.shoal_run import ROOT, WORKERS
+
+WORKER = str(WORKERS / "torchrun_worker.py")
+SHOAL = [sys.executable, "-m", "shoal.launcher", "run"]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+SECRET = "torchrun-compat-" + uuid.uuid4().hex
+TIMEOUT = 60
+# The variables a torchrun worker reads that must agree between the two launchers.
+# TORCHELASTIC_MAX_RESTARTS is left out on purpose: shoal's default --max-restarts is 3
+# (restart from the last checkpoint), torchrun's 0; given explicitly they agree.
+COMPARED = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+            "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "OMP_NUM_THREADS",
+            "TORCHELASTIC_RESTART_COUNT", "rest", "name"]
+
+
+def _env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PET_", "SHOAL_", "TORCHELASTIC_")) and k != "OMP_NUM_THREADS"}
+    env.update(SHOAL_AUTH_TOKEN=SECRET, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", **extra)
+    return env
+
+
+def _run(program, args, timeout=TIMEOUT, **extra):
+    return subprocess.run(program + list(args), cwd=ROOT, env=_env(**extra), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _envs(output: str) -> list[dict]:
+    # raw_decode: under torchrun two ranks' lines can share a line (no per-line prefixing).
+    decoder = json.JSONDecoder()
+    found = [decoder.raw_decode(output, m.end())[0] for m in re.finditer(r"ENV ", output)]
+    return sorted(found, key=lambda e: int(e["RANK"]))
+
+
+def _compared(envs):
+    return [{k: e.get(k) for k in COMPARED} for e in envs]
+
+
+# torchrun's documentation, "Single-node multi-worker" and "Stacked single-node multi-worker".
+SINGLE_NODE_LINES = {
+    "standalone": ["--standalone", "--nnodes=1", "--nproc-per-node=2"],
+    "stacked c10d": ["--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", "--nnodes=1",
+                     "--nproc-per-node=2"],
+    "old spellings": ["--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0",
+                      "--nproc_per_node", "2", "--max_restarts", "0"],
+}
+
+
+@pytest.mark.parametrize("line", list(SINGLE_NODE_LINES), ids=list(SINGLE_NODE_LINES))
+def test_single_node_lines_give_torchruns_environment(line):
+    args = SINGLE_NODE_LINES[line] + [WORKER, "--arg1", "x"]
+    done = _run(SHOAL, args[:-3] + [WORKER, "--meet", "--arg1", "x"])
+    assert done.returncode == 0, done.stderr
+    envs = _envs(done.stdout)
+    assert [e["RANK"] for e in envs] == ["0", "1"] and {e["sum"] for e in envs} == {1}
+    # torchrun's notice and value: two workers and no OMP_NUM_THREADS given.
+    assert "Setting OMP_NUM_THREADS=1 for each of the 2 workers" in done.stderr
+    assert {e["OMP_NUM_THREADS"] for e in envs} == {"1"}
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return  # the reference run needs torch; shoal's own checks above still ran
+    reference = _run(TORCHRUN, args)
+    assert reference.returncode == 0, reference.stderr
+    assert _compared(envs) == _compared(_envs(reference.stdout))
+
+
+def test_omp_num_threads_of_the_user_is_kept():
+    done = _run(SHOAL, ["--nproc-per-node=2", WORKER], OMP_NUM_THREADS="3")
+    assert done.returncode == 0, done.stderr
+    assert {e["OMP_NUM_THREADS"] for e in _envs(done.stdout)} == {"3"}
+    assert "OMP_NUM_THREADS" not in done.stderr
+
+
+def test_nproc_per_node_auto_and_gpu():
+    done = _run(SHOAL, ["--nproc-per-node=auto", "--max-restarts=0", WORKER])
+    assert done.returncode == 0, done.stderr
+    from shoal.launcher import devices
+
+    expected = devices.gpu_count() or len(os.sched_getaffinity(0))
+    assert {e["LOCAL_WORLD_SIZE"] for e in _envs(done.stdout)} == {str(expected)}
+    gpu = _run(SHOAL, ["--nproc-per-node=gpu", WORKER])
+    if devices.gpu_count() == 0:
+        assert gpu.returncode == 2 and "Traceback" not in gpu.stderr
+        assert "'gpu' asks for one worker per GPU, but no CUDA device is visible" in gpu.stderr
+    else:
+        assert gpu.returncode == 0, gpu.stderr
+        assert len(_envs(gpu.stdout)) == devices.gpu_count()
+
+
+def test_version():
+    from shoal import __version__
+
+    for program in ([sys.executable, "-m", "shoal.launcher"], SHOAL):
+        done = _run(program, ["--version"])
+        assert (done.returncode, done.stdout.strip()) == (0, f"shoal {__version__}")
+
+
+def test_redirects_tee_and_local_ranks_filter(tmp_path):
+    logs = tmp_path / "logs"
+    done = _run(SHOAL, ["--standalone", "--nproc-per-node=2", "--rdzv-id=streams",
+                        f"--log-dir={logs}", "-r", "3", "-t", "0:1", WORKER, "--chatter"])
+    assert done.returncode == 0, done.stderr
+    # -r 3: every stream to its file only; -t 0:1: local rank 0's stdout to the console too.
+    assert "[rank 0] out of local rank 0" in done.stdout
+    assert "err of local rank 0" not in done.stderr and "local rank 1" not in done.stdout
+    for rank in (0, 1):
+        text = (logs / "streams" / "round_0" / f"rank_{rank}.log").read_text()
+        assert f"out of local rank {rank}" in text and f"err of local rank {rank}" in text
+    filtered = _run(SHOAL, ["--nproc-per-node=2", "--local-ranks-filter=1", WORKER, "--chatter"])
+    assert filtered.returncode == 0, filtered.stderr
+    assert "[rank 1] out of local rank 1" in filtered.stdout
+    assert "[rank 1] err of local rank 1" in filtered.stderr
+    assert "local rank 0" not in filtered.stdout + filtered.stderr
+
+
+@pytest.mark.parametrize("name", ["SIGHUP", "SIGQUIT", "SIGUSR1"])
+def test_signals_are_forwarded_to_the_workers(tmp_path, name):
+    signum = getattr(signal, name)
+    args = ["--nproc-per-node=2", "--grace-period=10", WORKER, "--wait-signal", str(tmp_path)]
+    if name == "SIGUSR1":  # not in torchrun's default set: asked for as on SLURM
+        args = ["--signals-to-handle=SIGTERM,SIGINT,SIGUSR1"] + args
+    proc = subprocess.Popen(SHOAL + args, cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while len(list(tmp_path.glob("ready-*"))) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 128 + signum, err
+    for rank in (0, 1):
+        assert f"[rank {rank}] rank {rank} got {name}" in out, out + err
+
+
+def test_no_python_and_run_path(tmp_path):
+    program = tmp_path / "train.sh"
+    program.write_text("#!/bin/sh\necho \"shell rank $RANK of $WORLD_SIZE args $*\"\n")
+    program.chmod(0o755)
+    done = _run(SHOAL, ["--nproc-per-node=2", "--no-python", str(program), "a", "b"])
+    assert done.returncode == 0, done.stderr
+    assert "[rank 1] shell rank 1 of 2 args a b" in done.stdout
+    done = _run(SHOAL, ["--nproc-per-node=1", "--run-path", WORKER, "p", "q"])
+    assert done.returncode == 0, done.stderr
+    env = _envs(done.stdout)[0]
+    assert (env["name"], env["argv0"], env["rest"]) == ("__main__", WORKER, ["p", "q"])
+    bad = _run(SHOAL, ["--no-python", "-m", "pkg", WORKER])
+    assert bad.returncode == 2 and "do not combine it with -m/--module" in bad.stderr
+
+
+def test_error_files_follow_torchruns_contract(tmp_path):
+    agent_file = tmp_path / "termination-log"
+    done = _run(SHOAL, ["--nproc-per-node=2", "--max-restarts=0", f"--log-dir={tmp_path}",
+                        "--rdzv-id=errs", WORKER, "--raise"],
+                TORCHELASTIC_ERROR_FILE=str(agent_file))
+    assert done.returncode == 1
+    assert re.search(r"Its error: ValueError: rank [01] found a bad batch", done.stderr)
+    doc = json.loads(agent_file.read_text())
+    message = doc["message"]
+    assert re.fullmatch(r"ValueError: rank [01] found a bad batch", message["message"])
+    assert "raise ValueError" in message["extraInfo"]["py_callstack"]
+    assert message["extraInfo"]["timestamp"].isdigit()
+    rank = doc["shoal"]["rank"]
+    worker_file = tmp_path / "errs" / "round_0" / f"rank_{rank}" / "error.json"
+    assert doc["shoal"]["error_file"] == str(worker_file)
+    assert json.loads(worker_file.read_text())["message"]["message"] == message["message"]
+    # Each worker had its own file, never the agent's.
+    assert {e["TORCHELASTIC_ERROR_FILE"] for e in _envs(done.stdout)} == {
+        str(tmp_path / "errs" / "round_0" / f"rank_{r}" / "error.json") for r in (0, 1)}
+
+
+def test_no_writable_temp_dir_is_a_clear_error(tmp_path):
+    """A read-only root filesystem: /tmp, /var/tmp and the working directory not writable."""
+    if os.geteuid() != 0 or subprocess.run(["unshare", "--help"], capture_output=True).returncode:
+        pytest.skip("needs root and unshare to mount read-only temp directories")
+    script = ("set -e; for d in /tmp /var/tmp /usr/tmp; do [ -d $d ] && "
+              "mount -t tmpfs -o ro tmpfs $d; done; cd /tmp; exec \"$@\"")
+    env = _env()
+    env.pop("TMPDIR", None)
+    done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script,
+                           "sh", *SHOAL, "--nproc-per-node=1", WORKER], env=env,
+                          capture_output=True, text=True, timeout=TIMEOUT)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "shoal run: error: no writable temporary directory" in done.stderr
+    assert "mount a writable volume (a Kubernetes emptyDir) at /tmp" in done.stderr
+    # A configured TMPDIR (outside the read-only mounts) is used.
+    scratch = tempfile.mkdtemp(prefix="shoal-test-tmpdir-", dir="/dev/shm")
+    try:
+        ok = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                             script, "sh", *SHOAL, "--nproc-per-node=1", WORKER],
+                            env={**env, "TMPDIR": scratch}, capture_output=True, text=True,
+                            timeout=TIMEOUT)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    assert ok.returncode == 0, ok.stderr
+
+
+# ----------------------------------------------------------------------------- several nodes
+
+def _agents(hosts, argvs, envs):
+    procs = [host.popen(SHOAL + argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT, text=True)
+             for host, argv, env in zip(hosts, argvs, envs)]
+    outputs = []
+    for proc in procs:
+        try:
+            out, _ = proc.communicate(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+        outputs.append(out)
+    return [p.returncode for p in procs], outputs
+
+
+@pytest.mark.parametrize("nnodes", ["2", "1:4"], ids=["fault tolerant", "elastic"])
+def test_multi_node_c10d_lines_on_two_hosts(nnodes):
+    """--rdzv-endpoint=$HOST_NODE_ADDR without a port: the store on the first host at 29400."""
+    require_netns()
+    with Hosts(2) as hosts:
+        line = [f"--nnodes={nnodes}", "--nproc-per-node=2", "--max-restarts=3",
+                "--rdzv-id=job42", "--rdzv-backend=c10d", f"--rdzv-endpoint={hosts[0].address}",
+                "--rdzv-conf=last_call_timeout=3", WORKER, "--meet"]
+        codes, outputs = _agents(hosts, [line, line], [_env(), _env()])
+        assert codes == [0, 0], "\n----\n".join(outputs)
+        assert f"Rendezvous store listening on {hosts[0].address}:29400" in outputs[0]
+        envs = _envs("".join(outputs))
+        assert [e["RANK"] for e in envs] == ["0", "1", "2", "3"]
+        assert {e["sum"] for e in envs} == {6} and {e["WORLD_SIZE"] for e in envs} == {"4"}
+
+
+def test_static_rendezvous_from_flags_and_from_kubeflows_variables():
+    require_netns()
+    with Hosts(2) as hosts:
+        flags = [[f"--nnodes=2", "--nproc-per-node=1", f"--node-rank={rank}",
+                  f"--master-addr={hosts[0].address}", "--master-port=29500", WORKER, "--meet"]
+                 for rank in (0, 1)]
+        codes, outputs = _agents(hosts, flags, [_env(), _env()])
+        assert codes == [0, 0], "\n----\n".join(outputs)
+        envs = _envs("".join(outputs))
+        assert [(e["RANK"], e["GROUP_RANK"]) for e in envs] == [("0", "0"), ("1", "1")]
+        # What PyTorchJob injects, with the bare command line of its examples.
+        pet = [_env(PET_NNODES="2", PET_NPROC_PER_NODE="2", PET_NODE_RANK=str(rank),
+                    PET_MASTER_ADDR=hosts[0].address, PET_MASTER_PORT="23456")
+               for rank in (0, 1)]
+        codes, outputs = _agents(hosts, [[WORKER, "--meet"]] * 2, pet)
+        assert codes == [0, 0], "\n----\n".join(outputs)
+        assert f"Rendezvous store listening on {hosts[0].address}:23456" in outputs[0]
+        envs = _envs("".join(outputs))
+        assert [e["GROUP_RANK"] for e in envs] == ["0", "0", "1", "1"]
+        assert {e["sum"] for e in envs} == {6}
