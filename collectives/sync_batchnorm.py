@@ -66,6 +66,6 @@ class SyncBatchNorm(_BatchNorm):
             output.running_var = module.running_var
             output.num_batches_tracked = module.num_batches_tracked
             output.training = module.training
-        for name, child in module.named_children():
+        for name, child in list(module.named_children()):
             output.add_module(name, cls.convert_sync_batchnorm(child, process_group))
         return output

@@ -90,7 +90,7 @@ class Module:
                     raise AttributeError(
                         f"cannot assign {kind} {name!r} before Module.__init__() call"
                     )
-                self._forget(name)
+                self._forget(name, keep=table_name)
                 table[name] = value
                 return
             if table is not None and name in table:
@@ -112,10 +112,13 @@ class Module:
             return
         object.__setattr__(self, name, value)
 
-    def _forget(self, name: str) -> None:
+    def _forget(self, name: str, keep: str | None = None) -> None:
+        # `keep`: the table about to take the name again; leaving the entry there keeps its
+        # position, as torch does (a replaced child of a Sequential must stay in its place).
         self.__dict__.pop(name, None)
         for table in ("_parameters", "_buffers", "_modules"):
-            self.__dict__[table].pop(name, None)
+            if table != keep:
+                self.__dict__[table].pop(name, None)
         self._non_persistent_buffers.discard(name)
 
     def __getattr__(self, name: str) -> Any:
@@ -159,7 +162,7 @@ class Module:
                 f"cannot assign {type(param).__name__} object to parameter {name!r} "
                 "(core.nn.Parameter or None required)"
             )
-        self._forget(name)
+        self._forget(name, keep="_parameters")
         self._parameters[name] = param
 
     def register_buffer(self, name: str, tensor: Tensor | None, persistent: bool = True) -> None:
@@ -172,7 +175,7 @@ class Module:
                 f"cannot assign {type(tensor).__name__} object to buffer {name!r} "
                 "(core.Tensor or None required)"
             )
-        self._forget(name)
+        self._forget(name, keep="_buffers")
         self._buffers[name] = tensor
         if not persistent:
             self._non_persistent_buffers.add(name)
@@ -182,7 +185,7 @@ class Module:
         if module is not None and not isinstance(module, Module):
             raise TypeError(f"{type(module).__name__} is not a Module subclass")
         self._check_name(name, "module")
-        self._forget(name)
+        self._forget(name, keep="_modules")
         self._modules[name] = module
 
     register_module = add_module
