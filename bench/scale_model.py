@@ -1,0 +1,778 @@
+"""A cost model for all_reduce at thousands of ranks, fitted to measurements on this machine.
+
+It measures each path's costs here, checks the model against bench/allreduce.py run in the
+same invocation, and predicts the step overhead of examples/train_ddp.py (and of a model of
+100M float32 parameters) on 8 x 8 up to 1000 x 8 hosts x ranks.
+
+    python bench/scale_model.py            # full measurements and check
+    python bench/scale_model.py --quick    # fewer repetitions (well under 2 minutes on 2 cores)
+    python bench/scale_model.py --no-check # fits and predictions only
+
+Measured (least squares on t = a + b x, each sample weighted by 1/t so that small and large
+sizes count alike; every sample is a median over repetitions):
+
+  paths p: unix (Unix stream sockets: shoal's links between ranks of one host), tcp_lo (TCP on
+           127.0.0.1), veth (TCP between two network namespaces joined by veth pairs and a
+           bridge, tests/support/netns.py; needs root, tcp_lo's figures stand in without it).
+           Sockets carry 256 KiB buffers and TCP_NODELAY, as shoal's links do.
+    a_p    one message's latency: the intercept of a ping-pong's one-way time over
+           n = 64 B .. 64 KiB; measured twice, with receivers sleeping in the kernel (a_p^block)
+           and polling (a_p^spin). shoal polls small receives only when every rank of the group
+           has a core (collectives.env.spin_seconds), so the model does the same.
+    o_p    per-message CPU cost and
+    beta_p per-byte CPU cost of one ring step: two processes each stream n-byte messages to
+           the other while receiving the other's (what each rank of a ring does in one step):
+           t_msg(n) = o_p + n beta_p over n = 16 KiB .. 4 MiB.
+  memory, for the shared-memory path (collectives/backends/tcp/shm.py: copies into and out of
+  memfd regions) and the reductions, two processes at once (as in every run here):
+    c      one copy's cost per byte into or out of a memfd mapping
+    g      a float32 numpy add into an accumulator, per byte
+           each twice: working sets inside the last-level cache (the arrays reused) and far
+           beyond it (a 64 MiB array walked through); an operation whose data on one host,
+           2 L S, fits the cache uses the first, else the second.
+  C        cores. P busy processes on C cores slow every CPU-bound term by k = max(1, P/C).
+           Latencies are CPU-bound too: a message waits until its receiver gets a core. A
+           direct exchange among W processes here measured (W-1) a^block k within 5% for
+           W = 2, 3, 4, which is where this form comes from.
+
+Model, S bytes per rank, W = H x L ranks on H hosts of L ranks, SMALL = 64 KiB, a = a^spin
+if W <= C (or on a cluster) else a^block:
+
+  direct exchange (S <= SMALL; every rank sends S to each of the W-1 others, reduces them):
+      D(S, W, p) = k (W-1) (a_p + o_p + S beta_p + S g)
+  ring (S > SMALL): 2(W-1) steps of S/W bytes and W-1 reductions of S/W bytes:
+      R(S, W, p) = k (2(W-1) (a_p + o_p + (S/W) beta'_p) + (W-1) (S/W) g)
+      beta'_p = max(beta_p, n_share x w_p / k): w_p is the per-byte cost of a shared wire
+      (1/B on a cluster's link, none between namespaces here, where the CPU is the limit)
+      and n_share the number of rings that share it.
+  flat ring: every rank in one TCP ring, each step as slow as its slowest hop (veth or the
+      cluster link between hosts, tcp_lo within one).
+  shared memory within one host (S > SMALL; below, D over unix), chunks of 4 MiB
+  (m = ceil(S / 4 MiB); at L = 2 chunks of S/4 within 256 KiB .. 4 MiB), a barrier is a
+  direct exchange of headers: b = k (L-1) (a_unix + o_unix)
+      L = 2:   m b + k S (c + g)
+      L >= 3:  (m + 1) b + k ((2S - S/L) c + (L-1)(S/L) g)
+  hierarchical (H > 1, L > 1):
+      (1) shared-memory reduce-scatter, rank i reduces segment i from the L-1 peers' regions:
+              T1 = m b + k (S c + (L-1)(S/L) g)
+      (2) L rings across hosts at once, ring i over the H ranks of local index i, each on S/L
+          bytes, all sharing the host's link (n_share = L):  T2 = R(S/L, H, link) (or D)
+      (3) shared-memory all-gather, each rank copies the L-1 other segments out:
+              T3 = m b + k S c
+      L = 1 is the ring across hosts, H = 1 the one-host shared-memory case.
+  bandwidth-optimal bound: 2 (W-1)/W x S / B.
+
+The check runs bench/allreduce.py: its --hosts rows (hierarchical as shoal_ms, flat ring as
+shoal_flat_ms) once that mode exists, else its --worlds rows (shoal_ms: one host's shared
+memory and unix links; shoal_tcp_ms: the ring on loopback TCP). Every rank of every namespace
+runs on this machine's C cores, so there k = max(1, W/C).
+
+The predictions assume a cluster with a core per rank (k = 1), a link of 25 Gbit/s with 10 us
+latency (a = 10 us, w = 8 / 25e9 s per byte, o and beta as measured here on veth: a host's
+TCP stack costs CPU like this machine's), and within a host shared memory, unix sockets and
+loopback TCP at the rates measured here (cache rates or memory rates by working set). A DDP
+step's overhead is the all_reduce of each gradient bucket in turn (shoal's DDP: a first bucket
+of 1 MiB, then 25 MiB), none of it hidden behind backward: an upper bound.
+
+The machine has 2 cores shared with other work; quote medians and expect 10-30% drift.
+"""
+
+from __future__ import annotations
+
+import os
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_var] = "1"
+
+import argparse  # noqa: E402
+import dataclasses  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import mmap  # noqa: E402
+import socket  # noqa: E402
+import statistics  # noqa: E402
+import struct  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+import uuid  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Optional, Sequence  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+KiB = 1024
+MiB = 1024 * KiB
+# Mirrors of collectives.constants (read, not imported, so the model states what it assumes).
+SMALL_MAX_BYTES = 64 * KiB  # direct exchange up to here
+SHM_CHUNK_BYTES = 4 * MiB  # SHM_SLOT_BYTES
+SHM_W2_MIN_CHUNK_BYTES = 256 * KiB
+SOCKET_BUFFER_BYTES = 256 * KiB
+FIRST_BUCKET_BYTES = 1 * MiB  # shoal's DDP, as torch's
+BUCKET_BYTES = 25 * MiB
+PEER_TIMEOUT_S = 60.0
+
+PINGPONG_SIZES = (64, 1 * KiB, 4 * KiB, 16 * KiB, 64 * KiB)
+STREAM_SIZES = (16 * KiB, 64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB)
+MEMORY_SIZES = (64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB)
+MEMORY_WALK_BYTES = 64 * MiB  # far beyond any last-level cache here
+
+_COMMAND = struct.Struct("!BQQ")  # mode, message bytes, message count
+_PINGPONG, _PINGPONG_SPIN, _EXCHANGE, _QUIT = 0, 1, 2, 3
+
+
+# ----------------------------------------------------------------------------- fitting
+
+def fit_line(xs: Sequence[float], ts: Sequence[float]) -> tuple[float, float]:
+    """(intercept, slope) of t = a + b x by least squares on relative errors (weights 1/t).
+
+    Plain least squares would let the largest sizes decide alone; weighting by 1/t fits the
+    small sizes (where the intercept shows) as closely as the large ones.
+    """
+    if len(xs) != len(ts) or len(xs) < 2:
+        raise ValueError(f"fit_line needs two or more (x, t) pairs, got {len(xs)} and {len(ts)}")
+    x = np.asarray(xs, dtype=float)
+    t = np.asarray(ts, dtype=float)
+    if np.any(t <= 0):
+        raise ValueError("fit_line needs positive times")
+    w = 1.0 / t
+    design = np.stack([np.ones_like(x), x], axis=1) * w[:, None]
+    (a, b), *_ = np.linalg.lstsq(design, t * w, rcond=None)
+    return float(a), float(b)
+
+
+def contention(procs: int, cores: int) -> float:
+    """How much P busy processes on C cores slow a CPU-bound phase: max(1, P/C)."""
+    return max(1.0, procs / cores)
+
+
+@dataclasses.dataclass(frozen=True)
+class Link:
+    """One path's costs in seconds: latency sleeping and polling, per message, per byte of
+    CPU work, and per byte of a wire shared by all rings that cross it (0: no wire limit)."""
+
+    a_block: float
+    a_spin: float
+    o: float
+    beta: float
+    wire: float = 0.0
+
+    def latency(self, spin: bool) -> float:
+        return self.a_spin if spin else self.a_block
+
+
+@dataclasses.dataclass(frozen=True)
+class Memory:
+    """Per-byte costs of a copy (c) and of a float32 add (g), inside the cache and beyond."""
+
+    c_cache: float
+    c_mem: float
+    g_cache: float
+    g_mem: float
+    llc_bytes: int
+
+    def rates(self, working_set: float) -> tuple[float, float]:
+        """(c, g) for an operation touching `working_set` bytes on one host."""
+        if working_set <= self.llc_bytes:
+            return self.c_cache, self.g_cache
+        return self.c_mem, self.g_mem
+
+
+@dataclasses.dataclass(frozen=True)
+class Machine:
+    """Where the ranks run: `cores` per host (None: a core per rank) and whether every rank
+    of every host shares this one machine's cores (the namespaces here)."""
+
+    cores: Optional[int]
+    one_machine: bool
+    busy: bool = False  # other work keeps the cores busy: shoal stops polling
+
+
+    def k(self, hosts: int, local: int) -> float:
+        if self.cores is None:
+            return 1.0
+        procs = hosts * local if self.one_machine else local
+        return contention(procs, self.cores)
+
+    def spin(self, world: int) -> bool:
+        # collectives.env.spin_seconds: poll only when every rank of the group has a core,
+        # and (the tcp group's load check) while the machine's load leaves a core spare.
+        return self.cores is None or (world <= self.cores and not self.busy)
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+    """The formulas of the module docstring over fitted parameters."""
+
+    links: dict  # name -> Link: unix, tcp_lo, veth (and "cluster" for predictions)
+    memory: Memory
+
+    def direct(self, nbytes, world, link: Link, k, spin, g) -> float:
+        return k * (world - 1) * (link.latency(spin) + link.o + nbytes * (link.beta + g))
+
+    def ring(self, nbytes, world, hops: Sequence[Link], k, spin, g, share: int = 1) -> float:
+        """A ring (or the direct exchange for small messages) whose steps wait for the slowest
+        of `hops`; `share` rings cross each wire at once."""
+        if world <= 1 or nbytes <= 0:
+            return 0.0
+        if nbytes <= SMALL_MAX_BYTES:
+            return max(self.direct(nbytes, world, h, k, spin, g) for h in hops)
+        seg = nbytes / world
+        step = max(h.latency(spin) + h.o + seg * max(h.beta, share * h.wire / k) for h in hops)
+        return k * (2 * (world - 1) * step + (world - 1) * seg * g)
+
+    def _barrier(self, local, k, spin) -> float:
+        unix = self.links["unix"]
+        return k * (local - 1) * (unix.latency(spin) + unix.o)
+
+    def one_host(self, nbytes, local, machine: Machine, hosts_here: int = 1) -> float:
+        """shoal's same-host all_reduce of `local` ranks: direct over unix for small messages,
+        else shared memory (shm.py)."""
+        if local <= 1:
+            return 0.0
+        k, spin = machine.k(hosts_here, local), machine.spin(local * hosts_here)
+        c, g = self.memory.rates(2 * local * nbytes)
+        if nbytes <= SMALL_MAX_BYTES:
+            return self.direct(nbytes, local, self.links["unix"], k, spin, g)
+        b = self._barrier(local, k, spin)
+        if local == 2:
+            chunk = min(SHM_CHUNK_BYTES, max(SHM_W2_MIN_CHUNK_BYTES, nbytes // 4))
+            return math.ceil(nbytes / chunk) * b + k * nbytes * (c + g)
+        m = math.ceil(nbytes / SHM_CHUNK_BYTES)
+        return (m + 1) * b + k * ((2 * nbytes - nbytes / local) * c
+                                  + (local - 1) * nbytes / local * g)
+
+    def hierarchical(self, nbytes, hosts, local, link: Link, intra: Link,
+                     machine: Machine) -> float:
+        """T1 + T2 + T3 of the module docstring (small messages: the flat direct exchange)."""
+        if hosts <= 1:
+            return self.one_host(nbytes, local, machine)
+        if local <= 1 or nbytes <= SMALL_MAX_BYTES:
+            return self.flat(nbytes, hosts, local, link, intra, machine)
+        k, spin = machine.k(hosts, local), machine.spin(hosts * local)
+        c, g = self.memory.rates(2 * local * nbytes * (hosts if machine.one_machine else 1))
+        b = self._barrier(local, k, spin)
+        seg = nbytes / local
+        t1 = math.ceil(nbytes / SHM_CHUNK_BYTES) * b + k * (nbytes - seg) * c + k * (local - 1) * seg * g
+        t2 = self.ring(seg, hosts, [link], k, spin, g, share=local)
+        relay = min(SHM_CHUNK_BYTES, max(SHM_W2_MIN_CHUNK_BYTES, seg // 4))
+        t3 = math.ceil(seg / relay) * b + k * nbytes * c
+        return t1 + t2 + t3
+
+    def flat(self, nbytes, hosts, local, link: Link, intra: Link, machine: Machine) -> float:
+        """Every rank in one ring over sockets (direct exchange for small messages): hops
+        between hosts over `link`, within one over `intra`; one host runs its own path."""
+        if hosts <= 1:
+            return self.one_host(nbytes, local, machine)
+        k, spin = machine.k(hosts, local), machine.spin(hosts * local)
+        _, g = self.memory.rates(2 * local * nbytes * (hosts if machine.one_machine else 1))
+        hops = [link] + ([intra] if local > 1 else [])
+        return self.ring(nbytes, hosts * local, hops, k, spin, g)
+
+
+def bucket_sizes(nbytes: int) -> list[int]:
+    """shoal DDP's gradient buckets for `nbytes` of gradients: 1 MiB first, then 25 MiB."""
+    out, left, cap = [], nbytes, FIRST_BUCKET_BYTES
+    while left > 0:
+        out.append(min(left, cap))
+        left -= out[-1]
+        cap = BUCKET_BYTES
+    return out
+
+
+def bandwidth_bound(nbytes: float, world: int, bandwidth: float) -> float:
+    """The bandwidth-optimal all_reduce time 2 (W-1)/W x S / B (seconds; B in bytes/s)."""
+    return 2 * (world - 1) / world * nbytes / bandwidth if world > 1 else 0.0
+
+
+# ----------------------------------------------------------------------------- peer processes
+
+def _recv_exact(sock: socket.socket, view: memoryview) -> None:
+    got = 0
+    while got < len(view):
+        n = sock.recv_into(view[got:])
+        if n == 0:
+            raise ConnectionError("the peer closed the connection")
+        got += n
+
+
+def _recv_polling(sock: socket.socket, view: memoryview) -> None:
+    """As `_recv_exact`, polling a non-blocking socket (shoal's spinning receive)."""
+    got = 0
+    sock.setblocking(False)
+    try:
+        while got < len(view):
+            try:
+                n = sock.recv_into(view[got:])
+            except BlockingIOError:
+                continue
+            if n == 0:
+                raise ConnectionError("the peer closed the connection")
+            got += n
+    finally:
+        sock.settimeout(PEER_TIMEOUT_S)
+
+
+def _send_stream(sock: socket.socket, payload: memoryview, count: int) -> None:
+    for _ in range(count):
+        sock.sendall(payload)
+
+
+def _exchange(sock: socket.socket, out: memoryview, into: memoryview, count: int) -> None:
+    """Send `count` messages while receiving as many (a sender thread; the socket buffers
+    could not hold a whole message otherwise)."""
+    sender = threading.Thread(target=_send_stream, args=(sock, out, count))
+    sender.start()
+    for _ in range(count):
+        _recv_exact(sock, into)
+    sender.join()
+
+
+def _serve(sock: socket.socket) -> None:
+    """The passive end: echo ping-pongs, mirror exchanges, until told to quit."""
+    head = bytearray(_COMMAND.size)
+    buf = bytearray(4 * MiB)
+    out = bytearray(4 * MiB)
+    while True:
+        _recv_exact(sock, memoryview(head))
+        mode, n, count = _COMMAND.unpack(head)
+        view = memoryview(buf)[:n]
+        if mode == _QUIT:
+            return
+        if mode in (_PINGPONG, _PINGPONG_SPIN):
+            receive = _recv_polling if mode == _PINGPONG_SPIN else _recv_exact
+            for _ in range(count):
+                receive(sock, view)
+                sock.sendall(view)
+        else:
+            _exchange(sock, memoryview(out)[:n], view, count)
+            sock.sendall(b"k")
+
+
+def _drive(sock: socket.socket, reps: int) -> dict:
+    """The active end: ping-pongs (sleeping, polling) and exchanges at every size."""
+    buf = bytearray(4 * MiB)
+    out = bytearray(4 * MiB)
+    result = {"pingpong": {}, "pingpong_spin": {}, "stream": {}}
+    for mode, key, receive in ((_PINGPONG, "pingpong", _recv_exact),
+                               (_PINGPONG_SPIN, "pingpong_spin", _recv_polling)):
+        for n in PINGPONG_SIZES:
+            count = 200 if n <= 4 * KiB else 60
+            view = memoryview(buf)[:n]
+            times = []
+            for _ in range(reps):
+                sock.sendall(_COMMAND.pack(mode, n, count))
+                t0 = time.perf_counter()
+                for _ in range(count):
+                    sock.sendall(view)
+                    receive(sock, view)
+                times.append((time.perf_counter() - t0) / count / 2)  # one way
+            result[key][n] = statistics.median(times)
+    for n in STREAM_SIZES:
+        count = max(4, (16 * MiB) // n)
+        times = []
+        for _ in range(reps):
+            sock.sendall(_COMMAND.pack(_EXCHANGE, n, count))
+            t0 = time.perf_counter()
+            _exchange(sock, memoryview(out)[:n], memoryview(buf)[:n], count)
+            _recv_exact(sock, memoryview(bytearray(1)))
+            times.append((time.perf_counter() - t0) / count)
+        result["stream"][n] = statistics.median(times)
+    sock.sendall(_COMMAND.pack(_QUIT, 0, 0))
+    return result
+
+
+def _tune(sock: socket.socket) -> None:
+    """shoal's link settings (collectives/backends/tcp/wire.py)."""
+    sock.settimeout(PEER_TIMEOUT_S)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
+    if sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def _memory_pair(reps: int) -> dict:
+    """Copy and add rates with two processes at once (this one and a fork), each copying into
+    its own memfd mapping and adding float32 arrays: in cache (arrays reused) and beyond it
+    (a MEMORY_WALK_BYTES array walked through n bytes at a time)."""
+    walk = MEMORY_WALK_BYTES
+    a, b = socket.socketpair()
+    child = os.fork()
+    sock = b if child == 0 else a
+    sock.settimeout(PEER_TIMEOUT_S)
+    fd = os.memfd_create("shoal-scale-model", os.MFD_CLOEXEC)
+    os.ftruncate(fd, walk)
+    region = np.frombuffer(mmap.mmap(fd, walk, flags=mmap.MAP_SHARED), dtype=np.uint8)
+    src = np.ones(walk, dtype=np.uint8)
+    acc = np.ones(walk // 4, dtype=np.float32)
+    other = np.ones(walk // 4, dtype=np.float32)
+    region[:] = 1  # fault every page in before timing
+    one = bytearray(1)
+    result = {}
+    for kind in ("copy", "add"):
+        for where in ("cache", "mem"):
+            for n in MEMORY_SIZES:
+                count = max(8, (64 * MiB) // n)
+                offsets = [0] * count if where == "cache" else [
+                    (i * n) % walk for i in range(count)]
+                times = []
+                for _ in range(reps):
+                    sock.sendall(b"s")  # start together
+                    sock.recv_into(one)
+                    t0 = time.perf_counter()
+                    if kind == "copy":
+                        for off in offsets:
+                            np.copyto(region[off:off + n], src[off:off + n])
+                    else:
+                        for off in offsets:
+                            lo, hi = off // 4, (off + n) // 4
+                            np.add(acc[lo:hi], other[lo:hi], out=acc[lo:hi])
+                    times.append((time.perf_counter() - t0) / count)
+                result[f"{kind}_{where}_{n}"] = statistics.median(times)
+    if child == 0:
+        os._exit(0)
+    os.waitpid(child, 0)
+    return result
+
+
+def _peer_main(argv: list[str]) -> int:
+    """Hidden entry point for the processes of a measurement (`--peer ROLE ...`)."""
+    role = argv[0]
+    if role == "serve":  # serve FAMILY ADDRESS: print where it listens, serve one client
+        family, address = argv[1], argv[2]
+        if family == "unix":
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            listener.bind("\0" + address)
+        else:
+            listener = socket.create_server((address, 0))
+        listener.settimeout(PEER_TIMEOUT_S)
+        listener.listen(1)
+        print(address if family == "unix" else listener.getsockname()[1], flush=True)
+        conn, _ = listener.accept()
+        _tune(conn)
+        _serve(conn)
+        return 0
+    if role == "drive":  # drive FAMILY ADDRESS PORT REPS: print the timings as JSON
+        family, address, port, reps = argv[1], argv[2], argv[3], int(argv[4])
+        if family == "unix":
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(PEER_TIMEOUT_S)
+            sock.connect("\0" + address)
+        else:
+            sock = socket.create_connection((address, int(port)), timeout=PEER_TIMEOUT_S)
+        _tune(sock)
+        print(json.dumps(_drive(sock, reps)), flush=True)
+        return 0
+    if role == "memory":  # memory REPS
+        print(json.dumps(_memory_pair(int(argv[1]))), flush=True)
+        return 0
+    raise SystemExit(f"unknown peer role {role!r}")
+
+
+# ----------------------------------------------------------------------------- measuring
+
+def _peer_argv() -> list[str]:
+    return [sys.executable, str(Path(__file__).resolve()), "--peer"]
+
+
+def _last_json(stdout: str) -> dict:
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def _run_pair(serve_prefix: list, drive_prefix: list, family: str, address: str,
+              reps: int) -> dict:
+    """Start a serving peer, then a driving one; return the driver's timings."""
+    name = address if family != "unix" else f"shoal-scale-{uuid.uuid4().hex[:8]}"
+    server = subprocess.Popen(serve_prefix + _peer_argv() + ["serve", family, name],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        where = server.stdout.readline().strip()  # bounded: the peer's accept times out
+        if not where:
+            raise RuntimeError(f"the {family} peer did not start")
+        port = where if family != "unix" else "0"
+        done = subprocess.run(drive_prefix + _peer_argv() + ["drive", family, name, port,
+                                                             str(reps)],
+                              capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            raise RuntimeError(f"the {family} measurement failed: {done.stderr[-2000:]}")
+        server.wait(30)
+        return {kind: {int(n): t for n, t in by_size.items()}
+                for kind, by_size in _last_json(done.stdout).items()}
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait(10)
+
+
+def fit_link(timings: dict) -> Link:
+    """Latencies from the ping-pongs' intercepts, (o, beta) from the exchange stream."""
+    a_block = fit_line(list(timings["pingpong"]), list(timings["pingpong"].values()))[0]
+    a_spin = fit_line(list(timings["pingpong_spin"]), list(timings["pingpong_spin"].values()))[0]
+    o, beta = fit_line(list(timings["stream"]), list(timings["stream"].values()))
+    return Link(max(a_block, 0.0), max(a_spin, 0.0), max(o, 0.0), beta)
+
+
+def fit_memory(raw: dict, llc_bytes: int) -> Memory:
+    slopes = {}
+    for kind in ("copy", "add"):
+        for where in ("cache", "mem"):
+            ts = [raw[f"{kind}_{where}_{n}"] for n in MEMORY_SIZES]
+            slopes[kind, where] = fit_line(MEMORY_SIZES, ts)[1]
+    return Memory(slopes["copy", "cache"], slopes["copy", "mem"], slopes["add", "cache"],
+                  slopes["add", "mem"], llc_bytes)
+
+
+def last_level_cache_bytes() -> int:
+    """The largest CPU cache's size (32 MiB when sysfs does not say)."""
+    best = 0
+    base = Path("/sys/devices/system/cpu/cpu0/cache")
+    for index in base.glob("index*"):
+        try:
+            text = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        scale = {"K": KiB, "M": MiB}.get(text[-1:], 1)
+        best = max(best, int(text.rstrip("KM")) * scale)
+    return best or 32 * MiB
+
+
+def _veth_hosts():
+    """Two network-namespace hosts, or (None, why not)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    try:
+        from tests.support.netns import Hosts, netns_unavailable_reason
+    except ImportError as exc:
+        return None, f"tests.support.netns is not importable ({exc})"
+    reason = netns_unavailable_reason()
+    if reason:
+        return None, reason
+    return Hosts(2), None
+
+
+def measure(reps: int) -> tuple[Model, dict]:
+    """Every fit; returns the model and the raw medians."""
+    raw, links = {}, {}
+    for name, family, address in (("unix", "unix", ""), ("tcp_lo", "tcp", "127.0.0.1")):
+        raw[name] = _run_pair([], [], family, address, reps)
+        links[name] = fit_link(raw[name])
+    made, reason = _veth_hosts()
+    if made is None:
+        print(f"veth: not measured ({reason}); tcp_lo's figures stand in for it")
+        links["veth"] = links["tcp_lo"]
+    else:
+        with made as hosts:
+            raw["veth"] = _run_pair(hosts[0].command([]), hosts[1].command([]), "tcp",
+                                    hosts[0].address, reps)
+        links["veth"] = fit_link(raw["veth"])
+    done = subprocess.run(_peer_argv() + ["memory", str(reps)], capture_output=True, text=True,
+                          timeout=300)
+    if done.returncode != 0:
+        raise RuntimeError(f"the memory measurement failed: {done.stderr[-2000:]}")
+    raw["memory"] = _last_json(done.stdout)
+    return Model(links, fit_memory(raw["memory"], last_level_cache_bytes())), raw
+
+
+def _gbps(per_byte: float) -> str:
+    return f"{1 / per_byte / 1e9:.2f}" if per_byte > 0 else "inf"
+
+
+def print_fits(model: Model, cores: int) -> None:
+    print(f"fitted on this machine ({cores} cores; least squares, weights 1/t, medians):")
+    print(f"  {'path':<8} {'a_block us':>10} {'a_spin us':>10} {'o us':>7} {'beta ns/B':>10} "
+          f"{'GB/s':>6}")
+    for name, p in model.links.items():
+        print(f"  {name:<8} {p.a_block * 1e6:>10.1f} {p.a_spin * 1e6:>10.1f} {p.o * 1e6:>7.1f} "
+              f"{p.beta * 1e9:>10.3f} {_gbps(p.beta):>6}")
+    m = model.memory
+    print(f"  memory   copy {m.c_cache * 1e9:.3f} ns/B ({_gbps(m.c_cache)} GB/s) in cache, "
+          f"{m.c_mem * 1e9:.3f} ({_gbps(m.c_mem)} GB/s) beyond; float32 add "
+          f"{m.g_cache * 1e9:.3f} ({_gbps(m.g_cache)} GB/s) / {m.g_mem * 1e9:.3f} "
+          f"({_gbps(m.g_mem)} GB/s); last-level cache {m.llc_bytes // MiB} MiB")
+    print(json.dumps({"bench": "scale_model", "row": "fit", "cores": cores,
+                      "memory": {k: v for k, v in dataclasses.asdict(m).items()},
+                      "links": {n: dataclasses.asdict(p) for n, p in model.links.items()}}))
+
+
+# ----------------------------------------------------------------------------- the check
+
+def has_hosts_mode() -> bool:
+    """True once bench/allreduce.py takes --hosts (the multi-host mode)."""
+    return "--hosts" in (ROOT / "bench" / "allreduce.py").read_text()
+
+
+def _allreduce_rows(args: Sequence[str], timeout: float) -> list[dict]:
+    """bench/allreduce.py's JSON rows for all_reduce."""
+    argv = [sys.executable, str(ROOT / "bench" / "allreduce.py"), *args]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv[1:])} failed ({done.returncode}): "
+                           f"{(done.stderr or done.stdout)[-2000:]}")
+    rows = []
+    for line in done.stdout.splitlines():
+        if line.startswith("{"):
+            row = json.loads(line)
+            if row.get("op") == "all_reduce" and "bytes" in row:
+                rows.append(row)
+    return rows
+
+
+def predictions_for(row: dict, model: Model, cores: int,
+                    background: float = 0.0) -> list[tuple[str, float, float]]:
+    """(label, predicted s, measured s) for each shoal column of one bench/allreduce.py row;
+    `background` is the load average of other work before the run."""
+    nbytes = row["bytes"]
+    # A tcp group polls only while the load (its own ranks' included) stays under 1.5 C.
+    here = Machine(cores, one_machine=True, busy=background + row["world"] > 1.5 * cores)
+    out = []
+    if "hosts" in row:  # --hosts HxL: every rank of every namespace on this machine's cores
+        hosts, local = row["hosts"], row["per_host"]
+        veth, unix = model.links["veth"], model.links["unix"]
+        tag = f"{hosts}x{local}"
+        if row.get("shoal_ms"):
+            out.append((f"{tag} hierarchical",
+                        model.hierarchical(nbytes, hosts, local, veth, unix, here),
+                        row["shoal_ms"] / 1e3))
+        if row.get("shoal_flat_ms"):
+            out.append((f"{tag} flat ring", model.flat(nbytes, hosts, local, veth, unix, here),
+                        row["shoal_flat_ms"] / 1e3))
+        return out
+    world = row["world"]
+    if row.get("shoal_ms"):
+        out.append((f"1x{world} shm/unix", model.one_host(nbytes, world, here),
+                    row["shoal_ms"] / 1e3))
+    if row.get("shoal_tcp_ms"):
+        _, g = model.memory.rates(2 * world * nbytes)
+        out.append((f"1x{world} ring tcp_lo",
+                    model.ring(nbytes, world, [model.links["tcp_lo"]], here.k(1, world),
+                               here.spin(world), g), row["shoal_tcp_ms"] / 1e3))
+    return out
+
+
+def check(model: Model, cores: int, quick: bool) -> list[dict]:
+    """Predicted next to measured for bench/allreduce.py's all_reduce rows, run now."""
+    common = ["--no-compare", "--ops", "all_reduce", "--no-loopback"] + (["--quick"] if quick else [])
+    if has_hosts_mode():
+        runs = [["--hosts", shape, "--json", *common] for shape in ("2x2", "4x1", "1x4")]
+    else:
+        print("\nbench/allreduce.py has no --hosts mode yet: checking against its --worlds rows "
+              "(one host; shoal_tcp_ms is the ring on loopback TCP)")
+        runs = [["--worlds", "2,4", "--tcp-too", *common]]
+    results = []
+    print()
+    print(f"{'configuration':<24}{'size':>8} {'predicted ms':>13} {'measured ms':>12} {'error':>8}")
+    for argv in runs:
+        background = os.getloadavg()[0]
+        try:
+            rows = _allreduce_rows(argv, timeout=600)
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:
+            print(f"  bench/allreduce.py {' '.join(argv)}: {exc}")
+            continue
+        for row in rows:
+            for label, predicted, measured in predictions_for(row, model, cores, background):
+                error = (predicted - measured) / measured
+                results.append({"bench": "scale_model", "row": "check", "config": label,
+                                "bytes": row["bytes"], "predicted_ms": round(predicted * 1e3, 4),
+                                "measured_ms": round(measured * 1e3, 4),
+                                "error_pct": round(100 * error, 1)})
+                flag = "" if abs(error) <= 0.25 else "  > 25%"
+                print(f"{label:<24}{_fmt_size(row['bytes']):>8} {predicted * 1e3:>13.3f} "
+                      f"{measured * 1e3:>12.3f} {100 * error:>+7.1f}%{flag}")
+    if results:
+        within = sum(abs(r["error_pct"]) <= 25 for r in results)
+        errs = [abs(r["error_pct"]) for r in results]
+        print(f"within 25%: {within} of {len(results)}; median |error| "
+              f"{statistics.median(errs):.1f}%")
+    return results
+
+
+# ----------------------------------------------------------------------------- predictions
+
+LINK_BANDWIDTH = 25e9 / 8  # bytes/s
+LINK_LATENCY = 10e-6
+SCALES = ((8, 8), (64, 8), (125, 8), (1000, 8))
+
+
+def ddp_gradient_bytes() -> int:
+    """The gradient bytes of examples/train_ddp.py's model, from its parameter shapes."""
+    from shoal.examples import train_ddp
+
+    return int(sum(p.data.nbytes for p in train_ddp.MLP().parameters()))
+
+
+def cluster_link(model: Model) -> Link:
+    """25 Gbit/s and 10 us; per-message and per-byte CPU costs of TCP as measured on veth."""
+    veth = model.links["veth"]
+    return Link(LINK_LATENCY, LINK_LATENCY, veth.o, veth.beta, wire=1 / LINK_BANDWIDTH)
+
+
+def predict(model: Model) -> list[dict]:
+    # Within a host the flat ring's links are Unix sockets (shoal's same-host links).
+    link, intra = cluster_link(model), model.links["unix"]
+    cluster = Machine(None, one_machine=False)
+    models = []
+    try:
+        models.append(("train_ddp MLP", ddp_gradient_bytes()))
+    except Exception as exc:  # noqa: BLE001  (the example is being changed by others)
+        print(f"examples/train_ddp.py's model could not be built ({exc}); its rows are left out")
+    models.append(("100M params fp32", 100_000_000 * 4))
+    rows = []
+    print()
+    print(f"predicted DDP step overhead: all_reduce of every gradient bucket, none hidden; "
+          f"link {LINK_BANDWIDTH * 8 / 1e9:g} Gbit/s, {LINK_LATENCY * 1e6:g} us; a core per rank")
+    print(f"{'model':<18}{'grad':>10} {'H x L':>7} {'W':>5} {'flat ring ms':>13} "
+          f"{'hierarchical ms':>16} {'bound ms':>9} {'flat/bound':>11} {'hier/bound':>11}")
+    for name, nbytes in models:
+        buckets = bucket_sizes(nbytes)
+        for hosts, local in SCALES:
+            world = hosts * local
+            flat = sum(model.flat(b, hosts, local, link, intra, cluster) for b in buckets)
+            hier = sum(model.hierarchical(b, hosts, local, link, intra, cluster) for b in buckets)
+            bound = bandwidth_bound(nbytes, world, LINK_BANDWIDTH)
+            rows.append({"bench": "scale_model", "row": "predict", "model": name,
+                         "grad_bytes": nbytes, "buckets": len(buckets), "hosts": hosts,
+                         "per_host": local, "world": world, "flat_ms": round(flat * 1e3, 4),
+                         "hierarchical_ms": round(hier * 1e3, 4),
+                         "bound_ms": round(bound * 1e3, 4)})
+            print(f"{name:<18}{_fmt_size(nbytes):>10} {f'{hosts}x{local}':>7} {world:>5} "
+                  f"{flat * 1e3:>13.3f} {hier * 1e3:>16.3f} {bound * 1e3:>9.3f} "
+                  f"{flat / bound:>10.1f}x {hier / bound:>10.1f}x")
+    return rows
+
+
+def _fmt_size(n: float) -> str:
+    for unit, scale in (("MiB", MiB), ("KiB", KiB)):
+        if n >= scale:
+            return f"{n / scale:.0f} {unit}" if n % scale == 0 else f"{n / scale:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--peer"]:
+        return _peer_main(argv[1:])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=__doc__.split("\n\n", 1)[1])
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    parser.add_argument("--no-check", action="store_true",
+                        help="skip running bench/allreduce.py to check the model")
+    args = parser.parse_args(argv)
+    t0 = time.monotonic()
+    cores = os.cpu_count() or 1
+    model, _raw = measure(3 if args.quick else 7)
+    print_fits(model, cores)
+    if not args.no_check:
+        for row in check(model, cores, args.quick):
+            print(json.dumps(row))
+    for row in predict(model):
+        print(json.dumps(row))
+    print(f"\n(took {time.monotonic() - t0:.0f} s on {cores} cores shared with other work: "
+          f"figures move between runs)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""bench/scale_model.py's fitting and formulas, on numbers worked out by hand (no measuring)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+_PATH = Path(__file__).resolve().parents[2] / "bench" / "scale_model.py"
+_spec = importlib.util.spec_from_file_location("scale_model", _PATH)
+sm = importlib.util.module_from_spec(_spec)
+sys.modules.setdefault("scale_model", sm)  # dataclasses look their module up by name
+_spec.loader.exec_module(sm)
+
+MiB = 1024 * 1024
+
+
+def test_fit_line_recovers_a_line_and_weighs_small_sizes_alike():
+    xs = [64, 1024, 65536, 4 * MiB]
+    a, b = 20e-6, 0.5e-9
+    got = sm.fit_line(xs, [a + b * x for x in xs])
+    assert got == pytest.approx((a, b), rel=1e-9)
+    # 10% too slow at the largest size only: an unweighted fit would drag the intercept
+    # far off (the large sample's residual dwarfs the small ones); relative errors keep it.
+    ts = [a + b * x for x in xs]
+    ts[-1] *= 1.1
+    a_fit, b_fit = sm.fit_line(xs, ts)
+    assert a_fit == pytest.approx(a, rel=0.1)
+    assert b_fit == pytest.approx(b, rel=0.12)
+
+
+def test_fit_line_refuses_what_it_cannot_fit():
+    with pytest.raises(ValueError, match=r"fit_line needs two or more \(x, t\) pairs, got 1 and 1"):
+        sm.fit_line([1], [1.0])
+    with pytest.raises(ValueError, match="fit_line needs positive times"):
+        sm.fit_line([1, 2], [1.0, 0.0])
+
+
+def test_contention_is_processes_per_core_but_never_a_speedup():
+    assert sm.contention(1, 2) == 1.0
+    assert sm.contention(2, 2) == 1.0
+    assert sm.contention(4, 2) == 2.0
+    assert sm.contention(3, 2) == 1.5
+
+
+def test_ddp_buckets_follow_the_first_bucket_rule():
+    assert sm.bucket_sizes(22032) == [22032]
+    sizes = sm.bucket_sizes(400_000_000)
+    assert sizes[0] == MiB and set(sizes[1:-1]) == {25 * MiB}
+    assert sum(sizes) == 400_000_000 and 0 < sizes[-1] <= 25 * MiB
+    assert len(sizes) == 1 + math.ceil((400_000_000 - MiB) / (25 * MiB))
+
+
+def test_bandwidth_bound():
+    assert sm.bandwidth_bound(1e9, 4, 1e9) == pytest.approx(1.5)
+    assert sm.bandwidth_bound(1e9, 1, 1e9) == 0.0
+
+
+def _model(**memory):
+    unix = sm.Link(a_block=10e-6, a_spin=2e-6, o=1e-6, beta=0.5e-9)
+    veth = sm.Link(a_block=20e-6, a_spin=5e-6, o=2e-6, beta=1e-9)
+    mem = dict(c_cache=0.1e-9, c_mem=0.2e-9, g_cache=0.1e-9, g_mem=0.3e-9, llc_bytes=32 * MiB)
+    mem.update(memory)
+    return sm.Model({"unix": unix, "tcp_lo": veth, "veth": veth}, sm.Memory(**mem))
+
+
+def test_ring_and_direct_exchange_by_hand():
+    model = _model()
+    veth = model.links["veth"]
+    here = sm.Machine(cores=2, one_machine=True)
+    # 4 ranks on 2 cores: k = 2, no polling; 8 MiB: a ring of 2 MiB segments, cache rates
+    # (working set 2 x 4 x 8 MiB = 64 MiB > 32 MiB: memory rates, g = 0.3 ns/B).
+    S, seg = 8 * MiB, 2 * MiB
+    step = 20e-6 + 2e-6 + seg * 1e-9
+    want = 2 * (2 * 3 * step + 3 * seg * 0.3e-9)
+    assert model.ring(S, 4, [veth], 2.0, False, 0.3e-9) == pytest.approx(want)
+    # 4 KiB: direct exchange, 3 messages each waited for in turn.
+    want = 2 * 3 * (20e-6 + 2e-6 + 4096 * (1e-9 + 0.1e-9))
+    assert model.ring(4096, 4, [veth], 2.0, False, 0.1e-9) == pytest.approx(want)
+    # A flat ring across 2 hosts x 2 ranks waits for its slowest hop (veth, not unix).
+    assert model.flat(S, 2, 2, veth, model.links["unix"], here) == pytest.approx(
+        model.ring(S, 4, [veth], 2.0, False, 0.3e-9))
+
+
+def test_hierarchical_by_hand_and_its_edge_cases():
+    model = _model()
+    veth, unix = model.links["veth"], model.links["unix"]
+    cluster = sm.Machine(cores=None, one_machine=False)  # k = 1, polling
+    H, L, S = 4, 2, 8 * MiB
+    seg = S / L
+    # Working set on a host 2 x 2 x 8 MiB = 32 MiB: cache rates (c = g = 0.1 ns/B).
+    barrier = 1 * (2e-6 + 1e-6)
+    t1 = 2 * barrier + (S - seg) * 0.1e-9 + seg * 0.1e-9
+    ring_seg = seg / H
+    t2 = 2 * 3 * (5e-6 + 2e-6 + ring_seg * 1e-9) + 3 * ring_seg * 0.1e-9
+    t3 = 4 * barrier + S * 0.1e-9  # relay chunks of seg / 4 = 1 MiB: 4 steps
+    assert model.hierarchical(S, H, L, veth, unix, cluster) == pytest.approx(t1 + t2 + t3)
+    # One host: the same-host path; one rank per host: the ring across hosts.
+    assert model.hierarchical(S, 1, 4, veth, unix, cluster) == model.one_host(S, 4, cluster)
+    assert model.hierarchical(S, 4, 1, veth, unix, cluster) == pytest.approx(
+        model.ring(S, 4, [veth], 1.0, True, 0.1e-9))
+    # Small messages: the flat direct exchange.
+    assert model.hierarchical(4096, H, L, veth, unix, cluster) == model.flat(
+        4096, H, L, veth, unix, cluster)
+
+
+def test_a_shared_wire_limits_the_concurrent_rings():
+    """L rings crossing one link of bandwidth B move S/H bytes per step over it together."""
+    model = _model()
+    wire = sm.Link(a_block=0.0, a_spin=0.0, o=0.0, beta=0.0, wire=1 / 1e9)
+    S, H, L = 64 * MiB, 8, 8
+    t2 = model.ring(S / L, H, [wire], 1.0, True, 0.0, share=L)
+    assert t2 == pytest.approx(2 * (H - 1) * (S / H) / 1e9)
+    # That is the bandwidth-optimal bound over H hosts.
+    assert t2 == pytest.approx(sm.bandwidth_bound(S, H, 1e9))
+
+
+def test_at_scale_the_hierarchy_beats_the_flat_ring_and_stays_above_the_bound():
+    model = _model()
+    link = sm.Link(10e-6, 10e-6, 2e-6, 0.2e-9, wire=8 / 25e9)
+    cluster = sm.Machine(cores=None, one_machine=False)
+    for hosts in (8, 64, 1000):
+        S = 100 * MiB
+        flat = model.flat(S, hosts, 8, link, model.links["unix"], cluster)
+        hier = model.hierarchical(S, hosts, 8, link, model.links["unix"], cluster)
+        bound = sm.bandwidth_bound(S, hosts * 8, 25e9 / 8)
+        assert bound < hier < flat, (hosts, bound, hier, flat)
+
+
+def test_memory_rates_switch_at_the_last_level_cache():
+    mem = _model().memory
+    assert mem.rates(32 * MiB) == (0.1e-9, 0.1e-9)
+    assert mem.rates(32 * MiB + 1) == (0.2e-9, 0.3e-9)
+
+
+def test_the_check_reads_both_kinds_of_bench_rows():
+    model = _model()
+    hosts_row = {"op": "all_reduce", "hosts": 2, "per_host": 2, "world": 4, "bytes": 4 * MiB,
+                 "shoal_ms": 10.0, "shoal_flat_ms": 20.0}
+    labels = [label for label, _, measured in sm.predictions_for(hosts_row, model, 2)]
+    assert labels == ["2x2 hierarchical", "2x2 flat ring"]
+    worlds_row = {"op": "all_reduce", "world": 2, "bytes": 4096, "shoal_ms": 0.05,
+                  "shoal_tcp_ms": 0.08}
+    got = sm.predictions_for(worlds_row, model, 2)
+    assert [label for label, _, _ in got] == ["1x2 shm/unix", "1x2 ring tcp_lo"]
+    assert [m for _, _, m in got] == pytest.approx([0.05e-3, 0.08e-3])
+    assert all(np.isfinite(p) and p > 0 for _, p, _ in got)
