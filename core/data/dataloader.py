@@ -22,7 +22,7 @@ from shoal.core.data.dataset import IterableDataset
 from shoal.core.data.datapipes import sharding
 from shoal.core.data.datapipes.iter import IterDataPipe
 from shoal.core.data.errors import DataLoaderError
-from shoal.core.data.pool import Failure, WorkerPool
+from shoal.core.data.pool import FAILED_JOIN_S, JOIN_S, Failure, WorkerPool
 from shoal.core.data.random import Generator, default_seed
 from shoal.core.data.sampler import (
     BatchSampler,
@@ -261,6 +261,7 @@ class _MultiProcessIter(_LoaderIter):
             raise
 
     def _dispatch(self) -> bool:
+        """Send one more task if a worker has a free slot and there is work; True if sent."""
         pool = self.pool
         for k in range(pool.size):
             w = (self._turn + k) % pool.size
@@ -286,6 +287,12 @@ class _MultiProcessIter(_LoaderIter):
         pool.submit(w, (self._epoch, task), indices)
         return True
 
+    def _finished(self) -> bool:
+        """No task of ours is out and none can be sent (the sampler or every stream ran dry)."""
+        if self._indices is not None:
+            return self._sampler_done
+        return all(self._exhausted)
+
     def __next__(self) -> Any:
         try:
             return self._next_batch()
@@ -310,11 +317,17 @@ class _MultiProcessIter(_LoaderIter):
                     raise item.exception()
                 return self._hand_out(item, samples)
             if self._next >= self._send and not self._dispatch():
-                raise StopIteration
-            worker = self._tasks[self._next][0]
+                if self._finished():
+                    raise StopIteration
+                # Every slot is held by an abandoned iteration's task (persistent workers):
+                # its answer frees one.
+                blame = list(range(self.pool.size))
+                what = "a free slot"
+            else:
+                blame = [self._tasks[self._next][0]]
+                what = f"batch {self._next}"
             deadline = time.monotonic() + timeout if timeout > 0 else None
-            for w, message in self.pool.receive(deadline, timeout, f"batch {self._next}",
-                                                [worker]):
+            for w, message in self.pool.receive(deadline, timeout, what, blame):
                 self._accept(w, message)
 
     def _accept(self, worker: int, message: tuple) -> None:
@@ -334,7 +347,7 @@ class _MultiProcessIter(_LoaderIter):
 
     def close(self, error: bool = False) -> None:
         if error or not self.loader.persistent_workers:
-            self.pool.shutdown()
+            self.pool.shutdown(grace=FAILED_JOIN_S if error else JOIN_S)
             if self.loader._pool is self.pool:
                 self.loader._pool = None
 

@@ -24,6 +24,8 @@ from shoal.core.data.worker import WorkerSpec, worker_loop
 POLL_S = 0.5
 # How long a stopping worker may take to leave before it is killed.
 JOIN_S = 5.0
+# The same after a failure (a timeout, a dead peer), when waiting longer rarely helps.
+FAILED_JOIN_S = 0.5
 
 
 def _context(name: Optional[Any]) -> Any:
@@ -165,11 +167,14 @@ class WorkerPool:
         message = (f"DataLoader worker {worker} (pid {proc.pid}) {_how_it_ended(proc.exitcode)} "
                    f"while it {doing}; a worker that dies cannot be replaced mid-epoch (check "
                    "the dataset for crashes and the machine for the OOM killer)")
-        self.shutdown()
+        self.shutdown(grace=FAILED_JOIN_S)
         raise WorkerDied(message) from cause
 
-    def shutdown(self) -> None:
-        """Stop every worker (killing those that do not leave within JOIN_S) and unmap slots."""
+    def shutdown(self, grace: float = JOIN_S) -> None:
+        """Stop every worker (killing those that do not leave within `grace`) and unmap slots.
+
+        After a failure the grace is short: a worker stuck in the dataset never reads "stop".
+        """
         if self.closed:
             return
         self.closed = True
@@ -179,7 +184,7 @@ class WorkerPool:
                     conn.send(("stop",))
                 except OSError:
                     pass
-        deadline = time.monotonic() + JOIN_S
+        deadline = time.monotonic() + grace
         for proc in self.procs:
             proc.join(max(0.0, deadline - time.monotonic()))
             if proc.is_alive():

@@ -1,0 +1,229 @@
+"""The DataLoader: batches equal across worker counts and equal to torch's, worker seeding as
+torch seeds its workers, iterable datasets split by get_worker_info, resumable state."""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+
+import numpy as np
+import pytest
+
+from shoal import core
+from shoal.collectives.data import DistributedSampler
+from shoal.core import data
+
+torch = pytest.importorskip("torch")
+tud = torch.utils.data
+
+
+class Squares(data.Dataset):
+    """Sample i: (i, an array of i**2 of 3 floats)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        return i, np.full(3, i * i, np.float32)
+
+
+class SeedProbe(data.Dataset):
+    """What a worker's seeding produced: its info seed and one draw from each generator."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i):
+        info = data.get_worker_info()
+        return np.array([info.id, info.seed, np.random.randint(1 << 30),
+                         random.randrange(1 << 30)], dtype=np.int64)
+
+
+class TorchSeedProbe(tud.Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i):
+        info = tud.get_worker_info()
+        return np.array([info.id, info.seed, np.random.randint(1 << 30),
+                         random.randrange(1 << 30)], dtype=np.int64)
+
+
+def flat(loader):
+    return [b[0].data.tolist() for b in loader]
+
+
+@pytest.mark.parametrize("workers", [0, 1, 2])
+def test_batches_are_the_same_at_every_worker_count(workers):
+    loader = data.DataLoader(Squares(23), batch_size=4, shuffle=True, num_workers=workers,
+                             generator=data.Generator(1))
+    expected = tud.DataLoader(tud.TensorDataset(torch.arange(23)), batch_size=4, shuffle=True,
+                              generator=torch.Generator().manual_seed(1))
+    batches = list(loader)
+    assert [b[0].data.tolist() for b in batches] == [b[0].tolist() for b in expected]
+    for idx, sq in batches:
+        assert isinstance(sq, core.Tensor) and sq.data.dtype == np.float32
+        np.testing.assert_array_equal(sq.data[:, 0], idx.data.astype(np.float32) ** 2)
+
+
+def test_workers_are_seeded_as_torch_seeds_them():
+    ours = data.DataLoader(SeedProbe(), batch_size=1, num_workers=2, generator=data.Generator(7))
+    theirs = tud.DataLoader(TorchSeedProbe(), batch_size=1, num_workers=2,
+                            generator=torch.Generator().manual_seed(7))
+    got = [b.data.tolist() for b in ours]
+    want = [b.numpy().tolist() for b in theirs]
+    assert got == want
+    assert {row[0][0] for row in got} == {0, 1}  # both workers served
+
+
+class Stream(data.IterableDataset):
+    """0..n-1, each worker taking its contiguous share as torch's docs show."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        info = data.get_worker_info()
+        if info is None:
+            return iter(range(self.n))
+        per = math.ceil(self.n / info.num_workers)
+        return iter(range(info.id * per, min(self.n, (info.id + 1) * per)))
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class TorchStream(tud.IterableDataset):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        info = tud.get_worker_info()
+        if info is None:
+            return iter(range(self.n))
+        per = math.ceil(self.n / info.num_workers)
+        return iter(range(info.id * per, min(self.n, (info.id + 1) * per)))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_iterable_datasets_interleave_workers_as_torch_does(workers, drop_last):
+    ours = data.DataLoader(Stream(20), batch_size=3, num_workers=workers, drop_last=drop_last)
+    theirs = tud.DataLoader(TorchStream(20), batch_size=3, num_workers=workers,
+                            drop_last=drop_last)
+    assert [b.data.tolist() for b in ours] == [b.tolist() for b in theirs]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_state_dict_resumes_mid_epoch_without_repeating_or_skipping(workers):
+    def loader():
+        return data.DataLoader(Squares(30), batch_size=4, shuffle=True, num_workers=workers,
+                               generator=data.Generator(5))
+
+    whole = flat(loader())
+    first = loader()
+    it = iter(first)
+    head = [next(it)[0].data.tolist() for _ in range(3)]
+    state = first.state_dict()
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert head + flat(resumed) == whole
+
+
+def test_a_resumed_distributed_loader_at_another_world_size_reads_the_rest_once():
+    n, batch = 48, 2
+    seen = []
+    loaders = [data.DataLoader(range(n), batch_size=batch,
+                               sampler=DistributedSampler(range(n), 4, r, seed=3))
+               for r in range(4)]
+    iters = [iter(ld) for ld in loaders]
+    for _ in range(3):  # three lockstep steps at world size 4
+        for it in iters:
+            seen += next(it).data.tolist()
+    state = loaders[0].state_dict()
+    for r in range(3):  # the rest of the epoch at world size 3
+        ld = data.DataLoader(range(n), batch_size=batch,
+                             sampler=DistributedSampler(range(n), 3, r, seed=3))
+        ld.load_state_dict(state)
+        seen += [i for b in ld for i in b.data.tolist()]
+    assert sorted(seen) == list(range(n))
+
+
+def test_persistent_workers_keep_their_pids_across_epochs():
+    loader = data.DataLoader(Squares(8), batch_size=2, num_workers=2, persistent_workers=True)
+    assert flat(loader) == flat(loader)
+    pool = loader._pool
+    assert pool is not None and not pool.closed
+    before = pool.pids()
+    list(loader)
+    assert loader._pool.pids() == before
+    pool.shutdown()
+
+
+def test_an_abandoned_epoch_with_persistent_workers_does_not_leak_into_the_next():
+    loader = data.DataLoader(Squares(40), batch_size=2, num_workers=2, persistent_workers=True)
+    next(iter(loader))
+    assert flat(loader) == [[2 * k, 2 * k + 1] for k in range(20)]
+    loader._pool.shutdown()
+
+
+def test_large_batches_cross_through_shared_memory_and_leave_nothing_behind():
+    class Big(data.Dataset):
+        def __len__(self):
+            return 12
+
+        def __getitem__(self, i):
+            return np.full(1 << 17, i, np.float32)  # 512 KiB per sample, 2 MiB per batch
+
+    before = set(os.listdir("/dev/shm"))
+    loader = data.DataLoader(Big(), batch_size=4, num_workers=2)
+    batches = list(loader)
+    assert [b.data[:, 0].tolist() for b in batches] == [[0, 1, 2, 3], [4, 5, 6, 7],
+                                                        [8, 9, 10, 11]]
+    assert all(b.data.flags.writeable for b in batches)
+    assert not {f for f in set(os.listdir("/dev/shm")) - before if f.startswith("shoal-data")}
+
+
+def test_batch_size_none_and_custom_collate_and_batch_sampler():
+    assert [t.data.tolist() for t in data.DataLoader(np.arange(3), batch_size=None)] == [0, 1, 2]
+    loader = data.DataLoader(range(6), batch_size=4, collate_fn=lambda b: sum(b), num_workers=1)
+    assert list(loader) == [6, 9]
+    bs = data.BatchSampler(data.SequentialSampler(range(5)), 2, drop_last=True)
+    assert [b.data.tolist() for b in data.DataLoader(range(5), batch_sampler=bs)] == [[0, 1],
+                                                                                     [2, 3]]
+    assert len(data.DataLoader(range(5), batch_size=2)) == 3
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"num_workers": -1}, "num_workers option should be non-negative"),
+    ({"timeout": -1}, "timeout option should be non-negative"),
+    ({"prefetch_factor": 2}, "prefetch_factor option could only be specified in multiprocessing"),
+    ({"persistent_workers": True}, "persistent_workers option needs num_workers > 0"),
+    ({"shuffle": True, "sampler": data.SequentialSampler(range(3))},
+     "sampler option is mutually exclusive with shuffle"),
+    ({"batch_size": 2, "batch_sampler": [[0]]}, "batch_sampler option is mutually exclusive"),
+    ({"batch_size": None, "drop_last": True}, "batch_size=None option disables auto-batching"),
+])
+def test_bad_arguments_get_torchs_messages(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        data.DataLoader(range(3), **kwargs)
+    with pytest.raises(ValueError, match=message):
+        tud.DataLoader(range(3), **kwargs)
+
+
+def test_iterable_datasets_refuse_a_shuffle():
+    with pytest.raises(ValueError, match="expected unspecified shuffle option, but got shuffle=True"):
+        data.DataLoader(Stream(3), shuffle=True)
+
+
+def test_pin_memory_without_a_gpu_warns_and_keeps_the_batch(recwarn):
+    from shoal.core.data import pin  # noqa: PLC0415
+
+    if pin.available():
+        pytest.skip("this machine has a CUDA device (tests/gpu covers pinning)")
+    batches = list(data.DataLoader(range(4), batch_size=2, pin_memory=True))
+    assert [b.data.tolist() for b in batches] == [[0, 1], [2, 3]]

@@ -1,0 +1,115 @@
+"""A DataLoader's workers fail loudly and promptly: a killed worker is named with its pid, a
+dataset's exception comes back with the worker's traceback, the timeout is honoured, and a
+collate of mismatched shapes names the sample and the shapes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from shoal.core import data
+
+
+class Slow(data.Dataset):
+    def __init__(self, n: int, delay: float) -> None:
+        self.n, self.delay = n, delay
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        time.sleep(self.delay)
+        return i
+
+
+class Broken(data.Dataset):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i):
+        return self.decode(i)
+
+    def decode(self, i):
+        if i == 5:
+            raise ValueError(f"record {i} is corrupt")
+        return i
+
+
+class Ragged(data.Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i):
+        return np.zeros((3, 4 if i != 2 else 5), np.float32)
+
+
+def test_a_sigkilled_worker_is_named_with_its_pid_within_seconds():
+    loader = data.DataLoader(Slow(100, 0.05), batch_size=2, num_workers=2)
+    it = iter(loader)
+    next(it)
+    victim = it.pool.pids()[1]
+    os.kill(victim, signal.SIGKILL)
+    started = time.monotonic()
+    with pytest.raises(data.WorkerDied,
+                       match=rf"DataLoader worker 1 \(pid {victim}\) was killed by signal SIGKILL"):
+        for _ in it:
+            pass
+    assert time.monotonic() - started < 5.0
+    assert it.pool.closed  # the surviving worker was stopped too
+    assert not any(p.is_alive() for p in it.pool.procs)
+
+
+def test_a_dataset_exception_is_reraised_with_the_workers_traceback():
+    loader = data.DataLoader(Broken(), batch_size=2, num_workers=2)
+    with pytest.raises(ValueError) as info:
+        list(loader)
+    message = str(info.value)
+    assert "Caught ValueError in DataLoader worker process 0 (pid " in message
+    assert "Original Traceback (most recent call last):" in message
+    assert "in decode" in message and "record 5 is corrupt" in message
+
+
+def test_an_exception_type_that_cannot_be_rebuilt_becomes_a_worker_error():
+    class Odd(Exception):
+        def __init__(self, a, b):
+            super().__init__(a, b)
+
+    class Raises(data.Dataset):
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, i):
+            raise Odd(1, 2)
+
+    with pytest.raises(data.WorkerError, match="Caught Odd in DataLoader worker process 0"):
+        list(data.DataLoader(Raises(), num_workers=1))
+
+
+def test_the_timeout_is_honoured_and_names_the_worker():
+    loader = data.DataLoader(Slow(4, 30.0), batch_size=1, num_workers=1, timeout=0.5)
+    started = time.monotonic()
+    with pytest.raises(data.DataLoaderTimeout,
+                       match=r"timed out after 0.5 seconds waiting for batch 0 from worker 0 "
+                             r"\(pid \d+\)"):
+        next(iter(loader))
+    assert 0.5 <= time.monotonic() - started < 8.0  # includes stopping the stuck worker
+
+
+def test_a_failing_worker_init_fn_is_reported():
+    def init(worker_id):
+        raise RuntimeError(f"no GPU for worker {worker_id}")
+
+    with pytest.raises(RuntimeError, match=r"(?s)while worker_init_fn.*no GPU for worker 0"):
+        list(data.DataLoader(range(4), num_workers=1, worker_init_fn=init))
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_mismatched_shapes_name_the_sample_index_and_shapes(workers):
+    loader = data.DataLoader(Ragged(), batch_size=4, num_workers=workers)
+    with pytest.raises(data.CollateError,
+                       match=r"sample 2 has shape \(3, 5\) where sample 0 has \(3, 4\)"):
+        list(loader)
