@@ -41,6 +41,8 @@ DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"  # torchrun's default
 
 # --rdzv-conf keys: name -> (converter, meaning). Timeouts are seconds.
 RDZV_CONF_KEYS: dict[str, tuple[Callable[[str], object], str]] = {}
+# Backend options that are text (files, names), not numbers.
+_TEXT_OPTIONS: dict[str, Callable[[str], object]] = {}
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -237,12 +239,17 @@ def signal_names(text: str) -> tuple[signal.Signals, ...]:
 
 
 def _conf_keys() -> dict[str, tuple[Callable[[str], object], str]]:
+    # Late-bound: those converters are defined further down.
+    _TEXT_OPTIONS.update(cacert=lambda t: readable_file(t), cert=lambda t: readable_file(t),
+                         key=lambda t: readable_file(t), user=lambda t: text_value(t),
+                         password=lambda t: text_value(t))
     # The rendezvous settings and the backends' options are checked by elastic when parse_run
     # builds them; here they only need to be numbers. The rest are the launcher's own.
     keys: dict[str, tuple[Callable[[str], object], str]] = {
         key: (number, meaning) for key, meaning in SETTINGS_CONF_KEYS.items()}
     for name, kind in BACKENDS.items():
-        keys.update((key, (number, f"{meaning} ({name})")) for key, meaning in kind.options.items())
+        keys.update((key, (_TEXT_OPTIONS.get(key, number), f"{meaning} ({name})"))
+                    for key, meaning in kind.options.items())
     keys.update({
         "store_timeout": (positive_seconds, "timeout of store operations (embedded store)"),
         "exit_barrier_timeout": (

@@ -25,6 +25,7 @@ from aetcd import rpc
 
 from shoal.core.timeouts import TimeoutLike, to_seconds
 from shoal.elastic.rendezvous.etcd_client import EtcdClient, EtcdUnavailable, spawn
+from shoal.elastic.rendezvous.etcd_secure import EtcdSecurity
 from shoal.elastic.api import (
     DEFAULT_BACKEND_TIMEOUT_S,
     DEFAULT_ETCD_LEASE_TTL_S,
@@ -47,6 +48,7 @@ class EtcdRendezvousBackend(RendezvousBackend):
         run_id: names the key prefix `/shoal/<run_id>/`.
         ttl: the lease's time to live in seconds (renewed every ttl/3).
         timeout: the deadline of each etcd operation, retries included.
+        security: TLS files and credentials (elastic.rendezvous.etcd_secure).
 
     Raises:
         EtcdUnavailable: no endpoint answered while granting the lease.
@@ -58,6 +60,7 @@ class EtcdRendezvousBackend(RendezvousBackend):
         run_id: str,
         ttl: float = DEFAULT_ETCD_LEASE_TTL_S,
         timeout: TimeoutLike = DEFAULT_BACKEND_TIMEOUT_S,
+        security: Optional[EtcdSecurity] = None,
     ):
         if not isinstance(run_id, str) or not run_id or "/" in run_id:
             raise ValueError(f"run_id must be a non-empty string without '/', got {run_id!r}.")
@@ -66,7 +69,7 @@ class EtcdRendezvousBackend(RendezvousBackend):
         self.timeout = to_seconds(timeout, DEFAULT_BACKEND_TIMEOUT_S)
         self.prefix = f"/shoal/{run_id}/"
         self.key = f"{self.prefix}rdzv/state".encode()
-        self._client = EtcdClient(endpoints, self.timeout)
+        self._client = EtcdClient(endpoints, self.timeout, security)
         self._lease_id: Optional[int] = None
         self._closed = False
         self._renewals_failed = 0

@@ -21,6 +21,7 @@ import aetcd
 import aetcd.exceptions as aexc
 
 from shoal.elastic.api import RendezvousError
+from shoal.elastic.rendezvous.etcd_secure import EtcdSecurity, make_client
 
 logger = logging.getLogger(__name__)
 
@@ -147,11 +148,14 @@ class EtcdClient:
     """aetcd clients over several endpoints, failing over on connection errors.
 
     Args:
-        endpoints: 'host:port' strings (an 'http://' prefix is accepted).
+        endpoints: 'host:port' strings (an 'http://' or 'https://' prefix is accepted).
         timeout: the default deadline of every call, in seconds.
+        security: TLS files and credentials (None: plain channels, no authentication).
     """
 
-    def __init__(self, endpoints: Sequence[str], timeout: float):
+    def __init__(self, endpoints: Sequence[str], timeout: float,
+                 security: Optional[EtcdSecurity] = None):
+        self.security = security
         if isinstance(endpoints, str):
             endpoints = endpoints.split(",")
         parsed = [parse_endpoint(e) for e in endpoints if e.strip()]
@@ -200,8 +204,8 @@ class EtcdClient:
             self._client, self._pid = None, os.getpid()
         if self._client is None:
             host, port = self.endpoints[self._index]
-            self._client = aetcd.Client(host=host, port=port, timeout=self.timeout,
-                                        options=dict(_CHANNEL_OPTIONS))
+            self._client = make_client(host, port, self.security, timeout=self.timeout,
+                                       options=dict(_CHANNEL_OPTIONS))
         return self._client
 
     async def _fail_over(self, client: aetcd.Client) -> None:

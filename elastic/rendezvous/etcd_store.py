@@ -20,6 +20,7 @@ from shoal.collectives.store.api import Store, missing_keys_message
 from shoal.collectives.types import StoreError, StoreTimeout
 from shoal.core.timeouts import TimeoutLike
 from shoal.elastic.rendezvous.etcd_client import EtcdClient
+from shoal.elastic.rendezvous.etcd_secure import EtcdSecurity
 from shoal.elastic.api import DEFAULT_BACKEND_TIMEOUT_S, RendezvousError
 
 logger = logging.getLogger(__name__)
@@ -42,12 +43,13 @@ class EtcdStore(Store):
         endpoints: Union[str, Sequence[str]],
         prefix: str,
         timeout: TimeoutLike = DEFAULT_BACKEND_TIMEOUT_S,
+        security: Optional[EtcdSecurity] = None,
     ):
         super().__init__(timeout)
         if not isinstance(prefix, str) or not prefix:
             raise ValueError(f"EtcdStore prefix must be a non-empty string, got {prefix!r}.")
         self.prefix = prefix
-        self._client = EtcdClient(endpoints, self.timeout)
+        self._client = EtcdClient(endpoints, self.timeout, security)
         self._name = f"EtcdStore at {self._client.describe()} under {prefix!r}"
 
     def __repr__(self) -> str:

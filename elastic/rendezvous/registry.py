@@ -23,7 +23,7 @@ from shoal.elastic.api import (
 )
 from shoal.elastic.rendezvous.handler import RendezvousHandler
 
-__all__ = ["BACKENDS", "BackendKind", "backend_options", "check_backend", "check_endpoints",
+__all__ = ["BACKENDS", "ETCD_SECURITY_KEYS", "BackendKind", "backend_options", "check_backend", "check_endpoints",
            "create_backend", "create_handler", "parse_endpoint"]
 
 Endpoint = tuple[str, int]
@@ -42,13 +42,24 @@ class BackendKind:
     port_zero: bool
 
 
+# The etcd backend's security options (as torch's etcd rendezvous: cacert, cert, key), text
+# rather than numbers; elastic.rendezvous.etcd_secure applies them.
+ETCD_SECURITY_KEYS: Mapping[str, str] = {
+    "cacert": "PEM file of the CA that signed etcd's server certificate (turns TLS on)",
+    "cert": "PEM file of this node's client certificate (with key)",
+    "key": "PEM file of the client certificate's private key",
+    "user": "etcd user name (with password)",
+    "password": "etcd user's password",
+}
+
 BACKENDS: Mapping[str, BackendKind] = {
     "store": BackendKind(
         "a TCPStore: embedded in the node at --rdzv-endpoint, or a standalone `shoal store`",
         options={}, max_endpoints=1, port_zero=True),
     "etcd": BackendKind(
         "etcd v3 servers",
-        options={"ttl": "seconds an etcd lease outlives its last keepalive (2 to 3600)"},
+        options={"ttl": "seconds an etcd lease outlives its last keepalive (2 to 3600)",
+                 **ETCD_SECURITY_KEYS},
         max_endpoints=None, port_zero=False),
 }
 
@@ -121,12 +132,21 @@ def backend_options(name: str, options: Mapping[str, object]) -> dict[str, objec
         ValueError: an option the backend does not take, or a value its rule rejects.
     """
     kind = check_backend(name)
-    unknown = sorted(set(options) - set(kind.options))
+    # "security": options already built by an earlier call (the launcher's, then create_backend).
+    built = {"security"} if name == "etcd" else set()
+    unknown = sorted(set(options) - set(kind.options) - built)
     if unknown:
         known = sorted(kind.options) or "none"
         raise ValueError(f"The {name} rendezvous backend takes no option {unknown[0]!r} "
                          f"(its options: {known}).")
     kwargs: dict[str, object] = {}
+    security = {k: str(options[k]) for k in ETCD_SECURITY_KEYS if k in options}
+    if security:
+        from shoal.elastic.rendezvous.etcd_secure import EtcdSecurity
+
+        kwargs["security"] = EtcdSecurity(**security)  # ValueError names the missing half
+    elif options.get("security") is not None:
+        kwargs["security"] = options["security"]
     if "ttl" in options:
         try:
             kwargs["ttl"] = check_lease_ttl(float(options["ttl"]))
@@ -180,7 +200,8 @@ def create_backend(
 
     backend = EtcdRendezvousBackend(texts, run_id, timeout=seconds, **kwargs)
     if store is None:
-        store = EtcdStore(texts, prefix=f"/shoal/{run_id}/store/", timeout=seconds)
+        store = EtcdStore(texts, prefix=f"/shoal/{run_id}/store/", timeout=seconds,
+                          security=kwargs.get("security"))
     return backend, store
 
 
