@@ -1,0 +1,178 @@
+"""Training-step time of the example models (GPT block stack, digits convnet), one thread.
+
+Each step is forward, cross-entropy, backward and AdamW. torch CPU runs the same model with the
+same weights in the same run (its twins live in tests/support/torch_models.py), alternating
+A/B; the script prints a table and one JSON line per row with medians, spread and the ratio.
+Targets: GPT step <= 1.2x torch, convnet step <= 1.5x torch.
+
+    python bench/models.py --compare                 # both models, torch peer required
+    python bench/models.py --model gpt --breakdown   # per-phase medians too
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# One thread for both sides, set before numpy (and torch) load their BLAS.
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_var] = "1"
+# The torch twins are test helpers (tests.support is a package at the repository root).
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from shoal import core  # noqa: E402
+from shoal.core.nn import functional as F  # noqa: E402
+from shoal.examples.train_convnet import ConvNet  # noqa: E402
+from shoal.examples.train_gpt import GPT  # noqa: E402
+
+GPT_SHAPE = {"vocab": 103, "context": 64, "d_model": 128, "n_layer": 4, "n_head": 4, "batch": 24}
+CONV_SHAPE = {"width": 32, "batch": 64}
+
+
+def _inputs(name: str, seed: int) -> tuple:
+    rng = np.random.default_rng(seed)
+    if name == "gpt":
+        s = GPT_SHAPE
+        x = rng.integers(0, s["vocab"], (s["batch"], s["context"]))
+        y = rng.integers(0, s["vocab"], (s["batch"] * s["context"],))
+        return x, y
+    x = rng.random((CONV_SHAPE["batch"], 1, 8, 8)).astype(np.float32)
+    return x, rng.integers(0, 10, CONV_SHAPE["batch"])
+
+
+def build(name: str, seed: int, torch_mod) -> tuple:
+    """(shoal model, shoal AdamW, torch model or None, torch AdamW or None), same weights."""
+    core.manual_seed(seed)
+    if name == "gpt":
+        s = GPT_SHAPE
+        model = GPT(s["vocab"], s["context"], s["d_model"], s["n_layer"], s["n_head"])
+    else:
+        model = ConvNet(width=CONV_SHAPE["width"])
+    opt = core.optim.AdamW(model.parameters(), lr=1e-3)
+    if torch_mod is None:
+        return model, opt, None, None
+    from tests.support.torch_models import TorchConvNet, TorchGPT  # noqa: PLC0415
+
+    if name == "gpt":
+        s = GPT_SHAPE
+        tmodel = TorchGPT(s["vocab"], s["context"], s["d_model"], s["n_layer"], s["n_head"])
+    else:
+        tmodel = TorchConvNet(width=CONV_SHAPE["width"])
+    tmodel.load_state_dict({k: torch_mod.from_numpy(v.data.copy())
+                            for k, v in model.state_dict().items()})
+    return model, opt, tmodel, torch_mod.optim.AdamW(tmodel.parameters(), lr=1e-3)
+
+
+def _phases(forward, loss_fn, opt, x, y) -> tuple:
+    t0 = time.perf_counter()
+    opt.zero_grad()
+    out = forward(x)
+    t1 = time.perf_counter()
+    loss = loss_fn(out, y)
+    t2 = time.perf_counter()
+    loss.backward()
+    t3 = time.perf_counter()
+    opt.step()
+    t4 = time.perf_counter()
+    return t1 - t0, t2 - t1, t3 - t2, t4 - t3
+
+
+def summarize(samples: list[float]) -> dict:
+    """Median and 10th/90th percentiles in milliseconds."""
+    ms = sorted(s * 1e3 for s in samples)
+    q = statistics.quantiles(ms, n=10) if len(ms) >= 2 else [ms[0]] * 9
+    return {"median_ms": statistics.median(ms), "p10_ms": q[0], "p90_ms": q[-1]}
+
+
+def run_model(name: str, args, torch_mod) -> list[dict]:
+    """Time one model on both sides; return its rows."""
+    model, opt, tmodel, topt = build(name, args.seed, torch_mod)
+    x_np, y_np = _inputs(name, args.seed)
+    vocab = GPT_SHAPE["vocab"]
+
+    def shoal_loss(out, y):
+        return F.cross_entropy(out.reshape(-1, vocab) if name == "gpt" else out, y)
+
+    x, y = core.tensor(x_np), core.tensor(y_np)
+    sides = {"shoal": lambda: _phases(model, shoal_loss, opt, x, y)}
+    if tmodel is not None:
+        tf = torch_mod.nn.functional
+
+        def torch_loss(out, yy):
+            return tf.cross_entropy(out.reshape(-1, vocab) if name == "gpt" else out, yy)
+
+        tx, ty = torch_mod.from_numpy(x_np), torch_mod.from_numpy(y_np)
+        sides["torch"] = lambda: _phases(tmodel, torch_loss, topt, tx, ty)
+    for _ in range(args.warmup):
+        for fn in sides.values():
+            fn()
+    times: dict[str, list] = {k: [] for k in sides}
+    for i in range(args.iters):
+        # Alternate which side goes first so drift on a noisy machine hits both equally.
+        order = list(sides) if i % 2 == 0 else list(reversed(list(sides)))
+        for side in order:
+            times[side].append(sides[side]())
+    base = {"bench": "models", "model": name, "threads": 1, "iters": args.iters,
+            "optimizer": "adamw", "dtype": "float32"}
+    base.update(GPT_SHAPE if name == "gpt" else CONV_SHAPE)
+    rows = []
+    for side, samples in times.items():
+        rows.append({**base, "impl": side, "phase": "step", **summarize([sum(t) for t in samples])})
+        if args.breakdown:
+            for k, phase in enumerate(("forward", "loss", "backward", "optimizer")):
+                rows.append({**base, "impl": side, "phase": phase,
+                             **summarize([t[k] for t in samples])})
+    if "torch" in times:
+        ref = {r["phase"]: r["median_ms"] for r in rows if r["impl"] == "torch"}
+        for r in rows:
+            r["ratio_vs_torch"] = r["median_ms"] / ref[r["phase"]]
+        rows[0]["paired_ratio_median"] = statistics.median(
+            sum(a) / sum(b) for a, b in zip(times["shoal"], times["torch"])
+        )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=("gpt", "convnet", "all"), default="all")
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--compare", action="store_true", help="require and run the torch peer")
+    parser.add_argument("--breakdown", action="store_true", help="per-phase medians too")
+    args = parser.parse_args(argv)
+    try:
+        import torch as torch_mod  # noqa: PLC0415 - the peer is optional
+
+        torch_mod.set_num_threads(1)
+    except ImportError:
+        if args.compare:
+            raise
+        torch_mod = None
+        print("torch is not installed: timing shoal alone")
+    rows = []
+    for name in (("gpt", "convnet") if args.model == "all" else (args.model,)):
+        rows += run_model(name, args, torch_mod)
+    print(f"{'model':<8} {'impl':<6} {'phase':<10} {'median ms':>10} {'p10 ms':>8} {'p90 ms':>8} "
+          f"{'x torch':>8}")
+    for r in rows:
+        ratio = f"{r['ratio_vs_torch']:.3f}" if "ratio_vs_torch" in r else "-"
+        print(f"{r['model']:<8} {r['impl']:<6} {r['phase']:<10} {r['median_ms']:>10.2f} "
+              f"{r['p10_ms']:>8.2f} {r['p90_ms']:>8.2f} {ratio:>8}")
+        if "paired_ratio_median" in r:
+            print(f"{'':<8} paired ratio (median of per-iteration shoal/torch): "
+                  f"{r['paired_ratio_median']:.3f}")
+    for r in rows:
+        print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,99 @@
+"""The model examples as users run them: the README's main job (the GPT, slow), the GPT's
+checkpoint/resume, and the digits convnet under `shoal run` with DDP and SyncBatchNorm."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+GPT = str(ROOT / "examples" / "train_gpt.py")
+CONVNET = str(ROOT / "examples" / "train_convnet.py")
+FINAL_GPT = re.compile(
+    r"final held-out ([0-9.]+) bits/char = ([0-9.]+) x unigram entropy \(([0-9.]+)\) after (\d+) "
+    r"steps in \d+ s; params_sha256 ([0-9a-f]{64})"
+)
+TINY = ["--steps", "4", "--context", "16", "--d-model", "32", "--layers", "1", "--heads", "2",
+        "--batch-size", "4", "--eval-windows", "8", "--log-every", "2", "--sample-chars", "5",
+        "--checkpoint-every", "2"]
+
+
+def _env(tmp_path, **extra):
+    env = dict(os.environ)
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
+                 "SHOAL_CHECKPOINT_DIR", "SHOAL_RESTART_COUNT"):
+        env.pop(name, None)
+    env["TMPDIR"] = str(tmp_path)  # the loss PNG's default home
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env.update(extra)
+    return env
+
+
+def _gpt(tmp_path, *args, timeout=120):
+    proc = subprocess.run([sys.executable, GPT, *TINY, *args], cwd=ROOT, env=_env(tmp_path),
+                          capture_output=True, text=True, timeout=timeout)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def test_gpt_resumed_from_a_checkpoint_ends_like_an_unbroken_run(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    code, out = _gpt(tmp_path, "--checkpoint-dir", str(ckpt), "--stop-after", "2")
+    assert code == 3 and "stopping after step 2" in out, out[-2000:]
+    code, resumed = _gpt(tmp_path, "--checkpoint-dir", str(ckpt))
+    assert code == 0 and "resumed from step 2" in resumed, resumed[-2000:]
+    code, unbroken = _gpt(tmp_path, "--checkpoint-dir", str(tmp_path / "fresh"))
+    assert code == 0, unbroken[-2000:]
+    assert FINAL_GPT.search(resumed).group(5) == FINAL_GPT.search(unbroken).group(5)
+    assert re.search(r"step 4/4 \| \d+ samples/s \| train loss [0-9.]+ \| held-out [0-9.]+ bits/char",
+                     unbroken)
+    assert "sample: 'The " in unbroken
+
+
+def _readme_main_job() -> str:
+    """The job part (after the installs) of the quick start's first command, as written."""
+    text = (ROOT / "README.md").read_text()
+    quick = text[text.index("## Quick start"):]
+    block = quick[quick.index("```") + 3:]
+    command = block[: block.index("```")].strip()
+    assert "\n" not in command, "the main-job command must stay one line"
+    return command.split("&&")[-1].strip()
+
+
+@pytest.mark.slow
+def test_readme_main_job_reaches_the_held_out_bar_within_three_minutes(tmp_path):
+    job = _readme_main_job()
+    assert job == "shoal run --nproc-per-node 2 examples/train_gpt.py", job
+    started = time.monotonic()
+    proc = subprocess.run(shlex.split(job), cwd=ROOT, env=_env(tmp_path), capture_output=True,
+                          text=True, timeout=240)
+    elapsed = time.monotonic() - started
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    found = FINAL_GPT.search(out)
+    assert found, out[-3000:]
+    bits, unigram = float(found.group(1)), float(found.group(3))
+    assert bits <= 0.7 * unigram, f"held-out {bits} bits/char is above 0.7 x {unigram}"
+    assert elapsed <= 180, f"the main job took {elapsed:.0f} s (over 3 minutes)"
+    assert "sample: 'The " in out
+    assert ("loss curve written to" in out) or ("no loss plot: matplotlib is not installed" in out)
+
+
+@pytest.mark.slow
+def test_convnet_with_ddp_and_sync_batchnorm_reaches_97_percent(tmp_path):
+    pytest.importorskip("sklearn")
+    proc = subprocess.run(
+        [sys.executable, "-m", "shoal.launcher", "run", "--nproc-per-node", "2", CONVNET],
+        cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=240,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    found = re.search(r"final held-out accuracy ([0-9.]+) after (\d+) epochs", out)
+    assert found, out[-3000:]
+    assert float(found.group(1)) >= 0.97, out[-3000:]
