@@ -1,0 +1,79 @@
+"""A new job under a run id an earlier job used, on a real etcd.
+
+While the old job's closed rendezvous is still stored, a new node is refused with a sentence
+that says why and what to do. Once it expired (the lease ttl after the old job's last node),
+the new job starts clean: its restart count starts at 0 and its rounds are its own, although
+the old job's store keys (restart count, round endings) are still in etcd.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+
+import pytest
+
+from tests.support.etcd_server import EtcdServer
+from tests.support.shoal_run import ShoalRun, WORKERS
+
+SECRET = "stale-" + uuid.uuid4().hex
+ENV_WORKER = str(WORKERS / "env_worker.py")
+
+
+@pytest.fixture
+def etcd():
+    server = EtcdServer().start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def _job(etcd, run_id, *worker_args):
+    return ShoalRun(["--rdzv-backend=etcd", f"--rdzv-endpoint={etcd.endpoint}",
+                     f"--rdzv-id={run_id}", "--rdzv-conf=ttl=2,last_call_timeout=0",
+                     "--nproc-per-node=2", "--max-restarts=3", ENV_WORKER, *worker_args],
+                    env={"SHOAL_AUTH_TOKEN": SECRET})
+
+
+def _restart_counts(output: str) -> list[str]:
+    return [json.loads(m.group(1))["SHOAL_RESTART_COUNT"]
+            for m in re.finditer(r"ENV (\{.*\})", output)]
+
+
+def _state_gone(etcd, run_id, timeout=20.0) -> None:
+    from shoal.elastic.rendezvous.etcd_backend import EtcdRendezvousBackend
+
+    backend = EtcdRendezvousBackend(etcd.endpoint, run_id, ttl=2, timeout=5)
+    try:
+        deadline = time.monotonic() + timeout
+        while backend.get_state() is not None:
+            assert time.monotonic() < deadline, "the old job's rendezvous state never expired"
+            time.sleep(0.2)
+    finally:
+        backend.close()
+
+
+def test_a_used_run_id_is_refused_while_closed_then_starts_clean(etcd):
+    run_id = "reused-" + uuid.uuid4().hex[:6]
+    # The first job: rank 0 fails once, so its store holds a restart count of 1.
+    with _job(etcd, run_id, "--fail-rank=0", "--fail-attempts=1") as first:
+        assert first.wait(60) == 0, first.tail()
+    assert sorted(set(_restart_counts(first.output))) == ["0", "1"]
+
+    # At once: the closed rendezvous is still there; a new node is told why it cannot join.
+    with _job(etcd, run_id) as early:
+        assert early.wait(60) == 1, early.tail()
+    assert (f"run id '{run_id}' belongs to a job that already ended (its rendezvous is closed)"
+            in early.output), early.tail()
+    assert "own --rdzv-id" in early.output
+
+    # After the ttl: a clean start, although the old job's keys are still in etcd.
+    _state_gone(etcd, run_id)
+    with _job(etcd, run_id, "--fail-rank=1", "--fail-attempts=1") as second:
+        assert second.wait(60) == 0, second.tail()
+    assert sorted(set(_restart_counts(second.output))) == ["0", "1"], second.tail()
+    assert "already ended by another node" not in second.output
+    assert "Restarting the job (restart 1 of 3)" in second.output
