@@ -58,11 +58,13 @@ def seed_worker(base_seed: int, worker_id: int) -> int:
     return seed
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent dies (a rank killed mid-step)."""
+def _die_with_parent(worker_id: int) -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (a rank killed mid-step), and
+    name it `shoal-data-N` (what ps and /proc/PID/comm show)."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        libc.prctl(15, f"shoal-data-{worker_id}".encode()[:15])  # PR_SET_NAME
     except (OSError, AttributeError):
         pass  # not Linux: the idle poll below still notices the parent is gone
 
@@ -127,7 +129,7 @@ class _Fetcher:
 def worker_loop(conn: Any, spec: WorkerSpec, parent_pid: int) -> None:
     """Serve tasks from `conn` until told to stop or the parent disappears."""
     global _info
-    _die_with_parent()
+    _die_with_parent(spec.worker_id)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
     seed = seed_worker(spec.base_seed, spec.worker_id)
     _info = WorkerInfo(spec.worker_id, spec.num_workers, seed, spec.dataset)
