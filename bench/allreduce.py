@@ -21,6 +21,7 @@ gathered total). Targets: W=2 busbw at 64 MiB >= 2.5x gloo, at 4 MiB >= 3x; W=4 
     python bench/allreduce.py --quick         # fewer iterations and rounds
     python bench/allreduce.py --no-compare    # shoal only
     python bench/allreduce.py --backend nccl  # shoal's nccl backend (needs a CUDA device)
+    python bench/allreduce.py --hosts 2x2     # 2 network-namespace hosts x 2 ranks (root)
 """
 
 from __future__ import annotations
@@ -310,6 +311,12 @@ def main(argv=None) -> int:
     parser.add_argument("--no-loopback", action="store_true", help="skip the raw loopback measurement")
     parser.add_argument("--tcp-too", action="store_true",
                         help="also run shoal with SHOAL_LOCAL_TRANSPORT=tcp (every link on loopback TCP)")
+    parser.add_argument("--hosts", default=None, metavar="HxL",
+                        help="run across H hosts of L ranks made as network namespaces (root): "
+                             "shoal's two-level algorithms next to its flat ring and gloo "
+                             "(bench/allreduce_hosts.py)")
+    parser.add_argument("--json", action="store_true",
+                        help="with --hosts: print only the JSON rows")
     args = parser.parse_args(argv)
     ops = set(args.ops.split(","))
     args.cases = [c for c in CASES if c[0] in ops and args.min_bytes <= c[1] <= args.max_bytes]
@@ -328,6 +335,10 @@ def main(argv=None) -> int:
             args.compare = args.backend != "nccl"  # gloo is no peer for GPU collectives
         except ImportError:
             args.compare = False
+    if args.hosts:
+        import allreduce_hosts
+
+        return allreduce_hosts.main(args, args.cases)
     rounds = args.rounds or (1 if args.quick else 2)
     worlds = [int(w) for w in args.worlds.split(",")]
     if args.backend == "nccl":

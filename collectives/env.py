@@ -94,6 +94,22 @@ def hierarchical_collectives() -> bool:
     raise ValueError(f"SHOAL_HIERARCHICAL must be 0 or 1, got {value!r}.")
 
 
+def hierarchical_leaders() -> Optional[int]:
+    """SHOAL_HIER_LEADERS: at most this many ranks per host carry a share of the two-level
+    collectives' traffic between hosts (default: every rank of the smallest host). Every rank
+    must use the same value."""
+    raw = os.environ.get("SHOAL_HIER_LEADERS", "").strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"SHOAL_HIER_LEADERS must be a positive number of ranks, got {raw!r}.")
+    return value
+
+
 def spin_seconds(group_size: int, default: float) -> float:
     """How long small receives poll before blocking: SHOAL_SPIN_US if set, else `default` when
     this process may use at least `group_size` CPUs (so ranks do not steal each other's core)."""

@@ -61,12 +61,12 @@ def one_host_sha(tmp_path_factory):
     return final_sha(run, STEPS)
 
 
-def _agent(host, etcd, run_id, tmp_path, extra=(), job=TRAIN, nproc=2, nnodes="2"):
+def _agent(host, etcd, run_id, tmp_path, extra=(), job=TRAIN, nproc=2, nnodes="2", env=None):
     argv = [sys.executable, "-m", "shoal.launcher", "run", "--nnodes", nnodes,
             "--nproc-per-node", str(nproc), "--rdzv-backend", "etcd",
             "--rdzv-endpoint", etcd.endpoint, "--rdzv-id", run_id, "--max-restarts", "0",
             "--checkpoint-dir", str(tmp_path / f"ck-{host.index}"), *extra, *job]
-    env = {**os.environ, "SHOAL_AUTH_TOKEN": SECRET}
+    env = {**os.environ, "SHOAL_AUTH_TOKEN": SECRET, **(env or {})}
     return host.popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                       stderr=subprocess.STDOUT, text=True)
 
@@ -110,25 +110,31 @@ def test_rpc_workers_on_two_hosts_reach_each_other(two_hosts, tmp_path):
     assert "sum via rpc_sync: [3. 3.]" in joined
 
 
-@pytest.mark.parametrize("nhosts, nproc, path, layout", [
-    (2, 2, "hierarchical", "0,1 | 2,3"),
-    (3, 1, "sockets", "0 | 1 | 2"),
-    (1, 4, "shared memory", "0,1,2,3"),
-], ids=["2x2", "3x1", "1x4"])
-def test_the_collective_catalogue_across_hosts(tmp_path, nhosts, nproc, path, layout):
+@pytest.mark.parametrize("nhosts, nproc, leaders, path, layout", [
+    (2, 2, None, "hierarchical", "0,1 | 2,3"),
+    (2, 2, 2, "hierarchical", "0,1 | 2,3"),
+    (2, 3, 2, "hierarchical", "0,1,2 | 3,4,5"),
+    (3, 1, None, "sockets", "0 | 1 | 2"),
+    (1, 4, None, "shared memory", "0,1,2,3"),
+], ids=["2x2", "2x2-two-leaders", "2x3-two-leaders", "3x1", "1x4"])
+def test_the_collective_catalogue_across_hosts(tmp_path, nhosts, nproc, leaders, path, layout):
     """Every collective, checked against numpy and bitwise across ranks on every rank
     (workers/catalogue.py, which also runs subgroups), with ranks on several hosts: two-level
     algorithms when a host has several ranks (shared memory within, TCP between), sockets when
-    every host has one, shared memory alone on one host. Each rank reports the topology it
-    learned and the path it took."""
+    every host has one, shared memory alone on one host; with one leader per host (the default
+    on 2 cores) and with two, also for hosts of three ranks (a leader then carries two ranks'
+    share). Each rank reports the topology it learned and the path it took."""
     with _hosts_with_etcd(nhosts) as (hosts, etcd):
         run_id = f"mh-cat-{uuid.uuid4().hex[:8]}"
         job = [str(WORKERS / "catalogue.py")]
+        env = {"SHOAL_HIER_LEADERS": str(leaders)} if leaders else {}
         outputs = _finish([_agent(h, etcd, run_id, tmp_path, job=job, nproc=nproc,
-                                  nnodes=str(nhosts)) for h in hosts.hosts])
+                                  nnodes=str(nhosts), env=env) for h in hosts.hosts])
     joined = "\n".join(outputs)
     for rank in range(nhosts * nproc):
         assert f"[rank {rank}] path {path} hosts {layout}" in joined, joined[-4000:]
+        if leaders:
+            assert f"[rank {rank}] leaders per host {leaders}" in joined, joined[-4000:]
         assert f"[rank {rank}] catalogue ok" in joined, joined[-4000:]
 
 

@@ -51,7 +51,7 @@ def _u8(arr: np.ndarray) -> np.ndarray:
 
 def _uniform_hier(links: Links) -> Optional[hierarchical.Plan]:
     """The two-level plan when the hosts have equal rank counts (what all_gather and
-    reduce_scatter need to split their blocks evenly), else None."""
+    reduce_scatter need to split their blocks among the rings), else None."""
     plan = links.hier
     return plan if plan is not None and plan.topology.uniform else None
 

@@ -13,6 +13,7 @@ every pending and later collective on every rank raises an error naming the same
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -68,6 +69,20 @@ except (AttributeError, OSError):
     _CPUS = os.cpu_count() or 1
 
 
+def _leaders_proposal(topology: topo.Topology, local_size: int) -> int:
+    """How many ranks per host this rank proposes to carry traffic between hosts.
+
+    SHOAL_HIER_LEADERS when set; else the host's cores per local rank, within 1 and the
+    smallest host's rank count: each leader's ring needs CPU for its socket copies on top of
+    what the host's ranks use. Measured on 2 cores, 2 hosts x 2 ranks, 64 MiB: one
+    leader per host 198 ms, two 262 ms (each ring's copies then compete for the same cores).
+    """
+    configured = env.hierarchical_leaders()
+    if configured is not None:
+        return configured
+    return max(1, min(min(len(h) for h in topology.hosts), _CPUS // max(1, local_size)))
+
+
 class ProcessGroupTCP(BackendGroup):
     """A process group over TCP; ranks meet through `store` (see `mesh` for the protocol).
 
@@ -115,7 +130,7 @@ class ProcessGroupTCP(BackendGroup):
         try:
             self._mesh.connect(self._timeout)
             self._topology = topo.from_identities(
-                self._mesh.host_identities(min(self._timeout, 60.0)))
+                self._mesh.host_identities(min(self._timeout, 60.0)), env.hierarchical_leaders())
             shared = self._setup_shared_memory() if self._topology.single_host else None
             direct = algos.Direct(rank, size, self._mesh.tx, self._mesh.rx,
                                   env.spin_seconds(size, SPIN_S))
@@ -175,9 +190,13 @@ class ProcessGroupTCP(BackendGroup):
                     "sockets only."
                 ) from exc
             willing = willing and local.shm is not None
-        # Every rank must take the same path: one byte from each says whether it can.
-        verdicts = links.direct.exchange(0, b"hierarchy", bytes([int(willing)]))
-        if not (willing and all(bytes(v) == b"\x01" for v in verdicts.values())):
+        # Every rank must take the same path with the same leaders: each says whether it can
+        # and how many leaders per host it proposes; the smallest proposal wins.
+        ours = bytes([int(willing), min(255, _leaders_proposal(topology, len(local_members)))])
+        verdicts = [ours] + [bytes(v) for v in links.direct.exchange(0, b"hierarchy", ours).values()]
+        topology = dataclasses.replace(topology, max_leaders=min(v[1] for v in verdicts))
+        self._topology = topology
+        if not all(v[0] == 1 for v in verdicts):
             if local is not None:
                 local.shm = None
             logger.info("Group %r spans hosts (%s) but runs flat collectives: a rank cannot use "

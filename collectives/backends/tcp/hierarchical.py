@@ -134,51 +134,104 @@ def broadcast(plan: Plan, seq: int, fp: bytes, raw: np.ndarray, src: int) -> Non
                               _relay_chunk(raw.size // max(1, k)))
 
 
+def _assigned(plan: Plan, leader: int) -> list[int]:
+    """The local indices whose blocks leader `leader` carries between hosts (j % k == leader)."""
+    return list(range(leader, plan.local_size, plan.leaders))
+
+
 def all_gather(plan: Plan, seq: int, fp: bytes, outs: Sequence[np.ndarray]) -> None:
     """outs[q] (uint8, equal sizes) := rank q's block, on every rank; outs[rank] holds ours.
 
-    Hosts of equal size only: ring i gathers the blocks of local rank i of every host over
-    TCP, then each host's ranks share what their rings brought through shared memory.
+    Hosts of equal size: leader i first collects the blocks of the local ranks it carries
+    (local index j with j % k == i) through shared memory; ring i gathers those across hosts
+    over TCP, one pass per carried index; then each host's ranks copy everything the leaders
+    brought out of their regions.
     """
     topo = plan.topology
-    li = plan.index
-    ring = topo.cross_ranks(li)
-    with plan.cross.renumbered():
-        over_sockets.all_gather(plan.cross, seq, fp, [memoryview(outs[q]) for q in ring])
+    hosts, li, k = topo.hosts, plan.index, plan.leaders
     local = plan.local
-    if local is not None:
-        per_rank = outs[0].size
-        lengths = [per_rank * len(topo.hosts)] * local.size
-        wants = {j: [(h * per_rank, outs[topo.hosts[h][j]]) for h in range(len(topo.hosts))]
-                 for j in range(local.size) if j != li}
+    me_host = hosts[plan.host]
+    if local is not None and k < local.size:
+        lengths = [0 if j < k else outs[0].size for j in range(local.size)]
+        wants = ({j: [(0, outs[me_host[j]])] for j in _assigned(plan, li) if j != li}
+                 if li < k else {})
         with local.renumbered():
             shm_streams.relay(local.shm, local.shm_barrier(seq, fp), lengths,
-                              [outs[q] for q in ring], wants, _relay_chunk(lengths[0]))
+                              [outs[me_host[li]]] if li >= k else None, wants,
+                              _relay_chunk(outs[0].size))
+    if li < k:
+        with plan.cross.renumbered():
+            for j in _assigned(plan, li):
+                over_sockets.all_gather(plan.cross, seq, fp,
+                                        [memoryview(outs[h[j]]) for h in hosts])
+    if local is not None:
+        def carried(i: int) -> list[int]:
+            return [h[j] for j in _assigned(plan, i) for h in hosts]
+
+        per_rank = outs[0].size
+        lengths = [per_rank * len(carried(i)) if i < k else 0 for i in range(local.size)]
+        wants = {}
+        for i in range(min(k, local.size)):
+            if i != li:
+                wants[i] = [(n * per_rank, outs[q]) for n, q in enumerate(carried(i))
+                            if q != me_host[li]]
+        with local.renumbered():
+            shm_streams.relay(local.shm, local.shm_barrier(seq, fp), lengths,
+                              [outs[q] for q in carried(li)] if li < k else None, wants,
+                              _relay_chunk(max(lengths)))
 
 
 def reduce_scatter(plan: Plan, seq: int, fp: bytes, out: np.ndarray, ins: Sequence[np.ndarray],
                    uf) -> None:
     """out := the reduction over the group of every rank's ins[rank] (hosts of equal size).
 
-    Within each host, local rank i reduces the blocks of ring i's ranks (one per host) over
-    its host; ring i then reduce-scatters those over TCP, leaving each rank its own block.
+    Within each host, leader i reduces, over its host, the blocks destined for the ranks it
+    carries (local index j with j % k == i on every host); ring i then reduce-scatters them
+    over TCP, one pass per carried index, which leaves leader i the results of its host's
+    carried ranks; it hands them out through shared memory.
     """
     topo = plan.topology
-    li = plan.index
-    hosts = topo.hosts
-    ring = topo.cross_ranks(li)
+    hosts, li, k = topo.hosts, plan.index, plan.leaders
     n = out.size
-    work = np.empty(n * len(hosts), dtype=out.dtype)
-    for h, q in enumerate(ring):
-        np.copyto(work[h * n:(h + 1) * n], ins[q].reshape(-1))
     local = plan.local
+
+    def destined(i: int) -> list[int]:
+        """The ranks whose blocks leader i reduces, carried index by carried index, host by
+        host (the order of its cross-host passes)."""
+        return [h[j] for j in _assigned(plan, i) for h in hosts]
+
+    mine = destined(li) if li < k else []
+    work = np.empty(n * len(mine), dtype=out.dtype)
+    for m, q in enumerate(mine):
+        np.copyto(work[m * n:(m + 1) * n], ins[q].reshape(-1))
     if local is not None:
-        lengths = [n * len(hosts)] * local.size
-        sends = {j: [ins[hosts[h][j]].reshape(-1) for h in range(len(hosts))]
-                 for j in range(local.size) if j != li}
+        lengths = [n * len(destined(i)) if i < k else 0 for i in range(local.size)]
+        sends = {i: [ins[q].reshape(-1) for q in destined(i)]
+                 for i in range(min(k, local.size)) if i != li}
         with local.renumbered():
             shm_streams.reduce_scatter(local.shm, local.shm_barrier(seq, fp), uf, out.dtype,
-                                       lengths, sends, [work])
-    blocks = [work[h * n:(h + 1) * n] for h in range(len(hosts))]
-    with plan.cross.renumbered():
-        over_sockets.reduce_scatter(plan.cross, seq, fp, out, blocks, uf)
+                                       lengths, sends, [work] if li < k else [])
+    results = {}
+    if li < k:
+        nh = len(hosts)
+        with plan.cross.renumbered():
+            for m, j in enumerate(_assigned(plan, li)):
+                target = out if j == li else np.empty(n, dtype=out.dtype)
+                blocks = [work[(m * nh + h) * n:(m * nh + h + 1) * n] for h in range(nh)]
+                over_sockets.reduce_scatter(plan.cross, seq, fp, target, blocks, uf)
+                results[j] = target
+    if local is not None and k < local.size:
+        item = out.itemsize
+        lengths = [0] * local.size
+        for i in range(k):
+            lengths[i] = n * item * (len(_assigned(plan, i)) - 1)
+        publish = ([results[j].view(np.uint8) for j in _assigned(plan, li) if j != li]
+                   if li < k else None)
+        wants = {}
+        if li >= k:
+            leader = li % k
+            position = _assigned(plan, leader).index(li) - 1
+            wants[leader] = [(position * n * item, out.view(np.uint8))]
+        with local.renumbered():
+            shm_streams.relay(local.shm, local.shm_barrier(seq, fp), lengths, publish, wants,
+                              _relay_chunk(n * item))

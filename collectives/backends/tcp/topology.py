@@ -24,6 +24,7 @@ class Topology:
     """The hosts of a group: `hosts[h]` lists the group ranks on host h, in rank order."""
 
     hosts: tuple[tuple[int, ...], ...]
+    max_leaders: Optional[int] = None  # at most this many leaders per host (None: no limit)
 
     @property
     def size(self) -> int:
@@ -58,12 +59,19 @@ class Topology:
     def leaders_per_host(self) -> int:
         """How many ranks per host carry traffic across hosts: as many as the smallest host has,
         so that every cross-host ring has one member on each host."""
-        return min(len(h) for h in self.hosts)
+        k = min(len(h) for h in self.hosts)
+        return k if self.max_leaders is None else max(1, min(k, self.max_leaders))
 
     @property
     def uniform(self) -> bool:
         """Every host has the same number of ranks."""
         return len({len(h) for h in self.hosts}) == 1
+
+    @property
+    def every_rank_leads(self) -> bool:
+        """Hosts of equal size whose every rank is in a cross-host ring (what all_gather and
+        reduce_scatter need to split their blocks among the rings)."""
+        return self.uniform and self.leaders_per_host == len(self.hosts[0])
 
     @property
     def hierarchical(self) -> bool:
@@ -79,7 +87,8 @@ class Topology:
         return " | ".join(",".join(map(str, h)) for h in self.hosts)
 
 
-def from_identities(identities: Sequence[Optional[str]]) -> Topology:
+def from_identities(identities: Sequence[Optional[str]],
+                    max_leaders: Optional[int] = None) -> Topology:
     """The topology of ranks whose host identities are `identities` (None or "": a rank that
     shares its host with no one)."""
     by_identity: dict[str, list[int]] = {}
@@ -94,4 +103,4 @@ def from_identities(identities: Sequence[Optional[str]]) -> Topology:
             hosts.append(members)
         members.append(rank)
     hosts.sort(key=lambda h: h[0])
-    return Topology(tuple(tuple(h) for h in hosts))
+    return Topology(tuple(tuple(h) for h in hosts), max_leaders)

@@ -114,6 +114,8 @@ def main() -> None:
             else "shared memory" if getattr(pg, "uses_shared_memory", False) else "sockets")
     hosts = pg.topology.describe() if hasattr(pg, "topology") else "?"
     print(f"[rank {rank}] path {path} hosts {hosts}", flush=True)
+    if getattr(pg, "hierarchical", False):
+        print(f"[rank {rank}] leaders per host {pg.topology.leaders_per_host}", flush=True)
 
     everyone = list(range(world))
     for n in SIZES:

@@ -1,0 +1,253 @@
+"""`bench/allreduce.py --hosts HxL`: collectives across hosts made as network namespaces.
+
+H hosts (Linux network namespaces joined by veth pairs to one bridge, tests/support/netns.py;
+needs root and iproute2) with L ranks each. Three sides run the same cases in the same run,
+alternating blocks of iterations (A B C A B C) while the others wait:
+
+- shoal: the default, two-level algorithms (shared memory within a host, L concurrent rings
+  between hosts);
+- shoal_flat: SHOAL_HIERARCHICAL=0, one flat ring over sockets (Unix sockets within a host,
+  TCP between hosts): what shoal did before the two-level algorithms;
+- gloo: torch.distributed's gloo over the same namespaces (when torch is installed).
+
+Each rank is a process on its host, driven over its stdin/stdout (the parent sits outside the
+namespaces and has no route into them). Times are the slowest rank's per iteration, medians
+over iterations; busbw as nccl-tests defines it. The veth links are software: their
+"bandwidth" is this machine's copy speed, shared with the ranks' own work on 2 cores, so the
+figures compare algorithms, not networks (bench/scale_model.py extrapolates to real links).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MiB = 1024 * 1024
+PROTOCOL = "@@bench "  # stdout lines of the protocol; anything else is the rank's own output
+WAIT_S = 600.0
+BASE_PORT = 29400
+
+
+def parse_hosts(spec: str) -> tuple[int, int]:
+    """'2x2' -> (2 hosts, 2 ranks per host)."""
+    try:
+        h, _, l = spec.lower().partition("x")
+        hosts, per_host = int(h), int(l)
+    except ValueError:
+        raise SystemExit(f"--hosts takes HOSTSxRANKS, e.g. 2x2, got {spec!r}") from None
+    if hosts < 1 or per_host < 1:
+        raise SystemExit(f"--hosts needs at least one host and one rank per host, got {spec!r}")
+    return hosts, per_host
+
+
+# ----------------------------------------------------------------------------- one rank
+
+def _say(**message) -> None:
+    sys.stdout.write(PROTOCOL + json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+def worker(side: str, rank: int, world: int, master: str, port: int) -> None:
+    """One rank: form the group, then run blocks of iterations as the parent asks."""
+    os.environ["GLOO_SOCKET_IFNAME"] = "eth0"
+    sys.path.insert(0, str(ROOT / "bench"))
+    import allreduce as ar  # the runners and iteration counts of the single-host bench
+
+    import numpy as np  # noqa: F401  (loaded before timing)
+
+    if side == "gloo":
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)
+        store = dist.TCPStore(master, port, world, rank == 0, timeout=__import__("datetime").timedelta(seconds=300))
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+        make = lambda op, n: ar._gloo_runner(dist, torch, op, n, world)  # noqa: E731
+    else:
+        os.environ.update(MASTER_ADDR=master, MASTER_PORT=str(port), RANK=str(rank),
+                          WORLD_SIZE=str(world))
+        if side == "shoal_flat":
+            os.environ["SHOAL_HIERARCHICAL"] = "0"
+        import shoal.collectives as c
+
+        pg = c.init_process_group("tcp", init_method="env://", timeout=300)
+        make = lambda op, n: ar._shoal_runner(pg, op, n, world)  # noqa: E731
+        if rank == 0:
+            print(f"{side}: hierarchical={pg.hierarchical} hosts {pg.topology.describe()}",
+                  file=sys.stderr, flush=True)
+    _say(ready=True)
+    runners = {}
+    for line in sys.stdin:
+        command = json.loads(line)
+        if command.get("quit"):
+            break
+        key = (command["op"], command["bytes"])
+        if key not in runners:
+            runners[key] = make(key[0], key[1] // 4)
+            for _ in range(3):
+                runners[key][0]()
+        run, barrier = runners[key]
+        barrier()
+        run()  # untimed: the other sides' blocks evicted our arrays from the caches
+        ts = []
+        for _ in range(command["count"]):
+            barrier()
+            t0 = time.perf_counter()
+            run()
+            ts.append(time.perf_counter() - t0)
+        _say(times=ts)
+    if side == "gloo":
+        dist.destroy_process_group()
+    else:
+        c.destroy_process_group()
+
+
+# ----------------------------------------------------------------------------- the parent
+
+class _Rank:
+    def __init__(self, proc: subprocess.Popen, side: str, rank: int):
+        self.proc, self.side, self.rank = proc, side, rank
+        self._buf = b""
+
+    def send(self, **command) -> None:
+        self.proc.stdin.write((json.dumps(command) + "\n").encode())
+        self.proc.stdin.flush()
+
+    def receive(self, deadline: float) -> dict:
+        """The next protocol message; the rank's other output is passed through to stderr."""
+        fd = self.proc.stdout.fileno()
+        while True:
+            while b"\n" in self._buf:
+                line, self._buf = self._buf.split(b"\n", 1)
+                text = line.decode(errors="replace")
+                if text.startswith(PROTOCOL):
+                    return json.loads(text[len(PROTOCOL):])
+                print(f"[{self.side} rank {self.rank}] {text}", file=sys.stderr)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise SystemExit(f"{self.side} rank {self.rank} did not answer within {WAIT_S:g}s")
+            ready, _, _ = select.select([fd], [], [], left)
+            if ready:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    code = self.proc.wait(10)
+                    raise SystemExit(f"{self.side} rank {self.rank} exited with {code}")
+                self._buf += chunk
+
+
+def session(hosts, per_host: int, sides: list, cases: list, args) -> dict:
+    """Start every side's ranks on the hosts; per case, alternate blocks between the sides.
+    Returns case -> side -> the slowest rank's time of each iteration."""
+    world = len(hosts) * per_host
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+    ranks = {}
+    try:
+        for i, side in enumerate(sides):
+            ranks[side] = []
+            for r in range(world):
+                host = hosts[r // per_host]
+                argv = [sys.executable, str(Path(__file__).resolve()), "--worker", side, str(r),
+                        str(world), hosts[0].address, str(BASE_PORT + i)]
+                proc = host.popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+                ranks[side].append(_Rank(proc, side, r))
+        deadline = time.monotonic() + WAIT_S
+        for side in sides:
+            for rk in ranks[side]:
+                rk.receive(deadline)
+        import allreduce as ar
+
+        blocks = args.blocks or (2 if args.quick else 4)
+        results = {}
+        for case in cases:
+            per_block = max(1, ar.iterations(case[1], args.quick) // blocks)
+            results[case] = {side: [] for side in sides}
+            for _ in range(blocks):
+                for side in sides:
+                    for rk in ranks[side]:
+                        rk.send(op=case[0], bytes=case[1], count=per_block)
+                    deadline = time.monotonic() + WAIT_S
+                    by_rank = [rk.receive(deadline)["times"] for rk in ranks[side]]
+                    results[case][side] += [max(ts[i] for ts in by_rank) for i in range(per_block)]
+        for side in sides:
+            for rk in ranks[side]:
+                rk.send(quit=True)
+        for side in sides:
+            for rk in ranks[side]:
+                rk.proc.wait(60)
+        return results
+    finally:
+        for side in ranks:
+            for rk in ranks[side]:
+                if rk.proc.poll() is None:
+                    rk.proc.kill()
+
+
+def main(args, cases: list) -> int:
+    """Run the --hosts mode of bench/allreduce.py (its parsed `args` and `cases`)."""
+    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "bench"))
+    import allreduce as ar
+    from tests.support.netns import Hosts, netns_unavailable_reason
+
+    reason = netns_unavailable_reason()
+    if reason:
+        print(f"bench/allreduce.py --hosts: {reason}", file=sys.stderr)
+        return 2
+    n_hosts, per_host = parse_hosts(args.hosts)
+    world = n_hosts * per_host
+    sides = ["shoal", "shoal_flat"] + (["gloo"] if args.compare else [])
+    rounds = args.rounds or (1 if args.quick else 2)
+    samples = {side: {} for side in sides}
+    with Hosts(n_hosts) as hosts:
+        for _ in range(rounds):
+            for case, by_side in session(hosts.hosts, per_host, sides, cases, args).items():
+                for side, ts in by_side.items():
+                    samples[side].setdefault(case, []).extend(ts)
+    rows = []
+    for op, nbytes in cases:
+        row = {"bench": "allreduce", "op": op, "hosts": n_hosts, "per_host": per_host,
+               "world": world, "bytes": nbytes, "backend": "tcp"}
+        for side in sides:
+            ts = samples[side][(op, nbytes)]
+            med = statistics.median(ts)
+            row[f"{side}_ms"] = round(med * 1e3, 4)
+            row[f"{side}_busbw_gbps"] = round(nbytes / med * ar.bus_factor(op, world) / 1e9, 3)
+        for other in sides[1:]:
+            row[f"shoal_vs_{other.replace('shoal_', '')}"] = round(row[f"{other}_ms"] / row["shoal_ms"], 2)
+        rows.append(row)
+    if args.json:
+        for row in rows:
+            print(json.dumps(row))
+        return 0
+    header = f"{'op':<11}{'hosts':>6} {'size':>7}" + "".join(
+        f" | {side + ' ms':>14} {'busbw':>6}" for side in sides) + "".join(
+        f" | {'shoal/' + other.replace('shoal_', ''):>11}" for other in sides[1:])
+    print(f"\n{n_hosts} hosts x {per_host} ranks (network namespaces over veth); median time per "
+          "op (slowest rank), busbw in GB/s; ratios = their time / shoal's")
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        line = f"{row['op']:<11}{f'{n_hosts}x{per_host}':>6} {ar._fmt_size(row['bytes']):>7}"
+        line += "".join(f" | {row[side + '_ms']:>14.3f} {row[side + '_busbw_gbps']:>6.2f}"
+                        for side in sides)
+        line += "".join(f" | {row['shoal_vs_' + other.replace('shoal_', '')]:>10.2f}x"
+                        for other in sides[1:])
+        print(line)
+    for row in rows:
+        print(json.dumps(row))
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 2 and sys.argv[1] == "--worker":
+        side, rank, world, master, port = sys.argv[2:7]
+        worker(side, int(rank), int(world), master, int(port))
+    else:
+        raise SystemExit("run it as `python bench/allreduce.py --hosts 2x2`")
