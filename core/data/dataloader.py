@@ -352,5 +352,6 @@ class _MultiProcessIter(_LoaderIter):
                 self.loader._pool = None
 
     def __del__(self) -> None:
-        if not self.loader.persistent_workers:
-            self.pool.shutdown()
+        pool = getattr(self, "pool", None)  # absent when the pool failed to start
+        if pool is not None and not self.loader.persistent_workers:
+            pool.shutdown()

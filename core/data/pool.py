@@ -17,7 +17,7 @@ from multiprocessing import connection
 from typing import Any, Iterable, Optional
 
 from shoal.core.data import handover
-from shoal.core.data.errors import DataLoaderTimeout, WorkerDied, WorkerError
+from shoal.core.data.errors import DataLoaderError, DataLoaderTimeout, WorkerDied, WorkerError
 from shoal.core.data.worker import WorkerSpec, worker_loop
 
 # The longest a wait sleeps before it looks again (a deadline or a Ctrl-C can cut in).
@@ -73,6 +73,11 @@ class WorkerPool:
     """`num_workers` processes serving one dataset; batches come back through `receive`."""
 
     def __init__(self, specs: list[WorkerSpec], prefetch_factor: int, context: Any) -> None:
+        if multiprocessing.current_process().daemon:
+            raise DataLoaderError(
+                f"num_workers={len(specs)} needs child processes, but this process is daemonic "
+                f"({multiprocessing.current_process().name}) and multiprocessing forbids a "
+                "daemonic process children; use num_workers=0 here")
         ctx = _context(context)
         self.prefetch_factor = prefetch_factor
         self.reader = handover.SlotReader()
