@@ -176,3 +176,30 @@ def test_a_lost_host_leaves_the_others_to_finish_from_the_last_checkpoint(tmp_pa
                        str(until)], env=token, name=f"reference W={nproc}") as run:
             assert run.wait(JOB_TIMEOUT) == 0, run.tail()
     assert got == final_sha(run, steps), out[-4000:]
+
+
+@pytest.mark.parametrize("leaders", [1, 2])
+def test_a_rank_killed_inside_a_two_level_all_reduce_is_named_on_every_other_rank(leaders):
+    """2 hosts x 2 ranks started with env:// (no agent to tear the others down); the last rank
+    SIGKILLs itself between two-level all_reduces of 16 MiB. Every other rank, whether it was
+    in the shared-memory phase with it, in a cross-host ring with it or neither, raises a
+    PeerLost (a CollectiveError) naming rank 3, well within the group's timeout."""
+    require_netns()
+    with Hosts(2) as hosts:
+        env = {**os.environ, "SHOAL_AUTH_TOKEN": SECRET, "MASTER_ADDR": hosts[0].address,
+               "MASTER_PORT": "29610", "WORLD_SIZE": "4", "SHOAL_HIER_LEADERS": str(leaders)}
+        procs = [hosts[r // 2].popen([sys.executable, str(WORKERS / "hier_fault.py")], cwd=ROOT,
+                                     env={**env, "RANK": str(r)}, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
+                 for r in range(4)]
+        outputs = _finish(procs[:3])
+        procs[3].wait(30)
+    joined = "\n".join(outputs)
+    assert "[rank 0] hierarchical True" in joined, joined[-4000:]
+    for rank in range(3):
+        line = next((ln for ln in joined.splitlines() if ln.startswith(f"[rank {rank}] failed")),
+                    None)
+        assert line is not None, joined[-4000:]
+        assert ": PeerLost: " in line, line
+        assert "rank 3" in line, line
+        assert float(line.split(" in ")[1].split("s:")[0]) < 30, line
