@@ -1,8 +1,8 @@
 """Convolutions (conv1d, conv2d) as im2col plus one matrix product, each a single graph node.
 
-The input is padded once and viewed as windows with `as_strided` (no copy); the windows are
-laid out as rows of a (N*Ho*Wo, C*kh*kw) matrix, the single copy of the forward pass, and one
-GEMM with the (O, C*kh*kw) weight gives the output. The backward pass runs the same two
+The input is padded once (channels-last) and viewed as windows with `as_strided` (no copy);
+the windows are laid out as rows of a (N*Ho*Wo, kh*kw*C) matrix, the single copy of the
+forward pass, and one GEMM with the (O, kh*kw*C) weight gives the output. The backward pass runs the same two
 GEMMs transposed and scatters the window gradients back with one strided add per kernel
 position (kh*kw of them, never one per pixel).
 """
@@ -51,6 +51,36 @@ def scatter_windows(
             c0 = j * dilation[1]
             out[:, :, r0 : r0 + stride[0] * (ho - 1) + 1 : stride[0],
                 c0 : c0 + stride[1] * (wo - 1) + 1 : stride[1]] += gwin[:, :, :, :, i, j]
+    return out
+
+
+def windows_nhwc(
+    xpad: Any, kh: int, kw: int, ho: int, wo: int, stride: tuple, dilation: tuple
+) -> Any:
+    """A (N, Ho, Wo, kh, kw, C) strided view of every kernel window of a padded NHWC array."""
+    xp = xp_of(xpad)
+    sn, sh, sw, sc = xpad.strides
+    return xp.lib.stride_tricks.as_strided(
+        xpad,
+        shape=(xpad.shape[0], ho, wo, kh, kw, xpad.shape[3]),
+        strides=(sn, sh * stride[0], sw * stride[1], sh * dilation[0], sw * dilation[1], sc),
+        writeable=False,
+    )
+
+
+def scatter_windows_nhwc(
+    gwin: Any, padded_shape: tuple, stride: tuple, dilation: tuple, dtype: Any
+) -> Any:
+    """The adjoint of `windows_nhwc`: one strided add per kernel position into an NHWC array."""
+    xp = xp_of(gwin)
+    _, ho, wo, kh, kw, _ = gwin.shape
+    out = xp.zeros(padded_shape, dtype=dtype)
+    for i in range(kh):
+        r0 = i * dilation[0]
+        for j in range(kw):
+            c0 = j * dilation[1]
+            out[:, r0 : r0 + stride[0] * (ho - 1) + 1 : stride[0],
+                c0 : c0 + stride[1] * (wo - 1) + 1 : stride[1], :] += gwin[:, :, :, i, j, :]
     return out
 
 
@@ -160,17 +190,27 @@ def _conv(
             f"{op}: the kernel (dilated size {dil[0] * (kh - 1) + 1}x{dil[1] * (kw - 1) + 1}) "
             f"is larger than the padded input ({hp}x{wp}) of shape {tuple(x.shape)}."
         )
-    xpad = xd if not (pt or pb or pl or pr) else xp.pad(xd, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    # Channels-last throughout: a window row is then kh*kw runs of C contiguous values (a fast
+    # gather), and the output, a (N*Ho*Wo, O) GEMM result, is returned as an NCHW view of that
+    # NHWC memory, so the next conv's channels-last view of it costs nothing.
+    x_nhwc = xd.transpose(0, 2, 3, 1)
+    if pt or pb or pl or pr:
+        xpad = xp.zeros((n, hp, wp, c), dtype=xd.dtype)
+        xpad[:, pt : pt + h, pl : pl + w, :] = x_nhwc
+    else:
+        xpad = x_nhwc
+    og = o // groups
     k = cg * kh * kw
     rows = n * ho * wo
-    # (N, Ho, Wo, C, kh, kw) rows; a group's columns are contiguous because C leads kh, kw.
-    cols = windows(xpad, kh, kw, ho, wo, st, dil).transpose(0, 2, 3, 1, 4, 5).reshape(rows, c * kh * kw)
-    og = o // groups
+    taps = kh * kw
+    cols = windows_nhwc(xpad, kh, kw, ho, wo, st, dil).reshape(rows, taps * c)
     if groups == 1:
-        out2 = cols @ wd.reshape(o, k).T
+        w2 = wd.transpose(0, 2, 3, 1).reshape(o, k)  # (O, kh, kw, C), matching the rows
+        out2 = cols @ w2.T
     else:
-        cg3 = cols.reshape(rows, groups, k).transpose(1, 0, 2)
-        out2 = (cg3 @ wd.reshape(groups, og, k).transpose(0, 2, 1)).transpose(1, 0, 2).reshape(rows, o)
+        colsg = cols.reshape(rows, taps, groups, cg).transpose(2, 0, 1, 3).reshape(groups, rows, k)
+        w2 = wd.reshape(groups, og, cg, kh, kw).transpose(0, 1, 3, 4, 2).reshape(groups, og, k)
+        out2 = (colsg @ w2.transpose(0, 2, 1)).transpose(1, 0, 2).reshape(rows, o)
     if bd is not None:
         out2 += bd
     out = out2.reshape(n, ho, wo, o).transpose(0, 3, 1, 2)
@@ -178,34 +218,35 @@ def _conv(
         out = out[:, :, 0, :]
     if not batched:
         out = out[0]
-    out = xp.ascontiguousarray(out)
 
     def backward(g: Any) -> tuple:
         if not batched:
             g = g[None]
         if spatial == 1:
             g = g[:, :, None, :]
-        g2 = xp.ascontiguousarray(g.transpose(0, 2, 3, 1)).reshape(rows, o)
+        g2 = g.transpose(0, 2, 3, 1).reshape(rows, o)  # free when g is channels-last already
         gx = gw = gb = None
         if needs_grad(weight):
             if groups == 1:
-                gw = (g2.T @ cols).reshape(wd.shape)
+                gw = (g2.T @ cols).reshape(o, kh, kw, cg).transpose(0, 3, 1, 2)
             else:
                 g3 = g2.reshape(rows, groups, og).transpose(1, 2, 0)
-                gw = (g3 @ cols.reshape(rows, groups, k).transpose(1, 0, 2)).reshape(wd.shape)
+                gw = (g3 @ colsg).reshape(groups, og, kh, kw, cg).transpose(0, 1, 4, 2, 3)
+                gw = gw.reshape(o, cg, kh, kw)
+            gw = xp.ascontiguousarray(gw)
             if spatial == 1:
                 gw = gw[:, :, 0, :]
         if bias is not None and bias.requires_grad:
             gb = g2.sum(axis=0)
         if needs_grad(x):
             if groups == 1:
-                gcols = g2 @ wd.reshape(o, k)
+                gcols = g2 @ w2
             else:
                 g3 = g2.reshape(rows, groups, og).transpose(1, 0, 2)
-                gcols = (g3 @ wd.reshape(groups, og, k)).transpose(1, 0, 2)
-            gwin = gcols.reshape(n, ho, wo, c, kh, kw).transpose(0, 3, 1, 2, 4, 5)
-            gpad = scatter_windows(gwin, xpad.shape, st, dil, xd.dtype)
-            gx = gpad[:, :, pt : pt + h, pl : pl + w]
+                gcols = (g3 @ w2).reshape(groups, rows, taps, cg).transpose(1, 2, 0, 3)
+            gwin = gcols.reshape(n, ho, wo, kh, kw, c)
+            gpad = scatter_windows_nhwc(gwin, (n, hp, wp, c), st, dil, xd.dtype)
+            gx = gpad[:, pt : pt + h, pl : pl + w, :].transpose(0, 3, 1, 2)
             if spatial == 1:
                 gx = gx[:, :, 0, :]
             if not batched:
