@@ -265,7 +265,7 @@ class _MultiProcessIter(_LoaderIter):
         pool = self.pool
         for k in range(pool.size):
             w = (self._turn + k) % pool.size
-            if pool.free_slots[w] and not self._exhausted[w]:
+            if pool.outstanding[w] < pool.prefetch_factor and not self._exhausted[w]:
                 break
         else:
             return False
@@ -319,10 +319,10 @@ class _MultiProcessIter(_LoaderIter):
             if self._next >= self._send and not self._dispatch():
                 if self._finished():
                     raise StopIteration
-                # Every slot is held by an abandoned iteration's task (persistent workers):
-                # its answer frees one.
+                # Every worker's tasks are an abandoned iteration's (persistent workers): their
+                # answers make room.
                 blame = list(range(self.pool.size))
-                what = "a free slot"
+                what = "an abandoned iteration's batches"
             else:
                 blame = [self._tasks[self._next][0]]
                 what = f"batch {self._next}"

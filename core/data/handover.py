@@ -4,10 +4,11 @@ A worker pickles its batch with protocol 5, so every contiguous array travels ou
 raw buffer; the buffers are copied into one of the worker's slots (a file in /dev/shm mapped
 by both processes) and only the small pickle and the buffers' offsets go through the pipe.
 The main process maps a slot the first time it sees it and unlinks the file at once, so the
-memory disappears with the last process that maps it, even after a SIGKILL. It copies the
-buffers out into one array of its own before handing the slot back with the next task, so a
-batch the training loop keeps never pins a slot. Batches under INLINE_BYTES go through the pipe
-whole: a round trip through a slot costs more than a small copy.
+memory disappears with the last process that maps it, even after a SIGKILL. The batch's arrays
+are views of the slot (no copy on either side after the worker's one): the slot returns to the
+worker's free list only when the last of those arrays is garbage collected, so a batch the
+training loop keeps stays valid, and the loader opens another slot meanwhile. Batches under
+INLINE_BYTES go through the pipe whole: a slot's round trip costs more than a small copy.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import itertools
 import mmap
 import os
 import pickle
-from typing import Any, Optional
+import weakref
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -109,36 +111,37 @@ class SlotReader:
         self._maps: dict[tuple[int, int], tuple[str, mmap.mmap]] = {}
 
     def unpack(self, worker: int, slot: int, header: bytes, path: Optional[str],
-               layout: list, size: int) -> Any:
-        """Rebuild the batch; its arrays live in memory of this process, not in the slot."""
+               layout: list, size: int, release: Callable[[], None]) -> Any:
+        """Rebuild the batch over the slot; `release()` runs once no array of it is left.
+
+        Inline batches need no slot, so `release` runs at once for them.
+        """
         if path is None:
+            release()
             return pickle.loads(header, buffers=layout)
         region = self._region(worker, slot, path, size)
         end = layout[-1][0] + layout[-1][1] if layout else 0
-        own = np.empty(end, dtype=np.uint8)
-        src = np.frombuffer(region, dtype=np.uint8, count=end)
-        own[:] = src
-        del src
-        return pickle.loads(header, buffers=[own[o:o + n] for o, n in layout])
+        # One array per delivery: every rebuilt array is a view of it (numpy keeps the chain),
+        # so its finalizer runs when the training loop has dropped the whole batch.
+        lease = np.frombuffer(region, dtype=np.uint8, count=end)
+        weakref.finalize(lease, release)
+        return pickle.loads(header, buffers=[lease[o:o + n] for o, n in layout])
 
     def _region(self, worker: int, slot: int, path: str, size: int) -> mmap.mmap:
         current = self._maps.get((worker, slot))
         if current is not None and current[0] == path:
             return current[1]
-        if current is not None:
-            current[1].close()
+        # A grown slot replaces the old mapping, which lives on while arrays still view it.
         region = _map(path, size, create=False)
         _unlink_quietly(path)  # mapped on both sides: the name is no longer needed
         self._maps[(worker, slot)] = (path, region)
         return region
 
-    def forget(self, worker: int) -> None:
-        """Unmap a worker's slots (it stopped or died)."""
-        for key in [k for k in self._maps if k[0] == worker]:
-            self._maps.pop(key)[1].close()
-
     def close(self) -> None:
-        """Unmap everything."""
+        """Drop the mappings (a mapping still viewed by batches closes when they are freed)."""
         for _, region in self._maps.values():
-            region.close()
+            try:
+                region.close()
+            except BufferError:
+                pass  # arrays of a batch still view it: it is unmapped when they are collected
         self._maps.clear()

@@ -8,6 +8,7 @@ sentinels together, so a worker that dies is reported at once, never waited for.
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 import pickle
@@ -82,7 +83,12 @@ class WorkerPool:
         self.prefetch_factor = prefetch_factor
         self.reader = handover.SlotReader()
         self.conns, self.procs = [], []
-        self.free_slots = [list(range(prefetch_factor)) for _ in specs]
+        # A worker writes a batch into a slot the main process names; the slot is busy from the
+        # task until the batch's arrays are freed (handover.SlotReader), and a worker whose
+        # slots are all busy gets a new one. At most prefetch_factor tasks per worker are out.
+        self.free_slots: list[list[int]] = [[] for _ in specs]
+        self.outstanding = [0] * len(specs)
+        self._next_slot = [0] * len(specs)
         self._pending: dict[Any, tuple[int, int]] = {}  # task tag -> (worker, slot)
         self.closed = False
         try:
@@ -109,7 +115,13 @@ class WorkerPool:
 
     def submit(self, worker: int, tag: Any, indices: Optional[list]) -> None:
         """Ask `worker` for a batch (of `indices`, or its stream's next) into a free slot."""
-        slot = self.free_slots[worker].pop()
+        free = self.free_slots[worker]
+        if free:
+            slot = free.pop()
+        else:
+            slot = self._next_slot[worker]
+            self._next_slot[worker] += 1
+        self.outstanding[worker] += 1
         self._pending[tag] = (worker, slot)
         self.send(worker, ("fetch", tag, indices, slot))
 
@@ -152,11 +164,15 @@ class WorkerPool:
         try:
             while conn.poll(0):
                 message = conn.recv()
-                if message[1] is not None:  # a task's answer: its slot is free again
-                    self.free_slots[worker].append(self._pending.pop(message[1])[1])
+                if message[1] is not None:  # a task's answer
+                    _, slot = self._pending.pop(message[1])
+                    self.outstanding[worker] -= 1
+                    release = functools.partial(self.free_slots[worker].append, slot)
+                    if message[0] != "batch":
+                        release()
                 if message[0] == "batch":
                     _, task, slot, header, path, layout, size = message
-                    data = self.reader.unpack(worker, slot, header, path, layout, size)
+                    data = self.reader.unpack(worker, slot, header, path, layout, size, release)
                     message = ("batch", task, slot, data)
                 elif message[0] == "error":
                     message = ("error", message[1], Failure(worker, self.procs[worker].pid, message))
