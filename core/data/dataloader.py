@@ -247,6 +247,7 @@ class _MultiProcessIter(_LoaderIter):
         self._tasks: dict[int, tuple[int, int]] = {}  # task -> (worker, samples)
         self._done: dict[int, Any] = {}
         self._exhausted = [False] * self.pool.size
+        self._held = [0] * self.pool.size  # received from each worker, not yet handed out
         self._send, self._next, self._turn = 0, 0, 0
         self._sampler_done = False
         self._epoch = next(_iterations)  # tags this iteration's tasks (a reused pool's stale ones)
@@ -265,7 +266,9 @@ class _MultiProcessIter(_LoaderIter):
         pool = self.pool
         for k in range(pool.size):
             w = (self._turn + k) % pool.size
-            if pool.outstanding[w] < pool.prefetch_factor and not self._exhausted[w]:
+            # torch's bound: prefetch_factor batches per worker not yet handed out, whether
+            # still in the worker (ours or an abandoned iteration's) or received and waiting.
+            if pool.outstanding[w] + self._held[w] < pool.prefetch_factor and not self._exhausted[w]:
                 break
         else:
             return False
@@ -309,6 +312,7 @@ class _MultiProcessIter(_LoaderIter):
             if self._next in self._done:
                 item = self._done.pop(self._next)
                 worker, samples = self._tasks.pop(self._next)
+                self._held[worker] -= 1
                 self._next += 1
                 self._dispatch()
                 if item is _END:
@@ -337,6 +341,7 @@ class _MultiProcessIter(_LoaderIter):
         epoch, task = tag
         if epoch != self._epoch:
             return  # an abandoned iteration's batch (persistent workers): its slot is free
+        self._held[worker] += 1
         if kind == "batch":
             self._done[task] = message[3]
         elif kind == "error":

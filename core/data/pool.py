@@ -109,6 +109,10 @@ class WorkerPool:
         """The number of workers."""
         return len(self.procs)
 
+    def slots_opened(self) -> int:
+        """How many shared-memory slots the workers were asked to open, in all."""
+        return sum(self._next_slot)
+
     def pids(self) -> list[int]:
         """The workers' process ids."""
         return [p.pid for p in self.procs]

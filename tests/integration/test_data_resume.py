@@ -71,3 +71,27 @@ def test_a_killed_data_worker_then_a_resume_at_three_ranks_reads_the_epoch_once(
     assert set(counts.values()) == {1}, {i: c for i, c in counts.items() if c != 1}
     # the next epoch, wholly at 3 ranks, is one permutation of the dataset as well
     assert sorted(consumed(second.output, 1)) == list(range(SIZE))
+
+
+def test_a_loader_in_elastic_state_resumes_mid_epoch_through_a_checkpoint(tmp_path):
+    from shoal.core import data
+    from shoal.elastic.checkpoint import Checkpointer
+    from shoal.elastic.state import State
+
+    def loader():
+        return data.DataLoader(range(40), batch_size=4, shuffle=True, num_workers=1,
+                               generator=data.Generator(3))
+
+    whole = [b.data.tolist() for b in loader()]
+    first = loader()
+    state = State(checkpointer=Checkpointer(str(tmp_path)), rank=0, rng=False, loader=first,
+                  step=0)
+    it = iter(first)
+    head = [next(it).data.tolist() for _ in range(3)]
+    state.step = 3
+    state.commit()  # in memory and on disk; the loader's state is ints and a uint32 array
+    again = loader()
+    restored = State(checkpointer=Checkpointer(str(tmp_path)), rank=0, rng=False, loader=again,
+                     step=0)
+    assert restored.load() == 3
+    assert head + [b.data.tolist() for b in again] == whole

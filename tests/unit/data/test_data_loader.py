@@ -227,3 +227,24 @@ def test_pin_memory_without_a_gpu_warns_and_keeps_the_batch(recwarn):
         pytest.skip("this machine has a CUDA device (tests/gpu covers pinning)")
     batches = list(data.DataLoader(range(4), batch_size=2, pin_memory=True))
     assert [b.data.tolist() for b in batches] == [[0, 1], [2, 3]]
+
+
+def test_a_batch_kept_by_the_loop_is_never_overwritten_and_freed_slots_are_reused():
+    class Big(data.Dataset):
+        def __len__(self):
+            return 40
+
+        def __getitem__(self, i):
+            return np.full(1 << 16, i, np.float32)  # 256 KiB: through shared memory
+
+    loader = data.DataLoader(Big(), batch_size=2, num_workers=1)
+    it = iter(loader)
+    kept = next(it)
+    for k in range(1, 20):  # not enumerate(it): its cached tuple would keep the last batch
+        batch = next(it)
+        assert batch.data[:, -1].tolist() == [2 * k, 2 * k + 1]
+        del batch  # freed: its slot goes back to the worker
+    assert kept.data[:, 0].tolist() == [0, 1] and kept.data[:, -1].tolist() == [0, 1]
+    # the kept batch pins one slot; the others cycle through prefetch_factor more, plus the one
+    # being handed out while the next task is sent
+    assert it.pool.slots_opened() <= 1 + loader.prefetch_factor + 1
