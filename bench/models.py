@@ -147,7 +147,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--compare", action="store_true", help="require and run the torch peer")
     parser.add_argument("--breakdown", action="store_true", help="per-phase medians too")
+    parser.add_argument("--malloc-default", "--malloc_default", action="store_true",
+                        help="leave glibc's trim/mmap thresholds alone (core.retain_freed_memory)")
     args = parser.parse_args(argv)
+    if not args.malloc_default:
+        # Both sides share this process's malloc, so both gain from reusing freed memory.
+        core.retain_freed_memory()
     try:
         import torch as torch_mod  # noqa: PLC0415 - the peer is optional
 

@@ -37,6 +37,7 @@ from shoal.core.ops.creation import (
     zeros_like,
 )
 from shoal.core.ops.interop import DLPackError, from_dlpack, to_dlpack
+from shoal.core.ops.alloc import retain_freed_memory
 from shoal.core.ops.linalg import matmul
 from shoal.core.ops.random import initial_seed, manual_seed
 from shoal.core.ops.reduce import (

@@ -6,11 +6,12 @@
 The text is the standard library's `pydoc_data/topics.py` (the `help()` topics, about 460 KB
 of English documentation); its last tenth is held out. Every --log-every steps rank 0 prints
 the step, samples/s, the training loss and the held-out loss in bits per character (each rank
-evaluates half of the held-out windows). Rank 0 checkpoints every --checkpoint-every steps to
+evaluates half of the held-out windows). Training windows come through core.data's DataLoader
+with collectives' DistributedSampler, whose state is checkpointed. Rank 0 checkpoints every --checkpoint-every steps to
 --checkpoint-dir or SHOAL_CHECKPOINT_DIR; every rank resumes from the latest checkpoint when it
 starts. At the end rank 0 prints a generated sample and writes a loss-curve PNG (with
-matplotlib, the `models` extra; without it, one line says so). Each rank's batch at step s
-depends only on (seed, s, rank), so a resumed run ends with the parameters of an unbroken one.
+matplotlib, the `models` extra; without it, one line says so). The loader resumes where the
+checkpoint left it, so a resumed run ends with the parameters of an unbroken one.
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from typing import Any, Iterator
 
 import numpy as np
 
 from shoal import core
 from shoal.core import nn
+from shoal.core.data import DataLoader, Dataset
 from shoal.core.nn import functional as F
 
 LN2 = math.log(2.0)
@@ -102,19 +105,38 @@ class CharData:
         """Characters for ids."""
         return "".join(self.chars[int(i)] for i in ids)
 
-    def batch(self, seed: int, step: int, rank: int, batch_size: int, context: int) -> tuple:
-        """Rank `rank`'s (inputs, next-character targets) at `step`: random training windows."""
-        rng = np.random.default_rng([seed, step, rank])
-        starts = rng.integers(0, len(self.train) - context - 1, size=batch_size)
-        window = starts[:, None] + np.arange(context + 1)
-        chunk = self.train[window]
-        return chunk[:, :-1], chunk[:, 1:]
+    def windows(self, context: int) -> "Windows":
+        """Every training window of `context` characters, as a map-style dataset."""
+        return Windows(self.train, context)
 
     def held_out_windows(self, count: int, context: int) -> tuple:
         """`count` evenly spaced held-out windows (the same every evaluation)."""
         starts = np.linspace(0, len(self.held_out) - context - 1, count).astype(np.int64)
         chunk = self.held_out[starts[:, None] + np.arange(context + 1)]
         return chunk[:, :-1], chunk[:, 1:]
+
+
+class Windows(Dataset):
+    """Sample i: (characters i..i+T-1, the characters after each), T = context."""
+
+    def __init__(self, ids: np.ndarray, context: int) -> None:
+        self.ids = ids
+        self.context = context
+
+    def __len__(self) -> int:
+        return len(self.ids) - self.context - 1
+
+    def __getitem__(self, index: int) -> tuple:
+        chunk = self.ids[index : index + self.context + 1]
+        return chunk[:-1], chunk[1:]
+
+
+def batches(loader: DataLoader, sampler: Any, epoch: int) -> Iterator:
+    """The loader's batches forever, moving the sampler to the next epoch at each end."""
+    while True:
+        sampler.set_epoch(epoch)
+        yield from loader
+        epoch += 1
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -226,12 +248,18 @@ def write_plot(path: str, history: list, unigram: float) -> str:
 def main(argv=None) -> int:
     args = parse_args(argv)
     started = time.perf_counter()
+    core.retain_freed_memory()  # reuse freed activations instead of page-faulting anew
     group = init_distributed()
     rank, world = group.rank(), group.size()
+    from shoal.collectives import DistributedSampler  # noqa: PLC0415
     from shoal.collectives.ddp.ddp import DistributedDataParallel  # noqa: PLC0415
     from shoal.elastic.checkpoint import Checkpointer  # noqa: PLC0415
 
     data = CharData(load_text())
+    train_set = data.windows(args.context)
+    # torch's recipe: each rank reads its share of one shuffled order of all training windows.
+    sampler = DistributedSampler(train_set, shuffle=True, seed=args.seed, drop_last=True)
+    loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, drop_last=True)
     core.manual_seed(args.seed)
     model = GPT(data.vocab_size, args.context, args.d_model, args.layers, args.heads)
     net = DistributedDataParallel(model, process_group=group)
@@ -249,7 +277,7 @@ def main(argv=None) -> int:
 
     directory = args.checkpoint_dir or os.environ.get("SHOAL_CHECKPOINT_DIR")
     checkpointer = Checkpointer(directory, keep=2) if directory else None
-    start, history = 0, []
+    start, history, epoch = 0, [], 0
     loaded = checkpointer.load_latest() if checkpointer is not None else None
     if loaded is not None:
         start, state = loaded
@@ -257,14 +285,17 @@ def main(argv=None) -> int:
         opt.load_state_dict(state["optim"])
         sched.load_state_dict(state["sched"])
         history = state["history"]
+        loader.load_state_dict(state["loader"])
+        epoch = int(state["loader"]["sampler"]["epoch"])
         if rank == 0:
             print(f"resumed from step {start}", flush=True)
 
     tick, seen, loss_sum, loss_n = time.perf_counter(), 0, 0.0, 0
+    stream = batches(loader, sampler, epoch)
     for step in range(start, total):
-        x, y = data.batch(args.seed, step, rank, args.batch_size, args.context)
-        logits = net(core.tensor(x))
-        loss = F.cross_entropy(logits.reshape(-1, data.vocab_size), core.tensor(y.reshape(-1)))
+        x, y = next(stream)
+        logits = net(x)
+        loss = F.cross_entropy(logits.reshape(-1, data.vocab_size), y.reshape(-1))
         opt.zero_grad()
         loss.backward()
         nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -286,6 +317,7 @@ def main(argv=None) -> int:
             checkpointer.save(done, {
                 "model": {k: v.data.copy() for k, v in model.state_dict().items()},
                 "optim": opt.state_dict(), "sched": sched.state_dict(), "history": history,
+                "loader": loader.state_dict(),
             })
         if args.stop_after is not None and done >= args.stop_after:
             if rank == 0:

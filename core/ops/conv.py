@@ -84,6 +84,24 @@ def scatter_windows_nhwc(
     return out
 
 
+def _input_grad_stride1(g: Any, wd: Any, pad: tuple, size: tuple, dil: tuple) -> Any:
+    """dL/dx of a stride-1 convolution as one more im2col GEMM (a full convolution of the
+    output gradient with the flipped kernel), cheaper than scattering kh*kw window gradients.
+
+    g is (N, Ho, Wo, O) channels-last; returns (N, H, W, C) channels-last.
+    """
+    xp = xp_of(g)
+    n, ho, wo, o = g.shape
+    _, c, kh, kw = wd.shape
+    eh, ew = dil[0] * (kh - 1), dil[1] * (kw - 1)
+    gfull = xp.zeros((n, ho + 2 * eh, wo + 2 * ew, o), dtype=g.dtype)
+    gfull[:, eh : eh + ho, ew : ew + wo, :] = g
+    # Row y of the input sits at padded row y + pad[0]: start the windows there.
+    cols = windows_nhwc(gfull[:, pad[0] :, pad[1] :, :], kh, kw, size[0], size[1], (1, 1), dil)
+    flipped = wd[:, :, ::-1, ::-1].transpose(2, 3, 0, 1).reshape(kh * kw * o, c)
+    return (cols.reshape(n * size[0] * size[1], kh * kw * o) @ flipped).reshape(n, size[0], size[1], c)
+
+
 def _padding(padding: Any, kernel: tuple, stride: tuple, dilation: tuple, op: str) -> tuple:
     """((top, bottom), (left, right)) from an int, a pair, 'valid' or 'same' (torch's rules)."""
     if isinstance(padding, str):
@@ -239,6 +257,12 @@ def _conv(
         if bias is not None and bias.requires_grad:
             gb = g2.sum(axis=0)
         if needs_grad(x):
+            if groups == 1 and st == (1, 1):
+                gx = _input_grad_stride1(g2.reshape(n, ho, wo, o), wd, (pt, pl), (h, w), dil)
+                gx = gx.transpose(0, 3, 1, 2)
+                if spatial == 1:
+                    gx = gx[:, :, 0, :]
+                return (gx if batched else gx[0]), gw, gb
             if groups == 1:
                 gcols = g2 @ w2
             else:
