@@ -113,6 +113,7 @@ SOCKET_BUFFER_BYTES = 256 * KiB
 FIRST_BUCKET_BYTES = 1 * MiB  # shoal's DDP, as torch's
 BUCKET_BYTES = 25 * MiB
 PEER_TIMEOUT_S = 60.0
+CALIBRATION_BYTES = 4 * KiB  # shoal's own per-message work is measured at this size
 
 PINGPONG_SIZES = (64, 1 * KiB, 4 * KiB, 16 * KiB, 64 * KiB)
 STREAM_SIZES = (16 * KiB, 64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB)
@@ -158,9 +159,12 @@ class Link:
     o: float
     beta: float
     wire: float = 0.0
+    sw: float = 0.0  # shoal's own work per message (headers, checks, bookkeeping)
 
-    def latency(self, spin: bool) -> float:
-        return self.a_spin if spin else self.a_block
+    def latency(self, spin: bool, data: bool = True) -> float:
+        """A message's cost before its bytes: its latency, and shoal's work on a data message
+        (a barrier's headers measured as cheap as the raw exchange)."""
+        return (self.a_spin if spin else self.a_block) + (self.sw if data else 0.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,19 +191,80 @@ class Machine:
 
     cores: Optional[int]
     one_machine: bool
-    busy: bool = False  # other work keeps the cores busy: shoal stops polling
-
+    background: float = 0.0  # runnable tasks of other work, on average
 
     def k(self, hosts: int, local: int) -> float:
         if self.cores is None:
             return 1.0
         procs = hosts * local if self.one_machine else local
-        return contention(procs, self.cores)
+        return contention(procs + self.background, self.cores)
 
     def spin(self, world: int) -> bool:
         # collectives.env.spin_seconds: poll only when every rank of the group has a core,
-        # and (the tcp group's load check) while the machine's load leaves a core spare.
-        return self.cores is None or (world <= self.cores and not self.busy)
+        # and (the tcp group's load check) while the load, its own ranks' included, stays
+        # under 1.5 C.
+        if self.cores is None:
+            return True
+        return world <= self.cores and world + self.background <= 1.5 * self.cores
+
+
+class LoadSampler:
+    """The average number of runnable tasks that are not this process or its descendants,
+    sampled ten times a second while in use (`with LoadSampler() as s: ...; s.background`).
+
+    The machine is shared: other work's runnable tasks take cores from ours just as our own
+    ranks do, so they enter the contention factor k = max(1, (P + B) / C)."""
+
+    INTERVAL_S = 0.1
+
+    def __init__(self):
+        self._samples: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "LoadSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(5.0)
+
+    @property
+    def background(self) -> float:
+        return statistics.fmean(self._samples) if self._samples else 0.0
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.INTERVAL_S):
+            try:
+                self._samples.append(self.sample())
+            except OSError:
+                pass
+
+    @staticmethod
+    def sample() -> int:
+        """Runnable tasks now (/proc/loadavg), less ours in state R and the sampler itself."""
+        with open("/proc/loadavg") as f:
+            running = int(f.read().split()[3].split("/")[0])
+        children: dict[int, list[int]] = {}
+        state: dict[int, str] = {}
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            pid = int(entry.name)
+            state[pid] = fields[0]
+            children.setdefault(int(fields[1]), []).append(pid)
+        ours, todo = 0, [os.getpid()]
+        while todo:
+            pid = todo.pop()
+            ours += state.get(pid) == "R"
+            todo.extend(children.get(pid, ()))
+        return max(0, running - max(1, ours))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,7 +290,7 @@ class Model:
 
     def _barrier(self, local, k, spin) -> float:
         unix = self.links["unix"]
-        return k * (local - 1) * (unix.latency(spin) + unix.o)
+        return k * (local - 1) * (unix.latency(spin, data=False) + unix.o)
 
     def one_host(self, nbytes, local, machine: Machine, hosts_here: int = 1) -> float:
         """shoal's same-host all_reduce of `local` ranks: direct over unix for small messages,
@@ -437,6 +502,30 @@ def _memory_pair(reps: int) -> dict:
     return result
 
 
+def _shoal_calls(rank: int, port: int, reps: int) -> dict:
+    """Median seconds of a barrier (an exchange of headers) and of a 4 KiB all_reduce (an
+    exchange of headers and data) in a 2-rank shoal tcp group on unix links, receivers
+    sleeping (SHOAL_SPIN_US=0), each call right after the last."""
+    import shoal.collectives as dist
+
+    group = dist.init_process_group("tcp", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                    world_size=2, timeout=PEER_TIMEOUT_S)
+    data = np.zeros(CALIBRATION_BYTES // 4, np.float32)
+    result = {}
+    for key, call in (("barrier", group.barrier), ("all_reduce", lambda: group.all_reduce(data))):
+        for _ in range(50):
+            call()
+        times = []
+        for _ in range(reps * 100):
+            t0 = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - t0)
+        result[key] = statistics.median(times)
+    group.barrier()
+    dist.destroy_process_group()
+    return result
+
+
 def _peer_main(argv: list[str]) -> int:
     """Hidden entry point for the processes of a measurement (`--peer ROLE ...`)."""
     role = argv[0]
@@ -464,6 +553,10 @@ def _peer_main(argv: list[str]) -> int:
             sock = socket.create_connection((address, int(port)), timeout=PEER_TIMEOUT_S)
         _tune(sock)
         print(json.dumps(_drive(sock, reps)), flush=True)
+        return 0
+    if role == "shoal-calls":  # shoal-calls RANK PORT REPS: rank 0 prints JSON timings
+        rank, port, reps = int(argv[1]), int(argv[2]), int(argv[3])
+        print(json.dumps(_shoal_calls(rank, port, reps)), flush=True)
         return 0
     if role == "memory":  # memory REPS
         print(json.dumps(_memory_pair(int(argv[1]))), flush=True)
@@ -504,6 +597,29 @@ def _run_pair(serve_prefix: list, drive_prefix: list, family: str, address: str,
         if server.poll() is None:
             server.kill()
             server.wait(10)
+
+
+def _run_shoal_calls(reps: int) -> dict:
+    """Both ranks of `_shoal_calls`, as subprocesses; rank 0's timings."""
+    with socket.socket() as probe:  # a free port for rank 0's store
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = dict(os.environ, SHOAL_LOCAL_TRANSPORT="unix", SHOAL_SPIN_US="0", PYTHONPATH=str(ROOT))
+    env.setdefault("SHOAL_AUTH_TOKEN", uuid.uuid4().hex)
+    procs = [subprocess.Popen(_peer_argv() + ["shoal-calls", str(r), str(port), str(reps)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for r in range(2)]
+    try:
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+    if any(p.returncode for p in procs):
+        raise RuntimeError("the shoal calls measurement failed: "
+                           + " | ".join(err[-1500:] for _, err in outs))
+    return _last_json(outs[0][0])
 
 
 def fit_link(timings: dict) -> Link:
@@ -552,46 +668,67 @@ def _veth_hosts():
     return Hosts(2), None
 
 
-def measure(reps: int) -> tuple[Model, dict]:
-    """Every fit; returns the model and the raw medians."""
-    raw, links = {}, {}
+def measure(reps: int, cores: int) -> tuple[Model, dict]:
+    """Every fit, corrected for other work's load; returns the model and the raw figures."""
+    raw, links, loads = {}, {}, {}
     for name, family, address in (("unix", "unix", ""), ("tcp_lo", "tcp", "127.0.0.1")):
-        raw[name] = _run_pair([], [], family, address, reps)
+        with LoadSampler() as load:
+            raw[name] = _run_pair([], [], family, address, reps)
+        loads[name] = load.background
         links[name] = fit_link(raw[name])
     made, reason = _veth_hosts()
     if made is None:
         print(f"veth: not measured ({reason}); tcp_lo's figures stand in for it")
         links["veth"] = links["tcp_lo"]
     else:
-        with made as hosts:
+        with made as hosts, LoadSampler() as load:
             raw["veth"] = _run_pair(hosts[0].command([]), hosts[1].command([]), "tcp",
                                     hosts[0].address, reps)
+        loads["veth"] = load.background
         links["veth"] = fit_link(raw["veth"])
-    done = subprocess.run(_peer_argv() + ["memory", str(reps)], capture_output=True, text=True,
-                          timeout=300)
+    with LoadSampler() as load:
+        done = subprocess.run(_peer_argv() + ["memory", str(reps)], capture_output=True,
+                              text=True, timeout=300)
     if done.returncode != 0:
         raise RuntimeError(f"the memory measurement failed: {done.stderr[-2000:]}")
     raw["memory"] = _last_json(done.stdout)
-    return Model(links, fit_memory(raw["memory"], last_level_cache_bytes())), raw
+    loads["memory"] = load.background
+    memory = fit_memory(raw["memory"], last_level_cache_bytes())
+    with LoadSampler() as load:
+        raw["shoal_calls"] = _run_shoal_calls(reps)
+    loads["shoal"] = load.background
+    # shoal's own work per data message: its 2-rank 4 KiB all_reduce (one message each way)
+    # beyond what the raw unix exchange of that message and its reduction cost.
+    unix = links["unix"]
+    raw_exchange = (unix.a_block + unix.o
+                    + CALIBRATION_BYTES * (unix.beta + memory.rates(4 * CALIBRATION_BYTES)[1]))
+    sw = max(0.0, raw["shoal_calls"]["all_reduce"] - raw_exchange)
+    links = {name: dataclasses.replace(link, sw=sw) for name, link in links.items()}
+    raw["background"] = loads
+    return Model(links, memory), raw
 
 
 def _gbps(per_byte: float) -> str:
     return f"{1 / per_byte / 1e9:.2f}" if per_byte > 0 else "inf"
 
 
-def print_fits(model: Model, cores: int) -> None:
-    print(f"fitted on this machine ({cores} cores; least squares, weights 1/t, medians):")
+def print_fits(model: Model, cores: int, loads: dict) -> None:
+    print(f"fitted on this machine ({cores} cores; least squares, weights 1/t, medians); "
+          f"other work's runnable tasks meanwhile (B): "
+          + ", ".join(f"{name} {b:.1f}" for name, b in loads.items()))
     print(f"  {'path':<8} {'a_block us':>10} {'a_spin us':>10} {'o us':>7} {'beta ns/B':>10} "
           f"{'GB/s':>6}")
     for name, p in model.links.items():
         print(f"  {name:<8} {p.a_block * 1e6:>10.1f} {p.a_spin * 1e6:>10.1f} {p.o * 1e6:>7.1f} "
               f"{p.beta * 1e9:>10.3f} {_gbps(p.beta):>6}")
+    print(f"  sw, shoal's own work per data message (its 2-rank 4 KiB all_reduce less the raw "
+          f"unix exchange): {model.links['unix'].sw * 1e6:.1f} us")
     m = model.memory
     print(f"  memory   copy {m.c_cache * 1e9:.3f} ns/B ({_gbps(m.c_cache)} GB/s) in cache, "
           f"{m.c_mem * 1e9:.3f} ({_gbps(m.c_mem)} GB/s) beyond; float32 add "
           f"{m.g_cache * 1e9:.3f} ({_gbps(m.g_cache)} GB/s) / {m.g_mem * 1e9:.3f} "
           f"({_gbps(m.g_mem)} GB/s); last-level cache {m.llc_bytes // MiB} MiB")
-    print(json.dumps({"bench": "scale_model", "row": "fit", "cores": cores,
+    print(json.dumps({"bench": "scale_model", "row": "fit", "cores": cores, "background": loads,
                       "memory": {k: v for k, v in dataclasses.asdict(m).items()},
                       "links": {n: dataclasses.asdict(p) for n, p in model.links.items()}}))
 
@@ -622,10 +759,9 @@ def _allreduce_rows(args: Sequence[str], timeout: float) -> list[dict]:
 def predictions_for(row: dict, model: Model, cores: int,
                     background: float = 0.0) -> list[tuple[str, float, float]]:
     """(label, predicted s, measured s) for each shoal column of one bench/allreduce.py row;
-    `background` is the load average of other work before the run."""
+    `background`: other work's runnable tasks during the run (LoadSampler)."""
     nbytes = row["bytes"]
-    # A tcp group polls only while the load (its own ranks' included) stays under 1.5 C.
-    here = Machine(cores, one_machine=True, busy=background + row["world"] > 1.5 * cores)
+    here = Machine(cores, one_machine=True)
     out = []
     if "hosts" in row:  # --hosts HxL: every rank of every namespace on this machine's cores
         hosts, local = row["hosts"], row["per_host"]
@@ -664,14 +800,18 @@ def check(model: Model, cores: int, quick: bool) -> list[dict]:
     print()
     print(f"{'configuration':<24}{'size':>8} {'predicted ms':>13} {'measured ms':>12} {'error':>8}")
     for argv in runs:
-        background = os.getloadavg()[0]
         try:
-            rows = _allreduce_rows(argv, timeout=600)
+            with LoadSampler() as load:
+                rows = _allreduce_rows(argv, timeout=600)
         except (RuntimeError, subprocess.TimeoutExpired) as exc:
             print(f"  bench/allreduce.py {' '.join(argv)}: {exc}")
             continue
+        background = load.background
+        print(f"  (bench/allreduce.py {' '.join(argv[:2])}: other work's runnable tasks "
+              f"B = {background:.1f})")
         for row in rows:
-            for label, predicted, measured in predictions_for(row, model, cores, background):
+            for label, predicted, measured in predictions_for(row, model, cores,
+                                                              background):
                 error = (predicted - measured) / measured
                 results.append({"bench": "scale_model", "row": "check", "config": label,
                                 "bytes": row["bytes"], "predicted_ms": round(predicted * 1e3, 4),
@@ -705,7 +845,8 @@ def ddp_gradient_bytes() -> int:
 def cluster_link(model: Model) -> Link:
     """25 Gbit/s and 10 us; per-message and per-byte CPU costs of TCP as measured on veth."""
     veth = model.links["veth"]
-    return Link(LINK_LATENCY, LINK_LATENCY, veth.o, veth.beta, wire=1 / LINK_BANDWIDTH)
+    return Link(LINK_LATENCY, LINK_LATENCY, veth.o, veth.beta, wire=1 / LINK_BANDWIDTH,
+                sw=veth.sw)
 
 
 def predict(model: Model) -> list[dict]:
@@ -762,8 +903,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     t0 = time.monotonic()
     cores = os.cpu_count() or 1
-    model, _raw = measure(3 if args.quick else 7)
-    print_fits(model, cores)
+    model, raw = measure(5 if args.quick else 9, cores)
+    print_fits(model, cores, raw["background"])
     if not args.no_check:
         for row in check(model, cores, args.quick):
             print(json.dumps(row))
