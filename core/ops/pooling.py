@@ -6,7 +6,7 @@ from typing import Any
 
 from shoal.core.errors import ShapeError
 from shoal.core.ops._util import result, xp_of
-from shoal.core.ops.conv import pair, scatter_windows, windows
+from shoal.core.ops.conv import pair, scatter_windows, windows, windows_nhwc
 from shoal.core.tensor import Tensor
 
 
@@ -35,28 +35,43 @@ def max_pool2d(
     input: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0,  # noqa: A002
     dilation: Any = 1, ceil_mode: bool = False, return_indices: bool = False,
 ) -> Tensor:
-    """The maximum of each window (padding counts as -inf); the gradient goes to the argmax."""
+    """The maximum of each window (padding counts as -inf); the gradient goes to the first
+    maximum in the window's row-major order, as torch's."""
     if ceil_mode or return_indices:
         raise NotImplementedError("max_pool2d: ceil_mode and return_indices are not supported.")
     xd = input.data
     k, st, pd, dil, ho, wo = _geometry(xd, kernel_size, stride, padding, dilation, "max_pool2d")
     xp = xp_of(xd)
     x4 = xd if xd.ndim == 4 else xd[None]
-    pads = ((0, 0), (0, 0), (pd[0], pd[0]), (pd[1], pd[1]))
-    xpad = xp.pad(x4, pads, constant_values=-xp.inf) if pd != (0, 0) else x4
-    win = windows(xpad, k[0], k[1], ho, wo, st, dil)
-    flat = win.reshape(win.shape[:4] + (k[0] * k[1],))
-    arg = flat.argmax(axis=-1)
-    out = xp.take_along_axis(flat, arg[..., None], axis=-1)[..., 0]
+    n, c, h, w = x4.shape
+    # Channels-last, one pass per kernel position over output-sized arrays: no window copy.
+    x_nhwc = x4.transpose(0, 2, 3, 1)
+    if pd != (0, 0):
+        xpad = xp.full((n, h + 2 * pd[0], w + 2 * pd[1], c), -xp.inf, dtype=xd.dtype)
+        xpad[:, pd[0] : pd[0] + h, pd[1] : pd[1] + w, :] = x_nhwc
+    else:
+        xpad = x_nhwc
+    win = windows_nhwc(xpad, k[0], k[1], ho, wo, st, dil)
+    best = win[:, :, :, 0, 0, :].copy()
+    arg = xp.zeros(best.shape, dtype=xp.int16)
+    for t in range(1, k[0] * k[1]):
+        tap = win[:, :, :, t // k[1], t % k[1], :]
+        better = tap > best
+        xp.copyto(best, tap, where=better)
+        arg[better] = t
+    out = best.transpose(0, 3, 1, 2)
     if xd.ndim == 3:
         out = out[0]
 
     def backward(g: Any) -> tuple:
-        g4 = g if g.ndim == 4 else g[None]
-        onehot = (arg[..., None] == xp.arange(k[0] * k[1])) * g4[..., None]
-        gwin = onehot.reshape(win.shape)
-        gpad = scatter_windows(gwin, xpad.shape, st, dil, xd.dtype)
-        gx = gpad[:, :, pd[0] : pd[0] + x4.shape[2], pd[1] : pd[1] + x4.shape[3]]
+        g4 = (g if g.ndim == 4 else g[None]).transpose(0, 2, 3, 1)
+        gpad = xp.zeros(xpad.shape, dtype=xd.dtype)
+        for t in range(k[0] * k[1]):
+            i, j = divmod(t, k[1])
+            r0, c0 = i * dil[0], j * dil[1]
+            gpad[:, r0 : r0 + st[0] * (ho - 1) + 1 : st[0],
+                 c0 : c0 + st[1] * (wo - 1) + 1 : st[1], :] += xp.where(arg == t, g4, 0)
+        gx = gpad[:, pd[0] : pd[0] + h, pd[1] : pd[1] + w, :].transpose(0, 3, 1, 2)
         return (gx if xd.ndim == 4 else gx[0],)
 
     return result(out, "MaxPool2DBackward", backward, (input,))

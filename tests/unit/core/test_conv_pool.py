@@ -127,3 +127,12 @@ def test_layers_have_torch_defaults_and_keys():
     assert nn.AvgPool2d(2)(core.randn(1, 1, 4, 4)).shape == (1, 1, 2, 2)
     assert nn.AdaptiveAvgPool2d(1)(core.randn(2, 3, 5, 5)).shape == (2, 3, 1, 1)
     assert nn.MaxPool2d(2, 2)(core.randn(2, 3, 5, 5)).shape == (2, 3, 2, 2)
+
+
+def test_max_pool2d_ties_send_the_gradient_to_the_first_maximum_like_torch():
+    x = np.maximum(np.random.default_rng(9).standard_normal((2, 3, 6, 6)), 0.0)  # many zeros
+    x[0, 0, :2, :2] = 1.5  # a window of equal maxima
+    compare_with_torch(lambda t: F.max_pool2d(t, 2), lambda t: TF.max_pool2d(t, 2), x,
+                       atol=1e-12, rtol=1e-12)
+    compare_with_torch(lambda t: F.max_pool2d(t, 3, 1, 1), lambda t: TF.max_pool2d(t, 3, 1, 1), x,
+                       atol=1e-12, rtol=1e-12)
