@@ -517,15 +517,18 @@ class GraphTask:
                 heapq.heappush(self._heap, (-t.grad_fn.seq, t))
 
     def _drain(self) -> None:
-        heap = self._heap
+        # The delivery of _deliver, inlined: this loop is the distributed engine's hot path.
+        heap, pending, deps, sink = self._heap, self._pending, self._deps, self._sink
+        heappop, heappush = heapq.heappop, heapq.heappush
+        retain = self._retain
         while heap:
-            _, t = heapq.heappop(heap)
+            _, t = heappop(heap)
             node = t.grad_fn
-            entry = self._pending.pop(id(t), None)
+            entry = pending.pop(id(t), None)
             if entry is None:
                 grads: Any = (None,) * len(node.inputs)
                 owned = False
-                g = None
+                root_in = None
             else:
                 g, owned = entry
                 if t._hooks:
@@ -536,21 +539,48 @@ class GraphTask:
                 if fn is None:
                     raise _freed_error(node._name)
                 grads = fn(g)
-                if not self._retain:
+                if not retain:
                     node.backward_fn = None
-            root_in = None if g is None else _root(g)
+                root_in = _root(g)
             seen: list = []
             for inp, gi in zip(node.inputs, grads):
                 if inp is None or not inp.requires_grad:
                     continue
-                own = False
+                k = id(inp)
                 if gi is not None:
                     r = _root(gi)
                     if r is root_in:
                         own, owned = owned, False
                     else:
-                        own = not any(s is r for s in seen)
+                        own = True
+                        for s_ in seen:
+                            if s_ is r:
+                                own = False
+                                break
                         seen.append(r)
-                self._deliver(inp, gi, own)
-            if not self._retain:
+                    prev_entry = pending.get(k)
+                    if prev_entry is None:
+                        pending[k] = [gi, own]
+                    else:
+                        prev = prev_entry[0]
+                        if prev_entry[1] and _contiguous_owned(prev) and prev.shape == gi.shape:
+                            prev += gi
+                        else:
+                            prev_entry[0], prev_entry[1] = prev + gi, True
+                n = deps[k] - 1
+                deps[k] = n
+                if n == 0:
+                    fn_in = inp.grad_fn
+                    if fn_in is not None:
+                        heappush(heap, (-fn_in.seq, inp))
+                    else:
+                        leaf_entry = pending.pop(k, None)
+                        if leaf_entry is None:
+                            sink(inp, None, False)
+                        else:
+                            gl, ol = leaf_entry
+                            if inp._hooks:
+                                gl, ol = _run_hooks(inp, gl, ol)
+                            sink(inp, gl, ol)
+            if not retain:
                 node.inputs = ()

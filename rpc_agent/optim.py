@@ -9,7 +9,6 @@ from typing import Any
 from shoal.rpc_agent import _current
 from shoal.rpc_agent.api import RpcError
 from shoal.rpc_agent.dist_autograd import engine as dist_engine
-from shoal.rpc_agent.futures import Future
 from shoal.rpc_agent.rref import RRef
 
 
@@ -93,14 +92,20 @@ class DistributedOptimizer:
             DistributedOptimizerError: an owner's step failed; names the worker and context.
         """
         agent = _current.get()
-        futures: list[Future] = [
+        me = agent.info.id
+        futures: list = [
             agent.call(owner, _local_step, (rref, context_id), None, None, "async")
+            if owner.id != me else None
             for owner, rref in zip(self._owners, self.remote_optimizers)
         ]
         failure = None
-        for owner, fut in zip(self._owners, futures):
+        # This worker's own optimizer steps in this thread while the others' calls run.
+        for owner, rref, fut in zip(self._owners, self.remote_optimizers, futures):
             try:
-                fut.wait()
+                if fut is None:
+                    _local_step(rref, context_id)
+                else:
+                    fut.wait()
             except Exception as exc:  # noqa: BLE001  (every owner finishes; the first re-raised)
                 if failure is None:
                     failure = (owner, exc)

@@ -16,12 +16,12 @@ One pass, on every worker the context touched:
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import itertools
 import logging
 import threading
 import time
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 from shoal.core.autograd import GraphTask
 from shoal.core.tensor import Tensor
@@ -41,40 +41,51 @@ _pass_counter = itertools.count(1)
 
 # ----------------------------------------------------------------------------- context
 
-@contextlib.contextmanager
-def context() -> Iterator[int]:
-    """A distributed autograd context: yields its id; calls made inside the block record the
-    graph across workers. On exit the context ends on every worker it touched."""
-    agent = _current.get()
-    outer = getattr(_context_local, "context_id", None)
-    if outer is not None and container.get(outer) is not None:
-        raise DistAutogradError(
-            f"This thread already has distributed autograd context {outer}; contexts do not "
-            "nest."
-        )
-    ctx = container.new_context(agent.info.id)
-    try:
-        with _context_id(ctx.context_id):
-            yield ctx.context_id
-    finally:
-        _release_everywhere(agent, ctx.context_id)
+class context:  # noqa: N801  (torch's name)
+    """A distributed autograd context: `with context() as context_id:`; calls made inside the
+    block record the graph across workers. On exit the context ends on every worker it
+    touched. (A class rather than a generator: it sits on every training step's path.)"""
+
+    __slots__ = ("_agent", "_cid", "_outer")
+
+    def __enter__(self) -> int:
+        agent = _current.get()
+        outer = getattr(_context_local, "context_id", None)
+        if outer is not None and container.get(outer) is not None:
+            raise DistAutogradError(
+                f"This thread already has distributed autograd context {outer}; contexts do "
+                "not nest."
+            )
+        self._agent, self._outer = agent, outer
+        cid = self._cid = container.new_context(agent.info.id).context_id
+        _context_local.context_id = cid
+        return cid
+
+    def __exit__(self, *exc: object) -> None:
+        _context_local.context_id = self._outer
+        _release_everywhere(self._agent, self._cid)
 
 
 def _release_everywhere(agent, cid: int) -> None:
+    """End the context here at once and on its peers asynchronously, as torch does: the
+    releases are calls like any other (graceful shutdown waits for them), and a failure is
+    logged, never raised into the training loop."""
     ctx = container.release(cid)
     if ctx is None:
         return
-    futures = _forward_release(agent, ctx, origin=None)
-    timeout = agent.default_timeout_or_none()
-    for fut in futures:
-        try:
-            fut.wait(timeout)
-        except Exception as exc:  # noqa: BLE001  (exit must not mask the block's own error)
-            logger.warning("Ending distributed autograd context %d on a peer failed: %s",
-                           cid, exc)
+    for fut in _forward_release(agent, ctx, origin=None):
+        fut.add_done_callback(functools.partial(_log_release_failure, cid))
+
+
+def _log_release_failure(cid: int, fut: Future) -> None:
+    if fut.exception() is not None:
+        logger.warning("Ending distributed autograd context %d on a peer failed: %s",
+                       cid, fut.exception())
 
 
 def _forward_release(agent, ctx, origin: Optional[int]) -> list:
+    if not ctx.peers:
+        return []
     me = agent.info.id
     with _context_id(None):
         return [agent.call(peer, _release_remote, (ctx.context_id, me), None, None, "async")
@@ -173,6 +184,8 @@ class _Pass:
 
     def flush(self) -> list:
         """Send what finished, one message per peer; their Futures."""
+        if not self.outbox:
+            return []
         outbox, self.outbox = self.outbox, {}
         me = self.agent.info.id
         with _context_id(None):
@@ -184,8 +197,9 @@ class _Pass:
             ]
 
     def finish_if_done(self) -> None:
-        if not self.task.done:
+        if self.task is None or not self.task.done:
             return
+        self.task = None  # it holds our bound _sink: no cycle left for the collector
         for leaf, previous in self.shown.values():
             leaf.grad = previous
         self.shown.clear()
@@ -216,15 +230,18 @@ def _begin(agent, ctx, pass_id: tuple, retain_graph: bool, origin: Optional[int]
         )
     state = _Pass(agent, ctx, pass_id, retain_graph, list(roots))
     ctx.passes[pass_id] = state
-    me = agent.info.id
-    with _context_id(None):
-        futures = [
-            agent.call(peer, _begin_remote, (ctx.context_id, pass_id, retain_graph, me),
-                       None, None, "async")
-            for peer in sorted(ctx.peers) if peer not in (me, origin)
-        ]
     state.start(list(roots))
-    futures += state.flush()
+    # A peer that gets gradients now begins on their arrival: only the others need a begin.
+    informed = set(state.outbox)
+    futures = state.flush()
+    me = agent.info.id
+    if ctx.peers:
+        with _context_id(None):
+            futures += [
+                agent.call(peer, _begin_remote, (ctx.context_id, pass_id, retain_graph, me),
+                           None, None, "async")
+                for peer in sorted(ctx.peers) if peer not in (me, origin) and peer not in informed
+            ]
     state.finish_if_done()
     return state, futures
 
@@ -318,8 +335,9 @@ def backward(context_id: int, roots: Any, retain_graph: bool = False) -> None:
     try:
         with ctx.lock:
             state, futures = _begin(agent, ctx, pass_id, bool(retain_graph), None, roots)
-        _all_ok(futures).wait()
-        if not state.task.done:
+        if futures:
+            _all_ok(futures).wait()
+        if state.task is not None:
             raise DistAutogradError(
                 f"The backward pass of distributed autograd context {cid} ended on worker "
                 f"{agent.info.name!r} with send functions that never received a gradient."

@@ -28,7 +28,14 @@ def init_params() -> None:
     _PARAMS["w"] = core.Tensor(_values(100 + rank, (4, 4)), requires_grad=True)
 
 
-def live_contexts() -> int:
+def live_contexts(timeout: float = 10.0) -> int:
+    """This worker's live contexts once the releases in flight have landed (contexts end on
+    peers asynchronously, as in torch); polls the count, bounded by `timeout`."""
+    import time  # noqa: PLC0415
+
+    deadline = time.monotonic() + timeout
+    while dist_autograd.live_context_count() and time.monotonic() < deadline:
+        time.sleep(0.005)
     return dist_autograd.live_context_count()
 
 
