@@ -39,7 +39,8 @@ def _world(num_replicas: Optional[int], rank: Optional[int]) -> tuple[int, int]:
     if num_replicas < 1:
         raise ValueError(f"num_replicas must be at least 1, got {num_replicas}")
     if not 0 <= rank < num_replicas:
-        raise ValueError(f"Invalid rank {rank}, rank should be in the interval [0, {num_replicas - 1}]")
+        raise ValueError(
+            f"Invalid rank {rank}, rank should be in the interval [0, {num_replicas - 1}]")
     return int(num_replicas), int(rank)
 
 

@@ -90,8 +90,10 @@ class DataLoader:
         self.batch_size, self.drop_last = batch_size, bool(drop_last)
         self.sampler, self.batch_sampler = sampler, batch_sampler
         self.num_workers, self.prefetch_factor = num_workers, prefetch_factor
-        self.auto_collation = batch_sampler is not None or (self.iterable and batch_size is not None)
-        self.collate_fn = collate_fn or (default_collate if self.auto_collation else default_convert)
+        self.auto_collation = (batch_sampler is not None
+                               or (self.iterable and batch_size is not None))
+        self.collate_fn = collate_fn or (default_collate if self.auto_collation
+                                         else default_convert)
         self.pin_memory, self.timeout = bool(pin_memory), float(timeout)
         self.worker_init_fn, self.multiprocessing_context = worker_init_fn, multiprocessing_context
         self.generator, self.persistent_workers = generator, bool(persistent_workers)
@@ -268,7 +270,8 @@ class _MultiProcessIter(_LoaderIter):
             w = (self._turn + k) % pool.size
             # torch's bound: prefetch_factor batches per worker not yet handed out, whether
             # still in the worker (ours or an abandoned iteration's) or received and waiting.
-            if pool.outstanding[w] + self._held[w] < pool.prefetch_factor and not self._exhausted[w]:
+            room = pool.outstanding[w] + self._held[w] < pool.prefetch_factor
+            if room and not self._exhausted[w]:
                 break
         else:
             return False

@@ -46,7 +46,8 @@ class TensorDataset(Dataset[tuple]):
             raise ValueError("TensorDataset needs at least one array")
         sizes = [_length(a) for a in arrays]
         if len(set(sizes)) != 1:
-            raise ValueError(f"TensorDataset needs arrays of one first dimension, got sizes {sizes}")
+            raise ValueError(
+                f"TensorDataset needs arrays of one first dimension, got sizes {sizes}")
         self.tensors = arrays
 
     def __getitem__(self, index: int) -> tuple:

@@ -179,7 +179,8 @@ class WorkerPool:
                     data = self.reader.unpack(worker, slot, header, path, layout, size, release)
                     message = ("batch", task, slot, data)
                 elif message[0] == "error":
-                    message = ("error", message[1], Failure(worker, self.procs[worker].pid, message))
+                    failure = Failure(worker, self.procs[worker].pid, message)
+                    message = ("error", message[1], failure)
                 out.append((worker, message))
         except (EOFError, ConnectionResetError, OSError) as exc:
             if not out:

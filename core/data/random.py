@@ -78,7 +78,8 @@ class Generator:
         if n < 0:
             raise ValueError(f"randperm needs n >= 0, got {n}")
         if n >= _MASK32 // 20:
-            raise ValueError(f"randperm supports n < {_MASK32 // 20} (torch's 32-bit path), got {n}")
+            raise ValueError(
+                f"randperm supports n < {_MASK32 // 20} (torch's 32-bit path), got {n}")
         perm = list(range(n))
         if n > 1:
             picks = (self.words(n - 1) % np.arange(n, 1, -1, dtype=np.uint64)).tolist()

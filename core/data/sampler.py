@@ -71,7 +71,8 @@ class RandomSampler(Sampler):
         self.generator = generator
         if not isinstance(self.num_samples, int) or self.num_samples <= 0:
             raise ValueError(
-                f"num_samples should be a positive integer value, but got num_samples={self.num_samples}"
+                "num_samples should be a positive integer value, but got "
+                f"num_samples={self.num_samples}"
             )
         self._resume: Optional[tuple[np.ndarray, int]] = None
         self._current: tuple[np.ndarray, int] = (np.zeros(0, np.uint32), 0)

@@ -9,8 +9,6 @@ import os
 import re
 import signal
 
-import pytest
-
 from tests.support.shoal_run import TRAIN_DDP, ShoalRun
 
 SIZE, BATCH, EVERY = 96, 2, 3  # 8 samples a step at 4 ranks, 6 at 3: resumable at steps 3k

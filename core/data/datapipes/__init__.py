@@ -17,7 +17,11 @@ from shoal.core.data.datapipes.iter import (
     Zipper,
 )
 from shoal.core.data.datapipes.map import MapDataPipe, SequenceWrapper
-from shoal.core.data.datapipes.sharding import apply_sharding, distributed_info, set_distributed_info
+from shoal.core.data.datapipes.sharding import (
+    apply_sharding,
+    distributed_info,
+    set_distributed_info,
+)
 
 __all__ = [
     "Batcher", "Collator", "Concater", "Cycler", "FileLister", "FileOpener", "Filter", "Header",

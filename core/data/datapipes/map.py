@@ -70,7 +70,8 @@ class MapBatcher(MapDataPipe):
         if not 0 <= index < len(self):
             raise IndexError(f"batch {index} is out of range for {len(self)} batches")
         start = index * self.batch_size
-        return [self.source[i] for i in range(start, min(start + self.batch_size, len(self.source)))]
+        stop = min(start + self.batch_size, len(self.source))
+        return [self.source[i] for i in range(start, stop)]
 
     def __len__(self) -> int:
         n = len(self.source)
