@@ -48,13 +48,19 @@ def batch_norm(
                 f"batch_norm: {name} of shape {tuple(t.shape)} does not match {c} channels of "
                 f"input {tuple(xd.shape)}."
             )
+    # Work on a (rows, C) channels-last matrix: contiguous per-channel reductions, and free
+    # when the input already lives channels-last (a conv's output does); the output keeps it.
+    shape = tuple(xd.shape)
+    moved = xp.moveaxis(xd, 1, -1)
+    xd = moved.reshape(-1, c)
+    axes, bshape = (0,), (1, c)
     if training:
         count_local = xd.size // c
         if reduce_sums is None:
             if count_local <= 1:
                 raise ValueError(
                     f"Expected more than 1 value per channel when training, got input size "
-                    f"{tuple(xd.shape)}"
+                    f"{shape}"
                 )
             mean = xd.mean(axis=axes)
             xc = xd - mean.reshape(bshape)
@@ -88,8 +94,10 @@ def batch_norm(
     out = xhat * wd.reshape(bshape) if wd is not None else xhat.copy()
     if bias is not None:
         out += bias.data.reshape(bshape)
+    out = xp.moveaxis(out.reshape(moved.shape), -1, 1)
 
     def backward(g: Any) -> tuple:
+        g = xp.moveaxis(g, 1, -1).reshape(-1, c)
         gx = gw = gb = None
         sum_g = g.sum(axis=axes)
         sum_gx = (g * xhat).sum(axis=axes)
@@ -109,6 +117,8 @@ def batch_norm(
                     tot_g, tot_gx = sum_g, sum_gx
                 gx = (g - (tot_g / count).reshape(bshape)
                       - xhat * (tot_gx / count).reshape(bshape)) * scale.reshape(bshape)
+        if gx is not None:
+            gx = xp.moveaxis(gx.reshape(moved.shape), -1, 1)
         return gx, None, None, gw, gb
 
     return result(out, "NativeBatchNormBackward", backward,
