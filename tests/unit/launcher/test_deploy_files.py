@@ -1,5 +1,6 @@
-"""deploy/: the worker manifest's command parses, Prometheus accepts its config, and the
-dashboard only charts metric families that shoal's packages declare."""
+"""deploy/: the Dockerfiles copy only paths that exist, Prometheus accepts its config, and the
+dashboard only charts metric families that shoal's packages declare. The Kubernetes manifests
+are checked rendered, in tests/integration/test_k8s_manifests.py and test_k8s_job_pods.py."""
 
 import json
 import os
@@ -10,53 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from shoal.launcher.flags import parse_run
-
 ROOT = Path(__file__).resolve().parents[3]
 DEPLOY = ROOT / "deploy"
 
 
-def _list_after(text: str, key: str) -> list[str]:
-    """The `- item` lines of the first YAML block list under `key:` (enough for our manifests)."""
-    lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.strip() == f"{key}:")
-    indent = None
-    items = []
-    for line in lines[start + 1:]:
-        stripped = line.strip()
-        if not stripped.startswith("- "):
-            break
-        current = len(line) - len(line.lstrip())
-        indent = current if indent is None else indent
-        if current != indent:
-            break
-        items.append(stripped[2:].strip().strip('"'))
-    return items
-
-
-def test_worker_statefulset_runs_shoal_with_etcd_and_elastic_node_counts(monkeypatch):
-    text = (DEPLOY / "kubernetes" / "workers.yaml").read_text()
-    args = _list_after(text, "args")
-    assert args[0] == "run"
-    monkeypatch.chdir(ROOT)  # the image's working directory holds the repository's files
-    settings = parse_run(args[1:], {})
-    assert settings.rdzv_backend == "etcd" and settings.rdzv_endpoints
-    assert settings.min_nodes < settings.max_nodes
-    assert settings.metrics_port == 9400
-    assert 'prometheus.io/scrape: "true"' in text and 'prometheus.io/port: "9400"' in text
-    assert "clusterIP: None" in text  # headless Service
-    assert "secretKeyRef" in text and "SHOAL_AUTH_TOKEN" in text
-    secret = (DEPLOY / "kubernetes" / "secret.yaml").read_text()
-    assert "name: shoal-auth" in secret and "kind: Secret" in secret
-    etcd = (DEPLOY / "kubernetes" / "etcd.yaml").read_text()
-    assert "kind: StatefulSet" in etcd and "kind: Service" in etcd
-
-
-def test_dockerfile_copies_only_paths_that_exist():
-    for line in (DEPLOY / "Dockerfile").read_text().splitlines():
+@pytest.mark.parametrize("name", ["Dockerfile", "Dockerfile.gpu"])
+def test_dockerfile_copies_only_paths_that_exist(name):
+    for line in (DEPLOY / name).read_text().splitlines():
         if line.startswith("COPY "):
             for source in line.split()[1:-1]:
-                assert (ROOT / source).exists(), f"Dockerfile copies missing path {source!r}"
+                assert (ROOT / source).exists(), f"{name} copies missing path {source!r}"
 
 
 def test_prometheus_accepts_the_config():
