@@ -255,7 +255,7 @@ class _MultiProcessIter(_LoaderIter):
         self._epoch = next(_iterations)  # tags this iteration's tasks (a reused pool's stale ones)
         if loader.iterable:
             for w in range(self.pool.size):
-                self.pool.send(w, ("reset",))
+                self.pool.send(w, ("reset", base_seed))
         try:
             while self._dispatch():
                 pass

@@ -102,9 +102,13 @@ class _Fetcher:
         self.spec = spec
         self._iterator = None
 
-    def reset(self) -> None:
-        if self.spec.iterable:
-            self._iterator = iter(self.spec.dataset)
+    def reset(self, seed: Optional[int] = None) -> None:
+        """Start the stream afresh (a DataPipe re-prepared with the iteration's seed)."""
+        spec = self.spec
+        if seed is not None and spec.prepare is not None:
+            spec.prepare(spec.dataset, spec.worker_id, spec.num_workers, seed)
+        if spec.iterable:
+            self._iterator = iter(spec.dataset)
 
     def fetch(self, indices: Optional[list]) -> Any:
         spec = self.spec
@@ -162,8 +166,8 @@ def _serve(conn: Any, fetcher: _Fetcher, writer: SlotWriter, parent_pid: int) ->
         kind = task[0]
         if kind == "stop":
             return
-        if kind == "reset":
-            fetcher.reset()
+        if kind == "reset":  # a new iteration over persistent workers
+            fetcher.reset(task[1])
             continue
         _, task_id, indices, slot = task
         try:

@@ -200,9 +200,9 @@ class UnBatcher(_OneSource):
 class Shuffler(_OneSource):
     """A buffered shuffle: each item waits in a buffer of buffer_size and leaves at random.
 
-    The seed is set_seed's, or what the DataLoader sets (its base seed, equal on every rank
-    and worker when the loader's generator is seeded alike); each new iteration draws the
-    next seed from it, so epochs differ and replay exactly.
+    The seed is set_seed's (a DataLoader sets its iteration's base seed, equal on every rank
+    and worker when the loader's generator is seeded alike); used alone, each new iteration
+    draws the next seed from the last, so epochs differ and replay exactly.
     """
 
     def __init__(self, source: IterDataPipe, buffer_size: int = 10000) -> None:
@@ -212,11 +212,6 @@ class Shuffler(_OneSource):
         self.buffer_size = buffer_size
         self._seed: Optional[int] = None
         self.iteration_seed: Optional[int] = None
-
-    @property
-    def seeded(self) -> bool:
-        """True once a seed is set (by set_seed, the loader, or a first iteration)."""
-        return self._seed is not None
 
     def set_seed(self, seed: int) -> "Shuffler":
         """Fix the seed of the next iteration."""

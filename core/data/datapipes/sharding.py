@@ -44,13 +44,15 @@ def apply_sharding(pipe: IterDataPipe, num_instances: int, instance_id: int) -> 
 
 
 def prepare_in_worker(pipe: Any, worker_id: int, num_workers: int, seed: int) -> None:
-    """What the DataLoader does to a pipe in each worker: shard it, and seed its shuffles alike.
+    """What the DataLoader does to a pipe before each iteration, in each worker: shard it, and
+    seed every shuffle with the iteration's base seed.
 
-    Every worker of every rank seeds its shuffles with the same `seed` (the loader's base seed
-    derives from its generator), so they agree on the order they then shard.
+    Every worker of every rank gets the same seed (the loader's base seed derives from its
+    generator), so they agree on the order they then shard, and a resumed loader, which
+    reuses the saved base seed, replays it; as in torch, the loader's seed overrides a pipe's.
     """
     rank, world = distributed_info()
     apply_sharding(pipe, world * num_workers, rank * num_workers + worker_id)
     for node in pipe.graph():
-        if isinstance(node, Shuffler) and not node.seeded:
+        if isinstance(node, Shuffler):
             node.set_seed(seed)

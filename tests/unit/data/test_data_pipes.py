@@ -173,3 +173,23 @@ def test_unbatch_deeper_than_the_batches_names_the_problem():
     with pytest.raises(IndexError, match="unbatch_level 2 exceeds the depth"):
         list(dp.IterableWrapper([[1, 2]]).unbatch(unbatch_level=2))
     assert np.array_equal(list(dp.IterableWrapper([[1, 2]]).unbatch()), [1, 2])
+
+
+@pytest.mark.parametrize("workers, persistent", [(0, False), (2, False), (2, True)])
+def test_a_pipe_resumed_in_a_later_epoch_replays_that_epochs_order(workers, persistent):
+    def loader():
+        return data.DataLoader(pipeline(24), batch_size=4, num_workers=workers,
+                               persistent_workers=persistent, generator=data.Generator(5))
+
+    reference = loader()
+    epochs = [[b.data.tolist() for b in reference] for _ in range(3)]
+    assert epochs[0] != epochs[1] != epochs[2]  # each epoch its own shuffle
+    first = loader()
+    list(first)
+    list(first)
+    it = iter(first)  # the third epoch, interrupted after two batches
+    head = [next(it).data.tolist() for _ in range(2)]
+    state = first.state_dict()
+    again = loader()
+    again.load_state_dict(state)
+    assert head + [b.data.tolist() for b in again] == epochs[2]
