@@ -311,6 +311,8 @@ class _MultiProcessIter(_LoaderIter):
 
     def _next_batch(self) -> Any:
         timeout = self.loader.timeout
+        # One deadline per batch asked for, however many other batches arrive meanwhile.
+        deadline = time.monotonic() + timeout if timeout > 0 else None
         while True:
             if self._next in self._done:
                 item = self._done.pop(self._next)
@@ -333,7 +335,6 @@ class _MultiProcessIter(_LoaderIter):
             else:
                 blame = [self._tasks[self._next][0]]
                 what = f"batch {self._next}"
-            deadline = time.monotonic() + timeout if timeout > 0 else None
             for w, message in self.pool.receive(deadline, timeout, what, blame):
                 self._accept(w, message)
 

@@ -178,6 +178,10 @@ def _serve(conn: Any, fetcher: _Fetcher, writer: SlotWriter, parent_pid: int) ->
         except BaseException as exc:  # noqa: BLE001 - re-raised in the main process
             conn.send(_error_message(exc, task_id, "fetching a batch"))
             continue
-        header, path, layout, size = writer.pack(data, slot)
+        try:
+            header, path, layout, size = writer.pack(data, slot)
+        except Exception as exc:  # noqa: BLE001 - e.g. a batch holding an unpicklable object
+            conn.send(_error_message(exc, task_id, "sending a batch to the main process"))
+            continue
         conn.send(("batch", task_id, slot, header, path, layout, size))
 

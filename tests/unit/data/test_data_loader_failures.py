@@ -113,3 +113,37 @@ def test_mismatched_shapes_name_the_sample_index_and_shapes(workers):
     with pytest.raises(data.CollateError,
                        match=r"sample 2 has shape \(3, 5\) where sample 0 has \(3, 4\)"):
         list(loader)
+
+
+def test_the_timeout_counts_from_the_request_while_other_workers_deliver():
+    class OneStuck(data.Dataset):
+        def __len__(self):
+            return 40
+
+        def __getitem__(self, i):
+            if data.get_worker_info().id == 1:
+                time.sleep(30)
+            time.sleep(0.05)
+            return i
+
+    loader = data.DataLoader(OneStuck(), batch_size=1, num_workers=2, timeout=1.0)
+    it = iter(loader)
+    assert next(it).data.tolist() == [0]
+    started = time.monotonic()
+    with pytest.raises(data.DataLoaderTimeout, match="waiting for batch 1 from worker 1"):
+        next(it)
+    assert time.monotonic() - started < 4.0
+
+
+def test_a_batch_that_cannot_be_pickled_is_reported_not_fatal():
+    class Lock(data.Dataset):
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, i):
+            import threading  # noqa: PLC0415
+
+            return threading.Lock()
+
+    with pytest.raises(TypeError, match=r"(?s)while sending a batch to the main process.*lock"):
+        list(data.DataLoader(Lock(), batch_size=None, num_workers=1))
