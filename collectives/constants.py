@@ -51,6 +51,9 @@ THREADED_CHUNK_MAX_BYTES = 4 * 1024 * 1024
 # copy of one chunk overlap the peer's reduction of the previous one.
 SHM_SLOT_BYTES = 4 * 1024 * 1024
 SHM_W2_MIN_CHUNK_BYTES = 256 * 1024
+# Two-level all_reduce (ranks on several hosts): arrays above this go through the pipeline of
+# shared-memory and cross-host phases in pieces of this size (see `hierarchical`).
+PIPELINE_PIECE_BYTES = 8 * 1024 * 1024
 
 # Small-message receives poll this long before sleeping in the kernel: waking a sleeping
 # receiver costs the sender an inter-processor interrupt, which on a VM costs more than the

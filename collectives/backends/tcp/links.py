@@ -60,6 +60,7 @@ class Links:
         # Group rank of each rank of these links (a subset's renumbering), or None: identity.
         self.members = None if members is None else tuple(members)
         self._name = name
+        self.name = name
         self._scratch: Optional[bytearray] = None
         self._sender: Optional[SenderThread] = None
         self._subsets: list[Links] = []
@@ -112,5 +113,7 @@ class Links:
             self._sender.stop()
         for sub in self._subsets:
             sub.close()
+        if self.hier is not None:
+            self.hier.close()
         self.shm = None
         self.hier = None

@@ -17,6 +17,7 @@ import threading
 import numpy as np
 import pytest
 
+from shoal.collectives.backends.tcp import hierarchical as hierarchical_mod
 from shoal.collectives.backends.tcp import topology as topo
 from shoal.collectives.backends.tcp import wire
 from shoal.collectives.backends.tcp.group import ProcessGroupTCP
@@ -136,15 +137,21 @@ def _check_catalogue(results, world):
         np.testing.assert_array_equal(results[r]["reduce"], data(r, 70_001, salt=80))
 
 
-@pytest.mark.parametrize("layout, leaders, hierarchical", [
-    ([2, 2], 1, True),
-    ([2, 2], 2, True),
-    ([3, 3], 2, True),
-    ([2, 1, 3], None, True),  # unequal hosts: one leader each; all_gather/reduce_scatter flat
-    ([1, 1, 1], None, False),
-], ids=["2x2-k1", "2x2-k2", "3x3-k2", "2+1+3", "3x1"])
+@pytest.mark.parametrize("layout, leaders, hierarchical, piece", [
+    ([2, 2], 1, True, 1 << 20),
+    ([2, 2], 2, True, None),
+    ([3, 3], 2, True, 1 << 20),
+    ([2, 1, 3], None, True, 1 << 20),  # unequal hosts: one leader each; all_gather and
+                                       # reduce_scatter run flat
+    ([1, 1, 1], None, False, None),
+], ids=["2x2-k1-pipelined", "2x2-k2", "3x3-k2-pipelined", "2+1+3-pipelined", "3x1"])
 def test_two_level_collectives_match_numpy_and_agree_bitwise(layout, leaders, hierarchical,
-                                                             monkeypatch):
+                                                             piece, monkeypatch):
+    """`piece`: the all_reduce pipeline's piece size (1 MiB: the 4.4 MB arrays go in five
+    pieces, each leader's cross-host ring running in its courier thread; None: the default,
+    8 MiB, so one piece and no courier)."""
+    if piece is not None:
+        monkeypatch.setattr(hierarchical_mod, "PIPELINE_PIECE_BYTES", piece)
     pgs = make_groups(layout, monkeypatch, leaders)
     world = len(pgs)
     try:
