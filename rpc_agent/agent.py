@@ -63,12 +63,14 @@ class _Call:
     """A call this worker issued and is waiting on."""
 
     __slots__ = ("future", "dst", "function", "kind", "start", "stream", "timeout", "timed",
-                 "context_id")
+                 "context_id", "accepts")
 
     def __init__(self, future, dst, function, kind, stream, timeout, timed, context_id):
         self.future = future
         # The distributed autograd context the call was made in: its reply records into it.
         self.context_id = context_id
+        # RRef forks sent to their owner in this call, accepted by its outcome (rref.py).
+        self.accepts = None
         self.dst = dst
         self.function = function
         self.kind = kind
@@ -349,9 +351,11 @@ class RpcAgent:
         rid = next(self._ids)
         frame_kind = _CALL if rref_id is None else _REMOTE_CALL
         cid = getattr(_context_local, "context_id", None)
+        accepts: list = []
         try:
             frame, big = self._encode(
-                frame_kind, rid, fname, (func, args or (), kwargs), dst.id, rref_id, cid
+                frame_kind, rid, fname, (func, args or (), kwargs), dst.id, rref_id, cid,
+                accepts,
             )
         except Exception as exc:
             raise RpcError(
@@ -360,6 +364,8 @@ class RpcAgent:
         stream = self._local if dst.id == self.info.id else self._stream_to(dst.id)
         timed = seconds is not None and sync_deadline is None
         call = _Call(future, dst, fname, kind, stream, seconds, timed, cid)
+        if accepts:
+            call.accepts = accepts
         if cid is not None:
             autograd_contexts.note_peer(cid, dst.id)
         self._pending[rid] = call
@@ -382,10 +388,12 @@ class RpcAgent:
         return future
 
     def _encode(self, kind: int, rid: int, fname: str, obj: Any, dst_id: int,
-                rref_id=None, cid: Optional[int] = None) -> tuple[bytes, list]:
+                rref_id=None, cid: Optional[int] = None,
+                accepts: Optional[list] = None) -> tuple[bytes, list]:
         """One frame; `cid`, the call's distributed autograd context, rides on calls and
-        records the Tensors that require grad (on replies too)."""
-        payload, buffers = serialize(obj, dst_id, cid)
+        records the Tensors that require grad (on replies too); `accepts` collects the RRef
+        forks the call's reply accepts."""
+        payload, buffers = serialize(obj, dst_id, cid, accepts)
         frame = rpc_pb2.Frame(kind=kind, request_id=rid, function=fname)
         if kind != _RESPONSE and cid is not None:
             frame.context_id = cid
@@ -439,6 +447,9 @@ class RpcAgent:
         if call is None:
             return  # already timed out or failed
         call.stream.pending_ids.discard(rid)
+        if call.accepts is not None:
+            for fork_id in call.accepts:
+                self.rrefs.accept_child(fork_id)
         if call.timed:
             self._deadlines.remove(rid, call.timeout)
         metrics.INFLIGHT.dec()

@@ -24,6 +24,7 @@ from shoal.collectives.store.prefix import PrefixStore
 from shoal.core.timeouts import Deadline, to_seconds
 from shoal.rpc_agent import _current
 from shoal.rpc_agent.agent import RpcAgent, WorkerRef
+from shoal.rpc_agent.dist_autograd import release as dist_autograd_release
 from shoal.rpc_agent.api import (
     DEFAULT_SHUTDOWN_TIMEOUT_S,
     RpcBackendOptions,
@@ -224,6 +225,8 @@ def shutdown(graceful: bool = True, timeout: TimeoutArg = DEFAULT_SHUTDOWN_TIMEO
 
 def _graceful(agent: RpcAgent, store: Store, deadline: Deadline) -> None:
     name = agent.info.name
+    # Contexts that ended here end on their peers before anyone stops.
+    dist_autograd_release.flush_all(deadline.remaining())
     _drain(agent, deadline, name)
     futures = agent.rrefs.release_all_users()
     _drain(agent, deadline, name)

@@ -367,9 +367,16 @@ class RRefContext:
                 self._owned[rref._rref_id] = rref._record
             else:
                 self._children[fork_id] = rref
+                accepts = serialization.reply_accepts()
+                if accepts is not None and dst == rref._owner.id:
+                    # Sent to its owner inside a call: the owner holds a handle once it has
+                    # read the arguments, so the call's reply accepts the child (no message).
+                    accepts.append(fork_id)
+                    return (rref._owner.id, rref._rref_id, fork_id, me, True)
         return (rref._owner.id, rref._rref_id, fork_id, me)
 
-    def rebuild(self, owner_id: int, rref_id: GUID, fork_id: GUID, parent_id: int) -> RRef:
+    def rebuild(self, owner_id: int, rref_id: GUID, fork_id: GUID, parent_id: int,
+                reply_accepts: bool = False) -> RRef:
         """The receiving side of `fork`."""
         agent = self._agent
         me = agent.info.id
@@ -379,7 +386,7 @@ class RRefContext:
             handle = RRef._make(agent, owner, rref_id, None, record)
             if parent_id == me:
                 self.delete_fork(rref_id, fork_id)  # the handle now keeps the record alive
-            else:
+            elif not reply_accepts:
                 fut = agent.internal_call(parent_id, _on_child_accept, (fork_id,))
                 fut.add_done_callback(_log_failure("child accept of RRef fork", fork_id))
             return handle
@@ -446,8 +453,9 @@ def _log_failure(what: str, ident) -> Any:
 # ----------------------------------------------------------------------------- wire functions
 # Module-level so they pickle by reference; they run on the worker the message is sent to.
 
-def _rebuild(owner_id: int, rref_id: GUID, fork_id: GUID, parent_id: int) -> RRef:
-    return _current.get().rrefs.rebuild(owner_id, rref_id, fork_id, parent_id)
+def _rebuild(owner_id: int, rref_id: GUID, fork_id: GUID, parent_id: int,
+             reply_accepts: bool = False) -> RRef:
+    return _current.get().rrefs.rebuild(owner_id, rref_id, fork_id, parent_id, reply_accepts)
 
 
 @async_execution

@@ -105,20 +105,29 @@ class _Pickler(pickle.Pickler):
         return NotImplemented
 
 
-def serialize(obj: Any, dst: int, context_id: Optional[int] = None) -> tuple[bytes, list[memoryview]]:
+def serialize(obj: Any, dst: int, context_id: Optional[int] = None,
+              reply_accepts: Optional[list] = None) -> tuple[bytes, list[memoryview]]:
     """Pickle `obj` for worker `dst`: (pickle bytes, out-of-band buffers as byte views).
 
-    With `context_id`, Tensors that require grad record send functions in that context.
+    With `context_id`, Tensors that require grad record send functions in that context. With
+    `reply_accepts` (a list; calls only), user RRefs sent to their owner append their fork id
+    there: the call's reply stands for the owner's child-accept message (rpc_agent/rref.py).
     """
     buffers: list = []
     out = io.BytesIO()
-    previous = getattr(_context, "dst", None), getattr(_context, "cid", None)
-    _context.dst, _context.cid = dst, context_id
+    previous = (getattr(_context, "dst", None), getattr(_context, "cid", None),
+                getattr(_context, "accepts", None))
+    _context.dst, _context.cid, _context.accepts = dst, context_id, reply_accepts
     try:
         _Pickler(out, PROTOCOL, buffer_callback=buffers.append).dump(obj)
     finally:
-        _context.dst, _context.cid = previous
+        _context.dst, _context.cid, _context.accepts = previous
     return out.getvalue(), [b.raw() for b in buffers]
+
+
+def reply_accepts() -> Optional[list]:
+    """The list of forks the current call's reply will accept (None outside a call)."""
+    return getattr(_context, "accepts", None)
 
 
 def deserialize(payload, buffers: list, src: Optional[int] = None,

@@ -16,7 +16,6 @@ One pass, on every worker the context touched:
 
 from __future__ import annotations
 
-import functools
 import itertools
 import logging
 import threading
@@ -29,7 +28,7 @@ from shoal.rpc_agent import _current, metrics
 from shoal.rpc_agent.api import RpcError
 from shoal.rpc_agent.context import _local as _context_local
 from shoal.rpc_agent.context import context_id as _context_id
-from shoal.rpc_agent.dist_autograd import container
+from shoal.rpc_agent.dist_autograd import container, release
 from shoal.rpc_agent.dist_autograd.types import DistAutogradError
 from shoal.rpc_agent.functions import async_execution
 from shoal.rpc_agent.futures import Future
@@ -63,42 +62,7 @@ class context:  # noqa: N801  (torch's name)
 
     def __exit__(self, *exc: object) -> None:
         _context_local.context_id = self._outer
-        _release_everywhere(self._agent, self._cid)
-
-
-def _release_everywhere(agent, cid: int) -> None:
-    """End the context here at once and on its peers asynchronously, as torch does: the
-    releases are calls like any other (graceful shutdown waits for them), and a failure is
-    logged, never raised into the training loop."""
-    ctx = container.release(cid)
-    if ctx is None:
-        return
-    for fut in _forward_release(agent, ctx, origin=None):
-        fut.add_done_callback(functools.partial(_log_release_failure, cid))
-
-
-def _log_release_failure(cid: int, fut: Future) -> None:
-    if fut.exception() is not None:
-        logger.warning("Ending distributed autograd context %d on a peer failed: %s",
-                       cid, fut.exception())
-
-
-def _forward_release(agent, ctx, origin: Optional[int]) -> list:
-    if not ctx.peers:
-        return []
-    me = agent.info.id
-    with _context_id(None):
-        return [agent.call(peer, _release_remote, (ctx.context_id, me), None, None, "async")
-                for peer in sorted(ctx.peers) if peer not in (me, origin)]
-
-
-@async_execution
-def _release_remote(cid: int, origin: int) -> Future:
-    agent = _current.get()
-    ctx = container.release(cid)
-    if ctx is None:
-        return _done()
-    return _all_ok(_forward_release(agent, ctx, origin))
+        release.end_here(self._cid, None)
 
 
 # ----------------------------------------------------------------------------- queries
@@ -191,7 +155,8 @@ class _Pass:
         with _context_id(None):
             return [
                 self.agent.call(peer, _receive_gradients,
-                                (self.ctx.context_id, self.pass_id, self.retain_graph, items, me),
+                                (self.ctx.context_id, self.pass_id, self.retain_graph, items, me,
+                                 release.take(peer)),
                                 None, None, "async")
                 for peer, items in outbox.items()
             ]
@@ -238,7 +203,8 @@ def _begin(agent, ctx, pass_id: tuple, retain_graph: bool, origin: Optional[int]
     if ctx.peers:
         with _context_id(None):
             futures += [
-                agent.call(peer, _begin_remote, (ctx.context_id, pass_id, retain_graph, me),
+                agent.call(peer, _begin_remote,
+                           (ctx.context_id, pass_id, retain_graph, me, release.take(peer)),
                            None, None, "async")
                 for peer in sorted(ctx.peers) if peer not in (me, origin) and peer not in informed
             ]
@@ -257,7 +223,9 @@ def _live_context(agent, cid: int) -> Any:
 
 
 @async_execution
-def _begin_remote(cid: int, pass_id: tuple, retain_graph: bool, origin: int) -> Future:
+def _begin_remote(cid: int, pass_id: tuple, retain_graph: bool, origin: int,
+                  released: list) -> Future:
+    release.apply(released, origin)
     agent = _current.get()
     ctx = _live_context(agent, cid)
     with ctx.lock:
@@ -267,7 +235,8 @@ def _begin_remote(cid: int, pass_id: tuple, retain_graph: bool, origin: int) -> 
 
 @async_execution
 def _receive_gradients(cid: int, pass_id: tuple, retain_graph: bool, items: list,
-                       origin: int) -> Future:
+                       origin: int, released: list) -> Future:
+    release.apply(released, origin)
     agent = _current.get()
     ctx = _live_context(agent, cid)
     with ctx.lock:
