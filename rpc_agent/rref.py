@@ -175,7 +175,7 @@ class RRef:
             dist_engine.backward_on_owner(self, dist_autograd_ctx_id, retain_graph)
             return
         self._agent.call(self._owner, dist_engine.backward_on_owner,
-                         (self, dist_autograd_ctx_id, retain_graph), None, 0, "rref").wait()
+                         (self, dist_autograd_ctx_id, retain_graph), None, None, "rref").wait()
 
     # -- lifetime
 

@@ -347,11 +347,14 @@ def test_metrics_count_contexts_and_passes(workers):
 
 # ----------------------------------------------------------------------------- faults
 
-def slow_stage(x):
-    """A stage whose backward blocks until the test kills this worker."""
+def slow_stage(x, marker):
+    """A stage whose backward announces itself (a file) and blocks until the test kills this
+    worker."""
     def hang(g):
+        import pathlib  # noqa: PLC0415
         import time  # noqa: PLC0415
 
+        pathlib.Path(marker).touch()
         time.sleep(60)
         return g
     y = stage(x)
@@ -359,12 +362,12 @@ def slow_stage(x):
     return y
 
 
-def task_backward_with_dying_peer():
+def task_backward_with_dying_peer(marker):
     import time  # noqa: PLC0415
 
     x = _x()
     with dist_autograd.context() as cid:
-        y = rpc_agent.rpc_sync("w1", slow_stage, (x,))
+        y = rpc_agent.rpc_sync("w1", slow_stage, (x, marker))
         start = time.monotonic()
         try:
             dist_autograd.backward(cid, [y.sum()])
@@ -373,15 +376,17 @@ def task_backward_with_dying_peer():
     return None, time.monotonic() - start
 
 
-def test_a_worker_killed_mid_backward_fails_the_pass_naming_it():
+def test_a_worker_killed_mid_backward_fails_the_pass_naming_it(tmp_path):
+    import time  # noqa: PLC0415
+
+    marker = tmp_path / "w1-in-backward"
     with RpcWorkers(2, rpc_timeout=20) as pool:
         pool.run_all(init_params)
-        task = pool.submit(0, task_backward_with_dying_peer)
-        # w1 is inside its hook once its process shows the sleeping backward; a short pause
-        # suffices since the pass itself takes milliseconds.
-        import time  # noqa: PLC0415
-
-        time.sleep(2.0)
+        task = pool.submit(0, task_backward_with_dying_peer, str(marker))
+        deadline = time.monotonic() + 30
+        while not marker.exists():  # w1's backward has reached the blocking hook
+            assert time.monotonic() < deadline, "w1 never reached its backward hook"
+            time.sleep(0.01)
         pool.kill(1)
         message, seconds = pool.result(task, timeout=30)
         assert message is not None and "'w1'" in message, message
