@@ -109,6 +109,7 @@ MiB = 1024 * KiB
 SMALL_MAX_BYTES = 64 * KiB  # direct exchange up to here
 SHM_CHUNK_BYTES = 4 * MiB  # SHM_SLOT_BYTES
 SHM_W2_MIN_CHUNK_BYTES = 256 * KiB
+SHM_CALIBRATION_SIZES = (256 * KiB, 4 * MiB, 32 * MiB)
 SOCKET_BUFFER_BYTES = 256 * KiB
 FIRST_BUCKET_BYTES = 1 * MiB  # shoal's DDP, as torch's
 BUCKET_BYTES = 25 * MiB
@@ -178,10 +179,22 @@ class Memory:
     llc_bytes: int
 
     def rates(self, working_set: float) -> tuple[float, float]:
-        """(c, g) for an operation touching `working_set` bytes on one host."""
-        if working_set <= self.llc_bytes:
+        """(c, g) for an operation touching `working_set` bytes on one host: cache rates while
+        it fits in half the last-level cache (the other half is other work's and the peer
+        side's of the bench, which alternates with ours), memory rates beyond."""
+        if working_set <= self.llc_bytes / 2:
             return self.c_cache, self.g_cache
         return self.c_mem, self.g_mem
+
+
+@dataclasses.dataclass(frozen=True)
+class ShmCost:
+    """shoal's shared-memory path as fitted from its 2-rank all_reduce: a step's barrier and
+    bookkeeping per peer (None: a raw unix exchange of headers), and how much slower than the
+    copy and add microbenchmarks its per-byte work runs."""
+
+    step: Optional[float] = None
+    eta: float = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -273,22 +286,46 @@ class Model:
 
     links: dict  # name -> Link: unix, tcp_lo, veth (and "cluster" for predictions)
     memory: Memory
+    shm: ShmCost = ShmCost()
 
-    def direct(self, nbytes, world, link: Link, k, spin, g) -> float:
-        return k * (world - 1) * (link.latency(spin) + link.o + nbytes * (link.beta + g))
+    def _shm_rates(self, working_set: float) -> tuple[float, float]:
+        c, g = self.memory.rates(working_set)
+        return c * self.shm.eta, g * self.shm.eta
 
-    def ring(self, nbytes, world, hops: Sequence[Link], k, spin, g, share: int = 1) -> float:
-        """A ring (or the direct exchange for small messages) whose steps wait for the slowest
-        of `hops`; `share` rings cross each wire at once."""
+    @staticmethod
+    def _weighted(links) -> list[tuple[Link, float]]:
+        """[(link, how many)] from links given alone (one each) or as (link, count) pairs."""
+        return [item if isinstance(item, tuple) else (item, 1.0) for item in links]
+
+    def direct(self, nbytes, peers, k, spin, g) -> float:
+        """Direct exchange: a message to and from each peer, waited for in turn; `peers` are
+        (link, how many peers over it)."""
+        return k * sum(n * (h.latency(spin) + h.o + nbytes * (h.beta + g))
+                       for h, n in self._weighted(peers))
+
+    def ring(self, nbytes, world, hops, k, spin, g, share: int = 1, peers=None) -> float:
+        """A ring (the direct exchange with `peers` for small messages) over `hops`, (link,
+        how many hops of the ring use it); `share` rings cross each wire at once.
+
+        A step lasts as long as its slowest hop, or, when P > C, as long as the cores take to
+        do every rank's share of the step's work (k times the mean hop's work)."""
         if world <= 1 or nbytes <= 0:
             return 0.0
+        hops = self._weighted(hops)
         if nbytes <= SMALL_MAX_BYTES:
-            return max(self.direct(nbytes, world, h, k, spin, g) for h in hops)
+            total = sum(n for _, n in hops)
+            return self.direct(nbytes, peers or [(h, (world - 1) * n / total) for h, n in hops],
+                               k, spin, g)
         seg = nbytes / world
-        step = max(h.latency(spin) + h.o + seg * max(h.beta, share * h.wire / k) for h in hops)
-        return k * (2 * (world - 1) * step + (world - 1) * seg * g)
+        work = [(h.latency(spin) + h.o + seg * h.beta, n) for h, n in hops]
+        mean = sum(w * n for w, n in work) / sum(n for _, n in work)
+        wire = max(seg * share * h.wire for h, _ in hops)
+        step = max(k * mean, max(w for w, _ in work), wire)
+        return 2 * (world - 1) * step + k * (world - 1) * seg * g
 
     def _barrier(self, local, k, spin) -> float:
+        if self.shm.step is not None:
+            return k * (local - 1) * self.shm.step
         unix = self.links["unix"]
         return k * (local - 1) * (unix.latency(spin, data=False) + unix.o)
 
@@ -298,9 +335,10 @@ class Model:
         if local <= 1:
             return 0.0
         k, spin = machine.k(hosts_here, local), machine.spin(local * hosts_here)
-        c, g = self.memory.rates(2 * local * nbytes)
         if nbytes <= SMALL_MAX_BYTES:
-            return self.direct(nbytes, local, self.links["unix"], k, spin, g)
+            g = self.memory.rates(2 * local * nbytes)[1]
+            return self.direct(nbytes, [(self.links["unix"], local - 1)], k, spin, g)
+        c, g = self._shm_rates(2 * local * nbytes)
         b = self._barrier(local, k, spin)
         if local == 2:
             chunk = min(SHM_CHUNK_BYTES, max(SHM_W2_MIN_CHUNK_BYTES, nbytes // 4))
@@ -317,11 +355,14 @@ class Model:
         if local <= 1 or nbytes <= SMALL_MAX_BYTES:
             return self.flat(nbytes, hosts, local, link, intra, machine)
         k, spin = machine.k(hosts, local), machine.spin(hosts * local)
-        c, g = self.memory.rates(2 * local * nbytes * (hosts if machine.one_machine else 1))
+        working_set = 2 * local * nbytes * (hosts if machine.one_machine else 1)
+        c, g = self._shm_rates(working_set)
         b = self._barrier(local, k, spin)
         seg = nbytes / local
-        t1 = math.ceil(nbytes / SHM_CHUNK_BYTES) * b + k * (nbytes - seg) * c + k * (local - 1) * seg * g
-        t2 = self.ring(seg, hosts, [link], k, spin, g, share=local)
+        t1 = (math.ceil(nbytes / SHM_CHUNK_BYTES) * b
+              + k * ((nbytes - seg) * c + (local - 1) * seg * g))
+        t2 = self.ring(seg, hosts, [link], k, spin, self.memory.rates(working_set)[1],
+                       share=local)
         relay = min(SHM_CHUNK_BYTES, max(SHM_W2_MIN_CHUNK_BYTES, seg // 4))
         t3 = math.ceil(seg / relay) * b + k * nbytes * c
         return t1 + t2 + t3
@@ -333,8 +374,12 @@ class Model:
             return self.one_host(nbytes, local, machine)
         k, spin = machine.k(hosts, local), machine.spin(hosts * local)
         _, g = self.memory.rates(2 * local * nbytes * (hosts if machine.one_machine else 1))
-        hops = [link] + ([intra] if local > 1 else [])
-        return self.ring(nbytes, hosts * local, hops, k, spin, g)
+        # Ranks in host order: H hops of the ring cross hosts, H (L-1) stay within one; each
+        # rank has L-1 peers on its host and W-L elsewhere for the direct exchange.
+        world = hosts * local
+        hops = [(link, hosts)] + ([(intra, hosts * (local - 1))] if local > 1 else [])
+        peers = [(link, world - local)] + ([(intra, local - 1)] if local > 1 else [])
+        return self.ring(nbytes, world, hops, k, spin, g, peers=peers)
 
 
 def bucket_sizes(nbytes: int) -> list[int]:
@@ -502,21 +547,31 @@ def _memory_pair(reps: int) -> dict:
     return result
 
 
-def _shoal_calls(rank: int, port: int, reps: int) -> dict:
-    """Median seconds of a barrier (an exchange of headers) and of a 4 KiB all_reduce (an
-    exchange of headers and data) in a 2-rank shoal tcp group on unix links, receivers
-    sleeping (SHOAL_SPIN_US=0), each call right after the last."""
+def _shoal_calls(rank: int, port: int, reps: int, transport: str) -> dict:
+    """Median seconds of shoal's own calls in a 2-rank tcp group, receivers sleeping
+    (SHOAL_SPIN_US=0), each call right after the last: on unix links a barrier (an exchange of
+    headers) and a 4 KiB all_reduce (headers and data); on shared memory all_reduces of
+    SHM_CALIBRATION_SIZES."""
     import shoal.collectives as dist
 
     group = dist.init_process_group("tcp", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                     world_size=2, timeout=PEER_TIMEOUT_S)
-    data = np.zeros(CALIBRATION_BYTES // 4, np.float32)
+    if transport == "unix":
+        data = np.zeros(CALIBRATION_BYTES // 4, np.float32)
+        calls = [("barrier", group.barrier, 100), ("all_reduce", lambda: group.all_reduce(data),
+                                                   100)]
+    else:
+        calls = []
+        for n in SHM_CALIBRATION_SIZES:
+            arr = np.zeros(n // 4, np.float32)
+            calls.append((f"shm_{n}", (lambda a: lambda: group.all_reduce(a))(arr),
+                          max(2, (8 * MiB) // n)))
     result = {}
-    for key, call in (("barrier", group.barrier), ("all_reduce", lambda: group.all_reduce(data))):
-        for _ in range(50):
+    for key, call, per_rep in calls:
+        for _ in range(3):
             call()
         times = []
-        for _ in range(reps * 100):
+        for _ in range(reps * per_rep):
             t0 = time.perf_counter()
             call()
             times.append(time.perf_counter() - t0)
@@ -554,9 +609,9 @@ def _peer_main(argv: list[str]) -> int:
         _tune(sock)
         print(json.dumps(_drive(sock, reps)), flush=True)
         return 0
-    if role == "shoal-calls":  # shoal-calls RANK PORT REPS: rank 0 prints JSON timings
+    if role == "shoal-calls":  # shoal-calls RANK PORT REPS TRANSPORT: rank 0 prints JSON
         rank, port, reps = int(argv[1]), int(argv[2]), int(argv[3])
-        print(json.dumps(_shoal_calls(rank, port, reps)), flush=True)
+        print(json.dumps(_shoal_calls(rank, port, reps, argv[4])), flush=True)
         return 0
     if role == "memory":  # memory REPS
         print(json.dumps(_memory_pair(int(argv[1]))), flush=True)
@@ -599,14 +654,16 @@ def _run_pair(serve_prefix: list, drive_prefix: list, family: str, address: str,
             server.wait(10)
 
 
-def _run_shoal_calls(reps: int) -> dict:
+def _run_shoal_calls(reps: int, transport: str) -> dict:
     """Both ranks of `_shoal_calls`, as subprocesses; rank 0's timings."""
     with socket.socket() as probe:  # a free port for rank 0's store
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    env = dict(os.environ, SHOAL_LOCAL_TRANSPORT="unix", SHOAL_SPIN_US="0", PYTHONPATH=str(ROOT))
+    env = dict(os.environ, SHOAL_LOCAL_TRANSPORT=transport, SHOAL_SPIN_US="0",
+               PYTHONPATH=str(ROOT))
     env.setdefault("SHOAL_AUTH_TOKEN", uuid.uuid4().hex)
-    procs = [subprocess.Popen(_peer_argv() + ["shoal-calls", str(r), str(port), str(reps)],
+    procs = [subprocess.Popen(_peer_argv() + ["shoal-calls", str(r), str(port), str(reps),
+                                              transport],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
              for r in range(2)]
     try:
@@ -695,7 +752,8 @@ def measure(reps: int, cores: int) -> tuple[Model, dict]:
     loads["memory"] = load.background
     memory = fit_memory(raw["memory"], last_level_cache_bytes())
     with LoadSampler() as load:
-        raw["shoal_calls"] = _run_shoal_calls(reps)
+        raw["shoal_calls"] = _run_shoal_calls(reps, "unix")
+        raw["shoal_shm"] = _run_shoal_calls(reps, "shm")
     loads["shoal"] = load.background
     # shoal's own work per data message: its 2-rank 4 KiB all_reduce (one message each way)
     # beyond what the raw unix exchange of that message and its reduction cost.
@@ -705,7 +763,26 @@ def measure(reps: int, cores: int) -> tuple[Model, dict]:
     sw = max(0.0, raw["shoal_calls"]["all_reduce"] - raw_exchange)
     links = {name: dataclasses.replace(link, sw=sw) for name, link in links.items()}
     raw["background"] = loads
-    return Model(links, memory), raw
+    return Model(links, memory, fit_shm({int(key[4:]): t for key, t in raw["shoal_shm"].items()},
+                                        memory)), raw
+
+
+def fit_shm(times: dict, memory: "Memory") -> "ShmCost":
+    """shoal's shared-memory all_reduce of 2 ranks, t(S) = m(S) b2 + eta S (c + g) (the
+    microbenchmark's c and g for S's working set; m(S) steps of S/4 within 256 KiB .. 4 MiB):
+    the cost b2 of one step's barrier and bookkeeping, and eta, how much slower than the
+    microbenchmark its copies and adds run."""
+    steps, work, ts = [], [], []
+    for n, t in sorted(times.items()):
+        chunk = min(SHM_CHUNK_BYTES, max(SHM_W2_MIN_CHUNK_BYTES, n // 4))
+        c, g = memory.rates(2 * 2 * n)
+        steps.append(math.ceil(n / chunk))
+        work.append(n * (c + g))
+        ts.append(t)
+    w = 1.0 / np.asarray(ts)
+    design = np.stack([steps, work], axis=1) * w[:, None]
+    (b2, eta), *_ = np.linalg.lstsq(design, np.asarray(ts) * w, rcond=None)
+    return ShmCost(max(float(b2), 0.0), max(float(eta), 0.0))
 
 
 def _gbps(per_byte: float) -> str:
@@ -723,6 +800,11 @@ def print_fits(model: Model, cores: int, loads: dict) -> None:
               f"{p.beta * 1e9:>10.3f} {_gbps(p.beta):>6}")
     print(f"  sw, shoal's own work per data message (its 2-rank 4 KiB all_reduce less the raw "
           f"unix exchange): {model.links['unix'].sw * 1e6:.1f} us")
+    if model.shm.step is not None:
+        print(f"  shoal's shared memory, fitted to its 2-rank all_reduce of "
+              f"{', '.join(_fmt_size(n) for n in SHM_CALIBRATION_SIZES)}: "
+              f"{model.shm.step * 1e6:.1f} us a step, its copies and adds "
+              f"{model.shm.eta:.2f} x the microbenchmarks' cost")
     m = model.memory
     print(f"  memory   copy {m.c_cache * 1e9:.3f} ns/B ({_gbps(m.c_cache)} GB/s) in cache, "
           f"{m.c_mem * 1e9:.3f} ({_gbps(m.c_mem)} GB/s) beyond; float32 add "
@@ -730,7 +812,8 @@ def print_fits(model: Model, cores: int, loads: dict) -> None:
           f"({_gbps(m.g_mem)} GB/s); last-level cache {m.llc_bytes // MiB} MiB")
     print(json.dumps({"bench": "scale_model", "row": "fit", "cores": cores, "background": loads,
                       "memory": {k: v for k, v in dataclasses.asdict(m).items()},
-                      "links": {n: dataclasses.asdict(p) for n, p in model.links.items()}}))
+                      "links": {n: dataclasses.asdict(p) for n, p in model.links.items()},
+                      "shm": dataclasses.asdict(model.shm)}))
 
 
 # ----------------------------------------------------------------------------- the check

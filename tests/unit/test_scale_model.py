@@ -81,9 +81,18 @@ def test_ring_and_direct_exchange_by_hand():
     # 4 KiB: direct exchange, 3 messages each waited for in turn.
     want = 2 * 3 * (20e-6 + 2e-6 + 4096 * (1e-9 + 0.1e-9))
     assert model.ring(4096, 4, [veth], 2.0, False, 0.1e-9) == pytest.approx(want)
-    # A flat ring across 2 hosts x 2 ranks waits for its slowest hop (veth, not unix).
-    assert model.flat(S, 2, 2, veth, model.links["unix"], here) == pytest.approx(
-        model.ring(S, 4, [veth], 2.0, False, 0.3e-9))
+    # A flat ring across 2 hosts x 2 ranks: two hops over veth, two over unix; with 4 ranks
+    # on 2 cores a step takes k times the mean hop's work (more than the slowest hop alone).
+    veth_work = 20e-6 + 2e-6 + seg * 1e-9
+    unix_work = 10e-6 + 1e-6 + seg * 0.5e-9
+    step = 2 * (veth_work + unix_work) / 2
+    want = 2 * 3 * step + 2 * 3 * seg * 0.3e-9
+    assert model.flat(S, 2, 2, veth, model.links["unix"], here) == pytest.approx(want)
+    # The same on a cluster (a core per rank): the slowest hop.
+    cluster = sm.Machine(cores=None, one_machine=False)
+    veth_work = 5e-6 + 2e-6 + seg * 1e-9  # polling latency
+    want = 2 * 3 * veth_work + 3 * seg * 0.3e-9  # 2 x 2 x 8 MiB = 32 MiB a host: memory
+    assert model.flat(S, 2, 2, veth, model.links["unix"], cluster) == pytest.approx(want)
 
 
 def test_hierarchical_by_hand_and_its_edge_cases():
@@ -92,12 +101,13 @@ def test_hierarchical_by_hand_and_its_edge_cases():
     cluster = sm.Machine(cores=None, one_machine=False)  # k = 1, polling
     H, L, S = 4, 2, 8 * MiB
     seg = S / L
-    # Working set on a host 2 x 2 x 8 MiB = 32 MiB: cache rates (c = g = 0.1 ns/B).
+    # Working set on a host 2 x 2 x 8 MiB = 32 MiB, over half the cache: memory rates
+    # (c = 0.2, g = 0.3 ns/B).
     barrier = 1 * (2e-6 + 1e-6)
-    t1 = 2 * barrier + (S - seg) * 0.1e-9 + seg * 0.1e-9
+    t1 = 2 * barrier + (S - seg) * 0.2e-9 + seg * 0.3e-9
     ring_seg = seg / H
-    t2 = 2 * 3 * (5e-6 + 2e-6 + ring_seg * 1e-9) + 3 * ring_seg * 0.1e-9
-    t3 = 4 * barrier + S * 0.1e-9  # relay chunks of seg / 4 = 1 MiB: 4 steps
+    t2 = 2 * 3 * (5e-6 + 2e-6 + ring_seg * 1e-9) + 3 * ring_seg * 0.3e-9
+    t3 = 4 * barrier + S * 0.2e-9  # relay chunks of seg / 4 = 1 MiB: 4 steps
     assert model.hierarchical(S, H, L, veth, unix, cluster) == pytest.approx(t1 + t2 + t3)
     # One host: the same-host path; one rank per host: the ring across hosts.
     assert model.hierarchical(S, 1, 4, veth, unix, cluster) == model.one_host(S, 4, cluster)
@@ -131,10 +141,10 @@ def test_at_scale_the_hierarchy_beats_the_flat_ring_and_stays_above_the_bound():
         assert bound < hier < flat, (hosts, bound, hier, flat)
 
 
-def test_memory_rates_switch_at_the_last_level_cache():
+def test_memory_rates_switch_at_half_the_last_level_cache():
     mem = _model().memory
-    assert mem.rates(32 * MiB) == (0.1e-9, 0.1e-9)
-    assert mem.rates(32 * MiB + 1) == (0.2e-9, 0.3e-9)
+    assert mem.rates(16 * MiB) == (0.1e-9, 0.1e-9)
+    assert mem.rates(16 * MiB + 1) == (0.2e-9, 0.3e-9)
 
 
 def test_the_check_reads_both_kinds_of_bench_rows():
