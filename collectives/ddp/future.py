@@ -9,15 +9,16 @@ backward), or earlier by the work's own completion callback when the backend off
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Generic, Optional, TypeVar
 
 from shoal.collectives.types import CollectiveTimeout
 from shoal.core.timeouts import TimeoutLike, to_seconds
 
 _UNSET = object()
+T = TypeVar("T")
 
 
-class Future:
+class Future(Generic[T]):
     """A value that becomes available later; `wait()` blocks (with a timeout) until it is."""
 
     def __init__(self, driver: Optional[Callable[[Optional[float]], None]] = None) -> None:
@@ -147,3 +148,28 @@ def completed_future(result: Any) -> Future:
     fut = Future()
     fut.set_result(result)
     return fut
+
+
+def check_future_like(fut: Any, hook: Any, bucket_index: int) -> None:
+    """Raise unless a communication hook's result can be waited on and asked for its value.
+
+    Any future-like object is accepted (this Future, rpc_agent's, a Work's get_future(), a
+    user's own class), as torch accepts any torch.futures.Future; what has no wait() and
+    value() would otherwise leave the bucket un-reduced without a word.
+    """
+    missing = [m for m in ("wait", "value") if not callable(getattr(fut, m, None))]
+    if missing:
+        from shoal.collectives.ddp.reducer import DDPError  # noqa: PLC0415  (reducer imports us)
+
+        raise DDPError(
+            f"The communication hook {getattr(hook, '__name__', hook)!r} returned "
+            f"{type(fut).__name__} for bucket {bucket_index}; it must return a Future (an object "
+            f"with wait() and value(), e.g. collectives.Future or Work.get_future()) whose value "
+            f"is the reduced buffer; it has no {' and no '.join(m + '()' for m in missing)}."
+        )
+
+
+def future_value(fut: Any, waited: Any) -> Any:
+    """The value of a future-like object that has been waited on (`waited`: what wait() gave)."""
+    value = getattr(fut, "value", None)
+    return value() if callable(value) else waited

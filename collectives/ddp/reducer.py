@@ -23,7 +23,7 @@ from shoal.collectives.ddp import comm
 from shoal.collectives import metrics
 from shoal.collectives.ddp.buckets import Bucket, GradBucket, compute_bucket_assignment
 from shoal.collectives.ddp.graph import map_tensors, reachable_leaves, same_memory
-from shoal.collectives.ddp.future import Future
+from shoal.collectives.ddp.future import check_future_like, future_value
 from shoal.collectives.types import CollectiveError, ReduceOp
 from shoal.core import backend
 from shoal.core.autograd import Node
@@ -446,12 +446,7 @@ class Reducer:
             bucket.work = comm.all_reduce(self._group, bucket.buffer, ReduceOp.SUM, async_op=True)
         else:
             fut = self._hook(self._hook_state, GradBucket(bucket, bucket.is_last))
-            if not hasattr(fut, "wait"):
-                raise DDPError(
-                    f"The communication hook {getattr(self._hook, '__name__', self._hook)!r} "
-                    f"returned {type(fut).__name__} for bucket {bucket.index}; it must return a "
-                    "Future (e.g. collectives.ddp.Future) whose value is the reduced buffer."
-                )
+            check_future_like(fut, self._hook, bucket.index)
             bucket.work = fut
         on_done = getattr(bucket.work, "add_done_callback", None)
         if on_done is not None:
@@ -516,8 +511,10 @@ class Reducer:
                                         self.rounds_synced + 1) from exc
             done = bucket.done_at or time.perf_counter()
             metrics.DDP_BUCKET_ALLREDUCE_SECONDS.observe(max(0.0, done - bucket.launched_at))
-            if isinstance(bucket.work, Future):
-                self._take_hook_result(bucket, result)
+            if self._hook is not None:
+                # Any future-like result counts, not only this package's Future: its value()
+                # (what torch.futures.Future.wait() returns) is the reduced buffer.
+                self._take_hook_result(bucket, future_value(bucket.work, result))
         if used_work is not None:
             used_work.wait()
             unused_everywhere = {i for i, n in enumerate(used.tolist()) if n == 0}

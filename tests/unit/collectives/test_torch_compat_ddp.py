@@ -1,0 +1,132 @@
+"""DDP as a torch script uses it: communication hooks returning any future-like object, the
+torch-style hook API (GradBucket, ProcessGroup.allreduce(...).get_future(), Future[...]) and
+DistributedDataParallel's keyword arguments with torch's meaning.
+
+Ranks are threads over real tcp process groups (HashStore rendezvous); the reference is the
+gradient of the whole batch in one process, which is what torch's DDP leaves on every rank.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+import shoal.collectives as dist
+from shoal import core
+from shoal.collectives import ProcessGroupTCP
+from shoal.collectives.ddp.ddp import DDPError, DistributedDataParallel
+from shoal.core import nn
+from shoal.core.tensor import Tensor
+from tests.support.thread_world import ThreadWorld
+
+pytestmark = pytest.mark.timeout(60)
+WORLD = 2
+_build_lock = threading.Lock()
+
+
+def _make_group(store, rank, size, *, name, global_ranks, timeout):
+    return ProcessGroupTCP(store, rank, size, timeout=timeout, name=name, global_ranks=global_ranks)
+
+
+@pytest.fixture
+def job():
+    world = ThreadWorld(_make_group, WORLD)
+    yield world
+    world.close()
+
+
+def _model(seed: int = 0) -> nn.Module:
+    with _build_lock:  # the seed is process-wide; threads build one at a time
+        core.manual_seed(seed)
+        return nn.Sequential(nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 2))
+
+
+def _batch(rank: int):
+    rng = np.random.default_rng(rank + 11)
+    return Tensor(rng.standard_normal((3, 5))), Tensor(rng.standard_normal((3, 2)))
+
+
+def _loss(out, y, scale=1.0):
+    diff = (out - y) * float(np.sqrt(scale / out.numel()))
+    return (diff * diff).sum()
+
+
+def _reference_grads() -> list[np.ndarray]:
+    """One process, the whole batch: the averaged gradient every DDP rank must hold."""
+    model = _model()
+    for rank in range(WORLD):
+        x, y = _batch(rank)
+        _loss(model(x), y, 1.0 / WORLD).backward()
+    return [p.grad.data.copy() for p in model.parameters()]
+
+
+def _grads_with_hook(job, hook, **ddp_kw) -> list[list[np.ndarray]]:
+    def body(rank):
+        ddp = DistributedDataParallel(_model(seed=rank), process_group=job.pgs[rank], **ddp_kw)
+        ddp.register_comm_hook(job.pgs[rank], hook)
+        x, y = _batch(rank)
+        _loss(ddp(x), y).backward()
+        return [p.grad.data.copy() for p in ddp.module.parameters()]
+
+    return job.run(body)
+
+
+class _DuckFuture:
+    """A future of the user's own: only wait(), value() and then(), no shoal base class."""
+
+    def __init__(self, work, value):
+        self._work, self._value = work, value
+
+    def wait(self):
+        self._work.wait()
+        return self._value
+
+    def value(self):
+        return self._value
+
+    def then(self, fn):
+        raise NotImplementedError
+
+
+def _rpc_future_hook(group, bucket):
+    # What the issue saw: an rpc_agent Future, completed once the all_reduce ends.
+    from shoal.rpc_agent.futures import Future as RpcFuture
+
+    # The sum goes into a copy, as a compressing hook's does: only the Future's value carries it.
+    summed = bucket.buffer().data.copy()
+    work = group.all_reduce(summed, async_op=True)
+    fut = RpcFuture("bucket all_reduce")
+    work.add_done_callback(lambda w: fut.set_result(Tensor(summed / group.size())))
+    return fut
+
+
+def _duck_future_hook(group, bucket):
+    summed = bucket.buffer().data / group.size()
+    return _DuckFuture(group.all_reduce(summed, async_op=True), summed)
+
+
+@pytest.mark.parametrize("hook", [_rpc_future_hook, _duck_future_hook], ids=["rpc", "duck"])
+def test_a_foreign_future_from_a_hook_is_used(job, hook):
+    want = _reference_grads()
+    for rank, grads in enumerate(_grads_with_hook(job, hook)):
+        for i, (g, w) in enumerate(zip(grads, want)):
+            np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7, err_msg=f"rank {rank} param {i}")
+
+
+def test_a_hook_result_without_value_is_refused(job):
+    def returns_work(group, bucket):  # a Work waits but has no value()
+        return group.all_reduce(bucket.buffer().data, async_op=True)
+
+    def body(rank):
+        ddp = DistributedDataParallel(_model(), process_group=job.pgs[rank])
+        ddp.register_comm_hook(job.pgs[rank], returns_work)
+        x, y = _batch(rank)
+        with pytest.raises(DDPError, match=r"returned \w+ for bucket 0; it must return a Future "
+                                           r"\(an object with wait\(\) and value\(\).*it has no "
+                                           r"value\(\)\."):
+            _loss(ddp(x), y).backward()
+
+    job.run(body)
