@@ -31,6 +31,9 @@ factories in `elastic.rendezvous.registry` (both importable from `elastic.rendez
         .is_closed() -> bool / .set_closed()      closing ends the job everywhere
         .shutdown()                               leave the rendezvous, stop heartbeats
         .node_id, .settings, .backend, .store, .round (last joined round or None)
+        .job_store                                the store scoped to the joined job's
+                                                  generation (a new job under a used run id
+                                                  never sees the old job's keys)
 """
 
 from __future__ import annotations
