@@ -141,7 +141,7 @@ def batches(loader: DataLoader, sampler: Any, epoch: int) -> Iterator:
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=200, help="total optimizer steps")
+    parser.add_argument("--steps", type=int, default=160, help="total optimizer steps")
     parser.add_argument("--batch-size", "--batch_size", type=int, default=24, help="per rank")
     parser.add_argument("--context", type=int, default=64)
     parser.add_argument("--d-model", "--d_model", type=int, default=128)
@@ -150,9 +150,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--warmup", type=int, default=20, help="linear warm-up steps")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--log-every", "--log_every", type=int, default=25)
+    parser.add_argument("--log-every", "--log_every", type=int, default=20)
     parser.add_argument("--eval-windows", "--eval_windows", type=int, default=96)
-    parser.add_argument("--checkpoint-every", "--checkpoint_every", type=int, default=50,
+    parser.add_argument("--checkpoint-every", "--checkpoint_every", type=int, default=40,
                         help="save a checkpoint every N steps (0: never)")
     parser.add_argument("--checkpoint-dir", "--checkpoint_dir", default=None,
                         help="where checkpoints go (default: $SHOAL_CHECKPOINT_DIR; none: off)")
