@@ -150,24 +150,14 @@ def completed_future(result: Any) -> Future:
     return fut
 
 
-def check_future_like(fut: Any, hook: Any, bucket_index: int) -> None:
-    """Raise unless a communication hook's result can be waited on and asked for its value.
+def missing_future_methods(fut: Any) -> list[str]:
+    """What a communication hook's result lacks to be used as a future ([] if nothing).
 
     Any future-like object is accepted (this Future, rpc_agent's, a Work's get_future(), a
-    user's own class), as torch accepts any torch.futures.Future; what has no wait() and
+    user's own class), as torch accepts any torch.futures.Future; one without wait() and
     value() would otherwise leave the bucket un-reduced without a word.
     """
-    missing = [m for m in ("wait", "value") if not callable(getattr(fut, m, None))]
-    if missing:
-        from shoal.collectives.ddp.reducer import DDPError  # noqa: PLC0415  (reducer imports us)
-
-        raise DDPError(
-            f"The communication hook {getattr(hook, '__name__', hook)!r} returned "
-            f"{type(fut).__name__} for bucket {bucket_index}; it must return a Future (an object "
-            f"with wait() and value(), e.g. collectives.Future or Work.get_future()) whose value "
-            f"is the reduced buffer; it has no {' and no '.join(m + '()' for m in missing)}."
-        )
-
+    return [m + "()" for m in ("wait", "value") if not callable(getattr(fut, m, None))]
 
 def future_value(fut: Any, waited: Any) -> Any:
     """The value of a future-like object that has been waited on (`waited`: what wait() gave)."""

@@ -23,7 +23,7 @@ from shoal.collectives.ddp import comm
 from shoal.collectives import metrics
 from shoal.collectives.ddp.buckets import Bucket, GradBucket, compute_bucket_assignment
 from shoal.collectives.ddp.graph import map_tensors, reachable_leaves, same_memory
-from shoal.collectives.ddp.future import check_future_like, future_value
+from shoal.collectives.ddp.future import future_value, missing_future_methods
 from shoal.collectives.types import CollectiveError, ReduceOp
 from shoal.core import backend
 from shoal.core.autograd import Node
@@ -446,7 +446,15 @@ class Reducer:
             bucket.work = comm.all_reduce(self._group, bucket.buffer, ReduceOp.SUM, async_op=True)
         else:
             fut = self._hook(self._hook_state, GradBucket(bucket, bucket.is_last))
-            check_future_like(fut, self._hook, bucket.index)
+            missing = missing_future_methods(fut)
+            if missing:
+                raise DDPError(
+                    f"The communication hook {getattr(self._hook, '__name__', self._hook)!r} "
+                    f"returned {type(fut).__name__} for bucket {bucket.index}; it must return a "
+                    "Future (an object with wait() and value(), e.g. collectives.Future or "
+                    "Work.get_future()) whose value is the reduced buffer; it has no "
+                    f"{' and no '.join(missing)}."
+                )
             bucket.work = fut
         on_done = getattr(bucket.work, "add_done_callback", None)
         if on_done is not None:
