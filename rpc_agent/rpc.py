@@ -216,6 +216,7 @@ def shutdown(graceful: bool = True, timeout: TimeoutArg = DEFAULT_SHUTDOWN_TIMEO
             state = dict(_store_state)
             _store_state.clear()
         agent.close()
+        dist_autograd_release.drop_pending()
         if state.get("owns_store"):
             try:
                 state["raw_store"].close()

@@ -100,6 +100,12 @@ def flush_all(timeout: Optional[float]) -> None:
             logger.info("A context release failed: %s", exc)
 
 
+def drop_pending() -> None:
+    """Forget queued releases (the agent stopped; its peers' contexts end with them)."""
+    with _cond:
+        _pending.clear()
+
+
 def _ensure_flusher() -> None:
     global _flusher
     if _flusher is None or not _flusher.is_alive():
