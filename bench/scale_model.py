@@ -5,76 +5,85 @@ same invocation, and predicts the step overhead of examples/train_ddp.py (and of
 100M float32 parameters) on 8 x 8 up to 1000 x 8 hosts x ranks.
 
     python bench/scale_model.py            # full measurements and check
-    python bench/scale_model.py --quick    # fewer repetitions (well under 2 minutes on 2 cores)
+    python bench/scale_model.py --quick    # fewer repetitions (about a minute on 2 cores)
     python bench/scale_model.py --no-check # fits and predictions only
+    nice -n -15 python bench/scale_model.py --quick   # on a shared machine
 
 Measured (least squares on t = a + b x, each sample weighted by 1/t so that small and large
-sizes count alike; every sample is a median over repetitions):
+sizes count alike; every sample a median over repetitions):
 
   paths p: unix (Unix stream sockets: shoal's links between ranks of one host), tcp_lo (TCP on
            127.0.0.1), veth (TCP between two network namespaces joined by veth pairs and a
            bridge, tests/support/netns.py; needs root, tcp_lo's figures stand in without it).
            Sockets carry 256 KiB buffers and TCP_NODELAY, as shoal's links do.
     a_p    one message's latency: the intercept of a ping-pong's one-way time over
-           n = 64 B .. 64 KiB; measured twice, with receivers sleeping in the kernel (a_p^block)
-           and polling (a_p^spin). shoal polls small receives only when every rank of the group
-           has a core (collectives.env.spin_seconds), so the model does the same.
-    o_p    per-message CPU cost and
+           n = 64 B .. 64 KiB; twice, receivers sleeping in the kernel (a^block) and polling
+           (a^spin). shoal polls small receives only when every rank has a core and the load
+           leaves one spare (collectives.env.spin_seconds, the group's load check), as here.
+    o_p    per-message and
     beta_p per-byte CPU cost of one ring step: two processes each stream n-byte messages to
-           the other while receiving the other's (what each rank of a ring does in one step):
+           the other while receiving the other's (what a rank of a ring does in one step):
            t_msg(n) = o_p + n beta_p over n = 16 KiB .. 4 MiB.
-  memory, for the shared-memory path (collectives/backends/tcp/shm.py: copies into and out of
-  memfd regions) and the reductions, two processes at once (as in every run here):
-    c      one copy's cost per byte into or out of a memfd mapping
-    g      a float32 numpy add into an accumulator, per byte
-           each twice: working sets inside the last-level cache (the arrays reused) and far
-           beyond it (a 64 MiB array walked through); an operation whose data on one host,
-           2 L S, fits the cache uses the first, else the second.
+  memory, two processes at once (as in every run here):
+    c, g   per byte of a copy into a memfd mapping and of a float32 numpy add into an
+           accumulator; each inside the cache (arrays reused) and beyond it (a 64 MiB array
+           walked through). An operation whose working set on one machine (2 x ranks x S)
+           fits half the last-level cache uses the first (the other half is other work's and
+           the bench's other sides'), else the second.
+  shoal's own costs, from 2-rank shoal groups (configurations the check does not use):
+    sw     its work per data message (headers, fingerprints, bookkeeping): its 4 KiB
+           all_reduce on unix links less the raw exchange a^block + o + S (beta + g)
+    b2, eta  its shared-memory all_reduce (shm.py) at 256 KiB, 4 MiB and 32 MiB fitted to
+           t = m b2 + eta S (c + g): b2 per step (barrier and bookkeeping), eta how much
+           slower than the microbenchmarks its copies and adds run
   C        cores. P busy processes on C cores slow every CPU-bound term by k = max(1, P/C).
            Latencies are CPU-bound too: a message waits until its receiver gets a core. A
-           direct exchange among W processes here measured (W-1) a^block k within 5% for
-           W = 2, 3, 4, which is where this form comes from.
+           direct exchange among W = 2, 3, 4 processes measured (W-1) a^block k within 5%.
 
-Model, S bytes per rank, W = H x L ranks on H hosts of L ranks, SMALL = 64 KiB, a = a^spin
-if W <= C (or on a cluster) else a^block:
+Model, S bytes per rank, W = H x L ranks on H hosts of L ranks, SMALL = 64 KiB, a = a^block
+or a^spin (above) plus sw for a message that carries data:
 
-  direct exchange (S <= SMALL; every rank sends S to each of the W-1 others, reduces them):
-      D(S, W, p) = k (W-1) (a_p + o_p + S beta_p + S g)
-  ring (S > SMALL): 2(W-1) steps of S/W bytes and W-1 reductions of S/W bytes:
-      R(S, W, p) = k (2(W-1) (a_p + o_p + (S/W) beta'_p) + (W-1) (S/W) g)
-      beta'_p = max(beta_p, n_share x w_p / k): w_p is the per-byte cost of a shared wire
-      (1/B on a cluster's link, none between namespaces here, where the CPU is the limit)
-      and n_share the number of rings that share it.
-  flat ring: every rank in one TCP ring, each step as slow as its slowest hop (veth or the
-      cluster link between hosts, tcp_lo within one).
-  shared memory within one host (S > SMALL; below, D over unix), chunks of 4 MiB
-  (m = ceil(S / 4 MiB); at L = 2 chunks of S/4 within 256 KiB .. 4 MiB), a barrier is a
-  direct exchange of headers: b = k (L-1) (a_unix + o_unix)
+  direct exchange (S <= SMALL; every rank sends S to each peer, then reduces), peers over
+  links p (L-1 over unix, W-L over the link between hosts):
+      D = k sum_peers (a_p + o_p + S (beta_p + g))
+  ring (S > SMALL): 2(W-1) steps of S/W bytes and W-1 reductions of S/W bytes; hop h's work
+  in a step is u_h = a_h + o_h + (S/W) beta_h, and a step lasts
+      step = max(k x mean_h u_h, max_h u_h, (S/W) n_share w)
+      R = 2(W-1) step + k (W-1) (S/W) g
+  (with P > C the cores must do every rank's work, k x the mean hop's; with a core each, the
+  slowest hop decides; w is a shared wire's cost per byte, 1/B on a cluster's link and none
+  between namespaces here, crossed by n_share rings at once.)
+  flat ring: every rank in one ring over sockets: H hops between hosts (veth, or the
+      cluster link) and H(L-1) within hosts (unix).
+  shared memory on one host (S > SMALL; below, D over unix); a step's barrier with L-1
+  peers b = k (L-1) b2; c, g multiplied by eta; m = ceil(S / 4 MiB) (at L = 2 chunks of
+  S/4 within 256 KiB .. 4 MiB):
       L = 2:   m b + k S (c + g)
       L >= 3:  (m + 1) b + k ((2S - S/L) c + (L-1)(S/L) g)
-  hierarchical (H > 1, L > 1):
-      (1) shared-memory reduce-scatter, rank i reduces segment i from the L-1 peers' regions:
-              T1 = m b + k (S c + (L-1)(S/L) g)
+  hierarchical (H > 1, L > 1, S > SMALL; smaller: the flat direct exchange):
+      (1) shared-memory reduce-scatter, rank i reduces segment i (S/L) from the L-1 peers:
+              T1 = m b + k ((S - S/L) c + (L-1)(S/L) g)
       (2) L rings across hosts at once, ring i over the H ranks of local index i, each on S/L
-          bytes, all sharing the host's link (n_share = L):  T2 = R(S/L, H, link) (or D)
-      (3) shared-memory all-gather, each rank copies the L-1 other segments out:
-              T3 = m b + k S c
-      L = 1 is the ring across hosts, H = 1 the one-host shared-memory case.
+          bytes, sharing the host's link (n_share = L):  T2 = R(S/L, H, link)
+      (3) shared-memory all-gather of the L segments (relay steps of S/(4L), 256 KiB..4 MiB):
+              T3 = m' b + k S c
+      L = 1 is the ring across hosts, H = 1 the one-host case.
   bandwidth-optimal bound: 2 (W-1)/W x S / B.
 
 The check runs bench/allreduce.py: its --hosts rows (hierarchical as shoal_ms, flat ring as
 shoal_flat_ms) once that mode exists, else its --worlds rows (shoal_ms: one host's shared
 memory and unix links; shoal_tcp_ms: the ring on loopback TCP). Every rank of every namespace
-runs on this machine's C cores, so there k = max(1, W/C).
+runs on this machine's C cores, so there k = max(1, W/C). Other work's runnable tasks (B,
+sampled from /proc while each part runs) are printed beside the figures: with B above 1 or 2
+on this 2-core machine every figure moves, and the model, which counts only our ranks, does
+not follow.
 
 The predictions assume a cluster with a core per rank (k = 1), a link of 25 Gbit/s with 10 us
-latency (a = 10 us, w = 8 / 25e9 s per byte, o and beta as measured here on veth: a host's
-TCP stack costs CPU like this machine's), and within a host shared memory, unix sockets and
-loopback TCP at the rates measured here (cache rates or memory rates by working set). A DDP
-step's overhead is the all_reduce of each gradient bucket in turn (shoal's DDP: a first bucket
-of 1 MiB, then 25 MiB), none of it hidden behind backward: an upper bound.
-
-The machine has 2 cores shared with other work; quote medians and expect 10-30% drift.
+latency (a = 10 us, w = 8 / 25e9 s per byte; o, beta and sw as measured here: a host's TCP
+stack costs CPU like this machine's), and within a host shared memory and unix sockets at the
+rates measured here. A DDP step's overhead is the all_reduce of each gradient bucket in turn
+(shoal's DDP: a first bucket of 1 MiB, then 25 MiB), none of it hidden behind backward: an
+upper bound.
 """
 
 from __future__ import annotations
@@ -165,7 +174,9 @@ class Link:
     def latency(self, spin: bool, data: bool = True) -> float:
         """A message's cost before its bytes: its latency, and shoal's work on a data message
         (a barrier's headers measured as cheap as the raw exchange)."""
-        return (self.a_spin if spin else self.a_block) + (self.sw if data else 0.0)
+        # Polling gives up and sleeps after a while (SPIN_S): never slower than sleeping.
+        wait = min(self.a_spin, self.a_block) if spin else self.a_block
+        return wait + (self.sw if data else 0.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -366,6 +377,20 @@ class Model:
         relay = min(SHM_CHUNK_BYTES, max(SHM_W2_MIN_CHUNK_BYTES, seg // 4))
         t3 = math.ceil(seg / relay) * b + k * nbytes * c
         return t1 + t2 + t3
+
+    def two_level_tree(self, nbytes, hosts, local, link: Link, intra: Link,
+                       machine: Machine) -> float:
+        """Not in shoal (a what-if for small messages at scale): a direct exchange within each
+        host, recursive doubling between hosts (ceil(log2 H) exchanges of S with one peer),
+        then local rank 0 sends the result to the L-1 others."""
+        k, spin = machine.k(hosts, local), machine.spin(hosts * local)
+        g = self.memory.rates(2 * local * nbytes)[1]
+        local_part = self.direct(nbytes, [(intra, local - 1)], k, spin, g) if local > 1 else 0.0
+        rounds = math.ceil(math.log2(hosts)) if hosts > 1 else 0
+        one = link.latency(spin) + link.o + nbytes * (link.beta + g)
+        cross = rounds * max(k * one, nbytes * link.wire)
+        fan_out = k * (local - 1) * (intra.latency(spin) + intra.o + nbytes * intra.beta)
+        return local_part + cross + fan_out
 
     def flat(self, nbytes, hosts, local, link: Link, intra: Link, machine: Machine) -> float:
         """Every rank in one ring over sockets (direct exchange for small messages): hops
@@ -947,7 +972,8 @@ def predict(model: Model) -> list[dict]:
     print(f"predicted DDP step overhead: all_reduce of every gradient bucket, none hidden; "
           f"link {LINK_BANDWIDTH * 8 / 1e9:g} Gbit/s, {LINK_LATENCY * 1e6:g} us; a core per rank")
     print(f"{'model':<18}{'grad':>10} {'H x L':>7} {'W':>5} {'flat ring ms':>13} "
-          f"{'hierarchical ms':>16} {'bound ms':>9} {'flat/bound':>11} {'hier/bound':>11}")
+          f"{'hierarchical ms':>16} {'bound ms':>9} {'flat/bound':>11} {'hier/bound':>11} "
+          f"{'2-level tree ms*':>17}")
     for name, nbytes in models:
         buckets = bucket_sizes(nbytes)
         for hosts, local in SCALES:
@@ -955,14 +981,21 @@ def predict(model: Model) -> list[dict]:
             flat = sum(model.flat(b, hosts, local, link, intra, cluster) for b in buckets)
             hier = sum(model.hierarchical(b, hosts, local, link, intra, cluster) for b in buckets)
             bound = bandwidth_bound(nbytes, world, LINK_BANDWIDTH)
+            tree = (sum(model.two_level_tree(b, hosts, local, link, intra, cluster)
+                        for b in buckets) if max(buckets) <= SMALL_MAX_BYTES else None)
             rows.append({"bench": "scale_model", "row": "predict", "model": name,
                          "grad_bytes": nbytes, "buckets": len(buckets), "hosts": hosts,
                          "per_host": local, "world": world, "flat_ms": round(flat * 1e3, 4),
                          "hierarchical_ms": round(hier * 1e3, 4),
-                         "bound_ms": round(bound * 1e3, 4)})
+                         "bound_ms": round(bound * 1e3, 4),
+                         "two_level_tree_ms": None if tree is None else round(tree * 1e3, 4)})
             print(f"{name:<18}{_fmt_size(nbytes):>10} {f'{hosts}x{local}':>7} {world:>5} "
                   f"{flat * 1e3:>13.3f} {hier * 1e3:>16.3f} {bound * 1e3:>9.3f} "
-                  f"{flat / bound:>10.1f}x {hier / bound:>10.1f}x")
+                  f"{flat / bound:>10.1f}x {hier / bound:>10.1f}x "
+                  + (f"{tree * 1e3:>17.3f}" if tree is not None else f"{'-':>17}"))
+    print("* not in shoal, for buckets up to 64 KiB: a direct exchange within each host, "
+          "recursive doubling between hosts and a fan-out; shoal runs such messages as one "
+          "direct exchange among all W ranks, W-1 messages per rank")
     return rows
 
 
