@@ -28,10 +28,10 @@ from tests.support.shoal_run import ROOT, TRAIN_DDP, ShoalRun, digest_in, final_
 
 pytestmark = pytest.mark.slow
 
-STEPS, EVERY = 36, 4
+STEPS, EVERY = 40, 4
 # Slow enough that the late agent (a few seconds to start inside its namespace on a busy
 # 2-core machine) arrives well before the job's end.
-STEP_SLEEP = 0.2
+STEP_SLEEP = 0.3
 JOB_TIMEOUT = 75
 SECRET = "multihost-join-" + uuid.uuid4().hex
 RDZV_CONF = "heartbeat_interval=0.25,heartbeat_timeout=2,last_call_timeout=0.5"
