@@ -266,7 +266,7 @@ class ProcessGroupTCP(BackendGroup):
                 busy = os.getloadavg()[0] > 1.5 * _CPUS
             except OSError:
                 busy = False
-            d.spin_allowed = not busy
+            self._links.allow_spin(not busy)
 
     def _describe(self, rec: OpRecord) -> str:
         return f"Rank {self._rank}'s {rec.label} of group '{self.name}'"

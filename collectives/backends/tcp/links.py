@@ -88,6 +88,12 @@ class Links:
                 exc.peer = self.members[exc.peer]
             raise
 
+    def allow_spin(self, allowed: bool) -> None:
+        """Let small receives poll (or not) on these links and every subset of them."""
+        self.direct.spin_allowed = allowed
+        for sub in self._subsets:
+            sub.allow_spin(allowed)
+
     def scratch(self, nbytes: int) -> memoryview:
         """A reusable buffer of `nbytes` (operations run one at a time)."""
         buf = self._scratch
