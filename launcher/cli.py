@@ -157,6 +157,8 @@ def _make_handler(settings: flags.RunSettings, node_id: str):
                         "client", endpoint, exc)
             backend, store = create_backend("store", endpoint, settings.rdzv_id, **kwargs)
     else:
+        if hosted and settings.requested_backend == "static":
+            endpoint = _static_bind(settings.rdzv_endpoints[0])
         backend, store = create_backend(settings.rdzv_backend, endpoint, settings.rdzv_id,
                                         **kwargs)
     # Not owned: the agent leaves the rendezvous first, then tells the store's host it is done,
@@ -164,6 +166,21 @@ def _make_handler(settings: flags.RunSettings, node_id: str):
     handler = RendezvousHandler(backend, settings.rendezvous, node_id, store, owns=False,
                                 backend_timeout=timeout)
     return handler, hosted
+
+
+def _static_bind(master: tuple[str, int]) -> str:
+    """Where node rank 0 of a static rendezvous listens: the master address when it is one of
+    this host's, else every interface, as torchrun's store does. Under Kubeflow the master
+    address is the name of a Service, which may not resolve yet in its own pod; the store
+    still admits only peers that prove the job's secret."""
+    from shoal.core.netaddr import is_local_address
+
+    host, port = master
+    if is_local_address(host):
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    logger.info("The master address %s is not this host's (yet): the store listens on every "
+                "interface, port %d", host, port)
+    return f"0.0.0.0:{port}"
 
 
 def _watch_store_host(settings: flags.RunSettings, handler, agent, hosted: bool):

@@ -270,13 +270,24 @@ def test_static_rendezvous_from_flags_and_from_kubeflows_variables():
         assert codes == [0, 0], "\n----\n".join(outputs)
         envs = _envs("".join(outputs))
         assert [(e["RANK"], e["GROUP_RANK"]) for e in envs] == [("0", "0"), ("1", "1")]
-        # What PyTorchJob injects, with the bare command line of its examples.
-        pet = [_env(PET_NNODES="2", PET_NPROC_PER_NODE="2", PET_NODE_RANK=str(rank),
-                    PET_MASTER_ADDR=hosts[0].address, PET_MASTER_PORT="23456")
-               for rank in (0, 1)]
-        codes, outputs = _agents(hosts, [[WORKER, "--meet"]] * 2, pet)
+        # What PyTorchJob injects, with the bare command line of its examples. The master
+        # address is the master pod's name: its own /etc/hosts (the kubelet's) and the other
+        # pods' DNS both give its address.
+        made = [Path("/etc/netns") / host.netns for host in hosts]
+        try:
+            for etc in made:
+                etc.mkdir(parents=True)
+                (etc / "hosts").write_text(f"127.0.0.1 localhost\n{hosts[0].address} "
+                                           "shoal-train-master-0\n")
+            pet = [_env(PET_NNODES="2", PET_NPROC_PER_NODE="2", PET_NODE_RANK=str(rank),
+                        PET_MASTER_ADDR="shoal-train-master-0", PET_MASTER_PORT="23456")
+                   for rank in (0, 1)]
+            codes, outputs = _agents(hosts, [[WORKER, "--meet"]] * 2, pet)
+        finally:
+            for etc in made:
+                shutil.rmtree(etc, ignore_errors=True)
         assert codes == [0, 0], "\n----\n".join(outputs)
-        assert f"Rendezvous store listening on {hosts[0].address}:23456" in outputs[0]
+        assert "Rendezvous store listening on shoal-train-master-0:23456" in outputs[0]
         envs = _envs("".join(outputs))
         assert [e["GROUP_RANK"] for e in envs] == ["0", "0", "1", "1"]
         assert {e["sum"] for e in envs} == {6}

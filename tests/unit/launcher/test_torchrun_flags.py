@@ -104,3 +104,12 @@ def test_routes_follow_torchruns_redirect_and_tee_rules():
 def test_shutdown_timeout_is_the_grace_period():
     assert parse_run(["--grace-period=3", "--shutdown-timeout=9", SCRIPT], {}).grace_period == 9
     assert parse_run(["--grace-period=3", SCRIPT], {}).grace_period == 3
+
+
+def test_a_static_master_listens_on_every_interface_when_its_name_is_not_local_yet(monkeypatch):
+    from shoal.core import netaddr
+    from shoal.launcher import cli
+
+    assert cli._static_bind(("127.0.0.1", 29500)) == "127.0.0.1:29500"
+    monkeypatch.setattr(netaddr, "is_local_address", lambda host: False)
+    assert cli._static_bind(("shoal-train-master-0", 23456)) == "0.0.0.0:23456"
