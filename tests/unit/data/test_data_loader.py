@@ -248,3 +248,12 @@ def test_a_batch_kept_by_the_loop_is_never_overwritten_and_freed_slots_are_reuse
     # the kept batch pins one slot; the others cycle through prefetch_factor more, plus the one
     # being handed out while the next task is sent
     assert it.pool.slots_opened() <= 1 + loader.prefetch_factor + 1
+
+
+def test_spawned_workers_give_the_same_batches_as_forked_ones():
+    # spawn/forkserver suit processes whose threads make fork unsafe (a gRPC agent): the
+    # dataset travels pickled and the worker imports shoal afresh
+    forked = flat(data.DataLoader(Squares(10), batch_size=3, num_workers=1))
+    spawned = flat(data.DataLoader(Squares(10), batch_size=3, num_workers=1,
+                                   multiprocessing_context="spawn"))
+    assert spawned == forked == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
