@@ -110,6 +110,21 @@ def hierarchical_leaders() -> Optional[int]:
     return value
 
 
+def hierarchical_pipeline() -> Optional[bool]:
+    """SHOAL_HIER_PIPELINE: 1 pipelines two-level all_reduces (a leader's cross-host transfer of
+    one piece overlaps its host's shared-memory work on the next), 0 runs the phases one after
+    the other; unset, the group decides by cores per rank. Every rank must agree, or none
+    pipelines."""
+    value = os.environ.get("SHOAL_HIER_PIPELINE", "").strip().lower()
+    if not value:
+        return None
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"SHOAL_HIER_PIPELINE must be 0 or 1, got {value!r}.")
+
+
 def spin_seconds(group_size: int, default: float) -> float:
     """How long small receives poll before blocking: SHOAL_SPIN_US if set, else `default` when
     this process may use at least `group_size` CPUs (so ranks do not steal each other's core)."""
@@ -157,3 +172,14 @@ def bind_host_for(store) -> str:
     while not hasattr(store, "host") and hasattr(store, "underlying_store"):
         store = store.underlying_store
     return bind_host(getattr(store, "host", None) or os.environ.get("MASTER_ADDR"))
+
+
+def torchelastic_run_id() -> Optional[str]:
+    """TORCHELASTIC_RUN_ID: set by `shoal run` (and torchrun) for the ranks it starts."""
+    return os.environ.get("TORCHELASTIC_RUN_ID") or None
+
+
+def distributed_debug() -> str:
+    """SHOAL_DISTRIBUTED_DEBUG, else torch's TORCH_DISTRIBUTED_DEBUG (OFF, INFO, DETAIL)."""
+    return (os.environ.get("SHOAL_DISTRIBUTED_DEBUG")
+            or os.environ.get("TORCH_DISTRIBUTED_DEBUG") or "OFF").strip().upper()

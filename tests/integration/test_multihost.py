@@ -178,8 +178,9 @@ def test_a_lost_host_leaves_the_others_to_finish_from_the_last_checkpoint(tmp_pa
     assert got == final_sha(run, steps), out[-4000:]
 
 
-@pytest.mark.parametrize("leaders", [1, 2])
-def test_a_rank_killed_inside_a_two_level_all_reduce_is_named_on_every_other_rank(leaders):
+@pytest.mark.parametrize("leaders, pipeline", [(1, 0), (2, 1)], ids=["one-leader", "two-pipelined"])
+def test_a_rank_killed_inside_a_two_level_all_reduce_is_named_on_every_other_rank(leaders,
+                                                                                  pipeline):
     """2 hosts x 2 ranks started with env:// (no agent to tear the others down); the last rank
     SIGKILLs itself between two-level all_reduces of 16 MiB. Every other rank, whether it was
     in the shared-memory phase with it, in a cross-host ring with it or neither, raises a
@@ -187,7 +188,8 @@ def test_a_rank_killed_inside_a_two_level_all_reduce_is_named_on_every_other_ran
     require_netns()
     with Hosts(2) as hosts:
         env = {**os.environ, "SHOAL_AUTH_TOKEN": SECRET, "MASTER_ADDR": hosts[0].address,
-               "MASTER_PORT": "29610", "WORLD_SIZE": "4", "SHOAL_HIER_LEADERS": str(leaders)}
+               "MASTER_PORT": "29610", "WORLD_SIZE": "4", "SHOAL_HIER_LEADERS": str(leaders),
+               "SHOAL_HIER_PIPELINE": str(pipeline)}
         procs = [hosts[r // 2].popen([sys.executable, str(WORKERS / "hier_fault.py")], cwd=ROOT,
                                      env={**env, "RANK": str(r)}, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True)

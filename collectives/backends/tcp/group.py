@@ -74,13 +74,26 @@ def _leaders_proposal(topology: topo.Topology, local_size: int) -> int:
 
     SHOAL_HIER_LEADERS when set; else the host's cores per local rank, within 1 and the
     smallest host's rank count: each leader's ring needs CPU for its socket copies on top of
-    what the host's ranks use. Measured on 2 cores, 2 hosts x 2 ranks, 64 MiB: one
-    leader per host 198 ms, two 262 ms (each ring's copies then compete for the same cores).
+    what the host's ranks use. Measured on 2 cores, 2 hosts x 2 ranks, 64 MiB (quiet, under
+    SCHED_FIFO): one leader per host 62 ms, two 74 ms (their rings' copies compete for the
+    same cores).
     """
     configured = env.hierarchical_leaders()
     if configured is not None:
         return configured
     return max(1, min(min(len(h) for h in topology.hosts), _CPUS // max(1, local_size)))
+
+
+def _pipeline_proposal(local_size: int) -> bool:
+    """Whether this rank proposes to pipeline two-level all_reduces: SHOAL_HIER_PIPELINE when
+    set, else when the host has two cores per local rank (a leader's courier thread then has a
+    core of its own). Overlap needs spare cores: on 2 cores with 2 ranks per host the pipeline
+    measured 79 ms against 62 ms unpipelined (2 hosts x 2 ranks, 64 MiB), since the leaders
+    already keep both cores busy and the pipeline adds barriers and thread hand-offs."""
+    configured = env.hierarchical_pipeline()
+    if configured is not None:
+        return configured
+    return _CPUS >= 2 * local_size
 
 
 class ProcessGroupTCP(BackendGroup):
@@ -192,9 +205,12 @@ class ProcessGroupTCP(BackendGroup):
             willing = willing and local.shm is not None
         # Every rank must take the same path with the same leaders: each says whether it can
         # and how many leaders per host it proposes; the smallest proposal wins.
-        ours = bytes([int(willing), min(255, _leaders_proposal(topology, len(local_members)))])
+        # Likewise whether all_reduce pipelines its pieces (every rank must cut the same).
+        ours = bytes([int(willing), min(255, _leaders_proposal(topology, len(local_members))),
+                      int(_pipeline_proposal(len(local_members)))])
         verdicts = [ours] + [bytes(v) for v in links.direct.exchange(0, b"hierarchy", ours).values()]
         topology = dataclasses.replace(topology, max_leaders=min(v[1] for v in verdicts))
+        pipelined = all(v[2] == 1 for v in verdicts)
         self._topology = topology
         if not all(v[0] == 1 for v in verdicts):
             if local is not None:
@@ -205,7 +221,8 @@ class ProcessGroupTCP(BackendGroup):
         k = topology.leaders_per_host
         cross = (links.subset(list(topology.cross_ranks(index)), label=f"ring{index}")
                  if index < k else None)
-        return hierarchical.Plan(topology, topology.host_of(self._rank), index, local, cross)
+        return hierarchical.Plan(topology, topology.host_of(self._rank), index, local, cross,
+                                 pipelined)
 
     # ------------------------------------------------------------------ introspection
 

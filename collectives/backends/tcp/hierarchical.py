@@ -56,6 +56,7 @@ class Plan:
     index: int  # this rank's index on its host
     local: Optional[Links]  # the host's ranks with their shared memory; None when alone
     cross: Optional[Links]  # ring `index` across hosts; None when index >= leaders per host
+    pipelined: bool = False  # all_reduce overlaps its phases (agreed by every rank)
     courier: Any = field(default=None, repr=False)  # a leader's `_Courier`, started on first use
 
     def close(self) -> None:
@@ -112,13 +113,14 @@ def all_reduce(plan: Plan, flat: np.ndarray, uf, seq: int, fp: bytes,
                avg_over: Optional[int] = None) -> None:
     """flat (1-D) := its reduction over the group, in place; divided by `avg_over` if given.
 
-    Large arrays go in pieces through a pipeline: while a leader's courier thread carries
-    piece j between hosts, the host's ranks reduce piece j+1 and share piece j-1 through
-    shared memory. On a small machine that overlap, not the wire, decides the time: measured
-    at 64 MiB on 2 hosts x 2 ranks, 2 cores.
+    When the group pipelines (`plan.pipelined`, hosts with a core to spare per rank), large
+    arrays go in pieces: while a leader's courier thread carries piece j between hosts, the
+    host's ranks reduce piece j+1 and share piece j-1 through shared memory, so the transfer
+    between hosts hides the shared-memory work. Without spare cores the overlap only adds
+    barriers and thread hand-offs, and the phases run one after the other.
     """
-    step = max(1, PIPELINE_PIECE_BYTES // flat.itemsize)
-    pieces = algos.chunks(0, flat.size, step)
+    step = max(1, PIPELINE_PIECE_BYTES // flat.itemsize) if plan.pipelined else flat.size
+    pieces = algos.chunks(0, flat.size, max(1, step))
     owned = plan.index < plan.leaders
     # Every rank cuts the same pieces (each ring's members must agree on its messages); a
     # rank alone on its host has nothing to overlap and carries them one after the other.

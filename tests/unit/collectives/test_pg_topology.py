@@ -147,11 +147,12 @@ def _check_catalogue(results, world):
 ], ids=["2x2-k1-pipelined", "2x2-k2", "3x3-k2-pipelined", "2+1+3-pipelined", "3x1"])
 def test_two_level_collectives_match_numpy_and_agree_bitwise(layout, leaders, hierarchical,
                                                              piece, monkeypatch):
-    """`piece`: the all_reduce pipeline's piece size (1 MiB: the 4.4 MB arrays go in five
-    pieces, each leader's cross-host ring running in its courier thread; None: the default,
-    8 MiB, so one piece and no courier)."""
+    """`piece`: the all_reduce pipeline's piece size with SHOAL_HIER_PIPELINE=1 (1 MiB: the
+    4.4 MB arrays go in five pieces, each leader's cross-host ring running in its courier
+    thread); None: SHOAL_HIER_PIPELINE=0, the phases one after the other."""
     if piece is not None:
         monkeypatch.setattr(hierarchical_mod, "PIPELINE_PIECE_BYTES", piece)
+    monkeypatch.setenv("SHOAL_HIER_PIPELINE", "1" if piece is not None else "0")
     pgs = make_groups(layout, monkeypatch, leaders)
     world = len(pgs)
     try:
@@ -162,6 +163,8 @@ def test_two_level_collectives_match_numpy_and_agree_bitwise(layout, leaders, hi
             r += n
         assert all(pg.topology.hosts == tuple(want_hosts) for pg in pgs)
         assert all(pg.hierarchical == hierarchical for pg in pgs)
+        if hierarchical:
+            assert all(pg._links.hier.pipelined == (piece is not None) for pg in pgs)
         if leaders is not None:
             assert all(pg.topology.leaders_per_host == leaders for pg in pgs)
         # Unix sockets within a simulated host, TCP between them.
