@@ -77,3 +77,4 @@ half, float, double, long, int = float16, float32, float64, int64, int32  # noqa
 # Last, because nn and optim build on everything above.
 from shoal.core import nn
 from shoal.core import optim  # noqa: E402
+from shoal.core import data  # noqa: E402  (datasets and the DataLoader build on Tensor)
