@@ -13,6 +13,7 @@ from shoal.core.autograd import (
 from shoal.core.backend import Device
 from shoal.core.backend import Device as device
 from shoal.core.dtypes import DType, DTypeError, bfloat16, float16, float32, float64, int32, int64
+from shoal.core.dtypes import int8, int16, uint8
 from shoal.core.dtypes import bool_ as bool  # noqa: A001 - torch's name (core.bool)
 from shoal.core.errors import DeviceError, ShapeError, ShoalError
 from shoal.core.ops.arith import add, div, mul, pow, sub  # noqa: A004
@@ -39,6 +40,7 @@ from shoal.core.ops.creation import (
 from shoal.core.ops.interop import DLPackError, from_dlpack, to_dlpack
 from shoal.core.ops.alloc import retain_freed_memory
 from shoal.core.ops.linalg import matmul
+from shoal.core.ops.logical import all, allclose, any, equal, isclose, nonzero  # noqa: A004
 from shoal.core.ops.random import initial_seed, manual_seed
 from shoal.core.ops.reduce import (
     amax,
@@ -73,6 +75,7 @@ from shoal.core.ops.unary import abs, clamp, exp, gelu, log, relu, sigmoid, sqrt
 
 # torch's dtype aliases (core.float is float32, as torch.float).
 half, float, double, long, int = float16, float32, float64, int64, int32  # noqa: A001
+short = int16
 
 # Last, because nn and optim build on everything above.
 from shoal.core import nn

@@ -6,6 +6,7 @@ from shoal.core.nn import utils
 from shoal.core.nn.attention import MultiheadAttention
 from shoal.core.nn.containers import ModuleList, Sequential
 from shoal.core.nn.conv import Conv1d, Conv2d
+from shoal.core.nn.loss import CrossEntropyLoss, MSELoss, NLLLoss
 from shoal.core.nn.layers import (
     GELU,
     Dropout,
@@ -29,4 +30,5 @@ __all__ = [
     "MaxPool2d", "Module", "ModuleList", "MultiheadAttention", "Parameter", "ReLU",
     "RemovableHandle", "Sequential", "Sigmoid", "StateDictError", "Tanh", "TransformerEncoder",
     "TransformerEncoderLayer", "functional", "init", "utils",
+    "CrossEntropyLoss", "MSELoss", "NLLLoss",
 ]

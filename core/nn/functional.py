@@ -18,6 +18,7 @@ from shoal.core.ops.nn import (
     linear,
     mse_loss,
     nll_loss,
+    one_hot,
 )  # noqa: F401 - re-exported public names
 from shoal.core.tensor import Tensor
 
@@ -32,6 +33,7 @@ __all__ = [
     "dropout",
     "cross_entropy",
     "nll_loss",
+    "one_hot",
     "mse_loss",
     "layer_norm",
     "embedding",

@@ -10,6 +10,7 @@ def bind_methods(cls: type) -> None:
     from shoal.core.ops import arith
     from shoal.core.ops import interop
     from shoal.core.ops import linalg
+    from shoal.core.ops import logical
     from shoal.core.ops import reduce
     from shoal.core.ops import shape
     from shoal.core.ops import unary  # noqa: PLC0415
@@ -105,6 +106,13 @@ def bind_methods(cls: type) -> None:
         "chunk": shape.chunk,
         "maximum": shape.maximum,
         "minimum": shape.minimum,
+        "t": shape.t,
+        "all": logical.all,
+        "any": logical.any,
+        "equal": logical.equal,
+        "isclose": logical.isclose,
+        "allclose": logical.allclose,
+        "nonzero": logical.nonzero,
     }
     for name, fn in ops.items():
         setattr(cls, name, fn)

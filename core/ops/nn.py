@@ -1,4 +1,4 @@
-"""Fused neural-network ops: linear, embedding, layer_norm, dropout, cross_entropy, mse_loss."""
+"""Fused neural-network ops: linear, embedding, layer_norm, dropout, the losses, one_hot."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from shoal.core import backend
 from shoal.core import kernels as _kernels
 from shoal.core.errors import ShapeError
 from shoal.core.ops import random as _random
-from shoal.core.ops._util import broadcast_error, needs_grad, result, unbroadcast, val, xp_of
+from shoal.core.ops._util import (
+    broadcast_error, needs_grad, result, unbroadcast, val, wrap, xp_of,
+)
 from shoal.core.tensor import Tensor
 
 _REDUCTIONS = ("mean", "sum", "none")
@@ -318,11 +320,11 @@ def _to_input_layout(grad: Any, xd: Any, n_classes: int) -> Any:
     return grad
 
 
-def _check_classes(kept: Any, n_classes: int) -> None:
+def _check_classes(kept: Any, n_classes: int, op: str = "cross_entropy") -> None:
     """Refuse class indices outside [0, C) (ignored rows already removed)."""
     if kept.size and (int(kept.max()) >= n_classes or int(kept.min()) < 0):
         raise ShapeError(
-            f"cross_entropy: target class out of range [0, {n_classes}) "
+            f"{op}: target class out of range [0, {n_classes}) "
             f"(targets span {int(kept.min())}..{int(kept.max())})."
         )
 
@@ -360,23 +362,82 @@ def nll_loss(
     input: Tensor, target: Any, weight: Tensor | None = None, ignore_index: int = -100,  # noqa: A002
     reduction: str = "mean",
 ) -> Tensor:
-    """Negative log likelihood of log-probabilities (input is log_softmax output)."""
+    """Negative log likelihood of log-probabilities over dim 1 (or the only dim), as torch's."""
     _check_reduction(reduction, "nll_loss")
-    from shoal.core.ops.shape import getitem  # noqa: PLC0415
-
-    td = val(target)
-    xp = xp_of(input.data)
+    xd, td = input.data, val(target)
+    xp = xp_of(xd)
     if not backend.is_array(td):
         td = xp.asarray(td)
-    rows = xp.arange(td.shape[0])
-    valid = td != ignore_index
-    safe = xp.where(valid, td, 0)
-    picked = getitem(input, (rows, safe))
-    w = valid.astype(input.data.dtype)
+    if xd.ndim == 0:
+        raise ShapeError("nll_loss: input must have a class dimension, got a 0-d tensor.")
+    n_classes = xd.shape[0] if xd.ndim == 1 else xd.shape[1]
+    expected_t = xd.shape[:1] + xd.shape[2:] if xd.ndim > 1 else ()
+    if tuple(td.shape) != tuple(expected_t):
+        raise ShapeError(
+            f"nll_loss: target of shape {tuple(td.shape)} does not match input of shape "
+            f"{tuple(xd.shape)}; expected target shape {tuple(expected_t)}."
+        )
+    if td.dtype.kind not in "iu":
+        raise ShapeError(f"nll_loss: class targets must be integers, got dtype {td.dtype}.")
+    if xd.ndim == 1:
+        x2 = xd[None, :]
+    elif xd.ndim == 2:
+        x2 = xd
+    else:
+        x2 = xp.moveaxis(xd, 1, -1).reshape(-1, n_classes)
+    t2 = td.reshape(-1)
+    valid = t2 != ignore_index
+    _check_classes(t2[valid], n_classes, "nll_loss")
+    safe_t = xp.where(valid, t2, 0)
+    row_w = valid.astype(xd.dtype)
     if weight is not None:
-        w = w * val(weight)[safe]
-    losses = -(picked * w)
+        row_w = row_w * val(weight)[safe_t]
+    rows = xp.arange(t2.shape[0])
+    loss_rows = -x2[rows, safe_t] * row_w
+    # torch divides by the summed weights of the kept rows: 0/0 = nan when all are ignored.
+    denom = row_w.sum() if reduction == "mean" else None
     if reduction == "none":
-        return losses
-    total = losses.sum()
-    return total / float(w.sum()) if reduction == "mean" else total
+        out = loss_rows.reshape(expected_t)
+    elif reduction == "sum":
+        out = xp.asarray(loss_rows.sum(), dtype=xd.dtype)
+    else:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out = xp.asarray(loss_rows.sum() / denom, dtype=xd.dtype)
+
+    def backward(g: Any) -> tuple:
+        if reduction == "none":
+            r = g.reshape(-1) * row_w
+        elif reduction == "sum":
+            r = g * row_w
+        else:
+            with np.errstate(invalid="ignore", divide="ignore"):
+                r = g * row_w / denom
+        grad = xp.zeros_like(x2)
+        grad[rows, safe_t] = -r
+        return _to_input_layout(grad, xd, n_classes), None
+
+    return result(out, "NllLossBackward", backward, (input, target))
+
+
+def one_hot(tensor: Any, num_classes: int = -1) -> Tensor:
+    """int64 one-hot encoding with a new last dim of num_classes (inferred as max + 1 if -1)."""
+    td = val(tensor)
+    xp = xp_of(td) if backend.is_array(td) else np
+    if td.dtype.kind not in "iu":
+        raise ShapeError(f"one_hot: only integer (class index) tensors apply, got dtype {td.dtype}.")
+    if num_classes == -1:
+        if td.size == 0:
+            raise ShapeError(
+                "one_hot: cannot infer the number of classes from an empty tensor; "
+                "pass num_classes."
+            )
+        num_classes = int(td.max()) + 1
+    if td.size and int(td.min()) < 0:
+        raise ShapeError(f"one_hot: class values must be non-negative, got {int(td.min())}.")
+    if td.size and int(td.max()) >= num_classes:
+        raise ShapeError(
+            f"one_hot: class values must be smaller than num_classes={num_classes}, "
+            f"got {int(td.max())}."
+        )
+    out = (td[..., None] == xp.arange(num_classes)).astype(np.int64)
+    return wrap(out)  # integer output: no gradient flows through it, as in torch

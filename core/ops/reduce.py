@@ -34,6 +34,8 @@ def sum(x: Any, dim: Any = None, keepdim: bool = False, dtype: Any = None) -> An
         from shoal.core import dtypes  # noqa: PLC0415
 
         np_dtype = dtypes.get(dtype).np
+    elif xd.dtype.kind in "biu":
+        np_dtype = np.int64  # torch sums every integer and bool dtype to int64 (numpy: uint64)
     if np_dtype is None and xd.dtype in _HALF:
         # Accumulate half precisions in float32 (as torch does), then return the input's dtype.
         out = _as_array(xd.sum(axis=dims, keepdims=keepdim, dtype=np.float32), xd).astype(xd.dtype)

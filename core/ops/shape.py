@@ -121,6 +121,16 @@ def T(x: Tensor) -> Tensor:  # noqa: N802 - torch's name
     return permute(x, tuple(range(xd.ndim - 1, -1, -1)))
 
 
+def t(x: Tensor) -> Tensor:
+    """The transpose of a matrix; vectors and scalars unchanged; more than 2 dims refused."""
+    if x.data.ndim > 2:
+        raise ShapeError(
+            f"t: expects a tensor with <= 2 dimensions, got {x.data.ndim} (shape "
+            f"{tuple(x.data.shape)}); use transpose(dim0, dim1) or permute."
+        )
+    return T(x)
+
+
 def expand(x: Tensor, *sizes: Any) -> Tensor:
     """Broadcast to a larger shape (-1 keeps a dim), as a read-only view."""
     xd = x.data
