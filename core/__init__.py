@@ -81,3 +81,4 @@ short = int16
 from shoal.core import nn
 from shoal.core import optim  # noqa: E402
 from shoal.core import data  # noqa: E402  (datasets and the DataLoader build on Tensor)
+from shoal.core.serialization import SerializationError, load, save  # noqa: E402
