@@ -82,3 +82,4 @@ from shoal.core import nn
 from shoal.core import optim  # noqa: E402
 from shoal.core import data  # noqa: E402  (datasets and the DataLoader build on Tensor)
 from shoal.core.serialization import SerializationError, load, save  # noqa: E402
+from shoal.core import multiprocessing  # noqa: E402  (torch.multiprocessing.spawn)
