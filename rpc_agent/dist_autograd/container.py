@@ -10,6 +10,7 @@ call of a context arrives and `peer_lost` when a stream dies. Nothing here sends
 
 from __future__ import annotations
 
+import collections
 import itertools
 import threading
 from typing import Any, Optional
@@ -52,6 +53,9 @@ _lock = threading.Lock()
 _contexts: dict[int, DistAutogradContext] = {}
 _counter = itertools.count(1)
 _send_ids = itertools.count(1)
+# Why recent contexts ended early (a dead peer), for the messages that still arrive for them.
+_failures: "collections.OrderedDict[int, str]" = collections.OrderedDict()
+_MAX_FAILURES = 1024
 
 
 def _changed() -> None:
@@ -96,6 +100,11 @@ def touch(context_id: int, peer_id: int) -> DistAutogradContext:
             ctx = _contexts.get(context_id)
             if ctx is None:
                 ctx = _contexts[context_id] = DistAutogradContext(context_id)
+                why = _failures.get(context_id)
+                if why is not None:
+                    # A call of a context that already failed here: it stays failed (until
+                    # its creator ends it), so backward names the dead peer.
+                    ctx.failure = RpcPeerLost(why)
                 _changed()
     ctx.peers.add(peer_id)
     return ctx
@@ -155,11 +164,21 @@ def peer_lost(peer_id: int, peer: str, reason: str, own_id: int) -> None:
             f"died ({reason})."
         )
         if ctx.creator_id != own_id:
+            with _lock:
+                _failures[ctx.context_id] = str(ctx.failure)
+                while len(_failures) > _MAX_FAILURES:
+                    _failures.popitem(last=False)
             release(ctx.context_id)
+
+
+def failure_of(context_id: int) -> Optional[str]:
+    """Why a context ended early on this worker (its peer died), if it did."""
+    return _failures.get(context_id)
 
 
 def clear() -> None:
     """Drop every context (the agent shut down)."""
     with _lock:
         _contexts.clear()
+        _failures.clear()
         _changed()

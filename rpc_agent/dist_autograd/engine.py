@@ -215,9 +215,11 @@ def _begin(agent, ctx, pass_id: tuple, retain_graph: bool, origin: Optional[int]
 def _live_context(agent, cid: int) -> Any:
     ctx = container.get(cid)
     if ctx is None:
+        why = container.failure_of(cid)
         raise DistAutogradError(
             f"Distributed autograd context {cid} is not live on worker {agent.info.name!r} "
-            "(it ended, or failed with a peer), so its backward pass cannot run there."
+            + (f"({why})" if why else "(it ended)")
+            + ", so its backward pass cannot run there."
         )
     return ctx
 

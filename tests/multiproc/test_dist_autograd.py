@@ -455,7 +455,6 @@ def _torch_worker(rank: int, init_file: str, results) -> None:
         results.put(("error", repr(exc)))
 
 
-@pytest.mark.slow
 def test_torch_dist_autograd_over_tensorpipe_gives_the_same_gradients(workers, tmp_path):
     pytest.importorskip("torch")
     import multiprocessing  # noqa: PLC0415
@@ -479,3 +478,51 @@ def test_torch_dist_autograd_over_tensorpipe_gives_the_same_gradients(workers, t
     for key in ("x", "w0", "w1", "w2"):
         np.testing.assert_allclose(ours[key], torch_grads[key], rtol=0, atol=1e-12,
                                    err_msg=key)
+
+
+def relay(x):
+    """w1 passes x on to w2: the context on w1 involves w2."""
+    return rpc_agent.rpc_sync("w2", stage, (x,))
+
+
+def task_context_across_a_dying_worker(pool_kill_marker):
+    import pathlib  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    x = _x()
+    with dist_autograd.context() as cid:
+        y = rpc_agent.rpc_sync("w1", relay, (x,))
+        pathlib.Path(pool_kill_marker).touch()  # the test kills w2 now
+        with rpc_agent.context.context_id(None):  # queries outside the context
+            deadline = time.monotonic() + 20
+            while rpc_agent.rpc_sync("w1", live_contexts, (0.0,)) and \
+                    time.monotonic() < deadline:
+                time.sleep(0.01)
+            w1_live = rpc_agent.rpc_sync("w1", live_contexts, (0.0,))
+        try:
+            dist_autograd.backward(cid, [y.sum()])
+            message = None
+        except Exception as exc:  # noqa: BLE001  (its type and text are the result)
+            message = f"{type(exc).__name__}: {exc}"
+    return cid, w1_live, message
+
+
+def test_a_dead_worker_ends_the_contexts_that_involve_it(tmp_path):
+    import time  # noqa: PLC0415
+
+    marker = tmp_path / "kill-w2"
+    with RpcWorkers(3, rpc_timeout=20) as pool:
+        pool.run_all(init_params)
+        task = pool.submit(0, task_context_across_a_dying_worker, str(marker))
+        deadline = time.monotonic() + 30
+        while not marker.exists():
+            assert time.monotonic() < deadline, "w0 never finished its forward"
+            time.sleep(0.01)
+        pool.kill(2)
+        cid, w1_live, message = pool.result(task, timeout=40)
+        assert w1_live == 0  # w1 ended its context when w2's stream died
+        assert message is not None and message.startswith("DistAutogradError: "), message
+        assert f"context {cid}" in message and "'w2'" in message, message
+        assert pool.run(0, live_contexts) == 0
+        assert pool.run(1, live_contexts) == 0
+        pool.close()
