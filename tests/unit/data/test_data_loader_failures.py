@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from shoal.core import data
+from shoal.core.data import handover
 
 
 class Slow(data.Dataset):
@@ -147,3 +148,25 @@ def test_a_batch_that_cannot_be_pickled_is_reported_not_fatal():
 
     with pytest.raises(TypeError, match=r"(?s)while sending a batch to the main process.*lock"):
         list(data.DataLoader(Lock(), batch_size=None, num_workers=1))
+
+
+def test_a_terminated_worker_unlinks_the_slots_it_made():
+    class Big(data.Dataset):
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            return np.full(1 << 17, i, np.float32)
+
+    loader = data.DataLoader(Big(), batch_size=2, num_workers=1, persistent_workers=True)
+    it = iter(loader)
+    next(it)
+    pool = it.pool
+    pid = pool.pids()[0]
+    deadline = time.monotonic() + 5
+    while not handover.stale_paths(pid) and time.monotonic() < deadline:
+        time.sleep(0.01)  # a prefetched batch's slot the main process has not mapped yet
+    pool.procs[0].terminate()
+    pool.procs[0].join(15)
+    assert pool.procs[0].exitcode == 0 and handover.stale_paths(pid) == []
+    pool.shutdown()
