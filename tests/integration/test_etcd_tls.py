@@ -20,6 +20,7 @@ import pytest
 from shoal.elastic.api import RendezvousError, RendezvousSettings
 from shoal.elastic.rendezvous.registry import create_backend, create_handler
 from tests.support.etcd_server import require_etcd
+from tests.support.requirements import missing
 from tests.support.shoal_run import ROOT, WORKERS
 
 PASSWORD = "pw-" + uuid.uuid4().hex[:8]
@@ -72,7 +73,8 @@ def _enable_auth(endpoint, d):
 def tls_etcd(tmp_path_factory):
     binary = require_etcd()
     if shutil.which("openssl") is None:
-        pytest.skip("openssl is needed to make the test certificates")
+        missing("the etcd TLS tests", "openssl is needed to make the test certificates "
+                "(apt-get install openssl)")
     d = tmp_path_factory.mktemp("etcd-tls")
     _make_certs(d)
     log_path = d / "etcd.log"

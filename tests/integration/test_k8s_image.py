@@ -97,5 +97,8 @@ def test_license_classifiers_and_typing_marker():
     assert "Typing :: Typed" in project["classifiers"]
     assert (ROOT / "shoal" / "py.typed").exists()
     assert "py.typed" in PYPROJECT["tool"]["setuptools"]["package-data"]["shoal"]
+    import shoal
+
+    assert shoal.__version__ == project["version"]  # `shoal --version` tells the truth
     changelog = (ROOT / "CHANGELOG.md").read_text()
     assert f"## [{project['version']}]" in changelog and "## [Unreleased]" in changelog

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.netns import Hosts, require_netns
+from tests.support.requirements import missing
 from tests.support.shoal_run import ROOT, WORKERS
 
 WORKER = str(WORKERS / "torchrun_worker.py")
@@ -202,8 +203,9 @@ def test_error_files_follow_torchruns_contract(tmp_path):
 
 def test_no_writable_temp_dir_is_a_clear_error(tmp_path):
     """A read-only root filesystem: /tmp, /var/tmp and the working directory not writable."""
-    if os.geteuid() != 0 or subprocess.run(["unshare", "--help"], capture_output=True).returncode:
-        pytest.skip("needs root and unshare to mount read-only temp directories")
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        missing("the read-only filesystem test", "it needs root and util-linux's unshare to "
+                "mount read-only temporary directories")
     script = ("set -e; for d in /tmp /var/tmp /usr/tmp; do [ -d $d ] && "
               "mount -t tmpfs -o ro tmpfs $d; done; cd /tmp; exec \"$@\"")
     env = _env()
