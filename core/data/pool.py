@@ -8,12 +8,14 @@ sentinels together, so a worker that dies is reported at once, never waited for.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import multiprocessing
 import os
 import pickle
 import signal
 import time
+import weakref
 from multiprocessing import connection
 from typing import Any, Iterable, Optional
 
@@ -27,6 +29,21 @@ POLL_S = 0.5
 JOIN_S = 5.0
 # The same after a failure (a timeout, a dead peer), when waiting longer rarely helps.
 FAILED_JOIN_S = 0.5
+
+
+_live_pools: "weakref.WeakSet[WorkerPool]" = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_live_pools() -> None:
+    """Stop pools still open at exit (persistent workers, an abandoned loop).
+
+    atexit runs this before multiprocessing's own exit hook, which would SIGTERM the workers
+    and leave the slot files of batches in flight in /dev/shm; shutdown stops them in order
+    and unlinks those files.
+    """
+    for pool in list(_live_pools):
+        pool.shutdown(grace=FAILED_JOIN_S)
 
 
 def _context(name: Optional[Any]) -> Any:
@@ -91,6 +108,7 @@ class WorkerPool:
         self._next_slot = [0] * len(specs)
         self._pending: dict[Any, tuple[int, int]] = {}  # task tag -> (worker, slot)
         self.closed = False
+        _live_pools.add(self)
         try:
             for spec in specs:
                 ours, theirs = ctx.Pipe(duplex=True)

@@ -69,10 +69,6 @@ def _die_with_parent(worker_id: int) -> None:
         pass  # not Linux: the idle poll below still notices the parent is gone
 
 
-def _exit_on_sigterm(signum: int, frame: Any) -> None:
-    raise SystemExit(0)
-
-
 @dataclass
 class WorkerSpec:
     """Everything a worker needs, sent to it once at start (pickled under spawn)."""
@@ -139,9 +135,6 @@ def worker_loop(conn: Any, spec: WorkerSpec, parent_pid: int) -> None:
     global _info
     _die_with_parent(spec.worker_id)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
-    # multiprocessing terminates daemonic children at exit: leave through the finally below,
-    # which unlinks slot files the main process never mapped.
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     seed = seed_worker(spec.base_seed, spec.worker_id)
     _info = WorkerInfo(spec.worker_id, spec.num_workers, seed, spec.dataset)
     writer = SlotWriter()
@@ -156,8 +149,8 @@ def worker_loop(conn: Any, spec: WorkerSpec, parent_pid: int) -> None:
     fetcher = _Fetcher(spec)
     try:
         _serve(conn, fetcher, writer, parent_pid)
-    except (EOFError, BrokenPipeError, KeyboardInterrupt, SystemExit):
-        pass  # the main process went away, closed the pipe or terminated us
+    except (EOFError, BrokenPipeError, KeyboardInterrupt):
+        pass  # the main process went away or closed the pipe: nothing left to serve
     finally:
         writer.close()
         conn.close()

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -150,23 +152,31 @@ def test_a_batch_that_cannot_be_pickled_is_reported_not_fatal():
         list(data.DataLoader(Lock(), batch_size=None, num_workers=1))
 
 
-def test_a_terminated_worker_unlinks_the_slots_it_made():
-    class Big(data.Dataset):
-        def __len__(self):
-            return 8
+EXIT_WITH_A_LOADER_OPEN = """
+import time
 
-        def __getitem__(self, i):
-            return np.full(1 << 17, i, np.float32)
+import numpy as np
+from shoal.core import data
 
-    loader = data.DataLoader(Big(), batch_size=2, num_workers=1, persistent_workers=True)
-    it = iter(loader)
-    next(it)
-    pool = it.pool
-    pid = pool.pids()[0]
-    deadline = time.monotonic() + 5
-    while not handover.stale_paths(pid) and time.monotonic() < deadline:
-        time.sleep(0.01)  # a prefetched batch's slot the main process has not mapped yet
-    pool.procs[0].terminate()
-    pool.procs[0].join(15)
-    assert pool.procs[0].exitcode == 0 and handover.stale_paths(pid) == []
-    pool.shutdown()
+class Big(data.Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return np.full(1 << 17, i, np.float32)
+
+loader = data.DataLoader(Big(), batch_size=2, num_workers=1, persistent_workers=True)
+it = iter(loader)
+next(it)
+print(it.pool.pids()[0], flush=True)
+time.sleep(0.5)  # the worker writes the next prefetched batch into a slot nobody maps yet
+"""
+
+
+def test_a_loader_left_open_at_exit_stops_its_workers_and_leaves_no_slot_files():
+    done = subprocess.run([sys.executable, "-c", EXIT_WITH_A_LOADER_OPEN], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    pid = int(done.stdout.split()[0])
+    assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+    assert handover.stale_paths(pid) == []
