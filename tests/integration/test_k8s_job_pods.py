@@ -231,8 +231,8 @@ def test_the_job_completes_recovers_a_killed_worker_and_a_second_job_starts_clea
     uid, pods = _run_job(hosts, job, shared, tmp_path, secret, on_running=kill_a_worker)
     assert [p.proc.returncode for p in pods] == [0, 0], "\n----\n".join(p.tail() for p in pods)
     text = "\n".join(p.output for p in pods)
-    assert f"Node n00000-" in text and f"joins run {uid} (etcd backend, nodes 2:2" in text
-    assert f"ended with signal SIGKILL" in pods[1].output and killed
+    assert "Node n00000-" in text and f"joins run {uid} (etcd backend, nodes 2:2" in text
+    assert "ended with signal SIGKILL" in pods[1].output and killed
     assert "Restarting the job (restart 1 of 10)" in text
     assert re.search(r"\[rank 0\] resumed from step \d+ \(restart 1\)", text), text[-3000:]
     first_sha = _final_sha(pods, steps)

@@ -265,7 +265,7 @@ def test_multi_node_c10d_lines_on_two_hosts(nnodes):
 def test_static_rendezvous_from_flags_and_from_kubeflows_variables():
     require_netns()
     with Hosts(2) as hosts:
-        flags = [[f"--nnodes=2", "--nproc-per-node=1", f"--node-rank={rank}",
+        flags = [["--nnodes=2", "--nproc-per-node=1", f"--node-rank={rank}",
                   f"--master-addr={hosts[0].address}", "--master-port=29500", WORKER, "--meet"]
                  for rank in (0, 1)]
         codes, outputs = _agents(hosts, flags, [_env(), _env()])
