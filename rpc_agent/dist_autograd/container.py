@@ -26,6 +26,9 @@ _WORKER_SHIFT = 48
 class DistAutogradContext:
     """One context's state on this worker (see the module docstring)."""
 
+    __slots__ = ("context_id", "lock", "sends", "recvs", "peers", "grads", "passes",
+                 "finished_passes", "graph_freed", "failure")
+
     def __init__(self, context_id: int) -> None:
         self.context_id = context_id
         # Re-entrant: a backward pass's leaf hooks may record into the same context.
@@ -64,10 +67,11 @@ def _changed() -> None:
 
 def new_context(worker_id: int) -> DistAutogradContext:
     """A fresh context created by this worker."""
-    with _lock:
-        cid = (worker_id << _WORKER_SHIFT) | next(_counter)
-        ctx = _contexts[cid] = DistAutogradContext(cid)
-        _changed()
+    # No lock: next() on a count and one dict store are atomic under the GIL, and no other
+    # worker's id can collide with this one's (the worker id is in the top bits).
+    cid = (worker_id << _WORKER_SHIFT) | next(_counter)
+    ctx = _contexts[cid] = DistAutogradContext(cid)
+    _changed()
     return ctx
 
 
@@ -135,10 +139,9 @@ def record_recv(context_id: int, tensor: Any, src_id: int, send_id: int) -> None
 
 def release(context_id: int) -> Optional[DistAutogradContext]:
     """End the context on this worker; returns it (None when it was not live)."""
-    with _lock:
-        ctx = _contexts.pop(context_id, None)
-        if ctx is not None:
-            _changed()
+    ctx = _contexts.pop(context_id, None)  # atomic under the GIL: one caller gets it
+    if ctx is not None:
+        _changed()
     return ctx
 
 

@@ -97,6 +97,8 @@ def live_context_count() -> int:
 class _Pass:
     """One backward pass's state on this worker."""
 
+    __slots__ = ("agent", "ctx", "pass_id", "retain_graph", "outbox", "shown", "task")
+
     def __init__(self, agent, ctx, pass_id: tuple, retain_graph: bool, roots: list) -> None:
         self.agent = agent
         self.ctx = ctx
