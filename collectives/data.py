@@ -88,7 +88,7 @@ class DistributedSampler(Sampler):
 
     def __iter__(self) -> Iterator[int]:
         self._current, self._start = self._start, 0
-        return iter(self._share(self._current))
+        return self._counted(iter(self._share(self._current)))
 
     def __len__(self) -> int:
         return self.num_samples

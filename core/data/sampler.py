@@ -3,7 +3,9 @@
 A sampler that can resume mid-epoch implements `state_after(consumed)`: the state from which a
 fresh iteration yields exactly the indices that follow the first `consumed` ones of the current
 iteration; `load_state_dict` installs it for the next `__iter__`. The DataLoader, which knows how
-many samples it handed to the training loop (its workers run ahead), asks for it.
+many samples it handed to the training loop (its workers run ahead), asks for it;
+`state_dict()` is the state after what the sampler itself yielded, for a loop that reads a
+sampler directly.
 """
 
 from __future__ import annotations
@@ -25,6 +27,17 @@ class Sampler:
     def state_after(self, consumed: int) -> dict:
         """The state that resumes after `consumed` items of the current iteration."""
         raise NotImplementedError(f"{type(self).__name__} cannot resume mid-epoch")
+
+    def state_dict(self) -> dict:
+        """The state after the indices this sampler yielded so far in its current iteration."""
+        return self.state_after(self.__dict__.get("_yielded", 0))
+
+    def _counted(self, indices: Iterator) -> Iterator:
+        """`indices`, counting them for state_dict."""
+        self._yielded = 0
+        for index in indices:
+            self._yielded += 1
+            yield index
 
     def load_state_dict(self, state: dict) -> None:
         """Make the next `__iter__` resume from `state` (from state_after)."""
@@ -48,7 +61,7 @@ class SequentialSampler(Sampler):
 
     def __iter__(self) -> Iterator[int]:
         self._current, self._begin = self._begin, 0
-        return iter(range(self._current, len(self.data_source)))
+        return self._counted(iter(range(self._current, len(self.data_source))))
 
     def __len__(self) -> int:
         return len(self.data_source)
@@ -105,7 +118,7 @@ class RandomSampler(Sampler):
             gen = self.generator or Generator(default_seed())
             skip = 0
         self._current = (gen.get_state(), skip)
-        return itertools.islice(self._stream(gen), skip, None)
+        return self._counted(itertools.islice(self._stream(gen), skip, None))
 
     def state_after(self, consumed: int) -> dict:
         state, skip = self._current
@@ -158,6 +171,10 @@ class BatchSampler(Sampler):
     def state_after(self, consumed: int) -> dict:
         """`consumed` counts indices (not batches), as the loader reports them."""
         return self.sampler.state_after(consumed)  # type: ignore[attr-defined]
+
+    def state_dict(self) -> dict:
+        """The inner sampler's state (what it yielded, a batch being built included)."""
+        return self.sampler.state_dict()  # type: ignore[attr-defined]
 
     def load_state_dict(self, state: dict) -> None:
         self.sampler.load_state_dict(state)  # type: ignore[attr-defined]

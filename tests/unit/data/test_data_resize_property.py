@@ -47,3 +47,32 @@ def test_a_resize_mid_epoch_reads_each_sample_once_up_to_padding(n, w1, w2, batc
         assert set(counts.values()) == {1}
     else:
         assert len(seen) - n <= (w1 - 1) + (w2 - 1)
+
+
+def test_a_sampler_read_directly_saves_its_own_position():
+    n, seen = 30, []
+    first = [DistributedSampler(range(n), 3, r, seed=1) for r in range(3)]
+    iters = [iter(s) for s in first]
+    for _ in range(4):  # four indices on each of 3 ranks
+        for it in iters:
+            seen.append(next(it))
+    state = first[1].state_dict()
+    assert state["start"] == 12 and all(s.state_dict() == state for s in first)
+    for r in range(2):  # the rest at 2 ranks
+        sampler = DistributedSampler(range(n), 2, r, seed=1)
+        sampler.load_state_dict(state)
+        seen += list(sampler)
+    assert sorted(seen) == list(range(n))
+    seq = data.SequentialSampler(range(5))
+    it = iter(seq)
+    next(it), next(it)
+    resumed = data.SequentialSampler(range(5))
+    resumed.load_state_dict(seq.state_dict())
+    assert list(resumed) == [2, 3, 4]
+    rnd = data.RandomSampler(range(9), generator=data.Generator(2))
+    order = list(data.RandomSampler(range(9), generator=data.Generator(2)))
+    it = iter(rnd)
+    head = [next(it) for _ in range(4)]
+    again = data.RandomSampler(range(9))
+    again.load_state_dict(rnd.state_dict())
+    assert head + list(again) == order
