@@ -83,3 +83,5 @@ from shoal.core import optim  # noqa: E402
 from shoal.core import data  # noqa: E402  (datasets and the DataLoader build on Tensor)
 from shoal.core.serialization import SerializationError, load, save  # noqa: E402
 from shoal.core import multiprocessing  # noqa: E402  (torch.multiprocessing.spawn)
+from shoal.core import amp  # noqa: E402
+from shoal.core.amp import autocast, get_autocast_dtype, is_autocast_enabled  # noqa: E402

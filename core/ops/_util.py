@@ -35,14 +35,17 @@ def wrap(data: Any) -> Tensor:
     return out
 
 
-def result(data: Any, name: str, backward: Callable, inputs: tuple) -> Tensor:
+def result(
+    data: Any, name: str, backward: Callable, inputs: tuple, exact_dtype: bool = False
+) -> Tensor:
     """Wrap an op's output; record a Node when grad mode is on and an input requires grad.
 
     `inputs` may hold non-tensors (Python scalars, arrays): they become None in the node, and
     the backward closure returns None (or anything; it is ignored) in their place.
+    `exact_dtype`: the op chose its output dtype on purpose (a cast), so keep it as it is.
     """
     out = wrap(data)  # numpy ufuncs turn 0-d results into scalars; wrap keeps arrays
-    if out.data.dtype is _F32:
+    if out.data.dtype is _F32 and not exact_dtype:
         out.data = _keep_bfloat16(out.data, inputs)
     if _mode.enabled:
         for t in inputs:

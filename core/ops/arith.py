@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from shoal.core.amp.autocast_mode import STATE as _AMP
+from shoal.core.ops import _autocast
 from shoal.core.ops._util import (
     UnsupportedOperand,
     broadcast_error,
@@ -96,6 +98,8 @@ def rdiv(x: Any, y: Any) -> Any:
 
 def pow(x: Any, y: Any) -> Any:  # noqa: A001 - torch's name
     """x ** y; y may be a tensor or a Python number."""
+    if _AMP.active:
+        x, y = _autocast.cast("pow", x, y)
     xd, yd = val(x), val(y)
     try:
         out = xd**yd

@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 
 from shoal.core import backend
+from shoal.core.amp.autocast_mode import STATE as _AMP
+from shoal.core.ops import _autocast
 from shoal.core.errors import ShapeError
 from shoal.core.ops import random as _random
 from shoal.core.ops._util import needs_grad, result, unbroadcast, val, xp_of
@@ -23,6 +25,10 @@ def scaled_dot_product_attention(
     is_causal: bool = False, scale: float | None = None,
 ) -> Tensor:
     """torch's F.scaled_dot_product_attention: a boolean mask keeps True entries, a float mask adds."""
+    if _AMP.active:
+        query, key, value, attn_mask = _autocast.cast(
+            "scaled_dot_product_attention", query, key, value, attn_mask
+        )
     qd, kd, vd = query.data, key.data, value.data
     if qd.ndim < 2 or kd.ndim != qd.ndim or vd.ndim != qd.ndim:
         raise ShapeError(

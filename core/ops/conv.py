@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from shoal.core.amp.autocast_mode import STATE as _AMP
+from shoal.core.ops import _autocast
 from shoal.core.errors import ShapeError
 from shoal.core.ops._util import needs_grad, result, xp_of
 from shoal.core.tensor import Tensor
@@ -134,6 +136,8 @@ def conv2d(
     groups: int = 1,
 ) -> Tensor:
     """2-D convolution (cross-correlation, as torch) over an (N, C, H, W) or (C, H, W) input."""
+    if _AMP.active:
+        input, weight, bias = _autocast.cast("conv2d", input, weight, bias)
     return _conv(input, weight, bias, stride, padding, dilation, groups, "conv2d", spatial=2)
 
 
@@ -147,6 +151,8 @@ def conv1d(
     groups: int = 1,
 ) -> Tensor:
     """1-D convolution over an (N, C, L) or (C, L) input: a conv2d of height 1."""
+    if _AMP.active:
+        input, weight, bias = _autocast.cast("conv1d", input, weight, bias)
 
     def one(v: Any, name: str) -> Any:
         if isinstance(v, str):

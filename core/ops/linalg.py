@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from shoal.core.amp.autocast_mode import STATE as _AMP
+from shoal.core.ops import _autocast
 from shoal.core.errors import ShapeError
 from shoal.core.ops._util import needs_grad, result, unbroadcast, val
 
 
 def matmul(x: Any, y: Any) -> Any:
     """x @ y: 1-D operands are promoted (and the added dim dropped) as in torch/numpy."""
+    if _AMP.active:
+        x, y = _autocast.cast("matmul", x, y)
     xd, yd = val(x), val(y)
     if xd.ndim == 0 or yd.ndim == 0:
         raise ShapeError(

@@ -9,6 +9,8 @@ import numpy as np
 from shoal.core import backend
 from shoal.core import kernels as _kernels
 from shoal.core.errors import ShapeError
+from shoal.core.amp.autocast_mode import STATE as _AMP
+from shoal.core.ops import _autocast
 from shoal.core.ops import random as _random
 from shoal.core.ops._util import (
     broadcast_error, needs_grad, result, unbroadcast, val, wrap, xp_of,
@@ -20,6 +22,8 @@ _REDUCTIONS = ("mean", "sum", "none")
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """x @ weight.T + bias as one node; weight has shape (out_features, in_features)."""
+    if _AMP.active:
+        x, weight, bias = _autocast.cast("linear", x, weight, bias)
     xd, wd = x.data, weight.data
     bd = None if bias is None else bias.data
     if wd.ndim != 2 or xd.ndim == 0 or xd.shape[-1] != wd.shape[1]:
@@ -92,6 +96,8 @@ def layer_norm(
     eps: float = 1e-5,
 ) -> Tensor:
     """Normalise over the trailing `normalized_shape` dims, then scale and shift."""
+    if _AMP.active:
+        x, weight, bias = _autocast.cast("layer_norm", x, weight, bias)
     xd = x.data
     xp = xp_of(xd)
     norm = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
@@ -159,6 +165,8 @@ def _check_reduction(reduction: str, op: str) -> None:
 
 def mse_loss(input: Tensor, target: Any, reduction: str = "mean") -> Tensor:  # noqa: A002
     """Mean (or sum, or elementwise) squared error."""
+    if _AMP.active:
+        input, target = _autocast.cast("mse_loss", input, target)
     _check_reduction(reduction, "mse_loss")
     xd, td = val(input), val(target)
     try:
@@ -191,6 +199,8 @@ def cross_entropy(
     label_smoothing: float = 0.0,
 ) -> Tensor:
     """Softmax cross entropy over dim 1 (or the only dim) with class indices or probabilities."""
+    if _AMP.active:
+        input, target, weight = _autocast.cast("cross_entropy", input, target, weight)
     _check_reduction(reduction, "cross_entropy")
     if not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}.")
@@ -199,7 +209,7 @@ def cross_entropy(
     if not backend.is_array(td):
         td = xp.asarray(td)
     wv = None if weight is None else val(weight)
-    probs_target = td.dtype.kind == "f"
+    probs_target = td.dtype.kind in "fV"  # ml_dtypes' bfloat16 is kind "V"
     if xd.ndim == 0:
         raise ShapeError("cross_entropy: input must have a class dimension, got a 0-d tensor.")
     n_classes = xd.shape[0] if xd.ndim == 1 else xd.shape[1]
@@ -220,7 +230,8 @@ def cross_entropy(
         xp.moveaxis(td, 1, -1).reshape(-1, n_classes) if probs_target else td.reshape(-1)
     )
     rows = x2.shape[0]
-    dt = xd.dtype
+    # Probability targets promote with the logits, as torch's (bfloat16 logits, float32 targets).
+    dt = xp.result_type(xd.dtype, td.dtype) if probs_target else xd.dtype
     if not probs_target and wv is None and not label_smoothing:
         return _plain_cross_entropy(input, target, x2, t2, ignore_index, reduction)
     e = x2 - x2.max(axis=1, keepdims=True)  # shifted logits; becomes exp() below
@@ -305,7 +316,7 @@ def cross_entropy(
                     p[ar, safe_t] -= 1.0
                 grad = p
             grad *= r[:, None] if reduction == "none" else r
-        return _to_input_layout(grad, xd, n_classes), None
+        return _to_input_layout(grad, xd, n_classes).astype(xd.dtype, copy=False), None
 
     return result(out, "CrossEntropyBackward", backward, (input, target))
 
@@ -363,6 +374,8 @@ def nll_loss(
     reduction: str = "mean",
 ) -> Tensor:
     """Negative log likelihood of log-probabilities over dim 1 (or the only dim), as torch's."""
+    if _AMP.active:
+        input, target, weight = _autocast.cast("nll_loss", input, target, weight)
     _check_reduction(reduction, "nll_loss")
     xd, td = input.data, val(target)
     xp = xp_of(xd)

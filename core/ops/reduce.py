@@ -10,6 +10,8 @@ import builtins
 import ml_dtypes
 import numpy as np
 
+from shoal.core.amp.autocast_mode import STATE as _AMP
+from shoal.core.ops import _autocast
 from shoal.core.ops._util import norm_dims, result, wrap, xp_of
 
 _HALF = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
@@ -27,6 +29,8 @@ def _expand_back(g: Any, dims: tuple | None, keepdim: bool, shape: tuple) -> Any
 
 def sum(x: Any, dim: Any = None, keepdim: bool = False, dtype: Any = None) -> Any:  # noqa: A001
     """Sum over `dim` (all dims when None)."""
+    if _AMP.active:
+        (x,) = _autocast.cast("sum", x)
     xd = x.data
     dims = norm_dims(dim, xd.ndim, "sum")
     np_dtype = None
@@ -173,6 +177,8 @@ def var(x: Any, dim: Any = None, keepdim: bool = False, correction: int = 1) -> 
 
 def softmax(x: Any, dim: int = -1) -> Any:
     """exp(x) / sum(exp(x)) along dim, shifted by the max for stability."""
+    if _AMP.active:
+        (x,) = _autocast.cast("softmax", x)
     xd = x.data
     xp = xp_of(xd)
     (axis,) = norm_dims(dim, xd.ndim, "softmax")
@@ -190,6 +196,8 @@ def softmax(x: Any, dim: int = -1) -> Any:
 
 def log_softmax(x: Any, dim: int = -1) -> Any:
     """x - logsumexp(x) along dim."""
+    if _AMP.active:
+        (x,) = _autocast.cast("log_softmax", x)
     xd = x.data
     xp = xp_of(xd)
     (axis,) = norm_dims(dim, xd.ndim, "log_softmax")
@@ -204,6 +212,8 @@ def log_softmax(x: Any, dim: int = -1) -> Any:
 
 def logsumexp(x: Any, dim: Any, keepdim: bool = False) -> Any:
     """log(sum(exp(x))) along dim, stably."""
+    if _AMP.active:
+        (x,) = _autocast.cast("logsumexp", x)
     xd = x.data
     xp = xp_of(xd)
     dims = norm_dims(dim, xd.ndim, "logsumexp")

@@ -397,7 +397,7 @@ def to(x: Tensor, device: Any, dtype: Any, copy: bool = False) -> Tensor:
         back = backend.to_device(g, src_dev)
         return (back.astype(src_dtype) if back.dtype != src_dtype else back,)
 
-    return result(out, "ToCopyBackward", backward, (x,))
+    return result(out, "ToCopyBackward", backward, (x,), exact_dtype=True)
 
 
 def detach_like(x: Tensor) -> Tensor:

@@ -8,6 +8,8 @@ from typing import Any
 import numpy as np
 
 from shoal.core import kernels as _kernels
+from shoal.core.amp.autocast_mode import STATE as _AMP
+from shoal.core.ops import _autocast
 from shoal.core.ops import _special
 from shoal.core.ops._util import result, xp_of
 
@@ -18,6 +20,8 @@ _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 def exp(x: Any) -> Any:
     """e ** x."""
+    if _AMP.active:
+        (x,) = _autocast.cast("exp", x)
     xd = x.data
     out = xp_of(xd).exp(xd)
 
@@ -29,6 +33,8 @@ def exp(x: Any) -> Any:
 
 def log(x: Any) -> Any:
     """Natural logarithm."""
+    if _AMP.active:
+        (x,) = _autocast.cast("log", x)
     xd = x.data
     out = xp_of(xd).log(xd)
 

@@ -1,0 +1,50 @@
+"""Applying core.autocast's policy at an op's entry: cast its float inputs, as recorded ops.
+
+Ops call `cast(name, *inputs)` only when `STATE.active` (one attribute read when autocast is
+off); the casts go through shape.to, so backward returns each gradient in its input's dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from shoal.core import backend
+from shoal.core.amp.autocast_mode import FP32, LOWER, STATE
+from shoal.core.ops import shape as _shape
+from shoal.core.tensor import Tensor
+
+_F32 = np.dtype(np.float32)
+_F64 = np.dtype(np.float64)
+
+
+def _device_type(inputs: tuple) -> str | None:
+    for t in inputs:
+        if isinstance(t, Tensor):
+            return "cpu" if isinstance(t.data, np.ndarray) else backend.device_of(t.data).type
+    return None
+
+
+def _to(t: Any, target: np.dtype) -> Any:
+    if not isinstance(t, Tensor):
+        return t
+    dt = t.data.dtype
+    # torch casts every floating input except float64; integer and bool inputs pass as they are.
+    # (ml_dtypes' bfloat16 has numpy kind "V".)
+    if dt == target or dt == _F64 or dt.kind not in "fV":
+        return t
+    return _shape.to(t, None, target)
+
+
+def cast(op: str, *inputs: Any) -> tuple:
+    """The inputs of `op` as autocast wants them on their device type (unchanged when off)."""
+    device_type = _device_type(inputs)
+    lower = STATE.lower.get(device_type) if device_type is not None else None
+    if lower is None:
+        return inputs
+    if op in LOWER:
+        return tuple(_to(t, lower) for t in inputs)
+    if op in FP32[device_type]:
+        return tuple(_to(t, _F32) for t in inputs)
+    return inputs
