@@ -1,0 +1,170 @@
+"""core.amp.GradScaler with torch.amp.GradScaler as the oracle: scale sequence, skipped steps,
+final parameters over a scripted pattern of inf/NaN gradients; the misuse errors torch raises."""
+
+import numpy as np
+import pytest
+
+from shoal import core
+from shoal.core.amp import GradScaler
+
+torch = pytest.importorskip("torch")
+
+# step -> [(which parameter, value)] injected into the scaled gradients after backward.
+_PATTERN = {
+    2: [("a.weight", float("inf"))],          # only the first optimizer overflows
+    5: [("b.bias", float("nan"))],            # only the second
+    7: [("a.bias", float("-inf")), ("b.weight", float("inf"))],
+    8: [("a.weight", float("nan"))],
+}
+_STEPS = 16
+
+
+def _models():
+    core.manual_seed(0)
+    ours = {"a": core.nn.Linear(4, 3), "b": core.nn.Linear(3, 1)}
+    theirs = {"a": torch.nn.Linear(4, 3), "b": torch.nn.Linear(3, 1)}
+    with torch.no_grad():
+        for k in ours:
+            theirs[k].weight.copy_(torch.from_numpy(ours[k].weight.numpy(force=True).copy()))
+            theirs[k].bias.copy_(torch.from_numpy(ours[k].bias.numpy(force=True).copy()))
+    return ours, theirs
+
+
+def _param(models, name):
+    mod, attr = name.split(".")
+    return getattr(models[mod], attr)
+
+
+def _run(lib, models, x, y, clip_at):
+    nn = core if lib == "shoal" else torch
+    scaler = (GradScaler("cpu", init_scale=2.0**10, growth_interval=3) if lib == "shoal" else
+              torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=3))
+    opt_a = nn.optim.SGD(models["a"].parameters(), lr=0.05, momentum=0.9)
+    opt_b = nn.optim.Adam(models["b"].parameters(), lr=0.01)
+    scales, skipped = [], []
+    for step in range(_STEPS):
+        opt_a.zero_grad()
+        opt_b.zero_grad()
+        out = models["b"](nn.tanh(models["a"](x)))
+        loss = ((out - y) ** 2).mean()
+        scaler.scale(loss).backward()
+        with (core.no_grad() if lib == "shoal" else torch.no_grad()):
+            for name, value in _PATTERN.get(step, []):
+                grad = _param(models, name).grad
+                if lib == "shoal":
+                    grad.data.reshape(-1)[0] = value
+                else:
+                    grad.view(-1)[0] = value
+        if step == clip_at:  # unscale_ first, as torch's docs show for clipping
+            scaler.unscale_(opt_a)
+            clip = core.nn.utils.clip_grad_norm_ if lib == "shoal" else torch.nn.utils.clip_grad_norm_
+            clip(models["a"].parameters(), 0.5)
+        before = [p.detach().clone() for p in models["a"].parameters()] + [
+            p.detach().clone() for p in models["b"].parameters()]
+        scaler.step(opt_a)
+        scaler.step(opt_b)
+        after = list(models["a"].parameters()) + list(models["b"].parameters())
+        skipped.append(tuple(
+            all(bool((b == a).all()) for b, a in zip(before[i:j], after[i:j], strict=True))
+            for i, j in ((0, 2), (2, 4))
+        ))
+        scaler.update()
+        scales.append(scaler.get_scale())
+    params = [np.asarray(p.detach().numpy() if lib == "torch" else p.numpy(force=True))
+              for m in ("a", "b") for p in (models[m].weight, models[m].bias)]
+    return scales, skipped, params, scaler.state_dict()
+
+
+def test_scale_sequence_skipped_steps_and_parameters_match_torch():
+    rng = np.random.default_rng(0)
+    x_np = rng.standard_normal((8, 4)).astype(np.float32)
+    y_np = rng.standard_normal((8, 1)).astype(np.float32)
+    ours, theirs = _models()
+    s_ours = _run("shoal", ours, core.tensor(x_np), core.tensor(y_np), clip_at=4)
+    s_theirs = _run("torch", theirs, torch.from_numpy(x_np), torch.from_numpy(y_np), clip_at=4)
+    assert s_ours[0] == s_theirs[0]  # the scale after every update(), bit for bit
+    assert s_ours[1] == s_theirs[1]  # which optimizer skipped which step
+    assert s_ours[1][2] == (True, False) and s_ours[1][5] == (False, True)
+    assert s_ours[1][7] == (True, True) and s_ours[1][0] == (False, False)
+    for o, t in zip(s_ours[2], s_theirs[2], strict=True):
+        np.testing.assert_allclose(o, t, rtol=1e-5, atol=1e-6)
+    assert s_ours[3] == s_theirs[3]  # state_dict: same keys, same values
+
+
+def test_state_dict_round_trips_between_shoal_and_torch():
+    theirs = torch.amp.GradScaler("cpu", init_scale=128.0, growth_factor=3.0, backoff_factor=0.25,
+                                  growth_interval=7)
+    ours = GradScaler("cpu")
+    ours.load_state_dict(theirs.state_dict())
+    assert ours.state_dict() == theirs.state_dict()
+    back = core.load(_saved(ours.state_dict()))
+    again = GradScaler()
+    again.load_state_dict(back)
+    assert again.get_scale() == 128.0 and again.get_growth_interval() == 7
+
+
+def _saved(obj):
+    import io
+
+    buf = io.BytesIO()
+    core.save(obj, buf)
+    buf.seek(0)
+    return buf
+
+
+def test_disabled_scaler_is_a_pass_through():
+    model = core.nn.Linear(2, 1)
+    opt = core.optim.SGD(model.parameters(), lr=0.1)
+    scaler = GradScaler(enabled=False)
+    loss = model(core.ones(1, 2)).sum()
+    assert scaler.scale(loss) is loss and scaler.get_scale() == 1.0 and scaler.state_dict() == {}
+    loss.backward()
+    w = model.weight.detach().clone()
+    scaler.step(opt)
+    scaler.update()
+    assert not core.equal(model.weight.detach(), w)
+
+
+def test_misuse_raises_as_torch_does():
+    model = core.nn.Linear(2, 1)
+    opt = core.optim.SGD(model.parameters(), lr=0.1)
+    scaler = GradScaler()
+    with pytest.raises(RuntimeError, match=r"No inf checks were recorded prior to update\(\)\."):
+        scaler.update()
+    scaler.scale(model(core.ones(1, 2)).sum()).backward()
+    scaler.unscale_(opt)
+    with pytest.raises(RuntimeError, match=r"unscale_\(\) has already been called on this "
+                                           r"optimizer since the last update\(\)\."):
+        scaler.unscale_(opt)
+    scaler.step(opt)
+    with pytest.raises(RuntimeError, match=r"step\(\) has already been called since the last "
+                                           r"update\(\)\."):
+        scaler.step(opt)
+    with pytest.raises(RuntimeError, match=r"unscale_\(\) is being called after step\(\)\."):
+        scaler.unscale_(opt)
+    with pytest.raises(RuntimeError, match="Closure use is not currently supported"):
+        scaler.step(opt, closure=lambda: 0.0)
+    scaler.update()
+    with pytest.raises(RuntimeError, match="The source state dict is empty"):
+        scaler.load_state_dict({})
+    with pytest.raises(ValueError, match=r"GradScaler: growth_factor must be > 1.0, got 1.0\."):
+        GradScaler(growth_factor=1.0)
+    half = core.nn.Linear(2, 1).to(core.float16)
+    half_opt = core.optim.SGD(half.parameters(), lr=0.1)
+    half(core.ones(1, 2, dtype=core.float16)).sum().backward()
+    with pytest.raises(ValueError, match="Attempting to unscale FP16 gradients."):
+        GradScaler().unscale_(half_opt)
+
+
+def test_found_inf_agreement_hook_decides_for_every_rank():
+    """What collectives' agreement installs: this rank's clean gradients still skip the step."""
+    model = core.nn.Linear(2, 1)
+    opt = core.optim.SGD(model.parameters(), lr=0.1)
+    scaler = GradScaler(init_scale=4.0)
+    seen = []
+    scaler.found_inf_agreement = lambda local: seen.append(local) or True  # another rank saw inf
+    scaler.scale(model(core.ones(1, 2)).sum()).backward()
+    w = model.weight.detach().clone()
+    assert scaler.step(opt) is None
+    scaler.update()
+    assert seen == [False] and core.equal(model.weight.detach(), w) and scaler.get_scale() == 2.0
