@@ -13,6 +13,8 @@ Keys the agents share in the run's store (all under `agent/`):
     round/<r>/failure         JSON of the worker failure that ended round r
     round/<r>/exit, exit_done exit barrier of round r
     bye/<node>                a node left for good (the store's host waits for them)
+    gone                      nodes of a finished job that left; the last one deletes the
+                              job's keys where the store can (etcd)
     nproc/<node rank>         (in the round's own store) each node's worker count
     final_failure             JSON summary once restarts ran out; then the rendezvous closes
 """
@@ -296,6 +298,14 @@ class Agent:
             return
         if not self._is_store_host:
             self._safe(lambda: self.store.set(f"agent/bye/{self.node_id}", "1"))
+            if result.exit_code == 0:
+                # The last node out of a finished job drops its keys (etcd keeps them
+                # otherwise); a failed job keeps them for diagnosis and for late joiners.
+                gone = self._safe(lambda: int(self.store.add("agent/gone", 1)), 0)
+                if gone >= info.num_nodes:
+                    release = getattr(self.handler, "release_job_keys", None)
+                    if release is not None:
+                        self._safe(release)
             return
         others = [f"agent/bye/{p}" for p in info.participants if p != self.node_id]
         if others:

@@ -229,6 +229,15 @@ class EtcdStore(Store):
 
         self._call(put_all, f"multi_set of {len(keys)} key(s)")
 
+    def delete_prefix(self, prefix: str) -> int:
+        """Delete every key that starts with `prefix` (under this store's own prefix); return
+        how many there were. Used to drop a finished job's keys (see RendezvousHandler)."""
+        if not isinstance(prefix, str) or not prefix:
+            raise ValueError(f"delete_prefix needs a non-empty prefix, got {prefix!r}.")
+        result = self._call(lambda c: c.delete_prefix(self._k(prefix)),
+                            f"delete of keys under {prefix!r}")
+        return int(getattr(result, "deleted", 0))
+
     def cap_calls(self, per_call: float, until: Optional[float] = None) -> None:
         """Bound every later etcd call (see EtcdClient.cap): the agent is finishing."""
         self._client.cap(per_call, until)

@@ -164,6 +164,23 @@ class RendezvousHandler:
                 logger.debug("Watching the rendezvous state failed, re-reading: %s", exc)
                 time.sleep(min(0.1, max(0.0, left)))
 
+    def release_job_keys(self) -> int:
+        """Delete the joined job's keys from the run's store, where the store can delete by
+        prefix (etcd): the last node out of a finished job calls it, so that a run leaves no
+        keys behind (the rendezvous state itself expires with its lease). Returns how many
+        keys went; 0 where nothing can or need be deleted (an embedded store dies with its
+        host)."""
+        delete = getattr(self.store, "delete_prefix", None)
+        if delete is None or not self._generation:
+            return 0
+        gone = 0
+        for prefix in (f"job/{self._generation}/", f"rdzv/{self.settings.run_id}/"
+                                                   f"{self._generation}/"):
+            gone += int(delete(prefix))
+        logger.info("Node %s removed the %d store keys of finished run %s", self.node_id, gone,
+                    self.settings.run_id)
+        return gone
+
     def num_nodes_waiting(self) -> int:
         """Alive nodes waiting for the next round while the current one runs (0 if it is full)."""
         state, _ = self._read()

@@ -1,9 +1,10 @@
 """A new job under a run id an earlier job used, on a real etcd.
 
-While the old job's closed rendezvous is still stored, a new node is refused with a sentence
-that says why and what to do. Once it expired (the lease ttl after the old job's last node),
-the new job starts clean: its restart count starts at 0 and its rounds are its own, although
-the old job's store keys (restart count, round endings) are still in etcd.
+A job that finished cleanly leaves no store keys behind, and while its closed rendezvous is
+still stored a new node is refused with a sentence that says why and what to do. A job whose
+agents were killed leaves its keys (restart count, round endings) in etcd; once its state
+expired (the lease ttl after its last node), a new job under its run id starts clean anyway:
+restart count 0 and rounds of its own.
 """
 
 from __future__ import annotations
@@ -39,8 +40,18 @@ def _job(etcd, run_id, *worker_args):
 
 
 def _restart_counts(output: str) -> list[str]:
-    return [json.loads(m.group(1))["SHOAL_RESTART_COUNT"]
-            for m in re.finditer(r"ENV (\{.*\})", output)]
+    return sorted({json.loads(m.group(1))["SHOAL_RESTART_COUNT"]
+                   for m in re.finditer(r"ENV (\{.*\})", output)})
+
+
+def _store_keys(etcd, run_id) -> int:
+    from shoal.elastic.rendezvous.etcd_store import EtcdStore
+
+    store = EtcdStore(etcd.endpoint, prefix=f"/shoal/{run_id}/store/", timeout=5)
+    try:
+        return store.num_keys()
+    finally:
+        store.close()
 
 
 def _state_gone(etcd, run_id, timeout=20.0) -> None:
@@ -56,13 +67,12 @@ def _state_gone(etcd, run_id, timeout=20.0) -> None:
         backend.close()
 
 
-def test_a_used_run_id_is_refused_while_closed_then_starts_clean(etcd):
-    run_id = "reused-" + uuid.uuid4().hex[:6]
-    # The first job: rank 0 fails once, so its store holds a restart count of 1.
+def test_a_finished_run_leaves_no_keys_and_its_id_is_refused_while_closed(etcd):
+    run_id = "finished-" + uuid.uuid4().hex[:6]
     with _job(etcd, run_id, "--fail-rank=0", "--fail-attempts=1") as first:
         assert first.wait(60) == 0, first.tail()
-    assert sorted(set(_restart_counts(first.output))) == ["0", "1"]
-
+    assert _restart_counts(first.output) == ["0", "1"]
+    assert "removed the" in first.output and _store_keys(etcd, run_id) == 0
     # At once: the closed rendezvous is still there; a new node is told why it cannot join.
     with _job(etcd, run_id) as early:
         assert early.wait(60) == 1, early.tail()
@@ -70,10 +80,19 @@ def test_a_used_run_id_is_refused_while_closed_then_starts_clean(etcd):
             in early.output), early.tail()
     assert "own --rdzv-id" in early.output
 
-    # After the ttl: a clean start, although the old job's keys are still in etcd.
+
+def test_a_killed_runs_keys_do_not_leak_into_the_next_job_under_its_id(etcd):
+    run_id = "killed-" + uuid.uuid4().hex[:6]
+    first = _job(etcd, run_id, "--fail-rank=0", "--fail-attempts=1", "--wait=60")
+    with first:
+        first.wait_for(r"rank [01] ready", 60)
+        first.wait_for(r"Restarting the job \(restart 1 of 3\)", 60)
+        first.wait_for(r'"SHOAL_RESTART_COUNT": "1"', 60)
+    # SIGKILLed (the context manager's exit): nothing was cleaned up.
+    assert _store_keys(etcd, run_id) > 0
     _state_gone(etcd, run_id)
     with _job(etcd, run_id, "--fail-rank=1", "--fail-attempts=1") as second:
         assert second.wait(60) == 0, second.tail()
-    assert sorted(set(_restart_counts(second.output))) == ["0", "1"], second.tail()
+    assert _restart_counts(second.output) == ["0", "1"], second.tail()
     assert "already ended by another node" not in second.output
     assert "Restarting the job (restart 1 of 3)" in second.output
