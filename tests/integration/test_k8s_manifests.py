@@ -242,6 +242,13 @@ def test_disruption_budget_and_pod_monitor_select_the_jobs_pods(rendered, varian
     ports = {p["name"] for p in _container(job)["ports"]}
     assert {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]} <= ports
     assert _env(_container(job))["SHOAL_METRICS_PORT"] == "9400"
+    # Without the operator: the headless Service that deploy/prometheus/prometheus.yml resolves.
+    service = objects[("Service", "shoal-train")]
+    assert service["spec"]["clusterIP"] == "None"
+    assert all(labels.get(k) == v for k, v in service["spec"]["selector"].items())
+    assert job["spec"]["template"]["spec"]["subdomain"] == "shoal-train"
+    scrape = (ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text()
+    assert f'"shoal-train.{service["metadata"]["namespace"]}.svc.cluster.local"' in scrape
 
 
 def test_the_pytorchjob_variant_runs_shoal_on_kubeflows_variables(rendered):
