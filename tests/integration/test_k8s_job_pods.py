@@ -11,7 +11,8 @@ test directories. `etcd-0.etcd` resolves, through the namespace's own /etc/hosts
 etcd running in a third namespace on the port the manifests name.
 
 The Job completes; a second Job object made from the same manifests (a new uid) completes from
-a clean rendezvous; and a worker killed in one pod is recovered by the agents.
+a clean rendezvous; and a worker killed in one pod is recovered by the agents. The Kubeflow
+variant's two pods run the same way, on the variables the training operator injects.
 """
 
 from __future__ import annotations
@@ -45,11 +46,12 @@ _FIELD = re.compile(r"metadata\.(labels|annotations)\['([^']+)'\]")
 
 # ----------------------------------------------------------------------------- the manifests
 
-def _rendered(tmp_path) -> dict:
+def _rendered(tmp_path, variant="overlays/cpu") -> dict:
     tree = tmp_path / "kubernetes"
-    shutil.copytree(KUBERNETES, tree)
-    (tree / "common" / "secrets" / "token").write_text(TOKEN)
-    return {(o["kind"], o["metadata"]["name"]): o for o in render(tree / "overlays" / "cpu")}
+    if not tree.exists():
+        shutil.copytree(KUBERNETES, tree)
+        (tree / "common" / "secrets" / "token").write_text(TOKEN)
+    return {(o["kind"], o["metadata"]["name"]): o for o in render(tree / variant)}
 
 
 def _image() -> tuple[list[str], dict]:
@@ -73,12 +75,12 @@ def _image() -> tuple[list[str], dict]:
 class Pod:
     """One pod of the Job: its namespace, directories, process and output."""
 
-    def __init__(self, host, job: dict, index: int, uid: str, shared: Path, root: Path,
-                 secret: dict):
+    def __init__(self, host, template: dict, index: int, shared: Path, root: Path,
+                 secret: dict, fields: dict, injected: dict):
         self.host, self.index = host, index
         self.dir = root / f"pod-{index}"
         (self.dir / "tmp").mkdir(parents=True)
-        spec = job["spec"]["template"]["spec"]
+        spec = template["spec"]
         container = spec["containers"][0]
         mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
         volumes = {v["name"]: v for v in spec["volumes"]}
@@ -87,16 +89,9 @@ class Pod:
         for path, name in mounts.items():
             shared_volume = "persistentVolumeClaim" in volumes[name]
             self.paths[path] = str(shared if shared_volume else self.dir / name)
-        fields = {
-            ("labels", "batch.kubernetes.io/controller-uid"): uid,
-            ("labels", "batch.kubernetes.io/job-name"): job["metadata"]["name"],
-            ("annotations", "batch.kubernetes.io/job-completion-index"): str(index),
-        }
         entrypoint, image_env = _image()
         env = {"PATH": f"{os.path.dirname(sys.executable)}:/usr/sbin:/usr/bin:/sbin:/bin",
-               "HOME": str(self.dir), **image_env,
-               # The job controller adds this to every container of an Indexed Job.
-               "JOB_COMPLETION_INDEX": str(index)}
+               "HOME": str(self.dir), **image_env, **injected}
         for item in container["env"]:
             if "value" in item:
                 value = re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)),
@@ -160,11 +155,31 @@ class Pod:
             return "\n".join(self.lines)
 
 
-def _run_job(hosts, job, shared, root, secret, on_running=None) -> tuple[str, list[Pod]]:
-    """Start every pod of one Job object (a fresh uid) and wait until all have exited."""
+def _job_pods(hosts, job, shared, root, secret) -> tuple[str, list[Pod]]:
+    """The pods of one Indexed Job object (a fresh uid), as the job controller makes them."""
     uid = str(uuid.uuid4())
-    pods = [Pod(hosts[1 + i], job, i, uid, shared, root / uid, secret)
-            for i in range(job["spec"]["completions"])]
+    pods = []
+    for index in range(job["spec"]["completions"]):
+        fields = {
+            ("labels", "batch.kubernetes.io/controller-uid"): uid,
+            ("labels", "batch.kubernetes.io/job-name"): job["metadata"]["name"],
+            ("annotations", "batch.kubernetes.io/job-completion-index"): str(index),
+        }
+        # The job controller adds this to every container of an Indexed Job.
+        injected = {"JOB_COMPLETION_INDEX": str(index)}
+        pods.append(Pod(hosts[1 + index], job["spec"]["template"], index, shared, root / uid,
+                        secret, fields, injected))
+    return uid, pods
+
+
+def _run_job(hosts, job, shared, root, secret, on_running=None) -> tuple[str, list[Pod]]:
+    """Start every pod of one Job object and wait until all have exited."""
+    uid, pods = _job_pods(hosts, job, shared, root, secret)
+    _run_pods(pods, on_running)
+    return uid, pods
+
+
+def _run_pods(pods, on_running=None) -> None:
     for pod in pods:
         pod.start()
     if on_running is not None:
@@ -175,7 +190,6 @@ def _run_job(hosts, job, shared, root, secret, on_running=None) -> tuple[str, li
             pod.proc.wait(max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             pytest.fail(f"pod {pod.index} did not finish within {JOB_TIMEOUT}s:\n{pod.tail()}")
-    return uid, pods
 
 
 def _final_sha(pods, steps) -> str:
@@ -250,3 +264,47 @@ def test_the_job_completes_recovers_a_killed_worker_and_a_second_job_starts_clea
     assert "already ended" not in text2 and "closed" not in text2.replace("closes", "")
     assert f"[rank 0] resumed from step {steps} (restart 0)" in text2
     assert _final_sha(pods2, steps) == first_sha
+
+
+def test_the_pytorchjob_runs_on_the_variables_kubeflows_operator_injects(tmp_path):
+    """kubeflow/: a master and a worker pod, each with what the training operator adds to the
+    container named pytorch (PET_*, MASTER_ADDR/PORT, WORLD_SIZE, RANK), and the master pod's
+    name resolving to its address on both (its own hosts file, the other's DNS)."""
+    require_netns()
+    objects = _rendered(tmp_path, "kubeflow")
+    job = objects[("PyTorchJob", "shoal-train")]
+    secret = {name: obj for (kind, name), obj in objects.items() if kind == "Secret"}
+    shared = tmp_path / "checkpoints-volume"
+    shared.mkdir()
+    args = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0][
+        "args"]
+    steps = int(next(a for a in args if a.startswith("--steps=")).split("=")[1])
+    with Hosts(2) as hosts:
+        made = []
+        try:
+            for host in hosts.hosts:
+                etc = Path("/etc/netns") / host.netns
+                etc.mkdir(parents=True)
+                made.append(etc)
+                (etc / "hosts").write_text(f"127.0.0.1 localhost\n{hosts[0].address} "
+                                           "shoal-train-master-0\n")
+            pods = []
+            for rank, kind in enumerate(("Master", "Worker")):
+                replica = job["spec"]["pytorchReplicaSpecs"][kind]
+                injected = {
+                    "MASTER_ADDR": "shoal-train-master-0", "MASTER_PORT": "23456",
+                    "WORLD_SIZE": "2", "RANK": str(rank), "PYTHONUNBUFFERED": "1",
+                    "PET_NNODES": "2", "PET_NPROC_PER_NODE": job["spec"]["nprocPerNode"],
+                    "PET_NODE_RANK": str(rank), "PET_MASTER_ADDR": "shoal-train-master-0",
+                    "PET_MASTER_PORT": "23456"}
+                pods.append(Pod(hosts[rank], replica["template"], rank, shared, tmp_path / "kf",
+                                secret, {}, injected))
+            _run_pods(pods)
+        finally:
+            for etc in made:
+                shutil.rmtree(etc, ignore_errors=True)
+    assert [p.proc.returncode for p in pods] == [0, 0], "\n----\n".join(p.tail() for p in pods)
+    text = "\n".join(p.output for p in pods)
+    assert "(static (store) backend, nodes 2:2, 2 worker(s) here)" in text
+    assert "Rendezvous store listening on shoal-train-master-0:23456" in pods[0].output
+    _final_sha(pods, steps)
