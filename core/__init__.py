@@ -41,7 +41,13 @@ from shoal.core.ops.interop import DLPackError, from_dlpack, to_dlpack
 from shoal.core.ops.alloc import retain_freed_memory
 from shoal.core.ops.linalg import matmul
 from shoal.core.ops.logical import all, allclose, any, equal, isclose, nonzero  # noqa: A004
-from shoal.core.ops.random import initial_seed, manual_seed
+from shoal.core.ops.random import get_rng_state, initial_seed, manual_seed, set_rng_state
+from shoal.core.determinism import (
+    NondeterministicError,
+    are_deterministic_algorithms_enabled,
+    is_deterministic_algorithms_warn_only_enabled,
+    use_deterministic_algorithms,
+)
 from shoal.core.ops.reduce import (
     amax,
     amin,

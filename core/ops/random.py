@@ -45,3 +45,13 @@ def get_state() -> dict:
 def set_state(state: dict) -> None:
     """Restore a state returned by get_state."""
     _np_gen.bit_generator.state = state
+
+
+def get_rng_state() -> dict:
+    """torch.get_rng_state's counterpart: the global generator's state (a dict core.save takes)."""
+    return get_state()
+
+
+def set_rng_state(state: dict) -> None:
+    """torch.set_rng_state's counterpart: restore what get_rng_state returned."""
+    set_state(state)

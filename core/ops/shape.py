@@ -8,6 +8,7 @@ import numpy as np
 
 from shoal.core import backend
 from shoal.core import dtypes
+from shoal.core.determinism import alert_not_deterministic
 from shoal.core.errors import DeviceError, ShapeError
 from shoal.core.ops._util import (
     broadcast_error,
@@ -227,6 +228,8 @@ def _scatter_add(xp: Any, target: Any, index: Any, values: Any) -> None:
     if xp is np:
         np.add.at(target, index, values)
     else:
+        if target.dtype.kind == "f":  # atomics add floats in an unspecified order
+            alert_not_deterministic("scatter_add on cuda (the backward of indexing and embedding)")
         import cupyx  # noqa: PLC0415 - cuda only
 
         cupyx.scatter_add(target, index, values)
