@@ -12,16 +12,31 @@ from shoal.collectives.api import ProcessGroup, Work  # noqa: F401  (re-exports)
 from shoal.collectives.store.api import Store  # noqa: F401  (re-exports)
 from shoal.collectives.types import (  # noqa: F401  (re-exports)
     ASYNC_ERROR_EXIT_CODE,
+    AllgatherOptions,
+    AllreduceCoalescedOptions,
+    AllreduceOptions,
+    AllToAllOptions,
+    BarrierOptions,
+    ReduceScatterOptions,
     BackendUnavailable,
     CollectiveError,
     CollectiveMismatch,
     CollectiveTimeout,
+    DistBackendError,
+    DistError,
+    DistNetworkError,
+    DistStoreError,
     GroupDestroyed,
     PeerLost,
+    PremulSum,
     ReduceOp,
     StoreError,
+    StoreBindError,
     StoreTimeout,
+    StoreUnreachable,
+    make_premul_sum,
 )
+from shoal.collectives.futures import Future  # noqa: F401  (re-export: torch.futures.Future)
 
 # public name -> module that defines it
 _LAZY = {
@@ -32,6 +47,8 @@ _LAZY = {
     "ProcessGroupTCP": "shoal.collectives.backends.tcp.group",
     "DistributedDataParallel": "shoal.collectives.ddp.ddp",
     "DDPError": "shoal.collectives.ddp.ddp",
+    "GradBucket": "shoal.collectives.ddp.buckets",
+    "BuiltinCommHookType": "shoal.collectives.ddp.comm_hooks",
     "Join": "shoal.collectives.ddp.join",
     "Joinable": "shoal.collectives.ddp.join",
     "JoinHook": "shoal.collectives.ddp.join",
@@ -48,6 +65,22 @@ _LAZY.update({name: "shoal.collectives.distributed" for name in (
     "all_gather_into_tensor", "all_gather_object", "broadcast_object_list", "gather", "scatter",
     "reduce_scatter", "all_to_all", "send", "recv", "isend", "irecv", "barrier",
     "monitored_barrier",
+)})
+_LAZY.update({name: "shoal.collectives.distributed" for name in (
+    "group", "get_group_rank", "get_global_rank", "get_node_local_rank", "is_available",
+    "is_gloo_available", "is_nccl_available", "is_mpi_available", "is_ucc_available",
+    "is_torchelastic_launched", "new_subgroups", "new_subgroups_by_enumeration",
+)})
+_LAZY.update({name: "shoal.collectives.distributed" for name in (
+    "reduce_scatter_tensor", "all_to_all_single", "gather_object", "scatter_object_list",
+    "all_reduce_coalesced", "all_gather_coalesced", "P2POp", "batch_isend_irecv",
+    "_make_nccl_premul_sum", "_all_gather_base", "_reduce_scatter_base",
+    "reduce_scatter_single", "all_gather_single", "rendezvous", "send_object_list",
+    "recv_object_list",
+)})
+_LAZY.update({"Backend": "shoal.collectives.backends.registry"})
+_LAZY.update({name: "shoal.collectives.debug" for name in (
+    "DebugLevel", "get_debug_level", "set_debug_level", "set_debug_level_from_env",
 )})
 
 

@@ -10,7 +10,9 @@ import abc
 from typing import Any, Callable, Optional, Sequence
 
 from shoal.collectives import arrays
-from shoal.collectives.types import DEFAULT_COLLECTIVE_TIMEOUT_S, ReduceOp
+from shoal.collectives.composite import CompositeCollectives
+from shoal.collectives.futures import Future, work_future
+from shoal.collectives.types import DEFAULT_COLLECTIVE_TIMEOUT_S, PremulSum, ReduceOp
 from shoal.core.errors import ShapeError
 from shoal.core.timeouts import TimeoutLike, to_seconds
 
@@ -49,6 +51,48 @@ class Work(abc.ABC):
     def add_done_callback(self, fn: Callable[["Work"], Any]) -> None:
         """Call `fn(work)` once it finishes (at once if it already has), in the finishing thread."""
 
+    def get_future(self) -> Future:
+        """A Future completed with `result()` (the output tensors) once this work finishes, or
+        with its error, as torch's Work.get_future()."""
+        return work_future(self)
+
+    def _source_rank(self) -> int:
+        """For a recv from any source: the group rank the message came from (torch's name)."""
+        source = getattr(self, "source_rank", None)
+        if source is None:
+            raise ValueError("_source_rank() is only defined for a completed recv.")
+        return source
+
+    def synchronize(self) -> None:
+        """torch's Work.synchronize(): on the host, the same as wait()."""
+        self.wait()
+
+
+class CompletedWork(Work):
+    """A Work that finished before it was handed out (what composite calls return)."""
+
+    def __init__(self, result: list, source_rank: Optional[int] = None):
+        self._result = result
+        self.source_rank = source_rank
+
+    def wait(self, timeout: TimeoutLike = None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def exception(self) -> Optional[BaseException]:
+        return None
+
+    def result(self) -> list:
+        return self._result
+
+    def add_done_callback(self, fn: Callable[["Work"], Any]) -> None:
+        fn(self)
+
 
 # ----------------------------------------------------------------------------- ProcessGroup
 
@@ -58,7 +102,7 @@ def _rank_arg(value: Any, size: int, what: str) -> int:
     return value
 
 
-class ProcessGroup(abc.ABC):
+class ProcessGroup(CompositeCollectives, abc.ABC):
     """A set of ranks that run collectives together; ranks here are the group's own (0..size-1).
 
     Public methods validate and unwrap their arguments (numpy arrays, cupy arrays or
@@ -102,6 +146,10 @@ class ProcessGroup(abc.ABC):
         """Change the default timeout of later collectives."""
         self._timeout = to_seconds(timeout, DEFAULT_COLLECTIVE_TIMEOUT_S)
 
+    @staticmethod
+    def _completed_work(result: list) -> Work:
+        return CompletedWork(result)
+
     def _t(self, timeout: TimeoutLike) -> float:
         seconds = to_seconds(timeout)
         return self._timeout if seconds is None else seconds
@@ -113,6 +161,9 @@ class ProcessGroup(abc.ABC):
         """Reduce `tensor` across ranks, leaving the result in every rank's `tensor`."""
         arr = arrays.unwrap(tensor, "all_reduce tensor")
         if type(op) is not ReduceOp:
+            if isinstance(op, PremulSum):
+                arrays.premul(arr, op.factor, copy=False)  # then a SUM, in place as torch's
+                op = ReduceOp.SUM
             op = arrays.reduce_op(op)
         if op is not ReduceOp.SUM:
             arrays.check_reducible(op, arr.dtype)
@@ -129,6 +180,10 @@ class ProcessGroup(abc.ABC):
                timeout: TimeoutLike = None) -> Work:
         """Reduce `tensor` across ranks into rank `dst`'s `tensor` (others keep theirs)."""
         arr = arrays.unwrap(tensor, "reduce tensor")
+        if isinstance(op, PremulSum):
+            # dst scales its own tensor; the others send a scaled copy and keep theirs
+            scaled = arrays.premul(arr, op.factor, copy=self._rank != dst)
+            tensor, arr, op = (tensor if scaled is arr else scaled), scaled, ReduceOp.SUM
         op = arrays.reduce_op(op)
         arrays.check_reducible(op, arr.dtype)
         _rank_arg(dst, self._size, "reduce dst")
@@ -192,6 +247,9 @@ class ProcessGroup(abc.ABC):
         out = arrays.unwrap(output, "reduce_scatter output")
         ins = arrays.unwrap_list(input_list, "reduce_scatter input_list", self._size)
         arrays.same_layout(ins, out, "reduce_scatter input_list", "the output tensor")
+        if isinstance(op, PremulSum):
+            ins = [arrays.premul(x, op.factor, copy=True) for x in ins]  # inputs stay as given
+            op = ReduceOp.SUM
         op = arrays.reduce_op(op)
         arrays.check_reducible(op, out.dtype)
         return self._reduce_scatter(output, out, ins, op, async_op, self._t(timeout))

@@ -11,7 +11,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from shoal.collectives.types import ReduceOp
+from shoal.collectives.types import PremulSum, ReduceOp
 from shoal.core.errors import ShapeError
 
 
@@ -74,6 +74,15 @@ def same_layout(arrays: Sequence, ref, what: str, ref_what: str) -> None:
             )
 
 
+def same_layout_pairs(arrays: Sequence, refs: Sequence, what: str) -> None:
+    """Raise unless `arrays[i]` has `refs[i]`'s shape and dtype for every i."""
+    for i, (a, ref) in enumerate(zip(arrays, refs)):
+        if a.shape != ref.shape or a.dtype != ref.dtype:
+            raise ShapeError(
+                f"{what}[{i}] is {describe(a)} but input {i} is {describe(ref)}; they must match."
+            )
+
+
 def describe(arr) -> str:
     """`float32[4, 3]`: the dtype and shape that fingerprints and messages show."""
     return f"{arr.dtype.name}{list(arr.shape)}"
@@ -91,6 +100,8 @@ def reduce_op(op: Any) -> ReduceOp:
     """Accept a ReduceOp or its name ("sum", "SUM")."""
     if isinstance(op, ReduceOp):
         return op
+    if isinstance(op, PremulSum):
+        return op.op
     if isinstance(op, str):
         try:
             return ReduceOp[op.upper()]
@@ -107,7 +118,11 @@ _UFUNCS = {
     ReduceOp.PRODUCT: np.multiply,
     ReduceOp.MIN: np.minimum,
     ReduceOp.MAX: np.maximum,
+    ReduceOp.BAND: np.bitwise_and,
+    ReduceOp.BOR: np.bitwise_or,
+    ReduceOp.BXOR: np.bitwise_xor,
 }
+_BITWISE = (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)
 
 
 def check_reducible(op: ReduceOp, dtype) -> None:
@@ -118,6 +133,16 @@ def check_reducible(op: ReduceOp, dtype) -> None:
             f"ReduceOp.AVG needs a floating-point dtype, got {np.dtype(dtype).name}; use SUM and "
             "divide, or cast first."
         )
+    if op in _BITWISE and kind not in "iub":
+        raise ValueError(
+            f"Cannot use ReduceOp.{op.name} with non-integral dtype {np.dtype(dtype).name}: "
+            "bitwise reductions take integer or bool arrays."
+        )
+    if op is ReduceOp.PREMUL_SUM:
+        raise ValueError(
+            "ReduceOp.PREMUL_SUM needs its factor: pass collectives.make_premul_sum(factor) "
+            "(torch: _make_nccl_premul_sum) as the op."
+        )
     if op in (ReduceOp.MIN, ReduceOp.MAX) and kind == "c":
         raise ValueError(f"ReduceOp.{op.name} is undefined for complex dtype {np.dtype(dtype).name}.")
 
@@ -125,6 +150,18 @@ def check_reducible(op: ReduceOp, dtype) -> None:
 def ufunc(op: ReduceOp):
     """The numpy ufunc that combines two operands in place for `op` (AVG sums, then divides)."""
     return _UFUNCS[op]
+
+
+def premul(arr, factor: float, copy: bool):
+    """`arr` times PREMUL_SUM's `factor` (in place unless `copy`), for floating dtypes."""
+    kind = np.dtype(arr.dtype).kind
+    if kind not in "fc" and np.dtype(arr.dtype).name != "bfloat16":
+        raise ValueError(
+            f"ReduceOp.PREMUL_SUM needs a floating-point dtype, got {np.dtype(arr.dtype).name}."
+        )
+    out = arr.copy() if copy else arr
+    out *= out.dtype.type(factor)
+    return out
 
 
 def finish_avg(arr: np.ndarray, world: int) -> None:

@@ -11,9 +11,11 @@ from __future__ import annotations
 import logging
 import threading
 import urllib.parse
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
-from shoal.collectives import env
+import numpy as np
+
+from shoal.collectives import arrays, env
 from shoal.collectives.api import ProcessGroup, Work
 from shoal.collectives.backends import registry
 from shoal.collectives.store.api import Store
@@ -21,6 +23,7 @@ from shoal.collectives.types import (
     DEFAULT_COLLECTIVE_TIMEOUT_S,
     CollectiveError,
     ReduceOp,
+    make_premul_sum,
 )
 from shoal.collectives.constants import DEFAULT_GROUP_NAME
 from shoal.core.timeouts import TimeoutLike, to_seconds
@@ -33,6 +36,14 @@ __all__ = [
     "GroupMember", "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
     "all_gather_object", "broadcast_object_list", "gather", "scatter", "reduce_scatter",
     "all_to_all", "send", "recv", "isend", "irecv", "barrier", "monitored_barrier",
+    "group", "get_group_rank", "get_global_rank", "get_node_local_rank", "is_available",
+    "is_gloo_available", "is_nccl_available", "is_mpi_available", "is_ucc_available",
+    "is_torchelastic_launched", "new_subgroups", "new_subgroups_by_enumeration",
+    "rendezvous", "send_object_list", "recv_object_list", "reduce_scatter_tensor",
+    "all_to_all_single", "gather_object", "scatter_object_list",
+    "all_reduce_coalesced", "all_gather_coalesced", "P2POp", "batch_isend_irecv",
+    "make_premul_sum", "_make_nccl_premul_sum", "reduce_scatter_single", "all_gather_single",
+    "_all_gather_base", "_reduce_scatter_base",
 ]
 
 
@@ -48,11 +59,22 @@ class _NonMember:
         return "GroupMember.NON_GROUP_MEMBER"
 
 
-class GroupMember:
-    """torch's names for the default group (None) and for "not in this group"."""
+class _WorldAttribute(type):
+    # torch's GroupMember.WORLD and group.WORLD read the default group at the time of asking
+    # (None before init_process_group); a metaclass property gives the class that attribute.
+    @property
+    def WORLD(cls) -> Optional[ProcessGroup]:
+        return _world.default
 
-    WORLD = None
+
+class GroupMember(metaclass=_WorldAttribute):
+    """torch's names for the default group (`WORLD`) and for "not in this group"."""
+
     NON_GROUP_MEMBER = _NonMember()
+
+
+class group(metaclass=_WorldAttribute):  # noqa: N801  (torch's name: dist.group.WORLD)
+    """`group.WORLD`: the default group, as torch.distributed.group.WORLD."""
 
 
 class _World:
@@ -66,6 +88,7 @@ class _World:
         self.size = -1
         self.timeout = DEFAULT_COLLECTIVE_TIMEOUT_S
         self.groups: dict[ProcessGroup, list[int]] = {}
+        self.backend_names: dict[ProcessGroup, str] = {}  # as asked for: "gloo" stays "gloo"
         self.group_count = 0
 
 
@@ -143,8 +166,25 @@ def _store_for(init_method: str, rank: Optional[int], size: Optional[int], timeo
     if port == 0 and size > 1:
         raise ValueError("MASTER_PORT 0 only works for a world of one; the other ranks need a real port.")
     is_master = rank == 0 and not (url.scheme == "env" and env.use_agent_store())
-    store = TCPStore(host, port, world_size=size, is_master=is_master, timeout=timeout)
+    # multi_tenant, as torch's env:// and tcp:// rendezvous: RPC on the same MASTER_ADDR:PORT
+    # in this process shares the server instead of failing to bind it again.
+    store = TCPStore(host, port, world_size=size, is_master=is_master, timeout=timeout,
+                     multi_tenant=True)
     return store, rank, size
+
+
+def rendezvous(url: str, rank: int = -1, world_size: int = -1, timeout: TimeoutLike = None,
+               **kwargs: Any) -> Iterator[tuple[Store, int, int]]:
+    """torch.distributed.rendezvous: yields (store, rank, world_size) for an init method URL
+    (env://, tcp://HOST:PORT?rank=&world_size=, file:///PATH), once.
+
+    Raises:
+        ValueError: the URL or the rank and world size are missing or inconsistent.
+    """
+    if not isinstance(url, str):
+        raise ValueError(f"rendezvous needs an init method URL (str), got {type(url).__name__}.")
+    seconds = to_seconds(timeout, env.collective_timeout() or DEFAULT_COLLECTIVE_TIMEOUT_S)
+    yield _store_for(url, _int_or_none(rank), _int_or_none(world_size), seconds)
 
 
 def init_process_group(
@@ -208,6 +248,7 @@ def init_process_group(
         _world.size = size_
         _world.timeout = seconds
         _world.groups = {pg: list(range(size_))}
+        _world.backend_names = {pg: registry.Backend(backend or registry.DEFAULT_BACKEND)}
         _world.group_count = 0
         logger.debug("Rank %d joined the default group of %d ranks (%s)", rank_, size_, _world.backend)
         return pg
@@ -267,15 +308,159 @@ def get_world_size(group=None) -> int:
 
 
 def get_backend(group=None) -> str:
-    """The backend's name ("tcp", "nccl")."""
+    """The name `group`'s backend was asked for by ("gloo", "tcp", "nccl"), as torch answers.
+
+    Raises:
+        ValueError: this rank is not a member of `group`.
+    """
     pg = _group(group)
-    return getattr(pg, "backend_name", _world.backend)
+    if pg is None:
+        raise ValueError("Invalid process group specified: this rank is not a member of it.")
+    name = _world.backend_names.get(pg)
+    if name is None:  # a group made outside init_process_group/new_group
+        name = registry.Backend(getattr(pg, "backend_name", _world.backend))
+    return name
 
 
 def get_process_group_ranks(group) -> list[int]:
     """World ranks of `group`'s members."""
     pg = _group(group)
     return list(_world.groups.get(pg, range(pg.size())))
+
+
+def get_group_rank(group, global_rank: int) -> int:
+    """`global_rank`'s rank within `group`, as torch.distributed.get_group_rank.
+
+    Raises:
+        ValueError: `global_rank` is not a member of `group`.
+    """
+    pg = _group(group)
+    if pg is None:
+        raise ValueError("Invalid process group specified: this rank is not a member of it.")
+    ranks = get_process_group_ranks(pg)
+    if global_rank not in ranks:
+        raise ValueError(
+            f"Global rank {global_rank} is not part of group {pg.name!r} (its ranks: {ranks})."
+        )
+    return ranks.index(global_rank)
+
+
+def get_global_rank(group, group_rank: int) -> int:
+    """The world rank of `group`'s rank `group_rank`, as torch.distributed.get_global_rank.
+
+    Raises:
+        ValueError: `group_rank` is not a rank of `group`.
+    """
+    pg = _group(group)
+    if pg is None:
+        raise ValueError("Invalid process group specified: this rank is not a member of it.")
+    ranks = get_process_group_ranks(pg)
+    valid = isinstance(group_rank, int) and not isinstance(group_rank, bool)
+    if not valid or not 0 <= group_rank < len(ranks):
+        raise ValueError(
+            f"Group rank {group_rank!r} is not part of group {pg.name!r} (ranks 0..{len(ranks) - 1})."
+        )
+    return ranks[group_rank]
+
+
+def get_node_local_rank(fallback_rank: Optional[int] = None) -> int:
+    """This process's rank on its node: LOCAL_RANK (set by shoal run), else `fallback_rank`.
+
+    Raises:
+        RuntimeError: LOCAL_RANK is unset and no fallback was given.
+    """
+    local = env.env_local_rank()
+    if local is not None:
+        return local
+    if fallback_rank is not None:
+        return int(fallback_rank)
+    raise RuntimeError(
+        "LOCAL_RANK is not in the environment; start the ranks with shoal run, or pass "
+        "fallback_rank= to get_node_local_rank."
+    )
+
+
+def is_available() -> bool:
+    """True: shoal always has its collectives (torch.distributed.is_available)."""
+    return True
+
+
+def is_gloo_available() -> bool:
+    """True: the tcp backend answers to "gloo"."""
+    return True
+
+
+def is_nccl_available() -> bool:
+    """True where the nccl backend can run here (cupy, a CUDA device and the NCCL library)."""
+    try:
+        return registry.check_backend_availability("nccl") is None
+    except CollectiveError:
+        return False
+
+
+def is_mpi_available() -> bool:
+    """False: shoal has no MPI backend."""
+    return False
+
+
+def is_ucc_available() -> bool:
+    """False: shoal has no UCC backend."""
+    return False
+
+
+def is_torchelastic_launched() -> bool:
+    """True in a process started by `shoal run` (or torchrun): TORCHELASTIC_RUN_ID is set."""
+    return env.torchelastic_run_id() is not None
+
+
+def new_subgroups(group_size: Optional[int] = None, group=None, timeout: TimeoutLike = None,
+                  backend: Optional[str] = None, pg_options: Any = None,
+                  group_desc: Optional[str] = None):
+    """Split the world into consecutive groups of `group_size` ranks; every rank calls it.
+
+    Returns (this rank's subgroup, every subgroup), as torch.distributed.new_subgroups; an entry
+    of the list is `GroupMember.NON_GROUP_MEMBER` on ranks outside that subgroup.
+
+    Raises:
+        ValueError: no group_size (torch's default, the local CUDA device count, is not used on
+            CPU), or one that does not divide the world size.
+    """
+    if group is not None:
+        raise ValueError("new_subgroups splits the default group only; pass group=None.")
+    world = get_world_size()
+    if group_size is None:
+        raise ValueError(
+            "new_subgroups needs group_size= (torch's default is the number of local CUDA "
+            "devices, which a CPU job does not have)."
+        )
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size <= 0:
+        raise ValueError(f"group_size must be a positive int, got {group_size!r}.")
+    if group_size > world or world % group_size:
+        raise ValueError(
+            f"The world size ({world}) must be divisible by group_size ({group_size})."
+        )
+    ranks = [list(range(start, start + group_size)) for start in range(0, world, group_size)]
+    return new_subgroups_by_enumeration(ranks, timeout=timeout, backend=backend)
+
+
+def new_subgroups_by_enumeration(ranks_per_subgroup_list: Sequence[Sequence[int]],
+                                 timeout: TimeoutLike = None, backend: Optional[str] = None,
+                                 pg_options: Any = None, group_desc: Optional[str] = None):
+    """One group per list of world ranks (each rank in at most one); returns (mine, all)."""
+    seen: set[int] = set()
+    for ranks in ranks_per_subgroup_list:
+        overlap = seen.intersection(ranks)
+        if overlap:
+            raise ValueError(f"Rank(s) {sorted(overlap)} appear in more than one subgroup.")
+        seen.update(ranks)
+    mine = None
+    subgroups = []
+    for ranks in ranks_per_subgroup_list:
+        pg = new_group(ranks, timeout=timeout, backend=backend)
+        subgroups.append(pg)
+        if pg is not GroupMember.NON_GROUP_MEMBER:
+            mine = pg
+    return mine, subgroups
 
 
 def new_group(ranks: Optional[Sequence[int]] = None, timeout: TimeoutLike = None,
@@ -300,6 +485,8 @@ def new_group(ranks: Optional[Sequence[int]] = None, timeout: TimeoutLike = None
         pg = cls(_world.store, ranks.index(_world.rank), len(ranks), timeout=seconds, name=name,
                  global_ranks=ranks)
         _world.groups[pg] = ranks
+        _world.backend_names[pg] = (registry.Backend(backend) if backend
+                                    else _world.backend_names[_world.default])
         return pg
 
 
@@ -311,6 +498,7 @@ def destroy_process_group(group=None) -> None:
         if group is not None and group is not _world.default:
             group.shutdown()
             _world.groups.pop(group, None)
+            _world.backend_names.pop(group, None)
             return
         if _world.default is None:
             return
@@ -481,3 +669,160 @@ def monitored_barrier(group=None, timeout: TimeoutLike = None, wait_all_ranks: b
     if pg is None:
         return None
     pg.monitored_barrier(timeout=timeout, wait_all_ranks=wait_all_ranks)
+
+
+
+# ----------------------------------------------------------------------------- torch's others
+
+def reduce_scatter_tensor(output, input, op: ReduceOp = ReduceOp.SUM, group=None,
+                          async_op: bool = False, timeout: TimeoutLike = None) -> Optional[Work]:
+    """`output` := the reduction of this rank's block of every rank's `input` (W blocks)."""
+    pg = _group(group)
+    if pg is None:
+        return None
+    work = pg.reduce_scatter_tensor(output, input, op, async_op=async_op, timeout=timeout)
+    return _ret(work, async_op)
+
+
+def reduce_scatter_single(output, input, op: ReduceOp = ReduceOp.SUM, group=None,
+                          async_op: bool = False, timeout: TimeoutLike = None) -> Optional[Work]:
+    """torch's newer name of reduce_scatter_tensor."""
+    return reduce_scatter_tensor(output, input, op, group, async_op, timeout)
+
+
+def all_gather_single(output_tensor, input_tensor, group=None, async_op: bool = False,
+                      timeout: TimeoutLike = None) -> Optional[Work]:
+    """torch's newer name of all_gather_into_tensor."""
+    return all_gather_into_tensor(output_tensor, input_tensor, group, async_op, timeout)
+
+
+def _all_gather_base(output_tensor, input_tensor, group=None, async_op: bool = False):
+    """torch's older name of all_gather_into_tensor."""
+    return all_gather_into_tensor(output_tensor, input_tensor, group, async_op)
+
+
+def _reduce_scatter_base(output, input, op: ReduceOp = ReduceOp.SUM, group=None,
+                         async_op: bool = False):
+    """torch's older name of reduce_scatter_tensor."""
+    return reduce_scatter_tensor(output, input, op, group, async_op)
+
+
+def all_to_all_single(output, input, output_split_sizes: Optional[Sequence[int]] = None,
+                      input_split_sizes: Optional[Sequence[int]] = None, group=None,
+                      async_op: bool = False, timeout: TimeoutLike = None) -> Optional[Work]:
+    """Rows of `input` in blocks to each rank; theirs into `output` (equal or given splits)."""
+    pg = _group(group)
+    if pg is None:
+        return None
+    return _ret(pg.all_to_all_single(output, input, output_split_sizes, input_split_sizes,
+                                     async_op=async_op, timeout=timeout), async_op)
+
+
+def gather_object(obj: Any, object_gather_list: Optional[list] = None, dst: int = 0, group=None,
+                  timeout: TimeoutLike = None) -> None:
+    """Every rank's picklable `obj` into `object_gather_list` on world rank `dst`."""
+    pg = _group(group)
+    if pg is None:
+        return None
+    pg.gather_object(obj, object_gather_list, _local(pg, dst, "dst"), timeout=timeout)
+
+
+def scatter_object_list(scatter_object_output_list: list,
+                        scatter_object_input_list: Optional[list] = None, src: int = 0,
+                        group=None, timeout: TimeoutLike = None) -> None:
+    """World rank `src`'s `scatter_object_input_list[j]` into group rank j's output list [0]."""
+    pg = _group(group)
+    if pg is None:
+        return None
+    pg.scatter_object_list(scatter_object_output_list, scatter_object_input_list,
+                           _local(pg, src, "src"), timeout=timeout)
+
+
+def all_reduce_coalesced(tensors: Sequence, op: ReduceOp = ReduceOp.SUM, group=None,
+                         async_op: bool = False, timeout: TimeoutLike = None) -> Optional[Work]:
+    """Reduce each tensor in place, with one all_reduce per dtype."""
+    pg = _group(group)
+    if pg is None:
+        return None
+    return _ret(pg.all_reduce_coalesced(tensors, op, timeout=timeout), async_op)
+
+
+def all_gather_coalesced(output_tensor_lists: Sequence[Sequence], input_tensor_list: Sequence,
+                         group=None, async_op: bool = False,
+                         timeout: TimeoutLike = None) -> Optional[Work]:
+    """`output_tensor_lists[r][i]` := group rank r's `input_tensor_list[i]`."""
+    pg = _group(group)
+    if pg is None:
+        return None
+    work = pg.all_gather_coalesced(output_tensor_lists, input_tensor_list, timeout=timeout)
+    return _ret(work, async_op)
+
+
+def _make_nccl_premul_sum(factor: float):
+    """torch's name for make_premul_sum (shoal's PREMUL_SUM runs on every backend)."""
+    return make_premul_sum(factor)
+
+
+class P2POp:
+    """One point-to-point operation for batch_isend_irecv: `P2POp(isend, tensor, peer)`."""
+
+    def __init__(self, op: Callable, tensor, peer: Optional[int] = None, group=None, tag: int = 0,
+                 group_peer: Optional[int] = None):
+        if op not in (isend, irecv):
+            raise ValueError(
+                "Invalid op: P2POp expects collectives.isend or collectives.irecv, got "
+                f"{getattr(op, '__name__', op)!r}."
+            )
+        if (peer is None) == (group_peer is None):
+            raise ValueError("P2POp needs exactly one of peer (a world rank) and group_peer.")
+        self.op = op
+        self.tensor = tensor
+        self.group = group
+        self.tag = tag
+        if peer is None:
+            pg = _group(group)
+            peer = get_process_group_ranks(pg)[group_peer] if pg is not None else -1
+        self.peer = peer
+
+    def __repr__(self) -> str:
+        return f"P2POp({self.op.__name__}, peer={self.peer}, tag={self.tag})"
+
+
+def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list:
+    """Start every P2POp and return their Works (wait on each), as torch's batch_isend_irecv."""
+    ops = list(p2p_op_list)
+    if not ops or not all(isinstance(p, P2POp) for p in ops):
+        raise ValueError("batch_isend_irecv needs a non-empty list of P2POp.")
+    if len({id(_group(p.group)) for p in ops}) != 1:
+        raise ValueError("All P2POps of one batch_isend_irecv must use the same group.")
+    works = []
+    for p in ops:
+        work = p.op(p.tensor, p.peer, p.group, p.tag)
+        if work is not None:
+            works.append(work)
+    return works
+
+
+def send_object_list(object_list: list, dst: int, group=None, device: Any = None,
+                     timeout: TimeoutLike = None) -> None:
+    """Send every picklable object of `object_list` to world rank `dst` (torch's
+    send_object_list; the receiver passes a list of the same length to recv_object_list)."""
+    blobs = [arrays.pickle_to_array(o) for o in object_list]
+    send(np.array([b.size for b in blobs], dtype=np.int64), dst, group, timeout=timeout)
+    send(np.concatenate(blobs) if blobs else np.empty(0, np.uint8), dst, group, timeout=timeout)
+
+
+def recv_object_list(object_list: list, src: Optional[int] = None, group=None, device: Any = None,
+                     timeout: TimeoutLike = None) -> int:
+    """Fill `object_list` with the objects world rank `src` (None: any) sent with
+    send_object_list; returns the sender's world rank (-1 if not a member of `group`)."""
+    sizes = np.empty(len(object_list), dtype=np.int64)
+    sender = recv(sizes, src, group, timeout=timeout)
+    if sender < 0:
+        return sender
+    data = np.empty(int(sizes.sum()), dtype=np.uint8)
+    recv(data, sender, group, timeout=timeout)
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    for i in range(len(object_list)):
+        object_list[i] = arrays.array_to_object(data[offsets[i]:offsets[i + 1]])
+    return sender

@@ -1,4 +1,5 @@
-"""A small Future for DDP communication hooks, in the shape of torch.futures.Future.
+"""The collectives layer's Future, in the shape of torch.futures.Future: what `Work.get_future()`
+returns and what DDP communication hooks return (as `collectives.Future`).
 
 A hook returns a Future whose value is the reduced bucket buffer. A Future made from a
 process group's `Work` is completed by whoever waits on it first (the reducer at the end of
@@ -163,3 +164,33 @@ def future_value(fut: Any, waited: Any) -> Any:
     """The value of a future-like object that has been waited on (`waited`: what wait() gave)."""
     value = getattr(fut, "value", None)
     return value() if callable(value) else waited
+
+
+def work_future(work: Any) -> Future:
+    """`work.get_future()`: a Future completed with the work's result (its output arrays, as
+    torch's is completed with its output tensors) or its error, when the work finishes."""
+    fut: Future = Future()
+
+    def finish(done: Any) -> None:
+        if fut.done():
+            return
+        exc = done.exception()
+        try:
+            if exc is None:
+                fut.set_result(done.result())
+            else:
+                fut.set_exception(exc)
+        except RuntimeError:  # completed by the other path in the meantime
+            pass
+
+    def driver(seconds: Optional[float]) -> None:
+        try:
+            work.wait(seconds)
+        except BaseException:
+            if not work.is_completed():
+                raise  # still running after `seconds`: the caller's timeout
+        finish(work)  # a failed work's error reaches the Future through finish
+
+    fut._driver = driver
+    work.add_done_callback(finish)
+    return fut

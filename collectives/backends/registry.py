@@ -14,7 +14,7 @@ from typing import Callable, Optional, Union
 from shoal.collectives.api import ProcessGroup
 from shoal.collectives.types import BackendUnavailable
 
-__all__ = ["DEFAULT_BACKEND", "backend_names", "register_backend", "canonical_name",
+__all__ = ["Backend", "DEFAULT_BACKEND", "backend_names", "register_backend", "canonical_name",
            "check_backend_availability", "backend_class"]
 
 Target = Union[str, Callable[..., ProcessGroup]]
@@ -91,3 +91,30 @@ def backend_class(name: Optional[str]) -> Callable[..., ProcessGroup]:
     if reason is not None:
         raise BackendUnavailable(reason)
     return cls
+
+
+class Backend(str):
+    """A backend's name, as torch.distributed.Backend: `Backend("GLOO") == Backend.GLOO == "gloo"`.
+
+    The name keeps the spelling asked for (lower-cased): "gloo" stays "gloo" although the tcp
+    backend runs it. `Backend.register_backend(name, func)` is `register_backend`.
+    """
+
+    UNDEFINED = "undefined"
+    GLOO = "gloo"
+    NCCL = "nccl"
+    MPI = "mpi"
+    UCC = "ucc"
+    TCP = "tcp"
+
+    def __new__(cls, name: str) -> "Backend":
+        if not isinstance(name, str):
+            raise ValueError(f"Backend name must be a str, got {type(name).__name__}.")
+        return str.__new__(cls, name.lower())
+
+    @classmethod
+    def register_backend(cls, name: str, func: Target, extended_api: bool = False,
+                         devices: Optional[object] = None) -> None:
+        """Register a backend under `name` (torch's extended_api and devices are accepted)."""
+        register_backend(name, func)
+        setattr(cls, name.upper(), name.lower())

@@ -7,7 +7,8 @@ a Future whose value is the averaged buffer. For these hooks `state` is the proc
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import enum
+from typing import Any, Callable, Optional
 
 from shoal.collectives.ddp import comm
 from shoal.collectives.ddp.future import Future, future_from_work
@@ -18,7 +19,8 @@ from shoal.core import dtypes
 from shoal.core import kernels
 from shoal.core.tensor import Tensor
 
-__all__ = ["allreduce_hook", "fp16_compress_hook", "bf16_compress_hook"]
+__all__ = ["allreduce_hook", "fp16_compress_hook", "bf16_compress_hook", "BuiltinCommHookType",
+           "builtin_hook"]
 
 
 def allreduce_hook(process_group: Optional[Any], bucket: GradBucket) -> Future:
@@ -69,3 +71,16 @@ def fp16_compress_hook(process_group: Optional[Any], bucket: GradBucket) -> Futu
 def bf16_compress_hook(process_group: Optional[Any], bucket: GradBucket) -> Future:
     """Cast the bucket to bfloat16, average it with all_reduce, and cast back (half the bytes)."""
     return _compress_hook(process_group, bucket, dtypes.bfloat16.np)
+
+
+class BuiltinCommHookType(enum.Enum):
+    """torch's names of the hooks `DDP._register_builtin_comm_hook` installs."""
+
+    ALLREDUCE = "allreduce"
+    FP16_COMPRESS = "fp16_compress"
+
+
+def builtin_hook(kind: BuiltinCommHookType) -> Callable:
+    """The hook function of a built-in hook type."""
+    return {BuiltinCommHookType.ALLREDUCE: allreduce_hook,
+            BuiltinCommHookType.FP16_COMPRESS: fp16_compress_hook}[kind]

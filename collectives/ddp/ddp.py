@@ -18,8 +18,11 @@ import numpy as np
 
 from shoal.collectives.ddp import comm
 from shoal.collectives.ddp.buckets import DEFAULT_FIRST_BUCKET_BYTES, MIB
+
+DEFAULT_BUCKET_CAP_MB = 25  # torch's
 from shoal.collectives.ddp.future import Future
 from shoal.collectives.ddp.buckets import GradBucket
+from shoal.collectives.ddp.comm_hooks import BuiltinCommHookType, builtin_hook
 from shoal.collectives.ddp.reducer import DDPError, Reducer
 from shoal.collectives.types import ReduceOp
 from shoal.collectives.ddp.join import Join, JoinHook, Joinable
@@ -36,30 +39,46 @@ __all__ = ["DistributedDataParallel", "DDPError", "GradBucket", "Future"]
 class DistributedDataParallel(nn.Module, Joinable):
     """Wrap `module` so that backward averages its gradients across `process_group`.
 
+    The arguments are torch's, in torch's order, so positional arguments mean what they do there:
+
     Args:
         module: the model; every rank must build it with the same parameters in the same order.
-        process_group: the group to reduce over (the default group when None).
-        bucket_cap_mb: the size of a gradient bucket in MiB (the first bucket holds 1 MiB at
-            most, so its all_reduce starts early in backward).
+        device_ids: None or [] for a model on the host; [i] (or [device]) for a model on CUDA
+            device i, which must be where its parameters are.
+        output_device: where outputs go; a single-device model's outputs stay where they are
+            computed, so this must be None or that device.
+        dim: the dimension torch scatters inputs along across several devices of one process;
+            shoal drives one device per process, so it is only recorded.
         broadcast_buffers: copy rank 0's buffers to every rank at the start of each forward.
+        init_sync: broadcast rank 0's parameters and buffers at construction (False: each rank
+            keeps its own, as torch).
+        process_group: the group to reduce over (the default group when None).
+        bucket_cap_mb: the size of a gradient bucket in MiB (None: 25; the first bucket holds
+            1 MiB at most, so its all_reduce starts early in backward).
         find_unused_parameters: search each forward's graph for parameters it did not reach,
             and reduce those as zeros.
+        check_reduction: ignored (deprecated in torch too).
+        gradient_as_bucket_view: make each `.grad` a view into its bucket (saves memory and a
+            copy per parameter).
         static_graph: the graph is the same every iteration: learn it in the first one, then
             allow reentrant backward (a parameter's hook firing several times) and skip the
             search for unused parameters.
-        gradient_as_bucket_view: make each `.grad` a view into its bucket (saves memory and a
-            copy per parameter).
     """
 
     def __init__(
         self,
         module: nn.Module,
-        process_group: Optional[Any] = None,
-        bucket_cap_mb: float = 25,
+        device_ids: Optional[Sequence[Any]] = None,
+        output_device: Optional[Any] = None,
+        dim: int = 0,
         broadcast_buffers: bool = True,
+        init_sync: bool = True,
+        process_group: Optional[Any] = None,
+        bucket_cap_mb: Optional[float] = None,
         find_unused_parameters: bool = False,
-        static_graph: bool = False,
+        check_reduction: bool = False,
         gradient_as_bucket_view: bool = False,
+        static_graph: bool = False,
     ) -> None:
         nn.Module.__init__(self)
         Joinable.__init__(self)
@@ -67,10 +86,16 @@ class DistributedDataParallel(nn.Module, Joinable):
             raise TypeError(
                 f"DistributedDataParallel wraps a core.nn.Module, got {type(module).__name__}."
             )
+        if bucket_cap_mb is None:
+            bucket_cap_mb = DEFAULT_BUCKET_CAP_MB
         if isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (int, float)) or not (
             bucket_cap_mb > 0
         ):
             raise ValueError(f"bucket_cap_mb must be a positive number of MiB, got {bucket_cap_mb!r}.")
+        self.device_ids, self.output_device = _check_devices(module, device_ids, output_device)
+        if isinstance(dim, bool) or not isinstance(dim, int):
+            raise TypeError(f"dim must be an int, got {type(dim).__name__}.")
+        self.dim = dim
         self.module = module
         group = comm.resolve(process_group)
         # Plain attributes set through object.__setattr__ stay out of Module's registries.
@@ -95,9 +120,10 @@ class DistributedDataParallel(nn.Module, Joinable):
         self._params = [p for _, p in named]
         self._buffers_list = [b for _, b in module.named_buffers()]
         self._verify_same_parameters(named)
-        self._broadcast_arrays([p.data for p in module.parameters()] + [
-            b.data for b in self._buffers_list
-        ], src=0)
+        if init_sync:
+            self._broadcast_arrays([p.data for p in module.parameters()] + [
+                b.data for b in self._buffers_list
+            ], src=0)
         first = min(DEFAULT_FIRST_BUCKET_BYTES, self.bucket_bytes_cap)
         reducer = Reducer(
             self._params,
@@ -201,6 +227,16 @@ class DistributedDataParallel(nn.Module, Joinable):
             raise TypeError(f"register_comm_hook needs a callable hook, got {type(hook).__name__}.")
         self.reducer.register_comm_hook(state, hook)
 
+    def _register_builtin_comm_hook(self, comm_hook_type: Any) -> None:
+        """Reduce with a built-in hook by its `BuiltinCommHookType` (ALLREDUCE, FP16_COMPRESS),
+        as torch's; it reduces over this module's process group."""
+        if not isinstance(comm_hook_type, BuiltinCommHookType):
+            raise TypeError(
+                "_register_builtin_comm_hook needs a collectives.BuiltinCommHookType, got "
+                f"{comm_hook_type!r}."
+            )
+        self.register_comm_hook(self.process_group, builtin_hook(comm_hook_type))
+
     @property
     def bucket_indices(self) -> list[list[int]]:
         """Parameter indices (in module order) of each gradient bucket, in launch order."""
@@ -251,6 +287,39 @@ class DistributedDataParallel(nn.Module, Joinable):
             [p.data for p in self.module.parameters()] + [b.data for b in self._buffers_list],
             src=int(source[0]),
         )
+
+
+def _check_devices(module: nn.Module, device_ids: Optional[Sequence[Any]],
+                   output_device: Optional[Any]) -> tuple[Optional[list], Optional[Any]]:
+    """torch's rule: device_ids and output_device name the one device of a CUDA model and are
+    None (or empty) for a host model."""
+    devices = {str(p.device) for p in module.parameters()}
+    ids = None if device_ids is None else list(device_ids)
+    on_host = devices <= {"cpu"}
+    if ids and len(ids) != 1:
+        raise ValueError(
+            f"device_ids must name the one device of this process's model, got {ids}; shoal "
+            "drives one device per process (start one process per GPU)."
+        )
+
+    def as_name(d: Any) -> str:
+        return f"cuda:{d}" if isinstance(d, int) and not isinstance(d, bool) else str(d)
+
+    if on_host and (ids or output_device is not None):
+        raise ValueError(
+            "DistributedDataParallel device_ids and output_device arguments only work with a "
+            f"model on a CUDA device, but got device_ids {device_ids}, output_device "
+            f"{output_device}, and module parameters on {sorted(devices)}."
+        )
+    if ids and {as_name(ids[0])} != devices:
+        raise ValueError(
+            f"device_ids {ids} do not name the device of the model's parameters, {sorted(devices)}."
+        )
+    if output_device is not None and {as_name(output_device)} != devices:
+        raise ValueError(
+            f"output_device {output_device!r} must be the model's device, {sorted(devices)}."
+        )
+    return (ids or None), output_device
 
 
 class _DDPJoinHook(JoinHook):

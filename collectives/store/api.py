@@ -8,7 +8,6 @@ move between the two.
 
 from __future__ import annotations
 
-import abc
 from typing import Iterable, Sequence, Union
 
 from shoal.collectives.types import DEFAULT_STORE_TIMEOUT_S
@@ -50,7 +49,7 @@ def _value(value: ValueLike) -> bytes:
     return value
 
 
-class Store(abc.ABC):
+class Store:
     """A key-value store that ranks use to meet; values are bytes, counters are ASCII integers.
 
     `timeout` is the default for `get` and `wait`. `add` on a missing key starts from 0.
@@ -133,6 +132,29 @@ class Store(abc.ABC):
             )
         self._multi_set([_key(k) for k in keys], [_value(v) for v in values])
 
+    # -- torch's further names
+
+    def delete_key(self, key: str) -> bool:
+        """torch's name of `delete`: remove `key`; True if it existed."""
+        return self.delete(key)
+
+    def append(self, key: str, value: ValueLike) -> None:
+        """Append `value` to the bytes under `key` (setting it when missing), atomically."""
+        key, value = _key(key), _value(value)
+        self._append_value(key, value)
+
+    def has_extended_api(self) -> bool:
+        """True: append, multi_get and multi_set are there (torch asks before using them)."""
+        return True
+
+    def clone(self) -> "Store":
+        """A second handle on the same data, safe to use from another thread (torch's clone).
+
+        Raises:
+            NotImplementedError: this store type cannot be cloned.
+        """
+        raise self._not_implemented("clone")
+
     def close(self) -> None:
         """Release connections and files; the store is unusable afterwards."""
 
@@ -148,31 +170,47 @@ class Store(abc.ABC):
         seconds = to_seconds(timeout)
         return self.timeout if seconds is None else seconds
 
-    # -- private hooks
+    # -- private hooks (not abstract: a torch-style subclass that overrides the public
+    # methods it needs is instantiable, and the others raise naming what is missing)
 
-    @abc.abstractmethod
-    def _set(self, key: str, value: bytes) -> None: ...
+    def _not_implemented(self, method: str) -> NotImplementedError:
+        return NotImplementedError(
+            f"{type(self).__name__} does not implement {method}: this store type is not "
+            f"implemented for it (override {method} or the private _{method} hook)."
+        )
 
-    @abc.abstractmethod
-    def _get(self, key: str, timeout: float) -> bytes: ...
+    def _set(self, key: str, value: bytes) -> None:
+        raise self._not_implemented("set")
 
-    @abc.abstractmethod
-    def _add(self, key: str, amount: int) -> int: ...
+    def _get(self, key: str, timeout: float) -> bytes:
+        raise self._not_implemented("get")
 
-    @abc.abstractmethod
-    def _compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes: ...
+    def _add(self, key: str, amount: int) -> int:
+        raise self._not_implemented("add")
 
-    @abc.abstractmethod
-    def _wait(self, keys: list[str], timeout: float) -> None: ...
+    def _compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
+        raise self._not_implemented("compare_set")
 
-    @abc.abstractmethod
-    def _check(self, keys: list[str]) -> bool: ...
+    def _wait(self, keys: list[str], timeout: float) -> None:
+        raise self._not_implemented("wait")
 
-    @abc.abstractmethod
-    def _delete(self, key: str) -> bool: ...
+    def _check(self, keys: list[str]) -> bool:
+        raise self._not_implemented("check")
 
-    @abc.abstractmethod
-    def _num_keys(self) -> int: ...
+    def _delete(self, key: str) -> bool:
+        raise self._not_implemented("delete_key")
+
+    def _num_keys(self) -> int:
+        raise self._not_implemented("num_keys")
+
+    def _append_value(self, key: str, value: bytes) -> None:
+        # compare_set until no other writer came in between; stores with a native append
+        # override this.
+        while True:
+            current = self._get(key, 0.0) if self._check([key]) else b""
+            wanted = current + value
+            if self._compare_set(key, current, wanted) == wanted:
+                return
 
     def _multi_get(self, keys: list[str], timeout: float) -> list[bytes]:
         self._wait(keys, timeout)

@@ -41,8 +41,9 @@ class FileStore(Store):
 
     Args:
         path: the file (created if missing; removed when the last user closes it).
-        world_size: if given, opening it for more users than this is an error (a stale file
-            left by an earlier job is the usual cause).
+        world_size: if given, having it open in more processes than this is an error (a stale
+            file left by an earlier job is the usual cause); one process may open it several
+            times (a process group and RPC on one file://, as torch allows).
         timeout: default for `get`/`wait` and for acquiring the file's lock.
 
     Raises:
@@ -64,6 +65,8 @@ class FileStore(Store):
         self._fd: Optional[int] = None
         self._data: dict[str, bytes] = {}
         self._users = 0
+        self._users_by_process: dict[str, int] = {}  # pid -> its open FileStore objects
+        self._me = str(os.getpid()).encode()
         self._pos = 0
         self._closed = False
         self._open_and_join()
@@ -77,15 +80,16 @@ class FileStore(Store):
             except OSError as exc:
                 raise StoreError(f"FileStore cannot open {self.path!r}: {exc}") from exc
             self._fd, self._data, self._users, self._pos = fd, {}, 0, 0
+            self._users_by_process = {}
             with self._locked(exclusive=True):
                 # The last user of an earlier incarnation may have deleted the path between our
                 # open and our lock; then this fd is an orphan and we open the path again.
                 joined = self._still_linked()
                 if joined:
-                    self._append(_USERS, b"", b"1")
-                    users = self._users
+                    self._append(_USERS, self._me, b"1")
+                    users = sum(1 for n in self._users_by_process.values() if n > 0)
                     if self.world_size is not None and users > self.world_size:
-                        self._append(_USERS, b"", b"-1")
+                        self._append(_USERS, self._me, b"-1")
             if joined:
                 break
             os.close(fd)
@@ -94,7 +98,7 @@ class FileStore(Store):
             self._fd = None
             self._closed = True
             raise StoreError(
-                f"FileStore {self.path!r} would have {users} users but world_size is "
+                f"FileStore {self.path!r} would be open in {users} processes but world_size is "
                 f"{self.world_size}; is the file left over from an earlier job?"
             )
 
@@ -166,6 +170,8 @@ class FileStore(Store):
                 self._data.pop(key, None)
             else:
                 self._users += int(value)
+                by_process = self._users_by_process
+                by_process[key] = by_process.get(key, 0) + int(value)
             pos = end
         self._pos += pos
         if pos != len(view) and truncate_tail:
@@ -197,7 +203,7 @@ class FileStore(Store):
                 return
             try:
                 with self._locked(exclusive=True):
-                    self._append(_USERS, b"", b"-1")
+                    self._append(_USERS, self._me, b"-1")
                     if self._users <= 0 and self._still_linked():
                         os.unlink(self.path)
             finally:
@@ -211,12 +217,20 @@ class FileStore(Store):
         except Exception:  # interpreter shutdown or a vanished file: nothing left to do
             pass
 
+    def clone(self) -> "FileStore":
+        """Another user of the same file (one more in num_users until closed)."""
+        return FileStore(self.path, world_size=self.world_size, timeout=self.timeout)
+
     def num_users(self) -> int:
         """How many FileStore objects have this file open now."""
         with self._locked(exclusive=False):
             return self._users
 
     # ------------------------------------------------------------------ Store hooks
+
+    def _append_value(self, key, value):
+        with self._locked(exclusive=True):
+            self._append(_SET, key.encode(), self._data.get(key, b"") + value)
 
     def _set(self, key, value):
         with self._locked(exclusive=True):

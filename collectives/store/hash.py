@@ -19,6 +19,15 @@ class HashStore(Store):
         self._data: dict[str, bytes] = {}
         self._cond = threading.Condition()
 
+    def clone(self) -> "HashStore":
+        """This store itself: its data lives in this process and is thread-safe already."""
+        return self
+
+    def _append_value(self, key, value):
+        with self._cond:
+            self._data[key] = self._data.get(key, b"") + value
+            self._cond.notify_all()
+
     def _set(self, key, value):
         with self._cond:
             self._data[key] = value

@@ -17,6 +17,13 @@ class PrefixStore(Store):
         self.prefix = prefix
         self.underlying_store = store
 
+    def clone(self) -> "PrefixStore":
+        """The same prefix over a clone of the underlying store."""
+        return PrefixStore(self.prefix, self.underlying_store.clone())
+
+    def _append_value(self, key, value):
+        self.underlying_store.append(self._k(key), value)
+
     def _k(self, key: str) -> str:
         return f"{self.prefix}/{key}"
 

@@ -21,6 +21,7 @@ from typing import Optional
 
 from shoal.collectives.store.state import StoreState
 from shoal.collectives.store.wire import LENGTH, FrameError, Status, check_length, decode, encode
+from shoal.collectives.types import StoreBindError
 from shoal.core.admission import MAX_PENDING, MAX_PENDING_PER_SOURCE, Gatekeeper
 from shoal.core.auth import GREETING_TIMEOUT_S, load_token
 
@@ -78,7 +79,8 @@ class TCPStoreServer:
             self._lsock.listen(1024)
         except OSError as exc:
             self._lsock.close()
-            raise OSError(exc.errno, f"TCPStore server cannot listen on {host}:{port}: {exc}") from exc
+            raise StoreBindError(
+                exc.errno, f"TCPStore server cannot listen on {host}:{port}: {exc}") from exc
         self.host = host
         self.port = self._lsock.getsockname()[1]
         self._gate = Gatekeeper(

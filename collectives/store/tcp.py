@@ -33,7 +33,12 @@ from shoal.collectives.store.wire import (
     encode_number,
 )
 from shoal.collectives.store.api import Store, missing_keys_message
-from shoal.collectives.types import DEFAULT_STORE_TIMEOUT_S, StoreError, StoreTimeout
+from shoal.collectives.types import (
+    DEFAULT_STORE_TIMEOUT_S,
+    StoreError,
+    StoreTimeout,
+    StoreUnreachable,
+)
 from shoal.core import auth
 from shoal.core.auth import load_token
 from shoal.core.errors import AuthenticationError
@@ -85,6 +90,40 @@ class _Connection:
             pass
 
 
+# Servers that master stores of this process run, by (host, port), for multi_tenant sharing:
+# [server, token, stores using it, whether it was started multi-tenant].
+_SERVERS: dict[tuple[str, int], list] = {}
+_SERVERS_LOCK = threading.Lock()
+
+
+def _host_server(host: str, port: int, world_size: Optional[int], token: bytes,
+                 multi_tenant: bool) -> tuple[TCPStoreServer, tuple[str, int]]:
+    """The server a master store uses: this process's on (host, port) when either side is
+    multi-tenant and the secret matches, else a new one."""
+    with _SERVERS_LOCK:
+        entry = _SERVERS.get((host, port)) if port else None
+        if entry is not None and (multi_tenant or entry[3]) and entry[1] == token:
+            entry[2] += 1
+            return entry[0], (host, port)
+        server = TCPStoreServer(host, port, world_size=world_size, token=token).start()
+        key = (host, server.port)
+        _SERVERS.setdefault(key, [server, token, 0, multi_tenant])[2] += 1
+        return server, key
+
+
+def _leave_server(key: Optional[tuple[str, int]]) -> bool:
+    """One master store fewer on the server; True when it was the last (stop the server)."""
+    with _SERVERS_LOCK:
+        entry = _SERVERS.get(key)
+        if entry is None:
+            return True
+        entry[2] -= 1
+        if entry[2] > 0:
+            return False
+        del _SERVERS[key]
+        return True
+
+
 class TCPStore(Store):
     """A client of a TCP key-value server; with `is_master=True` it also hosts the server.
 
@@ -96,6 +135,12 @@ class TCPStore(Store):
         timeout: default for `get`/`wait`, the connect retries and every other call.
         wait_for_workers: make the master's constructor wait for `world_size` stores.
         token: the job's secret (default: `core.auth.load_token()`).
+        multi_tenant: a master shares the server another master store of this process already
+            runs on the same host and port instead of failing to bind (torch's meaning; shoal
+            also shares when only the earlier store asked for it). The server stops when the
+            last of them closes.
+        host_name: torch's name for `host`.
+        use_libuv: accepted for torch's scripts; shoal's server has one implementation.
 
     Raises:
         StoreError: the server cannot be reached within the timeout.
@@ -105,15 +150,30 @@ class TCPStore(Store):
 
     def __init__(
         self,
-        host: str,
-        port: int,
+        host: Optional[str] = None,
+        port: int = 0,
         world_size: Optional[int] = None,
         is_master: bool = False,
         timeout: TimeoutLike = DEFAULT_STORE_TIMEOUT_S,
         wait_for_workers: bool = True,
         token: Optional[bytes | str] = None,
+        multi_tenant: bool = False,
+        master_listen_fd: Optional[int] = None,
+        use_libuv: bool = True,
+        host_name: Optional[str] = None,
     ):
         super().__init__(timeout)
+        if host_name is not None:
+            if host is not None and host != host_name:
+                raise ValueError(
+                    f"TCPStore got host={host!r} and host_name={host_name!r}; pass one.")
+            host = host_name
+        if not isinstance(host, str) or not host:
+            raise ValueError(
+                f"TCPStore needs the server's host (host= or host_name=), got {host!r}.")
+        if master_listen_fd is not None:
+            raise ValueError(
+                "TCPStore master_listen_fd is not supported; let the master bind the port.")
         if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
             raise ValueError(f"TCPStore port must be an int in 0..65535, got {port!r}.")
         if world_size is not None and (not isinstance(world_size, int) or world_size < 1):
@@ -128,8 +188,11 @@ class TCPStore(Store):
         self._pid = os.getpid()
         self.world_size = world_size
         self.server: Optional[TCPStoreServer] = None
+        self.multi_tenant = bool(multi_tenant)
+        self._tenancy: Optional[tuple[str, int]] = None
         if is_master:
-            self.server = TCPStoreServer(host, port, world_size=world_size, token=self._token).start()
+            self.server, self._tenancy = _host_server(host, port, world_size, self._token,
+                                                      self.multi_tenant)
             port = self.server.port
         self.host = host
         self.port = port
@@ -161,11 +224,11 @@ class TCPStore(Store):
             except OSError as exc:
                 left = end - time.monotonic()
                 if not retry:
-                    raise StoreError(
+                    raise StoreUnreachable(
                         f"TCPStore could not reach the server at {self.address}: {exc}"
                     ) from exc
                 if left <= 0:
-                    raise StoreError(
+                    raise StoreUnreachable(
                         f"TCPStore could not reach the server at {self.address} within "
                         f"{timeout:g}s: {exc}"
                     ) from exc
@@ -273,7 +336,14 @@ class TCPStore(Store):
         for conn in idle:
             conn.close()
         if self.server is not None:
-            self.server.stop()
+            server, self.server = self.server, None
+            if _leave_server(self._tenancy):
+                server.stop()
+
+    def clone(self) -> "TCPStore":
+        """A new client of the same server with its own connections (torch's clone)."""
+        return TCPStore(self.host, self.port, world_size=self.world_size, is_master=False,
+                        timeout=self.timeout, token=self._token)
 
     def __del__(self):
         try:

@@ -99,7 +99,7 @@ REDUCIBLE = [np.float16, np.float32, np.float64, np.int32, np.int64, np.uint8, n
 def test_all_reduce_every_op_at_world_one(pg, dtype):
     rng = np.random.default_rng(0)
     ref = (rng.standard_normal((33, 7)) * 4).astype(dtype)
-    for op in ReduceOp:
+    for op in (ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.AVG):
         if op is ReduceOp.AVG and np.dtype(dtype).kind not in "fc":
             continue
         if np.dtype(dtype).kind == "c" and op not in (ReduceOp.SUM, ReduceOp.AVG):

@@ -67,7 +67,7 @@ def run_all(pgs, fn):
 def test_reductions_with_cupy_arrays(groups):
     def body(pg, r):
         res = {}
-        for op in ReduceOp:
+        for op in (ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.AVG):
             x = cp.arange(1 << 16, dtype=cp.float64) % 7 + r + 1
             pg.all_reduce(x, op=op)
             res[op] = cp.asnumpy(x)

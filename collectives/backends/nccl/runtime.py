@@ -65,6 +65,11 @@ def reduce_spec(dtype: Any, op: ReduceOp, version: int) -> WireSpec:
     Raises:
         TypeError: NCCL has no reduction for this dtype (and op).
     """
+    if op not in _NCCL_OPS:
+        raise TypeError(
+            f"NCCL has no ReduceOp.{op.name} reduction (torch's nccl backend refuses it too); "
+            "use the tcp (gloo) backend for bitwise reductions."
+        )
     dt = np.dtype(dtype)
     name = dt.name
     if dt.kind == "b":

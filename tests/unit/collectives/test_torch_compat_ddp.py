@@ -130,3 +130,102 @@ def test_a_hook_result_without_value_is_refused(job):
             _loss(ddp(x), y).backward()
 
     job.run(body)
+
+
+# ------------------------------------------------------------------ the torch-style hook API
+
+
+def _torch_style_hook(state, bucket: dist.GradBucket) -> dist.Future[Tensor]:
+    # Written as torch's tutorials write it: the process group's allreduce([t]) Work's future.
+    tensor = bucket.buffer()
+    tensor.data /= state.size()
+    return state.allreduce([tensor]).get_future().then(lambda fut: fut.value()[0])
+
+
+def test_a_torch_style_hook_averages(job):
+    want = _reference_grads()
+    for rank, grads in enumerate(_grads_with_hook(job, _torch_style_hook)):
+        for i, (g, w) in enumerate(zip(grads, want)):
+            np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7, err_msg=f"rank {rank} param {i}")
+
+
+@pytest.mark.parametrize("kind", ["ALLREDUCE", "FP16_COMPRESS"])
+def test_builtin_comm_hooks_by_type(job, kind):
+    want = _reference_grads()
+
+    def body(rank):
+        ddp = DistributedDataParallel(_model(seed=rank), process_group=job.pgs[rank])
+        ddp._register_builtin_comm_hook(getattr(dist.BuiltinCommHookType, kind))
+        x, y = _batch(rank)
+        _loss(ddp(x), y).backward()
+        return [p.grad.data.copy() for p in ddp.module.parameters()]
+
+    tol = 1e-3 if kind == "FP16_COMPRESS" else 1e-7
+    for rank, grads in enumerate(job.run(body)):
+        for i, (g, w) in enumerate(zip(grads, want)):
+            np.testing.assert_allclose(g, w, rtol=tol, atol=tol, err_msg=f"rank {rank} param {i}")
+
+
+def test_builtin_comm_hook_type_is_checked(job):
+    def body(rank):
+        ddp = DistributedDataParallel(_model(), process_group=job.pgs[rank])
+        with pytest.raises(TypeError, match="needs a collectives.BuiltinCommHookType, got 'allreduce'"):
+            ddp._register_builtin_comm_hook("allreduce")
+
+    job.run(body)
+
+
+# ------------------------------------------------------------------ torch's keyword arguments
+
+
+def test_torch_argument_order_and_defaults(job):
+    def body(rank):
+        # torch's positional order: module, device_ids, output_device, dim, broadcast_buffers,
+        # init_sync, process_group, bucket_cap_mb
+        ddp = DistributedDataParallel(_model(seed=rank), None, None, 0, True, True, job.pgs[rank], None)
+        assert ddp.bucket_bytes_cap == 25 * 1024 * 1024 and ddp.dim == 0
+        assert ddp.device_ids is None and ddp.output_device is None
+        ddp2 = DistributedDataParallel(_model(seed=rank), device_ids=[], process_group=job.pgs[rank])
+        return [p.data.copy() for p in ddp.module.parameters()], ddp2.device_ids
+
+    (p0, ids0), (p1, _) = job.run(body)
+    assert ids0 is None
+    for a, b in zip(p0, p1):
+        np.testing.assert_array_equal(a, b)  # init_sync=True: rank 0's parameters everywhere
+
+
+def test_init_sync_false_keeps_each_ranks_parameters(job):
+    def body(rank):
+        model = _model(seed=rank)
+        before = [p.data.copy() for p in model.parameters()]
+        DistributedDataParallel(model, process_group=job.pgs[rank], init_sync=False)
+        return before, [p.data.copy() for p in model.parameters()]
+
+    for before, after in job.run(body):
+        for a, b in zip(before, after):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_device_ids_on_a_host_model_are_refused_as_torch_refuses_them(job):
+    torch = pytest.importorskip("torch")
+    import torch.distributed as td
+
+    td.init_process_group("gloo", store=td.HashStore(), rank=0, world_size=1)
+    try:
+        with pytest.raises(ValueError, match="DistributedDataParallel device_ids and output_device "
+                                             "arguments only work with"):
+            torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2), device_ids=[0])
+    finally:
+        td.destroy_process_group()
+
+    def body(rank):
+        for kwargs in ({"device_ids": [0]}, {"output_device": 0}):
+            with pytest.raises(ValueError, match=r"^DistributedDataParallel device_ids and "
+                                                 r"output_device arguments only work with a model "
+                                                 r"on a CUDA device, but got .* module parameters "
+                                                 r"on \['cpu'\]\."):
+                DistributedDataParallel(_model(), process_group=job.pgs[rank], **kwargs)
+        with pytest.raises(TypeError, match="dim must be an int, got str"):
+            DistributedDataParallel(_model(), process_group=job.pgs[rank], dim="0")
+
+    job.run(body)

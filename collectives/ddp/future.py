@@ -1,0 +1,9 @@
+"""DDP's Future is the collectives layer's (`collectives.futures`); this name stays for imports."""
+
+from shoal.collectives.futures import (  # noqa: F401  (re-exports)
+    Future,
+    completed_future,
+    future_from_work,
+    future_value,
+    missing_future_methods,
+)

@@ -1,0 +1,133 @@
+"""The collectives torch has and shoal composes (ProcessGroup methods, ranks as threads over
+real tcp groups): reference values from numpy, exact error messages for bad input. The same
+calls are compared with torch's gloo in tests/multiproc/test_torch_names.py."""
+
+from __future__ import annotations
+
+import datetime
+
+import numpy as np
+import pytest
+
+import shoal.collectives as dist
+from shoal.collectives import ProcessGroupTCP
+from shoal.core.errors import ShapeError
+from shoal.core.tensor import Tensor
+from tests.support.thread_world import ThreadWorld
+
+pytestmark = pytest.mark.timeout(60)
+W = 3
+
+
+def _make_group(store, rank, size, *, name, global_ranks, timeout):
+    return ProcessGroupTCP(store, rank, size, timeout=timeout, name=name, global_ranks=global_ranks)
+
+
+@pytest.fixture(scope="module")
+def job():
+    world = ThreadWorld(_make_group, W)
+    yield world
+    world.close()
+
+
+def test_bitwise_and_premul_reductions(job):
+    data = [np.array([0b1100 + r, 0b1010 * (r + 1), 7 - r], np.int64) for r in range(W)]
+
+    def body(r):
+        pg = job.pgs[r]
+        got = {}
+        for name, uf in (("BAND", np.bitwise_and), ("BOR", np.bitwise_or), ("BXOR", np.bitwise_xor)):
+            x = data[r].copy()
+            pg.all_reduce(x, op=getattr(dist.ReduceOp, name))
+            got[name] = (x, uf.reduce(data))
+        f = np.arange(4.0) + r
+        pg.all_reduce(f, op=dist.make_premul_sum(0.25))
+        got["premul"] = (f, sum(np.arange(4.0) + q for q in range(W)) * 0.25)
+        keep = np.arange(4.0) + r
+        pg.reduce(keep, dst=1, op=dist.make_premul_sum(2.0))
+        got["premul reduce"] = (keep, sum(np.arange(4.0) + q for q in range(W)) * 2.0
+                                if r == 1 else np.arange(4.0) + r)  # the others keep theirs
+        with pytest.raises(ValueError, match="^Cannot use ReduceOp.BAND with non-integral dtype float64"):
+            pg.all_reduce(np.ones(2), op=dist.ReduceOp.BAND)
+        with pytest.raises(ValueError, match=r"^ReduceOp.PREMUL_SUM needs its factor: pass "
+                                             r"collectives.make_premul_sum\(factor\)"):
+            pg.all_reduce(np.ones(2), op=dist.ReduceOp.PREMUL_SUM)
+        with pytest.raises(ValueError, match="^ReduceOp.PREMUL_SUM needs a floating-point dtype, got int64"):
+            pg.all_reduce(np.ones(2, np.int64), op=dist.make_premul_sum(2))
+        return got
+
+    for r, got in enumerate(job.run(body)):
+        for name, (have, want) in got.items():
+            np.testing.assert_allclose(have, want, err_msg=f"rank {r} {name}")
+
+
+def test_single_tensor_forms_and_their_errors(job):
+    def body(r):
+        pg = job.pgs[r]
+        inp = (np.arange(W * 2 * 2, dtype=np.float32).reshape(W * 2, 2) + 100 * r)
+        out = np.empty_like(inp)
+        pg.all_to_all_single(out, inp)
+        want = np.concatenate([(np.arange(W * 2 * 2, dtype=np.float32).reshape(W * 2, 2)
+                                + 100 * q)[2 * r:2 * r + 2] for q in range(W)])
+        np.testing.assert_array_equal(out, want)
+        big = np.arange(W * 4, dtype=np.float64) * (r + 1)
+        mine = np.empty(4)
+        pg.reduce_scatter_tensor(mine, big)
+        total = sum(np.arange(W * 4, dtype=np.float64) * (q + 1) for q in range(W))
+        np.testing.assert_array_equal(mine, total[4 * r:4 * r + 4])
+        with pytest.raises(ShapeError, match=r"^reduce_scatter_tensor input is float64\[5\] but must "
+                                             r"hold 3 x float64\[4\]"):
+            pg.reduce_scatter_tensor(mine, np.ones(5))
+        with pytest.raises(ValueError, match=r"^all_to_all_single output has 4 rows, which do not "
+                                             r"split evenly over 3 ranks"):
+            pg.all_to_all_single(np.empty((4, 2)), np.empty((4, 2)))
+        with pytest.raises(ValueError, match=r"^all_to_all_single input split sizes must be 3 "
+                                             r"non-negative row counts summing to 4, got \[1, 1\]"):
+            pg.all_to_all_single(np.empty((4, 2)), np.empty((4, 2)), [2, 1, 1], [1, 1])
+
+    job.run(body)
+
+
+def test_torch_style_methods_return_works_with_futures(job):
+    def body(r):
+        pg = job.pgs[r]
+        t = Tensor(np.arange(3.0) + r)
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.MAX
+        opts.timeout = datetime.timedelta(seconds=20)
+        fut = pg.allreduce([t], opts).get_future()
+        value = fut.wait(timeout=20)
+        assert isinstance(fut, dist.Future) and value[0] is t
+        np.testing.assert_array_equal(t.data, np.arange(3.0) + W - 1)
+        outs = [np.empty(2) for _ in range(W)]
+        pg.allgather([outs], [np.full(2, float(r))]).wait()
+        assert [o.tolist() for o in outs] == [[float(q)] * 2 for q in range(W)]
+        chained = pg.allreduce([np.ones(2)]).get_future().then(lambda f: f.value()[0] * 10)
+        np.testing.assert_array_equal(chained.wait(timeout=20), np.full(2, 10.0 * W))
+        parts = [np.arange(3.0) * r, np.ones((2, 2), np.float32) * r, np.array([r], np.int64)]
+        pg.allreduce(parts)  # several tensors: coalesced
+        total = sum(range(W))
+        assert parts[0].tolist() == (np.arange(3.0) * total).tolist()
+        assert parts[1].dtype == np.float32 and parts[1].tolist() == [[total] * 2] * 2
+        assert parts[2].tolist() == [total]
+        with pytest.raises(TypeError, match="AllreduceOptions has no option 'rootRank'"):
+            dist.AllreduceOptions(rootRank=0)
+
+    job.run(body)
+
+
+def test_object_collectives_on_a_group(job):
+    def body(r):
+        pg = job.pgs[r]
+        got = [None] * W if r == 2 else None
+        pg.gather_object({"r": r, "pad": "z" * r * 50}, got, dst=2)
+        if r == 2:
+            assert got == [{"r": q, "pad": "z" * q * 50} for q in range(W)]
+        out = [None]
+        pg.scatter_object_list(out, [("to", q, [0] * q) for q in range(W)] if r == 0 else None, src=0)
+        assert out == [("to", r, [0] * r)]
+        if r == 1:
+            with pytest.raises(ValueError, match="^gather_object needs an object_gather_list of 3 slots"):
+                pg.gather_object(1, [None], dst=1)
+
+    job.run(body)
