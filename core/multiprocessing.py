@@ -211,7 +211,8 @@ def start_processes(
     processes = []
     for i in range(nprocs):
         p = ctx.Process(
-            target=_run_child, args=(fn, i, tuple(args), os.path.join(error_dir, f"rank{i}.traceback")),
+            target=_run_child,
+            args=(fn, i, tuple(args), os.path.join(error_dir, f"rank{i}.traceback")),
             daemon=daemon,
         )
         p.start()

@@ -17,6 +17,11 @@ The lists are torch's for the ops core has (torch 2.x, aten/src/ATen/autocast_mo
 Backward: each cast is a recorded op, so an op's backward runs in the dtype its forward used
 and the cast's backward returns the gradient to the parameter's own dtype (float32 weights
 get float32 gradients).
+
+Cache: as torch's, a float32 leaf that requires grad (a weight) is cast down once per outermost
+region and the copy reused (tied or repeated weights); the cache empties when the outermost
+region exits. Casts made with grad mode off are not cached, so a no_grad use cannot hand a
+graph-less copy to a later use that needs gradients.
 """
 
 from __future__ import annotations
@@ -48,6 +53,9 @@ class AutocastState(threading.local):
     def __init__(self) -> None:
         self.lower: dict[str, np.dtype | None] = {"cpu": None, "cuda": None}
         self.active = False  # any device type on: the ops' one-attribute fast check
+        self.nesting = 0  # autocast regions entered and not yet left (enabled or not)
+        self.cache_enabled = True
+        self.cache: dict[int, tuple] = {}  # id(weight) -> (weight, its low-precision copy)
 
 
 STATE = AutocastState()
@@ -92,18 +100,24 @@ class autocast:  # noqa: N801 - torch's name
                 f"{list(_ALLOWED[device_type])}{extra}, got {self.fast_dtype!r}."
             )
         self.enabled = bool(enabled)
-        self.cache_enabled = cache_enabled  # accepted for torch; shoal casts without a cache
-        self._saved: list[np.dtype | None] = []
+        self.cache_enabled = cache_enabled
+        self._saved: list[tuple] = []
 
     def __enter__(self) -> "autocast":
-        self._saved.append(STATE.lower[self.device_type])
+        self._saved.append((STATE.lower[self.device_type], STATE.cache_enabled))
         STATE.lower[self.device_type] = self.fast_dtype.np if self.enabled else None
         STATE.active = any(v is not None for v in STATE.lower.values())
+        if self.cache_enabled is not None:
+            STATE.cache_enabled = bool(self.cache_enabled)
+        STATE.nesting += 1
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        STATE.lower[self.device_type] = self._saved.pop()
+        STATE.lower[self.device_type], STATE.cache_enabled = self._saved.pop()
         STATE.active = any(v is not None for v in STATE.lower.values())
+        STATE.nesting -= 1
+        if STATE.nesting == 0:
+            STATE.cache.clear()  # weights change between steps: never reuse a cast across them
 
     def __call__(self, fn: Callable) -> Callable:
         @functools.wraps(fn)

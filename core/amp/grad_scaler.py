@@ -126,7 +126,7 @@ class GradScaler:
         return retval
 
     def update(self, new_scale: Any = None) -> None:
-        """Back off after a skipped step, grow after growth_interval clean ones; or set new_scale."""
+        """Shrink after a skipped step, grow after growth_interval clean steps; or set new_scale."""
         if not self._enabled:
             return
         if new_scale is not None:

@@ -42,7 +42,7 @@ class MSELoss(_Loss):
 
 
 class NLLLoss(_WeightedLoss):
-    """Negative log likelihood of log-probabilities (the output of log_softmax) and class indices."""
+    """Negative log likelihood of log-probabilities (log_softmax output) and class indices."""
 
     def __init__(
         self, weight: Tensor | None = None, ignore_index: int = -100, reduction: str = "mean"

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from shoal.core import autograd
 from shoal.core import backend
 from shoal.core.amp.autocast_mode import FP32, LOWER, STATE
 from shoal.core.ops import shape as _shape
@@ -34,7 +35,18 @@ def _to(t: Any, target: np.dtype) -> Any:
     # (ml_dtypes' bfloat16 has numpy kind "V".)
     if dt == target or dt == _F64 or dt.kind not in "fV":
         return t
-    return _shape.to(t, None, target)
+    cacheable = (
+        STATE.cache_enabled and dt == _F32 and t.requires_grad and t.grad_fn is None
+        and target != _F32 and autograd._mode.enabled
+    )
+    if not cacheable:
+        return _shape.to(t, None, target)
+    hit = STATE.cache.get(id(t))
+    if hit is not None and hit[0] is t and hit[1].data.dtype == target:
+        return hit[1]
+    low = _shape.to(t, None, target)
+    STATE.cache[id(t)] = (t, low)  # holding t keeps its id from being reused while cached
+    return low
 
 
 def cast(op: str, *inputs: Any) -> tuple:

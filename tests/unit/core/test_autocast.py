@@ -198,3 +198,28 @@ def test_bf16_autocast_training_reaches_the_float32_loss_within_2_percent():
     full, mixed = _train(False), _train(True)
     assert full < 0.3  # it learned something
     assert abs(mixed - full) <= 0.02 * full, (full, mixed)
+
+
+def test_a_weight_is_cast_once_per_region_and_gradients_add_up_as_torch():
+    rng = np.random.default_rng(4)
+    w_np, x_np = rng.standard_normal((4, 4)), rng.standard_normal((2, 4))
+    w = core.tensor(w_np, dtype=core.float32, requires_grad=True)
+    tw = torch.tensor(w_np, dtype=torch.float32, requires_grad=True)
+    x, tx = core.tensor(x_np, dtype=core.float32), torch.tensor(x_np, dtype=torch.float32)
+    with core.autocast("cpu"):
+        h = F.linear(x, w)
+        first = core.ops._autocast.STATE.cache[id(w)][1]
+        out = F.linear(h, w)  # tied: the same weight again
+        assert core.ops._autocast.STATE.cache[id(w)][1] is first  # no second cast
+        with core.no_grad():
+            F.linear(x, w)  # a no_grad use neither reads nor replaces the graph's copy
+        assert core.ops._autocast.STATE.cache[id(w)][1] is first
+    assert core.ops._autocast.STATE.cache == {}  # emptied when the outermost region exits
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        tout = tf.linear(tf.linear(tx, tw), tw)
+    out.float().sum().backward()
+    tout.float().sum().backward()
+    np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), rtol=3e-2, atol=3e-2)
+    with core.autocast("cpu", cache_enabled=False):
+        F.linear(x, w)
+        assert core.ops._autocast.STATE.cache == {}
