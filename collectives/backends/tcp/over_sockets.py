@@ -19,6 +19,7 @@ from shoal.collectives.backends.tcp import algorithms as algos
 from shoal.collectives.backends.tcp.links import Links
 from shoal.collectives.backends.tcp.pump import pump, pump_threaded
 from shoal.collectives.constants import (
+    DIRECT_MAX_RANKS,
     PUMP_CHUNK_BYTES,
     SMALL_MAX_BYTES,
     THREADED_CHUNK_MAX_BYTES,
@@ -37,8 +38,11 @@ def all_reduce(links: Links, flat: np.ndarray, uf, seq: int, fp: bytes) -> None:
         return
     nbytes = flat.nbytes
     if nbytes <= SMALL_MAX_BYTES:
-        data = links.direct.exchange(seq, fp, arrays.as_bytes(flat))
-        algos.reduce_in_rank_order(flat, links.rank, data, uf)
+        if size > DIRECT_MAX_RANKS:
+            recursive_doubling(links, flat, uf, seq, fp)
+        else:
+            data = links.direct.exchange(seq, fp, arrays.as_bytes(flat))
+            algos.reduce_in_rank_order(flat, links.rank, data, uf)
         return
     threaded = nbytes >= THREADED_MIN_BYTES
     if threaded:
@@ -55,6 +59,37 @@ def all_reduce(links: Links, flat: np.ndarray, uf, seq: int, fp: bytes) -> None:
         pump_threaded(plan, links.tx, links.rx, links.sender_thread())
     else:
         pump(plan, links.tx, links.rx)
+
+
+def recursive_doubling(links: Links, flat: np.ndarray, uf, seq: int, fp: bytes) -> None:
+    """Small all_reduce in ceil(log2 W) exchanges with one peer each, instead of the direct
+    exchange's W-1 messages per rank (the tree of gloo's and MPI's small-message choice).
+
+    For W not a power of two, the ranks beyond the largest power p first fold into rank r-p
+    and get the result back at the end. At each step both partners combine the same two
+    partial results with the lower ranks' operand first, so every rank ends bitwise equal.
+    """
+    n, r = links.size, links.rank
+    d = links.direct
+    raw = arrays.as_bytes(flat)
+    nb = flat.nbytes
+    p = 1 << (n.bit_length() - 1)
+    if r >= p:
+        d.send_to(r - p, seq, fp, raw)
+        raw[:] = d.recv_from(r - p, seq, fp, nb)
+        return
+    if r + p < n:
+        extra = np.frombuffer(d.recv_from(r + p, seq, fp, nb), dtype=flat.dtype)
+        algos.combine_pair(flat, extra, 0, uf)
+    mask = 1
+    while mask < p:
+        q = r ^ mask
+        d.send_to(q, seq, fp, raw)
+        theirs = np.frombuffer(d.recv_from(q, seq, fp, nb), dtype=flat.dtype)
+        algos.combine_pair(flat, theirs, 0 if r < q else 1, uf)
+        mask <<= 1
+    if r + p < n:
+        d.send_to(r + p, seq, fp, raw)
 
 
 def reduce_scatter(links: Links, seq: int, fp: bytes, out: np.ndarray,

@@ -264,3 +264,55 @@ def test_all_to_all_blocks_that_disagree_fail_every_rank_naming_both(monkeypatch
                     "output_list[2] has 400000") in str(out), out
     finally:
         _shutdown(pgs)
+
+
+# ----------------------------------------------------------------------------- small messages
+
+@pytest.mark.parametrize("layout", [[2, 2], [3, 3], [2, 1, 3], [1, 1, 1, 1, 1], [5], [3]],
+                         ids=["2x2", "3x3", "2+1+3", "5x1", "1x5", "1x3"])
+def test_small_all_reduce_as_a_tree_matches_numpy_and_agrees_bitwise(layout, monkeypatch):
+    """Above DIRECT_MAX_RANKS ranks (lowered to 2 here) a small all_reduce runs as a tree:
+    recursive doubling (with the ranks beyond a power of two folded in) among one-rank hosts
+    or on one host, and in groups that span hosts a direct exchange within each host, the
+    leaders' exchange between hosts and a fan-out. Every rank ends bitwise equal, also for
+    complex products, whose rounding depends on operand order."""
+    from shoal.collectives.backends.tcp import collectives as ops
+    from shoal.collectives.backends.tcp import over_sockets
+
+    monkeypatch.setattr(over_sockets, "DIRECT_MAX_RANKS", 2)
+    monkeypatch.setattr(ops, "DIRECT_MAX_RANKS", 2)
+    pgs = make_groups(layout, monkeypatch)
+    world = len(pgs)
+    cases = [(np.float32, ReduceOp.SUM), (np.float32, ReduceOp.MAX), (np.float64, ReduceOp.AVG),
+             (np.complex64, ReduceOp.PRODUCT), (np.int64, ReduceOp.SUM)]
+
+    def value(r, dtype, salt):
+        rng = np.random.default_rng(10 * r + salt)
+        x = rng.standard_normal(1001)
+        if np.dtype(dtype).kind == "c":
+            return (x + 1j * rng.standard_normal(1001)).astype(dtype)
+        if np.dtype(dtype).kind == "i":
+            return (x * 100).astype(dtype)
+        return x.astype(dtype)
+
+    try:
+        def fn(pg, r):
+            got = []
+            for salt, (dtype, op) in enumerate(cases):
+                x = value(r, dtype, salt)
+                pg.all_reduce(x, op=op)
+                got.append(x)
+            return got
+
+        results = run_all(pgs, fn, timeout=60)
+        for r, out in enumerate(results):
+            assert not isinstance(out, BaseException), f"rank {r} raised {out!r}"
+        for i, (dtype, op) in enumerate(cases):
+            inputs = [value(q, dtype, i) for q in range(world)]
+            want = {ReduceOp.SUM: lambda: sum(inputs), ReduceOp.MAX: lambda: np.maximum.reduce(inputs),
+                    ReduceOp.AVG: lambda: sum(inputs) / world,
+                    ReduceOp.PRODUCT: lambda: np.prod(np.stack(inputs), axis=0)}[op]()
+            np.testing.assert_allclose(results[0][i], want, rtol=1e-5, atol=1e-5)
+            assert all(_digest(res[i]) == _digest(results[0][i]) for res in results), (dtype, op)
+    finally:
+        _shutdown(pgs)
