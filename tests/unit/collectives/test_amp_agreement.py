@@ -61,7 +61,7 @@ def test_refuses_what_is_not_a_grad_scaler():
         agree_on_found_inf({})
 
 
-def _ddp_amp_run(pg, rank, micro_batches=2, steps=4):
+def _ddp_amp_run(pg, rank, micro_batches=2, steps=4, hook=None):
     """DDP + bf16 autocast + GradScaler (agreed) + accumulation over micro-batches with no_sync."""
     from shoal.collectives.ddp.ddp import DistributedDataParallel
 
@@ -70,6 +70,8 @@ def _ddp_amp_run(pg, rank, micro_batches=2, steps=4):
         core.nn.Sequential(core.nn.Linear(4, 8), core.nn.GELU(), core.nn.Linear(8, 2)),
         process_group=pg,
     )
+    if hook is not None:
+        model.register_comm_hook(pg, hook)
     opt = core.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     scaler = agree_on_found_inf(GradScaler("cpu", init_scale=64.0, growth_interval=2), group=pg,
                                 timeout=10)
@@ -114,3 +116,23 @@ def test_ddp_with_autocast_scaler_and_accumulation_is_bitwise_repeatable_and_in_
             assert a.tobytes() == b.tobytes()  # the replicas stayed identical
     for a, b in zip(first[0][0], second[0][0], strict=True):
         assert a.tobytes() == b.tobytes()  # and the run repeats bit for bit
+
+
+@pytest.mark.parametrize("hook_name", ["fp16_compress_hook", "bf16_compress_hook"])
+def test_compression_hooks_work_under_autocast_and_the_scaler(hook_name):
+    """float32 weights, bf16 compute, gradients sent as fp16/bf16: still in step, and close to
+    the uncompressed run (the hooks round only the averaged gradients)."""
+    from shoal.collectives.ddp import comm_hooks
+
+    hook = getattr(comm_hooks, hook_name)
+    job = ThreadWorld(_make_group, W)
+    try:
+        plain = job.run(lambda r: _ddp_amp_run(job.pgs[r], r))
+        packed = job.run(lambda r: _ddp_amp_run(job.pgs[r], r, hook=hook))
+    finally:
+        job.close()
+    for a, b in zip(packed[0][0], packed[1][0], strict=True):
+        assert a.tobytes() == b.tobytes()
+    assert all(p.dtype == np.float32 for p in packed[0][0])
+    for a, b in zip(packed[0][0], plain[0][0], strict=True):
+        np.testing.assert_allclose(a, b, rtol=2e-2, atol=2e-2)
