@@ -54,6 +54,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="save a checkpoint every N steps (0: never)")
     parser.add_argument("--checkpoint-dir", "--checkpoint_dir", default=None,
                         help="where checkpoints go (default: $SHOAL_CHECKPOINT_DIR; none: off)")
+    parser.add_argument("--backend", default=os.environ.get("SHOAL_BACKEND", "tcp"),
+                        help="process-group backend: tcp (default, CPU arrays) or nccl (each "
+                             "rank's model and batches on GPU LOCAL_RANK)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch-size", "--batch_size", type=int, default=32, help="per rank")
     parser.add_argument("--lr", type=float, default=0.05)
@@ -122,7 +125,7 @@ def make_batch(seed: int, step: int, rank: int, batch_size: int, batches):
 def params_sha256(module: nn.Module) -> str:
     digest = hashlib.sha256()
     for _, p in module.named_parameters():
-        digest.update(np.ascontiguousarray(p.data).tobytes())
+        digest.update(np.ascontiguousarray(on_host(p.data)).tobytes())
     return digest.hexdigest()
 
 
@@ -133,30 +136,36 @@ def make_checkpointer(directory: str | None):
     return Checkpointer(directory, keep=3)
 
 
-def init_distributed():
+def init_distributed(backend: str = "tcp"):
     """The process group: from the torchrun environment `shoal run` sets, else a group of one."""
     from shoal import collectives  # noqa: PLC0415
 
     if "WORLD_SIZE" in os.environ and "RANK" in os.environ:
-        return collectives.init_process_group("tcp", init_method="env://")
+        return collectives.init_process_group(backend, init_method="env://")
     # No launcher: a world of one (its store binds a free port itself).
     return collectives.init_process_group(
-        "tcp", init_method="tcp://127.0.0.1:0", rank=0, world_size=1
+        backend, init_method="tcp://127.0.0.1:0", rank=0, world_size=1
     )
+
+
+def on_host(arr):
+    """A numpy copy of a parameter's array (cupy arrays come back from the GPU)."""
+    return arr.get() if hasattr(arr, "get") else arr.copy()
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    group = init_distributed()
+    group = init_distributed(args.backend)
     rank, world = group.rank(), group.size()
     local_rank = int(os.environ.get("LOCAL_RANK", "0") or 0)
+    device = f"cuda:{local_rank}" if args.backend == "nccl" else "cpu"
     directory = args.checkpoint_dir or os.environ.get("SHOAL_CHECKPOINT_DIR")
     checkpointer = make_checkpointer(directory)
     restarts = int(os.environ.get("SHOAL_RESTART_COUNT", "0") or 0)
     print(f"rank {rank} of {world} (local rank {local_rank}), restart {restarts}", flush=True)
 
     core.manual_seed(args.seed)
-    model = MLP()
+    model = MLP().to(device)
     net = DistributedDataParallel(model, process_group=group)
     opt = core.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9)
 
@@ -169,7 +178,7 @@ def main(argv=None) -> int:
     loaded = checkpointer.load_latest() if checkpointer is not None else None
     if loaded is not None:
         start, state = loaded
-        model.load_state_dict({k: core.Tensor(v) for k, v in state["model"].items()})
+        model.load_state_dict({k: core.Tensor(v).to(device) for k, v in state["model"].items()})
         opt.load_state_dict(state["optim"])
         if "data" in state:  # the loader's place in its epoch, valid at any world size
             loader.load_state_dict(state["data"])
@@ -180,6 +189,8 @@ def main(argv=None) -> int:
     batches = epochs(loader, sampler, first_epoch)
     for step in range(start, args.steps):
         x, y, epoch, indices = make_batch(args.seed, step, rank, args.batch_size, batches)
+        if device != "cpu":
+            x, y = x.to(device), y.to(device)
         opt.zero_grad()
         diff = (net(x) - y) * float(1.0 / np.sqrt(y.numel()))
         loss = (diff * diff).sum()
@@ -193,7 +204,7 @@ def main(argv=None) -> int:
             print(f"step {done} loss {loss.item():.4f}", flush=True)
             if checkpointer is not None and args.checkpoint_every and done % args.checkpoint_every == 0:
                 checkpointer.save(done, {
-                    "model": {k: v.data.copy() for k, v in model.state_dict().items()},
+                    "model": {k: on_host(v.data) for k, v in model.state_dict().items()},
                     "optim": opt.state_dict(),
                     "data": loader.state_dict(),
                 })
