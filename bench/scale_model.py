@@ -24,6 +24,12 @@ sizes count alike; every sample a median over repetitions):
     beta_p per-byte CPU cost of one ring step: two processes each stream n-byte messages to
            the other while receiving the other's (what a rank of a ring does in one step):
            t_msg(n) = o_p + n beta_p over n = 16 KiB .. 4 MiB.
+           Each end's CPU time (process_time) over its wall time is the link's `busy`
+           fraction: ranks sharing cores slow a ring step by max(1, P busy / C), not P / C.
+    veth   then recalibrated from shoal's own ring: its all_reduce on 2 hosts x 1 rank at
+           256 KiB .. 64 MiB (a configuration the check does not use), t - (S/2) g =
+           2 (a + o) + S beta. The raw stream's Python sender thread measured up to 1.8x
+           slower per byte than shoal's ring over the same veth.
   memory, two processes at once (as in every run here):
     c, g   per byte of a copy into a memfd mapping and of a float32 numpy add into an
            accumulator; each inside the cache (arrays reused) and beyond it (a 64 MiB array
@@ -63,11 +69,18 @@ or a^spin (above) plus sw for a message that carries data:
   hierarchical (H > 1, L > 1, S > SMALL; smaller: the flat direct exchange):
       (1) shared-memory reduce-scatter, rank i reduces segment i (S/L) from the L-1 peers:
               T1 = m b + k ((S - S/L) c + (L-1)(S/L) g)
-      (2) L rings across hosts at once, ring i over the H ranks of local index i, each on S/L
-          bytes, sharing the host's link (n_share = L):  T2 = R(S/L, H, link)
+      (2) k rings across hosts at once (k leaders per host: the host's cores per rank,
+          1..L), ring i over the H ranks of local index i, each on S/k bytes, sharing the
+          host's link (n_share = k), with only the H k leaders busy:  T2 = R(S/k, H, link)
       (3) shared-memory all-gather of the L segments (relay steps of S/(4L), 256 KiB..4 MiB):
               T3 = m' b + k S c
       L = 1 is the ring across hosts, H = 1 the one-host case.
+      Where the group pipelines (two cores per rank; 8 MiB pieces, more than one):
+          max(T1 + T3, T2) + (T1 + T2 + T3) / pieces, else T1 + T2 + T3.
+  small messages above DIRECT_MAX_RANKS = 8 ranks: recursive doubling, log2(p) exchanges (+2
+  folding beyond the power of two p) for the flat ring; for groups spanning hosts the
+  two-level tree: a direct exchange within the host, the leaders' exchange (recursive
+  doubling above 8 hosts), a fan-out.
   bandwidth-optimal bound: 2 (W-1)/W x S / B.
 
 The check runs bench/allreduce.py: its --hosts rows (hierarchical as shoal_ms, flat ring as
@@ -116,7 +129,9 @@ KiB = 1024
 MiB = 1024 * KiB
 # Mirrors of collectives.constants (read, not imported, so the model states what it assumes).
 SMALL_MAX_BYTES = 64 * KiB  # direct exchange up to here
+DIRECT_MAX_RANKS = 8  # collectives.constants: above this many ranks small all_reduces run as a tree
 SHM_CHUNK_BYTES = 4 * MiB  # SHM_SLOT_BYTES
+PIPELINE_PIECE_BYTES = 8 * MiB  # collectives.constants: the two-level pipeline's pieces
 SHM_W2_MIN_CHUNK_BYTES = 256 * KiB
 SHM_CALIBRATION_SIZES = (256 * KiB, 4 * MiB, 32 * MiB)
 SOCKET_BUFFER_BYTES = 256 * KiB
@@ -170,6 +185,9 @@ class Link:
     beta: float
     wire: float = 0.0
     sw: float = 0.0  # shoal's own work per message (headers, checks, bookkeeping)
+    # The fraction of a core one end of a streaming exchange keeps busy: ranks sharing cores
+    # slow each other by P x busy / C, not P / C (measured with process_time).
+    busy: float = 1.0
 
     def latency(self, spin: bool, data: bool = True) -> float:
         """A message's cost before its bytes: its latency, and shoal's work on a data message
@@ -222,6 +240,26 @@ class Machine:
             return 1.0
         procs = hosts * local if self.one_machine else local
         return contention(procs + self.background, self.cores)
+
+    def k_busy(self, procs_here: int, procs_per_host: int) -> float:
+        """Contention when only some ranks work (the leaders of a cross-host phase):
+        `procs_here` of them on this machine's cores, `procs_per_host` per cluster host."""
+        if self.cores is None:
+            return 1.0
+        procs = procs_here if self.one_machine else procs_per_host
+        return contention(procs + self.background, self.cores)
+
+    def leaders(self, hosts: int, local: int) -> int:
+        """Leaders per host, as the tcp group picks them: the host's cores per local rank,
+        between 1 and the ranks per host (a core per rank: every rank leads)."""
+        if self.cores is None:
+            return local
+        per_host = self.cores  # the namespaces here share this machine's cores
+        return max(1, min(local, per_host // max(1, local)))
+
+    def pipelined(self, local: int) -> bool:
+        """Whether the group pipelines its two-level all_reduce: two cores per local rank."""
+        return self.cores is None or self.cores >= 2 * local
 
     def spin(self, world: int) -> bool:
         # collectives.env.spin_seconds: poll only when every rank of the group has a core,
@@ -329,10 +367,20 @@ class Model:
                                k, spin, g)
         seg = nbytes / world
         work = [(h.latency(spin) + h.o + seg * h.beta, n) for h, n in hops]
-        mean = sum(w * n for w, n in work) / sum(n for _, n in work)
+        total = sum(n for _, n in work)
+        mean = sum(w * n for w, n in work) / total
+        busy = sum(h.busy * n for h, n in hops) / total
         wire = max(seg * share * h.wire for h, _ in hops)
-        step = max(k * mean, max(w for w, _ in work), wire)
+        step = max(max(1.0, k * busy) * mean, max(w for w, _ in work), wire)
         return 2 * (world - 1) * step + k * (world - 1) * seg * g
+
+    def recursive_doubling(self, nbytes, world, link: Link, k, spin, g) -> float:
+        """shoal's small all_reduce above DIRECT_MAX_RANKS ranks: log2(p) exchanges of S with
+        one peer (p the largest power of two <= W), plus a fold in and out beyond p."""
+        p = 1 << (int(world).bit_length() - 1)
+        rounds = int(math.log2(p)) + (2 if world != p else 0)
+        one = link.latency(spin) + link.o + nbytes * (link.beta + g)
+        return rounds * max(k * one, nbytes * link.wire)
 
     def _barrier(self, local, k, spin) -> float:
         if self.shm.step is not None:
@@ -360,35 +408,57 @@ class Model:
 
     def hierarchical(self, nbytes, hosts, local, link: Link, intra: Link,
                      machine: Machine) -> float:
-        """T1 + T2 + T3 of the module docstring (small messages: the flat direct exchange)."""
+        """T1 + T2 + T3 of the module docstring, with the group's leaders per host (k) and,
+        where it pipelines, the phases overlapped; small messages: the flat direct exchange,
+        or above DIRECT_MAX_RANKS ranks the two-level tree."""
         if hosts <= 1:
             return self.one_host(nbytes, local, machine)
-        if local <= 1 or nbytes <= SMALL_MAX_BYTES:
+        if local <= 1:
+            return self.flat(nbytes, hosts, local, link, intra, machine)
+        if nbytes <= SMALL_MAX_BYTES:
+            if hosts * local > DIRECT_MAX_RANKS:
+                return self.two_level_tree(nbytes, hosts, local, link, intra, machine)
             return self.flat(nbytes, hosts, local, link, intra, machine)
         k, spin = machine.k(hosts, local), machine.spin(hosts * local)
+        leaders = machine.leaders(hosts, local)
         working_set = 2 * local * nbytes * (hosts if machine.one_machine else 1)
         c, g = self._shm_rates(working_set)
         b = self._barrier(local, k, spin)
-        seg = nbytes / local
+        seg = nbytes / leaders
+        # (1) every rank publishes the other owners' segments; an owner reduces its segment
+        # from the L-1 peers' regions (its work is the longest).
         t1 = (math.ceil(nbytes / SHM_CHUNK_BYTES) * b
               + k * ((nbytes - seg) * c + (local - 1) * seg * g))
-        t2 = self.ring(seg, hosts, [link], k, spin, self.memory.rates(working_set)[1],
-                       share=local)
+        # (2) k rings at once, each over the H leaders of one local index; only the leaders
+        # work, so the contention counts them alone.
+        k2 = machine.k_busy(hosts * leaders, leaders)
+        t2 = self.ring(seg, hosts, [link], k2, spin, self.memory.rates(working_set)[1],
+                       share=leaders)
+        # (3) every rank copies the owners' segments out of their regions.
         relay = min(SHM_CHUNK_BYTES, max(SHM_W2_MIN_CHUNK_BYTES, seg // 4))
         t3 = math.ceil(seg / relay) * b + k * nbytes * c
+        pieces = math.ceil(nbytes / PIPELINE_PIECE_BYTES)
+        if machine.pipelined(local) and pieces > 1:
+            # The courier carries piece j while the host works on j+1 and j-1: the longer of
+            # the two streams decides, plus one piece of each to fill and drain the pipe.
+            return max(t1 + t3, t2) + (t1 + t2 + t3) / pieces
         return t1 + t2 + t3
 
     def two_level_tree(self, nbytes, hosts, local, link: Link, intra: Link,
                        machine: Machine) -> float:
-        """Not in shoal (a what-if for small messages at scale): a direct exchange within each
-        host, recursive doubling between hosts (ceil(log2 H) exchanges of S with one peer),
-        then local rank 0 sends the result to the L-1 others."""
+        """shoal's small all_reduce of groups above DIRECT_MAX_RANKS ranks that span hosts
+        (hierarchical.all_reduce_small): a direct exchange within each host, the leaders'
+        all_reduce between hosts (a direct exchange among up to DIRECT_MAX_RANKS hosts, else
+        recursive doubling), then local rank 0 sends the result to the L-1 others."""
         k, spin = machine.k(hosts, local), machine.spin(hosts * local)
         g = self.memory.rates(2 * local * nbytes)[1]
         local_part = self.direct(nbytes, [(intra, local - 1)], k, spin, g) if local > 1 else 0.0
-        rounds = math.ceil(math.log2(hosts)) if hosts > 1 else 0
-        one = link.latency(spin) + link.o + nbytes * (link.beta + g)
-        cross = rounds * max(k * one, nbytes * link.wire)
+        if hosts <= 1:
+            cross = 0.0
+        elif hosts <= DIRECT_MAX_RANKS:
+            cross = self.direct(nbytes, [(link, hosts - 1)], k, spin, g)
+        else:
+            cross = self.recursive_doubling(nbytes, hosts, link, k, spin, g)
         fan_out = k * (local - 1) * (intra.latency(spin) + intra.o + nbytes * intra.beta)
         return local_part + cross + fan_out
 
@@ -402,6 +472,8 @@ class Model:
         # Ranks in host order: H hops of the ring cross hosts, H (L-1) stay within one; each
         # rank has L-1 peers on its host and W-L elsewhere for the direct exchange.
         world = hosts * local
+        if nbytes <= SMALL_MAX_BYTES and world > DIRECT_MAX_RANKS:
+            return self.recursive_doubling(nbytes, world, link, k, spin, g)
         hops = [(link, hosts)] + ([(intra, hosts * (local - 1))] if local > 1 else [])
         peers = [(link, world - local)] + ([(intra, local - 1)] if local > 1 else [])
         return self.ring(nbytes, world, hops, k, spin, g, peers=peers)
@@ -490,7 +562,7 @@ def _drive(sock: socket.socket, reps: int) -> dict:
     """The active end: ping-pongs (sleeping, polling) and exchanges at every size."""
     buf = bytearray(4 * MiB)
     out = bytearray(4 * MiB)
-    result = {"pingpong": {}, "pingpong_spin": {}, "stream": {}}
+    result = {"pingpong": {}, "pingpong_spin": {}, "stream": {}, "stream_cpu": {}}
     for mode, key, receive in ((_PINGPONG, "pingpong", _recv_exact),
                                (_PINGPONG_SPIN, "pingpong_spin", _recv_polling)):
         for n in PINGPONG_SIZES:
@@ -507,14 +579,18 @@ def _drive(sock: socket.socket, reps: int) -> dict:
             result[key][n] = statistics.median(times)
     for n in STREAM_SIZES:
         count = max(4, (16 * MiB) // n)
-        times = []
+        times, cpu = [], []
         for _ in range(reps):
             sock.sendall(_COMMAND.pack(_EXCHANGE, n, count))
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             _exchange(sock, memoryview(out)[:n], memoryview(buf)[:n], count)
             _recv_exact(sock, memoryview(bytearray(1)))
             times.append((time.perf_counter() - t0) / count)
+            cpu.append((time.process_time() - c0) / count)
         result["stream"][n] = statistics.median(times)
+        # CPU time of this end (both its threads): how busy a rank of a ring step keeps its
+        # core, which decides how ranks that share cores slow each other.
+        result["stream_cpu"][n] = statistics.median(cpu)
     sock.sendall(_COMMAND.pack(_QUIT, 0, 0))
     return result
 
@@ -709,7 +785,14 @@ def fit_link(timings: dict) -> Link:
     a_block = fit_line(list(timings["pingpong"]), list(timings["pingpong"].values()))[0]
     a_spin = fit_line(list(timings["pingpong_spin"]), list(timings["pingpong_spin"].values()))[0]
     o, beta = fit_line(list(timings["stream"]), list(timings["stream"].values()))
-    return Link(max(a_block, 0.0), max(a_spin, 0.0), max(o, 0.0), beta)
+    busy = 1.0
+    cpu = timings.get("stream_cpu")
+    if cpu:
+        big = [n for n in cpu if n >= 256 * KiB]
+        if big:
+            busy = statistics.median(cpu[n] / timings["stream"][n] for n in big)
+    return Link(max(a_block, 0.0), max(a_spin, 0.0), max(o, 0.0), beta,
+                busy=min(1.0, max(0.25, busy)))
 
 
 def fit_memory(raw: dict, llc_bytes: int) -> Memory:
@@ -787,9 +870,36 @@ def measure(reps: int, cores: int) -> tuple[Model, dict]:
                     + CALIBRATION_BYTES * (unix.beta + memory.rates(4 * CALIBRATION_BYTES)[1]))
     sw = max(0.0, raw["shoal_calls"]["all_reduce"] - raw_exchange)
     links = {name: dataclasses.replace(link, sw=sw) for name, link in links.items()}
+    if made is not None and has_hosts_mode():
+        links["veth"], raw["veth_ring"] = calibrate_veth(links["veth"], memory, reps)
     raw["background"] = loads
     return Model(links, memory, fit_shm({int(key[4:]): t for key, t in raw["shoal_shm"].items()},
                                         memory)), raw
+
+
+def calibrate_veth(veth: Link, memory: "Memory", reps: int) -> tuple[Link, dict]:
+    """veth's per-message and per-byte costs as shoal's own ring sees them: its all_reduce on
+    2 hosts x 1 rank (a configuration the check does not use) at 256 KiB, 4 MiB and 64 MiB.
+
+    A raw two-process stream (`_drive`) moves bytes through Python's sender thread and the
+    GIL; shoal's ring keeps its copies in C and overlaps them differently, and measured up to
+    1.8x faster per byte here. With W = 2 a ring is two steps of S/2 and one reduction of
+    S/2: t(S) - (S/2) g = 2 (latency + o) + S beta, a line in S."""
+    argv = ["--hosts", "2x1", "--json", "--no-compare", "--ops", "all_reduce",
+            "--min-bytes", str(256 * KiB)] + (["--quick"] if reps < 9 else [])
+    rows = _allreduce_rows(argv, timeout=600)
+    sizes, ts = [], []
+    for row in rows:
+        n = row["bytes"]
+        g = memory.rates(2 * 2 * n)[1]
+        sizes.append(n)
+        ts.append(row["shoal_ms"] / 1e3 - (n / 2) * g)
+    if len(sizes) < 2:
+        return veth, {"rows": rows}
+    intercept, beta = fit_line(sizes, ts)
+    o = max(0.0, intercept / 2 - veth.a_block - veth.sw)
+    return dataclasses.replace(veth, o=o, beta=max(beta, 0.0)), {
+        "rows": {r["bytes"]: r["shoal_ms"] for r in rows}}
 
 
 def fit_shm(times: dict, memory: "Memory") -> "ShmCost":
@@ -972,8 +1082,7 @@ def predict(model: Model) -> list[dict]:
     print(f"predicted DDP step overhead: all_reduce of every gradient bucket, none hidden; "
           f"link {LINK_BANDWIDTH * 8 / 1e9:g} Gbit/s, {LINK_LATENCY * 1e6:g} us; a core per rank")
     print(f"{'model':<18}{'grad':>10} {'H x L':>7} {'W':>5} {'flat ring ms':>13} "
-          f"{'hierarchical ms':>16} {'bound ms':>9} {'flat/bound':>11} {'hier/bound':>11} "
-          f"{'2-level tree ms*':>17}")
+          f"{'hierarchical ms':>16} {'bound ms':>9} {'flat/bound':>11} {'hier/bound':>11}")
     for name, nbytes in models:
         buckets = bucket_sizes(nbytes)
         for hosts, local in SCALES:
@@ -981,21 +1090,17 @@ def predict(model: Model) -> list[dict]:
             flat = sum(model.flat(b, hosts, local, link, intra, cluster) for b in buckets)
             hier = sum(model.hierarchical(b, hosts, local, link, intra, cluster) for b in buckets)
             bound = bandwidth_bound(nbytes, world, LINK_BANDWIDTH)
-            tree = (sum(model.two_level_tree(b, hosts, local, link, intra, cluster)
-                        for b in buckets) if max(buckets) <= SMALL_MAX_BYTES else None)
             rows.append({"bench": "scale_model", "row": "predict", "model": name,
                          "grad_bytes": nbytes, "buckets": len(buckets), "hosts": hosts,
                          "per_host": local, "world": world, "flat_ms": round(flat * 1e3, 4),
                          "hierarchical_ms": round(hier * 1e3, 4),
-                         "bound_ms": round(bound * 1e3, 4),
-                         "two_level_tree_ms": None if tree is None else round(tree * 1e3, 4)})
+                         "bound_ms": round(bound * 1e3, 4)})
             print(f"{name:<18}{_fmt_size(nbytes):>10} {f'{hosts}x{local}':>7} {world:>5} "
                   f"{flat * 1e3:>13.3f} {hier * 1e3:>16.3f} {bound * 1e3:>9.3f} "
-                  f"{flat / bound:>10.1f}x {hier / bound:>10.1f}x "
-                  + (f"{tree * 1e3:>17.3f}" if tree is not None else f"{'-':>17}"))
-    print("* not in shoal, for buckets up to 64 KiB: a direct exchange within each host, "
-          "recursive doubling between hosts and a fan-out; shoal runs such messages as one "
-          "direct exchange among all W ranks, W-1 messages per rank")
+                  f"{flat / bound:>10.1f}x {hier / bound:>10.1f}x")
+    print("(buckets up to 64 KiB: above 8 ranks the flat column is recursive doubling, the "
+          "hierarchical one the two-level tree; larger buckets: rings, pipelined two-level with "
+          "a leader per rank on hosts with a core per rank)")
     return rows
 
 

@@ -113,9 +113,50 @@ def test_hierarchical_by_hand_and_its_edge_cases():
     assert model.hierarchical(S, 1, 4, veth, unix, cluster) == model.one_host(S, 4, cluster)
     assert model.hierarchical(S, 4, 1, veth, unix, cluster) == pytest.approx(
         model.ring(S, 4, [veth], 1.0, True, 0.1e-9))
-    # Small messages: the flat direct exchange.
+    # Small messages: the flat direct exchange (8 ranks: not above DIRECT_MAX_RANKS).
     assert model.hierarchical(4096, H, L, veth, unix, cluster) == model.flat(
         4096, H, L, veth, unix, cluster)
+
+
+def test_pipelined_hierarchical_overlaps_the_host_phases_with_the_rings():
+    """On hosts with a core per rank the group pipelines 8 MiB pieces: the longer of the host
+    phases and the rings decides, plus one piece of each; on 2 cores shared by 4 ranks it does
+    not pipeline, and only the H x k leaders count as busy in the ring phase."""
+    model = _model()
+    veth, unix = model.links["veth"], model.links["unix"]
+    cluster = sm.Machine(cores=None, one_machine=False)
+
+    class Unpipelined(sm.Machine):
+        def pipelined(self, local):
+            return False
+
+    H, L, S = 4, 2, 64 * MiB
+    serial = model.hierarchical(S, H, L, veth, unix, Unpipelined(cores=None, one_machine=False))
+    g = model.memory.rates(2 * L * S)[1]
+    t2 = model.ring(S / L, H, [veth], 1.0, True, g, share=L)
+    t13 = serial - t2
+    got = model.hierarchical(S, H, L, veth, unix, cluster)
+    assert got == pytest.approx(max(t13, t2) + serial / 8)
+    assert got < serial
+    assert cluster.pipelined(L) and cluster.leaders(H, L) == L
+    here = sm.Machine(cores=2, one_machine=True)
+    assert not here.pipelined(2) and here.leaders(2, 2) == 1
+    assert here.k_busy(2, 1) == 1.0 and here.k(2, 2) == 2.0
+
+
+def test_small_messages_above_eight_ranks_run_as_trees():
+    model = _model()
+    veth, unix = model.links["veth"], model.links["unix"]
+    cluster = sm.Machine(cores=None, one_machine=False)
+    g = model.memory.rates(2 * 8 * 4096)[1]
+    one = veth.latency(True) + veth.o + 4096 * (veth.beta + g)
+    # 16 one-rank hosts: 4 exchanges; 12: 3 plus a fold in and out.
+    assert model.flat(4096, 16, 1, veth, unix, cluster) == pytest.approx(4 * one)
+    assert model.recursive_doubling(4096, 16, veth, 1.0, True, g) == pytest.approx(4 * one)
+    assert model.recursive_doubling(4096, 12, veth, 1.0, True, g) == pytest.approx(5 * one)
+    # 4 hosts x 4 ranks: the two-level tree (direct within, direct among 4 leaders, fan-out).
+    assert model.hierarchical(4096, 4, 4, veth, unix, cluster) == pytest.approx(
+        model.two_level_tree(4096, 4, 4, veth, unix, cluster))
 
 
 def test_a_shared_wire_limits_the_concurrent_rings():
