@@ -1,6 +1,14 @@
-"""Prometheus metrics of the process-group layer (names `shoal_collectives_*`)."""
+"""Prometheus metrics of the process-group layer (names `shoal_collectives_*`).
+
+Under `shoal run` every worker writes these into its own multiprocess file and the node agent
+serves their sum; what must stay per rank (where a straggler shows) carries a `rank` label,
+bounded by the world size: the time spent inside collectives and the last one's completion time.
+"""
 
 from __future__ import annotations
+
+import os
+import time
 
 from shoal.core import telemetry
 
@@ -25,8 +33,42 @@ ERRORS = telemetry.counter(
     ["op", "kind"],
 )
 
+WAIT_SECONDS = telemetry.counter(
+    "shoal_collectives_wait_seconds_total",
+    "Seconds this rank spent inside collectives, start to completion. In a synchronous job "
+    "the slowest rank waits least: the others wait for it.",
+    ["rank"],
+)
+LAST_OP_TIME = telemetry.gauge(
+    "shoal_collectives_last_op_timestamp_seconds",
+    "Unix time at which this rank's last collective completed (a progress heartbeat).",
+    ["rank"],
+    multiprocess_mode="max",
+)
+
+# The ops and failure kinds the backends report. Their error and timeout series exist (at 0)
+# from the start: increase() only sees a counter's first increment if the series was scraped
+# at 0 before it, so a child created on first use would hide the first error of each kind.
+OPS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "barrier",
+       "reduce", "gather", "scatter", "send", "recv")
+ERROR_KINDS = ("timeout", "peer_lost", "mismatch", "error")
+for _op in OPS:
+    TIMEOUTS.labels(op=_op)
+    for _kind in ERROR_KINDS:
+        ERRORS.labels(op=_op, kind=_kind)
+
 # Child lookups take a lock and a dict probe; a 4 KiB all_reduce is cheap enough to notice.
 _children: dict = {}
+_rank_children: list = []
+
+
+def _rank_pair():
+    """This process's (wait counter, heartbeat gauge) children, resolved once; the rank comes
+    from RANK (shoal run and torchrun set it), "0" for a process started without it."""
+    if not _rank_children:
+        rank = os.environ.get("RANK", "0")
+        _rank_children.append((WAIT_SECONDS.labels(rank=rank), LAST_OP_TIME.labels(rank=rank)))
+    return _rank_children[0]
 
 
 # DistributedDataParallel: how long each bucket's reduction took from its launch during
@@ -50,6 +92,9 @@ def observe(op: str, backend: str, seconds: float, nbytes: int) -> None:
     pair[0].observe(seconds)
     if nbytes:
         pair[1].inc(nbytes)
+    wait, heartbeat = _rank_pair()
+    wait.inc(seconds)
+    heartbeat.set(time.time())
 
 
 def count_error(op: str, kind: str) -> None:

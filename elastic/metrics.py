@@ -3,18 +3,30 @@
 The agent serves its own metrics (the `shoal_elastic_*` families below, kept in this process's
 default registry) together with its workers' metrics, which the workers write as files in
 `PROMETHEUS_MULTIPROC_DIR` (prometheus_client's multiprocess mode, one directory per job).
+
+Every sample served carries a `run_id` label (the rendezvous id), added here rather than by a
+scrape relabel rule, so two jobs under one Prometheus job stay apart however they are scraped.
+Per-worker memory and CPU come from /proc, read by the agent at scrape time (prometheus_client's
+process collector does not work in multiprocess mode).
+
+Restarts and worker exits are counters with whole values plus a timestamp gauge, so an event
+between two scrapes still shows: the counter stays one higher, the timestamp moves.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from typing import Iterable, Optional
+import threading
+import time
+from typing import Iterable, Mapping, Optional
 
 import prometheus_client
 from prometheus_client import multiprocess
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import CollectorRegistry
 
+from shoal.collectives.types import ASYNC_ERROR_EXIT_CODE
 from shoal.core.telemetry import counter, gauge, histogram
 from shoal.elastic.metrics_http import HardenedHTTPServer
 
@@ -44,9 +56,160 @@ WORKERS = gauge(
     ["state"],
 )
 
+LAST_RESTART = gauge(
+    "shoal_elastic_last_restart_timestamp_seconds",
+    "Unix time this node's agent last restarted its workers (0: never).",
+)
+JOB_RESTARTS = gauge(
+    "shoal_elastic_job_restarts",
+    "Restarts after worker failures the whole job has used so far (max_restarts bounds it).",
+)
+MAX_RESTARTS = gauge(
+    "shoal_elastic_max_restarts",
+    "Restarts after worker failures the job may use (shoal run --max-restarts).",
+)
+WORKER_EXITS = counter(
+    "shoal_elastic_worker_exits_total",
+    "This node's worker processes that ended, by how: succeeded (exit 0), aborted (exit "
+    "status 75: its collective watchdog gave up on a peer that failed), failed (any other end "
+    "the agent did not cause) or stopped (by the agent).",
+    ["state"],
+)
+RENDEZVOUS_LAST = gauge(
+    "shoal_elastic_rendezvous_last_duration_seconds",
+    "Seconds the last rendezvous took, from joining to the round being complete.",
+)
+JOB_INFO = gauge(
+    "shoal_job_info",
+    "Always 1; the labels describe the job this agent runs: run id, world size, nodes, "
+    "max_restarts.",
+    ["world_size", "nnodes", "max_restarts"],
+)
+EXIT_STATES = ("succeeded", "failed", "aborted", "stopped")
+
 # Series exist from the start (at 0), so dashboards and alerts see them before any restart.
 for _reason in RESTART_REASONS:
     RESTARTS.labels(reason=_reason)
+for _state in EXIT_STATES:
+    WORKER_EXITS.labels(state=_state)
+
+# `_created` samples double the series count and nobody graphs them.
+prometheus_client.disable_created_metrics()
+
+_run_id: Optional[str] = None
+_worker_pids: dict[int, int] = {}  # global rank -> pid of this node's running workers
+_pids_lock = threading.Lock()
+
+
+def set_job(run_id: str, world_size: int, nnodes: int, max_restarts: int,
+            restarts_used: int) -> None:
+    """Describe the job of the current round (its size may change between rounds)."""
+    global _run_id
+    _run_id = run_id
+    JOB_INFO.clear()
+    JOB_INFO.labels(world_size=str(world_size), nnodes=str(nnodes),
+                    max_restarts=str(max_restarts)).set(1)
+    MAX_RESTARTS.set(max_restarts)
+    JOB_RESTARTS.set(restarts_used)
+
+
+def set_run_id(run_id: str) -> None:
+    """The run id every served sample is labelled with (before the first round too)."""
+    global _run_id
+    _run_id = run_id
+
+
+def note_restart(reason: str) -> None:
+    """Count one restart of this node's workers and stamp its time."""
+    RESTARTS.labels(reason=reason).inc()
+    LAST_RESTART.set(time.time())
+
+
+def exit_state(exitcode: int, stopped: bool) -> str:
+    """How a worker ended, as counted in WORKER_EXITS."""
+    if stopped:
+        return "stopped"
+    if exitcode == 0:
+        return "succeeded"
+    return "aborted" if exitcode == ASYNC_ERROR_EXIT_CODE else "failed"
+
+
+def count_worker_exit(exitcode: int, stopped: bool) -> None:
+    """Count one worker process that ended."""
+    WORKER_EXITS.labels(state=exit_state(exitcode, stopped)).inc()
+
+
+def observe_rendezvous(seconds: float, round_: int) -> None:
+    """Record one completed rendezvous."""
+    RENDEZVOUS_DURATION.observe(seconds)
+    RENDEZVOUS_LAST.set(seconds)
+    RENDEZVOUS_ROUND.set(round_)
+
+
+def set_worker_pids(pids: Mapping[int, int]) -> None:
+    """The running workers whose memory and CPU the next scrapes read ({global rank: pid})."""
+    with _pids_lock:
+        _worker_pids.clear()
+        _worker_pids.update(pids)
+
+
+def forget_worker(rank: int, pid: int) -> None:
+    """Stop reporting a worker that ended."""
+    with _pids_lock:
+        if _worker_pids.get(rank) == pid:
+            del _worker_pids[rank]
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def read_proc(pid: int) -> Optional[tuple[float, int]]:
+    """(CPU seconds, resident bytes) of `pid` from /proc; None once it is gone (or off Linux).
+
+    CPU is user + system time of the process itself (fields 14 and 15 of /proc/PID/stat, after
+    the parenthesised command name, which may contain spaces); children it did not wait for
+    are not included.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            statm = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(b")") + 2:].split()
+    cpu = (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+    return cpu, int(statm.split()[1]) * _PAGE_SIZE
+
+
+def _worker_families() -> list:
+    memory = Metric("shoal_worker_resident_memory_bytes",
+                    "Resident memory of each of this node's worker processes (from /proc).",
+                    "gauge")
+    cpu = Metric("shoal_worker_cpu_seconds",
+                 "CPU time (user + system) each of this node's worker processes used (from "
+                 "/proc; restarts from 0 with the process).", "counter")
+    with _pids_lock:
+        pids = dict(_worker_pids)
+    for rank, pid in sorted(pids.items()):
+        reading = read_proc(pid)
+        if reading is None:
+            continue
+        labels = {"rank": str(rank)}
+        cpu.add_sample("shoal_worker_cpu_seconds_total", labels, reading[0])
+        memory.add_sample("shoal_worker_resident_memory_bytes", labels, reading[1])
+    return [memory, cpu]
+
+
+def _with_run_id(family, run_id: str):
+    """`family` with run_id=`run_id` on every sample (a label it already has is kept)."""
+    out = Metric(family.name, family.documentation, family.type, family.unit)
+    for sample in family.samples:
+        labels = sample.labels if "run_id" in sample.labels else {**sample.labels,
+                                                                    "run_id": run_id}
+        out.samples.append(sample._replace(labels=labels))
+    return out
 
 
 def set_worker_states(counts: dict[str, int]) -> None:
@@ -66,6 +229,11 @@ class _AgentAndWorkers:
         self._dir = multiproc_dir
 
     def collect(self) -> Iterable:
+        run_id = _run_id
+        for family in self._families():
+            yield family if run_id is None else _with_run_id(family, run_id)
+
+    def _families(self) -> Iterable:
         names = set()
         if self._dir and os.path.isdir(self._dir):
             workers = CollectorRegistry()
@@ -76,6 +244,40 @@ class _AgentAndWorkers:
         for family in prometheus_client.REGISTRY.collect():
             if family.name not in names:
                 yield family
+        yield from _worker_families()
+
+
+DEFAULT_LINGER_S = 30.0
+
+
+class _ScrapeClock:
+    """When the last scrapes came, so stop() can wait for the next one."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._times: list[float] = []
+
+    def wrap(self, app):
+        def counted(environ, start_response):
+            body = app(environ, start_response)
+            with self._cond:
+                self._times = (self._times + [time.monotonic()])[-2:]
+                self._cond.notify_all()
+            return body
+        return counted
+
+    def wait_for_next(self, limit: float) -> None:
+        with self._cond:
+            if len(self._times) < 2 or limit <= 0:
+                return
+            interval = self._times[-1] - self._times[-2]
+            seen = self._times[-1]
+            deadline = time.monotonic() + min(limit, 1.5 * interval + 0.5)
+            while self._times[-1] == seen:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._cond.wait(left)
 
 
 class MetricsServer:
@@ -92,8 +294,10 @@ class MetricsServer:
     def __init__(self, host: str, port: int, multiproc_dir: Optional[str], **server_options):
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_AgentAndWorkers(multiproc_dir))
-        self._httpd = HardenedHTTPServer(host, port, prometheus_client.make_wsgi_app(registry),
-                                         **server_options)
+        self._scrapes = _ScrapeClock()
+        self._httpd = HardenedHTTPServer(
+            host, port, self._scrapes.wrap(prometheus_client.make_wsgi_app(registry)),
+            **server_options)
         self.host = host
         self.port = self._httpd.port
 
@@ -103,8 +307,18 @@ class MetricsServer:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}/metrics"
 
-    def stop(self) -> None:
-        """Stop serving and release the port."""
+    def stop(self, linger: Optional[float] = None) -> None:
+        """Stop serving and release the port, after one more scrape if one is due soon.
+
+        A job's last state (workers succeeded or failed, the final restart) would otherwise
+        never reach Prometheus when the agent exits between two scrapes. If this server was
+        scraped at a steady interval, it serves until the next scrape has been answered, at most
+        1.5 intervals and never more than `linger` seconds (default SHOAL_METRICS_LINGER_S, 30);
+        never scraped or scraped once: it stops at once.
+        """
+        if linger is None:
+            linger = float(os.environ.get("SHOAL_METRICS_LINGER_S", DEFAULT_LINGER_S))
+        self._scrapes.wait_for_next(linger)
         self._httpd.stop()
 
     @property

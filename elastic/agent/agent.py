@@ -172,6 +172,7 @@ class Agent:
         self._dump_dir = spec.base_env.get("SHOAL_DUMP_DIR") or tempfile.gettempdir()
         self._rank_nodes: dict[int, str] = {}
         self._error_files: dict[int, str] = {}  # global rank -> its TORCHELASTIC_ERROR_FILE
+        metrics.set_run_id(spec.run_id)
 
     @property
     def store(self):
@@ -349,7 +350,7 @@ class Agent:
                 outcome = "peer_request"
             if isinstance(outcome, AgentResult):
                 return outcome
-            metrics.RESTARTS.labels(reason=outcome).inc()
+            metrics.note_restart(outcome)
 
     def _rendezvous(self) -> RendezvousInfo:
         # Only _run calls this, while _interruptible holds: a signal ends the join at once.
@@ -357,8 +358,7 @@ class Agent:
         if self._signum is not None:
             raise AgentInterrupted(self._signum)
         info = self.handler.next_rendezvous()
-        metrics.RENDEZVOUS_DURATION.observe(time.monotonic() - started)
-        metrics.RENDEZVOUS_ROUND.set(info.round)
+        metrics.observe_rendezvous(time.monotonic() - started, info.round)
         self._rounds += 1
         self._last_info = info
         return info
@@ -418,6 +418,7 @@ class Agent:
             for rank in range(start, start + count):
                 self._rank_nodes[rank] = info.participants[node_rank]
         restarts = int(self.store.add("agent/restarts", 0))
+        metrics.set_job(self.spec.run_id, world, info.num_nodes, self.spec.max_restarts, restarts)
         ranks = [first + i for i in range(nproc)]
         s = self.spec
         envs = [
@@ -566,6 +567,7 @@ class Agent:
             lost = self._safe(self.handler.dead_nodes, [])
             return "node_lost" if lost else "peer_request"
         used = int(self.store.add("agent/restarts", 1))
+        metrics.JOB_RESTARTS.set(used)
         if used > self.spec.max_restarts:
             self._limit_backend()  # the job is over: recording it must not wait out etcd
             self._stop_workers("restarts are exhausted")

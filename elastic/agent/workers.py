@@ -141,6 +141,7 @@ class WorkerGroup:
                              name=f"shoal-reap-rank{rank}").start()
         logger.info("Started ranks %s as pids %s", self._ranks,
                     [w.proc.pid for w in self._workers])
+        metrics.set_worker_pids({w.rank: w.proc.pid for w in self._workers})
         self._publish_states()
 
     def _reap(self, worker: _Worker) -> None:
@@ -148,6 +149,9 @@ class WorkerGroup:
         with self._lock:
             worker.exitcode = code
             worker.exit_time = time.time()
+            stopped = worker.stopped
+        metrics.forget_worker(worker.rank, worker.proc.pid)
+        metrics.count_worker_exit(code, stopped)
         metrics.mark_worker_dead(worker.proc.pid, self._multiproc_dir)
         if code != 0 and not worker.stopped:
             logger.warning("Rank %s (pid %s) ended with %s", worker.rank, worker.proc.pid,
