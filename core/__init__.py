@@ -91,3 +91,4 @@ from shoal.core.serialization import SerializationError, load, save  # noqa: E40
 from shoal.core import multiprocessing  # noqa: E402  (torch.multiprocessing.spawn)
 from shoal.core import amp  # noqa: E402
 from shoal.core.amp import autocast, get_autocast_dtype, is_autocast_enabled  # noqa: E402
+from shoal.core import profiler  # noqa: E402  (torch.profiler: wraps ops and optimizers)

@@ -108,6 +108,11 @@ class set_grad_enabled(_GradModeContext):  # noqa: N801 - torch's name
 _seq = itertools.count()
 
 
+# The profiler's backward hook, set only while a profiler records (core/profiler/instrument.py):
+# the engine's one test per node when profiling is off.
+_profile_hook: Callable | None = None
+
+
 class Node:
     """One recorded op: its inputs and the closure that maps its output grad to input grads."""
 
@@ -398,7 +403,7 @@ def _run(heap: list, pending: dict, deps: dict, retain_graph: bool, capture: dic
             capture[id(t)] = g.copy()
         node = t.grad_fn
         fn = node.backward_fn
-        grads = fn(g)
+        grads = fn(g) if _profile_hook is None else _profile_hook(node, fn, g)
         if not retain_graph:
             node.backward_fn = None  # frees the arrays the closure saved
         # Ownership: the incoming grad (if owned) passes to at most one output that is a view
@@ -538,7 +543,7 @@ class GraphTask:
                 fn = node.backward_fn
                 if fn is None:
                     raise _freed_error(node._name)
-                grads = fn(g)
+                grads = fn(g) if _profile_hook is None else _profile_hook(node, fn, g)
                 if not retain:
                     node.backward_fn = None
                 root_in = _root(g)

@@ -1,0 +1,15 @@
+"""torch.profiler's names over shoal: profile, schedule, record_function, trace handlers."""
+
+from shoal.core.profiler.schedule import ProfilerAction, ProfilerError, schedule
+from shoal.core.profiler.profile import ProfilerActivity, profile, record_function
+from shoal.core.profiler.handlers import tensorboard_trace_handler
+
+__all__ = [
+    "ProfilerAction",
+    "ProfilerActivity",
+    "ProfilerError",
+    "profile",
+    "record_function",
+    "schedule",
+    "tensorboard_trace_handler",
+]

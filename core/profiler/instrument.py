@@ -1,0 +1,230 @@
+"""Turning op instrumentation on and off: wrappers installed only while a profiler records.
+
+core's ops have no central dispatch (each op is a plain function, bound to Tensor as a method
+and re-exported by name in several modules), so while a profiler is on, every reference a
+shoal module holds to an op function, and Tensor's operator methods, are swapped for a timing
+wrapper, and swapped back when it stops. Code with the profiler off runs the original
+functions: the cost of the profiler being off is zero, apart from the autograd engine's one
+`_profile_hook is None` test per node.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import weakref
+from typing import Any, Callable
+
+from shoal.core import autograd
+from shoal.core.autograd import _root
+from shoal.core.ops import arith, attention, conv, creation, linalg, logical, nn, norm
+from shoal.core.ops import pooling, reduce, shape, unary
+from shoal.core.optim.optimizer import Optimizer
+from shoal.core.profiler import state
+from shoal.core.profiler.events import Event, now_ns, shapes_of, user_stack
+from shoal.core.tensor import Tensor
+
+_OP_MODULES = (arith, attention, conv, creation, linalg, logical, nn, norm, pooling, reduce,
+               shape, unary)
+
+# Tensor's operator methods are closures made in bind.py (reflection, NotImplemented), not the
+# op functions themselves, so they are wrapped on the class by name.
+_DUNDERS = {
+    "__add__": "add", "__radd__": "add", "__sub__": "sub", "__rsub__": "sub",
+    "__mul__": "mul", "__rmul__": "mul", "__truediv__": "div", "__rtruediv__": "div",
+    "__pow__": "pow", "__rpow__": "pow", "__matmul__": "matmul", "__rmatmul__": "matmul",
+    "__neg__": "neg", "__abs__": "abs", "__eq__": "eq", "__ne__": "ne", "__lt__": "lt",
+    "__le__": "le", "__gt__": "gt", "__ge__": "ge", "__getitem__": "getitem",
+    "__setitem__": "setitem",
+}
+
+_lock = threading.Lock()
+_users = 0
+_restore: list[tuple[Any, str, Any]] = []
+
+
+def _op_functions() -> dict[Callable, str]:
+    """Every public op function, by identity, with the name its events carry."""
+    fns: dict[Callable, str] = {}
+    for mod in _OP_MODULES:
+        for name, fn in vars(mod).items():
+            if (not name.startswith("_") and callable(fn) and not isinstance(fn, type)
+                    and getattr(fn, "__module__", None) == mod.__name__):
+                # aliases (shape.view = shape.reshape) keep the function's own name
+                fns[fn] = fn.__name__ if not fn.__name__.startswith("_") else name
+    return fns
+
+
+def _alloc_bytes(out: Any, args: tuple, rec: Any) -> int:
+    """Bytes of new storage in the op's output tensors (views of an input count nothing).
+
+    Each output is counted once, by the innermost op that made it, and its free is recorded
+    when the tensor is collected.
+    """
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    total = 0
+    for o in outs:
+        if not isinstance(o, Tensor):
+            continue
+        key = id(o)
+        if key in rec.live:
+            continue
+        base = _root(o.data)
+        if any(isinstance(a, Tensor) and _root(a.data) is base for a in args):
+            continue
+        n = int(o.data.nbytes)
+        rec.live[key] = n
+        weakref.finalize(o, _freed, rec, key, n)
+        total += n
+    return total
+
+
+def _freed(rec: Any, key: int, n: int) -> None:
+    rec.live.pop(key, None)
+    if state.recorder is rec:
+        rec.memory(-n)
+
+
+def _wrap(fn: Callable, name: str) -> Callable:
+    def profiled(*args: Any, **kwargs: Any) -> Any:
+        rec = state.recorder
+        if rec is None:
+            return fn(*args, **kwargs)
+        t0 = now_ns()
+        out = fn(*args, **kwargs)
+        t1 = now_ns()
+        ev = Event(name, "cpu_op", t0, t1 - t0, threading.get_ident())
+        if out.__class__ is Tensor:
+            node = out.grad_fn
+            if node is not None and node.seq + 1 not in rec.forward_flows:
+                rec.forward_flows.add(node.seq + 1)  # the innermost op that made it claims it
+                ev.flow = node.seq + 1  # 0 means "no flow"
+        if rec.record_shapes:
+            ev.shapes = shapes_of(args)
+        if rec.with_stack:
+            ev.stack = user_stack()
+        if rec.profile_memory:
+            ev.mem = _alloc_bytes(out, args, rec)
+        rec.events.append(ev)
+        return out
+
+    profiled.__name__ = getattr(fn, "__name__", name)
+    profiled.__qualname__ = getattr(fn, "__qualname__", name)
+    profiled.__doc__ = fn.__doc__
+    profiled.__wrapped__ = fn  # type: ignore[attr-defined]
+    return profiled
+
+
+def _backward_hook(node: Any, fn: Callable, g: Any) -> Any:
+    rec = state.recorder
+    if rec is None:
+        return fn(g)
+    t0 = now_ns()
+    grads = fn(g)
+    t1 = now_ns()
+    ev = Event(node._name, "backward", t0, t1 - t0, threading.get_ident(), flow=node.seq + 1)
+    if rec.profile_memory:
+        ev.mem = _grad_bytes(grads, g)
+    rec.events.append(ev)
+    return grads
+
+
+def _grad_bytes(grads: Any, g: Any) -> int:
+    """Bytes of fresh gradient arrays a backward node returned (views of its input: none)."""
+    if not isinstance(grads, (tuple, list)):
+        return 0
+    base = _root(g)
+    seen: list = []
+    total = 0
+    for gi in grads:
+        if gi is None or not hasattr(gi, "nbytes"):
+            continue
+        r = _root(gi)
+        if r is base or any(r is s for s in seen):
+            continue
+        seen.append(r)
+        total += int(gi.nbytes)
+    return total
+
+
+def _wrap_step(step: Callable) -> Callable:
+    def profiled_step(self: Any, *args: Any, **kwargs: Any) -> Any:
+        rec = state.recorder
+        if rec is None:
+            return step(self, *args, **kwargs)
+        t0 = now_ns()
+        try:
+            return step(self, *args, **kwargs)
+        finally:
+            t1 = now_ns()
+            name = f"Optimizer.step#{type(self).__name__}.step"  # torch's event name
+            rec.events.append(Event(name, "optimizer", t0, t1 - t0, threading.get_ident()))
+            for hook in list(_step_listeners):
+                hook(self)
+
+    profiled_step.__wrapped__ = step  # type: ignore[attr-defined]
+    return profiled_step
+
+
+# Called after every optimizer step while instrumented (the job profiler counts steps by them).
+_step_listeners: list[Callable[[Any], None]] = []
+
+
+def _subclasses(cls: type) -> list[type]:
+    out, todo = [], [cls]
+    while todo:
+        c = todo.pop()
+        out.append(c)
+        todo.extend(c.__subclasses__())
+    return out
+
+
+def install() -> None:
+    """Swap op references for timing wrappers (reference counted: nested profilers share)."""
+    global _users
+    with _lock:
+        _users += 1
+        if _users > 1:
+            return
+        wrappers = {fn: _wrap(fn, name) for fn, name in _op_functions().items()}
+        for mod_name, mod in list(sys.modules.items()):
+            if mod is None or not (mod_name.startswith("shoal.") or mod_name == "__main__"):
+                continue
+            if mod_name.startswith("shoal.core.profiler"):
+                continue
+            for attr, value in list(vars(mod).items()):
+                try:
+                    w = wrappers.get(value)
+                except TypeError:  # unhashable module attribute
+                    continue
+                if w is not None:
+                    _restore.append((mod, attr, value))
+                    setattr(mod, attr, w)
+        for attr, value in list(vars(Tensor).items()):
+            if not callable(value):
+                continue
+            w = wrappers.get(value)
+            if w is None and attr in _DUNDERS:
+                w = _wrap(value, _DUNDERS[attr])
+            if w is not None:
+                _restore.append((Tensor, attr, value))
+                setattr(Tensor, attr, w)
+        for cls in _subclasses(Optimizer):
+            step = cls.__dict__.get("step")
+            if step is not None:
+                _restore.append((cls, "step", step))
+                cls.step = _wrap_step(step)
+        autograd._profile_hook = _backward_hook
+
+
+def uninstall() -> None:
+    """Put every original reference back once the last profiler stops."""
+    global _users
+    with _lock:
+        _users -= 1
+        if _users > 0:
+            return
+        autograd._profile_hook = None
+        while _restore:
+            owner, attr, value = _restore.pop()
+            setattr(owner, attr, value)

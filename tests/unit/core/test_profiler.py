@@ -1,0 +1,215 @@
+"""core.profiler: event counts, schedule (against torch's), tables, Chrome trace format, memory."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+
+from shoal import core
+from shoal.core import profiler as P
+
+
+def _counts(prof: P.profile) -> dict:
+    return {a.key: a.count for a in prof.key_averages()}
+
+
+def test_counts_equal_the_calls_of_a_scripted_sequence() -> None:
+    a = core.randn(3, 4, requires_grad=True)
+    b = core.randn(4, 2, requires_grad=True)
+    with P.profile() as prof:
+        for _ in range(3):
+            c = a + a
+        d = c.matmul(b)
+        e = core.matmul(c, b)
+        loss = (d.relu() * e).sum()
+        loss.backward()
+    counts = _counts(prof)
+    assert counts["add"] == 3
+    assert counts["matmul"] == 2
+    assert counts["relu"] == 1 and counts["mul"] == 1 and counts["sum"] == 1
+    # one backward event per node the pass ran: sum, mul, relu, two matmuls, the last add
+    backward = {k: v for k, v in counts.items() if k.endswith("Backward")}
+    assert sum(backward.values()) == 6, backward
+    # off again: nothing left wrapped, and calls outside the block are not recorded
+    assert getattr(core.Tensor.__add__, "__wrapped__", None) is None
+    _ = a + a
+    assert _counts(prof)["add"] == 3
+
+
+def test_forward_events_link_to_their_backward_events() -> None:
+    x = core.randn(5, requires_grad=True)
+    with P.profile() as prof:
+        (x * x).sum().backward()
+    evs = [fe.ev for fe in prof.events()]
+    mul = next(e for e in evs if e.name == "mul")
+    mul_bwd = [e for e in evs if e.cat == "backward" and e.flow == mul.flow]
+    assert mul.flow and len(mul_bwd) == 1 and mul_bwd[0].start >= mul.end
+
+
+@pytest.mark.parametrize("wait,warmup,active,repeat,skip_first", [
+    (1, 1, 2, 0, 0), (0, 0, 1, 0, 0), (2, 1, 3, 2, 1), (1, 0, 1, 3, 5), (0, 2, 2, 1, 0),
+    (3, 0, 2, 0, 2),
+])
+def test_schedule_matches_torch(wait: int, warmup: int, active: int, repeat: int,
+                                skip_first: int) -> None:
+    tp = pytest.importorskip("torch.profiler")
+    ours = P.schedule(wait=wait, warmup=warmup, active=active, repeat=repeat,
+                      skip_first=skip_first)
+    theirs = tp.schedule(wait=wait, warmup=warmup, active=active, repeat=repeat,
+                         skip_first=skip_first)
+    assert [ours(s).name for s in range(40)] == [theirs(s).name for s in range(40)]
+
+
+def test_profile_records_exactly_the_steps_torchs_schedule_records() -> None:
+    tp = pytest.importorskip("torch.profiler")
+    kw = dict(wait=1, warmup=1, active=2, repeat=2, skip_first=1)
+    windows: list[list[int]] = []
+
+    def ready(prof: P.profile) -> None:
+        names = [fe.name for fe in prof.events() if fe.name.startswith("work")]
+        windows.append(sorted(int(n[4:]) for n in names))
+
+    x = core.ones(2)
+    with P.profile(schedule=P.schedule(**kw), on_trace_ready=ready) as prof:
+        for step in range(12):
+            with P.record_function(f"work{step}"):
+                _ = x + x
+            prof.step()
+    theirs = tp.schedule(**kw)
+    recorded = [s for s in range(12) if theirs(s).name.startswith("RECORD")]
+    assert [s for w in windows for s in w] == recorded
+    saves = [s for s in range(12) if theirs(s).name == "RECORD_AND_SAVE"]
+    assert [w[-1] for w in windows] == saves
+
+
+def test_bad_schedule_values_and_sort_keys_name_the_allowed_ones() -> None:
+    with pytest.raises(P.ProfilerError, match=r"active=0 is not allowed.*active >= 1"):
+        P.schedule(wait=0, warmup=0, active=0)
+    with pytest.raises(P.ProfilerError, match=r"wait=-1 is not allowed"):
+        P.schedule(wait=-1, warmup=0, active=1)
+    with P.profile() as prof:
+        _ = core.ones(2) + 1
+    with pytest.raises(P.ProfilerError, match=r"unknown sort_by 'self_cpu'; allowed: cpu_time, "):
+        prof.key_averages().table(sort_by="self_cpu")
+    with pytest.raises(P.ProfilerError, match=r"unknown activity 'gpu'"):
+        P.profile(activities=["gpu"])
+    with pytest.raises(P.ProfilerError, match="schedule returned 'x' for step 0"):
+        with P.profile(schedule=lambda s: "x"):
+            pass
+
+
+def test_table_has_torchs_columns_and_sorts() -> None:
+    with P.profile(profile_memory=True, record_shapes=True) as prof:
+        a = core.ones(64, 64) * 0.01
+        for _ in range(4):
+            a = a @ a
+        _ = a.exp()
+    table = prof.key_averages(group_by_input_shape=True).table(
+        sort_by="self_cpu_time_total", row_limit=3)
+    header = table.splitlines()[1]
+    for col in ("Name", "Self CPU %", "Self CPU", "CPU total %", "CPU total", "CPU time avg",
+                "CPU Mem", "Self CPU Mem", "# of Calls", "Input Shapes"):
+        assert col in header
+    assert len(table.splitlines()) == 3 + 3 + 2  # header block, 3 rows, rule and total
+    assert "[[64, 64], [64, 64]]" in table
+    avgs = sorted(prof.key_averages(), key=lambda r: r.self_cpu_time_total, reverse=True)
+    assert table.splitlines()[3].startswith(avgs[0].key)
+
+
+def test_record_function_as_decorator_and_nested_self_time() -> None:
+    @P.record_function("outer")
+    def outer() -> None:
+        with P.record_function("inner"):
+            _ = core.ones(100, 100).sum()
+
+    with P.profile() as prof:
+        outer()
+    avg = {a.key: a for a in prof.key_averages()}
+    assert avg["outer"].count == 1 and avg["inner"].count == 1
+    assert avg["outer"].self_cpu_time_total == pytest.approx(
+        avg["outer"].cpu_time_total - avg["inner"].cpu_time_total)
+    assert avg["inner"].cpu_time_total >= avg["sum"].cpu_time_total
+
+
+def test_memory_totals_equal_the_bytes_allocated() -> None:
+    with P.profile(profile_memory=True) as prof:
+        a = core.ones(100, 100)  # 40000 bytes
+        b = a + a  # 40000 more
+        c = b.reshape(10000)  # a view: nothing new
+        d = c.sum()  # 4 bytes
+        del b, c  # the view kept b's storage; dropping both frees the tensor objects
+        keep = (a, d)
+    avg = {r.key: r for r in prof.key_averages()}
+    assert avg["ones"].self_cpu_memory_usage == 40000
+    assert avg["reshape"].cpu_memory_usage == 0
+    allocated = sum(max(fe.ev.mem, 0) for fe in prof.events())
+    assert allocated == 40000 + 40000 + 4
+    freed = -sum(m.mem for m in prof.events().recorder.mem_events)
+    assert freed == 40000  # b (the view c was never counted)
+    assert prof.events().peak_memory() == 80004
+    assert keep
+
+
+def _check_trace_format(doc: dict) -> None:
+    assert isinstance(doc["traceEvents"], list) and doc["traceEvents"]
+    starts, finishes = {}, {}
+    for ev in doc["traceEvents"]:
+        assert {"ph", "name", "pid", "tid"} <= ev.keys(), ev
+        if ev["ph"] == "M":
+            continue
+        assert isinstance(ev["ts"], float | int)
+        if ev["ph"] == "X":
+            assert ev["dur"] >= 0 and "cat" in ev
+        elif ev["ph"] == "s":
+            starts[ev["id"]] = ev
+        elif ev["ph"] == "f":
+            assert ev["bp"] == "e"
+            finishes[ev["id"]] = ev
+    assert starts and starts.keys() == finishes.keys()
+    for fid, s in starts.items():
+        assert finishes[fid]["ts"] >= s["ts"]
+
+
+def test_exported_trace_satisfies_the_chrome_format(tmp_path) -> None:
+    m = core.nn.Sequential(core.nn.Linear(8, 8), core.nn.ReLU(), core.nn.Linear(8, 1))
+    opt = core.optim.SGD(m.parameters(), lr=0.1)
+    with P.profile(profile_memory=True, with_stack=True) as prof:
+        m(core.randn(4, 8)).sum().backward()
+        opt.step()
+    path = tmp_path / "t.json"
+    prof.export_chrome_trace(str(path))
+    doc = json.loads(path.read_text())
+    _check_trace_format(doc)
+    names = {e["name"] for e in doc["traceEvents"]}
+    assert {"linear", "relu", "Optimizer.step#SGD.step", "[memory]", "Memory"} <= names
+    stacks = [e["args"].get("Call stack", "") for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert any("test_profiler.py" in s for s in stacks)
+
+
+def test_trace_handler_writes_one_file_per_window(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("RANK", "3")
+    x = core.ones(2)
+    with P.profile(schedule=P.schedule(wait=1, warmup=0, active=2, repeat=2),
+                   on_trace_ready=P.tensorboard_trace_handler(str(tmp_path))) as prof:
+        for _ in range(7):
+            _ = x * 2
+            prof.step()
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == ["rank3.steps1-2.trace.json", "rank3.steps4-5.trace.json"]
+    doc = json.loads((tmp_path / files[0]).read_text())
+    assert doc["shoal"]["rank"] == 3 and doc["shoal"]["window"] == [1, 2]
+    assert {e["pid"] for e in doc["traceEvents"]} == {3}
+    steps = sorted(e["name"] for e in doc["traceEvents"] if e["name"].startswith("ProfilerStep"))
+    assert steps == ["ProfilerStep#1", "ProfilerStep#2"]
+
+
+def test_two_profilers_at_once_are_refused() -> None:
+    with P.profile():
+        with pytest.raises(P.ProfilerError, match="another profiler is already recording"):
+            with P.profile():
+                pass
+    assert np.all(core.ones(2).data == 1)
+    assert list(itertools.islice(iter(()), 1)) == []
