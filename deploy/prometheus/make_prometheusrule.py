@@ -1,0 +1,40 @@
+"""Writes deploy/kubernetes/base/prometheusrule.yaml from shoal-rules.yml (no arguments).
+
+The plain rules file is the one to edit; the Prometheus Operator's PrometheusRule carries the
+same groups (tests/unit/test_observability_rules.py checks they agree).
+"""
+
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+TARGET = HERE.parents[0] / "kubernetes" / "base" / "prometheusrule.yaml"
+HEADER = """\
+# For the Prometheus Operator: shoal's alert and recording rules, the same groups as
+# deploy/prometheus/shoal-rules.yml (written by deploy/prometheus/make_prometheusrule.py; edit
+# the plain file and rerun it). Not listed in the kustomization (the manifest tests validate
+# every rendered object against Kubernetes' own schemas): apply it beside the job with
+# `kubectl apply -n shoal -f deploy/kubernetes/base/prometheusrule.yaml`.
+"""
+
+
+class _Dumper(yaml.SafeDumper):
+    """Multi-line PromQL as YAML block scalars, as a person would write it."""
+
+
+_Dumper.add_representer(str, lambda d, s: d.represent_scalar(
+    "tag:yaml.org,2002:str", s, style="|" if "\n" in s else None))
+
+
+def render() -> str:
+    groups = yaml.safe_load((HERE / "shoal-rules.yml").read_text())["groups"]
+    doc = {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
+           "metadata": {"name": "shoal", "labels": {"app.kubernetes.io/part-of": "shoal"}},
+           "spec": {"groups": groups}}
+    return HEADER + yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=120)
+
+
+if __name__ == "__main__":
+    TARGET.write_text(render())
+    print(f"wrote {TARGET}")
