@@ -78,9 +78,10 @@ or a^spin (above) plus sw for a message that carries data:
       Where the group pipelines (two cores per rank; 8 MiB pieces, more than one):
           max(T1 + T3, T2) + (T1 + T2 + T3) / pieces, else T1 + T2 + T3.
   small messages above DIRECT_MAX_RANKS = 8 ranks: recursive doubling, log2(p) exchanges (+2
-  folding beyond the power of two p) for the flat ring; for groups spanning hosts the
-  two-level tree: a direct exchange within the host, the leaders' exchange (recursive
-  doubling above 8 hosts), a fan-out.
+  folding beyond the power of two p); ranks go host by host, so the first log2(L) exchanges
+  stay on the host (unix) and the rest cross the link. (A two-level tree, direct within the
+  host, the leaders' tree and a fan-out, modelled slower at every scale below: 2(L-1)
+  messages on the host against log2(L) exchanges.)
   bandwidth-optimal bound: 2 (W-1)/W x S / B.
 
 The check runs bench/allreduce.py: its --hosts rows (hierarchical as shoal_ms, flat ring as
@@ -374,13 +375,24 @@ class Model:
         step = max(max(1.0, k * busy) * mean, max(w for w, _ in work), wire)
         return 2 * (world - 1) * step + k * (world - 1) * seg * g
 
-    def recursive_doubling(self, nbytes, world, link: Link, k, spin, g) -> float:
+    def recursive_doubling(self, nbytes, world, link: Link, k, spin, g,
+                           local: int = 1, intra: Optional[Link] = None) -> float:
         """shoal's small all_reduce above DIRECT_MAX_RANKS ranks: log2(p) exchanges of S with
-        one peer (p the largest power of two <= W), plus a fold in and out beyond p."""
+        one peer (p the largest power of two <= W), plus a fold in and out beyond p. Ranks go
+        host by host, so the exchanges with a partner closer than `local` ranks stay on the
+        host (over `intra`) and the others cross `link`."""
         p = 1 << (int(world).bit_length() - 1)
-        rounds = int(math.log2(p)) + (2 if world != p else 0)
-        one = link.latency(spin) + link.o + nbytes * (link.beta + g)
-        return rounds * max(k * one, nbytes * link.wire)
+
+        def one(h: Link) -> float:
+            return max(k * (h.latency(spin) + h.o + nbytes * (h.beta + g)), nbytes * h.wire)
+
+        total, mask = 0.0, 1
+        while mask < p:
+            total += one(intra if intra is not None and mask < local else link)
+            mask <<= 1
+        if world != p:
+            total += 2 * one(link)
+        return total
 
     def _barrier(self, local, k, spin) -> float:
         if self.shm.step is not None:
@@ -416,8 +428,6 @@ class Model:
         if local <= 1:
             return self.flat(nbytes, hosts, local, link, intra, machine)
         if nbytes <= SMALL_MAX_BYTES:
-            if hosts * local > DIRECT_MAX_RANKS:
-                return self.two_level_tree(nbytes, hosts, local, link, intra, machine)
             return self.flat(nbytes, hosts, local, link, intra, machine)
         k, spin = machine.k(hosts, local), machine.spin(hosts * local)
         leaders = machine.leaders(hosts, local)
@@ -444,24 +454,6 @@ class Model:
             return max(t1 + t3, t2) + (t1 + t2 + t3) / pieces
         return t1 + t2 + t3
 
-    def two_level_tree(self, nbytes, hosts, local, link: Link, intra: Link,
-                       machine: Machine) -> float:
-        """shoal's small all_reduce of groups above DIRECT_MAX_RANKS ranks that span hosts
-        (hierarchical.all_reduce_small): a direct exchange within each host, the leaders'
-        all_reduce between hosts (a direct exchange among up to DIRECT_MAX_RANKS hosts, else
-        recursive doubling), then local rank 0 sends the result to the L-1 others."""
-        k, spin = machine.k(hosts, local), machine.spin(hosts * local)
-        g = self.memory.rates(2 * local * nbytes)[1]
-        local_part = self.direct(nbytes, [(intra, local - 1)], k, spin, g) if local > 1 else 0.0
-        if hosts <= 1:
-            cross = 0.0
-        elif hosts <= DIRECT_MAX_RANKS:
-            cross = self.direct(nbytes, [(link, hosts - 1)], k, spin, g)
-        else:
-            cross = self.recursive_doubling(nbytes, hosts, link, k, spin, g)
-        fan_out = k * (local - 1) * (intra.latency(spin) + intra.o + nbytes * intra.beta)
-        return local_part + cross + fan_out
-
     def flat(self, nbytes, hosts, local, link: Link, intra: Link, machine: Machine) -> float:
         """Every rank in one ring over sockets (direct exchange for small messages): hops
         between hosts over `link`, within one over `intra`; one host runs its own path."""
@@ -473,7 +465,7 @@ class Model:
         # rank has L-1 peers on its host and W-L elsewhere for the direct exchange.
         world = hosts * local
         if nbytes <= SMALL_MAX_BYTES and world > DIRECT_MAX_RANKS:
-            return self.recursive_doubling(nbytes, world, link, k, spin, g)
+            return self.recursive_doubling(nbytes, world, link, k, spin, g, local, intra)
         hops = [(link, hosts)] + ([(intra, hosts * (local - 1))] if local > 1 else [])
         peers = [(link, world - local)] + ([(intra, local - 1)] if local > 1 else [])
         return self.ring(nbytes, world, hops, k, spin, g, peers=peers)
@@ -1098,8 +1090,8 @@ def predict(model: Model) -> list[dict]:
             print(f"{name:<18}{_fmt_size(nbytes):>10} {f'{hosts}x{local}':>7} {world:>5} "
                   f"{flat * 1e3:>13.3f} {hier * 1e3:>16.3f} {bound * 1e3:>9.3f} "
                   f"{flat / bound:>10.1f}x {hier / bound:>10.1f}x")
-    print("(buckets up to 64 KiB: above 8 ranks the flat column is recursive doubling, the "
-          "hierarchical one the two-level tree; larger buckets: rings, pipelined two-level with "
+    print("(buckets up to 64 KiB: above 8 ranks both columns are recursive doubling, its first "
+          "log2(L) exchanges within a host; larger buckets: rings, and two-level pipelined with "
           "a leader per rank on hosts with a core per rank)")
     return rows
 

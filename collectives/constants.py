@@ -33,9 +33,8 @@ SOCKET_BUFFER_BYTES = 256 * 1024
 # one deadlocks until the watchdog fires: both ranks blocked in send).
 SMALL_MAX_BYTES = 64 * 1024
 assert 2 * SMALL_MAX_BYTES <= SOCKET_BUFFER_BYTES
-# Small all_reduces of groups above this many ranks run as a tree (recursive doubling, and in
-# groups that span hosts a direct exchange within each host first): the direct exchange's
-# W-1 messages per rank win on a few ranks (one round trip) but grow with W.
+# Small all_reduces of groups above this many ranks run as a tree (recursive doubling): the
+# direct exchange's W-1 messages per rank win on a few ranks (one round trip) but grow with W.
 DIRECT_MAX_RANKS = 8
 # From this size on, all_reduce runs its ring with a sender thread (measured: the pumped ring
 # wins up to 1 MiB, they tie at 2 MiB, the thread wins by ~1.5x at 4 MiB and above).

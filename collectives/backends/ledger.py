@@ -19,6 +19,7 @@ import time
 from typing import Optional
 
 from shoal.collectives.constants import HISTORY_LENGTH
+from shoal.core.profiler import state as _profiler
 
 __all__ = ["OpRecord", "OpLedger"]
 
@@ -79,6 +80,9 @@ class OpLedger:
     each read is of one attribute, and a slightly stale value only delays a diagnosis by a tick.
     """
 
+    # The group's name for profiler events; a backend that knows it sets it after construction.
+    group = ""
+
     def __init__(self) -> None:
         self.seq = 0
         self.p2p_seq = 0
@@ -132,6 +136,8 @@ class OpLedger:
             rec.error = str(error)
         if self.current is rec and error is None:
             self.current = None
+        if _profiler.recorder is not None and rec.started is not None:
+            self._profile(rec)
         running = self._running
         if running and running[0] is rec:
             running.popleft()
@@ -140,6 +146,17 @@ class OpLedger:
                 running.remove(rec)
             except ValueError:  # never started (a queued op failed by a shutdown)
                 pass
+
+    def _profile(self, rec: OpRecord) -> None:
+        """Hand the finished operation to the recording profiler as one event."""
+        recorder = _profiler.recorder
+        if recorder is None or rec.finished is None or rec.started is None:
+            return
+        recorder.add_range(
+            rec.op, "collective", int(rec.started * 1e9), int(rec.finished * 1e9),
+            {"op": rec.op, "group": self.group, "seq": rec.seq, "p2p": rec.p2p,
+             "bytes": rec.nbytes, "call": rec.desc, "state": rec.state},
+        )
 
     def oldest_running(self) -> Optional[OpRecord]:
         """The operation that has been running longest (the first to time out), or None."""

@@ -154,9 +154,12 @@ def test_small_messages_above_eight_ranks_run_as_trees():
     assert model.flat(4096, 16, 1, veth, unix, cluster) == pytest.approx(4 * one)
     assert model.recursive_doubling(4096, 16, veth, 1.0, True, g) == pytest.approx(4 * one)
     assert model.recursive_doubling(4096, 12, veth, 1.0, True, g) == pytest.approx(5 * one)
-    # 4 hosts x 4 ranks: the two-level tree (direct within, direct among 4 leaders, fan-out).
+    # 4 hosts x 4 ranks: 4 exchanges, the first 2 within a host (unix), the last 2 across.
+    g16 = model.memory.rates(2 * 4 * 4096)[1]
+    within = unix.latency(True) + unix.o + 4096 * (unix.beta + g16)
+    across = veth.latency(True) + veth.o + 4096 * (veth.beta + g16)
     assert model.hierarchical(4096, 4, 4, veth, unix, cluster) == pytest.approx(
-        model.two_level_tree(4096, 4, 4, veth, unix, cluster))
+        2 * within + 2 * across)
 
 
 def test_a_shared_wire_limits_the_concurrent_rings():

@@ -30,7 +30,6 @@ from shoal.collectives.backends.tcp.links import GroupFailed, Links, P2PMismatch
 from shoal.collectives.backends.tcp.mesh import FailureReason
 from shoal.collectives.backends.tcp.pump import LinkDown
 from shoal.collectives.constants import (
-    DIRECT_MAX_RANKS,
     SHM_SLOT_BYTES,
     SHM_W2_MIN_CHUNK_BYTES,
     SMALL_MAX_BYTES,
@@ -79,8 +78,6 @@ def allreduce_flat(links: Links, flat: np.ndarray, op: ReduceOp, seq: int, fp: b
             hierarchical.all_reduce(links.hier, flat, uf, seq, fp,
                                     avg_over=size if op is ReduceOp.AVG else None)
             return
-        elif links.hier is not None and size > DIRECT_MAX_RANKS:
-            hierarchical.all_reduce_small(links.hier, flat, uf, seq, fp)
         else:
             over_sockets.all_reduce(links, flat, uf, seq, fp)
     if op is ReduceOp.AVG:

@@ -189,31 +189,6 @@ def _share_piece(plan: Plan, flat: np.ndarray, seq: int, fp: bytes) -> None:
                           _relay_chunk(flat.nbytes // max(1, k)))
 
 
-def all_reduce_small(plan: Plan, flat: np.ndarray, uf, seq: int, fp: bytes) -> None:
-    """A small all_reduce as a two-level tree: a direct exchange within each host (every local
-    rank ends with the host's sum, reduced in rank order), the leaders' all_reduce between
-    hosts (recursive doubling, or a direct exchange among few hosts), then each leader sends
-    the result to its host's other ranks. About log2(H) + 2 message latencies instead of the
-    flat exchange's W-1 messages per rank."""
-    local = plan.local
-    raw = memoryview(_as_u8(flat))
-    if local is not None:
-        with local.renumbered():
-            data = local.direct.exchange(seq, fp, raw)
-            algos.reduce_in_rank_order(flat, local.rank, data, uf)
-    if plan.index == 0:
-        with plan.cross.renumbered():
-            over_sockets.all_reduce(plan.cross, flat, uf, seq, fp)
-    if local is not None:
-        d = local.direct
-        with local.renumbered():
-            if plan.index == 0:
-                for q in d.peers:
-                    d.send_to(q, seq, fp, raw)
-            else:
-                raw[:] = d.recv_from(0, seq, fp, flat.nbytes)
-
-
 def broadcast(plan: Plan, seq: int, fp: bytes, raw: np.ndarray, src: int) -> None:
     """raw (uint8) := rank `src`'s, on every rank.
 

@@ -66,7 +66,10 @@ def recursive_doubling(links: Links, flat: np.ndarray, uf, seq: int, fp: bytes) 
     exchange's W-1 messages per rank (the tree of gloo's and MPI's small-message choice).
 
     For W not a power of two, the ranks beyond the largest power p first fold into rank r-p
-    and get the result back at the end. At each step both partners combine the same two
+    and get the result back at the end. Ranks are numbered host by host, so in a group that
+    spans hosts the first log2(L) exchanges stay within each host and only the later ones
+    cross: the tree is hierarchical by construction (bench/scale_model.py found it faster
+    than a direct exchange within hosts, a leaders' tree and a fan-out). At each step both partners combine the same two
     partial results with the lower ranks' operand first, so every rank ends bitwise equal.
     """
     n, r = links.size, links.rank

@@ -271,16 +271,13 @@ def test_all_to_all_blocks_that_disagree_fail_every_rank_naming_both(monkeypatch
 @pytest.mark.parametrize("layout", [[2, 2], [3, 3], [2, 1, 3], [1, 1, 1, 1, 1], [5], [3]],
                          ids=["2x2", "3x3", "2+1+3", "5x1", "1x5", "1x3"])
 def test_small_all_reduce_as_a_tree_matches_numpy_and_agrees_bitwise(layout, monkeypatch):
-    """Above DIRECT_MAX_RANKS ranks (lowered to 2 here) a small all_reduce runs as a tree:
-    recursive doubling (with the ranks beyond a power of two folded in) among one-rank hosts
-    or on one host, and in groups that span hosts a direct exchange within each host, the
-    leaders' exchange between hosts and a fan-out. Every rank ends bitwise equal, also for
-    complex products, whose rounding depends on operand order."""
-    from shoal.collectives.backends.tcp import collectives as ops
+    """Above DIRECT_MAX_RANKS ranks (lowered to 2 here) a small all_reduce runs as recursive
+    doubling (the ranks beyond a power of two folded in), on one host, across one-rank hosts
+    and across hosts of several ranks alike. Every rank ends bitwise equal, also for complex
+    products, whose rounding depends on operand order."""
     from shoal.collectives.backends.tcp import over_sockets
 
     monkeypatch.setattr(over_sockets, "DIRECT_MAX_RANKS", 2)
-    monkeypatch.setattr(ops, "DIRECT_MAX_RANKS", 2)
     pgs = make_groups(layout, monkeypatch)
     world = len(pgs)
     cases = [(np.float32, ReduceOp.SUM), (np.float32, ReduceOp.MAX), (np.float64, ReduceOp.AVG),
