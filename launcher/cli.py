@@ -23,6 +23,7 @@ USAGE = """usage: shoal {run,store,--version} ...
 
   shoal run [flags] SCRIPT [ARGS...]   run an elastic job's workers on this node
   shoal store [--host H] [--port P]     serve a standalone TCPStore for rendezvous
+  shoal trace {merge,summary,plot} DIR  the job view of `shoal run --profile DIR` traces
 
 `shoal run --help` lists every flag; each also reads SHOAL_<FLAG>."""
 
@@ -72,6 +73,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return run(rest)
     if command == "store":
         return store(rest)
+    if command == "trace":  # the profiler's job view (launcher/trace/)
+        from shoal.launcher.trace.cli import main as trace_main
+
+        return trace_main(rest)
     return _usage_error(f"unknown command {command!r}; choose run or store")
 
 
@@ -317,6 +322,9 @@ def run(argv: Sequence[str]) -> int:
         # init_process_group reads it as its default timeout (collectives.env).
         worker_env["SHOAL_COLLECTIVE_TIMEOUT"] = repr(settings.collective_timeout)
     _omp_notice(settings, worker_env)
+    if settings.profile_dir:  # every worker's job profiler (core/profiler/job.py)
+        worker_env["SHOAL_PROFILE_DIR"] = os.path.abspath(settings.profile_dir)
+        worker_env.setdefault("SHOAL_PROFILE_CLOCK", "shoal.launcher.trace_clock:store_clock")
 
     from shoal.elastic.agent.agent import (
         DEFAULT_EXIT_BARRIER_TIMEOUT_S,

@@ -166,6 +166,9 @@ RUN_GROUPS: dict[str, list[Flag]] = {
         Flag("tee", std_spec, None,
              "send streams to the log file and the console (same format as --redirects; "
              "a bare --tee means 3)", short="-t"),
+        Flag("profile-dir", directory, None,
+             "every rank writes its profiler trace for a step window to DIR (see shoal trace)",
+             short="--profile"),
         Flag("local-ranks-filter", ranks_filter, (),
              "show only these local ranks' output on the console, e.g. 0,1 (files keep all)"),
     ],
@@ -272,6 +275,7 @@ class RunSettings:
     # c10d with an endpoint naming this host: host the store there, or, if another agent on
     # this host already does (its port is taken), be its client, as torchrun does.
     try_host: bool = False
+    profile_dir: Optional[str] = None  # --profile DIR (SHOAL_PROFILE_DIR)
 
     @property
     def embedded_store(self) -> bool:
@@ -452,6 +456,7 @@ def parse_run(argv: Sequence[str], environ: Optional[Mapping[str, str]] = None) 
         auth_token_file=ns.auth_token_file, module=ns.module, no_python=ns.no_python,
         run_path=ns.run_path, role=ns.role, script=ns.script,
         script_args=tuple(ns.script_args), requested_backend=requested, try_host=try_host,
+        profile_dir=ns.profile_dir,
     )
 
 

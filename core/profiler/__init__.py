@@ -3,6 +3,9 @@
 from shoal.core.profiler.schedule import ProfilerAction, ProfilerError, schedule
 from shoal.core.profiler.profile import ProfilerActivity, profile, record_function
 from shoal.core.profiler.handlers import tensorboard_trace_handler
+from shoal.core.profiler import job as _job
+
+_job.start_from_env()  # `shoal run --profile DIR`: every worker profiles a step window
 
 __all__ = [
     "ProfilerAction",

@@ -151,16 +151,16 @@ def _wrap_step(step: Callable) -> Callable:
     def profiled_step(self: Any, *args: Any, **kwargs: Any) -> Any:
         rec = state.recorder
         if rec is None:
-            return step(self, *args, **kwargs)
-        t0 = now_ns()
-        try:
-            return step(self, *args, **kwargs)
-        finally:
+            out = step(self, *args, **kwargs)
+        else:
+            t0 = now_ns()
+            out = step(self, *args, **kwargs)
             t1 = now_ns()
             name = f"Optimizer.step#{type(self).__name__}.step"  # torch's event name
             rec.events.append(Event(name, "optimizer", t0, t1 - t0, threading.get_ident()))
-            for hook in list(_step_listeners):
-                hook(self)
+        for hook in _step_listeners:
+            hook(self)
+        return out
 
     profiled_step.__wrapped__ = step  # type: ignore[attr-defined]
     return profiled_step
@@ -209,12 +209,8 @@ def install() -> None:
             if w is not None:
                 _restore.append((Tensor, attr, value))
                 setattr(Tensor, attr, w)
-        for cls in _subclasses(Optimizer):
-            step = cls.__dict__.get("step")
-            if step is not None:
-                _restore.append((cls, "step", step))
-                cls.step = _wrap_step(step)
         autograd._profile_hook = _backward_hook
+    _wrap_steps()
 
 
 def uninstall() -> None:
@@ -228,3 +224,41 @@ def uninstall() -> None:
         while _restore:
             owner, attr, value = _restore.pop()
             setattr(owner, attr, value)
+    _unwrap_steps()
+
+
+_step_lock = threading.Lock()
+_step_users = 0
+_step_restore: list[tuple[type, Any]] = []
+
+
+def _wrap_steps() -> None:
+    """Wrap every Optimizer class's own step (reference counted, apart from the op wrappers:
+    the job profiler watches steps also while it is not recording)."""
+    global _step_users
+    with _step_lock:
+        _step_users += 1
+        if _step_users > 1:
+            return
+        for cls in _subclasses(Optimizer):
+            step = cls.__dict__.get("step")
+            if step is not None:
+                _step_restore.append((cls, step))
+                cls.step = _wrap_step(step)
+
+
+def _unwrap_steps() -> None:
+    global _step_users
+    with _step_lock:
+        _step_users -= 1
+        if _step_users > 0:
+            return
+        while _step_restore:
+            cls, step = _step_restore.pop()
+            cls.step = step
+
+
+def watch_steps(listener: Callable[[Any], None]) -> None:
+    """Call `listener(optimizer)` after every optimizer step from now on."""
+    _step_listeners.append(listener)
+    _wrap_steps()

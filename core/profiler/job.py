@@ -1,0 +1,99 @@
+"""The job profiler `shoal run --profile DIR` starts in every worker (SHOAL_PROFILE_DIR).
+
+Steps are counted by optimizer steps (a training script needs no change); a schedule from
+SHOAL_PROFILE_SCHEDULE (default `skip_first=2,wait=0,warmup=1,active=3,repeat=1`) picks the
+window, and each rank writes `DIR/rank<R>.steps<a>-<b>.trace.json`. Before writing, the rank
+estimates its clock's offset from rank 0's with the function SHOAL_PROFILE_CLOCK names
+(`module:function`, set by `shoal run` to a store round-trip estimator of the launcher's), so
+`shoal trace merge` can align the ranks.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib
+import logging
+import os
+from typing import Any, Callable, Optional
+
+from shoal.core.profiler import instrument
+from shoal.core.profiler.handlers import tensorboard_trace_handler
+from shoal.core.profiler.profile import profile
+from shoal.core.profiler.schedule import ProfilerError, schedule
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SCHEDULE = "skip_first=2,wait=0,warmup=1,active=3,repeat=1"
+_FIELDS = ("wait", "warmup", "active", "repeat", "skip_first")
+
+_job: Optional[profile] = None
+
+
+def parse_schedule(text: str) -> Callable:
+    """`wait=1,active=3` -> schedule(...); unknown names or values raise naming the allowed."""
+    kw: dict[str, int] = {"wait": 0, "warmup": 0, "active": 1, "repeat": 0, "skip_first": 0}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, value = part.partition("=")
+        if name not in _FIELDS or not value.strip().lstrip("-").isdigit():
+            raise ProfilerError(
+                f"SHOAL_PROFILE_SCHEDULE: {part!r} is not a setting; allowed: "
+                f"{', '.join(f + '=N' for f in _FIELDS)}."
+            )
+        kw[name] = int(value)
+    return schedule(**kw)
+
+
+def _clock_source() -> Optional[Callable[[], dict]]:
+    spec = os.environ.get("SHOAL_PROFILE_CLOCK")
+    if not spec:
+        return None
+    module, _, attr = spec.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+class _JobHandler:
+    """Estimate the clock offset (once per window), then write the window's trace file."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def __call__(self, prof: profile) -> str:
+        extra: dict[str, Any] = {"clock": {"offset_us": 0.0, "error_us": None,
+                                           "reference_rank": 0, "method": "none"}}
+        try:
+            source = _clock_source()
+            if source is not None:
+                extra["clock"] = source(prof.window)
+        except Exception as exc:  # noqa: BLE001 - a trace without an offset beats no trace
+            logger.warning("Could not estimate this rank's clock offset: %s", exc)
+            extra["clock"]["method"] = f"failed: {exc}"
+        return tensorboard_trace_handler(self.directory, extra=extra)(prof)
+
+
+def _on_step(_optimizer: Any) -> None:
+    if _job is not None:
+        _job.step()
+
+
+def _stop() -> None:
+    global _job
+    job, _job = _job, None
+    if job is not None:
+        job.stop()
+
+
+def start_from_env(environ: Optional[dict] = None) -> Optional[profile]:
+    """Start the job profiler when SHOAL_PROFILE_DIR is set (called once, at core import)."""
+    global _job
+    env = os.environ if environ is None else environ
+    directory = env.get("SHOAL_PROFILE_DIR")
+    if not directory or _job is not None:
+        return _job
+    sched = parse_schedule(env.get("SHOAL_PROFILE_SCHEDULE", DEFAULT_SCHEDULE))
+    _job = profile(schedule=sched, on_trace_ready=_JobHandler(directory),
+                   record_shapes=env.get("SHOAL_PROFILE_SHAPES") == "1",
+                   profile_memory=env.get("SHOAL_PROFILE_MEMORY") == "1")
+    instrument.watch_steps(_on_step)
+    _job.start()
+    atexit.register(_stop)
+    return _job

@@ -1,0 +1,1 @@
+"""`shoal trace merge|summary|plot`: the job view over the ranks' profiler traces."""

@@ -1,0 +1,43 @@
+"""A DDP training loop with no profiler code: `shoal run --profile DIR` makes it write traces.
+
+--sleep-rank R makes rank R sleep 50 ms per step (outside any op): the straggler a trace
+summary must name."""
+
+import argparse
+import sys
+import time
+
+import numpy as np
+
+import shoal.collectives as dist
+from shoal import core
+from shoal.core import nn
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--sleep-rank", type=int, default=-1)
+    args = parser.parse_args()
+    dist.init_process_group("tcp", init_method="env://")
+    rank = dist.get_rank()
+    core.manual_seed(0)
+    model = dist.DistributedDataParallel(
+        nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)))
+    opt = core.optim.SGD(model.parameters(), lr=0.01)
+    rng = np.random.default_rng(rank)
+    for _ in range(args.steps):
+        x = core.tensor(rng.standard_normal((16, 32)).astype(np.float32))
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        if rank == args.sleep_rank:
+            time.sleep(0.05)
+        opt.step()
+    dist.destroy_process_group()
+    print(f"rank {rank} done", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
