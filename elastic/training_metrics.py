@@ -49,6 +49,9 @@ LAST_STEP_TIME = telemetry.gauge(
 CHECKPOINT_SECONDS = telemetry.histogram(
     "shoal_checkpoint_duration_seconds", "Seconds to save or load one checkpoint, by operation.",
     ["operation"])
+CHECKPOINT_LAST_SECONDS = telemetry.gauge(
+    "shoal_checkpoint_last_duration_seconds", "Seconds the last checkpoint save or load took, "
+    "by operation.", ["operation"], multiprocess_mode="max")
 CHECKPOINT_BYTES = telemetry.counter(
     "shoal_checkpoint_bytes_total", "Bytes of checkpoint files saved or loaded, by operation.",
     ["operation"])
@@ -155,6 +158,7 @@ def histogram(name: str, documentation: str, labelnames: Sequence[str] = (),
 def record_checkpoint_save(step: int, seconds: float, nbytes: int) -> None:
     """Record a checkpoint of `step` that was saved in `seconds` as `nbytes` bytes."""
     CHECKPOINT_SECONDS.labels(operation="save").observe(seconds)
+    CHECKPOINT_LAST_SECONDS.labels(operation="save").set(seconds)
     CHECKPOINT_BYTES.labels(operation="save").inc(nbytes)
     CHECKPOINT_STEP.set(step)
     CHECKPOINT_TIME.set(time.time())
@@ -163,6 +167,7 @@ def record_checkpoint_save(step: int, seconds: float, nbytes: int) -> None:
 def record_checkpoint_load(seconds: float, nbytes: int) -> None:
     """Record a checkpoint that was loaded in `seconds` from `nbytes` bytes."""
     CHECKPOINT_SECONDS.labels(operation="load").observe(seconds)
+    CHECKPOINT_LAST_SECONDS.labels(operation="load").set(seconds)
     CHECKPOINT_BYTES.labels(operation="load").inc(nbytes)
 
 

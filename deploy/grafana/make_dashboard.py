@@ -119,10 +119,10 @@ PANELS = [
     stat("Steps a failure would lose", "Last step minus the last checkpointed step.",
          f"min by (run_id) (shoal_training_last_step{{{RUN}}}) - "
          f"max by (run_id) (shoal_checkpoint_last_step{{{RUN}}})"),
-    series("Checkpoint save and load time", "Mean seconds per save and per load.",
-           [(f"sum by (operation) (rate(shoal_checkpoint_duration_seconds_sum{{{RUN}}}[{RI}])) "
-             f"/ sum by (operation) (rate(shoal_checkpoint_duration_seconds_count{{{RUN}}}"
-             f"[{RI}]))", "{{operation}}")], unit="s", w=8),
+    series("How long did the last checkpoint save and load take?", "Per operation (a gauge: "
+           "a window without a load is not NaN).",
+           [(f"max by (operation) (shoal_checkpoint_last_duration_seconds{{{RUN}}})",
+             "{{operation}}")], unit="s", w=8),
     series("Checkpoint bytes per second", "",
            [(f"sum by (operation) (rate(shoal_checkpoint_bytes_total{{{RUN}}}[{RI}]))",
              "{{operation}}")], unit="Bps", w=8),
@@ -138,7 +138,10 @@ PANELS = [
     row("Collectives"),
     series("Collective latency p99, by op", "",
            [(f"histogram_quantile(0.99, sum by (le, op) "
-             f"(rate(shoal_collectives_op_duration_seconds_bucket{{{RUN}}}[{RI}])))", "{{op}}")],
+             f"(rate(shoal_collectives_op_duration_seconds_bucket{{{RUN}}}[{RI}]))) "
+             # An op idle in the window has no quantile (NaN): leave it out.
+             f"and on (op) (sum by (op) "
+             f"(rate(shoal_collectives_op_duration_seconds_count{{{RUN}}}[{RI}])) > 0)", "{{op}}")],
            unit="s"),
     series("Collectives per second, by op", "",
            [(f"sum by (op) (rate(shoal_collectives_op_duration_seconds_count{{{RUN}}}[{RI}]))",
@@ -170,7 +173,9 @@ PANELS = [
              "{{kind}} {{status}}")], unit="reqps", w=8),
     series("RPC latency p99, by kind", "",
            [(f"histogram_quantile(0.99, sum by (le, kind) "
-             f"(rate(shoal_rpc_latency_seconds_bucket{{{RUN}}}[{RI}])))", "{{kind}}")],
+             f"(rate(shoal_rpc_latency_seconds_bucket{{{RUN}}}[{RI}]))) and on (kind) "
+             f"(sum by (kind) (rate(shoal_rpc_latency_seconds_count{{{RUN}}}[{RI}])) > 0)",
+             "{{kind}}")],
            unit="s", w=8),
     series("Is someone knocking with a wrong token?", "Connections and messages refused "
            "before anything was unpickled (authentication failures), by port.",

@@ -1,11 +1,11 @@
-"""A small data-parallel job for the observability tests: every step each rank "computes"
-(sleeps), all_reduces a gradient-sized array, and records the step with shoal.metrics; rank 0
-checkpoints every few steps.
+"""A small DDP + RPC job for the observability tests: every step each rank "computes"
+(sleeps), runs a DDP forward/backward/SGD step on a linear model, makes one RPC to the other
+rank, and records the step with shoal.metrics; rank 0 checkpoints every few steps.
 
 --straggler R makes rank R compute 8x longer; --fail-rank R makes rank R exit 1 at
 --fail-step on the first attempt only (SHOAL_RESTART_COUNT 0), so the agent restarts once.
---stall-after N stops recording steps and collectives after step N (the "no progress" case)
-while the process stays up. The job runs until --stop-file appears (at most 120 s).
+--stall-file F: once F exists every rank stops stepping (no steps, no collectives: the "no
+progress" case) while the processes stay up. The job runs until --stop-file appears (at most 120 s).
 """
 
 import argparse
@@ -16,7 +16,10 @@ import time
 import numpy as np
 
 import shoal.metrics as sm
-from shoal import collectives
+import shoal.rpc_agent as rpc
+from shoal import collectives, core
+from shoal.collectives.ddp.ddp import DistributedDataParallel
+from shoal.core import nn
 from shoal.elastic.checkpoint import Checkpointer
 
 
@@ -26,7 +29,7 @@ def main() -> int:
     parser.add_argument("--straggler", type=int, default=-1)
     parser.add_argument("--fail-rank", type=int, default=-1)
     parser.add_argument("--fail-step", type=int, default=3)
-    parser.add_argument("--stall-after", type=int, default=-1)
+    parser.add_argument("--stall-file", default="")
     parser.add_argument("--compute", type=float, default=0.01)
     args = parser.parse_args()
     collectives.init_process_group("tcp", init_method="env://", timeout=30)
@@ -41,11 +44,18 @@ def main() -> int:
     agreed = np.array([start], dtype=np.float64)
     collectives.all_reduce(agreed)
     step = int(agreed[0])
-    grad = np.ones(64 * 1024, dtype=np.float32)
+    model = nn.Linear(256, 256)
+    net = DistributedDataParallel(model)
+    opt = core.optim.SGD(net.parameters(), lr=0.01)
+    x = core.tensor(np.random.default_rng(rank).standard_normal((8, 256)).astype(np.float32))
+    rpc.init_rpc(f"worker{rank}", rank=rank, world_size=collectives.get_world_size())
+    peer = f"worker{1 - rank}"
+    flags = np.zeros(2, dtype=np.float32)
     compute = args.compute * (8 if rank == args.straggler else 1)
     deadline = time.monotonic() + 120
+    stalled = False
     while True:
-        if 0 <= args.stall_after < step:
+        if stalled:
             if os.path.exists(args.stop_file) or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
@@ -53,20 +63,29 @@ def main() -> int:
         if rank == args.fail_rank and step == args.fail_step and first_attempt:
             print(f"rank {rank} fails at step {step} on purpose", flush=True)
             return 1
-        with sm.step(step, samples=32) as s:
+        with sm.step(step, samples=8) as s:
             time.sleep(compute)
-            # Element 0 carries "stop" so every rank leaves after the same step.
-            grad[:] = 1
-            grad[0] = float(os.path.exists(args.stop_file) or time.monotonic() > deadline)
-            collectives.all_reduce(grad)
-            s.loss = 1.0 / (step + 1)
-        if grad[0] > 0:
+            opt.zero_grad()
+            loss = (net(x) ** 2).mean()
+            loss.backward()
+            opt.step()
+            rpc.rpc_sync(peer, np.add, args=(np.ones(2), 1.0))
+            s.loss = float(loss.item())
+        # Every rank leaves (or stalls) after the same step: flags agreed by all_reduce (MAX).
+        flags[0] = os.path.exists(args.stop_file) or time.monotonic() > deadline
+        flags[1] = bool(args.stall_file) and os.path.exists(args.stall_file)
+        collectives.all_reduce(flags, op=collectives.ReduceOp.MAX)
+        if flags[0] > 0:
             break
+        if flags[1] > 0:
+            print(f"rank {rank} stalls after step {step}", flush=True)
+            stalled = True
         if ckpt is not None and step % 5 == 0:
             sm.save_checkpoint(ckpt, step, {"step": step, "w": np.zeros(1000)})
         if step % 10 == 0:
             print(f"rank {rank} at step {step}", flush=True)
         step += 1
+    rpc.shutdown()
     collectives.destroy_process_group()
     return 0
 
