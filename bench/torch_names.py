@@ -45,7 +45,7 @@ def _free_port() -> int:
 
 def _calls(mod, torch, rank: int, world: int, tensor):
     """case -> a function running it once on side `mod` (torch.distributed or collectives)."""
-    n = MiB  # float32 elements per rank: 4 MiB
+    n = (MiB // world) * world  # float32 elements per rank: about 4 MiB, in equal blocks
     big, out = tensor(np.ones(n, np.float32)), tensor(np.empty(n, np.float32))
     gathered = tensor(np.empty(n * world, np.float32))
     scattered = tensor(np.empty(n // world, np.float32))
@@ -119,7 +119,18 @@ def main() -> None:
                                              results)) for r in range(args.world)]
     for p in procs:
         p.start()
-    per_rank = dict(results.get(timeout=900) for _ in procs)
+    per_rank: dict = {}
+    deadline = time.monotonic() + 900
+    while len(per_rank) < len(procs):
+        try:
+            rank, times = results.get(timeout=5)
+            per_rank[rank] = times
+        except Exception:  # queue.Empty: check that no rank died, and the deadline
+            dead = [p.name for p in procs if p.exitcode not in (None, 0)]
+            if dead or time.monotonic() > deadline:
+                for p in procs:
+                    p.kill()
+                raise SystemExit(f"ranks {dead or 'all'} failed or did not finish in time")
     for p in procs:
         p.join(60)
     print(f"W={args.world}, {args.rounds} x {args.per_block} iterations per side and case; "
