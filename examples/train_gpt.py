@@ -320,6 +320,9 @@ def main(argv=None) -> int:
                 "loader": loader.state_dict(),
             })
         if args.stop_after is not None and done >= args.stop_after:
+            # Wait for rank 0's checkpoint: a rank that exits first (with 3) makes the
+            # launcher stop the others, possibly in the middle of the save.
+            group.barrier()
             if rank == 0:
                 print(f"stopping after step {done} as asked", flush=True)
             return 3
