@@ -22,7 +22,9 @@ from shoal.collectives.store.api import Store
 from shoal.collectives.types import StoreError, StoreTimeout
 from shoal.collectives.store.prefix import PrefixStore
 from shoal.core.timeouts import Deadline, to_seconds
+from shoal.core.profiler import state as _profiler
 from shoal.rpc_agent import _current
+from shoal.rpc_agent import profiling
 from shoal.rpc_agent.agent import RpcAgent, WorkerRef
 from shoal.rpc_agent.dist_autograd import release as dist_autograd_release
 from shoal.rpc_agent.api import (
@@ -295,12 +297,16 @@ def rpc_sync(to: WorkerRef, func: Callable, args: Optional[tuple] = None,
         RpcPeerLost: the stream to `to` died with the call pending.
         The remote exception itself, with the remote traceback attached.
     """
+    if _profiler.recorder is not None and (rec := profiling.wanted(func)) is not None:
+        return profiling.profiled_sync(rec, to, func, args, kwargs, timeout)
     return _current.get().call_sync(to, func, args, kwargs, timeout)
 
 
 def rpc_async(to: WorkerRef, func: Callable, args: Optional[tuple] = None,
               kwargs: Optional[dict] = None, timeout: TimeoutArg = None) -> Future:
     """Like `rpc_sync`, but return at once with a Future of the result."""
+    if _profiler.recorder is not None and (rec := profiling.wanted(func)) is not None:
+        return profiling.profiled_async(rec, to, func, args, kwargs, timeout)
     return _current.get().call(to, func, args, kwargs, timeout, "async")
 
 

@@ -59,7 +59,7 @@ def trace_dict(rec: Recorder, extra: dict | None = None) -> dict:
     events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
                    "args": {"name": f"rank {rank}" if rank is not None else f"pid {rec.pid}"}})
     for ident, tid in tids.items():
-        name = "main" if ident == main else f"thread {tid}"
+        name = "main" if ident == main else rec.thread_names.get(ident, f"thread {tid}")
         events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
                        "args": {"name": name}})
     doc = {

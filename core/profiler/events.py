@@ -62,6 +62,7 @@ class Recorder:
         self.with_stack = with_stack
         self.events: list[Event] = []
         self.mem_events: list[Event] = []  # allocations (+) and frees (-), with timestamps
+        self.thread_names: dict[int, str] = {}  # lanes that are not threads (an RPC callee)
         self.live: dict[int, int] = {}  # id of a profiled output tensor -> its bytes
         self.forward_flows: set[int] = set()  # node seqs a forward event has claimed
         self.pid = os.getpid()

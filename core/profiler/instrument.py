@@ -87,7 +87,7 @@ def _freed(rec: Any, key: int, n: int) -> None:
 
 def _wrap(fn: Callable, name: str) -> Callable:
     def profiled(*args: Any, **kwargs: Any) -> Any:
-        rec = state.recorder
+        rec = state.recorder if not state.local_users else state.current()
         if rec is None:
             return fn(*args, **kwargs)
         t0 = now_ns()
@@ -116,7 +116,7 @@ def _wrap(fn: Callable, name: str) -> Callable:
 
 
 def _backward_hook(node: Any, fn: Callable, g: Any) -> Any:
-    rec = state.recorder
+    rec = state.recorder if not state.local_users else state.current()
     if rec is None:
         return fn(g)
     t0 = now_ns()
@@ -149,7 +149,7 @@ def _grad_bytes(grads: Any, g: Any) -> int:
 
 def _wrap_step(step: Callable) -> Callable:
     def profiled_step(self: Any, *args: Any, **kwargs: Any) -> Any:
-        rec = state.recorder
+        rec = state.recorder if not state.local_users else state.current()
         if rec is None:
             out = step(self, *args, **kwargs)
         else:

@@ -36,7 +36,7 @@ class record_function:  # noqa: N801 - torch's name
         self._rec: Optional[Recorder] = None
 
     def __enter__(self) -> "record_function":
-        rec = state.recorder
+        rec = state.recorder if not state.local_users else state.current()
         if rec is not None:
             self._rec = rec
             self._t0 = now_ns()

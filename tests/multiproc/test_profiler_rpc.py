@@ -1,0 +1,61 @@
+"""RPC profiling across two spawned workers: the caller's event names both workers and the
+function; the callee's events (the ops the remote function ran) come back attributed to it."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+from tests.support.rpc_workers import RpcWorkers
+
+
+def remote_work(n):
+    from shoal import core  # noqa: PLC0415
+
+    x = core.ones(n, n)
+    return float(((x + x) * 3).sum().item())
+
+
+def profile_calls():
+    from shoal import rpc_agent  # noqa: PLC0415
+    from shoal.core import profiler  # noqa: PLC0415
+
+    with profiler.profile() as prof:
+        a = rpc_agent.rpc_sync("w1", remote_work, (4,))
+        b = rpc_agent.rpc_async("w1", remote_work, (5,)).wait(30)
+    path = os.path.join(tempfile.mkdtemp(), "t.json")
+    prof.export_chrome_trace(path)
+    with open(path) as f:
+        doc = json.load(f)
+    events = [(fe.name, fe.ev.cat, fe.ev.args) for fe in prof.events()]
+    lanes = [e["args"]["name"] for e in doc["traceEvents"] if e.get("name") == "thread_name"]
+    return a, b, events, lanes
+
+
+def calls_without_profiler():
+    from shoal import rpc_agent  # noqa: PLC0415
+
+    return rpc_agent.rpc_sync("w1", remote_work, (2,))
+
+
+def test_rpc_events_name_both_workers_and_carry_the_callees_ops():
+    with RpcWorkers(2) as pool:
+        a, b, events, lanes = pool.run(0, profile_calls)
+        assert (a, b) == (4 * 4 * 6.0, 5 * 5 * 6.0)
+        fname = f"{__name__}.remote_work"
+        callers = [(n, args) for n, cat, args in events if cat == "rpc"]
+        assert [n for n, _ in callers] == [f"rpc_sync#{fname}(w0 -> w1)",
+                                           f"rpc_async#{fname}(w0 -> w1)"]
+        assert all(args["caller"] == "w0" and args["callee"] == "w1" for _, args in callers)
+        remote = [(n, cat, args) for n, cat, args in events if args and args.get("node") == "w1"]
+        names = [n for n, _, _ in remote]
+        assert names.count("add") == 2 and names.count("mul") == 2 and names.count("sum") == 2
+        assert names.count("ones") == 2
+        assert names.count(f"rpc_remote#{fname}(w0 -> w1)") == 2
+        # nothing of the callee's ran on the caller: its own ops are only the remote ones
+        assert not [n for n, cat, args in events if cat == "cpu_op" and not args]
+        assert "remote w1" in lanes
+        # the callee is left unprofiled afterwards, and plain calls still work
+        assert pool.run(0, calls_without_profiler) == 24.0
+        pool.shutdown()
