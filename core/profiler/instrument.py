@@ -19,6 +19,7 @@ from shoal.core import autograd
 from shoal.core.autograd import _root
 from shoal.core.ops import arith, attention, conv, creation, linalg, logical, nn, norm
 from shoal.core.ops import pooling, reduce, shape, unary
+from shoal.core.data.dataloader import _LoaderIter
 from shoal.core.optim.optimizer import Optimizer
 from shoal.core.profiler import state
 from shoal.core.profiler.events import Event, now_ns, shapes_of, user_stack
@@ -147,6 +148,25 @@ def _grad_bytes(grads: Any, g: Any) -> int:
     return total
 
 
+def _wrap_next(nxt: Callable, cls_name: str) -> Callable:
+    """A DataLoader iterator's __next__ as an event: the time the loop waited for a batch."""
+    name = f"enumerate(DataLoader)#{cls_name}.__next__"  # torch's event name
+
+    def profiled_next(self: Any) -> Any:
+        rec = state.recorder if not state.local_users else state.current()
+        if rec is None:
+            return nxt(self)
+        t0 = now_ns()
+        try:
+            return nxt(self)
+        finally:
+            rec.events.append(Event(name, "dataloader", t0, now_ns() - t0,
+                                    threading.get_ident()))
+
+    profiled_next.__wrapped__ = nxt  # type: ignore[attr-defined]
+    return profiled_next
+
+
 def _wrap_step(step: Callable) -> Callable:
     def profiled_step(self: Any, *args: Any, **kwargs: Any) -> Any:
         rec = state.recorder if not state.local_users else state.current()
@@ -209,6 +229,11 @@ def install() -> None:
             if w is not None:
                 _restore.append((Tensor, attr, value))
                 setattr(Tensor, attr, w)
+        for cls in _subclasses(_LoaderIter):
+            nxt = cls.__dict__.get("__next__")
+            if nxt is not None:
+                _restore.append((cls, "__next__", nxt))
+                cls.__next__ = _wrap_next(nxt, cls.__name__)
         autograd._profile_hook = _backward_hook
     _wrap_steps()
 

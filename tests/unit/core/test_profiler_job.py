@@ -1,0 +1,64 @@
+"""The job profiler SHOAL_PROFILE_DIR starts: windows counted by optimizer steps, in a fresh
+interpreter (it starts at import); data-loading events; bad schedule settings."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from shoal import core
+from shoal.core import profiler as P
+from shoal.core.profiler.job import parse_schedule
+
+SCRIPT = """
+from shoal import core
+from shoal.core import nn
+m = nn.Linear(4, 2)
+opt = core.optim.SGD(m.parameters(), lr=0.1)
+for _ in range(7):
+    m(core.ones(3, 4)).sum().backward()
+    opt.step()
+"""
+
+
+def test_the_env_starts_a_job_profiler_that_counts_optimizer_steps(tmp_path):
+    env = dict(os.environ, SHOAL_PROFILE_DIR=str(tmp_path), RANK="1", WORLD_SIZE="2",
+               SHOAL_PROFILE_SCHEDULE="wait=1,warmup=1,active=2,repeat=2")
+    env.pop("SHOAL_PROFILE_CLOCK", None)
+    res = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "rank1.steps2-3.trace.json", "rank1.steps6-7.trace.json"]
+    doc = json.loads((tmp_path / "rank1.steps2-3.trace.json").read_text())
+    names = [e["name"] for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert names.count("Optimizer.step#SGD.step") == 2
+    assert names.count("linear") == 2 and "ProfilerStep#2" in names
+    assert doc["shoal"]["clock"]["method"] == "none"
+    # the program ended during the second window's last step: stop() saved what it had
+    late = json.loads((tmp_path / "rank1.steps6-7.trace.json").read_text())
+    assert [e["name"] for e in late["traceEvents"] if e["ph"] == "X"].count(
+        "Optimizer.step#SGD.step") == 1
+
+
+def test_bad_schedule_settings_name_the_allowed_ones():
+    with pytest.raises(P.ProfilerError, match=r"'every=2' is not a setting; allowed: wait=N, "):
+        parse_schedule("every=2")
+    with pytest.raises(P.ProfilerError, match=r"active=0 is not allowed"):
+        parse_schedule("active=0")
+
+
+def test_data_loading_waits_are_events():
+    from shoal.core.data import DataLoader, TensorDataset
+
+    ds = TensorDataset(core.randn(10, 3))
+    with P.profile() as prof:
+        batches = list(DataLoader(ds, batch_size=4))
+    counts = {a.key: a.count for a in prof.key_averages()}
+    assert len(batches) == 3
+    # three batches and the call that ends the loop, as torch counts them
+    assert counts["enumerate(DataLoader)#_SingleProcessIter.__next__"] == 4
