@@ -24,6 +24,7 @@ USAGE = """usage: shoal {run,store,--version} ...
   shoal run [flags] SCRIPT [ARGS...]   run an elastic job's workers on this node
   shoal store [--host H] [--port P]     serve a standalone TCPStore for rendezvous
   shoal trace {merge,summary,plot} DIR  the job view of `shoal run --profile DIR` traces
+  shoal top [HOST:PORT|URL]             a live per-rank view of an agent's /metrics
 
 `shoal run --help` lists every flag; each also reads SHOAL_<FLAG>."""
 
@@ -77,6 +78,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from shoal.launcher.trace.cli import main as trace_main
 
         return trace_main(rest)
+    if command == "top":  # a terminal view of an agent's /metrics (launcher/top.py)
+        from shoal.launcher.top import main as top_main
+
+        return top_main(rest)
     return _usage_error(f"unknown command {command!r}; choose run or store")
 
 

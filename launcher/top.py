@@ -1,0 +1,237 @@
+"""`shoal top`: a live terminal view of one node agent's /metrics, for people without Grafana.
+
+    shoal top                       # http://127.0.0.1:9400/metrics, refreshed every second
+    shoal top HOST:PORT --interval 2
+    shoal top URL --once            # two readings an interval apart, printed as text
+
+One line for the job (run id, world size, workers running, restarts used of max_restarts,
+failed workers, the last restart) and one row per rank: last step, mean step time and samples/s
+over the last interval, WAIT (the share of time spent inside collectives: the straggler is the
+rank that waits least, marked), seconds since the last step and collective, resident memory
+and CPU.
+Rates come from the difference of two readings, as Prometheus' rate() would. `q` quits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import curses
+import dataclasses
+import sys
+import time
+import urllib.error
+import urllib.request
+from typing import Optional, Sequence
+
+from prometheus_client.parser import text_string_to_metric_families
+
+DEFAULT_TARGET = "127.0.0.1:9400"
+FETCH_TIMEOUT_S = 5.0
+
+
+class TopError(Exception):
+    """The endpoint cannot be read or parsed."""
+
+
+@dataclasses.dataclass
+class Reading:
+    """One scrape: when, and every sample as {(name, sorted labels): value}."""
+
+    at: float
+    samples: dict
+
+    def value(self, name: str, **labels) -> Optional[float]:
+        """The sum of `name`'s samples whose labels include `labels` (None: there are none)."""
+        found = [v for (n, ls), v in self.samples.items()
+                 if n == name and all(dict(ls).get(k) == w for k, w in labels.items())]
+        return sum(found) if found else None
+
+    def label_values(self, name: str, label: str) -> set:
+        return {dict(ls)[label] for (n, ls) in self.samples if n == name and label in dict(ls)}
+
+
+def metrics_url(target: str) -> str:
+    """`HOST:PORT`, `http(s)://HOST:PORT` or a full URL, as the /metrics URL."""
+    if "://" not in target:
+        target = f"http://{target}"
+    scheme, rest = target.split("://", 1)
+    return target if "/" in rest else f"{scheme}://{rest}/metrics"
+
+
+def fetch(url: str, timeout: float = FETCH_TIMEOUT_S) -> Reading:
+    """Scrape `url` once.
+
+    Raises:
+        TopError: it cannot be reached, answers an error, or is not the text exposition.
+    """
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as reply:
+            text = reply.read().decode("utf-8", errors="replace")
+    except urllib.error.HTTPError as exc:
+        raise TopError(f"cannot read {url}: HTTP {exc.code} {exc.reason}") from exc
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise TopError(f"cannot read {url}: {reason}") from exc
+    samples = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    except ValueError as exc:
+        raise TopError(f"{url} does not serve Prometheus metrics: {exc}") from exc
+    return Reading(time.time(), samples)
+
+
+def _delta(prev: Optional[Reading], cur: Reading, name: str, **labels) -> Optional[float]:
+    if prev is None:
+        return None
+    before, after = prev.value(name, **labels), cur.value(name, **labels)
+    if before is None or after is None or after < before:  # a restart reset the counter
+        return None
+    return after - before
+
+
+def rank_rows(prev: Optional[Reading], cur: Reading) -> list[dict]:
+    """Per rank: the figures of the table (None where a reading is missing)."""
+    ranks = set()
+    for name in ("shoal_collectives_wait_seconds_total", "shoal_training_last_step",
+                 "shoal_worker_resident_memory_bytes"):
+        ranks |= cur.label_values(name, "rank")
+    span = cur.at - prev.at if prev is not None else None
+    rows = []
+    for rank in sorted(ranks, key=lambda r: (len(r), r)):
+        steps = _delta(prev, cur, "shoal_training_step_seconds_count", rank=rank)
+        step_time = _delta(prev, cur, "shoal_training_step_seconds_sum", rank=rank)
+        samples = _delta(prev, cur, "shoal_training_samples_total", rank=rank)
+        wait = _delta(prev, cur, "shoal_collectives_wait_seconds_total", rank=rank)
+        cpu = _delta(prev, cur, "shoal_worker_cpu_seconds_total", rank=rank)
+        last_step_at = cur.value("shoal_training_last_step_timestamp_seconds", rank=rank)
+        last_op_at = cur.value("shoal_collectives_last_op_timestamp_seconds", rank=rank)
+        rows.append({
+            "rank": rank,
+            "step": cur.value("shoal_training_last_step", rank=rank),
+            "step_time": step_time / steps if steps else None,
+            "samples_per_s": samples / span if samples is not None and span else None,
+            "wait_share": wait / span if wait is not None and span else None,
+            "since_step": cur.at - last_step_at if last_step_at else None,
+            "since_collective": cur.at - last_op_at if last_op_at else None,
+            "rss": cur.value("shoal_worker_resident_memory_bytes", rank=rank),
+            "cpu_share": cpu / span if cpu is not None and span else None,
+        })
+    return rows
+
+
+def job_line(cur: Reading) -> str:
+    info = [dict(ls) for (n, ls) in cur.samples if n == "shoal_job_info"]
+    run = next(iter(cur.label_values("shoal_job_info", "run_id")), "?")
+    world = info[0].get("world_size", "?") if info else "?"
+    used = cur.value("shoal_elastic_job_restarts")
+    most = cur.value("shoal_elastic_max_restarts")
+    failed = cur.value("shoal_elastic_worker_exits_total", state="failed")
+    running = cur.value("shoal_elastic_workers", state="running")
+    last = cur.value("shoal_elastic_last_restart_timestamp_seconds")
+    since = f"{_seconds(cur.at - last)} ago" if last else "never"
+    return (f"run {run}  world {world}  running {_int(running)}  "
+            f"restarts {_int(used)}/{_int(most)}  failed {_int(failed)}  "
+            f"last restart {since}")
+
+
+def _int(v) -> str:
+    return "-" if v is None else f"{v:.0f}"
+
+
+def _seconds(v) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.1f}s" if v < 120 else f"{v / 60:.0f}m"
+
+
+def _fmt(v, kind: str) -> str:
+    if v is None:
+        return "-"
+    if kind == "ms":
+        return f"{v * 1000:.1f}"
+    if kind == "pct":
+        return f"{v * 100:.0f}%"
+    if kind == "mib":
+        return f"{v / 2 ** 20:.0f}"
+    if kind == "rate":
+        return f"{v:.1f}"
+    return _seconds(v) if kind == "s" else _int(v)
+
+
+# Fits an 80-column terminal with the straggler mark.
+COLUMNS = (("RANK", "rank", None, 5), ("STEP", "step", "int", 7), ("STEP ms", "step_time", "ms", 8),
+           ("SMPL/s", "samples_per_s", "rate", 8), ("WAIT", "wait_share", "pct", 6),
+           ("STEP AGO", "since_step", "s", 9), ("COLL AGO", "since_collective", "s", 9),
+           ("RSS MiB", "rss", "mib", 8), ("CPU", "cpu_share", "pct", 5))
+
+
+def render(url: str, prev: Optional[Reading], cur: Optional[Reading],
+           error: Optional[str] = None) -> list[str]:
+    """The screen's lines."""
+    stamp = time.strftime("%H:%M:%S")
+    lines = [f"shoal top - {url} - {stamp}  (q quits)"]
+    if error is not None:
+        return lines + [f"! {error}"]
+    if cur is None:
+        return lines + ["reading..."]
+    lines.append(job_line(cur))
+    lines.append("".join(title.rjust(width) for title, _, _, width in COLUMNS))
+    rows = rank_rows(prev, cur)
+    waits = [r["wait_share"] for r in rows if r["wait_share"] is not None]
+    for row in rows:
+        cells = "".join((row[key] if kind is None else _fmt(row[key], kind)).rjust(width)
+                        for _, key, kind, width in COLUMNS)
+        # The rank that waits least in a synchronous job is the one the others wait for.
+        straggler = len(waits) > 1 and row["wait_share"] == min(waits) and \
+            max(waits) - min(waits) > 0.05
+        lines.append(cells + ("  <- straggler" if straggler else ""))
+    if not rows:
+        lines.append("(no ranks reported yet)")
+    return lines
+
+
+def _loop(screen, url: str, interval: float) -> None:
+    curses.curs_set(0)
+    screen.timeout(int(interval * 1000))
+    prev = cur = None
+    while True:
+        error = None
+        try:
+            prev, cur = cur, fetch(url)
+        except TopError as exc:
+            error = str(exc)
+        screen.erase()
+        height, width = screen.getmaxyx()
+        for y, line in enumerate(render(url, prev, cur, error)[:height]):
+            screen.addnstr(y, 0, line, width - 1)
+        screen.refresh()
+        if screen.getch() in (ord("q"), ord("Q")):
+            return
+
+
+def main(argv: Sequence[str]) -> int:
+    """`shoal top`; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="shoal top", description=__doc__.split("\n\n")[0])
+    parser.add_argument("target", nargs="?", default=DEFAULT_TARGET,
+                        help=f"the agent's metrics: HOST:PORT or URL (default {DEFAULT_TARGET})")
+    parser.add_argument("--interval", type=float, default=1.0, help="seconds between readings")
+    parser.add_argument("--once", action="store_true",
+                        help="print two readings' view as text and exit (no terminal UI)")
+    args = parser.parse_args(list(argv))
+    if not args.interval > 0:
+        parser.error(f"--interval must be > 0, got {args.interval:g}")
+    url = metrics_url(args.target)
+    if args.once:
+        try:
+            first = fetch(url)
+            time.sleep(args.interval)
+            second = fetch(url)
+        except TopError as exc:
+            sys.stderr.write(f"shoal top: {exc}\n")
+            return 1
+        sys.stdout.write("\n".join(render(url, first, second)[1:]) + "\n")
+        return 0
+    curses.wrapper(_loop, url, args.interval)
+    return 0
