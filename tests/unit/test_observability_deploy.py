@@ -1,4 +1,4 @@
-"""deploy/prometheus/shoal-rules.yml: promtool accepts it, its unit tests
+"""deploy/prometheus/shoal-rules.yml and deploy/compose: promtool accepts the rules, its unit tests
 (deploy/prometheus/tests/shoal-rules.test.yml) pass and cover every alert, the PrometheusRule
 carries the same groups, and the dashboard keeps to its rules (run selector on every query,
 $__rate_interval windows, no label that only a custom relabel rule would add)."""
@@ -122,3 +122,36 @@ def test_dashboard_selectors_query_declared_series(variable):
     (var,) = [v for v in templating if v["name"] == variable]
     assert re.match(r"label_values\(shoal_[a-z_]+(\{[^}]*\})?, (run_id|rank)\)$",
                     var["definition"]), var["definition"]
+
+
+COMPOSE = ROOT / "deploy" / "compose"
+
+
+def test_compose_mounts_files_that_exist_and_its_prometheus_config_is_valid(tmp_path):
+    compose = yaml.safe_load((COMPOSE / "compose.yaml").read_text())
+    assert set(compose["services"]) == {"prometheus", "grafana"}
+    for service in compose["services"].values():
+        for volume in service["volumes"]:
+            source = volume.split(":")[0]
+            if source.startswith("."):
+                assert (COMPOSE / source).exists(), f"compose mounts missing {source}"
+    # Laid out as the container sees it: the rules file beside the config.
+    shutil.copy(COMPOSE / "prometheus.yml", tmp_path / "prometheus.yml")
+    shutil.copy(RULES, tmp_path / "shoal-rules.yml")
+    done = subprocess.run([_promtool(), "check", "config", str(tmp_path / "prometheus.yml")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS: 10 rules found" in done.stdout + done.stderr
+
+
+def test_compose_grafana_reads_the_compose_prometheus_at_its_scrape_interval():
+    compose = yaml.safe_load((COMPOSE / "compose.yaml").read_text())
+    listen = [a for a in compose["services"]["prometheus"]["command"]
+              if a.startswith("--web.listen-address=")]
+    assert listen == ["--web.listen-address=127.0.0.1:9090"]
+    (source,) = yaml.safe_load((COMPOSE / "grafana-datasource.yaml").read_text())["datasources"]
+    assert source["url"] == "http://127.0.0.1:9090"
+    interval = yaml.safe_load((COMPOSE / "prometheus.yml").read_text())["global"]
+    # $__rate_interval is 4x Grafana's idea of the scrape interval: they must agree.
+    assert source["jsonData"]["timeInterval"] == interval["scrape_interval"]
+    assert compose["services"]["grafana"]["environment"]["GF_SERVER_HTTP_ADDR"] == "127.0.0.1"
