@@ -107,18 +107,26 @@ def main(argv: list[str] | None = None) -> int:
             conds.append(("torch", name, torch_condition(torch, name),
                           lambda: core_step.torch_phases(torch, tmodel, topt, tx, ty)))
     times: dict[tuple, list] = {(impl, name): [] for impl, name, _, _ in conds}
+    # per round, each condition's block median: ratios within a round cancel the drift of a
+    # shared machine far better than ratios of whole-run medians
+    rounds: list[dict] = []
     for _, _, ctx, step in conds:  # warm-up: one untimed block each
         with ctx():
             for _ in range(2):
                 step()
     for b in range(args.blocks):
         order = conds if b % 2 == 0 else conds[::-1]  # drift hits every condition alike
+        this_round = {}
         for impl, name, ctx, step in order:
+            block = []
             with ctx():
                 for _ in range(args.block):
                     t0 = time.perf_counter()
                     step()
-                    times[(impl, name)].append(time.perf_counter() - t0)
+                    block.append(time.perf_counter() - t0)
+            times[(impl, name)].extend(block)
+            this_round[(impl, name)] = statistics.median(block)
+        rounds.append(this_round)
 
     med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
     rows = []
@@ -128,19 +136,23 @@ def main(argv: list[str] | None = None) -> int:
                "threads": 1, "impl": impl, "condition": name, "median_ms": m,
                "p10_ms": statistics.quantiles([t * 1e3 for t in times[(impl, name)]], n=10)[0],
                "p90_ms": statistics.quantiles([t * 1e3 for t in times[(impl, name)]], n=10)[-1],
-               "vs_off": m / base, "steps": len(times[(impl, name)])}
+               "vs_off": m / base, "steps": len(times[(impl, name)]),
+               "paired_vs_off": statistics.median(r[(impl, name)] / r[(impl, "off")]
+                                                  for r in rounds)}
         if impl == "shoal" and name != "none":
             row["vs_none"] = m / med[("shoal", "none")]
+            row["paired_vs_none"] = statistics.median(r[(impl, name)] / r[(impl, "none")]
+                                                      for r in rounds)
         if args.compare and impl == "shoal" and ("torch", name) in med and name != "off":
-            row["overhead_ratio_vs_torch"] = row["vs_off"] / (med[("torch", name)] /
-                                                              med[("torch", "off")])
+            row["overhead_ratio_vs_torch"] = row["paired_vs_off"] / statistics.median(
+                r[("torch", name)] / r[("torch", "off")] for r in rounds)
         rows.append(row)
     print(f"{'impl':<6} {'condition':<18} {'median ms':>10} {'p10':>8} {'p90':>8} "
-          f"{'x off':>7} {'x none':>7}")
+          f"{'x off':>7} {'x none':>7}  (paired: median of per-round ratios)")
     for r in rows:
-        vs_none = f"{r['vs_none']:.3f}" if "vs_none" in r else "-"
+        vs_none = f"{r['paired_vs_none']:.3f}" if "paired_vs_none" in r else "-"
         print(f"{r['impl']:<6} {r['condition']:<18} {r['median_ms']:>10.2f} {r['p10_ms']:>8.2f} "
-              f"{r['p90_ms']:>8.2f} {r['vs_off']:>7.3f} {vs_none:>7}")
+              f"{r['p90_ms']:>8.2f} {r['paired_vs_off']:>7.3f} {vs_none:>7}")
     for r in rows:
         print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}))
     return 0
