@@ -15,8 +15,13 @@ between two scrapes still shows: the counter stays one higher, the timestamp mov
 
 from __future__ import annotations
 
+import base64
+import binascii
+import dataclasses
+import hashlib
 import logging
 import os
+import ssl
 import threading
 import time
 from typing import Iterable, Mapping, Optional
@@ -248,6 +253,115 @@ class _AgentAndWorkers:
 
 
 DEFAULT_LINGER_S = 30.0
+WEB_CONFIG_ENV = "SHOAL_METRICS_WEB_CONFIG"
+_TLS_KEYS = {"cert_file", "key_file", "client_ca_file", "client_auth_type"}
+_CLIENT_AUTH_TYPES = ("NoClientCert", "RequireAndVerifyClientCert")
+
+
+class WebConfigError(ValueError):
+    """A metrics web config that cannot be used (the message names the file and the key)."""
+
+
+@dataclasses.dataclass
+class WebConfig:
+    """TLS and basic auth for /metrics, in Prometheus' exporter web config format (the file
+    node_exporter and others take with --web.config.file): `tls_server_config` (cert_file,
+    key_file, optional client_ca_file and client_auth_type) and `basic_auth_users` (name:
+    bcrypt hash). Relative file names are taken from the config's own folder."""
+
+    ssl_context: Optional[ssl.SSLContext]
+    users: dict
+
+    @classmethod
+    def load(cls, path: str) -> "WebConfig":
+        """Read and check `path`.
+
+        Raises:
+            WebConfigError: unreadable, unknown keys, missing files, or basic auth without the
+                bcrypt package.
+        """
+        def fail(why: str) -> "WebConfigError":
+            return WebConfigError(f"Metrics web config {path}: {why}")
+
+        try:
+            import yaml
+        except ImportError as exc:
+            raise fail("reading it needs the PyYAML package (pip install pyyaml)") from exc
+
+        try:
+            with open(path) as f:
+                doc = yaml.safe_load(f) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise fail(f"cannot be read: {exc}") from exc
+        if not isinstance(doc, dict):
+            raise fail("must be a mapping")
+        unknown = sorted(set(doc) - {"tls_server_config", "basic_auth_users"})
+        if unknown:
+            raise fail(f"unknown key(s) {unknown}; shoal reads tls_server_config and "
+                       "basic_auth_users")
+        base = os.path.dirname(os.path.abspath(path))
+        tls = doc.get("tls_server_config")
+        context = None
+        if tls:
+            extra = sorted(set(tls) - _TLS_KEYS)
+            if extra:
+                raise fail(f"tls_server_config: unsupported key(s) {extra}")
+            if "cert_file" not in tls or "key_file" not in tls:
+                raise fail("tls_server_config needs cert_file and key_file")
+            files = {k: os.path.join(base, tls[k]) for k in ("cert_file", "key_file",
+                                                             "client_ca_file") if k in tls}
+            auth = tls.get("client_auth_type",
+                           "RequireAndVerifyClientCert" if "client_ca_file" in tls
+                           else "NoClientCert")
+            if auth not in _CLIENT_AUTH_TYPES:
+                raise fail(f"client_auth_type {auth!r} is not one of {list(_CLIENT_AUTH_TYPES)}")
+            if auth == "RequireAndVerifyClientCert" and "client_ca_file" not in files:
+                raise fail("client_auth_type RequireAndVerifyClientCert needs client_ca_file")
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            context.minimum_version = ssl.TLSVersion.TLSv1_2
+            try:
+                context.load_cert_chain(files["cert_file"], files["key_file"])
+                if auth == "RequireAndVerifyClientCert":
+                    context.load_verify_locations(files["client_ca_file"])
+                    context.verify_mode = ssl.CERT_REQUIRED
+            except (OSError, ssl.SSLError) as exc:
+                raise fail(f"tls_server_config: {exc}") from exc
+        users = doc.get("basic_auth_users") or {}
+        if users:
+            try:
+                import bcrypt  # noqa: F401  (the format's hashes are bcrypt)
+            except ImportError as exc:
+                raise fail("basic_auth_users needs the bcrypt package (pip install bcrypt)") \
+                    from exc
+        return cls(context, {str(k): str(v) for k, v in users.items()})
+
+
+def _basic_auth(app, users: dict):
+    """`app` behind HTTP basic auth; a checked password is remembered (as a SHA-256) so that
+    bcrypt's deliberate slowness is paid once per credential, not per scrape."""
+    import bcrypt
+
+    good: set = set()
+
+    def guarded(environ, start_response):
+        header = environ.get("HTTP_AUTHORIZATION", "")
+        scheme, _, value = header.partition(" ")
+        if scheme.lower() == "basic":
+            try:
+                name, _, password = base64.b64decode(value, validate=True).decode().partition(":")
+            except (binascii.Error, UnicodeDecodeError):
+                name, password = "", ""
+            digest = hashlib.sha256(f"{name}\0{password}".encode()).digest()
+            if digest in good:
+                return app(environ, start_response)
+            hashed = users.get(name)
+            if hashed is not None and bcrypt.checkpw(password.encode(), hashed.encode()):
+                good.add(digest)
+                return app(environ, start_response)
+        start_response("401 Unauthorized", [("Content-Type", "text/plain"),
+                                            ("WWW-Authenticate", 'Basic realm="shoal metrics"')])
+        return [b"Unauthorized.\n"]
+    return guarded
 
 
 class _ScrapeClock:
@@ -283,21 +397,31 @@ class _ScrapeClock:
 class MetricsServer:
     """Serve /metrics for this agent and its workers on `host:port` (port 0: any free one).
 
+    `web_config` (default: the file named by SHOAL_METRICS_WEB_CONFIG) adds TLS, client
+    certificates and basic auth, in Prometheus' exporter web config format (see WebConfig).
+
     The exposition is prometheus_client's; the HTTP server around it is `HardenedHTTPServer`
     (read/write timeouts, a cap on open connections, an accept loop that survives running out
     of file descriptors). `server_options` passes its limits (tests shorten them).
 
     Raises:
         OSError: the port cannot be bound.
+        WebConfigError: the web config cannot be used.
     """
 
-    def __init__(self, host: str, port: int, multiproc_dir: Optional[str], **server_options):
+    def __init__(self, host: str, port: int, multiproc_dir: Optional[str],
+                 web_config: Optional[str] = None, **server_options):
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_AgentAndWorkers(multiproc_dir))
         self._scrapes = _ScrapeClock()
-        self._httpd = HardenedHTTPServer(
-            host, port, self._scrapes.wrap(prometheus_client.make_wsgi_app(registry)),
-            **server_options)
+        app = self._scrapes.wrap(prometheus_client.make_wsgi_app(registry))
+        web_config = web_config or os.environ.get(WEB_CONFIG_ENV) or None
+        web = WebConfig.load(web_config) if web_config else WebConfig(None, {})
+        if web.users:
+            app = _basic_auth(app, web.users)
+        self._httpd = HardenedHTTPServer(host, port, app, ssl_context=web.ssl_context,
+                                         **server_options)
+        self.scheme = "https" if web.ssl_context is not None else "http"
         self.host = host
         self.port = self._httpd.port
 
@@ -305,7 +429,7 @@ class MetricsServer:
     def url(self) -> str:
         """The scrape URL."""
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}/metrics"
+        return f"{self.scheme}://{host}:{self.port}/metrics"
 
     def stop(self, linger: Optional[float] = None) -> None:
         """Stop serving and release the port, after one more scrape if one is due soon.

@@ -27,6 +27,7 @@ import collections
 import errno
 import logging
 import socket
+import ssl
 import threading
 import time
 import urllib.parse
@@ -79,7 +80,8 @@ class HardenedHTTPServer:
                  read_timeout: float = DEFAULT_READ_TIMEOUT_S,
                  write_timeout: float = DEFAULT_WRITE_TIMEOUT_S,
                  max_connections: int = DEFAULT_MAX_CONNECTIONS,
-                 log_interval: float = DEFAULT_LOG_INTERVAL_S):
+                 log_interval: float = DEFAULT_LOG_INTERVAL_S,
+                 ssl_context: Optional[ssl.SSLContext] = None):
         if max_connections < 1:
             raise ValueError(f"max_connections must be >= 1, got {max_connections}.")
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -87,6 +89,7 @@ class HardenedHTTPServer:
         self._sock = socket.create_server((host, port), family=family, backlog=128)
         self.port = int(self._sock.getsockname()[1])
         self._app = app
+        self._ssl = ssl_context  # HTTPS when set; the handshake shares the read timeout
         self._read_timeout = read_timeout
         self._write_timeout = write_timeout
         self._max = max_connections
@@ -110,8 +113,10 @@ class HardenedHTTPServer:
         asyncio.set_event_loop(self._loop)
 
         async def start() -> None:
+            tls = {} if self._ssl is None else {
+                "ssl": self._ssl, "ssl_handshake_timeout": self._read_timeout}
             self._server = await asyncio.start_server(self._handle, sock=self._sock,
-                                                      limit=_MAX_HEAD_BYTES)
+                                                      limit=_MAX_HEAD_BYTES, **tls)
             self._loop.create_task(self._flush_tally())
 
         self._loop.run_until_complete(start())
@@ -215,7 +220,8 @@ class HardenedHTTPServer:
             "QUERY_STRING": url.query, "SERVER_PROTOCOL": "HTTP/1.1",
             "HTTP_ACCEPT": headers.get("accept", ""),
             "HTTP_ACCEPT_ENCODING": headers.get("accept-encoding", ""),
-            "wsgi.url_scheme": "http",
+            "HTTP_AUTHORIZATION": headers.get("authorization", ""),
+            "wsgi.url_scheme": "http" if self._ssl is None else "https",
         }
         loop = asyncio.get_running_loop()
         status, response_headers, body = await loop.run_in_executor(None, self._call_app, environ)
