@@ -56,7 +56,8 @@ def test_shoal_top_in_tmux_shows_ranks_the_straggler_and_quits_on_q(tmp_path):
             if "<- straggler" in screen and set(rows) == {"0", "1"}:
                 break
             time.sleep(0.3)
-        assert "run topjob  world 2  running 2  restarts 0/3  failed 0  last restart never" in screen, screen
+        job = "run topjob  world 2  running 2  restarts 0/3  failed 0  last restart never"
+        assert job in screen, screen
         rows = _rows(screen)
         assert set(rows) == {"0", "1"}, screen
         assert rows["1"].endswith("<- straggler"), screen
