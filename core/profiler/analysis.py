@@ -7,7 +7,7 @@ from typing import Any, Optional
 from shoal.core.profiler.events import Event, Recorder
 from shoal.core.profiler.schedule import ProfilerError
 
-# torch's sort keys (device ones read 0 until CUDA events are recorded).
+# torch's sort keys (the CUDA ones read 0 unless ProfilerActivity.CUDA timed ops on a GPU).
 SORT_KEYS = (
     "cpu_time", "cpu_time_total", "self_cpu_time_total", "cpu_memory_usage",
     "self_cpu_memory_usage", "count", "cuda_time", "cuda_time_total", "self_cuda_time_total",
@@ -18,11 +18,12 @@ SORT_KEYS = (
 class FunctionEvent:
     """One event with what analysis derives: self time (us) and memory with children."""
 
-    __slots__ = ("ev", "self_ns", "self_mem", "total_mem")
+    __slots__ = ("ev", "self_ns", "self_mem", "total_mem", "self_cuda")
 
     def __init__(self, ev: Event) -> None:
         self.ev = ev
         self.self_ns = ev.dur
+        self.self_cuda = ev.cuda
         self.self_mem = ev.mem
         self.total_mem = 0
 
@@ -56,6 +57,7 @@ def resolve(rec: Recorder) -> list[FunctionEvent]:
             if stack:
                 parent = stack[-1]
                 parent.self_ns -= item.ev.dur
+                parent.self_cuda -= item.ev.cuda
                 children.setdefault(id(parent), []).append(item)
             stack.append(item)
             out.append(item)
@@ -89,6 +91,8 @@ class FunctionEventAvg:
         self.self_cpu_time_total += fe.self_ns / 1e3
         self.cpu_memory_usage += fe.total_mem
         self.self_cpu_memory_usage += fe.self_mem
+        self.cuda_time_total += fe.ev.cuda / 1e3
+        self.self_cuda_time_total += fe.self_cuda / 1e3
 
     @property
     def cpu_time(self) -> float:
@@ -117,6 +121,8 @@ class EventList(list):
         """Group by name (and input shapes, and the top `group_by_stack_n` frames)."""
         groups: dict[tuple, FunctionEventAvg] = {}
         for fe in self:
+            if fe.ev.cat == "kernel":  # its time is already its op's CUDA time
+                continue
             shapes = str(fe.ev.shapes) if group_by_input_shape and fe.ev.shapes else None
             stack = tuple(fe.ev.stack[:group_by_stack_n]) if group_by_stack_n and fe.ev.stack \
                 else ()
@@ -182,6 +188,9 @@ class KeyAverages(list):
         shapes = any(r.input_shapes for r in rows)
         stacks = any(r.stack for r in rows)
         headers = ["Name", "Self CPU %", "Self CPU", "CPU total %", "CPU total", "CPU time avg"]
+        gpu = self.recorder.cuda
+        if gpu:
+            headers += ["Self CUDA", "CUDA total", "CUDA time avg"]
         if mem:
             headers += ["CPU Mem", "Self CPU Mem"]
         headers += ["# of Calls"]
@@ -199,6 +208,9 @@ class KeyAverages(list):
                 _fmt_time(r.cpu_time_total),
                 _fmt_time(r.cpu_time),
             ]
+            if gpu:
+                cells += [_fmt_time(r.self_cuda_time_total), _fmt_time(r.cuda_time_total),
+                          _fmt_time(r.cuda_time)]
             if mem:
                 cells += [_fmt_mem(r.cpu_memory_usage), _fmt_mem(r.self_cpu_memory_usage)]
             cells += [str(r.count)]

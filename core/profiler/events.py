@@ -24,7 +24,8 @@ _CORE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 class Event:
     """One timed range (or, with dur 0 and kind 'mem', one allocation or free)."""
 
-    __slots__ = ("name", "cat", "start", "dur", "tid", "args", "flow", "mem", "shapes", "stack")
+    __slots__ = ("name", "cat", "start", "dur", "tid", "args", "flow", "mem", "shapes", "stack",
+                 "cuda")
 
     def __init__(
         self, name: str, cat: str, start: int, dur: int, tid: int,
@@ -41,6 +42,7 @@ class Event:
         self.mem = mem  # bytes allocated (positive) or freed (negative) by this event itself
         self.shapes = shapes
         self.stack = stack
+        self.cuda = 0  # nanoseconds on the GPU (ProfilerActivity.CUDA, ops on cupy arrays)
 
     @property
     def end(self) -> int:
@@ -55,11 +57,15 @@ class Recorder:
     """Collects one profiling window's events from every thread (list.append is atomic)."""
 
     def __init__(
-        self, record_shapes: bool = False, profile_memory: bool = False, with_stack: bool = False
+        self, record_shapes: bool = False, profile_memory: bool = False, with_stack: bool = False,
+        cuda: bool = False,
     ) -> None:
         self.record_shapes = record_shapes
         self.profile_memory = profile_memory
         self.with_stack = with_stack
+        self.cuda = cuda
+        self.cuda_ref: Optional[tuple] = None  # (reference CUDA event, its CPU time)
+        self.cuda_pending: list[tuple] = []  # (op event, start CUDA event, end CUDA event)
         self.events: list[Event] = []
         self.mem_events: list[Event] = []  # allocations (+) and frees (-), with timestamps
         self.thread_names: dict[int, str] = {}  # lanes that are not threads (an RPC callee)

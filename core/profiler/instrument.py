@@ -21,7 +21,7 @@ from shoal.core.ops import arith, attention, conv, creation, linalg, logical, nn
 from shoal.core.ops import pooling, reduce, shape, unary
 from shoal.core.data.dataloader import _LoaderIter
 from shoal.core.optim.optimizer import Optimizer
-from shoal.core.profiler import state
+from shoal.core.profiler import cuda, state
 from shoal.core.profiler.events import Event, now_ns, shapes_of, user_stack
 from shoal.core.tensor import Tensor
 
@@ -91,10 +91,15 @@ def _wrap(fn: Callable, name: str) -> Callable:
         rec = state.recorder if not state.local_users else state.current()
         if rec is None:
             return fn(*args, **kwargs)
+        gpu = rec.cuda and cuda.on_gpu(args)
+        if gpu:
+            start = cuda.mark()
         t0 = now_ns()
         out = fn(*args, **kwargs)
         t1 = now_ns()
         ev = Event(name, "cpu_op", t0, t1 - t0, threading.get_ident())
+        if gpu:
+            rec.cuda_pending.append((ev, start, cuda.mark()))
         if out.__class__ is Tensor:
             node = out.grad_fn
             if node is not None and node.seq + 1 not in rec.forward_flows:

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import enum
 import functools
+import logging
 import os
 import threading
 from typing import Any, Callable, Iterable, Optional
 
-from shoal.core.profiler import instrument, state
+from shoal.core.profiler import cuda, instrument, state
 from shoal.core.profiler.analysis import EventList
 from shoal.core.profiler.chrome import export_chrome_trace
 from shoal.core.profiler.events import Event, Recorder, now_ns
 from shoal.core.profiler.schedule import ProfilerAction, ProfilerError, _always_record
+
+logger = logging.getLogger(__name__)
 
 _RECORDING = (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
 
@@ -162,7 +165,14 @@ class profile:  # noqa: N801 - torch's name
                 "profile(): another profiler is already recording in this process; stop it "
                 "before starting a new one."
             )
-        rec = Recorder(self.record_shapes, self.profile_memory, self.with_stack)
+        rec = Recorder(self.record_shapes, self.profile_memory, self.with_stack,
+                       cuda=ProfilerActivity.CUDA in self.activities)
+        if rec.cuda and not cuda.available():
+            logger.warning("ProfilerActivity.CUDA: no CUDA device through cupy here; profiling "
+                           "the CPU only.")
+            rec.cuda = False
+        if rec.cuda:
+            cuda.begin_window(rec)
         self._rec = rec
         self.window_start_step = self.step_num
         instrument.install()
@@ -174,6 +184,8 @@ class profile:  # noqa: N801 - torch's name
         rec = self._rec
         state.recorder = None
         instrument.uninstall()
+        if rec.cuda:
+            cuda.resolve_window(rec)
         self._rec = None
         self._finished = rec
         rec.window = (self.window_start_step, last_step)
