@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import importlib
 import logging
+import multiprocessing
 import os
 from typing import Any, Callable, Optional
 
@@ -89,6 +90,10 @@ def start_from_env(environ: Optional[dict] = None) -> Optional[profile]:
     directory = env.get("SHOAL_PROFILE_DIR")
     if not directory or _job is not None:
         return _job
+    if multiprocessing.parent_process() is not None:
+        # A DataLoader worker or another child of the rank: it inherits the variables but
+        # must not write (over) the rank's trace file.
+        return None
     sched = parse_schedule(env.get("SHOAL_PROFILE_SCHEDULE", DEFAULT_SCHEDULE))
     _job = profile(schedule=sched, on_trace_ready=_JobHandler(directory),
                    record_shapes=env.get("SHOAL_PROFILE_SHAPES") == "1",

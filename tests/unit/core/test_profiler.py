@@ -119,6 +119,27 @@ def test_table_has_torchs_columns_and_sorts() -> None:
     assert table.splitlines()[3].startswith(avgs[0].key)
 
 
+def _site_a(x):
+    return x * 2
+
+
+def _site_b(x):
+    return x * 2
+
+
+def test_group_by_stack_n_splits_an_op_by_its_call_site() -> None:
+    x = core.ones(3)
+    with P.profile(with_stack=True) as prof:
+        _site_a(x)
+        _site_b(x)
+        _site_b(x)
+    muls = [r for r in prof.key_averages(group_by_stack_n=1) if r.key == "mul"]
+    assert sorted((r.count, r.stack[0].split(": ")[-1]) for r in muls) == [
+        (1, "_site_a"), (2, "_site_b")]
+    assert [r.count for r in prof.key_averages() if r.key == "mul"] == [3]
+    assert "Source Location" in prof.key_averages(group_by_stack_n=1).table()
+
+
 def test_record_function_as_decorator_and_nested_self_time() -> None:
     @P.record_function("outer")
     def outer() -> None:
