@@ -21,6 +21,7 @@ import dataclasses
 import hashlib
 import logging
 import os
+import re
 import ssl
 import threading
 import time
@@ -103,6 +104,10 @@ prometheus_client.disable_created_metrics()
 
 _run_id: Optional[str] = None
 _worker_pids: dict[int, int] = {}  # global rank -> pid of this node's running workers
+_job_pids: set[int] = set()  # every worker this agent started (their dumps count)
+_dump_dir: Optional[str] = None
+# collectives.backends.dump's file names (elastic.agent.hang_blame reads the same files).
+_DUMP_NAME = re.compile(r"shoal-collectives-.*-pid(\d+)-.*\.json")
 _pids_lock = threading.Lock()
 
 
@@ -156,6 +161,27 @@ def set_worker_pids(pids: Mapping[int, int]) -> None:
     with _pids_lock:
         _worker_pids.clear()
         _worker_pids.update(pids)
+        _job_pids.update(pids.values())
+
+
+def set_dump_dir(path: Optional[str]) -> None:
+    """Where this job's workers write collective watchdog dumps (SHOAL_DUMP_DIR)."""
+    global _dump_dir
+    _dump_dir = path
+
+
+def count_dumps() -> int:
+    """Watchdog dumps in the dump folder written by any worker this agent started."""
+    if not _dump_dir:
+        return 0
+    with _pids_lock:
+        pids = set(_job_pids)
+    try:
+        names = os.listdir(_dump_dir)
+    except OSError:
+        return 0
+    return sum(1 for name in names
+               if (m := _DUMP_NAME.fullmatch(name)) and int(m.group(1)) in pids)
 
 
 def forget_worker(rank: int, pid: int) -> None:
@@ -204,7 +230,10 @@ def _worker_families() -> list:
         labels = {"rank": str(rank)}
         cpu.add_sample("shoal_worker_cpu_seconds_total", labels, reading[0])
         memory.add_sample("shoal_worker_resident_memory_bytes", labels, reading[1])
-    return [memory, cpu]
+    dumps = Metric("shoal_elastic_dumps", "Collective watchdog dumps (SHOAL_DUMP_DIR) written "
+                   "by the workers this agent started.", "gauge")
+    dumps.add_sample("shoal_elastic_dumps", {}, count_dumps())
+    return [memory, cpu, dumps]
 
 
 def _with_run_id(family, run_id: str):

@@ -136,6 +136,9 @@ PANELS = [
              "rank {{rank}}")], unit="percentunit"),
 
     row("Collectives"),
+    stat("Watchdog dumps", "Collective watchdog dumps the job's workers wrote (a hang or a "
+         "timeout; the files in SHOAL_DUMP_DIR name the ranks).",
+         f"sum by (run_id) (shoal_elastic_dumps{{{RUN}}})"),
     series("Collective latency p99, by op", "",
            [(f"histogram_quantile(0.99, sum by (le, op) "
              f"(rate(shoal_collectives_op_duration_seconds_bucket{{{RUN}}}[{RI}]))) "

@@ -173,6 +173,7 @@ class Agent:
         self._rank_nodes: dict[int, str] = {}
         self._error_files: dict[int, str] = {}  # global rank -> its TORCHELASTIC_ERROR_FILE
         metrics.set_run_id(spec.run_id)
+        metrics.set_dump_dir(self._dump_dir)
 
     @property
     def store(self):

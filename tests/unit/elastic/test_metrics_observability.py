@@ -218,3 +218,20 @@ def test_checkpoint_helpers_record_duration_bytes_and_last_step(tmp_path):
     assert step == 12 and np.array_equal(state["w"], np.arange(1000.0))
     assert tm.CHECKPOINT_BYTES.labels(operation="load")._value.get() - loaded == size
     assert sm.load_latest_checkpoint(Checkpointer(str(tmp_path / "empty"))) is None
+
+
+def test_dumps_of_this_agents_workers_are_counted(tmp_path):
+    mine, other = 4242, 5151
+    for name in (f"shoal-collectives-timeout-pid{mine}-1.json",
+                 f"shoal-collectives-timeout-pid{mine}-2.json",
+                 f"shoal-collectives-timeout-pid{other}-1.json",  # another job's worker
+                 f"notes-pid{mine}-1.json"):                      # not a dump
+        (tmp_path / name).write_text("{}")
+    metrics.set_dump_dir(str(tmp_path))
+    try:
+        metrics.set_worker_pids({0: mine})
+        metrics.set_worker_pids({})  # the worker ended: its dumps still count
+        assert metrics.count_dumps() == 2
+    finally:
+        metrics.set_dump_dir(None)
+    assert metrics.count_dumps() == 0
