@@ -13,6 +13,7 @@ def merged(windows: dict[tuple[int, int], dict[int, RankTrace]]) -> dict:
     events: list[dict] = []
     clocks: dict[str, dict] = {}
     errors: list[float] = []
+    flow_ids: dict[tuple, int] = {}
     for window, ranks in sorted(windows.items()):
         for rank, t in sorted(ranks.items()):
             shift = float(t.clock.get("offset_us") or 0.0)
@@ -27,8 +28,8 @@ def merged(windows: dict[tuple[int, int], dict[int, RankTrace]]) -> dict:
                 ev["pid"] = rank
                 if "ts" in ev:
                     ev["ts"] = ev["ts"] + shift
-                if ev.get("ph") in ("s", "f"):
-                    ev["id"] = f"{rank}:{window[0]}:{ev['id']}"  # flow ids are per rank
+                if ev.get("ph") in ("s", "f"):  # flow ids are per rank: renumber them
+                    ev["id"] = flow_ids.setdefault((rank, window, ev["id"]), len(flow_ids) + 1)
                 events.append(ev)
     for rank in sorted({r for ranks in windows.values() for r in ranks}):
         events.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0,
