@@ -130,12 +130,12 @@ def _backward_hook(node: Any, fn: Callable, g: Any) -> Any:
     t1 = now_ns()
     ev = Event(node._name, "backward", t0, t1 - t0, threading.get_ident(), flow=node.seq + 1)
     if rec.profile_memory:
-        ev.mem = _grad_bytes(grads, g)
+        ev.mem = _grad_bytes(grads, g, rec)
     rec.events.append(ev)
     return grads
 
 
-def _grad_bytes(grads: Any, g: Any) -> int:
+def _grad_bytes(grads: Any, g: Any, rec: Any) -> int:
     """Bytes of fresh gradient arrays a backward node returned (views of its input: none)."""
     if not isinstance(grads, (tuple, list)):
         return 0
@@ -149,8 +149,15 @@ def _grad_bytes(grads: Any, g: Any) -> int:
         if r is base or any(r is s for s in seen):
             continue
         seen.append(r)
-        total += int(gi.nbytes)
+        n = int(r.nbytes)
+        total += n
+        weakref.finalize(r, _grad_freed, rec, n)
     return total
+
+
+def _grad_freed(rec: Any, n: int) -> None:
+    if state.recorder is rec:
+        rec.memory(-n)
 
 
 def _wrap_next(nxt: Callable, cls_name: str) -> Callable:

@@ -174,6 +174,24 @@ def test_memory_totals_equal_the_bytes_allocated() -> None:
     assert keep
 
 
+def test_after_a_backward_pass_only_the_gradient_stays_allocated() -> None:
+    import gc
+
+    x = core.ones(100, requires_grad=True)
+    with P.profile(profile_memory=True) as prof:
+        y = x * 2
+        z = (y * y).sum()
+        z.backward()
+        del y, z  # the activations and the backward's temporaries die with the graph
+        gc.collect()
+    evs = prof.events()
+    allocated = sum(fe.ev.mem for fe in evs if fe.ev.mem > 0)
+    freed = sum(m.mem for m in evs.recorder.mem_events)
+    assert allocated + freed == x.grad.data.nbytes == 400
+    assert allocated == 400 + 400 + 4 + 800 + 400  # two muls, sum; y*y's and x*2's backward
+    assert evs.peak_memory() > 800
+
+
 def _check_trace_format(doc: dict) -> None:
     assert isinstance(doc["traceEvents"], list) and doc["traceEvents"]
     starts, finishes = {}, {}
