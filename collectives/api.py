@@ -171,14 +171,24 @@ class ProcessGroup(CompositeCollectives, abc.ABC):
 
     def broadcast(self, tensor, src: int = 0, async_op: bool = False,
                   timeout: TimeoutLike = None) -> Work:
-        """Copy rank `src`'s `tensor` into every rank's `tensor`."""
+        """Copy rank `src`'s `tensor` into every rank's `tensor`.
+
+        torch's `pg.broadcast([t], BroadcastOptions)` form is accepted too (async).
+        """
+        if isinstance(tensor, (list, tuple)):
+            return self._torch_broadcast(tensor, src)
         arr = arrays.unwrap(tensor, "broadcast tensor")
         _rank_arg(src, self._size, "broadcast src")
         return self._broadcast(tensor, arr, src, async_op, self._t(timeout))
 
     def reduce(self, tensor, dst: int = 0, op: ReduceOp = ReduceOp.SUM, async_op: bool = False,
                timeout: TimeoutLike = None) -> Work:
-        """Reduce `tensor` across ranks into rank `dst`'s `tensor` (others keep theirs)."""
+        """Reduce `tensor` across ranks into rank `dst`'s `tensor` (others keep theirs).
+
+        torch's `pg.reduce([t], ReduceOptions)` form is accepted too (async).
+        """
+        if isinstance(tensor, (list, tuple)):
+            return self._torch_reduce(tensor, dst)
         arr = arrays.unwrap(tensor, "reduce tensor")
         if isinstance(op, PremulSum):
             # dst scales its own tensor; the others send a scaled copy and keep theirs
@@ -213,7 +223,12 @@ class ProcessGroup(CompositeCollectives, abc.ABC):
 
     def gather(self, tensor, gather_list: Optional[Sequence] = None, dst: int = 0,
                async_op: bool = False, timeout: TimeoutLike = None) -> Work:
-        """Collect every rank's `tensor` into `gather_list` on rank `dst`."""
+        """Collect every rank's `tensor` into `gather_list` on rank `dst`.
+
+        torch's `pg.gather([[outs]], [t], GatherOptions)` form is accepted too (async).
+        """
+        if isinstance(tensor, (list, tuple)):
+            return self._torch_gather(tensor, gather_list, dst)
         arr = arrays.unwrap(tensor, "gather tensor")
         _rank_arg(dst, self._size, "gather dst")
         outs = None
@@ -228,7 +243,12 @@ class ProcessGroup(CompositeCollectives, abc.ABC):
 
     def scatter(self, tensor, scatter_list: Optional[Sequence] = None, src: int = 0,
                 async_op: bool = False, timeout: TimeoutLike = None) -> Work:
-        """Rank `src` sends `scatter_list[j]` to rank j's `tensor`."""
+        """Rank `src` sends `scatter_list[j]` to rank j's `tensor`.
+
+        torch's `pg.scatter([t], [[ins]], ScatterOptions)` form is accepted too (async).
+        """
+        if isinstance(tensor, (list, tuple)):
+            return self._torch_scatter(tensor, scatter_list, src)
         out = arrays.unwrap(tensor, "scatter tensor")
         _rank_arg(src, self._size, "scatter src")
         ins = None
@@ -243,7 +263,13 @@ class ProcessGroup(CompositeCollectives, abc.ABC):
 
     def reduce_scatter(self, output, input_list: Sequence, op: ReduceOp = ReduceOp.SUM,
                        async_op: bool = False, timeout: TimeoutLike = None) -> Work:
-        """Reduce `input_list[j]` across ranks into rank j's `output`."""
+        """Reduce `input_list[j]` across ranks into rank j's `output`.
+
+        torch's `pg.reduce_scatter([out], [[ins]], ReduceScatterOptions)` form is accepted
+        too (async).
+        """
+        if isinstance(output, (list, tuple)):
+            return self._torch_reduce_scatter(output, input_list, op)
         out = arrays.unwrap(output, "reduce_scatter output")
         ins = arrays.unwrap_list(input_list, "reduce_scatter input_list", self._size)
         arrays.same_layout(ins, out, "reduce_scatter input_list", "the output tensor")

@@ -60,6 +60,14 @@ def _op_of(opts: Any) -> Any:
     return getattr(opts, "reduceOp", ReduceOp.SUM)
 
 
+def _root_of(opts: Any) -> int:
+    return int(getattr(opts, "rootRank", 0) or 0)
+
+
+def _is_list(x: Any) -> bool:
+    return isinstance(x, (list, tuple))
+
+
 def _one(tensors: Any, what: str):
     """torch's list-of-one-tensor argument (one per device), or a bare tensor."""
     if isinstance(tensors, (list, tuple)):
@@ -256,6 +264,32 @@ class CompositeCollectives:
         """`pg._reduce_scatter_base(out, in, opts)`: reduce_scatter_tensor, async."""
         return self.reduce_scatter_tensor(output, input, _op_of(opts), async_op=True,
                                           timeout=_timeout_of(opts))
+
+    # torch's list forms of the methods shoal also has with one tensor: the public methods in
+    # api.py hand these over when their first argument is a list (always async, as torch's).
+
+    def _torch_broadcast(self, tensors: Sequence, opts: Any):
+        return self.broadcast(_one(tensors, "broadcast"), _root_of(opts), async_op=True,
+                              timeout=_timeout_of(opts))
+
+    def _torch_reduce(self, tensors: Sequence, opts: Any):
+        return self.reduce(_one(tensors, "reduce"), _root_of(opts), _op_of(opts), async_op=True,
+                           timeout=_timeout_of(opts))
+
+    def _torch_gather(self, output_tensors: Sequence, input_tensors: Sequence, opts: Any):
+        outs = _one(output_tensors, "gather output_tensors") if output_tensors else None
+        return self.gather(_one(input_tensors, "gather input_tensors"), outs, _root_of(opts),
+                           async_op=True, timeout=_timeout_of(opts))
+
+    def _torch_scatter(self, output_tensors: Sequence, input_tensors: Sequence, opts: Any):
+        ins = _one(input_tensors, "scatter input_tensors") if input_tensors else None
+        return self.scatter(_one(output_tensors, "scatter output_tensors"), ins, _root_of(opts),
+                            async_op=True, timeout=_timeout_of(opts))
+
+    def _torch_reduce_scatter(self, output_tensors: Sequence, input_tensors: Sequence, opts: Any):
+        return self.reduce_scatter(_one(output_tensors, "reduce_scatter output_tensors"),
+                                   _one(input_tensors, "reduce_scatter input_tensors"),
+                                   _op_of(opts), async_op=True, timeout=_timeout_of(opts))
 
     def alltoall(self, output_tensors: Sequence, input_tensors: Sequence, opts: Any = None):
         """`pg.alltoall(outs, ins, opts)`: an async all_to_all."""

@@ -196,8 +196,13 @@ def init_process_group(
     store: Optional[Store] = None,
     group_name: str = DEFAULT_GROUP_NAME,
     host: Optional[str] = None,
+    pg_options: Any = None,
+    device_id: Any = None,
 ) -> ProcessGroup:
     """Join the default process group (every rank calls it) and return it.
+
+    torch's `pg_options` and `device_id` are accepted for its scripts and not used: the tcp
+    backend has no options, and the nccl backend drives LOCAL_RANK's device.
 
     `init_method` is "env://" (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE; rank 0 hosts the
     TCPStore unless SHOAL_USE_AGENT_STORE=1 says the launcher's agent hosts it),
@@ -293,6 +298,18 @@ def _local(group: ProcessGroup, world_rank: int, what: str) -> int:
         raise ValueError(
             f"{what} {world_rank} is not a member of group '{group.name}' (its ranks: {ranks})."
         ) from None
+
+
+def _peer(pg: ProcessGroup, world_rank: Optional[int], group_rank: Optional[int],
+          what: str) -> int:
+    """The group rank a call names, by world rank (`src`, `dst`) or by torch's `group_src` /
+    `group_dst` (a rank of the group); neither: 0."""
+    if group_rank is not None:
+        if world_rank is not None:
+            raise ValueError(f"Pass {what} (a world rank) or group_{what} (a rank of the group), "
+                             "not both.")
+        return group_rank  # the ProcessGroup method checks its range
+    return _local(pg, 0 if world_rank is None else world_rank, what)
 
 
 def get_rank(group=None) -> int:
@@ -464,11 +481,28 @@ def new_subgroups_by_enumeration(ranks_per_subgroup_list: Sequence[Sequence[int]
 
 
 def new_group(ranks: Optional[Sequence[int]] = None, timeout: TimeoutLike = None,
-              backend: Optional[str] = None, group_name: Optional[str] = None):
+              backend: Optional[str] = None, group_name: Optional[str] = None,
+              pg_options: Any = None, use_local_synchronization: bool = False,
+              group_desc: Optional[str] = None, device_id: Any = None, sort_ranks: bool = True):
     """A group of some world ranks; every world rank must call it, in the same order.
 
-    Returns the group on members and `GroupMember.NON_GROUP_MEMBER` on the others.
+    Returns the group on members and `GroupMember.NON_GROUP_MEMBER` on the others. torch's
+    `pg_options`, `group_desc` and `device_id` are accepted and not used.
+
+    Raises:
+        ValueError: bad ranks; `use_local_synchronization=True` (every rank calls new_group
+            here); `sort_ranks=False` with ranks out of order (group ranks follow world ranks).
     """
+    if use_local_synchronization:
+        raise ValueError(
+            "new_group(use_local_synchronization=True) is not supported: every world rank "
+            "calls new_group, in the same order."
+        )
+    if not sort_ranks and ranks is not None and list(ranks) != sorted(ranks):
+        raise ValueError(
+            f"new_group(sort_ranks=False) with ranks {list(ranks)} is not supported: a group's "
+            "ranks follow their world ranks."
+        )
     with _world.lock:
         _default()
         _world.group_count += 1
@@ -527,22 +561,25 @@ def all_reduce(tensor, op: ReduceOp = ReduceOp.SUM, group=None, async_op: bool =
     return _ret(pg.all_reduce(tensor, op, async_op=async_op, timeout=timeout), async_op)
 
 
-def broadcast(tensor, src: int = 0, group=None, async_op: bool = False,
-              timeout: TimeoutLike = None) -> Optional[Work]:
-    """Copy world rank `src`'s `tensor` to every rank of the group."""
+def broadcast(tensor, src: Optional[int] = None, group=None, async_op: bool = False,
+              timeout: TimeoutLike = None, group_src: Optional[int] = None) -> Optional[Work]:
+    """Copy world rank `src`'s (or group rank `group_src`'s) `tensor` to every rank of the group."""
     pg = _group(group)
     if pg is None:
         return None
-    return _ret(pg.broadcast(tensor, _local(pg, src, "src"), async_op=async_op, timeout=timeout), async_op)
+    root = _peer(pg, src, group_src, "src")
+    return _ret(pg.broadcast(tensor, root, async_op=async_op, timeout=timeout), async_op)
 
 
-def reduce(tensor, dst: int = 0, op: ReduceOp = ReduceOp.SUM, group=None, async_op: bool = False,
-           timeout: TimeoutLike = None) -> Optional[Work]:
-    """Reduce `tensor` into world rank `dst`."""
+def reduce(tensor, dst: Optional[int] = None, op: ReduceOp = ReduceOp.SUM, group=None,
+           async_op: bool = False, timeout: TimeoutLike = None,
+           group_dst: Optional[int] = None) -> Optional[Work]:
+    """Reduce `tensor` into world rank `dst` (or group rank `group_dst`)."""
     pg = _group(group)
     if pg is None:
         return None
-    return _ret(pg.reduce(tensor, _local(pg, dst, "dst"), op, async_op=async_op, timeout=timeout), async_op)
+    root = _peer(pg, dst, group_dst, "dst")
+    return _ret(pg.reduce(tensor, root, op, async_op=async_op, timeout=timeout), async_op)
 
 
 def all_gather(tensor_list: list, tensor, group=None, async_op: bool = False,
@@ -554,13 +591,15 @@ def all_gather(tensor_list: list, tensor, group=None, async_op: bool = False,
     return _ret(pg.all_gather(tensor_list, tensor, async_op=async_op, timeout=timeout), async_op)
 
 
-def all_gather_into_tensor(output, input, group=None, async_op: bool = False,
+def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bool = False,
                            timeout: TimeoutLike = None) -> Optional[Work]:
-    """Every rank's `input`, concatenated in rank order into `output`."""
+    """Every rank's `input_tensor`, concatenated in rank order into `output_tensor`."""
     pg = _group(group)
     if pg is None:
         return None
-    return _ret(pg.all_gather_into_tensor(output, input, async_op=async_op, timeout=timeout), async_op)
+    work = pg.all_gather_into_tensor(output_tensor, input_tensor, async_op=async_op,
+                                     timeout=timeout)
+    return _ret(work, async_op)
 
 
 def all_gather_object(object_list: list, obj: Any, group=None, timeout: TimeoutLike = None) -> None:
@@ -575,30 +614,37 @@ def all_gather_object(object_list: list, obj: Any, group=None, timeout: TimeoutL
     object_list[:] = pg.all_gather_object(obj, timeout=timeout)
 
 
-def broadcast_object_list(object_list: list, src: int = 0, group=None, timeout: TimeoutLike = None) -> None:
-    """Replace `object_list`'s items with world rank `src`'s."""
+def broadcast_object_list(object_list: list, src: Optional[int] = None, group=None,
+                          timeout: TimeoutLike = None, device: Any = None,
+                          group_src: Optional[int] = None) -> None:
+    """Replace `object_list`'s items with world rank `src`'s (or group rank `group_src`'s);
+    torch's `device` is not needed on the host and not used."""
     pg = _group(group)
     if pg is None:
         return None
-    pg.broadcast_object_list(object_list, _local(pg, src, "src"), timeout=timeout)
+    pg.broadcast_object_list(object_list, _peer(pg, src, group_src, "src"), timeout=timeout)
 
 
-def gather(tensor, gather_list: Optional[list] = None, dst: int = 0, group=None,
-           async_op: bool = False, timeout: TimeoutLike = None) -> Optional[Work]:
-    """Collect every rank's `tensor` into `gather_list` on world rank `dst`."""
+def gather(tensor, gather_list: Optional[list] = None, dst: Optional[int] = None, group=None,
+           async_op: bool = False, timeout: TimeoutLike = None,
+           group_dst: Optional[int] = None) -> Optional[Work]:
+    """Collect every rank's `tensor` into `gather_list` on world rank `dst` (or `group_dst`)."""
     pg = _group(group)
     if pg is None:
         return None
-    return _ret(pg.gather(tensor, gather_list, _local(pg, dst, "dst"), async_op=async_op, timeout=timeout), async_op)
+    root = _peer(pg, dst, group_dst, "dst")
+    return _ret(pg.gather(tensor, gather_list, root, async_op=async_op, timeout=timeout), async_op)
 
 
-def scatter(tensor, scatter_list: Optional[list] = None, src: int = 0, group=None,
-            async_op: bool = False, timeout: TimeoutLike = None) -> Optional[Work]:
-    """World rank `src` sends `scatter_list[j]` to group rank j."""
+def scatter(tensor, scatter_list: Optional[list] = None, src: Optional[int] = None, group=None,
+            async_op: bool = False, timeout: TimeoutLike = None,
+            group_src: Optional[int] = None) -> Optional[Work]:
+    """World rank `src` (or group rank `group_src`) sends `scatter_list[j]` to group rank j."""
     pg = _group(group)
     if pg is None:
         return None
-    return _ret(pg.scatter(tensor, scatter_list, _local(pg, src, "src"), async_op=async_op, timeout=timeout), async_op)
+    root = _peer(pg, src, group_src, "src")
+    return _ret(pg.scatter(tensor, scatter_list, root, async_op=async_op, timeout=timeout), async_op)
 
 
 def reduce_scatter(output, input_list: list, op: ReduceOp = ReduceOp.SUM, group=None,
@@ -619,44 +665,56 @@ def all_to_all(output_tensor_list: list, input_tensor_list: list, group=None,
     return _ret(pg.all_to_all(output_tensor_list, input_tensor_list, async_op=async_op, timeout=timeout), async_op)
 
 
-def isend(tensor, dst: int, group=None, tag: int = 0, timeout: TimeoutLike = None) -> Optional[Work]:
-    """Send to world rank `dst` without waiting; returns the Work."""
+def isend(tensor, dst: Optional[int] = None, group=None, tag: int = 0,
+          timeout: TimeoutLike = None, group_dst: Optional[int] = None) -> Optional[Work]:
+    """Send to world rank `dst` (or group rank `group_dst`) without waiting; returns the Work."""
     pg = _group(group)
     if pg is None:
         return None
-    return pg.send(tensor, _local(pg, dst, "dst"), tag, async_op=True, timeout=timeout)
+    _need_peer(dst, group_dst, "dst")
+    return pg.send(tensor, _peer(pg, dst, group_dst, "dst"), tag, async_op=True, timeout=timeout)
+
+
+def _need_peer(world_rank: Optional[int], group_rank: Optional[int], what: str) -> None:
+    if world_rank is None and group_rank is None:
+        raise ValueError(f"Pass {what} (a world rank) or group_{what} (a rank of the group).")
 
 
 def irecv(tensor, src: Optional[int] = None, group=None, tag: int = 0,
-          timeout: TimeoutLike = None) -> Optional[Work]:
-    """Receive from world rank `src` (None: any) without waiting; returns the Work."""
+          timeout: TimeoutLike = None, group_src: Optional[int] = None) -> Optional[Work]:
+    """Receive from world rank `src` (or group rank `group_src`; neither: any) without
+    waiting; returns the Work."""
     pg = _group(group)
     if pg is None:
         return None
-    local = None if src is None else _local(pg, src, "src")
+    local = None if src is None and group_src is None else _peer(pg, src, group_src, "src")
     return pg.recv(tensor, local, tag, async_op=True, timeout=timeout)
 
 
-def send(tensor, dst: int, group=None, tag: int = 0, timeout: TimeoutLike = None) -> None:
-    """Send `tensor` to world rank `dst`."""
-    work = isend(tensor, dst, group, tag, timeout)
+def send(tensor, dst: Optional[int] = None, group=None, tag: int = 0,
+         timeout: TimeoutLike = None, group_dst: Optional[int] = None) -> None:
+    """Send `tensor` to world rank `dst` (or group rank `group_dst`)."""
+    work = isend(tensor, dst, group, tag, timeout, group_dst=group_dst)
     if work is not None:
         work.wait()
 
 
 def recv(tensor, src: Optional[int] = None, group=None, tag: int = 0,
-         timeout: TimeoutLike = None) -> int:
-    """Receive into `tensor`; returns the sender's world rank (-1 if not a member)."""
+         timeout: TimeoutLike = None, group_src: Optional[int] = None) -> int:
+    """Receive into `tensor` from world rank `src` (or group rank `group_src`; neither: any);
+    returns the sender's world rank (-1 if not a member)."""
     pg = _group(group)
     if pg is None:
         return -1
-    work = irecv(tensor, src, pg, tag, timeout)
+    work = irecv(tensor, src, pg, tag, timeout, group_src=group_src)
     work.wait()
     return get_process_group_ranks(pg)[work.source_rank]
 
 
-def barrier(group=None, async_op: bool = False, timeout: TimeoutLike = None) -> Optional[Work]:
-    """Return once every rank of the group has called barrier."""
+def barrier(group=None, async_op: bool = False, device_ids: Any = None,
+            timeout: TimeoutLike = None) -> Optional[Work]:
+    """Return once every rank of the group has called barrier (torch's `device_ids` is for
+    NCCL's device choice and not used)."""
     pg = _group(group)
     if pg is None:
         return None
@@ -718,24 +776,27 @@ def all_to_all_single(output, input, output_split_sizes: Optional[Sequence[int]]
                                      async_op=async_op, timeout=timeout), async_op)
 
 
-def gather_object(obj: Any, object_gather_list: Optional[list] = None, dst: int = 0, group=None,
-                  timeout: TimeoutLike = None) -> None:
-    """Every rank's picklable `obj` into `object_gather_list` on world rank `dst`."""
+def gather_object(obj: Any, object_gather_list: Optional[list] = None, dst: Optional[int] = None,
+                  group=None, timeout: TimeoutLike = None,
+                  group_dst: Optional[int] = None) -> None:
+    """Every rank's picklable `obj` into `object_gather_list` on world rank `dst` (or group
+    rank `group_dst`)."""
     pg = _group(group)
     if pg is None:
         return None
-    pg.gather_object(obj, object_gather_list, _local(pg, dst, "dst"), timeout=timeout)
+    pg.gather_object(obj, object_gather_list, _peer(pg, dst, group_dst, "dst"), timeout=timeout)
 
 
 def scatter_object_list(scatter_object_output_list: list,
-                        scatter_object_input_list: Optional[list] = None, src: int = 0,
-                        group=None, timeout: TimeoutLike = None) -> None:
+                        scatter_object_input_list: Optional[list] = None,
+                        src: Optional[int] = None, group=None, timeout: TimeoutLike = None,
+                        group_src: Optional[int] = None) -> None:
     """World rank `src`'s `scatter_object_input_list[j]` into group rank j's output list [0]."""
     pg = _group(group)
     if pg is None:
         return None
     pg.scatter_object_list(scatter_object_output_list, scatter_object_input_list,
-                           _local(pg, src, "src"), timeout=timeout)
+                           _peer(pg, src, group_src, "src"), timeout=timeout)
 
 
 def all_reduce_coalesced(tensors: Sequence, op: ReduceOp = ReduceOp.SUM, group=None,
@@ -803,21 +864,24 @@ def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list:
     return works
 
 
-def send_object_list(object_list: list, dst: int, group=None, device: Any = None,
-                     timeout: TimeoutLike = None) -> None:
+def send_object_list(object_list: list, dst: Optional[int] = None, group=None,
+                     device: Any = None, timeout: TimeoutLike = None,
+                     group_dst: Optional[int] = None, use_batch: bool = False) -> None:
     """Send every picklable object of `object_list` to world rank `dst` (torch's
     send_object_list; the receiver passes a list of the same length to recv_object_list)."""
     blobs = [arrays.pickle_to_array(o) for o in object_list]
-    send(np.array([b.size for b in blobs], dtype=np.int64), dst, group, timeout=timeout)
-    send(np.concatenate(blobs) if blobs else np.empty(0, np.uint8), dst, group, timeout=timeout)
+    data = np.concatenate(blobs) if blobs else np.empty(0, np.uint8)
+    for part in (np.array([b.size for b in blobs], dtype=np.int64), data):
+        send(part, dst, group, timeout=timeout, group_dst=group_dst)
 
 
-def recv_object_list(object_list: list, src: Optional[int] = None, group=None, device: Any = None,
-                     timeout: TimeoutLike = None) -> int:
+def recv_object_list(object_list: list, src: Optional[int] = None, group=None,
+                     device: Any = None, timeout: TimeoutLike = None,
+                     group_src: Optional[int] = None, use_batch: bool = False) -> int:
     """Fill `object_list` with the objects world rank `src` (None: any) sent with
     send_object_list; returns the sender's world rank (-1 if not a member of `group`)."""
     sizes = np.empty(len(object_list), dtype=np.int64)
-    sender = recv(sizes, src, group, timeout=timeout)
+    sender = recv(sizes, src, group, timeout=timeout, group_src=group_src)
     if sender < 0:
         return sender
     data = np.empty(int(sizes.sum()), dtype=np.uint8)

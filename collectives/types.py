@@ -156,6 +156,30 @@ class ReduceScatterOptions(AllreduceOptions):
     """Options of `pg._reduce_scatter_base`."""
 
 
+class BroadcastOptions(_Options):
+    """`opts.rootRank` (the group rank that sends) and `opts.timeout` of `pg.broadcast`."""
+
+    rootRank = 0
+    rootTensor = 0
+
+
+class ReduceOptions(AllreduceOptions):
+    """`opts.rootRank`, `opts.reduceOp` and `opts.timeout` of `pg.reduce`."""
+
+    rootRank = 0
+    rootTensor = 0
+
+
+class GatherOptions(_Options):
+    """`opts.rootRank` and `opts.timeout` of `pg.gather`."""
+
+    rootRank = 0
+
+
+class ScatterOptions(GatherOptions):
+    """`opts.rootRank` and `opts.timeout` of `pg.scatter`."""
+
+
 class AllgatherOptions(_Options):
     """`opts.timeout` of `pg.allgather`."""
 

@@ -171,6 +171,25 @@ def _session(rank: int, world: int, torch_port: int) -> dict:
         td.send(torch.tensor([5.0]), dst=0)
         sd.send(np.array([5.0]), dst=0)
 
+    # -- torch's group_src / group_dst (ranks of the group, not of the world)
+    t, s = T(np.full(2, float(rank))), np.full(2, float(rank))
+    td.broadcast(t, group_src=1)
+    sd.broadcast(s, group_src=1)
+    seen["group_src"] = (t.numpy().tolist(), s.tolist())
+    if rank == 1:  # the subgroup [1]: its rank 0 is world rank 1
+        t, s = T(np.ones(2)), np.ones(2)
+        td.reduce(t, group=t_sub, group_dst=0)
+        sd.reduce(s, group=s_sub, group_dst=0)
+        seen["group_dst in a subgroup"] = (t.numpy().tolist(), s.tolist())
+        seen["src and group_src"] = _both(lambda: td.broadcast(t, src=1, group_src=0),
+                                          lambda: sd.broadcast(s, src=1, group_src=0))
+        td.send(T(np.array([7.0])), group_dst=0)
+        sd.send(np.array([7.0]), group_dst=0)
+    else:
+        t, s = T(np.zeros(1)), np.zeros(1)
+        seen["recv group_src"] = ((td.recv(t, group_src=1), t.item()),
+                                  (sd.recv(s, group_src=1), float(s[0])))
+
     # -- send_object_list / recv_object_list, from any source
     if rank == 1:
         for mod in (td, sd):
@@ -200,7 +219,7 @@ def test_torch_names_agree_with_torch():
                 assert all(pair), (rank, key, pair)
             elif key == "backend":
                 assert pair == ("gloo", "gloo"), (rank, pair)
-            elif key.endswith(" float") or key == "P2POp refuses":
+            elif key.endswith(" float") or key in ("P2POp refuses", "src and group_src"):
                 assert pair[0][0] == "raises" and pair[1][0] == "raises", (rank, key, pair)
             elif key.startswith("reduce_scatter_") and pair[0][0] == "raises":
                 # this gloo has no reduce_scatter_tensor: numpy's block sum is the reference

@@ -131,3 +131,31 @@ def test_object_collectives_on_a_group(job):
                 pg.gather_object(1, [None], dst=1)
 
     job.run(body)
+
+
+def test_torch_list_forms_of_the_rooted_methods(job):
+    def body(r):
+        pg = job.pgs[r]
+        b = np.full(2, float(r))
+        pg.broadcast([b], dist.BroadcastOptions(rootRank=2)).get_future().wait(timeout=20)
+        assert b.tolist() == [2.0, 2.0]
+        red = np.full(2, float(r + 1))
+        opts = dist.ReduceOptions(rootRank=1, reduceOp=dist.ReduceOp.PRODUCT)
+        pg.reduce([red], opts).wait()
+        assert red.tolist() == ([6.0, 6.0] if r == 1 else [r + 1.0] * 2)
+        outs = [[np.empty(1) for _ in range(W)]] if r == 0 else []
+        pg.gather(outs, [np.array([10.0 * r])], dist.GatherOptions(rootRank=0)).wait()
+        if r == 0:
+            assert [o.tolist() for o in outs[0]] == [[0.0], [10.0], [20.0]]
+        got = np.empty(1)
+        ins = [[np.array([100.0 + q]) for q in range(W)]] if r == 1 else []
+        pg.scatter([got], ins, dist.ScatterOptions(rootRank=1)).wait()
+        assert got.tolist() == [100.0 + r]
+        mine = np.empty(2)
+        pg.reduce_scatter([mine], [[np.full(2, float(q + r)) for q in range(W)]],
+                          dist.ReduceScatterOptions(reduceOp=dist.ReduceOp.MAX)).wait()
+        assert mine.tolist() == [float(r + W - 1)] * 2
+        with pytest.raises(ValueError, match="broadcast takes a list of one tensor on the host, got 2"):
+            pg.broadcast([b, b], dist.BroadcastOptions())
+
+    job.run(body)

@@ -143,6 +143,8 @@ def _torch_style_hook(state, bucket: dist.GradBucket) -> dist.Future[Tensor]:
 
 
 def test_a_torch_style_hook_averages(job):
+    assert dist.Future[Tensor].__origin__ is dist.Future  # usable in annotations, evaluated
+    assert dist.ddp.Future is dist.Future  # one Future for hooks and Work.get_future()
     want = _reference_grads()
     for rank, grads in enumerate(_grads_with_hook(job, _torch_style_hook)):
         for i, (g, w) in enumerate(zip(grads, want)):

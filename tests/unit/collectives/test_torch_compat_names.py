@@ -100,3 +100,36 @@ def test_world_follows_the_default_group():
     assert dist.group.WORLD is None
     dist.init_process_group("tcp", store=HashStore(), rank=0, world_size=1, timeout=5)
     assert dist.get_backend() == "tcp"
+
+
+def test_init_takes_torchs_keyword_arguments(torch_dist):
+    import inspect
+
+    theirs = set(inspect.signature(torch_dist.init_process_group).parameters)
+    ours = set(inspect.signature(dist.init_process_group).parameters)
+    assert {p for p in theirs if not p.startswith("_")} <= ours, theirs - ours
+    dist.init_process_group("gloo", store=HashStore(), rank=0, world_size=1, timeout=5,
+                            pg_options=None, device_id=None)
+    assert dist.get_world_size() == 1
+
+
+def test_module_level_functions_take_torchs_parameter_names(torch_dist):
+    """Every parameter torch's function has, shoal's has by the same name (a torch script
+    passing keywords runs unchanged)."""
+    import inspect
+
+    checked = 0
+    for name in dist.distributed.__all__:
+        theirs = getattr(torch_dist, name, None)
+        if theirs is None or not callable(theirs) or inspect.isclass(theirs):
+            continue
+        try:
+            their_params = inspect.signature(theirs).parameters
+        except (TypeError, ValueError):
+            continue  # a builtin without a signature
+        ours = inspect.signature(getattr(dist, name)).parameters
+        missing = [p for p, v in their_params.items() if not p.startswith("_")
+                   and v.kind not in (v.VAR_KEYWORD, v.VAR_POSITIONAL) and p not in ours]
+        assert not missing, f"{name} lacks torch's {missing}"
+        checked += 1
+    assert checked >= 40, checked
