@@ -9,6 +9,7 @@ backward), or earlier by the work's own completion callback when the backend off
 
 from __future__ import annotations
 
+import inspect
 import threading
 from typing import Any, Callable, Generic, Optional, TypeVar
 
@@ -194,3 +195,15 @@ def work_future(work: Any) -> Future:
     fut._driver = driver
     work.add_done_callback(finish)
     return fut
+
+
+def wait_bounded(fut: Any, seconds: Optional[float]) -> Any:
+    """`fut.wait(timeout=seconds)` where its wait() takes a timeout (this Future, rpc_agent's);
+    a plain torch-style wait() without one is called as it is."""
+    try:
+        params = inspect.signature(fut.wait).parameters
+    except (TypeError, ValueError):  # a builtin without a signature
+        params = {}
+    takes_timeout = "timeout" in params or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    return fut.wait(timeout=seconds) if takes_timeout and seconds is not None else fut.wait()

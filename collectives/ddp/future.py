@@ -6,4 +6,5 @@ from shoal.collectives.futures import (  # noqa: F401  (re-exports)
     future_from_work,
     future_value,
     missing_future_methods,
+    wait_bounded,
 )

@@ -23,7 +23,7 @@ from shoal.collectives.ddp import comm
 from shoal.collectives import metrics
 from shoal.collectives.ddp.buckets import Bucket, GradBucket, compute_bucket_assignment
 from shoal.collectives.ddp.graph import map_tensors, reachable_leaves, same_memory
-from shoal.collectives.ddp.future import future_value, missing_future_methods
+from shoal.collectives.ddp.future import future_value, missing_future_methods, wait_bounded
 from shoal.collectives.types import CollectiveError, ReduceOp
 from shoal.core import backend
 from shoal.core.autograd import Node
@@ -513,7 +513,10 @@ class Reducer:
         start = time.perf_counter()
         for bucket in self._buckets:
             try:
-                result = bucket.work.wait()
+                if self._hook is None:
+                    result = bucket.work.wait()
+                else:
+                    result = wait_bounded(bucket.work, getattr(self._group, "timeout", None))
             except CollectiveError as exc:
                 raise _with_ddp_context(exc, self._rank, bucket.index, len(self._buckets),
                                         self.rounds_synced + 1) from exc

@@ -231,3 +231,20 @@ def test_device_ids_on_a_host_model_are_refused_as_torch_refuses_them(job):
             DistributedDataParallel(_model(), process_group=job.pgs[rank], dim="0")
 
     job.run(body)
+
+
+def test_a_hook_future_that_never_completes_times_out_with_the_group():
+    from shoal.rpc_agent.futures import Future as RpcFuture
+
+    job = ThreadWorld(_make_group, WORLD, timeout=1.5)  # the groups' timeout bounds the wait
+    try:
+        def body(rank):
+            ddp = DistributedDataParallel(_model(), process_group=job.pgs[rank])
+            ddp.register_comm_hook(None, lambda state, bucket: RpcFuture("a hook's future"))
+            x, y = _batch(rank)
+            with pytest.raises(Exception, match=r"^Waited 1.5s for a hook's future; it is still pending"):
+                _loss(ddp(x), y).backward()
+
+        job.run(body, timeout=20)
+    finally:
+        job.close()
