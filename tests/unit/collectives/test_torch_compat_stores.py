@@ -161,3 +161,52 @@ def test_rendezvous_yields_a_store_rank_and_size(td, tmp_path):
     f_store.close()
     with pytest.raises(ValueError, match="is not supported; use env://"):
         next(dist.rendezvous("udp://x"))
+
+
+def _append_from_threads(store, threads: int = 6, each: int = 8) -> bytes:
+    """Concurrent appends of distinct tokens; returns the final value."""
+    import threading
+
+    def worker(t):
+        for i in range(each):
+            store.append("log", f"[{t}.{i}]")
+
+    ts = [threading.Thread(target=worker, args=(t,)) for t in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(30)
+    return store.get("log")
+
+
+def _check_every_token_once(value: bytes, threads: int = 6, each: int = 8) -> None:
+    tokens = value.decode().strip("[]").split("][")
+    assert sorted(tokens) == sorted(f"{t}.{i}" for t in range(threads) for i in range(each))
+    for t in range(threads):  # each thread's own appends stay in its order
+        mine = [tok for tok in tokens if tok.startswith(f"{t}.")]
+        assert mine == [f"{t}.{i}" for i in range(each)]
+
+
+def test_concurrent_appends_lose_nothing_on_tcp_and_file(tmp_path):
+    tcp = TCPStore("127.0.0.1", 0, world_size=1, is_master=True, timeout=10)
+    try:
+        _check_every_token_once(_append_from_threads(tcp))  # compare_set loop on the wire
+    finally:
+        tcp.close()
+    with FileStore(tmp_path / "f", timeout=10) as file_store:
+        _check_every_token_once(_append_from_threads(file_store))  # under the file's lock
+
+
+def test_append_and_delete_key_on_etcd():
+    from shoal.elastic.rendezvous.etcd_store import EtcdStore
+    from tests.support.etcd_server import EtcdServer, require_etcd
+
+    server = EtcdServer(require_etcd()).start()
+    try:
+        store = EtcdStore([server.endpoint], prefix="/compat/", timeout=10)
+        _check_every_token_once(_append_from_threads(store))
+        assert store.delete_key("log") is True and store.delete_key("log") is False
+        assert store.has_extended_api() is True
+        store.close()
+    finally:
+        server.close()
