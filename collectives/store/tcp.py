@@ -90,28 +90,28 @@ class _Connection:
             pass
 
 
-# Servers that master stores of this process run, by (host, port), for multi_tenant sharing:
-# [server, token, stores using it, whether it was started multi-tenant].
-_SERVERS: dict[tuple[str, int], list] = {}
+# Servers that master stores of this process run, by (host, port, pid: a forked child has no
+# server thread), for multi_tenant sharing: [server, token, stores using it, multi-tenant?].
+_SERVERS: dict[tuple[str, int, int], list] = {}
 _SERVERS_LOCK = threading.Lock()
 
 
 def _host_server(host: str, port: int, world_size: Optional[int], token: bytes,
-                 multi_tenant: bool) -> tuple[TCPStoreServer, tuple[str, int]]:
+                 multi_tenant: bool) -> tuple[TCPStoreServer, tuple[str, int, int]]:
     """The server a master store uses: this process's on (host, port) when either side is
     multi-tenant and the secret matches, else a new one."""
     with _SERVERS_LOCK:
-        entry = _SERVERS.get((host, port)) if port else None
+        entry = _SERVERS.get((host, port, os.getpid())) if port else None
         if entry is not None and (multi_tenant or entry[3]) and entry[1] == token:
             entry[2] += 1
-            return entry[0], (host, port)
+            return entry[0], (host, port, os.getpid())
         server = TCPStoreServer(host, port, world_size=world_size, token=token).start()
-        key = (host, server.port)
+        key = (host, server.port, os.getpid())
         _SERVERS.setdefault(key, [server, token, 0, multi_tenant])[2] += 1
         return server, key
 
 
-def _leave_server(key: Optional[tuple[str, int]]) -> bool:
+def _leave_server(key: Optional[tuple[str, int, int]]) -> bool:
     """One master store fewer on the server; True when it was the last (stop the server)."""
     with _SERVERS_LOCK:
         entry = _SERVERS.get(key)
@@ -189,7 +189,7 @@ class TCPStore(Store):
         self.world_size = world_size
         self.server: Optional[TCPStoreServer] = None
         self.multi_tenant = bool(multi_tenant)
-        self._tenancy: Optional[tuple[str, int]] = None
+        self._tenancy: Optional[tuple[str, int, int]] = None
         if is_master:
             self.server, self._tenancy = _host_server(host, port, world_size, self._token,
                                                       self.multi_tenant)
