@@ -23,10 +23,12 @@ import pickle
 import re
 import secrets
 import socket
+import time
 from typing import Iterable, Optional
 
 from shoal.core.auth import load_token
 from shoal.core.errors import ShoalError
+from shoal.elastic import training_metrics
 from shoal.elastic.api import CheckpointError
 from shoal.elastic.checkpoint_format import (
     CheckpointCorrupt,
@@ -77,6 +79,8 @@ class Checkpointer:
         token: the job's secret that keys the files' MAC (default: `core.auth.load_token()`,
             i.e. SHOAL_AUTH_TOKEN or SHOAL_AUTH_TOKEN_FILE).
     """
+
+    records_metrics = True  # saves and loads feed shoal_checkpoint_* (training_metrics)
 
     def __init__(self, directory: str, keep: int = 3, *, trusted: bool = False,
                  allow: Iterable[str] = (), token: Optional[bytes | str] = None):
@@ -136,6 +140,7 @@ class Checkpointer:
         host = socket.gethostname().replace(".", "_") or "host"
         tmp = os.path.join(self.directory,
                            f".ckpt-{step}.{host}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        started = time.perf_counter()
         try:
             # The temporary file exists before the state is serialized, so a save killed at
             # any point leaves a file the next save recognises and removes (see _prune).
@@ -157,6 +162,9 @@ class Checkpointer:
             self._discard(tmp)
             raise
         logger.info("Saved checkpoint of step %d to %s", step, final)
+        # Duration, bytes, last step and time: what a failure now would throw away.
+        training_metrics.record_checkpoint_save(step, time.perf_counter() - started,
+                                                os.path.getsize(final))
         self._prune(step)
         return final
 
@@ -192,10 +200,14 @@ class Checkpointer:
             CheckpointError: it is missing.
         """
         path = self.path(step)
+        started = time.perf_counter()
         try:
             with open(path, "rb") as f:
-                return read_checkpoint(f, path, step, self._key, trusted=self.trusted,
-                                       allow=self._allow)
+                state = read_checkpoint(f, path, step, self._key, trusted=self.trusted,
+                                        allow=self._allow)
+                training_metrics.record_checkpoint_load(time.perf_counter() - started,
+                                                        os.fstat(f.fileno()).st_size)
+                return state
         except FileNotFoundError as exc:
             raise CheckpointError(f"There is no checkpoint of step {step} ({path!r}).") from exc
         except OSError as exc:

@@ -375,11 +375,14 @@ def run(argv: Sequence[str]) -> int:
                              "(on a read-only root filesystem: an emptyDir at /tmp).\n")
             return 2
         if settings.metrics_port is not None:
-            from shoal.elastic.metrics import MetricsServer
+            from shoal.elastic.metrics import MetricsServer, WebConfigError
 
             try:
                 metrics_server = MetricsServer(settings.metrics_host, settings.metrics_port,
                                                multiproc_dir)
+            except WebConfigError as exc:
+                sys.stderr.write(f"shoal run: error: {exc}\n")
+                return 2
             except OSError as exc:
                 return _metrics_port_error(settings, exc)
             logger.info("Metrics of this node's agent and workers at %s", metrics_server.url)

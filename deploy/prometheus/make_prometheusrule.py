@@ -13,9 +13,8 @@ TARGET = HERE.parents[0] / "kubernetes" / "base" / "prometheusrule.yaml"
 HEADER = """\
 # For the Prometheus Operator: shoal's alert and recording rules, the same groups as
 # deploy/prometheus/shoal-rules.yml (written by deploy/prometheus/make_prometheusrule.py; edit
-# the plain file and rerun it). Not listed in the kustomization (the manifest tests validate
-# every rendered object against Kubernetes' own schemas): apply it beside the job with
-# `kubectl apply -n shoal -f deploy/kubernetes/base/prometheusrule.yaml`.
+# the plain file and rerun it). Listed in base/kustomization.yaml, so every overlay ships it;
+# a cluster without the Prometheus Operator has no PrometheusRule kind: drop it there.
 """
 
 

@@ -27,7 +27,7 @@ VARIANTS = {"cpu": "overlays/cpu", "gpu": "overlays/gpu", "kubeflow": "kubeflow"
 # podFailurePolicy and the batch.kubernetes.io/ pod labels are beta/GA from 1.27 on; 1.37 is
 # the newest schema kubernetes-validate ships.
 KUBERNETES_VERSIONS = ["1.27.0", "1.37.0"]
-CUSTOM_KINDS = {"PodMonitor", "PyTorchJob"}
+CUSTOM_KINDS = {"PodMonitor", "PyTorchJob", "PrometheusRule"}
 TOKEN = "0123456789abcdef" * 4
 
 
