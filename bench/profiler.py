@@ -8,7 +8,8 @@ and leaving it are not timed), and the table gives medians per step and the rati
 shoal off/none <= 1.01; shoal on/off <= torch's on/off.
 
     python bench/profiler.py --compare --blocks 12
-    python bench/profiler.py --compare --batch 8     # small step: per-op overhead shows
+    python bench/profiler.py --compare --batch 8     # a smaller step
+    python bench/profiler.py --compare --workload tiny  # 150 tiny ops: per-op overhead shows
 """
 
 from __future__ import annotations
@@ -81,12 +82,23 @@ def torch_condition(torch, name: str):
     return ctx
 
 
+def tiny_step(lib, x) -> None:
+    """50 rounds of three small ops and the backward: the same calls in shoal and torch."""
+    h = x
+    for _ in range(50):
+        h = (h * 1.01 + 0.1).tanh()
+    h.sum().backward()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", type=int, default=12, help="blocks per condition")
     parser.add_argument("--block", type=int, default=4, help="timed steps per block")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--compare", action="store_true", help="run torch.profiler's side too")
+    parser.add_argument("--workload", choices=("mlp", "tiny"), default="mlp",
+                        help="mlp: core_step's step; tiny: 150 small ops and their backward "
+                             "(per-op overhead dominates)")
     args = parser.parse_args(argv)
 
     model, opt = core_step.build_shoal(0)
@@ -96,16 +108,20 @@ def main(argv: list[str] | None = None) -> int:
     x, y = core.tensor(x_np), core.tensor(y_np)
     hooked = autograd._run
     plain = engine_without_hook()
+    shoal_step = lambda: core_step.shoal_phases(model, opt, x, y)  # noqa: E731
+    if args.workload == "tiny":
+        shoal_step = lambda: tiny_step(core, core.ones(16, requires_grad=True))  # noqa: E731
     conds = []
     for name in ("none", "off", "on", "on+shapes+memory"):
-        conds.append(("shoal", name, shoal_condition(name, plain, hooked),
-                      lambda: core_step.shoal_phases(model, opt, x, y)))
+        conds.append(("shoal", name, shoal_condition(name, plain, hooked), shoal_step))
     if args.compare:
         torch, tmodel, topt = core_step.build_torch(model)
         tx, ty = torch.from_numpy(x_np), torch.from_numpy(y_np)
+        torch_step = lambda: core_step.torch_phases(torch, tmodel, topt, tx, ty)  # noqa: E731
+        if args.workload == "tiny":
+            torch_step = lambda: tiny_step(torch, torch.ones(16, requires_grad=True))  # noqa: E731
         for name in ("off", "on", "on+shapes+memory"):
-            conds.append(("torch", name, torch_condition(torch, name),
-                          lambda: core_step.torch_phases(torch, tmodel, topt, tx, ty)))
+            conds.append(("torch", name, torch_condition(torch, name), torch_step))
     times: dict[tuple, list] = {(impl, name): [] for impl, name, _, _ in conds}
     # per round, each condition's block median: ratios within a round cancel the drift of a
     # shared machine far better than ratios of whole-run medians
@@ -132,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for (impl, name), m in med.items():
         base = med[(impl, "off")]
-        row = {"bench": "profiler", "model": "mlp-784-1024-1024-10", "batch": args.batch,
+        model_name = "mlp-784-1024-1024-10" if args.workload == "mlp" else "tiny-150-ops"
+        row = {"bench": "profiler", "model": model_name, "batch": args.batch,
                "threads": 1, "impl": impl, "condition": name, "median_ms": m,
                "p10_ms": statistics.quantiles([t * 1e3 for t in times[(impl, name)]], n=10)[0],
                "p90_ms": statistics.quantiles([t * 1e3 for t in times[(impl, name)]], n=10)[-1],

@@ -113,6 +113,7 @@ class EventList(list):
     """The window's events (FunctionEvent) with key_averages() and table()."""
 
     def __init__(self, rec: Recorder) -> None:
+        rec.flush()
         super().__init__(resolve(rec))
         self.recorder = rec
 

@@ -17,6 +17,7 @@ def _us(ns: int) -> float:
 
 def trace_dict(rec: Recorder, extra: dict | None = None) -> dict:
     """The window as a trace-event document (the JSON object format)."""
+    rec.flush()
     rank = os.environ.get("RANK")
     pid = int(rank) if rank is not None and rank.isdigit() else rec.pid
     tids: dict[int, int] = {}

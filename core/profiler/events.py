@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 import time
 from typing import Any, Optional
 
@@ -69,12 +70,82 @@ class Recorder:
         self.events: list[Event] = []
         self.mem_events: list[Event] = []  # allocations (+) and frees (-), with timestamps
         self.thread_names: dict[int, str] = {}  # lanes that are not threads (an RPC callee)
-        self.live: dict[int, int] = {}  # id of a profiled output tensor -> its bytes
+        self.live: dict[int, tuple] = {}  # id of a weakref -> (weakref, bytes, id of object)
+        self.counted: set[int] = set()  # ids of the live objects whose bytes were counted
+        self.mem_raw: list[tuple] = []  # (time, -bytes, tid) of frees
+        self._on_free = self._make_free_callback()  # one callback for every weak reference
+        self.detailed_raw: list = []  # the detailed path's tuples (or Events, with CUDA)
+        self.raw: list[tuple] = []  # (name, cat, start, dur, tid, flow) from the lean path
+        self.closed = False  # set when the window ends: later frees are not this window's
         self.forward_flows: set[int] = set()  # node seqs a forward event has claimed
         self.pid = os.getpid()
         self.started_ns = now_ns()
         self.window = (0, 0)  # (first step, last step), set when the window ends
         self.lock = threading.Lock()
+
+    @property
+    def detailed(self) -> bool:
+        """True when each op needs more than its name and times (the lean path is off)."""
+        return self.record_shapes or self.profile_memory or self.with_stack or self.cuda
+
+    def track(self, obj: Any, key: int, nbytes: int) -> None:
+        """Count `obj`'s bytes as allocated once, and record a free when it is collected."""
+        ref = weakref.ref(obj, self._on_free)
+        self.counted.add(key)
+        self.live[id(ref)] = (ref, nbytes, key)
+
+    def _make_free_callback(self) -> Any:
+        # A closure over bound methods: it runs once per freed tensor while profiling memory.
+        pop, discard, append = self.live.pop, self.counted.discard, self.mem_raw.append
+        get_ident = threading.get_ident
+
+        def freed(ref: Any) -> None:
+            entry = pop(id(ref), None)
+            if entry is not None:
+                discard(entry[2])
+                if not self.closed:
+                    append((now_ns(), -entry[1], get_ident()))
+
+        return freed
+
+    def flush(self) -> None:
+        """Turn the lean path's tuples into Events (called when the window ends)."""
+        n = len(self.raw)
+        raw = self.raw[:n]
+        del self.raw[:n]
+        claimed = self.forward_flows
+        events = self.events
+        for name, cat, t0, dur, tid, flow in raw:
+            if flow and cat == "cpu_op":
+                # tuples are appended as ops finish, so the innermost op that made a tensor
+                # comes first and claims its autograd node
+                if flow in claimed:
+                    flow = 0
+                else:
+                    claimed.add(flow)
+            events.append(Event(name, cat, t0, dur, tid, flow=flow))
+        n = len(self.detailed_raw)
+        draw = self.detailed_raw[:n]
+        del self.detailed_raw[:n]
+        for item in draw:
+            if item.__class__ is Event:  # kept as an Event for its CUDA times
+                ev = item
+            else:
+                name, cat, t0, dur, tid, flow, mem, shapes, stack = item
+                ev = Event(name, cat, t0, dur, tid, mem=mem, stack=stack,
+                           shapes=None if shapes is None else [list(x) for x in shapes])
+                ev.flow = flow
+            if ev.flow and ev.cat == "cpu_op":
+                if ev.flow in claimed:
+                    ev.flow = 0
+                else:
+                    claimed.add(ev.flow)
+            events.append(ev)
+        n = len(self.mem_raw)
+        mem = self.mem_raw[:n]
+        del self.mem_raw[:n]
+        for t, nbytes, tid in mem:
+            self.mem_events.append(Event("[memory]", "memory", t, 0, tid, mem=nbytes))
 
     def add(self, ev: Event) -> None:
         """Append a finished event."""
@@ -88,19 +159,6 @@ class Recorder:
         self.events.append(ev)
         return ev
 
-    def memory(self, nbytes: int) -> None:
-        """Record an allocation (positive) or a free (negative) happening now."""
-        self.mem_events.append(Event("[memory]", "memory", now_ns(), 0, threading.get_ident(),
-                                     mem=nbytes))
-
-
-def shapes_of(args: tuple) -> list:
-    """torch's "Input Shapes": a list per positional argument, [] for non-tensors."""
-    out = []
-    for a in args:
-        shape = getattr(a, "shape", None)
-        out.append(list(shape) if shape is not None and not isinstance(a, type) else [])
-    return out
 
 
 def user_stack(limit: int = 16) -> list:

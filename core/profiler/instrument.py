@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 import threading
-import weakref
+from weakref import ref as _weakref
 from typing import Any, Callable
 
 from shoal.core import autograd
@@ -22,7 +22,7 @@ from shoal.core.ops import pooling, reduce, shape, unary
 from shoal.core.data.dataloader import _LoaderIter
 from shoal.core.optim.optimizer import Optimizer
 from shoal.core.profiler import cuda, state
-from shoal.core.profiler.events import Event, now_ns, shapes_of, user_stack
+from shoal.core.profiler.events import Event, now_ns, user_stack
 from shoal.core.tensor import Tensor
 
 _OP_MODULES = (arith, attention, conv, creation, linalg, logical, nn, norm, pooling, reduce,
@@ -60,58 +60,51 @@ def _alloc_bytes(out: Any, args: tuple, rec: Any) -> int:
     """Bytes of new storage in the op's output tensors (views of an input count nothing).
 
     Each output is counted once, by the innermost op that made it, and its free is recorded
-    when the tensor is collected.
+    when the tensor is collected (a weak reference's callback: far cheaper than a finalizer).
     """
-    outs = out if isinstance(out, (tuple, list)) else (out,)
-    total = 0
-    for o in outs:
-        if not isinstance(o, Tensor):
-            continue
-        key = id(o)
-        if key in rec.live:
-            continue
-        base = _root(o.data)
-        if any(isinstance(a, Tensor) and _root(a.data) is base for a in args):
-            continue
-        n = int(o.data.nbytes)
-        rec.live[key] = n
-        weakref.finalize(o, _freed, rec, key, n)
-        total += n
-    return total
+    if out.__class__ is Tensor:
+        return _count_tensor(out, args, rec)
+    if not isinstance(out, (tuple, list)):
+        return _count_tensor(out, args, rec) if isinstance(out, Tensor) else 0
+    return sum(_count_tensor(o, args, rec) for o in out if isinstance(o, Tensor))
 
 
-def _freed(rec: Any, key: int, n: int) -> None:
-    rec.live.pop(key, None)
-    if state.recorder is rec:
-        rec.memory(-n)
+def _count_tensor(o: Any, args: tuple, rec: Any) -> int:
+    key = id(o)
+    if key in rec.counted:
+        return 0
+    d = o.data
+    base = d.base
+    if base is None:
+        base = d
+    for a in args:
+        if a.__class__ is Tensor or isinstance(a, Tensor):
+            ad = a.data
+            if ad is base or ad.base is base:
+                return 0  # a view of (or the very array of) an input
+    n = d.nbytes
+    ref = _weakref(o, rec._on_free)  # rec.track, inlined: this runs for every op
+    rec.counted.add(key)
+    rec.live[id(ref)] = (ref, n, key)
+    return n
 
 
 def _wrap(fn: Callable, name: str) -> Callable:
+    get_ident = threading.get_ident
+
     def profiled(*args: Any, **kwargs: Any) -> Any:
         rec = state.recorder if not state.local_users else state.current()
         if rec is None:
             return fn(*args, **kwargs)
-        gpu = rec.cuda and cuda.on_gpu(args)
-        if gpu:
-            start = cuda.mark()
+        if rec.detailed:
+            return _profiled_detailed(rec, fn, name, args, kwargs)
+        # The lean path: one tuple per call, turned into an Event when the window ends.
         t0 = now_ns()
         out = fn(*args, **kwargs)
         t1 = now_ns()
-        ev = Event(name, "cpu_op", t0, t1 - t0, threading.get_ident())
-        if gpu:
-            rec.cuda_pending.append((ev, start, cuda.mark()))
-        if out.__class__ is Tensor:
-            node = out.grad_fn
-            if node is not None and node.seq + 1 not in rec.forward_flows:
-                rec.forward_flows.add(node.seq + 1)  # the innermost op that made it claims it
-                ev.flow = node.seq + 1  # 0 means "no flow"
-        if rec.record_shapes:
-            ev.shapes = shapes_of(args)
-        if rec.with_stack:
-            ev.stack = user_stack()
-        if rec.profile_memory:
-            ev.mem = _alloc_bytes(out, args, rec)
-        rec.events.append(ev)
+        node = getattr(out, "grad_fn", None)
+        rec.raw.append((name, "cpu_op", t0, t1 - t0, get_ident(),
+                        node.seq + 1 if node is not None else 0))
         return out
 
     profiled.__name__ = getattr(fn, "__name__", name)
@@ -121,6 +114,30 @@ def _wrap(fn: Callable, name: str) -> Callable:
     return profiled
 
 
+def _profiled_detailed(rec: Any, fn: Callable, name: str, args: tuple, kwargs: dict) -> Any:
+    """An op under record_shapes, profile_memory, with_stack or CUDA timing."""
+    gpu = rec.cuda and cuda.on_gpu(args)
+    if gpu:
+        start = cuda.mark()
+    t0 = now_ns()
+    out = fn(*args, **kwargs)
+    t1 = now_ns()
+    node = getattr(out, "grad_fn", None)
+    flow = node.seq + 1 if node is not None else 0
+    shapes = tuple([getattr(a, "shape", ()) for a in args]) if rec.record_shapes else None
+    stack = user_stack() if rec.with_stack else None
+    mem = _alloc_bytes(out, args, rec) if rec.profile_memory else 0
+    if gpu:
+        ev = Event(name, "cpu_op", t0, t1 - t0, threading.get_ident(), flow=flow, mem=mem,
+                   shapes=shapes, stack=stack)
+        rec.cuda_pending.append((ev, start, cuda.mark()))
+        rec.detailed_raw.append(ev)
+    else:
+        rec.detailed_raw.append((name, "cpu_op", t0, t1 - t0, threading.get_ident(), flow,
+                                 mem, shapes, stack))
+    return out
+
+
 def _backward_hook(node: Any, fn: Callable, g: Any) -> Any:
     rec = state.recorder if not state.local_users else state.current()
     if rec is None:
@@ -128,10 +145,12 @@ def _backward_hook(node: Any, fn: Callable, g: Any) -> Any:
     t0 = now_ns()
     grads = fn(g)
     t1 = now_ns()
-    ev = Event(node._name, "backward", t0, t1 - t0, threading.get_ident(), flow=node.seq + 1)
-    if rec.profile_memory:
-        ev.mem = _grad_bytes(grads, g, rec)
-    rec.events.append(ev)
+    if not rec.profile_memory:
+        rec.raw.append((node._name, "backward", t0, t1 - t0, threading.get_ident(),
+                        node.seq + 1))
+        return grads
+    rec.detailed_raw.append((node._name, "backward", t0, t1 - t0, threading.get_ident(),
+                             node.seq + 1, _grad_bytes(grads, g, rec), None, None))
     return grads
 
 
@@ -151,13 +170,8 @@ def _grad_bytes(grads: Any, g: Any, rec: Any) -> int:
         seen.append(r)
         n = int(r.nbytes)
         total += n
-        weakref.finalize(r, _grad_freed, rec, n)
+        rec.track(r, id(r), n)
     return total
-
-
-def _grad_freed(rec: Any, n: int) -> None:
-    if state.recorder is rec:
-        rec.memory(-n)
 
 
 def _wrap_next(nxt: Callable, cls_name: str) -> Callable:

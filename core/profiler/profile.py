@@ -184,6 +184,8 @@ class profile:  # noqa: N801 - torch's name
         rec = self._rec
         state.recorder = None
         instrument.uninstall()
+        rec.closed = True
+        rec.flush()
         if rec.cuda:
             cuda.resolve_window(rec)
         self._rec = None
