@@ -88,12 +88,6 @@ class Recorder:
         """True when each op needs more than its name and times (the lean path is off)."""
         return self.record_shapes or self.profile_memory or self.with_stack or self.cuda
 
-    def track(self, obj: Any, key: int, nbytes: int) -> None:
-        """Count `obj`'s bytes as allocated once, and record a free when it is collected."""
-        ref = weakref.ref(obj, self._on_free)
-        self.counted.add(key)
-        self.live[id(ref)] = (ref, nbytes, key)
-
     def _make_free_callback(self) -> Any:
         # A closure over bound methods: it runs once per freed tensor while profiling memory.
         pop, discard, append = self.live.pop, self.counted.discard, self.mem_raw.append

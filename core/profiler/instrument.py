@@ -154,23 +154,35 @@ def _backward_hook(node: Any, fn: Callable, g: Any) -> Any:
     return grads
 
 
+_NOT_ARRAY = object()
+
+
 def _grad_bytes(grads: Any, g: Any, rec: Any) -> int:
     """Bytes of fresh gradient arrays a backward node returned (views of its input: none)."""
-    if not isinstance(grads, (tuple, list)):
+    if grads.__class__ is not tuple and not isinstance(grads, (tuple, list)):
         return 0
-    base = _root(g)
-    seen: list = []
+    base = g.base
+    if base is None:
+        base = g
+    first = None  # two outputs may share one fresh buffer (x * x): count it once
     total = 0
     for gi in grads:
-        if gi is None or not hasattr(gi, "nbytes"):
+        if gi is None:
             continue
-        r = _root(gi)
-        if r is base or any(r is s for s in seen):
+        r = getattr(gi, "base", _NOT_ARRAY)
+        if r is None:
+            r = gi
+        elif r is _NOT_ARRAY:
             continue
-        seen.append(r)
-        n = int(r.nbytes)
+        if r is base or r is first or id(r) in rec.counted:
+            continue
+        if first is None:
+            first = r
+        n = r.nbytes
         total += n
-        rec.track(r, id(r), n)
+        ref = _weakref(r, rec._on_free)
+        rec.counted.add(id(r))
+        rec.live[id(ref)] = (ref, n, id(r))
     return total
 
 
