@@ -56,8 +56,7 @@ class ProfiledCall:
             instrument.uninstall()
             with _local_lock:
                 state.local_users -= 1
-        rec.closed = True
-        rec.flush()
+        rec.close()
         rec.add(Event(f"rpc_remote#{self.fname}({self.caller} -> {worker})", "rpc_remote", t0,
                       t1 - t0, threading.get_ident()))
         shipped = [(ev.name, ev.cat, ev.start + EPOCH_OFFSET_NS, ev.dur, ev.flow)

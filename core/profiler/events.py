@@ -102,6 +102,16 @@ class Recorder:
 
         return freed
 
+    def close(self) -> None:
+        """End the window: later frees are not its own; drop the weak references and the free
+        callback (it refers back to this recorder, a cycle only the cyclic collector would
+        otherwise break, during someone's later, timed work)."""
+        self.closed = True
+        self.live.clear()
+        self.counted.clear()
+        self._on_free = None
+        self.flush()
+
     def flush(self) -> None:
         """Turn the lean path's tuples into Events (called when the window ends)."""
         n = len(self.raw)

@@ -184,8 +184,7 @@ class profile:  # noqa: N801 - torch's name
         rec = self._rec
         state.recorder = None
         instrument.uninstall()
-        rec.closed = True
-        rec.flush()
+        rec.close()
         if rec.cuda:
             cuda.resolve_window(rec)
         self._rec = None
