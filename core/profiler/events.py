@@ -94,11 +94,11 @@ class Recorder:
         get_ident = threading.get_ident
 
         def freed(ref: Any) -> None:
+            # after close() `live` is empty: nothing is recorded for a finished window
             entry = pop(id(ref), None)
             if entry is not None:
                 discard(entry[2])
-                if not self.closed:
-                    append((now_ns(), -entry[1], get_ident()))
+                append((now_ns(), -entry[1], get_ident()))
 
         return freed
 

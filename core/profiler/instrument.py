@@ -126,7 +126,12 @@ def _profiled_detailed(rec: Any, fn: Callable, name: str, args: tuple, kwargs: d
     flow = node.seq + 1 if node is not None else 0
     shapes = tuple([getattr(a, "shape", ()) for a in args]) if rec.record_shapes else None
     stack = user_stack() if rec.with_stack else None
-    mem = _alloc_bytes(out, args, rec) if rec.profile_memory else 0
+    mem = 0
+    if rec.profile_memory:
+        if out.__class__ is Tensor:  # the common case, inlined: this runs for every op
+            mem = _count_tensor(out, args, rec) if id(out) not in rec.counted else 0
+        else:
+            mem = _alloc_bytes(out, args, rec)
     if gpu:
         ev = Event(name, "cpu_op", t0, t1 - t0, threading.get_ident(), flow=flow, mem=mem,
                    shapes=shapes, stack=stack)
