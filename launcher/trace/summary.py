@@ -1,7 +1,8 @@
 """Per rank and step: compute, communication (hidden behind compute or not), idle; the straggler.
 
 Compute is the union of op, backward and optimizer events; communication the union of
-collective and RPC events; hidden communication overlaps compute; idle is the rest of the step.
+collective and RPC events; hidden communication overlaps compute; idle is the rest of the step;
+waiting is the part of the collectives spent before the last rank arrived (clocks aligned).
 The straggler is the rank the others wait for: the most step time outside exposed
 communication (a rank that sleeps or computes longer makes everyone else wait in collectives).
 """
@@ -12,6 +13,7 @@ import statistics
 from dataclasses import dataclass
 
 from shoal.launcher.trace.files import RankTrace, load
+from shoal.launcher.trace.merge import split_waits
 
 COMPUTE = frozenset({"cpu_op", "backward", "optimizer", "kernel"})
 COMM = frozenset({"collective", "rpc", "rpc_remote"})
@@ -55,6 +57,7 @@ class StepTimes:
     comm: float
     hidden: float
     idle: float
+    waiting: float = 0.0  # in collectives, for the other ranks to arrive (aligned clocks)
 
     @property
     def exposed(self) -> float:
@@ -83,9 +86,11 @@ def rank_steps(t: RankTrace) -> list[StepTimes]:
         comp, comm = clipped(COMPUTE), clipped(COMM)
         hidden = _length(_intersect(comp, comm))
         busy = _length(_union(comp + comm))
+        waiting = sum((e.get("args") or {}).get("wait_for_peers_us", 0.0) for e in spans
+                      if e.get("cat") == "collective" and s0 <= e["ts"] < s1)
         out.append(StepTimes(t.rank, int(st["name"].split("#")[1]), st["dur"] / 1e3,
                              _length(comp) / 1e3, _length(comm) / 1e3, hidden / 1e3,
-                             (st["dur"] - busy) / 1e3))
+                             (st["dur"] - busy) / 1e3, waiting / 1e3))
     return out
 
 
@@ -93,6 +98,13 @@ def summarize(directory: str) -> tuple[list[StepTimes], int | None]:
     """Every rank's steps and the straggler rank (None with one rank)."""
     rows: list[StepTimes] = []
     for _, ranks in sorted(load(directory).items()):
+        aligned = []
+        for rank, t in ranks.items():
+            shift = float(t.clock.get("offset_us") or 0.0)
+            t.events = [dict(e, ts=e["ts"] + shift, pid=rank) if "ts" in e else e
+                        for e in t.events]
+            aligned.extend(t.events)
+        split_waits(aligned)
         for _, t in sorted(ranks.items()):
             rows.extend(rank_steps(t))
     ranks = sorted({r.rank for r in rows})
@@ -105,11 +117,12 @@ def summarize(directory: str) -> tuple[list[StepTimes], int | None]:
 def render(rows: list[StepTimes], straggler: int | None) -> str:
     """The summary as the CLI prints it."""
     head = (f"{'rank':>4}  {'step':>4}  {'step ms':>9}  {'compute':>9}  {'comm':>9}  "
-            f"{'hidden':>9}  {'exposed':>9}  {'idle':>9}")
+            f"{'hidden':>9}  {'exposed':>9}  {'idle':>9}  {'waiting':>9}")
     lines = [head, "-" * len(head)]
     for r in sorted(rows, key=lambda x: (x.rank, x.step)):
         lines.append(f"{r.rank:>4}  {r.step:>4}  {r.total:>9.2f}  {r.compute:>9.2f}  "
-                     f"{r.comm:>9.2f}  {r.hidden:>9.2f}  {r.exposed:>9.2f}  {r.idle:>9.2f}")
+                     f"{r.comm:>9.2f}  {r.hidden:>9.2f}  {r.exposed:>9.2f}  {r.idle:>9.2f}  "
+                     f"{r.waiting:>9.2f}")
     if straggler is not None:
         ranks = sorted({r.rank for r in rows})
         busy = {k: statistics.mean(x.busy for x in rows if x.rank == k) for k in ranks}

@@ -60,6 +60,11 @@ def test_merge_gives_a_process_per_rank_and_aligned_all_reduces(profile_dir, tmp
         if e.get("cat") == "collective":
             by_seq.setdefault(e["args"]["seq"], []).append((e["ts"], e["ts"] + e["dur"]))
     both = [v for v in by_seq.values() if len(v) == 2]
+    for e in events:
+        if e.get("cat") == "collective":  # the split of each all_reduce's time
+            args = e["args"]
+            assert args["wait_for_peers_us"] + args["moving_us"] == pytest.approx(e["dur"],
+                                                                                  abs=0.01)
     assert len(both) >= 3
     for (s0, e0), (s1, e1) in both:
         # the same all_reduce on both ranks: the two intervals overlap within the clock error
@@ -75,8 +80,10 @@ def test_summary_names_the_rank_that_sleeps_as_the_straggler(profile_dir):
     for r in rows:
         if r[0] == "1":
             assert float(r[7]) >= 45  # the sleep is idle time on rank 1
+            assert float(r[8]) < 10  # and it hardly waits for rank 0 in collectives
         else:
             assert float(r[6]) >= 45  # rank 0 waits for it in the all_reduce, exposed
+            assert float(r[8]) >= 45  # waiting for a peer, not moving data
 
 
 def test_plot_draws_the_timelines(profile_dir, tmp_path):
