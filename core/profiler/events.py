@@ -81,7 +81,6 @@ class Recorder:
         self.pid = os.getpid()
         self.started_ns = now_ns()
         self.window = (0, 0)  # (first step, last step), set when the window ends
-        self.lock = threading.Lock()
 
     @property
     def detailed(self) -> bool:
@@ -103,9 +102,9 @@ class Recorder:
         return freed
 
     def close(self) -> None:
-        """End the window: later frees are not its own; drop the weak references and the free
-        callback (it refers back to this recorder, a cycle only the cyclic collector would
-        otherwise break, during someone's later, timed work)."""
+        """End the window: later frees are not its own, so drop the weak references (their
+        callbacks would keep firing for the window's surviving tensors) and turn the tuples
+        into Events."""
         self.closed = True
         self.live.clear()
         self.counted.clear()

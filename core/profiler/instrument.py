@@ -83,7 +83,7 @@ def _count_tensor(o: Any, args: tuple, rec: Any) -> int:
             if ad is base or ad.base is base:
                 return 0  # a view of (or the very array of) an input
     n = d.nbytes
-    ref = _weakref(o, rec._on_free)  # rec.track, inlined: this runs for every op
+    ref = _weakref(o, rec._on_free)  # its callback records the free (events.py)
     rec.counted.add(key)
     rec.live[id(ref)] = (ref, n, key)
     return n
