@@ -242,6 +242,52 @@ def _subclasses(cls: type) -> list[type]:
     return out
 
 
+# Installed code (the standard library, site-packages) never calls shoal's ops by a name it
+# imported; scanning only shoal's modules and the user's keeps install() fast next to torch.
+_INSTALLED = tuple(sorted({p for p in (sys.prefix, sys.base_prefix, sys.exec_prefix) if p}))
+
+
+def _holds_user_calls(mod_name: str, mod: Any) -> bool:
+    """Whether a module may hold references to op functions worth swapping."""
+    if mod_name.startswith("shoal.core.profiler"):
+        return False
+    if mod_name.startswith("shoal.") or mod_name == "__main__":
+        return True
+    path = getattr(mod, "__file__", None)
+    return bool(path) and not path.startswith(_INSTALLED)
+
+
+_wrapper_cache: dict[Callable, Callable] = {}
+_scan_cache: tuple[int, list] = (-1, [])
+
+
+def _wrappers() -> dict[Callable, Callable]:
+    """One timing wrapper per op function, made once (they hold no state of a window)."""
+    if not _wrapper_cache:
+        _wrapper_cache.update({fn: _wrap(fn, name) for fn, name in _op_functions().items()})
+    return _wrapper_cache
+
+
+def _references(wrappers: dict) -> list[tuple[Any, str, Callable]]:
+    """(module, name, op function) for every module-level reference to an op, rescanned only
+    when modules were imported since: a profiled RPC installs the wrappers once per call."""
+    global _scan_cache
+    count = len(sys.modules)
+    if _scan_cache[0] != count:
+        refs = []
+        for mod_name, mod in list(sys.modules.items()):
+            if mod is None or not _holds_user_calls(mod_name, mod):
+                continue
+            for attr, value in list(vars(mod).items()):
+                try:
+                    if value in wrappers:
+                        refs.append((mod, attr, value))
+                except TypeError:  # an unhashable module attribute
+                    continue
+        _scan_cache = (count, refs)
+    return _scan_cache[1]
+
+
 def install() -> None:
     """Swap op references for timing wrappers (reference counted: nested profilers share)."""
     global _users
@@ -249,20 +295,11 @@ def install() -> None:
         _users += 1
         if _users > 1:
             return
-        wrappers = {fn: _wrap(fn, name) for fn, name in _op_functions().items()}
-        for mod_name, mod in list(sys.modules.items()):
-            if mod is None or not (mod_name.startswith("shoal.") or mod_name == "__main__"):
-                continue
-            if mod_name.startswith("shoal.core.profiler"):
-                continue
-            for attr, value in list(vars(mod).items()):
-                try:
-                    w = wrappers.get(value)
-                except TypeError:  # unhashable module attribute
-                    continue
-                if w is not None:
-                    _restore.append((mod, attr, value))
-                    setattr(mod, attr, w)
+        wrappers = _wrappers()
+        for mod, attr, value in _references(wrappers):
+            if vars(mod).get(attr) is value:  # still bound as when it was scanned
+                _restore.append((mod, attr, value))
+                setattr(mod, attr, wrappers[value])
         for attr, value in list(vars(Tensor).items()):
             if not callable(value):
                 continue

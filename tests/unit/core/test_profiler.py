@@ -10,6 +10,7 @@ import pytest
 
 from shoal import core
 from shoal.core import profiler as P
+from shoal.core.ops.unary import tanh as imported_tanh
 
 
 def _counts(prof: P.profile) -> dict:
@@ -37,6 +38,14 @@ def test_counts_equal_the_calls_of_a_scripted_sequence() -> None:
     assert getattr(core.Tensor.__add__, "__wrapped__", None) is None
     _ = a + a
     assert _counts(prof)["add"] == 3
+
+
+def test_ops_a_user_module_imported_by_name_are_recorded_too() -> None:
+    with P.profile() as prof:
+        imported_tanh(core.ones(3))
+    assert _counts(prof)["tanh"] == 1
+    assert imported_tanh.__module__ == "shoal.core.ops.unary"
+    assert not hasattr(imported_tanh, "__wrapped__")  # put back afterwards
 
 
 def test_forward_events_link_to_their_backward_events() -> None:
