@@ -33,6 +33,26 @@ def profile_calls():
     return a, b, events, lanes
 
 
+def fails(msg):
+    raise ValueError(msg)
+
+
+def profile_failing_calls():
+    from shoal import rpc_agent  # noqa: PLC0415
+    from shoal.core import profiler  # noqa: PLC0415
+
+    seen = []
+    with profiler.profile() as prof:
+        for call in (lambda: rpc_agent.rpc_sync("w1", fails, ("sync boom",)),
+                     lambda: rpc_agent.rpc_async("w1", fails, ("async boom",)).wait(30)):
+            try:
+                call()
+            except ValueError as exc:
+                seen.append(str(exc))
+    names = [fe.name for fe in prof.events() if fe.ev.cat in ("rpc", "rpc_remote")]
+    return seen, names
+
+
 def calls_without_profiler():
     from shoal import rpc_agent  # noqa: PLC0415
 
@@ -58,4 +78,9 @@ def test_rpc_events_name_both_workers_and_carry_the_callees_ops():
         assert "remote w1" in lanes
         # the callee is left unprofiled afterwards, and plain calls still work
         assert pool.run(0, calls_without_profiler) == 24.0
+        # a remote exception reaches the caller as itself; its call is still an event
+        seen, names = pool.run(0, profile_failing_calls)
+        assert [s.splitlines()[0] for s in seen] == ["sync boom", "async boom"], seen
+        assert sum(n.startswith("rpc_sync#") for n in names) == 1
+        assert sum(n.startswith("rpc_async#") for n in names) == 1
         pool.shutdown()
