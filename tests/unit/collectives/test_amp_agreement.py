@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -61,15 +63,20 @@ def test_refuses_what_is_not_a_grad_scaler():
         agree_on_found_inf({})
 
 
+_INIT_LOCK = threading.Lock()
+
+
 def _ddp_amp_run(pg, rank, micro_batches=2, steps=4, hook=None):
     """DDP + bf16 autocast + GradScaler (agreed) + accumulation over micro-batches with no_sync."""
     from shoal.collectives.ddp.ddp import DistributedDataParallel
 
-    core.manual_seed(5)  # DDP's initial broadcast makes the ranks' weights equal regardless
-    model = DistributedDataParallel(
-        core.nn.Sequential(core.nn.Linear(4, 8), core.nn.GELU(), core.nn.Linear(8, 2)),
-        process_group=pg,
-    )
+    # The ranks are threads sharing core's global generator: seed and draw under a lock, or
+    # the two threads' draws interleave and rank 0's initial weights (which DDP broadcasts)
+    # differ from run to run.
+    with _INIT_LOCK:
+        core.manual_seed(5)
+        net = core.nn.Sequential(core.nn.Linear(4, 8), core.nn.GELU(), core.nn.Linear(8, 2))
+    model = DistributedDataParallel(net, process_group=pg)
     if hook is not None:
         model.register_comm_hook(pg, hook)
     opt = core.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
