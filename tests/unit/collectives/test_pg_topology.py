@@ -268,8 +268,7 @@ def test_all_to_all_blocks_that_disagree_fail_every_rank_naming_both(monkeypatch
 
 # ----------------------------------------------------------------------------- small messages
 
-@pytest.mark.parametrize("layout", [[2, 2], [3, 3], [2, 1, 3], [1, 1, 1, 1, 1], [5], [3]],
-                         ids=["2x2", "3x3", "2+1+3", "5x1", "1x5", "1x3"])
+@pytest.mark.parametrize("layout", [[2, 2], [2, 1, 3], [5]], ids=["2x2", "2+1+3", "1x5"])
 def test_small_all_reduce_as_a_tree_matches_numpy_and_agrees_bitwise(layout, monkeypatch):
     """Above DIRECT_MAX_RANKS ranks (lowered to 2 here) a small all_reduce runs as recursive
     doubling (the ranks beyond a power of two folded in), on one host, across one-rank hosts
