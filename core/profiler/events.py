@@ -71,7 +71,8 @@ class Recorder:
         self.mem_events: list[Event] = []  # allocations (+) and frees (-), with timestamps
         self.thread_names: dict[int, str] = {}  # lanes that are not threads (an RPC callee)
         self.live: dict[int, tuple] = {}  # id of a weakref -> (weakref, bytes, id of object)
-        self.counted: set[int] = set()  # ids of the live objects whose bytes were counted
+        self.counted: set[int] = set()  # ids of the live arrays whose bytes were counted
+        self.live_tensors: dict[int, int] = {}  # id of a live counted tensor -> its bytes
         self.mem_raw: list[tuple] = []  # (time, -bytes, tid) of frees
         self._on_free = self._make_free_callback()  # one callback for every weak reference
         self.detailed_raw: list = []  # the detailed path's tuples (or Events, with CUDA)
@@ -108,6 +109,7 @@ class Recorder:
         self.closed = True
         self.live.clear()
         self.counted.clear()
+        self.live_tensors.clear()
         self._on_free = None
         self.flush()
 

@@ -71,7 +71,7 @@ def _alloc_bytes(out: Any, args: tuple, rec: Any) -> int:
 
 def _count_tensor(o: Any, args: tuple, rec: Any) -> int:
     key = id(o)
-    if key in rec.counted:
+    if key in rec.live_tensors:
         return 0
     d = o.data
     base = d.base
@@ -83,10 +83,41 @@ def _count_tensor(o: Any, args: tuple, rec: Any) -> int:
             if ad is base or ad.base is base:
                 return 0  # a view of (or the very array of) an input
     n = d.nbytes
-    ref = _weakref(o, rec._on_free)  # its callback records the free (events.py)
-    rec.counted.add(key)
-    rec.live[id(ref)] = (ref, n, key)
+    rec.live_tensors[key] = n  # Tensor.__del__, set while memory is profiled, records the free
     return n
+
+
+def _tensor_freed(self: Any) -> None:
+    """Tensor.__del__ while a profiler records memory: a counted tensor's free is an event.
+
+    A finalizer on the class costs a fraction of a weak reference per tensor (created, then
+    called back), and tensors are the most numerous allocations a step makes.
+    """
+    rec = _memory_recorder
+    if rec is not None:
+        n = rec.live_tensors.pop(id(self), None)
+        if n is not None:
+            rec.mem_raw.append((now_ns(), -n, threading.get_ident()))
+
+
+_memory_recorder: Any = None
+
+
+def watch_tensor_frees(rec: Any) -> None:
+    """Record the frees of `rec`'s counted tensors (one recorder at a time profiles memory)."""
+    global _memory_recorder
+    _memory_recorder = rec
+    Tensor.__del__ = _tensor_freed  # type: ignore[attr-defined]
+
+
+def unwatch_tensor_frees() -> None:
+    """Tensors die silently again."""
+    global _memory_recorder
+    _memory_recorder = None
+    try:
+        del Tensor.__del__  # type: ignore[attr-defined]
+    except AttributeError:
+        pass
 
 
 def _wrap(fn: Callable, name: str) -> Callable:
@@ -96,15 +127,27 @@ def _wrap(fn: Callable, name: str) -> Callable:
         rec = state.recorder if not state.local_users else state.current()
         if rec is None:
             return fn(*args, **kwargs)
-        if rec.detailed:
+        if rec.detailed and (rec.cuda or rec.with_stack):
             return _profiled_detailed(rec, fn, name, args, kwargs)
-        # The lean path: one tuple per call, turned into an Event when the window ends.
+        # One tuple per call, turned into an Event when the window ends; shapes and memory
+        # are inlined here (not in _profiled_detailed) because they run for every op.
         t0 = now_ns()
         out = fn(*args, **kwargs)
         t1 = now_ns()
         node = getattr(out, "grad_fn", None)
-        rec.raw.append((name, "cpu_op", t0, t1 - t0, get_ident(),
-                        node.seq + 1 if node is not None else 0))
+        flow = node.seq + 1 if node is not None else 0
+        if not rec.detailed:
+            rec.raw.append((name, "cpu_op", t0, t1 - t0, get_ident(), flow))
+            return out
+        shapes = tuple([getattr(a, "shape", ()) for a in args]) if rec.record_shapes else None
+        mem = 0
+        if rec.profile_memory:
+            if out.__class__ is Tensor:
+                mem = _count_tensor(out, args, rec) if id(out) not in rec.live_tensors else 0
+            else:
+                mem = _alloc_bytes(out, args, rec)
+        rec.detailed_raw.append((name, "cpu_op", t0, t1 - t0, get_ident(), flow, mem, shapes,
+                                 None))
         return out
 
     profiled.__name__ = getattr(fn, "__name__", name)
@@ -115,7 +158,7 @@ def _wrap(fn: Callable, name: str) -> Callable:
 
 
 def _profiled_detailed(rec: Any, fn: Callable, name: str, args: tuple, kwargs: dict) -> Any:
-    """An op under record_shapes, profile_memory, with_stack or CUDA timing."""
+    """An op under with_stack or CUDA timing (and maybe shapes and memory too)."""
     gpu = rec.cuda and cuda.on_gpu(args)
     if gpu:
         start = cuda.mark()
@@ -129,7 +172,7 @@ def _profiled_detailed(rec: Any, fn: Callable, name: str, args: tuple, kwargs: d
     mem = 0
     if rec.profile_memory:
         if out.__class__ is Tensor:  # the common case, inlined: this runs for every op
-            mem = _count_tensor(out, args, rec) if id(out) not in rec.counted else 0
+            mem = _count_tensor(out, args, rec) if id(out) not in rec.live_tensors else 0
         else:
             mem = _alloc_bytes(out, args, rec)
     if gpu:

@@ -176,6 +176,8 @@ class profile:  # noqa: N801 - torch's name
         self._rec = rec
         self.window_start_step = self.step_num
         instrument.install()
+        if rec.profile_memory:
+            instrument.watch_tensor_frees(rec)
         state.recorder = rec
         self._open_step()
 
@@ -183,6 +185,8 @@ class profile:  # noqa: N801 - torch's name
         self._close_step()
         rec = self._rec
         state.recorder = None
+        if rec.profile_memory:
+            instrument.unwatch_tensor_frees()
         instrument.uninstall()
         rec.close()
         if rec.cuda:
