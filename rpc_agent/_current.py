@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from shoal.rpc_agent.api import RpcError
+from shoal.rpc_agent.types import RpcError
 
 _agent = None
 

@@ -26,7 +26,7 @@ from shoal.rpc_agent.context import context_id as _context_id
 from shoal.rpc_agent._generated import rpc_pb2
 from shoal.rpc_agent.dist_autograd import container as autograd_contexts
 from shoal.rpc_agent._threads import Deadlines, WorkerPool, is_io_thread
-from shoal.rpc_agent.api import RpcBackendOptions, RpcError, RpcPeerLost, RpcTimeout, WorkerInfo
+from shoal.rpc_agent.types import RpcBackendOptions, RpcError, RpcPeerLost, RpcTimeout, WorkerInfo
 from shoal.rpc_agent.transport.assembly import Assembler
 from shoal.rpc_agent.transport.data_channel import DataChannels
 from shoal.rpc_agent.functions import is_async_execution
@@ -269,8 +269,25 @@ class RpcAgent:
 
     def timeout_or_none(self, timeout) -> Optional[float]:
         """A call's timeout in seconds: the default for None, no limit (None) for 0."""
-        seconds = self._default_timeout if timeout is None else to_seconds(timeout)
+        # None, or torch's UNSET_RPC_TIMEOUT (-1): the agent's default.
+        unset = timeout is None or (isinstance(timeout, (int, float)) and timeout == -1)
+        seconds = self._default_timeout if unset else to_seconds(timeout)
         return None if seconds == 0 else seconds
+
+    @property
+    def default_timeout(self) -> float:
+        """The default call timeout in seconds (0: no limit)."""
+        return self._default_timeout
+
+    def set_default_timeout(self, timeout) -> None:
+        """Change the default timeout of later calls (calls in flight keep theirs)."""
+        try:
+            seconds = to_seconds(timeout)
+        except ValueError as exc:
+            raise ValueError(f"The RPC timeout must be seconds >= 0 (0: none): {exc}.") from exc
+        if seconds is None:
+            raise ValueError("The RPC timeout must be seconds >= 0 (0: none), got None.")
+        self._default_timeout = seconds
 
     def default_timeout_or_none(self) -> Optional[float]:
         """The default call timeout, None when it is 0 (no limit)."""

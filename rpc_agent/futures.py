@@ -13,7 +13,7 @@ from typing import Any, Callable, Generic, Iterable, List, Optional, TypeVar
 
 from shoal.core.timeouts import to_seconds
 from shoal.rpc_agent._threads import before_blocking
-from shoal.rpc_agent.api import RpcError, RpcTimeout, TimeoutArg
+from shoal.rpc_agent.types import RpcError, RpcTimeout, TimeoutArg
 
 logger = logging.getLogger(__name__)
 

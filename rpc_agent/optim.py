@@ -7,7 +7,7 @@ import threading
 from typing import Any
 
 from shoal.rpc_agent import _current
-from shoal.rpc_agent.api import RpcError
+from shoal.rpc_agent.types import RpcError
 from shoal.rpc_agent.dist_autograd import engine as dist_engine
 from shoal.rpc_agent.rref import RRef
 

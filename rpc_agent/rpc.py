@@ -27,13 +27,15 @@ from shoal.rpc_agent import _current
 from shoal.rpc_agent import profiling
 from shoal.rpc_agent.agent import RpcAgent, WorkerRef
 from shoal.rpc_agent.dist_autograd import release as dist_autograd_release
-from shoal.rpc_agent.api import (
+from shoal.rpc_agent.types import (
     DEFAULT_SHUTDOWN_TIMEOUT_S,
+    BackendType,
     RpcBackendOptions,
     RpcError,
     RpcTimeout,
     TimeoutArg,
     WorkerInfo,
+    check_worker_name,
 )
 from shoal.rpc_agent.futures import Future
 from shoal.rpc_agent.rref import RRef
@@ -53,26 +55,42 @@ _before_set_workers: Optional[Callable[[RpcAgent], None]] = None
 
 # ----------------------------------------------------------------------------- init
 
-def init_rpc(name: str, rank: Optional[int] = None, world_size: Optional[int] = None,
+def init_rpc(name: str, backend=None, rank: Optional[int] = None,
+             world_size: Optional[int] = None,
              rpc_backend_options: Optional[RpcBackendOptions] = None) -> None:
     """Start this process's RPC agent as worker `name` of `world_size` and meet the others.
 
-    `rank` and `world_size` default to the RANK and WORLD_SIZE environment variables.
+    torch's signature: `backend` is None or a BackendType (TENSORPIPE and GRPC both mean
+    shoal's agent); `rank` (None or -1) and `world_size` default to the RANK and WORLD_SIZE
+    environment variables. shoal's older positional form `init_rpc(name, rank, world_size)`
+    still works: an int in `backend`'s place is taken as the rank.
 
     Raises:
         RpcError: already initialized, a duplicate name, or the others did not show up within
             `init_timeout` (the message names the missing ranks).
-        ValueError: a bad name, rank or world size.
+        ValueError: a bad name, backend, rank or world size.
     """
+    if isinstance(backend, int) and not isinstance(backend, bool):
+        # shoal's older init_rpc(name, rank, world_size, rpc_backend_options): shift them.
+        if world_size is not None and not isinstance(world_size, int) \
+                and rpc_backend_options is None:
+            rpc_backend_options, world_size = world_size, None
+        backend, rank, world_size = None, backend, (rank if rank is not None else world_size)
+    if backend is not None and not isinstance(backend, BackendType):
+        raise ValueError(
+            f"init_rpc's backend must be None or a BackendType (TENSORPIPE or GRPC), got "
+            f"{backend!r}."
+        )
     options = rpc_backend_options or RpcBackendOptions()
     if not isinstance(options, RpcBackendOptions):
         raise TypeError(
             f"rpc_backend_options must be an RpcBackendOptions, got {type(options).__name__}."
         )
-    if not isinstance(name, str) or not name or len(name) > 128:
-        raise ValueError(
-            f"The worker name must be a non-empty str of at most 128 chars, got {name!r}."
-        )
+    # Options are mutable (as torch's): check what they hold now, on a copy the agent keeps.
+    options = dataclasses.replace(options)
+    check_worker_name(name)
+    if rank == -1:
+        rank = None  # torch's "from the environment"
     rank = collectives_env.env_rank() if rank is None else rank
     world_size = collectives_env.env_world_size() if world_size is None else world_size
     if world_size is None or isinstance(world_size, bool) or not isinstance(world_size, int) \
@@ -284,6 +302,17 @@ def _drain(agent: RpcAgent, deadline: Deadline, name: str) -> None:
 def get_worker_info(worker_name: Optional[WorkerRef] = None) -> WorkerInfo:
     """The WorkerInfo of a worker name or id (this worker's when None)."""
     return _current.get().worker_info(worker_name)
+
+
+def get_rpc_timeout() -> float:
+    """The default timeout of this worker's calls, in seconds (0: none), as torch's."""
+    return _current.get().default_timeout
+
+
+def _set_rpc_timeout(rpc_timeout: TimeoutArg) -> None:
+    """Change the default timeout of this worker's later calls (torch's private helper,
+    which its tests and some scripts use)."""
+    _current.get().set_default_timeout(rpc_timeout)
 
 
 def rpc_sync(to: WorkerRef, func: Callable, args: Optional[tuple] = None,

@@ -28,7 +28,7 @@ from typing import Any, Optional
 
 from shoal.rpc_agent import _current
 from shoal.rpc_agent import serialization
-from shoal.rpc_agent.api import RpcError, TimeoutArg, WorkerInfo
+from shoal.rpc_agent.types import RpcError, TimeoutArg, WorkerInfo
 from shoal.rpc_agent.context import _local as _context_local
 from shoal.rpc_agent.context import context_id as _context_id
 from shoal.rpc_agent.dist_autograd import engine as dist_engine

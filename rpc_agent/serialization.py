@@ -21,7 +21,7 @@ import traceback
 from typing import Any, Optional
 
 from shoal.core.errors import DeviceError
-from shoal.rpc_agent.api import RemoteException
+from shoal.rpc_agent.types import RemoteException
 from shoal.rpc_agent.dist_autograd import container as autograd_container
 
 PROTOCOL = 5

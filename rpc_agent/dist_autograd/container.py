@@ -16,7 +16,7 @@ import threading
 from typing import Any, Optional
 
 from shoal.rpc_agent import metrics
-from shoal.rpc_agent.api import RpcPeerLost
+from shoal.rpc_agent.types import RpcPeerLost
 from shoal.rpc_agent.dist_autograd.types import DistAutogradError
 
 # torch's layout: the creating worker's id in the top 16 bits, a counter below.

@@ -25,7 +25,7 @@ from typing import Any, Optional
 from shoal.core.autograd import GraphTask
 from shoal.core.tensor import Tensor
 from shoal.rpc_agent import _current, metrics
-from shoal.rpc_agent.api import RpcError
+from shoal.rpc_agent.types import RpcError
 from shoal.rpc_agent.context import _local as _context_local
 from shoal.rpc_agent.context import context_id as _context_id
 from shoal.rpc_agent.dist_autograd import container, release

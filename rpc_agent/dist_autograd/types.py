@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shoal.rpc_agent.api import RpcError
+from shoal.rpc_agent.types import RpcError
 
 
 class DistAutogradError(RpcError):

@@ -29,7 +29,7 @@ from shoal.core.admission import Gatekeeper
 from shoal.core.errors import AuthenticationError
 from shoal.rpc_agent import metrics
 from shoal.rpc_agent._threads import mark_io_thread
-from shoal.rpc_agent.api import CONNECT_TIMEOUT_S, MAX_TRANSFER_BYTES, RpcPeerLost
+from shoal.rpc_agent.types import CONNECT_TIMEOUT_S, MAX_TRANSFER_BYTES, RpcPeerLost
 from shoal.rpc_agent.transport.receive_buffers import ReceiveBuffers
 
 logger = logging.getLogger(__name__)

@@ -41,7 +41,7 @@ from shoal.core import auth
 from shoal.rpc_agent import metrics
 from shoal.rpc_agent._generated import rpc_pb2
 from shoal.rpc_agent._threads import mark_io_thread, set_blocking_hook, unmark_io_thread
-from shoal.rpc_agent.api import (
+from shoal.rpc_agent.types import (
     AUTH_WINDOW_S,
     CONNECT_TIMEOUT_S,
     MAX_GRPC_MESSAGE_BYTES,

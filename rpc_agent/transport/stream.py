@@ -28,7 +28,7 @@ from typing import Callable, Iterator, Optional
 
 from shoal.rpc_agent import metrics
 from shoal.rpc_agent._threads import BurstWriter
-from shoal.rpc_agent.api import CONNECT_TIMEOUT_S, RpcPeerLost
+from shoal.rpc_agent.types import CONNECT_TIMEOUT_S, RpcPeerLost
 from shoal.rpc_agent.transport import direct
 from shoal.rpc_agent.transport.readers import StreamReaders
 

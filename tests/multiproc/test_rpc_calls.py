@@ -347,9 +347,12 @@ def check_bad_input():
     except rpc_agent.RpcError as exc:
         out["unknown"] = str(exc)
     try:
-        rpc_agent.rpc_sync("w1", echo, (1,), timeout=-1)
+        rpc_agent.rpc_sync("w1", echo, (1,), timeout=-2.5)
     except ValueError as exc:
         out["negative"] = str(exc)
+    # torch's UNSET_RPC_TIMEOUT (-1) means the agent's default, not an error.
+    out["unset"] = rpc_agent.rpc_sync("w1", echo, (7,),
+                                      timeout=rpc_agent.constants.UNSET_RPC_TIMEOUT)
     return out
 
 
@@ -358,7 +361,8 @@ def test_bad_calls_fail_clearly_before_sending(workers):
     assert out["lambda"].startswith(
         "The arguments of test_rpc_calls.echo for worker 'w1' cannot be pickled:")
     assert out["unknown"] == "Unknown worker 'nobody': this job has workers 'w0', 'w1', 'w2'."
-    assert "timeout must be zero or more seconds, got -1.0" in out["negative"]
+    assert "timeout must be zero or more seconds, got -2.5" in out["negative"]
+    assert out["unset"] == 7
 
 
 def break_stream_mid_call(peer):
@@ -572,7 +576,7 @@ def slow_filled(seconds, n):
 def check_late_bulk_reply_is_dropped(n):
     from shoal import rpc_agent  # noqa: PLC0415
     from shoal.rpc_agent import _current  # noqa: PLC0415
-    from shoal.rpc_agent.api import RpcTimeout  # noqa: PLC0415
+    from shoal.rpc_agent.types import RpcTimeout  # noqa: PLC0415
 
     assembler = _current.get()._assembler
     try:

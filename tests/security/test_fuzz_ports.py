@@ -56,7 +56,7 @@ from tests.support.fuzz import (
     wait_until,
 )
 from shoal.rpc_agent._generated import rpc_pb2
-from shoal.rpc_agent.api import AUTH_WINDOW_S
+from shoal.rpc_agent.types import AUTH_WINDOW_S
 from shoal.rpc_agent.transport.grpc import (
     HELLO_METADATA,
     METHOD,

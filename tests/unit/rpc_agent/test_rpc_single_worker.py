@@ -62,8 +62,12 @@ def test_init_again_after_shutdown_and_errors_without_init():
 def test_bad_arguments_to_init():
     with pytest.raises(ValueError, match="rank in 0..0"):
         rpc_agent.init_rpc("x", 3, 1, rpc_agent.RpcBackendOptions(store=HashStore()))
-    with pytest.raises(ValueError, match="non-empty str"):
-        rpc_agent.init_rpc("", 0, 1)
+    for bad in ("", "has space", "x" * 129, "a/b"):
+        with pytest.raises(ValueError, match="A worker name must be 1 to 128 characters of "
+                                             "A-Z, a-z, 0-9, '_', '-' and ':'"):
+            rpc_agent.init_rpc(bad, 0, 1)
+    with pytest.raises(ValueError, match="backend must be None or a BackendType"):
+        rpc_agent.init_rpc("x", "tensorpipe", rank=0, world_size=1)
     with pytest.raises(TypeError, match="must be an RpcBackendOptions"):
         rpc_agent.init_rpc("x", 0, 1, {"init_method": "env://"})
 
