@@ -69,7 +69,7 @@ class RRef:
     """
 
     __slots__ = ("_agent", "_owner", "_rref_id", "_fork_id", "_record", "_creation",
-                 "__weakref__")
+                 "_value_type", "__weakref__")
 
     def __init__(self, value: Any = None):
         agent = _current.get()
@@ -85,6 +85,7 @@ class RRef:
         self._fork_id = fork_id
         self._record = record
         self._creation: Optional[Future] = None
+        self._value_type: Optional[type] = None
 
     @classmethod
     def _make(cls, agent, owner: WorkerInfo, rref_id: GUID, fork_id: Optional[GUID],
@@ -149,6 +150,18 @@ class RRef:
         return self._agent.call(
             self._owner, _fetch, (self._rref_id,), None, timeout, "rref"
         ).wait()
+
+    def _get_type(self, timeout: TimeoutArg = None) -> type:
+        """The type of the value (asked of the owner once, then cached), as torch's; the
+        RRef proxy checks a method's name against it before sending the call."""
+        if self._value_type is None:
+            if self._record is not None:
+                self._value_type = type(self._record.future.wait(
+                    self._agent.timeout_or_none(timeout)))
+            else:
+                self._value_type = self._agent.call(
+                    self._owner, _fetch_type, (self._rref_id,), None, timeout, "rref").wait()
+        return self._value_type
 
     # -- helpers of PyTorch 1.7
 
@@ -216,6 +229,8 @@ class _Proxy:
         return functools.partial(self._invoke, name)
 
     def _invoke(self, name: str, *args, **kwargs):
+        # As torch: a name the value's type lacks fails here, before anything is sent.
+        getattr(self._rref._get_type(self._timeout), name)
         agent = self._rref._agent
         call_args = (self._rref, name, args, kwargs)
         owner = self._rref.owner()
@@ -482,6 +497,11 @@ def _on_delete(rref_id: GUID, fork_id: GUID) -> None:
 @async_execution
 def _fetch(rref_id: GUID) -> Future:
     return _current.get().rrefs.record(rref_id).future
+
+
+@async_execution
+def _fetch_type(rref_id: GUID) -> Future:
+    return _current.get().rrefs.record(rref_id).future.then(lambda f: type(f.value()))
 
 
 @async_execution

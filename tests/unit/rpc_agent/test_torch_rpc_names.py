@@ -51,3 +51,30 @@ def test_the_defaults_are_torchs():
     assert rpc.constants.UNSET_RPC_TIMEOUT == torch_rpc.constants.UNSET_RPC_TIMEOUT
     assert rpc.constants.DEFAULT_INIT_METHOD == torch_rpc.constants.DEFAULT_INIT_METHOD
     assert {b.name for b in rpc.BackendType} >= {"TENSORPIPE"}
+
+
+class Counter:
+    def __init__(self):
+        self.n = 0
+
+    def add(self, k):
+        self.n += k
+        return self.n
+
+
+def test_the_rref_proxy_checks_the_name_against_the_values_type_before_calling():
+    """As torch's RRefProxy: `rref.rpc_sync().missing()` raises AttributeError in the caller
+    (the value's type lacks it) and sends no call; the type is fetched once and cached."""
+    rpc.init_rpc("solo", rank=0, world_size=1, rpc_backend_options=rpc.RpcBackendOptions(
+        init_method="tcp://127.0.0.1:0"))
+    try:
+        rref = rpc.remote("solo", Counter)
+        assert rref.rpc_sync().add(2) == 2
+        with pytest.raises(AttributeError, match="type object 'Counter' has no attribute 'nope'"):
+            rref.rpc_sync().nope(1)
+        with pytest.raises(AttributeError, match="'nope'"):
+            rref.rpc_async().nope()
+        assert rref.rpc_async().add(3).wait() == 5  # the value was not touched by the misses
+        assert rref._get_type() is Counter
+    finally:
+        rpc.shutdown()
