@@ -77,6 +77,7 @@ class BackendGroup(ProcessGroup):
         self._store = store
         self._global_ranks = _checked_global_ranks(global_ranks, size)
         self._ledger = OpLedger()
+        self._ledger.group = name  # profiler events name the group (subgroups apart)
         self._watchdog: Optional[Watchdog] = None
         self._destroyed = False
 

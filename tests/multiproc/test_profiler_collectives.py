@@ -26,9 +26,10 @@ def _session(rank: int, world: int) -> list:
         else:
             c.recv(np.empty(5), src=0)
     c.destroy_process_group()
+    events = [fe for fe in prof.events() if fe.ev.cat == "collective"]
+    assert {fe.ev.args["group"] for fe in events} == {"default"}
     return [(fe.ev.name, fe.ev.args["seq"], fe.ev.args["bytes"], fe.ev.args["p2p"],
-             fe.ev.args["call"], fe.ev.dur)
-            for fe in prof.events() if fe.ev.cat == "collective"]
+             fe.ev.args["call"], fe.ev.dur) for fe in events]
 
 
 def test_every_collective_is_an_event_with_its_sequence_number_and_bytes():
