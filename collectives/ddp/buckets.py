@@ -73,7 +73,7 @@ class Bucket:
 
     __slots__ = (
         "index", "param_indices", "params", "offsets", "numels", "buffer", "alias", "views",
-        "pending", "is_last", "work", "launched_at", "done_at", "spare",
+        "pending", "is_last", "work", "launched_at", "done_at", "spare", "first_ready_at",
     )
 
     def __init__(self, index: int, param_indices: list[int], params: Sequence[Any]) -> None:
@@ -94,6 +94,7 @@ class Bucket:
         self.is_last = False
         self.work = None
         self.launched_at = 0.0
+        self.first_ready_at = 0.0  # when this round's first gradient of the bucket arrived
         self.done_at: float | None = None
 
     def set_buffer(self, buffer: Any) -> None:

@@ -26,6 +26,7 @@ from shoal.collectives.ddp.graph import map_tensors, reachable_leaves, same_memo
 from shoal.collectives.ddp.future import future_value, missing_future_methods, wait_bounded
 from shoal.collectives.types import CollectiveError, ReduceOp
 from shoal.core import backend
+from shoal.core.profiler import state as _profiler
 from shoal.core.autograd import Node
 from shoal.core.errors import ShoalError
 from shoal.core.tensor import Tensor
@@ -381,6 +382,8 @@ class Reducer:
         b, slot = self._where[index]
         bucket = self._buckets[b]
         self._fill(bucket, slot, self._params[index])
+        if bucket.pending == len(bucket.params):
+            bucket.first_ready_at = time.perf_counter()
         bucket.pending -= 1
         if bucket.pending == 0:
             self._launch_ready()
@@ -503,6 +506,21 @@ class Reducer:
         self._n_ready = len(self._params)
         self._launch_ready()
 
+    def _profile_bucket(self, bucket: Bucket, done: float) -> None:
+        """The bucket's all-reduce as one profiler event: its index, bytes, and how long its
+        first gradient waited for its last (what a bucket order or size change would save)."""
+        recorder = _profiler.recorder
+        if recorder is None:
+            return
+        first = bucket.first_ready_at or bucket.launched_at
+        recorder.add_range(
+            f"DDP bucket {bucket.index} all_reduce", "ddp", int(bucket.launched_at * 1e9),
+            int(done * 1e9),
+            {"bucket": bucket.index, "bytes": int(bucket.buffer.nbytes),
+             "params": len(bucket.params), "is_last": bucket.is_last,
+             "waited_for_last_gradient_us": round(max(0.0, bucket.launched_at - first) * 1e6, 1)},
+        )
+
     def _launch_used_map(self, needed: bool) -> tuple[Any, Any]:
         if not needed:
             return None, None
@@ -522,6 +540,8 @@ class Reducer:
                                         self.rounds_synced + 1) from exc
             done = bucket.done_at or time.perf_counter()
             metrics.DDP_BUCKET_ALLREDUCE_SECONDS.observe(max(0.0, done - bucket.launched_at))
+            if _profiler.recorder is not None:
+                self._profile_bucket(bucket, done)
             if self._hook is not None:
                 # Any future-like result counts, not only this package's Future: its value()
                 # (what torch.futures.Future.wait() returns) is the reduced buffer.

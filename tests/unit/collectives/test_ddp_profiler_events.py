@@ -1,0 +1,34 @@
+"""DDP's bucket all-reduces appear in the profiler's trace: one event per bucket and step,
+with the bucket's index, bytes, and how long its first gradient waited for its last."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from shoal import core
+from shoal.collectives import DistributedDataParallel
+from shoal.collectives.backends.tcp.group import ProcessGroupTCP
+from shoal.collectives.store.hash import HashStore
+from shoal.core import nn, profiler
+
+
+def test_each_bucket_all_reduce_is_an_event_with_its_index_bytes_and_wait():
+    pg = ProcessGroupTCP(HashStore(), 0, 1, timeout=10)
+    try:
+        core.manual_seed(0)
+        model = DistributedDataParallel(nn.Sequential(nn.Linear(64, 256), nn.ReLU(),
+                                                      nn.Linear(256, 8)),
+                                        process_group=pg, bucket_cap_mb=0.05)
+        x = core.tensor(np.ones((4, 64), np.float32))
+        with profiler.profile() as prof:
+            for _ in range(2):
+                model(x).sum().backward()
+        events = [fe.ev for fe in prof.events() if fe.ev.cat == "ddp"]
+    finally:
+        pg.shutdown()
+    sizes = sorted({(e.args["bucket"], e.args["bytes"]) for e in events})
+    total = sum(p.data.nbytes for p in model.parameters())
+    assert len(events) == 2 * len(sizes) and len(sizes) >= 2  # several buckets, every step
+    assert sum(b for _, b in sizes) == total
+    assert all(e.name == f"DDP bucket {e.args['bucket']} all_reduce" for e in events)
+    assert all(e.args["waited_for_last_gradient_us"] >= 0 and e.dur >= 0 for e in events)
