@@ -31,6 +31,7 @@ from shoal.rpc_agent.transport.assembly import Assembler
 from shoal.rpc_agent.transport.data_channel import DataChannels
 from shoal.rpc_agent.functions import is_async_execution
 from shoal.rpc_agent.futures import Future
+from shoal.rpc_agent.profiled_result import ProfiledResult
 from shoal.rpc_agent.rref import RRef, RRefContext
 from shoal.rpc_agent.serialization import (
     deserialize,
@@ -339,7 +340,10 @@ class RpcAgent:
                 if f.exception() is not None:
                     record.future.set_exception(f.exception())
                 else:
-                    record.future.set_result(f.value())
+                    value = f.value()
+                    # under the profiler the reply also carries events; the record keeps the value
+                    record.future.set_result(
+                        value.value if type(value) is ProfiledResult else value)
 
             fut.add_done_callback(settle)
             rref._creation = fut
@@ -609,12 +613,16 @@ class RpcAgent:
     def _reply(self, stream, rid: int, fname: str, value: Any,
                exc: Optional[BaseException], record, cid: Optional[int] = None) -> None:
         if record is not None:
-            # A remote(): the owner keeps the value; the caller only learns that it is set.
+            # A remote(): the owner keeps the value; the caller only learns that it is set
+            # (and, when it profiles, gets the callee's events).
+            shipped = None
             if exc is None:
+                if type(value) is ProfiledResult:
+                    value, shipped = value.value, value.without_value()
                 record.future.set_result(value)
             else:
                 record.future.set_exception(exc)
-            value = None
+            value = shipped
         big = []
         if exc is None:
             try:

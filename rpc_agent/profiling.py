@@ -15,32 +15,29 @@ from shoal.core.profiler import instrument, state
 from shoal.core.profiler.events import EPOCH_OFFSET_NS, Event, Recorder, now_ns
 from shoal.rpc_agent import _current
 from shoal.rpc_agent.agent import qualified_name
-from shoal.rpc_agent.functions import is_async_execution
+from shoal.rpc_agent.functions import ASYNC_ATTR, is_async_execution
 from shoal.rpc_agent.futures import Future
+from shoal.rpc_agent.rref import RRef
+from shoal.rpc_agent.profiled_result import ProfiledResult
 
 _local_lock = threading.Lock()
 
 
-class ProfiledResult:
-    """What a profiled call returns: the value and the callee's events (wall-clock ns)."""
-
-    __slots__ = ("value", "events", "worker")
-
-    def __init__(self, value: Any, events: list, worker: str) -> None:
-        self.value = value
-        self.events = events
-        self.worker = worker
-
-
 class ProfiledCall:
-    """`func` run under a recorder of the serving thread's own."""
+    """`func` run under a recorder of the serving thread's own.
+
+    For an @async_execution `func` the wrapper is itself @async_execution: it returns a Future
+    that completes with the events once `func`'s Future does, so the callee's event covers the
+    function and its continuation until the reply."""
 
     def __init__(self, func: Callable, fname: str, caller: str) -> None:
         self.func = func
         self.fname = fname
         self.caller = caller
+        if is_async_execution(func):
+            setattr(self, ASYNC_ATTR, True)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> ProfiledResult:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         rec = Recorder()
         worker = _current.get().info.name
         with _local_lock:
@@ -56,6 +53,23 @@ class ProfiledCall:
             instrument.uninstall()
             with _local_lock:
                 state.local_users -= 1
+        if not getattr(self, ASYNC_ATTR, False) or not isinstance(value, Future):
+            # (a non-Future from an async function: the agent raises its own error on it)
+            return self._result(rec, value, t0, t1, worker)
+        shipped: Future = Future(f"the profiled reply of {self.fname}")
+
+        def done(f: Future) -> None:
+            exc = f.exception()
+            if exc is not None:
+                shipped.set_exception(exc)
+            else:
+                shipped.set_result(self._result(rec, f.value(), t0, now_ns(), worker))
+
+        value.add_done_callback(done)
+        return shipped
+
+    def _result(self, rec: Recorder, value: Any, t0: int, t1: int,
+                worker: str) -> ProfiledResult:
         rec.close()
         rec.add(Event(f"rpc_remote#{self.fname}({self.caller} -> {worker})", "rpc_remote", t0,
                       t1 - t0, threading.get_ident()))
@@ -82,12 +96,8 @@ def _names(to: Any, func: Callable) -> tuple[str, str, str]:
 
 
 def wanted(func: Callable) -> Optional[Recorder]:
-    """The recorder a call from this thread goes to, or None (also for @async_execution
-    functions, whose Future the wrapper could not return)."""
-    rec = state.recorder if not state.local_users else state.current()
-    if rec is None or is_async_execution(func):
-        return None
-    return rec
+    """The recorder a call from this thread goes to, or None."""
+    return state.recorder if not state.local_users else state.current()
 
 
 def profiled_sync(rec: Recorder, to: Any, func: Callable, args: Optional[tuple],
@@ -128,3 +138,29 @@ def profiled_async(rec: Recorder, to: Any, func: Callable, args: Optional[tuple]
 
     inner.add_done_callback(done)
     return outer
+
+
+def profiled_remote(rec: Recorder, to: Any, func: Callable, args: Optional[tuple],
+                    kwargs: Optional[dict], timeout: Any) -> RRef:
+    """remote() likewise: the owner keeps the value, its events come back with the creation
+    reply, and the caller's event ends when that reply arrives (the RRef's creation future)."""
+    caller, callee, fname = _names(to, func)
+    t0 = now_ns()
+    ev = Event(f"remote#{fname}({caller} -> {callee})", "rpc", t0, 0, threading.get_ident(),
+               {"caller": caller, "callee": callee, "function": fname})
+    rref = _current.get().remote(to, ProfiledCall(func, fname, caller), args, kwargs, timeout)
+    inner = rref._creation
+    outer: Future = Future(f"the remote call of {fname} on worker {callee!r}")
+
+    def done(f: Future) -> None:
+        ev.dur = now_ns() - t0
+        rec.add(ev)
+        exc = f.exception()
+        if exc is not None:
+            outer.set_exception(exc)
+        else:
+            outer.set_result(_unwrap(rec, f.value(), ev, callee))
+
+    inner.add_done_callback(done)
+    rref._creation = outer
+    return rref

@@ -342,4 +342,6 @@ def rpc_async(to: WorkerRef, func: Callable, args: Optional[tuple] = None,
 def remote(to: WorkerRef, func: Callable, args: Optional[tuple] = None,
            kwargs: Optional[dict] = None, timeout: TimeoutArg = None) -> RRef:
     """Run `func` on worker `to`, which keeps the result; return an RRef to it at once."""
+    if _profiler.recorder is not None and (rec := profiling.wanted(func)) is not None:
+        return profiling.profiled_remote(rec, to, func, args, kwargs, timeout)
     return _current.get().remote(to, func, args, kwargs, timeout)
