@@ -10,6 +10,7 @@ from shoal.rpc_agent.types import (
     RemoteException,
     RpcBackendOptions,
     RpcError,
+    RpcFunctionNotFound,
     RpcPeerLost,
     RpcTimeout,
     TensorPipeRpcBackendOptions,

@@ -31,6 +31,7 @@ from shoal.rpc_agent.transport.assembly import Assembler
 from shoal.rpc_agent.transport.data_channel import DataChannels
 from shoal.rpc_agent.functions import is_async_execution
 from shoal.rpc_agent.futures import Future
+from shoal.rpc_agent.missing_function import explain as explain_missing_function
 from shoal.rpc_agent.profiled_result import ProfiledResult
 from shoal.rpc_agent.rref import RRef, RRefContext
 from shoal.rpc_agent.serialization import (
@@ -582,7 +583,14 @@ class RpcAgent:
                 raise RpcError(f"The arguments of {fname} did not arrive whole: {error}.")
             if cid is not None:
                 autograd_contexts.touch(cid, stream.peer_id)
-            func, args, kwargs = deserialize(payload, buffers, stream.peer_id, cid)
+            try:
+                func, args, kwargs = deserialize(payload, buffers, stream.peer_id, cid)
+            except (AttributeError, ImportError) as exc:
+                # the function may be missing here: say so as torch does, naming it
+                missing = explain_missing_function(fname, exc, self.info)
+                if missing is None:
+                    raise
+                raise missing from exc
             if cid is not None:
                 with _context_id(cid):
                     result = func(*args, **kwargs) if kwargs else func(*args)

@@ -34,6 +34,9 @@ class ProfiledCall:
         self.func = func
         self.fname = fname
         self.caller = caller
+        # the agent names calls (frames, errors, timeouts) by the function's own name
+        self.__module__ = getattr(func, "__module__", None) or "?"
+        self.__qualname__ = fname[len(self.__module__) + 1:]
         if is_async_execution(func):
             setattr(self, ASYNC_ATTR, True)
 

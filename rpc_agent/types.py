@@ -50,6 +50,21 @@ class RpcPeerLost(RpcError, ConnectionError):
     """The stream or data channel to a peer died with the call pending; names the peer."""
 
 
+class RpcFunctionNotFound(RpcError):
+    """The callee cannot find the called function: its module does not import there, or lacks
+    the name (functions travel by reference, as in torch). An RpcError, hence a RuntimeError
+    as torch's rpc_sync/rpc_async raise; the concrete class is also the AttributeError or
+    ModuleNotFoundError that the lookup raised (torch's remote().to_here() raises the former)."""
+
+
+class RpcFunctionNotDefined(RpcFunctionNotFound, AttributeError):
+    """The function's module imports on the callee but has no such name."""
+
+
+class RpcFunctionModuleNotFound(RpcFunctionNotFound, ModuleNotFoundError):
+    """The function's module cannot be imported on the callee."""
+
+
 class RemoteException(RpcError):
     """A remote exception whose type cannot be rebuilt here; keeps its type name and traceback.
 
