@@ -56,9 +56,10 @@ class ProfiledCall:
             instrument.uninstall()
             with _local_lock:
                 state.local_users -= 1
-        if not getattr(self, ASYNC_ATTR, False) or not isinstance(value, Future):
-            # (a non-Future from an async function: the agent raises its own error on it)
+        if not getattr(self, ASYNC_ATTR, False):
             return self._result(rec, value, t0, t1, worker)
+        if not isinstance(value, Future):
+            return value  # the agent rejects it, naming its type, as without the profiler
         shipped: Future = Future(f"the profiled reply of {self.fname}")
 
         def done(f: Future) -> None:

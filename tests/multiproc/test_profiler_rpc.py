@@ -47,7 +47,10 @@ def profile_failing_calls():
     seen = []
     with profiler.profile() as prof:
         for call in (lambda: rpc_agent.rpc_sync("w1", fails, ("sync boom",)),
-                     lambda: rpc_agent.rpc_async("w1", fails, ("async boom",)).wait(30)):
+                     lambda: rpc_agent.rpc_async("w1", fails, ("async boom",)).wait(30),
+                     # (the creation's reply, which ends the caller's event, not to_here's)
+                     lambda: rpc_agent.remote("w1", fails, ("remote boom",))
+                     ._get_future().wait(30)):
             try:
                 call()
             except ValueError as exc:
@@ -116,9 +119,11 @@ def test_rpc_events_name_both_workers_and_carry_the_callees_ops():
         assert pool.run(0, calls_without_profiler) == 24.0
         # a remote exception reaches the caller as itself; its call is still an event
         seen, names = pool.run(0, profile_failing_calls)
-        assert [s.splitlines()[0] for s in seen] == ["sync boom", "async boom"], seen
+        assert [s.splitlines()[0] for s in seen] == ["sync boom", "async boom",
+                                                      "remote boom"], seen
         assert sum(n.startswith("rpc_sync#") for n in names) == 1
         assert sum(n.startswith("rpc_async#") for n in names) == 1
+        assert sum(n.startswith("remote#") for n in names) == 1
         pool.shutdown()
 
 
