@@ -69,7 +69,10 @@ class Work(abc.ABC):
 
 
 class CompletedWork(Work):
-    """A Work that finished before it was handed out (what composite calls return)."""
+    """A Work that finished before it was handed out (what composite calls return, and the
+    tcp backend's handle of an operation it ran inline)."""
+
+    __slots__ = ("_result", "source_rank")
 
     def __init__(self, result: list, source_rank: Optional[int] = None):
         self._result = result

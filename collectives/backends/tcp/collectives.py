@@ -29,11 +29,7 @@ from shoal.collectives.backends.tcp import hierarchical, over_sockets, shm, shm_
 from shoal.collectives.backends.tcp.links import GroupFailed, Links, P2PMismatch
 from shoal.collectives.backends.tcp.mesh import FailureReason
 from shoal.collectives.backends.tcp.pump import LinkDown
-from shoal.collectives.constants import (
-    SHM_SLOT_BYTES,
-    SHM_W2_MIN_CHUNK_BYTES,
-    SMALL_MAX_BYTES,
-)
+from shoal.collectives.constants import SHM_SLOT_BYTES, SMALL_MAX_BYTES
 from shoal.collectives.types import ReduceOp
 
 __all__ = [
@@ -41,12 +37,6 @@ __all__ = [
     "all_gather", "reduce_scatter", "gather", "scatter", "all_to_all", "barrier",
     "monitored_barrier", "send", "recv",
 ]
-
-
-def _shm_copy_chunk(nbytes: int) -> int:
-    """Chunk size of shared-memory broadcast/all_gather: four steps or more, so that publishing
-    one chunk overlaps the copies out of the previous one."""
-    return min(SHM_SLOT_BYTES, max(SHM_W2_MIN_CHUNK_BYTES, nbytes // 4))
 
 
 def _u8(arr: np.ndarray) -> np.ndarray:
@@ -70,7 +60,7 @@ def allreduce_flat(links: Links, flat: np.ndarray, op: ReduceOp, seq: int, fp: b
         uf = arrays.ufunc(op)
         if nbytes > SMALL_MAX_BYTES and links.shm is not None:
             if size == 2:
-                chunk = min(SHM_SLOT_BYTES, max(SHM_W2_MIN_CHUNK_BYTES, nbytes // 4))
+                chunk = shm_streams.step_bytes(nbytes)
             else:
                 chunk = SHM_SLOT_BYTES
             shm.all_reduce(flat, uf, links.shm, links.shm_barrier(seq, fp), chunk)
@@ -103,7 +93,7 @@ def reduce(links: Links, seq: int, fp: bytes, arr: np.ndarray, dst: int, op: Red
         wants = ({j: [(0, _u8(flat[b[j]:b[j + 1]]))] for j in range(size) if j != me}
                  if me == dst else {})
         shm_streams.relay(links.shm, barrier, [(b[j + 1] - b[j]) * flat.itemsize for j in range(size)],
-                          [_u8(segment)], wants, _shm_copy_chunk(flat.nbytes // size))
+                          [_u8(segment)], wants, shm_streams.step_bytes(flat.nbytes // size))
         return
     # Other ranks reduce a copy: torch leaves their tensors untouched.
     flat = arr.reshape(-1) if me == dst else arr.reshape(-1).copy()
@@ -139,8 +129,12 @@ def broadcast(links: Links, seq: int, fp: bytes, arr: np.ndarray, src: int) -> N
         return
     raw = arrays.as_bytes(arr)
     if len(raw) > SMALL_MAX_BYTES and links.shm is not None:
-        shm.broadcast(np.frombuffer(raw, np.uint8), src, links.shm, links.shm_barrier(seq, fp),
-                      _shm_copy_chunk(len(raw)))
+        u8 = np.frombuffer(raw, np.uint8)
+        mine = links.rank == src
+        shm_streams.relay(links.shm, links.shm_barrier(seq, fp),
+                          [u8.size if q == src else 0 for q in range(links.size)],
+                          [u8] if mine else None, {} if mine else {src: [(0, u8)]},
+                          shm_streams.step_bytes(u8.size))
     elif len(raw) > SMALL_MAX_BYTES and links.hier is not None:
         hierarchical.broadcast(links.hier, seq, fp, np.frombuffer(raw, np.uint8), src)
     else:
@@ -157,8 +151,10 @@ def all_gather(links: Links, seq: int, fp: bytes, arr: np.ndarray,
         return
     plan = _uniform_hier(links)
     if links.shm is not None and arr.nbytes > SMALL_MAX_BYTES:
-        shm.all_gather(_u8(arr), [_u8(o) for o in outs], links.shm, links.shm_barrier(seq, fp),
-                       _shm_copy_chunk(arr.nbytes))
+        me = links.rank
+        shm_streams.relay(links.shm, links.shm_barrier(seq, fp), [arr.nbytes] * links.size,
+                          [_u8(arr)], {q: [(0, _u8(outs[q]))] for q in range(links.size) if q != me},
+                          shm_streams.step_bytes(arr.nbytes))
     elif plan is not None and arr.nbytes > SMALL_MAX_BYTES:
         hierarchical.all_gather(plan, seq, fp, [_u8(o) for o in outs])
     else:
@@ -174,7 +170,7 @@ def gather(links: Links, seq: int, fp: bytes, ack: bytes, arr: np.ndarray,
         lengths = [0 if q == dst else arr.nbytes for q in range(size)]
         wants = {q: [(0, _u8(outs[q]))] for q in range(size) if q != dst} if me == dst else {}
         shm_streams.relay(links.shm, links.shm_barrier(seq, fp), lengths,
-                          None if me == dst else [_u8(arr)], wants, _shm_copy_chunk(arr.nbytes))
+                          None if me == dst else [_u8(arr)], wants, shm_streams.step_bytes(arr.nbytes))
     else:
         over_sockets.rooted(links, seq, fp, ack, dst, arr, outs, inbound=True)
     if me == dst:
@@ -192,7 +188,7 @@ def scatter(links: Links, seq: int, fp: bytes, ack: bytes, out: np.ndarray,
         wants = {} if me == src else {src: [(others.index(me) * out.nbytes, _u8(out))]}
         shm_streams.relay(links.shm, links.shm_barrier(seq, fp), lengths,
                           [_u8(ins[q]) for q in others] if me == src else None, wants,
-                          _shm_copy_chunk(out.nbytes))
+                          shm_streams.step_bytes(out.nbytes))
     else:
         over_sockets.rooted(links, seq, fp, ack, src, out, ins, inbound=False)
     if me == src:
@@ -252,7 +248,7 @@ def _all_to_all_shared(links: Links, seq: int, outs, ins) -> None:
     publish = [_u8(ins[q]) for q in range(size) if q != me]
     longest = max(lengths)
     shm_streams.relay(links.shm, links.shm_barrier(seq, b"all_to_all"), lengths, publish, wants,
-                      _shm_copy_chunk(longest))
+                      shm_streams.step_bytes(longest))
 
 
 # ----------------------------------------------------------------------------- barriers

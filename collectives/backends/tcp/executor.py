@@ -13,7 +13,7 @@ import collections
 import threading
 from typing import Any, Callable, Optional
 
-from shoal.collectives.api import Work
+from shoal.collectives.api import CompletedWork, Work
 from shoal.collectives.backends.ledger import OpLedger, OpRecord
 from shoal.collectives.types import CollectiveTimeout, GroupDestroyed
 from shoal.core.timeouts import TimeoutLike, to_seconds
@@ -95,34 +95,15 @@ class OpWork(Work):
         fn(self)
 
 
-class DoneWork(Work):
+class DoneWork(CompletedWork):
     """The handle of an operation that ran inline and succeeded (cheaper than an OpWork: an
     op run inline is finished before anyone can wait on it, so it needs no Event)."""
 
-    __slots__ = ("seq", "_result", "source_rank")
+    __slots__ = ("seq",)
 
     def __init__(self, record: OpRecord, result: list):
+        super().__init__(result, record.source)
         self.seq = record.seq
-        self.source_rank = record.source
-        self._result = result
-
-    def wait(self, timeout: TimeoutLike = None) -> bool:
-        return True
-
-    def is_completed(self) -> bool:
-        return True
-
-    def is_success(self) -> bool:
-        return True
-
-    def exception(self) -> Optional[BaseException]:
-        return None
-
-    def result(self) -> list:
-        return self._result
-
-    def add_done_callback(self, fn: Callable[[Work], Any]) -> None:
-        fn(self)
 
 
 class InOrderExecutor:

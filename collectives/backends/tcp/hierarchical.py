@@ -37,12 +37,7 @@ from shoal.collectives.backends.tcp import algorithms as algos
 from shoal.collectives.backends.tcp import over_sockets, shm_streams
 from shoal.collectives.backends.tcp.links import GroupFailed, Links
 from shoal.collectives.backends.tcp.topology import Topology
-from shoal.collectives.constants import (
-    LINK_REASON_GRACE_S,
-    PIPELINE_PIECE_BYTES,
-    SHM_SLOT_BYTES,
-    SHM_W2_MIN_CHUNK_BYTES,
-)
+from shoal.collectives.constants import LINK_REASON_GRACE_S, PIPELINE_PIECE_BYTES
 
 __all__ = ["Plan", "all_reduce", "broadcast", "all_gather", "reduce_scatter"]
 
@@ -70,12 +65,6 @@ class Plan:
     @property
     def local_size(self) -> int:
         return len(self.topology.hosts[self.host])
-
-
-def _relay_chunk(nbytes: int) -> int:
-    """Bytes per shared-memory step: at least four steps, so publishing one overlaps the
-    copies out of the previous one."""
-    return min(SHM_SLOT_BYTES, max(SHM_W2_MIN_CHUNK_BYTES, nbytes // 4))
 
 
 def _as_u8(arr: np.ndarray) -> np.ndarray:
@@ -186,7 +175,7 @@ def _share_piece(plan: Plan, flat: np.ndarray, seq: int, fp: bytes) -> None:
     with local.renumbered():
         shm_streams.relay(local.shm, local.shm_barrier(seq, fp), lengths,
                           [_as_u8(flat[b[li]:b[li + 1]])] if li < k else None, wants,
-                          _relay_chunk(flat.nbytes // max(1, k)))
+                          shm_streams.step_bytes(flat.nbytes // max(1, k)))
 
 
 def broadcast(plan: Plan, seq: int, fp: bytes, raw: np.ndarray, src: int) -> None:
@@ -209,7 +198,7 @@ def broadcast(plan: Plan, seq: int, fp: bytes, raw: np.ndarray, src: int) -> Non
             shm_streams.relay(local.shm, local.shm_barrier(seq, fp), lengths,
                               [raw] if li == root_index else None,
                               {} if li == root_index else {root_index: [(0, raw)]},
-                              _relay_chunk(raw.size))
+                              shm_streams.step_bytes(raw.size))
     if li < k:
         segment = memoryview(raw[b[li]:b[li + 1]])
         with plan.cross.renumbered():
@@ -220,7 +209,7 @@ def broadcast(plan: Plan, seq: int, fp: bytes, raw: np.ndarray, src: int) -> Non
         with local.renumbered():
             shm_streams.relay(local.shm, local.shm_barrier(seq, fp), lengths,
                               [raw[b[li]:b[li + 1]]] if li < k else None, wants,
-                              _relay_chunk(raw.size // max(1, k)))
+                              shm_streams.step_bytes(raw.size // max(1, k)))
 
 
 def _assigned(plan: Plan, leader: int) -> list[int]:
@@ -247,7 +236,7 @@ def all_gather(plan: Plan, seq: int, fp: bytes, outs: Sequence[np.ndarray]) -> N
         with local.renumbered():
             shm_streams.relay(local.shm, local.shm_barrier(seq, fp), lengths,
                               [outs[me_host[li]]] if li >= k else None, wants,
-                              _relay_chunk(outs[0].size))
+                              shm_streams.step_bytes(outs[0].size))
     if li < k:
         with plan.cross.renumbered():
             for j in _assigned(plan, li):
@@ -267,7 +256,7 @@ def all_gather(plan: Plan, seq: int, fp: bytes, outs: Sequence[np.ndarray]) -> N
         with local.renumbered():
             shm_streams.relay(local.shm, local.shm_barrier(seq, fp), lengths,
                               [outs[q] for q in carried(li)] if li < k else None, wants,
-                              _relay_chunk(max(lengths)))
+                              shm_streams.step_bytes(max(lengths)))
 
 
 def reduce_scatter(plan: Plan, seq: int, fp: bytes, out: np.ndarray, ins: Sequence[np.ndarray],
@@ -323,4 +312,4 @@ def reduce_scatter(plan: Plan, seq: int, fp: bytes, out: np.ndarray, ins: Sequen
             wants[leader] = [(position * n * item, out.view(np.uint8))]
         with local.renumbered():
             shm_streams.relay(local.shm, local.shm_barrier(seq, fp), lengths, publish, wants,
-                              _relay_chunk(n * item))
+                              shm_streams.step_bytes(n * item))

@@ -1,4 +1,4 @@
-"""Shared-memory all_reduce, broadcast and all_gather for groups whose ranks share one host.
+"""Shared memory for groups whose ranks share one host: the regions, and all_reduce.
 
 Sockets move every byte twice (into the kernel and out again) and pay per-packet overheads;
 on a small machine that copy work, not the wire, bounds a ring all_reduce. Here each rank owns
@@ -20,8 +20,8 @@ collective to the next, so a chunk's writes never race a slow peer still reading
 chunk: a buffer is written again only after a barrier that every peer reaches after finishing
 with it.
 
-Algorithms (measured with bench/allreduce.py on 2 cores). broadcast and all_gather publish a
-chunk per step and copy the previous step's chunks out of the owners' regions. all_reduce:
+Algorithms (measured with bench/allreduce.py on 2 cores); the other collectives publish and
+copy out streams through the same regions (`shm_streams`). all_reduce:
 - W = 2: both ranks combine the other's chunk into their own array, rank 0's operand first
   on both (`combine_pair`), so both agree bitwise. One barrier per chunk.
 - W >= 3: reduce-scatter then all-gather through the regions: rank r reduces segment r of the
@@ -281,41 +281,4 @@ def _scatter_gather(flat, uf, slots: SharedSlots, barrier, pieces, first: int) -
                 if q != rank:
                     np.copyto(flat[lo + b[q]:lo + b[q + 1]], slots.slot(q, buf, dtype, hi - lo)[b[q]:b[q + 1]])
         if step < n_pieces + 1:
-            barrier()
-
-
-def broadcast(raw: np.ndarray, root: int, slots: SharedSlots, barrier: Callable[[], None],
-              chunk_bytes: int) -> None:
-    """Every rank's `raw` (uint8) := the root's."""
-    if slots.rank == root:
-        _relay(slots, barrier, chunk_bytes, publish=raw, copy_into={})
-    else:
-        _relay(slots, barrier, chunk_bytes, publish=None, copy_into={root: raw})
-
-
-def all_gather(mine: np.ndarray, outs: list, slots: SharedSlots, barrier: Callable[[], None],
-               chunk_bytes: int) -> None:
-    """outs[q] (uint8) := rank q's `mine`: `broadcast` with every rank a root."""
-    others = {q: outs[q] for q in range(slots.size) if q != slots.rank}
-    _relay(slots, barrier, chunk_bytes, publish=mine, copy_into=others)
-
-
-def _relay(slots: SharedSlots, barrier: Callable[[], None], chunk_bytes: int,
-           publish: Optional[np.ndarray], copy_into: dict) -> None:
-    """Pipelined publish and copy-out of equal-sized uint8 arrays, one barrier per step:
-    step j writes chunk j of `publish` (if any) to our region while copying chunk j-1 of each
-    owner q's region into `copy_into[q]`. Every rank runs the same steps."""
-    nbytes = publish.size if publish is not None else next(iter(copy_into.values())).size
-    pieces = chunks(0, nbytes, max(1, min(chunk_bytes, slots.slot_bytes)))
-    first = slots.claim(len(pieces))
-    for step in range(len(pieces) + 1):
-        if publish is not None and step < len(pieces):
-            lo, hi = pieces[step]
-            np.copyto(slots.slot(slots.rank, (first + step) % BUFFERS, np.uint8, hi - lo), publish[lo:hi])
-        if step >= 1:
-            lo, hi = pieces[step - 1]
-            buf = (first + step - 1) % BUFFERS
-            for q, out in copy_into.items():
-                np.copyto(out[lo:hi], slots.slot(q, buf, np.uint8, hi - lo))
-        if step < len(pieces):
             barrier()

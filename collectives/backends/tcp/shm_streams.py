@@ -20,8 +20,15 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from shoal.collectives.backends.tcp.shm import BUFFERS, SharedSlots
+from shoal.collectives.constants import SHM_SLOT_BYTES, SHM_W2_MIN_CHUNK_BYTES
 
-__all__ = ["relay", "reduce_scatter", "stream_length"]
+__all__ = ["relay", "reduce_scatter", "stream_length", "step_bytes"]
+
+
+def step_bytes(nbytes: int) -> int:
+    """Bytes per shared-memory step for a message of `nbytes`: at least four steps (so that
+    publishing one overlaps the copies out of the previous one), within 256 KiB .. a slot."""
+    return min(SHM_SLOT_BYTES, max(SHM_W2_MIN_CHUNK_BYTES, nbytes // 4))
 
 
 def stream_length(parts: Sequence[np.ndarray]) -> int:
