@@ -16,15 +16,21 @@ import os
 import re
 import subprocess
 import sys
-import threading
-import time
 import uuid
 
 import pytest
 
 from tests.support.etcd_server import EtcdServer
 from tests.support.netns import Hosts, require_netns
-from tests.support.shoal_run import ROOT, TRAIN_DDP, ShoalRun, digest_in, final_sha, steps_run
+from tests.support.shoal_run import (
+    ROOT,
+    TRAIN_DDP,
+    FollowedProcess,
+    ShoalRun,
+    digest_in,
+    final_sha,
+    steps_run,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -37,61 +43,7 @@ SECRET = "multihost-join-" + uuid.uuid4().hex
 RDZV_CONF = "heartbeat_interval=0.25,heartbeat_timeout=2,last_call_timeout=0.5"
 
 
-class _Agent:
-    """One `shoal run` agent started on a host; a thread collects its output lines."""
-
-    def __init__(self, proc: subprocess.Popen, name: str):
-        self.proc = proc
-        self.name = name
-        self._lines: list[str] = []
-        self._cond = threading.Condition()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            with self._cond:
-                self._lines.append(line.rstrip("\n"))
-                self._cond.notify_all()
-        with self._cond:
-            self._cond.notify_all()
-
-    @property
-    def output(self) -> str:
-        with self._cond:
-            return "\n".join(self._lines)
-
-    def lines(self) -> list[str]:
-        with self._cond:
-            return list(self._lines)
-
-    def wait_for(self, pattern: str, timeout: float) -> None:
-        """Wait (at most `timeout` s) for a line matching `pattern`; fail with the output."""
-        regex = re.compile(pattern)
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while not any(regex.search(line) for line in self._lines):
-                left = deadline - time.monotonic()
-                if left <= 0 or not self._reader.is_alive():
-                    raise AssertionError(f"{self.name} printed no line matching {pattern!r} "
-                                         f"within {timeout:g}s:\n{self.tail()}")
-                self._cond.wait(min(left, 0.2))
-
-    def finish(self, timeout: float) -> int:
-        """The exit status; the test fails with the output if it takes longer than `timeout`."""
-        try:
-            code = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"{self.name} did not finish within {timeout:g}s:\n"
-                                 f"{self.tail()}") from None
-        self._reader.join(5.0)
-        return code
-
-    def tail(self, n: int = 60) -> str:
-        return "\n".join(self.lines()[-n:])
-
-
-def _start_agent(host, etcd, run_id, tmp_path, job) -> _Agent:
+def _start_agent(host, etcd, run_id, tmp_path, job) -> FollowedProcess:
     # --node-rank fixes where rank 0 (the one that prints) runs: on the first host, every round.
     argv = [sys.executable, "-m", "shoal.launcher", "run", "--nnodes", "2:3",
             "--nproc-per-node", "1", "--rdzv-backend", "etcd", "--rdzv-endpoint", etcd.endpoint,
@@ -101,7 +53,7 @@ def _start_agent(host, etcd, run_id, tmp_path, job) -> _Agent:
     env = {**os.environ, "SHOAL_AUTH_TOKEN": SECRET}
     proc = host.popen(argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                       stderr=subprocess.STDOUT, text=True, errors="replace")
-    return _Agent(proc, f"host {host.index}")
+    return FollowedProcess(proc, f"host {host.index}")
 
 
 def _reference_sha(tmp_path, resumed: int) -> str:
@@ -132,7 +84,7 @@ def test_a_host_joining_late_is_admitted_at_the_next_round(tmp_path):
             first.wait_for(r"\[rank 0\] step 5 ", JOB_TIMEOUT)
             late = _start_agent(hosts[2], etcd, run_id, tmp_path, job)
             agents = (first, second, late)
-            codes = [agent.finish(JOB_TIMEOUT) for agent in agents]
+            codes = [agent.wait(JOB_TIMEOUT) for agent in agents]
         finally:
             etcd.close()
     for agent, code in zip(agents, codes):

@@ -17,19 +17,13 @@ WORKERS = ROOT / "tests" / "integration" / "workers"
 TRAIN_DDP = ROOT / "examples" / "train_ddp.py"
 
 
-class ShoalRun:
-    """One `python -m shoal.launcher run ARGS` process; its stdout and stderr are read by a thread."""
+class FollowedProcess:
+    """A started process whose stdout (and stderr, merged) a thread reads line by line, so a
+    test can wait for a line, read the output so far, and collect the exit status."""
 
-    def __init__(self, args: Sequence[str], env: Optional[dict] = None, name: str = "shoal"):
+    def __init__(self, proc: subprocess.Popen, name: str):
         self.name = name
-        self.args = list(args)
-        full_env = dict(os.environ)
-        full_env.update(env or {})
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "shoal.launcher", "run", *self.args], cwd=ROOT, env=full_env,
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, errors="replace", start_new_session=True,
-        )
+        self.proc = proc
         self._lines: list[str] = []
         self.last_index = 0  # the line the last successful wait_for matched
         self._cond = threading.Condition()
@@ -90,23 +84,38 @@ class ShoalRun:
         self._reader.join(5.0)
         return code
 
-    def tail(self, n: int = 80) -> str:
-        """The last `n` lines."""
-        return "\n".join(self.lines()[-n:])
-
-    def signal(self, signum: int) -> None:
-        """Send `signum` to the agent process only."""
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signum)
-
     def kill(self) -> None:
-        """SIGKILL the agent (its workers die with it through their parent-death signal)."""
+        """SIGKILL the process's group (it was started in a session of its own; a `shoal run`
+        agent's workers also die with it through their parent-death signal)."""
         if self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
             self.proc.wait(10)
+
+    def tail(self, n: int = 80) -> str:
+        """The last `n` lines."""
+        return "\n".join(self.lines()[-n:])
+
+
+class ShoalRun(FollowedProcess):
+    """One `python -m shoal.launcher run ARGS` process; its stdout and stderr are read by a thread."""
+
+    def __init__(self, args: Sequence[str], env: Optional[dict] = None, name: str = "shoal"):
+        self.args = list(args)
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        super().__init__(subprocess.Popen(
+            [sys.executable, "-m", "shoal.launcher", "run", *self.args], cwd=ROOT, env=full_env,
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, errors="replace", start_new_session=True,
+        ), name)
+
+    def signal(self, signum: int) -> None:
+        """Send `signum` to the agent process only."""
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signum)
 
     def worker_pids(self, timeout: float, start: int = 0) -> list[int]:
         """The pids of the workers this agent started (from its 'Started ranks' log line)."""
