@@ -129,19 +129,7 @@ def profiled_async(rec: Recorder, to: Any, func: Callable, args: Optional[tuple]
                {"caller": caller, "callee": callee, "function": fname})
     inner = _current.get().call(to, ProfiledCall(func, fname, caller), args, kwargs, timeout,
                                 "async")
-    outer: Future = Future(f"the async call of {fname} on worker {callee!r}")
-
-    def done(f: Future) -> None:
-        ev.dur = now_ns() - t0
-        rec.add(ev)
-        exc = f.exception()
-        if exc is not None:
-            outer.set_exception(exc)
-        else:
-            outer.set_result(_unwrap(rec, f.value(), ev, callee))
-
-    inner.add_done_callback(done)
-    return outer
+    return _ending_with(inner, rec, ev, callee, f"the async call of {fname} on worker {callee!r}")
 
 
 def profiled_remote(rec: Recorder, to: Any, func: Callable, args: Optional[tuple],
@@ -153,11 +141,19 @@ def profiled_remote(rec: Recorder, to: Any, func: Callable, args: Optional[tuple
     ev = Event(f"remote#{fname}({caller} -> {callee})", "rpc", t0, 0, threading.get_ident(),
                {"caller": caller, "callee": callee, "function": fname})
     rref = _current.get().remote(to, ProfiledCall(func, fname, caller), args, kwargs, timeout)
-    inner = rref._creation
-    outer: Future = Future(f"the remote call of {fname} on worker {callee!r}")
+    rref._creation = _ending_with(rref._creation, rec, ev, callee,
+                                  f"the remote call of {fname} on worker {callee!r}")
+    return rref
+
+
+def _ending_with(inner: Future, rec: Recorder, ev: Event, callee: str,
+                 description: str) -> Future:
+    """A Future of `inner`'s outcome, the callee's events taken out of it: the caller's event
+    `ev` ends (and is recorded) when the reply arrives."""
+    outer: Future = Future(description)
 
     def done(f: Future) -> None:
-        ev.dur = now_ns() - t0
+        ev.dur = now_ns() - ev.start
         rec.add(ev)
         exc = f.exception()
         if exc is not None:
@@ -166,5 +162,4 @@ def profiled_remote(rec: Recorder, to: Any, func: Callable, args: Optional[tuple
             outer.set_result(_unwrap(rec, f.value(), ev, callee))
 
     inner.add_done_callback(done)
-    rref._creation = outer
-    return rref
+    return outer
