@@ -3,6 +3,10 @@
 Completion wakes waiters through a lock that is held while pending, which costs far less than
 a Condition per call; callbacks run in the thread that completes the future (the agent makes
 sure that is never its network thread when callbacks are attached).
+
+A callback added on a thread that profiles an RPC for its caller (a thread-local recorder, see
+rpc_agent/profiling.py) runs under that recorder on whichever thread completes the future, so
+the ops of an @async_execution function's continuation reach the caller's trace too.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import logging
 import threading
 from typing import Any, Callable, Generic, Iterable, List, Optional, TypeVar
 
+from shoal.core.profiler import state as _profiler
 from shoal.core.timeouts import to_seconds
 from shoal.rpc_agent._threads import before_blocking
 from shoal.rpc_agent.types import RpcError, RpcTimeout, TimeoutArg
@@ -136,6 +141,8 @@ class Future(Generic[T]):
 
     def add_done_callback(self, callback: Callable[["Future[T]"], Any]) -> None:
         """Run `callback(self)` once done (at once, in this thread, if already done)."""
+        if _profiler.local_users:  # the one check unprofiled code pays
+            callback = _following_this_threads_recorder(callback)
         with _state_lock:
             if self._result is _PENDING:
                 if self._callbacks is None:
@@ -161,6 +168,25 @@ class Future(Generic[T]):
     def __repr__(self) -> str:
         state = "pending" if not self.done() else ("failed" if self._exception else "done")
         return f"<Future {state}: {self.description}>"
+
+
+def _following_this_threads_recorder(callback: Callable) -> Callable:
+    """`callback`, run under this thread's own profiling recorder wherever it runs (as is when
+    this thread has none, or once that recorder's window closed: the reply is gone)."""
+    rec = getattr(_profiler.local, "recorder", None)
+    if rec is None:
+        return callback
+
+    def under_recorder(fut: "Future") -> Any:
+        if rec.closed:
+            return callback(fut)
+        previous = _profiler.push_local(rec)
+        try:
+            return callback(fut)
+        finally:
+            _profiler.pop_local(previous)
+
+    return under_recorder
 
 
 def collect_all(futures: Iterable[Future]) -> Future:

@@ -4,6 +4,12 @@ the events ride back with the result into the caller's trace, attributed to the 
 
 Timestamps cross as wall-clock nanoseconds; on different hosts they are as far apart as the
 hosts' clocks (`shoal trace merge` aligns whole ranks, not these shipped events).
+
+RRef proxy calls (`rref.rpc_sync().m(...)` and the like) are profiled the same way; they reach
+this module through the hook `rref.profiled_proxy_call`, which this module fills at import:
+profiling imports rref (for RRef), so rref cannot import profiling back without a cycle.
+An @async_execution function's continuations are covered by rpc_agent/futures.py: a callback
+added on the profiled serving thread runs under its recorder on whichever thread fires it.
 """
 
 from __future__ import annotations
@@ -14,60 +20,70 @@ from typing import Any, Callable, Optional
 from shoal.core.profiler import instrument, state
 from shoal.core.profiler.events import EPOCH_OFFSET_NS, Event, Recorder, now_ns
 from shoal.rpc_agent import _current
+from shoal.rpc_agent import rref as _rref
 from shoal.rpc_agent.agent import qualified_name
 from shoal.rpc_agent.functions import ASYNC_ATTR, is_async_execution
 from shoal.rpc_agent.futures import Future
 from shoal.rpc_agent.rref import RRef
 from shoal.rpc_agent.profiled_result import ProfiledResult
 
-_local_lock = threading.Lock()
-
 
 class ProfiledCall:
-    """`func` run under a recorder of the serving thread's own.
+    """`func` run under a recorder of the serving thread's own; its events are named `label`.
 
     For an @async_execution `func` the wrapper is itself @async_execution: it returns a Future
     that completes with the events once `func`'s Future does, so the callee's event covers the
-    function and its continuation until the reply."""
+    function and its continuation until the reply. The continuation's ops (Future callbacks
+    added while `func` ran, on any thread) are recorded too: futures.py runs such callbacks
+    under this recorder, and the op wrappers stay installed until the reply."""
 
-    def __init__(self, func: Callable, fname: str, caller: str) -> None:
+    def __init__(self, func: Callable, label: str, caller: str) -> None:
         self.func = func
-        self.fname = fname
+        self.fname = label
         self.caller = caller
         # the agent names calls (frames, errors, timeouts) by the function's own name
         self.__module__ = getattr(func, "__module__", None) or "?"
-        self.__qualname__ = fname[len(self.__module__) + 1:]
+        self.__qualname__ = qualified_name(func)[len(self.__module__) + 1:]
         if is_async_execution(func):
             setattr(self, ASYNC_ATTR, True)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         rec = Recorder()
         worker = _current.get().info.name
-        with _local_lock:
-            state.local_users += 1
         instrument.install()
-        state.local.recorder = rec
+        previous = state.push_local(rec)
         t0 = now_ns()
         try:
             value = self.func(*args, **kwargs)
+        except BaseException:
+            rec.close()  # callbacks it added stop recording into it
+            instrument.uninstall()
+            raise
         finally:
             t1 = now_ns()
-            state.local.recorder = None
-            instrument.uninstall()
-            with _local_lock:
-                state.local_users -= 1
+            state.pop_local(previous)
         if not getattr(self, ASYNC_ATTR, False):
+            instrument.uninstall()
             return self._result(rec, value, t0, t1, worker)
         if not isinstance(value, Future):
+            rec.close()
+            instrument.uninstall()
             return value  # the agent rejects it, naming its type, as without the profiler
         shipped: Future = Future(f"the profiled reply of {self.fname}")
 
         def done(f: Future) -> None:
             exc = f.exception()
+            try:
+                if exc is None:
+                    result = self._result(rec, f.value(), t0, now_ns(), worker)
+                else:
+                    rec.close()
+            finally:
+                instrument.uninstall()  # held for the continuation's ops until now
             if exc is not None:
                 shipped.set_exception(exc)
             else:
-                shipped.set_result(self._result(rec, f.value(), t0, now_ns(), worker))
+                shipped.set_result(result)
 
         value.add_done_callback(done)
         return shipped
@@ -94,9 +110,9 @@ def _unwrap(rec: Recorder, result: Any, caller_event: Event, callee: str) -> Any
     return result.value
 
 
-def _names(to: Any, func: Callable) -> tuple[str, str, str]:
+def _names(to: Any, func: Callable, label: Optional[str]) -> tuple[str, str, str]:
     agent = _current.get()
-    return agent.info.name, agent.worker_info(to).name, qualified_name(func)
+    return agent.info.name, agent.worker_info(to).name, label or qualified_name(func)
 
 
 def wanted(func: Callable) -> Optional[Recorder]:
@@ -105,9 +121,11 @@ def wanted(func: Callable) -> Optional[Recorder]:
 
 
 def profiled_sync(rec: Recorder, to: Any, func: Callable, args: Optional[tuple],
-                  kwargs: Optional[dict], timeout: Any) -> Any:
-    """rpc_sync with a caller event naming both workers and the callee's events shipped back."""
-    caller, callee, fname = _names(to, func)
+                  kwargs: Optional[dict], timeout: Any, label: Optional[str] = None) -> Any:
+    """rpc_sync with a caller event naming both workers and the callee's events shipped back.
+    The events name the call `label` where given (an RRef proxy's `Type.method`), else by
+    `func`'s qualified name."""
+    caller, callee, fname = _names(to, func, label)
     t0 = now_ns()
     ev = Event(f"rpc_sync#{fname}({caller} -> {callee})", "rpc", t0, 0, threading.get_ident(),
                {"caller": caller, "callee": callee, "function": fname})
@@ -121,9 +139,9 @@ def profiled_sync(rec: Recorder, to: Any, func: Callable, args: Optional[tuple],
 
 
 def profiled_async(rec: Recorder, to: Any, func: Callable, args: Optional[tuple],
-                   kwargs: Optional[dict], timeout: Any) -> Future:
+                   kwargs: Optional[dict], timeout: Any, label: Optional[str] = None) -> Future:
     """rpc_async likewise; the caller's event ends when the reply arrives."""
-    caller, callee, fname = _names(to, func)
+    caller, callee, fname = _names(to, func, label)
     t0 = now_ns()
     ev = Event(f"rpc_async#{fname}({caller} -> {callee})", "rpc", t0, 0, threading.get_ident(),
                {"caller": caller, "callee": callee, "function": fname})
@@ -133,10 +151,10 @@ def profiled_async(rec: Recorder, to: Any, func: Callable, args: Optional[tuple]
 
 
 def profiled_remote(rec: Recorder, to: Any, func: Callable, args: Optional[tuple],
-                    kwargs: Optional[dict], timeout: Any) -> RRef:
+                    kwargs: Optional[dict], timeout: Any, label: Optional[str] = None) -> RRef:
     """remote() likewise: the owner keeps the value, its events come back with the creation
     reply, and the caller's event ends when that reply arrives (the RRef's creation future)."""
-    caller, callee, fname = _names(to, func)
+    caller, callee, fname = _names(to, func, label)
     t0 = now_ns()
     ev = Event(f"remote#{fname}({caller} -> {callee})", "rpc", t0, 0, threading.get_ident(),
                {"caller": caller, "callee": callee, "function": fname})
@@ -163,3 +181,19 @@ def _ending_with(inner: Future, rec: Recorder, ev: Event, callee: str,
 
     inner.add_done_callback(done)
     return outer
+
+
+_PROXIED = {"sync": profiled_sync, "async": profiled_async, "remote": profiled_remote}
+
+
+def _profiled_proxy_call(mode: str, owner: Any, invoke: Callable, call_args: tuple,
+                         timeout: Any, value_type: type, method: str) -> Any:
+    """An RRef proxy call (`rref.rpc_sync().method(...)`, mode 'sync', 'async' or 'remote')
+    recorded as rpc_sync/rpc_async/remote are, named `<value type>.<method>`; rref.py calls it
+    through its hook only while a profiler records in this process."""
+    rec = wanted(invoke)
+    label = f"{qualified_name(value_type)}.{method}"
+    return _PROXIED[mode](rec, owner, invoke, call_args, None, timeout, label)
+
+
+_rref.profiled_proxy_call = _profiled_proxy_call

@@ -24,8 +24,9 @@ import logging
 import queue
 import threading
 import weakref
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
+from shoal.core.profiler import state as _profiler
 from shoal.rpc_agent import _current
 from shoal.rpc_agent import serialization
 from shoal.rpc_agent.types import RpcError, TimeoutArg, WorkerInfo
@@ -38,6 +39,12 @@ from shoal.rpc_agent.futures import Future
 logger = logging.getLogger(__name__)
 
 GUID = tuple  # (created_on worker id, local counter)
+
+# How a proxy call is made while a profiler records: rpc_agent/profiling.py sets this when it
+# is imported (rpc.py imports it, so it is set whenever RPC is usable). A hook rather than an
+# import because profiling imports this module: importing it back would close a cycle.
+# Called as (mode, owner, _invoke_method, call args, timeout, value type, method name).
+profiled_proxy_call: Optional[Callable[..., Any]] = None
 
 
 class OwnerRecord:
@@ -230,10 +237,15 @@ class _Proxy:
 
     def _invoke(self, name: str, *args, **kwargs):
         # As torch: a name the value's type lacks fails here, before anything is sent.
-        getattr(self._rref._get_type(self._timeout), name)
+        value_type = self._rref._get_type(self._timeout)
+        getattr(value_type, name)
         agent = self._rref._agent
         call_args = (self._rref, name, args, kwargs)
         owner = self._rref.owner()
+        if _profiler.recorder is not None and profiled_proxy_call is not None:
+            # both sides' events, as rpc_sync/rpc_async/remote under the profiler
+            return profiled_proxy_call(self._mode, owner, _invoke_method, call_args,
+                                       self._timeout, value_type, name)
         if self._mode == "remote":
             return agent.remote(owner, _invoke_method, call_args, None, self._timeout)
         fut = agent.call(owner, _invoke_method, call_args, None, self._timeout,
@@ -507,7 +519,8 @@ def _fetch_type(rref_id: GUID) -> Future:
 @async_execution
 def _invoke_method(rref: RRef, name: str, args: tuple, kwargs: Optional[dict]) -> Future:
     out: Future = Future(f"RRef method {name}")
-    # The value may arrive on another thread: the method still runs in the caller's context.
+    # The value may arrive on another thread: the method still runs in the caller's context
+    # (and, when the caller profiles, under this call's recorder: futures.py sees to that).
     cid = getattr(_context_local, "context_id", None)
 
     def run(value_future: Future) -> None:

@@ -13,10 +13,12 @@ from shoal.core.profiler.events import Recorder
 
 recorder: Optional[Recorder] = None
 
-# A recorder of one thread only (an RPC callee profiling one call for its caller); `local_users`
-# counts them, so hooks look at the thread-local one only while some thread has one.
+# A recorder of one thread only (an RPC callee profiling one call for its caller, and the
+# continuations of that call on other threads); `local_users` counts the threads that have one,
+# so hooks look at the thread-local one only while some thread does.
 local = threading.local()
 local_users = 0
+_local_lock = threading.Lock()
 
 
 def current() -> Optional[Recorder]:
@@ -26,3 +28,21 @@ def current() -> Optional[Recorder]:
         if rec is not None:
             return rec
     return recorder
+
+
+def push_local(rec: Recorder) -> Optional[Recorder]:
+    """Make `rec` this thread's own recorder; returns the one it replaces (for `pop_local`)."""
+    global local_users
+    with _local_lock:
+        local_users += 1
+    previous = getattr(local, "recorder", None)
+    local.recorder = rec
+    return previous
+
+
+def pop_local(previous: Optional[Recorder]) -> None:
+    """Undo one `push_local`: this thread records to `previous` again."""
+    global local_users
+    local.recorder = previous
+    with _local_lock:
+        local_users -= 1

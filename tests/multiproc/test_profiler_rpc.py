@@ -1,5 +1,7 @@
 """RPC profiling across two spawned workers: the caller's event names both workers and the
-function; the callee's events (the ops the remote function ran) come back attributed to it."""
+function; the callee's events (the ops the remote function ran, also in an @async_execution
+function's continuation on another thread) come back attributed to it. RRef proxy calls
+(`rref.rpc_sync().m(...)` and the like) are recorded the same way."""
 
 from __future__ import annotations
 
@@ -64,7 +66,7 @@ ASYNC_DELAY_S = 0.15
 
 @async_execution
 def async_work(n):
-    """Runs ops at once, answers ASYNC_DELAY_S later from another thread (the continuation)."""
+    """Runs ops at once, answers ASYNC_DELAY_S later from a timer thread (no ops there)."""
     from shoal import core  # noqa: PLC0415
     from shoal.rpc_agent import Future  # noqa: PLC0415
 
@@ -89,6 +91,90 @@ def profile_remote_and_async():
         r._get_future().wait(30)
     values = (rref.to_here(30), local.to_here(30), a, b, r.to_here(30))
     events = [(fe.name, fe.ev.cat, fe.ev.dur, fe.ev.args) for fe in prof.events()]
+    return values, events
+
+
+def _continuation(tick):
+    """Runs on the thread that completed `tick` (a timer's): ops of the callee all the same."""
+    from shoal import core  # noqa: PLC0415
+
+    n = tick.value()
+    total = float((core.ones(n, n) - core.zeros(n, n)).sum().item())
+    return total, isinstance(threading.current_thread(), threading.Timer)
+
+
+def _and_then(f):
+    from shoal import core  # noqa: PLC0415
+
+    total, on_timer = f.value()
+    return float(core.tensor([total]).neg().item()), on_timer
+
+
+@async_execution
+def async_then_work(n):
+    """Runs no ops itself: they run ASYNC_DELAY_S later in Future callbacks on a timer thread
+    (two chained then()s), as an @async_execution function's continuation does."""
+    from shoal.rpc_agent import Future  # noqa: PLC0415
+
+    tick = Future("async_then_work's tick")
+    threading.Timer(ASYNC_DELAY_S, tick.set_result, (n,)).start()
+    return tick.then(_continuation).then(_and_then)
+
+
+def profile_continuations():
+    from shoal import rpc_agent  # noqa: PLC0415
+    from shoal.core import profiler  # noqa: PLC0415
+
+    with profiler.profile() as prof:
+        a = rpc_agent.rpc_sync("w1", async_then_work, (3,))
+        b = rpc_agent.rpc_async("w1", async_then_work, (4,)).wait(30)
+    events = [(fe.name, fe.ev.cat, fe.ev.args) for fe in prof.events()]
+    return a, b, events
+
+
+def callee_left_unprofiled():
+    """No thread-local recorder counted and no op wrapper left installed after the calls."""
+    from shoal.core.profiler import instrument, state  # noqa: PLC0415
+
+    return state.local_users, instrument._users, state.recorder
+
+
+class Meter:
+    """A value kept by its owner; RRef proxies call its methods there."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def work(self, n):
+        from shoal import core  # noqa: PLC0415
+
+        self.calls += 1
+        x = core.ones(n, n)
+        return float(((x + x) * 3).sum().item())
+
+    @staticmethod
+    @async_execution
+    def later(n):
+        """An @async_execution method: its ops run in a continuation on a timer thread."""
+        return async_then_work(n)
+
+
+def profile_proxy_calls():
+    from shoal import rpc_agent  # noqa: PLC0415
+    from shoal.core import profiler  # noqa: PLC0415
+
+    meter = rpc_agent.remote("w1", Meter)
+    meter._get_future().wait(30)
+    mine = rpc_agent.RRef(Meter())
+    with profiler.profile() as prof:
+        a = meter.rpc_sync().work(3)
+        b = meter.rpc_async().work(4).wait(30)
+        made = meter.remote().work(5)
+        made._get_future().wait(30)
+        c = mine.rpc_sync().work(2)
+        d = meter.rpc_sync().later(6)
+    values = (a, b, made.to_here(30), c, d)
+    events = [(fe.name, fe.ev.cat, fe.ev.args) for fe in prof.events()]
     return values, events
 
 
@@ -152,4 +238,50 @@ def test_remote_and_async_execution_calls_are_profiled_on_both_sides():
         assert len(spans) == 3 and min(spans) >= ASYNC_DELAY_S * 1e9 * 0.9, spans
         on_w0 = [n for n, _, _, args in events if args and args.get("node") == "w0"]
         assert on_w0.count(f"rpc_remote#{work}(w0 -> w0)") == 1
+        pool.shutdown()
+
+
+def test_ops_of_an_async_functions_continuation_on_another_thread_reach_the_caller():
+    with RpcWorkers(2) as pool:
+        a, b, events = pool.run(0, profile_continuations)
+        # (the continuation really ran on the timer thread, not the serving one)
+        assert a == (-9.0, True) and b == (-16.0, True)
+        on_w1 = [n for n, cat, args in events if args and args.get("node") == "w1"]
+        for op in ("ones", "zeros", "sub", "sum", "tensor", "neg"):
+            assert on_w1.count(op) == 2, (op, on_w1)
+        fname = f"{__name__}.async_then_work"
+        assert on_w1.count(f"rpc_remote#{fname}(w0 -> w1)") == 2
+        assert not [n for n, cat, args in events if cat == "cpu_op" and not args]
+        # the continuation's recorder is gone with the reply: nothing left on the callee
+        assert pool.run(1, callee_left_unprofiled) == (0, 0, None)
+        pool.shutdown()
+
+
+def test_rref_proxy_calls_are_profiled_on_both_sides():
+    with RpcWorkers(2) as pool:
+        values, events = pool.run(0, profile_proxy_calls)
+        assert values == (3 * 3 * 6.0, 4 * 4 * 6.0, 5 * 5 * 6.0, 2 * 2 * 6.0, (-36.0, True))
+        work, later = f"{__name__}.Meter.work", f"{__name__}.Meter.later"
+        callers = [(n, args) for n, cat, args in events if cat == "rpc"]
+        assert [n for n, _ in callers] == [
+            f"rpc_sync#{work}(w0 -> w1)", f"rpc_async#{work}(w0 -> w1)",
+            f"remote#{work}(w0 -> w1)", f"rpc_sync#{work}(w0 -> w0)",
+            f"rpc_sync#{later}(w0 -> w1)",
+        ]
+        assert [(args["caller"], args["callee"]) for _, args in callers] == [
+            ("w0", "w1"), ("w0", "w1"), ("w0", "w1"), ("w0", "w0"), ("w0", "w1")]
+        on_w1 = [(n, args) for n, cat, args in events if args and args.get("node") == "w1"]
+        names = [n for n, _ in on_w1]
+        # three work(): ones, add, mul, sum each; later(): ones, zeros, sub, sum, tensor, neg
+        assert names.count("add") == 3 and names.count("mul") == 3, names
+        assert names.count("ones") == 4 and names.count("sum") == 4
+        assert names.count("sub") == 1 and names.count("neg") == 1
+        assert names.count(f"rpc_remote#{work}(w0 -> w1)") == 3
+        assert names.count(f"rpc_remote#{later}(w0 -> w1)") == 1
+        # each callee event points at the caller's event it belongs to
+        assert {args["rpc"] for _, args in on_w1} == {n for n, _ in callers if "w0 -> w1" in n}
+        on_w0 = [n for n, cat, args in events if args and args.get("node") == "w0"]
+        assert on_w0.count("add") == 1 and on_w0.count(f"rpc_remote#{work}(w0 -> w0)") == 1
+        assert not [n for n, cat, args in events if cat == "cpu_op" and not args]
+        assert pool.run(1, callee_left_unprofiled) == (0, 0, None)
         pool.shutdown()
