@@ -60,5 +60,13 @@ DIST_BACKWARD_SECONDS = telemetry.histogram(
     "shoal_rpc_dist_autograd_backward_seconds",
     "Seconds a distributed backward pass took on the worker that started it.",
 )
+DIST_GRADIENT_BATCHES = telemetry.counter(
+    "shoal_rpc_dist_autograd_gradient_batches_total",
+    "Batches of gradients this worker sent to a peer during backward passes, by how they went: "
+    "as a message of their own, or on the answer to a message from that peer.",
+    ["how"],
+)
+DIST_BATCHES_AS_MESSAGE = DIST_GRADIENT_BATCHES.labels("message")
+DIST_BATCHES_ON_ANSWER = DIST_GRADIENT_BATCHES.labels("on_answer")
 DIST_BACKWARD_OK = DIST_BACKWARD.labels("ok")
 DIST_BACKWARD_ERROR = DIST_BACKWARD.labels("error")

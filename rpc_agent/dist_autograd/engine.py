@@ -12,6 +12,10 @@ One pass, on every worker the context touched:
   are done. Every piece of work is caused by the starting worker's roots, so when its own
   messages are answered, the whole pass is over on every worker; an error anywhere travels
   back along the same answers, and a dead peer fails the message pending on it.
+- The gradients a message's own work produces for the worker that sent it ride back on the
+  answer instead of going out as a message of their own, and the sender feeds them in before it
+  counts the message answered. A model split in two stages thus takes one round trip per
+  backward instead of two nested ones (torch's engine sends them as a second request).
 """
 
 from __future__ import annotations
@@ -148,20 +152,69 @@ class _Pass:
             seed[...] = 1
             self.task.feed(root, seed)
 
-    def flush(self) -> list:
-        """Send what finished, one message per peer; their Futures."""
-        if not self.outbox:
+    def feed(self, items: list) -> None:
+        """Feed gradients that arrived for this worker's send functions. Call with ctx.lock
+        held."""
+        ctx = self.ctx
+        for send_id, grad in items:
+            tensor = ctx.sends.get(send_id)
+            if tensor is None:
+                raise DistAutogradError(
+                    f"Worker {self.agent.info.name!r} has no send function {send_id} in "
+                    f"distributed autograd context {ctx.context_id}."
+                )
+            self.task.feed(tensor, grad)
+
+    def flush(self, hold_for: Optional[int] = None) -> list:
+        """Send what finished, one message per peer, except what is for `hold_for` (it rides
+        on the answer to that peer's message); Futures done when each message is answered and
+        the gradients its answer carried back are fed here, with what they caused."""
+        held = self.outbox.pop(hold_for, None) if hold_for is not None else None
+        outbox, self.outbox = self.outbox, ({hold_for: held} if held else {})
+        if not outbox:
             return []
-        outbox, self.outbox = self.outbox, {}
         me = self.agent.info.id
+        metrics.DIST_BATCHES_AS_MESSAGE.inc(len(outbox))
         with _context_id(None):
             return [
-                self.agent.call(peer, _receive_gradients,
-                                (self.ctx.context_id, self.pass_id, self.retain_graph, items, me,
-                                 release.take(peer)),
-                                None, None, "async")
+                self._taking_answer(self.agent.call(
+                    peer, _receive_gradients,
+                    (self.ctx.context_id, self.pass_id, self.retain_graph, items, me,
+                     release.take(peer)),
+                    None, None, "async"))
                 for peer, items in outbox.items()
             ]
+
+    def _taking_answer(self, sent: Future) -> Future:
+        """`sent`'s answer may carry gradients for this worker: a Future done once they are
+        fed and the messages they caused are answered (their work is part of the message's)."""
+        answered: Future = Future("a distributed autograd message and the work it returned")
+
+        def on_answer(fut: Future) -> None:
+            exc = fut.exception()
+            items = fut.value() if exc is None else None
+            if exc is not None or not items:
+                _settle(answered, exc)
+                return
+            try:
+                with self.ctx.lock:
+                    self.feed(items)
+                    futures = self.flush()
+                    self.finish_if_done()
+            except BaseException as err:  # noqa: BLE001  (fails the pass's wait with it)
+                answered.set_exception(err)
+                return
+            _all_ok(futures).add_done_callback(lambda f: _settle(answered, f.exception()))
+
+        sent.add_done_callback(on_answer)
+        return answered
+
+    def take_held(self, origin: int) -> list:
+        """The items held for `origin`'s answer. Call with ctx.lock held."""
+        held = self.outbox.pop(origin, None)
+        if held:
+            metrics.DIST_BATCHES_ON_ANSWER.inc()
+        return held or []
 
     def finish_if_done(self) -> None:
         if self.task is None or not self.task.done:
@@ -200,7 +253,7 @@ def _begin(agent, ctx, pass_id: tuple, retain_graph: bool, origin: Optional[int]
     state.start(list(roots))
     # A peer that gets gradients now begins on their arrival: only the others need a begin.
     informed = set(state.outbox)
-    futures = state.flush()
+    futures = state.flush(hold_for=origin)
     me = agent.info.id
     if ctx.peers:
         with _context_id(None):
@@ -233,8 +286,9 @@ def _begin_remote(cid: int, pass_id: tuple, retain_graph: bool, origin: int,
     agent = _current.get()
     ctx = _live_context(agent, cid)
     with ctx.lock:
-        _, futures = _begin(agent, ctx, pass_id, retain_graph, origin)
-    return _all_ok(futures)
+        state, futures = _begin(agent, ctx, pass_id, retain_graph, origin)
+        held = state.take_held(origin) if state is not None else []
+    return _answer(futures, held)
 
 
 @async_execution
@@ -250,17 +304,17 @@ def _receive_gradients(cid: int, pass_id: tuple, retain_graph: bool, items: list
                 f"Gradients for distributed autograd context {cid} reached worker "
                 f"{agent.info.name!r} after its part of backward pass {pass_id} had finished."
             )
-        for send_id, grad in items:
-            tensor = ctx.sends.get(send_id)
-            if tensor is None:
-                raise DistAutogradError(
-                    f"Worker {agent.info.name!r} has no send function {send_id} in "
-                    f"distributed autograd context {cid}."
-                )
-            state.task.feed(tensor, grad)
-        futures += state.flush()
+        state.feed(items)
+        futures += state.flush(hold_for=origin)
+        held = state.take_held(origin)
         state.finish_if_done()
-    return _all_ok(futures)
+    return _answer(futures, held)
+
+
+def _answer(futures: list, held: list) -> Future:
+    """The answer to a message: once the messages its work sent are answered, the gradients
+    its work produced for the sender (`held`), or None."""
+    return _all_ok(futures).then(lambda f: (f.value(), held or None)[1])
 
 
 # ----------------------------------------------------------------------------- backward
@@ -344,6 +398,13 @@ def _done() -> Future:
     fut: Future = Future("nothing to wait for")
     fut.set_result(None)
     return fut
+
+
+def _settle(fut: Future, exc: Optional[BaseException]) -> None:
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
+        fut.set_result(None)
 
 
 def _all_ok(futures: list) -> Future:

@@ -173,6 +173,36 @@ def grad_count(cid):
     return len(dist_autograd.get_gradients(cid))
 
 
+def task_ping_pong():
+    """w0 -> w1 -> w0 -> w1 -> w0: each gradient w1 owes w0 rides on the answer to w0's message,
+    so w1 sends no message of its own. Returns the gradients and the batch counters' moves."""
+    x = _x()
+    before = gradient_batches()
+    with dist_autograd.context() as cid:
+        y = stage(rpc_agent.rpc_sync("w1", stage, (x,)))
+        z = rpc_agent.rpc_sync("w1", stage, (y,))
+        dist_autograd.backward(cid, [(z * z).sum()])
+        gx = dist_autograd.get_gradients(cid)[x].data.copy()
+        g0 = dist_autograd.get_gradients(cid)[_PARAMS["w"]].data.copy()
+        g1 = rpc_agent.rpc_sync("w1", my_grad, (cid,))
+    after = gradient_batches()
+    moved = {how: after[how] - before[how] for how in after}
+    return gx, g0, g1, moved
+
+
+def gradient_batches() -> dict:
+    """This worker's gradient batch counters, and w1's (w0 asks it)."""
+    from shoal.rpc_agent import metrics  # noqa: PLC0415
+
+    mine = {"w0 " + how: c._value.get() for how, c in
+            (("message", metrics.DIST_BATCHES_AS_MESSAGE),
+             ("on_answer", metrics.DIST_BATCHES_ON_ANSWER))}
+    if rpc_agent.get_worker_info().name == "w0":
+        theirs = rpc_agent.rpc_sync("w1", gradient_batches)
+        mine.update({k.replace("w0", "w1", 1): v for k, v in theirs.items()})
+    return mine
+
+
 def task_errors():
     """Each bad input's error type and message."""
     out = {}
@@ -305,6 +335,20 @@ def test_calls_from_async_execution_functions(workers):
     np.testing.assert_allclose(gx, x.grad.data, rtol=0, atol=1e-12)
     np.testing.assert_allclose(g1, ws["w1"].grad.data, rtol=0, atol=1e-12)
     np.testing.assert_allclose(g2, ws["w2"].grad.data, rtol=0, atol=1e-12)
+
+
+def test_gradients_owed_to_the_sender_ride_on_its_answer(workers):
+    gx, g0, g1, moved = workers.run(0, task_ping_pong)
+    ws = {k: core.Tensor(v, requires_grad=True) for k, v in _ws().items()}
+    x = _x()
+    z = local_stage(local_stage(local_stage(x, ws["w1"]), ws["w0"]), ws["w1"])
+    (z * z).sum().backward()
+    np.testing.assert_allclose(gx, x.grad.data, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(g0, ws["w0"].grad.data, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(g1, ws["w1"].grad.data, rtol=0, atol=1e-12)
+    # Two round trips: w0's two messages, each answered with the gradients w1 owed w0.
+    assert moved == {"w0 message": 2, "w0 on_answer": 0, "w1 message": 0, "w1 on_answer": 2}
+    _assert_all_released(workers)
 
 
 def test_unreached_calls_complete_and_retain_graph_accumulates(workers):
