@@ -130,7 +130,9 @@ class _Pass:
             g, owned = g.astype(data.dtype), True
         entry = ctx.grads.get(id(leaf))
         if entry is None:
-            grad = type(leaf)(g if owned else g.copy())
+            # A plain Tensor, as local autograd's .grad (a Parameter's type would make the
+            # gradient itself require grad)
+            grad = Tensor(g if owned else g.copy())
             ctx.grads[id(leaf)] = (leaf, grad)
         else:
             grad = entry[1]

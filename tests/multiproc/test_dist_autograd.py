@@ -190,6 +190,16 @@ def task_ping_pong():
     return gx, g0, g1, moved
 
 
+def task_gradient_of_a_parameter():
+    """What get_gradients holds for an nn.Parameter leaf: its type and requires_grad."""
+    p = core.nn.Parameter(core.Tensor(_values(5, (4, 4))))
+    with dist_autograd.context() as cid:
+        y = rpc_agent.rpc_sync("w1", stage, (_x() @ p,))
+        dist_autograd.backward(cid, [y.sum()])
+        g = dist_autograd.get_gradients(cid)[p]
+    return type(g).__name__, g.requires_grad, p.grad is None
+
+
 def gradient_batches() -> dict:
     """This worker's gradient batch counters, and w1's (w0 asks it)."""
     from shoal.rpc_agent import metrics  # noqa: PLC0415
@@ -349,6 +359,11 @@ def test_gradients_owed_to_the_sender_ride_on_its_answer(workers):
     # Two round trips: w0's two messages, each answered with the gradients w1 owed w0.
     assert moved == {"w0 message": 2, "w0 on_answer": 0, "w1 message": 0, "w1 on_answer": 2}
     _assert_all_released(workers)
+
+
+def test_a_parameters_gradient_is_a_plain_tensor_needing_no_grad(workers):
+    # as torch's get_gradients (and local autograd's .grad): not a Parameter, no grad needed
+    assert workers.run(0, task_gradient_of_a_parameter) == ("Tensor", False, True)
 
 
 def test_unreached_calls_complete_and_retain_graph_accumulates(workers):
