@@ -7,9 +7,8 @@ context, so gradients can be routed back along the calls that produced them.
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from typing import Iterator, Optional
+from typing import Optional
 
 _local = threading.local()
 
@@ -19,14 +18,20 @@ def current_context_id() -> Optional[int]:
     return getattr(_local, "context_id", None)
 
 
-@contextlib.contextmanager
-def context_id(cid: Optional[int]) -> Iterator[None]:
-    """Make calls issued by this thread inside the block carry `cid`."""
-    if cid is not None and (isinstance(cid, bool) or not isinstance(cid, int)):
-        raise TypeError(f"A context id is an int, got {cid!r}.")
-    previous = getattr(_local, "context_id", None)
-    _local.context_id = cid
-    try:
-        yield
-    finally:
-        _local.context_id = previous
+class context_id:  # noqa: N801  (used as a function: `with context_id(cid):`)
+    """Make calls issued by this thread inside the block carry `cid`. (A class, not a
+    generator: every call of a context and every distributed backward message passes here.)"""
+
+    __slots__ = ("_cid", "_previous")
+
+    def __init__(self, cid: Optional[int]) -> None:
+        if cid is not None and (isinstance(cid, bool) or not isinstance(cid, int)):
+            raise TypeError(f"A context id is an int, got {cid!r}.")
+        self._cid = cid
+
+    def __enter__(self) -> None:
+        self._previous = getattr(_local, "context_id", None)
+        _local.context_id = self._cid
+
+    def __exit__(self, *exc: object) -> None:
+        _local.context_id = self._previous
