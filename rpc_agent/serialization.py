@@ -92,17 +92,32 @@ def _rebuild_cupy(host_array, device_id: int):
         return cupy.asarray(host_array)
 
 
+def _special_reducer(cls: type):
+    """The reducer of this module for objects of type `cls`, or None (pickle's own way)."""
+    # Only types from modules already imported can occur, so nothing is imported here.
+    tensor_mod = sys.modules.get("shoal.core.tensor")
+    if tensor_mod is not None and issubclass(cls, tensor_mod.Tensor):
+        return _reduce_tensor
+    cupy = sys.modules.get("cupy")
+    if cupy is not None and cls is cupy.ndarray:
+        return _reduce_cupy
+    return None
+
+
+# type -> reducer or None, decided once per type: pickle asks for every object it meets (a
+# call's function, its argument tuple, each argument), and a class first seen before core's
+# Tensor or cupy was imported cannot be either of them, so an answer never goes stale.
+_reducers: dict = {}
+
+
 class _Pickler(pickle.Pickler):
     def reducer_override(self, obj):  # noqa: D401  (pickle hook)
-        # Only types from modules already imported can occur, so nothing is imported here.
         cls = type(obj)
-        tensor_mod = sys.modules.get("shoal.core.tensor")
-        if tensor_mod is not None and isinstance(obj, tensor_mod.Tensor):
-            return _reduce_tensor(obj)
-        cupy = sys.modules.get("cupy")
-        if cupy is not None and cls is cupy.ndarray:
-            return _reduce_cupy(obj)
-        return NotImplemented
+        try:
+            reducer = _reducers[cls]
+        except KeyError:
+            reducer = _reducers[cls] = _special_reducer(cls)
+        return NotImplemented if reducer is None else reducer(obj)
 
 
 def serialize(obj: Any, dst: int, context_id: Optional[int] = None,
