@@ -169,8 +169,8 @@ class _Pass:
 
     def flush(self, hold_for: Optional[int] = None) -> list:
         """Send what finished, one message per peer, except what is for `hold_for` (it rides
-        on the answer to that peer's message); Futures done when each message is answered and
-        the gradients its answer carried back are fed here, with what they caused."""
+        on the answer to that peer's message); the messages' Futures, whose answers may carry
+        gradients for this worker (see `answered` and `_drive`)."""
         held = self.outbox.pop(hold_for, None) if hold_for is not None else None
         outbox, self.outbox = self.outbox, ({hold_for: held} if held else {})
         if not outbox:
@@ -179,13 +179,28 @@ class _Pass:
         metrics.DIST_BATCHES_AS_MESSAGE.inc(len(outbox))
         with _context_id(None):
             return [
-                self._taking_answer(self.agent.call(
+                self.agent.call(
                     peer, _receive_gradients,
                     (self.ctx.context_id, self.pass_id, self.retain_graph, items, me,
                      release.take(peer)),
-                    None, None, "async"))
+                    None, None, "async")
                 for peer, items in outbox.items()
             ]
+
+    def take_answer(self, items: Optional[list]) -> list:
+        """Feed the gradients an answer carried back; the messages that sent."""
+        if not items:
+            return []
+        with self.ctx.lock:
+            self.feed(items)
+            sent = self.flush()
+            self.finish_if_done()
+        return sent
+
+    def answered(self, sent: list) -> list:
+        """Futures done once each message in `sent` is answered and what its answer carried
+        back is fed here, with the messages that caused answered too."""
+        return [self._taking_answer(fut) for fut in sent]
 
     def _taking_answer(self, sent: Future) -> Future:
         """`sent`'s answer may carry gradients for this worker: a Future done once they are
@@ -199,10 +214,7 @@ class _Pass:
                 _settle(answered, exc)
                 return
             try:
-                with self.ctx.lock:
-                    self.feed(items)
-                    futures = self.flush()
-                    self.finish_if_done()
+                futures = self.answered(self.take_answer(items))
             except BaseException as err:  # noqa: BLE001  (fails the pass's wait with it)
                 answered.set_exception(err)
                 return
@@ -288,9 +300,11 @@ def _begin_remote(cid: int, pass_id: tuple, retain_graph: bool, origin: int,
     agent = _current.get()
     ctx = _live_context(agent, cid)
     with ctx.lock:
-        state, futures = _begin(agent, ctx, pass_id, retain_graph, origin)
-        held = state.take_held(origin) if state is not None else []
-    return _answer(futures, held)
+        state, sent = _begin(agent, ctx, pass_id, retain_graph, origin)
+        if state is None:
+            return _answer([], [])  # this worker's part already ran
+        held = state.take_held(origin)
+    return _answer(state.answered(sent), held)
 
 
 @async_execution
@@ -300,17 +314,17 @@ def _receive_gradients(cid: int, pass_id: tuple, retain_graph: bool, items: list
     agent = _current.get()
     ctx = _live_context(agent, cid)
     with ctx.lock:
-        state, futures = _begin(agent, ctx, pass_id, retain_graph, origin)
+        state, sent = _begin(agent, ctx, pass_id, retain_graph, origin)
         if state is None:
             raise DistAutogradError(
                 f"Gradients for distributed autograd context {cid} reached worker "
                 f"{agent.info.name!r} after its part of backward pass {pass_id} had finished."
             )
         state.feed(items)
-        futures += state.flush(hold_for=origin)
+        sent += state.flush(hold_for=origin)
         held = state.take_held(origin)
         state.finish_if_done()
-    return _answer(futures, held)
+    return _answer(state.answered(sent), held)
 
 
 def _answer(futures: list, held: list) -> Future:
@@ -363,9 +377,8 @@ def backward(context_id: int, roots: Any, retain_graph: bool = False) -> None:
     start = time.perf_counter()
     try:
         with ctx.lock:
-            state, futures = _begin(agent, ctx, pass_id, bool(retain_graph), None, roots)
-        if futures:
-            _all_ok(futures).wait()
+            state, sent = _begin(agent, ctx, pass_id, bool(retain_graph), None, roots)
+        _drive(state, sent)
         if state.task is not None:
             raise DistAutogradError(
                 f"The backward pass of distributed autograd context {cid} ended on worker "
@@ -383,6 +396,21 @@ def backward(context_id: int, roots: Any, retain_graph: bool = False) -> None:
         raise
     metrics.DIST_BACKWARD_OK.inc()
     metrics.DIST_BACKWARD_SECONDS.observe(time.perf_counter() - start)
+
+
+def _drive(state: _Pass, sent: list) -> None:
+    """Wait in the starting thread until its messages are answered, feeding here what the
+    answers carry back. One message at a time (a two-stage model's every round) is waited on
+    directly and its answer fed by this thread: no callback, so no hand-off to a pool thread
+    and back on the way. Several go through `answered`, failing as soon as any fails."""
+    while sent:
+        if len(sent) == 1:
+            fut = sent.pop()
+            fut.wait()
+            sent = state.take_answer(fut.value())
+        else:
+            _all_ok(state.answered(sent)).wait()
+            return
 
 
 def backward_on_owner(rref, context_id: int, retain_graph: bool) -> None:

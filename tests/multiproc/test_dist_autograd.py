@@ -169,6 +169,23 @@ def task_unused_remote_and_retain():
     return once, twice, w2_grads
 
 
+def as_float(x):
+    """Takes a tensor that requires grad and answers a plain float: its worker records a recv
+    function but sends nothing back, so backward reaches it only by a begin message."""
+    return float(x.data.sum())
+
+
+def task_recv_only_peer():
+    """w2 only received x: its answer to the begin carries x's "no gradient" back to w0."""
+    x = _x()
+    with dist_autograd.context() as cid:
+        rpc_agent.rpc_sync("w2", as_float, (x,))
+        y = rpc_agent.rpc_sync("w1", stage, (x,))
+        dist_autograd.backward(cid, [y.sum()])
+        gx = dist_autograd.get_gradients(cid)[x].data.copy()
+    return gx
+
+
 def grad_count(cid):
     return len(dist_autograd.get_gradients(cid))
 
@@ -370,6 +387,15 @@ def test_unreached_calls_complete_and_retain_graph_accumulates(workers):
     once, twice, w2_grads = workers.run(0, task_unused_remote_and_retain)
     np.testing.assert_allclose(twice, 2 * once, rtol=0, atol=1e-12)
     assert w2_grads == 0
+    _assert_all_released(workers)
+
+
+def test_a_peer_that_only_received_answers_its_begin_with_no_gradient(workers):
+    gx = workers.run(0, task_recv_only_peer)
+    w1 = core.Tensor(_values(101, (4, 4)), requires_grad=True)
+    x = _x()
+    local_stage(x, w1).sum().backward()
+    np.testing.assert_allclose(gx, x.grad.data, rtol=0, atol=1e-12)
     _assert_all_released(workers)
 
 
