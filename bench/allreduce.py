@@ -315,6 +315,9 @@ def main(argv=None) -> int:
                         help="run across H hosts of L ranks made as network namespaces (root): "
                              "shoal's two-level algorithms next to its flat ring and gloo "
                              "(bench/allreduce_hosts.py)")
+    parser.add_argument("--mtu", type=int, default=None,
+                        help="with --hosts: the veth links' MTU (default the kernel's 1500; "
+                             "9000 is a data-centre jumbo frame)")
     parser.add_argument("--json", action="store_true",
                         help="with --hosts: print only the JSON rows")
     args = parser.parse_args(argv)

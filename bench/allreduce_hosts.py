@@ -205,7 +205,7 @@ def main(args, cases: list) -> int:
     sides = ["shoal", "shoal_flat"] + (["gloo"] if args.compare else [])
     rounds = args.rounds or (1 if args.quick else 2)
     samples = {side: {} for side in sides}
-    with Hosts(n_hosts) as hosts:
+    with Hosts(n_hosts, mtu=args.mtu) as hosts:
         for _ in range(rounds):
             for case, by_side in session(hosts.hosts, per_host, sides, cases, args).items():
                 for side, ts in by_side.items():

@@ -79,3 +79,13 @@ def test_etcd_serves_on_a_hosts_address():
             assert probe.stdout.strip() == "connected", probe.stderr
         finally:
             etcd.close()
+
+
+def test_links_take_the_mtu_asked_for_and_bad_values_are_refused():
+    with Hosts(1, mtu=65535) as hosts:
+        shown = hosts[0].run(["ip", "-o", "link", "show", "eth0"]).stdout
+        assert " mtu 65535 " in shown, shown
+    with Hosts(1) as hosts:  # the kernel's default: plain Ethernet
+        assert " mtu 1500 " in hosts[0].run(["ip", "-o", "link", "show", "eth0"]).stdout
+    with pytest.raises(ValueError, match="Hosts' mtu must be within 68 and 65535 bytes, got 70000"):
+        Hosts(1, mtu=70000)

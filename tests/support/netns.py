@@ -89,9 +89,13 @@ class Host:
 class Hosts:
     """`n` hosts on one bridge; use as a context manager, which removes everything it made."""
 
-    def __init__(self, n: int):
+    def __init__(self, n: int, mtu: Optional[int] = None):
         if n < 1:
             raise ValueError(f"Hosts needs at least one host, got {n}.")
+        if mtu is not None and not 68 <= mtu <= 65535:
+            raise ValueError(f"Hosts' mtu must be within 68 and 65535 bytes, got {mtu}.")
+        # None keeps the kernel's default for veth and bridges: 1500, plain Ethernet.
+        self.mtu = mtu
         tag = uuid.uuid4().hex[:8]
         self.switch = f"shoal-{tag}-sw"
         self.hosts = [Host(i, f"shoal-{tag}-h{i}", f"{SUBNET}.{i + 1}", f"p{i}")
@@ -129,6 +133,9 @@ class Hosts:
             # Both ends are created inside their namespaces: no name ever appears outside.
             _ip("link", "add", "eth0", "netns", host.netns, "type", "veth",
                 "peer", "name", host.switch_port, "netns", self.switch)
+            if self.mtu is not None:
+                _ip("link", "set", "eth0", "mtu", str(self.mtu), netns=host.netns)
+                _ip("link", "set", host.switch_port, "mtu", str(self.mtu), netns=self.switch)
             _ip("link", "set", host.switch_port, "master", "br0", netns=self.switch)
             _ip("link", "set", host.switch_port, "up", netns=self.switch)
             _ip("addr", "add", f"{host.address}/{PREFIX_LEN}", "dev", "eth0", netns=host.netns)
