@@ -201,13 +201,23 @@ def test_error_files_follow_torchruns_contract(tmp_path):
         str(tmp_path / "errs" / "round_0" / f"rank_{r}" / "error.json") for r in (0, 1)}
 
 
-def test_no_writable_temp_dir_is_a_clear_error(tmp_path):
+def test_no_writable_temp_dir_is_a_clear_error(request):
     """A read-only root filesystem: /tmp, /var/tmp and the working directory not writable."""
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         missing("the read-only filesystem test", "it needs root and util-linux's unshare to "
                 "mount read-only temporary directories")
-    script = ("set -e; for d in /tmp /var/tmp /usr/tmp; do [ -d $d ] && "
-              "mount -t tmpfs -o ro tmpfs $d; done; cd /tmp; exec \"$@\"")
+    # Each temporary directory becomes an empty read-only tmpfs. A checkout (or the
+    # interpreter's environment) inside one of them is bind-mounted back in first (through a
+    # mount point under /dev/shm, removed after), so the test also runs from a clone in /tmp.
+    keep = sorted({str(Path(p).resolve()) for p in (ROOT, sys.prefix)})
+    holders = tempfile.mkdtemp(prefix="shoal-test-keep-", dir="/dev/shm")
+    request.addfinalizer(lambda: shutil.rmtree(holders, ignore_errors=True))
+    pairs = " ".join(f"{k}={holders}/{i}" for i, k in enumerate(keep))
+    script = ("set -e; for p in " + pairs + "; do mkdir -p ${p#*=}; mount --bind ${p%%=*} "
+              "${p#*=}; done; for d in /tmp /var/tmp /usr/tmp; do [ -d $d ] || continue; "
+              "mount -t tmpfs tmpfs $d; for p in " + pairs + "; do case ${p%%=*} in $d/*) "
+              "mkdir -p ${p%%=*}; mount --bind ${p#*=} ${p%%=*};; esac; done; "
+              "mount -o remount,ro $d; done; cd /tmp; exec \"$@\"")
     env = _env()
     env.pop("TMPDIR", None)
     done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script,
