@@ -52,25 +52,38 @@ def max_pool2d(
     else:
         xpad = x_nhwc
     win = windows_nhwc(xpad, k[0], k[1], ho, wo, st, dil)
+    taps = k[0] * k[1]
+    # One pass per kernel position over output-sized arrays. `arg` keeps the first position
+    # holding the maximum (a later one wins only when strictly greater, as torch): positions
+    # count up, so the last one that beat the running maximum is the largest t with `better`.
+    # Masked copies (copyto where=, arg[mask] = t, where) are several times slower here.
     best = win[:, :, :, 0, 0, :].copy()
-    arg = xp.zeros(best.shape, dtype=xp.int16)
-    for t in range(1, k[0] * k[1]):
+    arg = xp.zeros(best.shape, dtype=xp.uint8 if taps <= 256 else xp.int32)
+    for t in range(1, taps):
         tap = win[:, :, :, t // k[1], t % k[1], :]
         better = tap > best
-        xp.copyto(best, tap, where=better)
-        arg[better] = t
+        xp.maximum(best, tap, out=best)  # NaN propagates to the output, as torch's
+        xp.maximum(arg, better * arg.dtype.type(t), out=arg)
     out = best.transpose(0, 3, 1, 2)
     if xd.ndim == 3:
         out = out[0]
+    # Windows that never share an input pixel let each position write its slice outright.
+    disjoint = all(kk == 1 or s >= d * (kk - 1) + 1 for kk, s, d in zip(k, st, dil))
+    tiled = disjoint and pd == (0, 0) and dil == (1, 1) and st == k and (ho * k[0], wo * k[1]) == (h, w)
 
     def backward(g: Any) -> tuple:
         g4 = (g if g.ndim == 4 else g[None]).transpose(0, 2, 3, 1)
-        gpad = xp.zeros(xpad.shape, dtype=xd.dtype)
-        for t in range(k[0] * k[1]):
+        # When the windows tile the input exactly every pixel is written below: skip the zeros.
+        gpad = (xp.empty if tiled else xp.zeros)(xpad.shape, dtype=xd.dtype)
+        for t in range(taps):
             i, j = divmod(t, k[1])
             r0, c0 = i * dil[0], j * dil[1]
-            gpad[:, r0 : r0 + st[0] * (ho - 1) + 1 : st[0],
-                 c0 : c0 + st[1] * (wo - 1) + 1 : st[1], :] += xp.where(arg == t, g4, 0)
+            view = gpad[:, r0 : r0 + st[0] * (ho - 1) + 1 : st[0],
+                        c0 : c0 + st[1] * (wo - 1) + 1 : st[1], :]
+            if disjoint:
+                xp.multiply(g4, arg == t, out=view)
+            else:
+                view += g4 * (arg == t)
         gx = gpad[:, pd[0] : pd[0] + h, pd[1] : pd[1] + w, :].transpose(0, 3, 1, 2)
         return (gx if xd.ndim == 4 else gx[0],)
 
@@ -132,7 +145,12 @@ def adaptive_avg_pool2d(input: Tensor, output_size: Any) -> Tensor:  # noqa: A00
             out[..., i, j] = xd[..., r0:r1, c0:c1].mean(axis=(-2, -1))
 
     def backward(g: Any) -> tuple:
-        gx = xp.zeros(xd.shape, dtype=xd.dtype)
+        if oh == 1 and ow == 1:
+            # Global pooling: every pixel gets its channel's share, a broadcast view (no copy).
+            return (xp.broadcast_to(g / (h * w), xd.shape),)
+        # zeros_like keeps the input's memory layout (channels-last stays channels-last), so
+        # the ops upstream see their own layout and need no copy.
+        gx = xp.zeros_like(xd)
         for i, (r0, r1) in enumerate(rows):
             for j, (c0, c1) in enumerate(cols):
                 gx[..., r0:r1, c0:c1] += (g[..., i, j] / ((r1 - r0) * (c1 - c0)))[..., None, None]
