@@ -335,16 +335,14 @@ class RpcAgent:
         if dst.id == self.info.id:
             record = self.rrefs.new_record()
             rref = RRef._make(self, self.info, record.rref_id, None, record)
-            fut = self._send_call(dst, func, args, kwargs, timeout, "remote", None)
+            # A REMOTE_CALL to itself: serving it keeps the object the function returned in
+            # this record, as any owner does (torch's OwnerRRef holds the value itself, not a
+            # pickled copy); the reply only says that it is set.
+            fut = self._send_call(dst, func, args, kwargs, timeout, "remote", record.rref_id)
 
             def settle(f: Future) -> None:
-                if f.exception() is not None:
-                    record.future.set_exception(f.exception())
-                else:
-                    value = f.value()
-                    # under the profiler the reply also carries events; the record keeps the value
-                    record.future.set_result(
-                        value.value if type(value) is ProfiledResult else value)
+                if f.exception() is not None:  # never served (say it timed out): the record fails
+                    record.future._complete(None, f.exception())
 
             fut.add_done_callback(settle)
             rref._creation = fut
@@ -515,7 +513,10 @@ class RpcAgent:
                     self._finish_reply(frame, frame.payload, None, None)
             elif kind == _CALL or kind == _REMOTE_CALL:
                 record = None
-                if kind == _REMOTE_CALL:
+                if kind == _REMOTE_CALL and stream is self._local:
+                    # remote() to this worker: the caller's RRef is the owner's; no fork
+                    record = self.rrefs.record((frame.rref_id.created_on, frame.rref_id.local_id))
+                elif kind == _REMOTE_CALL:
                     # Registered here, in stream order, before anything can delete this fork.
                     record = self.rrefs.add_fork(
                         (frame.rref_id.created_on, frame.rref_id.local_id),
@@ -624,12 +625,13 @@ class RpcAgent:
             # A remote(): the owner keeps the value; the caller only learns that it is set
             # (and, when it profiles, gets the callee's events).
             shipped = None
+            # (a record may have failed already: a remote() to this worker that timed out)
             if exc is None:
                 if type(value) is ProfiledResult:
                     value, shipped = value.value, value.without_value()
-                record.future.set_result(value)
+                record.future._complete(value, None)
             else:
-                record.future.set_exception(exc)
+                record.future._complete(None, exc)
             value = shipped
         big = []
         if exc is None:

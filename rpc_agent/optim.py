@@ -70,8 +70,7 @@ class DistributedOptimizer:
         for owner, rrefs in zip(self._owners, by_owner.values()):
             try:
                 if owner.id == agent.info.id:
-                    # Built here: a remote() to this worker would hand back a pickled copy,
-                    # whose parameters are no longer the model's.
+                    # Built here: no call to itself needed.
                     local = _new_local_optimizer(optimizer_class, rrefs, args, kwargs)
                     self.remote_optimizers.append(RRef(local))
                 else:

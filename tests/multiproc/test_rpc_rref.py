@@ -208,6 +208,35 @@ def to_here_timeout():
     return None
 
 
+_KEPT: dict = {}
+
+
+def keep_and_return(key):
+    """Runs on its worker: makes an object, remembers it, returns it."""
+    _KEPT[key] = Counter(7)
+    return _KEPT[key]
+
+
+def remote_to_self_keeps_the_object():
+    """remote() to this worker holds the object the function returned (torch's OwnerRRef
+    holds the value itself), not a pickled copy; a failing one fails its RRef."""
+    from shoal import rpc_agent  # noqa: PLC0415
+
+    rref = rpc_agent.remote("w0", keep_and_return, ("self",))
+    same = rref.to_here(timeout=10) is _KEPT["self"] and rref.local_value() is _KEPT["self"]
+    failing = rpc_agent.remote("w0", raise_in_remote)
+    try:
+        failing.to_here(timeout=10)
+        failed = None
+    except LookupError as exc:
+        failed = type(exc).__name__
+    return same, failed
+
+
+def test_remote_to_this_worker_keeps_the_returned_object(workers):
+    assert workers.run(0, remote_to_self_keeps_the_object) == (True, "LookupError")
+
+
 def test_to_here_waits_for_a_value_still_being_computed(workers):
     value, elapsed = workers.run(0, to_here_waits)
     assert value == "ready" and elapsed >= 0.45
