@@ -15,6 +15,7 @@ from shoal.core.amp.autocast_mode import STATE as _AMP
 from shoal.core.ops import _autocast
 from shoal.core.errors import ShapeError
 from shoal.core.ops._util import needs_grad, result, xp_of
+from shoal.core.ops.norm import column_sums
 from shoal.core.tensor import Tensor
 
 
@@ -252,7 +253,8 @@ def _conv(
         gx = gw = gb = None
         if needs_grad(weight):
             if groups == 1:
-                gw = (g2.T @ cols).reshape(o, kh, kw, cg).transpose(0, 3, 1, 2)
+                # (K, O) then transposed: as fast as g2.T @ cols for wide K, faster for K ~ 9.
+                gw = (cols.T @ g2).T.reshape(o, kh, kw, cg).transpose(0, 3, 1, 2)
             else:
                 g3 = g2.reshape(rows, groups, og).transpose(1, 2, 0)
                 gw = (g3 @ colsg).reshape(groups, og, kh, kw, cg).transpose(0, 1, 4, 2, 3)
@@ -261,7 +263,7 @@ def _conv(
             if spatial == 1:
                 gw = gw[:, :, 0, :]
         if bias is not None and bias.requires_grad:
-            gb = g2.sum(axis=0)
+            gb = column_sums(g2)
         if needs_grad(x):
             if groups == 1 and st == (1, 1):
                 gx = _input_grad_stride1(g2.reshape(n, ho, wo, o), wd, (pt, pl), (h, w), dil)
