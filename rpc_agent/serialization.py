@@ -92,9 +92,50 @@ def _rebuild_cupy(host_array, device_id: int):
         return cupy.asarray(host_array)
 
 
+def _reduce_ndarray(array):
+    """A C-contiguous array of a plain number dtype as (buffer, dtype string, shape).
+
+    numpy's own reduction pickles the dtype object (its constructor call and state), which
+    costs more than the rest for the small arrays most calls carry: this halves an array's
+    pickling and unpickling. The buffer still goes out of band. Anything else (structured,
+    object or extension dtypes such as bfloat16, non-contiguous layouts) keeps numpy's way.
+    """
+    dtype = array.dtype
+    code = _plain_dtypes[dtype]
+    if code is None or not array.flags.c_contiguous:
+        return NotImplemented
+    return (_rebuild_ndarray, (pickle.PickleBuffer(array), code, array.shape))
+
+
+def _rebuild_ndarray(buffer, code: str, shape: tuple):
+    import numpy  # noqa: PLC0415  (present: the sender pickled a numpy array)
+
+    return numpy.frombuffer(buffer, code).reshape(shape)
+
+
+class _PlainDtypes(dict):
+    """dtype -> its string when that string rebuilds it exactly (bool, ints, floats,
+    complex), else absent; filled on first sight of each dtype."""
+
+    def __missing__(self, dtype):
+        import numpy  # noqa: PLC0415
+
+        code = dtype.str
+        plain = dtype.kind in "biufc" and dtype.fields is None and numpy.dtype(code) == dtype \
+            and type(numpy.dtype(code)) is type(dtype)
+        self[dtype] = code if plain else None
+        return self[dtype]
+
+
+_plain_dtypes = _PlainDtypes()
+
+
 def _special_reducer(cls: type):
     """The reducer of this module for objects of type `cls`, or None (pickle's own way)."""
     # Only types from modules already imported can occur, so nothing is imported here.
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and cls is numpy.ndarray:
+        return _reduce_ndarray
     tensor_mod = sys.modules.get("shoal.core.tensor")
     if tensor_mod is not None and issubclass(cls, tensor_mod.Tensor):
         return _reduce_tensor

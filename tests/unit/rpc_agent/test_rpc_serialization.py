@@ -27,6 +27,26 @@ def test_contiguous_arrays_travel_out_of_band_without_copies():
     assert back["b"].flags.f_contiguous and back["n"] == 3
 
 
+@pytest.mark.parametrize("make", [
+    lambda: np.ones((12, 16)), lambda: np.arange(10, dtype=np.int8), lambda: np.array(3.5),
+    lambda: np.zeros((0, 5), np.float32), lambda: np.ones((3, 4), dtype=">f4"),
+    lambda: np.ones((4, 3)).T, lambda: np.array([1 + 2j]), lambda: np.array([True, False]),
+    lambda: np.ones(3, np.float16), lambda: np.arange(12).reshape(3, 4)[:, ::2],
+    lambda: np.zeros(2, dtype=[("a", "i4"), ("b", "f8")]), lambda: np.array(["ab", "c"]),
+    lambda: np.ones(3, dtype=__import__("ml_dtypes").bfloat16),
+], ids=["f8", "i1", "0-d", "empty", "big-endian", "fortran", "complex", "bool", "f2",
+        "strided", "structured", "unicode", "bfloat16"])
+def test_arrays_come_back_equal_writable_and_of_the_same_dtype(make):
+    # plain dtypes take shoal's short form, the rest numpy's own: both must round-trip
+    a = make()
+    payload, buffers = serialize(a, dst=1)
+    back = deserialize(payload, [bytearray(x) for x in buffers])
+    assert type(back) is np.ndarray and back.dtype == a.dtype
+    assert type(back.dtype) is type(a.dtype) and back.shape == a.shape
+    np.testing.assert_array_equal(back, a)
+    assert back.flags.writeable
+
+
 def test_tensors_and_parameters_keep_type_data_and_requires_grad_but_not_the_graph():
     from shoal.core.nn.parameter import Parameter
     from shoal.core.tensor import Tensor
