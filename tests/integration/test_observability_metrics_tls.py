@@ -15,6 +15,7 @@ import pytest
 
 from shoal.elastic import metrics
 from tests.support.prometheus_server import PrometheusServer
+from tests.support.requirements import missing
 
 
 def _openssl(*args, cwd):
@@ -24,7 +25,8 @@ def _openssl(*args, cwd):
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
     if shutil.which("openssl") is None:
-        pytest.skip("openssl is not installed")
+        missing("the metrics TLS tests", "openssl is needed to make the test certificates "
+                "(apt-get install openssl)")
     d = tmp_path_factory.mktemp("pki")
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=test-ca",
              "-keyout", "ca.key", "-out", "ca.pem", cwd=d)

@@ -11,8 +11,8 @@ import sys
 import time
 import uuid
 
-import pytest
 
+from tests.support.requirements import missing
 from tests.support.shoal_run import ROOT, WORKERS, ShoalRun
 
 
@@ -36,7 +36,8 @@ def _rows(screen: str) -> dict[str, str]:
 def test_shoal_top_in_tmux_shows_ranks_the_straggler_and_quits_on_q(tmp_path):
     tmux = shutil.which("tmux")
     if tmux is None:
-        pytest.skip("tmux is not installed")
+        missing("the terminal view test", "tmux is needed to drive shoal top in a real "
+                "terminal (apt-get install tmux)")
     run, stop, port = _start_job(tmp_path, "topjob")
     socket = f"shoal-top-{uuid.uuid4().hex[:8]}"
     done = tmp_path / "exited"
