@@ -17,7 +17,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import threading
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Optional
 
 from shoal.core.errors import ShoalError
 
@@ -463,7 +463,8 @@ class GraphTask:
     instead of `.grad`. Not thread-safe: the caller serialises `feed` calls.
     """
 
-    def __init__(self, sources: list, retain_graph: bool, leaf_sink: Callable) -> None:
+    def __init__(self, sources: list, retain_graph: bool, leaf_sink: Callable,
+                 before_node: Optional[Callable[[], None]] = None) -> None:
         deps = _count_dependencies(sources)
         for t in sources:
             deps[id(t)] = deps.get(id(t), 0) + 1
@@ -472,6 +473,9 @@ class GraphTask:
         self._heap: list = []
         self._retain = retain_graph
         self._sink = leaf_sink
+        # Called before each node runs: lets the owner act on the leaves finished so far
+        # before a node that may block (distributed autograd sends their gradients on).
+        self._before_node = before_node
         self._outstanding = len(sources)
 
     @property
@@ -526,7 +530,10 @@ class GraphTask:
         heap, pending, deps, sink = self._heap, self._pending, self._deps, self._sink
         heappop, heappush = heapq.heappop, heapq.heappush
         retain = self._retain
+        before_node = self._before_node
         while heap:
+            if before_node is not None:
+                before_node()
             _, t = heappop(heap)
             node = t.grad_fn
             entry = pending.pop(id(t), None)

@@ -101,7 +101,8 @@ def live_context_count() -> int:
 class _Pass:
     """One backward pass's state on this worker."""
 
-    __slots__ = ("agent", "ctx", "pass_id", "retain_graph", "outbox", "shown", "task")
+    __slots__ = ("agent", "ctx", "pass_id", "retain_graph", "outbox", "shown", "task",
+                 "hold_for", "sent", "informed")
 
     def __init__(self, agent, ctx, pass_id: tuple, retain_graph: bool, roots: list) -> None:
         self.agent = agent
@@ -112,7 +113,22 @@ class _Pass:
         # Leaves whose .grad shows the context's gradient while their post-accumulate hooks
         # (DDP's reducer) run, as torch's reducer works on the context's gradient.
         self.shown: dict[int, tuple] = {}
-        self.task = GraphTask(list(ctx.sends.values()) + roots, retain_graph, self._sink)
+        # While a feed runs (under ctx.lock): the peer whose message caused it (its gradients
+        # wait for the answer), the messages sent so far, and every peer messaged in the pass.
+        self.hold_for: Optional[int] = None
+        self.sent: list = []
+        self.informed: set = set()
+        self.task = GraphTask(list(ctx.sends.values()) + roots, retain_graph, self._sink,
+                              self._before_node)
+
+    def _before_node(self) -> None:
+        """Gradients finished so far leave before the engine runs another node: that node may
+        block (DDP's finalize waits for its all-reduce), and the peers' work can overlap it, as
+        torch's engine sends each recv function's gradient when it runs. Leaves finished by
+        one node still go together, one message per peer."""
+        outbox = self.outbox
+        if outbox and (len(outbox) > 1 or self.hold_for not in outbox):
+            self.sent += self.flush(self.hold_for)
 
     def _sink(self, leaf: Any, g: Any, owned: bool) -> None:
         ctx = self.ctx
@@ -175,6 +191,7 @@ class _Pass:
         outbox, self.outbox = self.outbox, ({hold_for: held} if held else {})
         if not outbox:
             return []
+        self.informed.update(outbox)
         me = self.agent.info.id
         metrics.DIST_BATCHES_AS_MESSAGE.inc(len(outbox))
         with _context_id(None):
@@ -192,9 +209,15 @@ class _Pass:
         if not items:
             return []
         with self.ctx.lock:
+            self.hold_for = None
             self.feed(items)
-            sent = self.flush()
+            sent = self.take_sent() + self.flush()
             self.finish_if_done()
+        return sent
+
+    def take_sent(self) -> list:
+        """The messages sent while the last feed ran (see _before_node). Under ctx.lock."""
+        sent, self.sent = self.sent, []
         return sent
 
     def answered(self, sent: list) -> list:
@@ -264,10 +287,11 @@ def _begin(agent, ctx, pass_id: tuple, retain_graph: bool, origin: Optional[int]
         )
     state = _Pass(agent, ctx, pass_id, retain_graph, list(roots))
     ctx.passes[pass_id] = state
+    state.hold_for = origin
     state.start(list(roots))
-    # A peer that gets gradients now begins on their arrival: only the others need a begin.
-    informed = set(state.outbox)
-    futures = state.flush(hold_for=origin)
+    futures = state.take_sent() + state.flush(hold_for=origin)
+    # A peer that got gradients begins on their arrival: only the others need a begin.
+    informed = state.informed
     me = agent.info.id
     if ctx.peers:
         with _context_id(None):
@@ -320,8 +344,9 @@ def _receive_gradients(cid: int, pass_id: tuple, retain_graph: bool, items: list
                 f"Gradients for distributed autograd context {cid} reached worker "
                 f"{agent.info.name!r} after its part of backward pass {pass_id} had finished."
             )
+        state.hold_for = origin
         state.feed(items)
-        sent += state.flush(hold_for=origin)
+        sent += state.take_sent() + state.flush(hold_for=origin)
         held = state.take_held(origin)
         state.finish_if_done()
     return _answer(state.answered(sent), held)

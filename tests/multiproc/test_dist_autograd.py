@@ -207,6 +207,36 @@ def task_ping_pong():
     return gx, g0, g1, moved
 
 
+def has_gradient(cid) -> bool:
+    ctx_grads = dist_autograd.get_gradients(cid)
+    return _PARAMS["w"] in ctx_grads
+
+
+def task_gradients_leave_before_a_later_node_runs():
+    """A node that runs after a received tensor's gradient is finished (here a hook that
+    waits, as DDP's finalize waits for its all-reduce) must not hold that gradient back: w1
+    has it while the hook still runs."""
+    import time  # noqa: PLC0415
+
+    x = _x()
+    seen = []
+    with dist_autograd.context() as cid:
+        a = x * 2.0  # older than the call: its node runs after the received tensor is done
+
+        def wait_for_w1(g):
+            deadline = time.monotonic() + 5.0
+            got = False
+            while not got and time.monotonic() < deadline:
+                got = rpc_agent.rpc_sync("w1", has_gradient, (cid,))
+                time.sleep(0.005)
+            seen.append(got)
+
+        a.register_hook(wait_for_w1)
+        r = rpc_agent.rpc_sync("w1", stage, (_x(),))
+        dist_autograd.backward(cid, [(a.sum() + r.sum())])
+    return seen
+
+
 def task_gradient_of_a_parameter():
     """What get_gradients holds for an nn.Parameter leaf: its type and requires_grad."""
     p = core.nn.Parameter(core.Tensor(_values(5, (4, 4))))
@@ -375,6 +405,11 @@ def test_gradients_owed_to_the_sender_ride_on_its_answer(workers):
     np.testing.assert_allclose(g1, ws["w1"].grad.data, rtol=0, atol=1e-12)
     # Two round trips: w0's two messages, each answered with the gradients w1 owed w0.
     assert moved == {"w0 message": 2, "w0 on_answer": 0, "w1 message": 0, "w1 on_answer": 2}
+    _assert_all_released(workers)
+
+
+def test_gradients_leave_before_a_later_node_runs(workers):
+    assert workers.run(0, task_gradients_leave_before_a_later_node_runs) == [True]
     _assert_all_released(workers)
 
 
