@@ -57,6 +57,11 @@ DEFAULT_HEARTBEAT_TIMEOUT_S = 5.0
 DEFAULT_ETCD_LEASE_TTL_S = 30.0
 DEFAULT_BACKEND_TIMEOUT_S = 10.0
 DEFAULT_MASTER_TIMEOUT_S = 60.0
+# How long a joining node waits for an unreachable etcd or store before it gives up: long
+# enough to ride out an etcd restart or leader election (seconds), short enough that a dead
+# backend reads as an error and not as a hang of the whole join timeout.
+DEFAULT_JOIN_OUTAGE_TIMEOUT_S = 60.0
+JOIN_OUTAGE_TIMEOUT_RANGE_S = (1.0, 3600.0)
 
 # A backend's opaque version of the state (an etcd mod_revision, a store's stored bytes).
 Token = Any
@@ -80,6 +85,11 @@ class RendezvousTimeoutError(RendezvousError, TimeoutError):
 
 class StoreHostLostError(RendezvousError):
     """The node hosting the run's store died; the message names it and its address."""
+
+
+class RendezvousUnreachableError(RendezvousError):
+    """The backend stayed unreachable for join_outage_timeout while a node was joining; the
+    message names the endpoint, how long it was away and what the node waited for."""
 
 
 class RendezvousStateError(RendezvousError):
@@ -142,6 +152,12 @@ class RendezvousBackend(abc.ABC):
                 return
             time.sleep(min(0.05, left))
 
+    def describe(self) -> str:
+        """Where the state lives, for messages (e.g. 'etcd at 10.0.0.5:2379')."""
+        store = getattr(self, "store", None)
+        address = getattr(store, "address", None)
+        return f"the {self.name} backend" + (f" at {address}" if address else "")
+
     def close(self) -> None:
         """Release connections and threads; the backend is unusable afterwards."""
 
@@ -169,6 +185,20 @@ def check_seconds(name: str, value: float, *, allow_zero: bool = False) -> float
     return value
 
 
+def check_seconds_in(name: str, value: float, bounds: tuple[float, float]) -> float:
+    """`value` as float seconds if it is a number within `bounds` (both ends included).
+
+    Raises:
+        ValueError: naming `name`, the value and the range.
+    """
+    low, high = bounds
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            low <= value <= high):  # NaN fails the comparison too
+        raise ValueError(f"Rendezvous setting {name} must be {low:g} to {high:g} seconds, got "
+                         f"{value!r}.")
+    return float(value)
+
+
 def check_lease_ttl(ttl: float) -> float:
     """An etcd lease's time to live: 2 to 3600 seconds (etcd's own floor and a sane ceiling).
 
@@ -186,6 +216,10 @@ SETTINGS_CONF_KEYS: Mapping[str, str] = {
     "last_call_timeout": "seconds to wait for more nodes once the minimum has joined",
     "heartbeat_interval": "seconds between an agent's heartbeats",
     "heartbeat_timeout": "seconds without a heartbeat before a node is dead",
+    "join_outage_timeout": "seconds a joining node waits for an unreachable etcd or store "
+                           f"before it gives up ({JOIN_OUTAGE_TIMEOUT_RANGE_S[0]:g} to "
+                           f"{JOIN_OUTAGE_TIMEOUT_RANGE_S[1]:g}, default "
+                           f"{DEFAULT_JOIN_OUTAGE_TIMEOUT_S:g}; training never ends for it)",
 }
 
 
@@ -203,6 +237,9 @@ class RendezvousSettings:
     join_timeout: float = DEFAULT_JOIN_TIMEOUT_S
     heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL_S
     heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT_S
+    # Only while joining (no round yet, or waiting for the next): once workers run, an
+    # unreachable backend never ends the job.
+    join_outage_timeout: float = DEFAULT_JOIN_OUTAGE_TIMEOUT_S
 
     def __post_init__(self):
         if not isinstance(self.run_id, str) or not self.run_id:
@@ -221,8 +258,11 @@ class RendezvousSettings:
                 f"Rendezvous max_nodes ({self.max_nodes}) must be >= min_nodes ({self.min_nodes})."
             )
         for name in SETTINGS_CONF_KEYS:
-            value = check_seconds(name, getattr(self, name),
-                                  allow_zero=name == "last_call_timeout")
+            if name == "join_outage_timeout":
+                value = check_seconds_in(name, getattr(self, name), JOIN_OUTAGE_TIMEOUT_RANGE_S)
+            else:
+                value = check_seconds(name, getattr(self, name),
+                                      allow_zero=name == "last_call_timeout")
             object.__setattr__(self, name, value)
         if self.heartbeat_timeout <= self.heartbeat_interval:
             raise ValueError(

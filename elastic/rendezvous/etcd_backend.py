@@ -210,6 +210,14 @@ class EtcdRendezvousBackend(RendezvousBackend):
                 return
             raise
 
+    def describe(self) -> str:
+        return f"etcd at {self._client.describe()}"
+
+    def bound_calls(self, until: Optional[float]) -> None:
+        """End the calling thread's later etcd calls by `until` (time.monotonic(); None: no
+        bound): a joining node gives an unreachable etcd only its outage budget."""
+        self._client.bound_thread(until)
+
     def cap_calls(self, per_call: float, until: Optional[float] = None) -> None:
         """Bound every later etcd call (see EtcdClient.cap): the agent is finishing."""
         self._client.cap(per_call, until)

@@ -171,6 +171,9 @@ class EtcdClient:
         # Set by cap(): while an agent exits, no call may wait out the full timeout.
         self._per_call_cap: Optional[float] = None
         self._until: Optional[float] = None  # time.monotonic() after which calls fail at once
+        # Set by bound_thread(): the end of the calling thread's calls (a joining node's
+        # outage budget), without touching other threads' calls (heartbeats, keepalives).
+        self._thread = threading.local()
 
     def cap(self, per_call: float, until: Optional[float] = None) -> None:
         """From now on, bound every call by `per_call` seconds and (if given) end them all by
@@ -181,16 +184,30 @@ class EtcdClient:
         if until is not None and (self._until is None or until < self._until):
             self._until = until
 
+    def bound_thread(self, until: Optional[float]) -> None:
+        """End every later call made by the calling thread by `until` (a time.monotonic()
+        value; None lifts the bound). Other threads' calls are not affected."""
+        self._thread.until = until
+
     def _budget(self, timeout: Optional[float], op: str) -> float:
         budget = self.timeout if timeout is None else timeout
         if self._per_call_cap is not None:
             budget = min(budget, self._per_call_cap)
+        now = time.monotonic()
         if self._until is not None:
-            budget = min(budget, self._until - time.monotonic())
+            budget = min(budget, self._until - now)
             if budget <= 0:
                 raise EtcdUnavailable(
                     f"etcd at {self.describe()}: {op} not attempted, the time allowed for "
                     "finishing is spent (etcd did not answer in time)."
+                )
+        thread_until = getattr(self._thread, "until", None)
+        if thread_until is not None:
+            budget = min(budget, thread_until - now)
+            if budget <= 0:
+                raise EtcdUnavailable(
+                    f"etcd at {self.describe()}: {op} not attempted, the caller's time for it "
+                    "is spent (etcd did not answer in time)."
                 )
         return budget
 

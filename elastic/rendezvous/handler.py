@@ -11,6 +11,11 @@ and the timing of other nodes' heartbeats (`liveness`) live beside it.
   a round runs waits, and `num_nodes_waiting()` tells the agents, who then join again.
 - A node whose heartbeat lapsed is dropped from a forming round, or marked dead in a running
   one (`dead_nodes()`), which must then restart.
+- A joining node gives an unreachable backend `join_outage_timeout` seconds (counted from its
+  last answer, or from the start of the join), then gives up with a
+  RendezvousUnreachableError: a dead etcd must read as an error, not as a join that hangs for
+  the whole join timeout. Its own calls are bounded by that budget where the backend can be
+  told (`bound_calls`, etcd). Outside a join nothing gives up on an unreachable backend.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from shoal.elastic.api import (
     RendezvousInfo,
     RendezvousSettings,
     RendezvousTimeoutError,
+    RendezvousUnreachableError,
     Token,
 )
 from shoal.elastic.rendezvous import decisions, transitions
@@ -49,6 +55,9 @@ Decide = Callable[[Context], Action]
 # The longest a node spends trying to leave (after a timed-out join, or on shutdown) or to
 # write one heartbeat: leaving is a courtesy, and the next beat retries.
 _LEAVE_S = 5.0
+# A joining node's backend calls end within this long (less for a short join_outage_timeout),
+# so that an outage is reported soon after it began; a call cut short is simply retried.
+_OUTAGE_NOTICE_S = 5.0
 
 
 class RendezvousHandler:
@@ -102,6 +111,14 @@ class RendezvousHandler:
         self._shut = False
         self._aborted: Optional[RendezvousError] = None
         self._until: Optional[float] = None  # set by limit(): every retry loop ends by then
+        # When the backend last answered (time.monotonic(), any thread) and when the current
+        # join began (None outside next_rendezvous): a join's outage counts from the later.
+        # Only the joining thread gives up; other threads' calls (heartbeats) just fail.
+        self._contact = time.monotonic()
+        self._joining_since: Optional[float] = None
+        self._join_thread: Optional[threading.Thread] = None
+        self._last_state: Optional[RendezvousState] = None  # the last state read, for messages
+        self._outage_warned_at: Optional[float] = None  # the _contact an outage was logged for
 
     # ------------------------------------------------------------------ public API
 
@@ -124,6 +141,8 @@ class RendezvousHandler:
         Raises:
             RendezvousClosedError: the rendezvous is closed.
             RendezvousTimeoutError: no round with this node completed within join_timeout.
+            RendezvousUnreachableError: the backend stayed unreachable for join_outage_timeout
+                (the handler is aborted then: every later call raises it too).
             RendezvousError: the backend stayed unreachable.
         """
         if self._shut:
@@ -131,6 +150,14 @@ class RendezvousHandler:
         self._raise_if_aborted()
         self._start_heartbeats()
         started = time.monotonic()
+        self._joining_since, self._join_thread = started, threading.current_thread()
+        try:
+            return self._join(started)
+        finally:
+            self._joining_since, self._join_thread = None, None
+            self._bound_calls(None)
+
+    def _join(self, started: float) -> RendezvousInfo:
         deadline = started + self.settings.join_timeout
         while True:
             timed_out = time.monotonic() >= deadline
@@ -156,9 +183,15 @@ class RendezvousHandler:
             self._raise_if_aborted()
             if outcome.kind is ActionKind.ERROR_TIMEOUT:
                 self._give_up(state)
-            left = deadline - time.monotonic()
+            now = time.monotonic()
+            left = deadline - now
+            # Half the outage budget at most, so that a watch on a live backend always ends
+            # by itself before its call is cut at the budget's end.
+            bound = self._join_call_bound()
+            budget = (bound - now) / 2
+            self._bound_calls(bound)
             try:
-                self.backend.watch(token, max(0.0, min(left, outcome.wait)))
+                self.backend.watch(token, max(0.0, min(left, outcome.wait, budget)))
             except RendezvousError as exc:
                 self._liveness.backend_unreachable()
                 logger.debug("Watching the rendezvous state failed, re-reading: %s", exc)
@@ -280,12 +313,14 @@ class RendezvousHandler:
         except RendezvousError:
             self._liveness.backend_unreachable()
             raise
+        self._contact = time.monotonic()
         if result is None:
             self._liveness.observe(None)
             return None, None
         raw, token = result
         state = RendezvousState.decode(raw)
         self._liveness.observe(state)
+        self._last_state = state
         return state, token
 
     def _update(
@@ -307,6 +342,9 @@ class RendezvousHandler:
         while True:
             attempt += 1
             self._raise_if_aborted()
+            joining = self._join_thread is threading.current_thread()
+            if joining:
+                self._bound_calls(self._join_call_bound())
             try:
                 if current is None:
                     current = self._read()
@@ -320,6 +358,8 @@ class RendezvousHandler:
                 if isinstance(exc, (RendezvousClosedError, RendezvousTimeoutError)):
                     raise
                 self._liveness.backend_unreachable()
+                if joining:
+                    self._check_outage(exc)
                 if time.monotonic() >= deadline:
                     raise RendezvousError(
                         f"Node {self.node_id} could not update the rendezvous state of run "
@@ -328,14 +368,17 @@ class RendezvousHandler:
                     ) from exc
                 logger.debug("Rendezvous update failed (attempt %d), retrying: %s", attempt, exc)
                 current = None
-                time.sleep(min(0.05 * attempt, 0.5, max(0.0, deadline - time.monotonic())))
+                until = min(deadline, self._outage_deadline()) if joining else deadline
+                time.sleep(min(0.05 * attempt, 0.5, max(0.0, until - time.monotonic())))
                 continue
+            self._contact = time.monotonic()
             if result is None:
                 current = (None, None)
                 continue
             raw, new_token, written = result
             new_state = RendezvousState.decode(raw)
             self._liveness.observe(new_state)
+            self._last_state = new_state
             if written:
                 self._log_changes(plan, ctx.lapsed)
                 return new_state, new_token, plan.outcome
@@ -398,6 +441,64 @@ class RendezvousHandler:
             elif kind is ActionKind.OPEN_ROUND:
                 logger.info("Node %s opens round %s of run %s: %s", self.node_id, after.round,
                             self.settings.run_id, action.reason)
+
+    # ------------------------------------------------------------------ outages while joining
+
+    def _outage_deadline(self) -> float:
+        """When a join gives up on a backend that does not answer (time.monotonic())."""
+        since = max(self._contact, self._joining_since or self._contact)
+        return since + self.settings.join_outage_timeout
+
+    def _join_call_bound(self) -> float:
+        """When the joining thread's next backend call must end: by the outage deadline, and
+        within a few seconds, so that an outage is reported (and retried) soon after it began."""
+        grace = self.settings.join_outage_timeout
+        step = max(1.0, min(_OUTAGE_NOTICE_S, grace / 4))
+        return min(self._outage_deadline(), time.monotonic() + step)
+
+    def _bound_calls(self, until: Optional[float]) -> None:
+        """Bound this thread's backend calls by `until` where the backend supports it."""
+        bound = getattr(self.backend, "bound_calls", None)
+        if bound is not None:
+            bound(until)
+
+    def _check_outage(self, exc: RendezvousError) -> None:
+        """A joining call failed: warn once per outage, and give up once it outlasted
+        join_outage_timeout (the handler is aborted, so heartbeats stop and nobody retries)."""
+        since = max(self._contact, self._joining_since or self._contact)
+        away = time.monotonic() - since
+        grace = self.settings.join_outage_timeout
+        waiting = self._waiting_for()
+        if away < grace:
+            if self._outage_warned_at != since:
+                self._outage_warned_at = since
+                logger.warning("%s does not answer while node %s waits %s; giving up in %.0fs "
+                               "unless it comes back (join_outage_timeout=%gs): %s",
+                               self.backend.describe(), self.node_id, waiting, grace - away,
+                               grace, exc)
+            return
+        error = RendezvousUnreachableError(
+            f"{self.backend.describe()} was unreachable for {away:.0f}s "
+            f"(join_outage_timeout={grace:g}s) while node {self.node_id} waited {waiting}; "
+            "giving up the join."
+        )
+        logger.debug("The last failed call before giving up: %s", exc)
+        self.abort(error)
+        raise error from exc
+
+    def _waiting_for(self) -> str:
+        """What this joining node waits for, from the last state it read."""
+        state, run = self._last_state, repr(self.settings.run_id)
+        if state is None:
+            return f"for the first round of run {run} to form (no state read yet)"
+        if state.complete and self.node_id not in state.participants:
+            return (f"for round {state.round} of run {run} to end before joining (it runs "
+                    f"with {len(state.participants)} nodes)")
+        if state.complete:
+            return f"for round {state.round} of run {run} to start"
+        have = list(state.participants)
+        return (f"for round {state.round} of run {run} to form ({len(have)} of "
+                f"min_nodes={self.settings.min_nodes} joined: {', '.join(have) or 'none'})")
 
     # ------------------------------------------------------------------ deadlines
 
