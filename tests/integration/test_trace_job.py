@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
 
 import pytest
 
+from tests.support.requirements import missing
 from tests.support.shoal_run import WORKERS, ShoalRun
 
 WORKER = str(WORKERS / "profiled_ddp.py")
@@ -87,11 +89,29 @@ def test_summary_names_the_rank_that_sleeps_as_the_straggler(profile_dir):
 
 
 def test_plot_draws_the_timelines(profile_dir, tmp_path):
-    pytest.importorskip("matplotlib")
+    try:
+        import matplotlib  # noqa: F401, PLC0415
+    except ImportError:
+        missing("the trace plot test", "matplotlib is not installed (the test extra has it)")
     out = tmp_path / "timeline.png"
     res = _trace("plot", str(profile_dir), "-o", str(out))
     assert res.returncode == 0, res.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_without_matplotlib_says_what_to_install(profile_dir, tmp_path):
+    # a matplotlib that cannot be imported shadows the installed one
+    shadow = tmp_path / "shadow" / "matplotlib"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('no matplotlib here')\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(shadow.parent)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    res = subprocess.run([sys.executable, "-m", "shoal.launcher", "trace", "plot",
+                          str(profile_dir), "-o", str(tmp_path / "t.png")],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert res.returncode != 0 and "Traceback" not in res.stderr, res.stderr
+    assert "shoal trace plot needs matplotlib: pip install matplotlib" in res.stderr
+    assert not (tmp_path / "t.png").exists()
 
 
 def test_merge_refuses_mixed_runs_and_missing_ranks(profile_dir, tmp_path):
