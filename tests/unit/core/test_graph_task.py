@@ -77,3 +77,24 @@ def test_expects_names_the_tensors_in_the_graph():
     stray = core.Tensor(np.ones(2), requires_grad=True)
     task = GraphTask([out], False, _sink_into({}))
     assert task.expects(w) and task.expects(h) and not task.expects(stray)
+
+
+def test_before_node_runs_before_each_node_and_sees_the_leaves_finished_so_far():
+    # a = x * 2 is older than b = y * 3: b's node runs first, finishing y, and the callback
+    # runs before a's node with y already in the sink and x not yet
+    x = core.Tensor(np.ones(2), requires_grad=True)
+    y = core.Tensor(np.ones(2), requires_grad=True)
+    a = x * 2.0
+    b = y * 3.0
+    out = (a + b).sum()
+    finished: dict = {}
+    seen = []
+    task = GraphTask([out], False, _sink_into(finished),
+                     before_node=lambda: seen.append(sorted(
+                         name for name, t in (("x", x), ("y", y)) if id(t) in finished)))
+    task.feed(out, np.ones(()))
+    assert task.done
+    # nodes: sum, add, b's mul, a's mul - the callback before each of them
+    assert seen == [[], [], [], ["y"]]
+    np.testing.assert_array_equal(finished[id(x)][0], np.full(2, 2.0))
+    np.testing.assert_array_equal(finished[id(y)][0], np.full(2, 3.0))
