@@ -25,41 +25,17 @@ from shoal.elastic.rendezvous import RendezvousHandler
 from shoal.elastic.rendezvous.store_backend import StoreRendezvousBackend
 from shoal.launcher.flags import parse_run
 
+from tests.support.rdzv import FlakyBackend
+
 GRACE_S = 1.0
 # Giving up takes the grace plus one retry step (a sleep of at most 0.5 s) and some scheduling.
 LATE_S = 1.5
 
 
-class SwitchableBackend(RendezvousBackend):
-    """Passes through to a store backend, but fails like an unreachable server while `down`
-    is set (with a short delay per call, as a real connection attempt has)."""
-
-    def __init__(self, inner: RendezvousBackend, down: threading.Event):
-        self.inner, self.down = inner, down
-
-    @property
-    def name(self):
-        return "switchable"
-
-    def describe(self) -> str:
-        return "the switchable backend at test:1"
-
-    def _check(self):
-        if self.down.is_set():
-            time.sleep(0.02)
-            raise RendezvousError("switchable backend is down")
-
-    def get_state(self):
-        self._check()
-        return self.inner.get_state()
-
-    def set_state(self, state, token=None):
-        self._check()
-        return self.inner.set_state(state, token)
-
-    def watch(self, token, timeout):
-        self._check()
-        return self.inner.watch(token, min(float(timeout), 0.2))
+def _switchable(inner: RendezvousBackend, down: threading.Event) -> FlakyBackend:
+    """Fails like an unreachable server while `down` is set, with a short delay per call as a
+    real connection attempt has; watches wake often enough to notice."""
+    return FlakyBackend(inner, down, label="switchable", call_delay_s=0.02, watch_cap_s=0.2)
 
 
 def _settings(**kw) -> RendezvousSettings:
@@ -76,7 +52,7 @@ def nodes():
     pool = concurrent.futures.ThreadPoolExecutor(4)
 
     def make(node: str, **kw) -> RendezvousHandler:
-        backend = SwitchableBackend(StoreRendezvousBackend(store, "job"), down)
+        backend = _switchable(StoreRendezvousBackend(store, "job"), down)
         handler = RendezvousHandler(backend, _settings(**kw), node, store, backend_timeout=1.0)
         made.append(handler)
         return handler

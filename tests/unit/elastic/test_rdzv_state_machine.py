@@ -25,6 +25,8 @@ from shoal.elastic.api import (
 from shoal.elastic.rendezvous.store_backend import StoreRendezvousBackend
 from shoal.elastic.rendezvous import RendezvousHandler, create_backend, create_handler
 
+from tests.support.rdzv import FlakyBackend
+
 WAIT_S = 30.0  # generous: things that should happen
 
 
@@ -266,33 +268,6 @@ def test_a_forming_round_drops_a_joiner_that_died(cluster):
     infos = [fa.result(WAIT_S)] + results(rest)
     assert all(i.participants == ["a", "b", "c"] for i in infos)
     fx.cancel()
-
-
-class FlakyBackend(RendezvousBackend):
-    """Passes through, but raises like an unreachable server while `down` is set."""
-
-    def __init__(self, inner: RendezvousBackend, down: threading.Event):
-        self.inner, self.down = inner, down
-
-    @property
-    def name(self):
-        return "flaky"
-
-    def _check(self):
-        if self.down.is_set():
-            raise RendezvousError("flaky backend is down")
-
-    def get_state(self):
-        self._check()
-        return self.inner.get_state()
-
-    def set_state(self, state, token=None):
-        self._check()
-        return self.inner.set_state(state, token)
-
-    def watch(self, token, timeout):
-        self._check()
-        return self.inner.watch(token, timeout)
 
 
 def test_a_backend_outage_longer_than_the_heartbeat_timeout_kills_nobody(cluster):
