@@ -345,16 +345,21 @@ def get_process_group_ranks(group) -> list[int]:
     return list(_world.groups.get(pg, range(pg.size())))
 
 
+def _member_group_ranks(group) -> tuple:
+    """`group` (None: the default) and its world ranks; a group this rank is not in is refused."""
+    pg = _group(group)
+    if pg is None:
+        raise ValueError("Invalid process group specified: this rank is not a member of it.")
+    return pg, get_process_group_ranks(pg)
+
+
 def get_group_rank(group, global_rank: int) -> int:
     """`global_rank`'s rank within `group`, as torch.distributed.get_group_rank.
 
     Raises:
         ValueError: `global_rank` is not a member of `group`.
     """
-    pg = _group(group)
-    if pg is None:
-        raise ValueError("Invalid process group specified: this rank is not a member of it.")
-    ranks = get_process_group_ranks(pg)
+    pg, ranks = _member_group_ranks(group)
     if global_rank not in ranks:
         raise ValueError(
             f"Global rank {global_rank} is not part of group {pg.name!r} (its ranks: {ranks})."
@@ -368,10 +373,7 @@ def get_global_rank(group, group_rank: int) -> int:
     Raises:
         ValueError: `group_rank` is not a rank of `group`.
     """
-    pg = _group(group)
-    if pg is None:
-        raise ValueError("Invalid process group specified: this rank is not a member of it.")
-    ranks = get_process_group_ranks(pg)
+    pg, ranks = _member_group_ranks(group)
     valid = isinstance(group_rank, int) and not isinstance(group_rank, bool)
     if not valid or not 0 <= group_rank < len(ranks):
         raise ValueError(
