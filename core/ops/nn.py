@@ -190,6 +190,16 @@ def mse_loss(input: Tensor, target: Any, reduction: str = "mean") -> Tensor:  # 
     return result(out, "MseLossBackward", backward, (input, target))
 
 
+def _class_rows(xd, n_classes: int, xp):
+    """Scores of shape (C,), (N, C) or (N, C, d1, ...) as a (rows, C) matrix (a view where
+    the layout allows)."""
+    if xd.ndim == 1:
+        return xd[None, :]
+    if xd.ndim == 2:
+        return xd
+    return xp.moveaxis(xd, 1, -1).reshape(-1, n_classes)
+
+
 def cross_entropy(
     input: Tensor,  # noqa: A002 - torch's name
     target: Any,
@@ -220,12 +230,7 @@ def cross_entropy(
             f"{tuple(xd.shape)}; expected target shape {tuple(expected_t)}."
         )
     # Work on a (rows, classes) matrix; remember how to map the gradient back.
-    if xd.ndim == 1:
-        x2 = xd[None, :]
-    elif xd.ndim == 2:
-        x2 = xd
-    else:
-        x2 = xp.moveaxis(xd, 1, -1).reshape(-1, n_classes)
+    x2 = _class_rows(xd, n_classes, xp)
     t2 = td.reshape(-1, n_classes) if probs_target and xd.ndim <= 2 else (
         xp.moveaxis(td, 1, -1).reshape(-1, n_classes) if probs_target else td.reshape(-1)
     )
@@ -392,12 +397,7 @@ def nll_loss(
         )
     if td.dtype.kind not in "iu":
         raise ShapeError(f"nll_loss: class targets must be integers, got dtype {td.dtype}.")
-    if xd.ndim == 1:
-        x2 = xd[None, :]
-    elif xd.ndim == 2:
-        x2 = xd
-    else:
-        x2 = xp.moveaxis(xd, 1, -1).reshape(-1, n_classes)
+    x2 = _class_rows(xd, n_classes, xp)
     t2 = td.reshape(-1)
     valid = t2 != ignore_index
     _check_classes(t2[valid], n_classes, "nll_loss")
