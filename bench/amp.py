@@ -30,21 +30,17 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-SIZES = (784, 1024, 1024, 10)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import core_step  # noqa: E402  (its MLP; bench/ is not a package)
+
+SIZES = core_step.SIZES
 BATCH = 256
 
 
 def _shoal_side(amp: bool):
     from shoal import core  # noqa: PLC0415
 
-    core.manual_seed(0)
-    layers = []
-    for i, (a, b) in enumerate(zip(SIZES[:-1], SIZES[1:])):
-        layers.append(core.nn.Linear(a, b))
-        if i < len(SIZES) - 2:
-            layers.append(core.nn.ReLU())
-    model = core.nn.Sequential(*layers)
-    opt = core.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    model, opt = core_step.build_shoal(0)
     rng = np.random.default_rng(0)
     x = core.tensor(rng.standard_normal((BATCH, SIZES[0])).astype(np.float32))
     y = core.tensor(rng.integers(0, SIZES[-1], BATCH))
@@ -62,20 +58,7 @@ def _shoal_side(amp: bool):
 
 
 def _torch_side(amp: bool, shoal_model=None):
-    import torch  # noqa: PLC0415 - the peer is optional
-
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    layers = []
-    for i, (a, b) in enumerate(zip(SIZES[:-1], SIZES[1:])):
-        layers.append(torch.nn.Linear(a, b))
-        if i < len(SIZES) - 2:
-            layers.append(torch.nn.ReLU())
-    model = torch.nn.Sequential(*layers)
-    if shoal_model is not None:
-        model.load_state_dict({k: torch.from_numpy(v.data.copy())
-                               for k, v in shoal_model.state_dict().items()})
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    torch, model, opt = core_step.build_torch(shoal_model, seed=0)
     rng = np.random.default_rng(0)
     x = torch.from_numpy(rng.standard_normal((BATCH, SIZES[0])).astype(np.float32))
     y = torch.from_numpy(rng.integers(0, SIZES[-1], BATCH))

@@ -43,19 +43,22 @@ def build_shoal(seed: int):
     return model, optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
 
-def build_torch(shoal_model):
-    """The same model in torch, with shoal's initial weights copied in."""
+def build_torch(shoal_model, seed: int = 0):
+    """The same model in torch, with shoal's initial weights copied in (torch's own, from
+    `seed`, when `shoal_model` is None)."""
     import torch  # noqa: PLC0415 - the peer is optional
 
     torch.set_num_threads(1)
+    torch.manual_seed(seed)
     layers = []
     for i, (a, b) in enumerate(zip(SIZES[:-1], SIZES[1:])):
         layers.append(torch.nn.Linear(a, b))
         if i < len(SIZES) - 2:
             layers.append(torch.nn.ReLU())
     model = torch.nn.Sequential(*layers)
-    model.load_state_dict({k: torch.from_numpy(v.data.copy())
-                           for k, v in shoal_model.state_dict().items()})
+    if shoal_model is not None:
+        model.load_state_dict({k: torch.from_numpy(v.data.copy())
+                               for k, v in shoal_model.state_dict().items()})
     return torch, model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
 
