@@ -15,6 +15,9 @@ from pathlib import Path
 RUN = 'run_id=~"$run"'
 RANK = 'run_id=~"$run", rank=~"$rank"'
 RI = "$__rate_interval"
+# Mean step time per rank, shown as a series and as the straggler heatmap.
+STEP_TIME_BY_RANK = (f"sum by (rank) (rate(shoal_training_step_seconds_sum{{{RANK}}}[{RI}])) / "
+                     f"sum by (rank) (rate(shoal_training_step_seconds_count{{{RANK}}}[{RI}]))")
 DS = {"type": "prometheus", "uid": "${datasource}"}
 
 
@@ -85,14 +88,10 @@ PANELS = [
            [(f"sum by (rank) (rate(shoal_training_samples_total{{{RANK}}}[{RI}]))",
              "rank {{rank}}")], unit="ops"),
     series("Step time, per rank", "Mean wall time of a step.",
-           [(f"sum by (rank) (rate(shoal_training_step_seconds_sum{{{RANK}}}[{RI}])) / "
-             f"sum by (rank) (rate(shoal_training_step_seconds_count{{{RANK}}}[{RI}]))",
-             "rank {{rank}}")], unit="s"),
+           [(STEP_TIME_BY_RANK, "rank {{rank}}")], unit="s"),
     panel("heatmap", "Straggler heatmap: step time by rank over time", "One row per rank; "
           "the slow rank's row stands out.",
-          [(f"sum by (rank) (rate(shoal_training_step_seconds_sum{{{RANK}}}[{RI}])) / "
-            f"sum by (rank) (rate(shoal_training_step_seconds_count{{{RANK}}}[{RI}]))",
-            "{{rank}}")], unit="s", w=12, h=8,
+          [(STEP_TIME_BY_RANK, "{{rank}}")], unit="s", w=12, h=8,
           options={"calculate": False, "yAxis": {"unit": "short"},
                    "rowsFrame": {"layout": "auto"}}),
     stat("Which rank is the straggler?", "The rank that spends the least time waiting in "
