@@ -128,7 +128,7 @@ class _Pass:
         one node still go together, one message per peer."""
         outbox = self.outbox
         if outbox and (len(outbox) > 1 or self.hold_for not in outbox):
-            self.sent += self.flush(self.hold_for)
+            self.sent += self.flush()
 
     def _sink(self, leaf: Any, g: Any, owned: bool) -> None:
         ctx = self.ctx
@@ -183,10 +183,11 @@ class _Pass:
                 )
             self.task.feed(tensor, grad)
 
-    def flush(self, hold_for: Optional[int] = None) -> list:
+    def flush(self) -> list:
         """Send what finished, one message per peer, except what is for `hold_for` (it rides
         on the answer to that peer's message); the messages' Futures, whose answers may carry
         gradients for this worker (see `answered` and `_drive`)."""
+        hold_for = self.hold_for
         held = self.outbox.pop(hold_for, None) if hold_for is not None else None
         outbox, self.outbox = self.outbox, ({hold_for: held} if held else {})
         if not outbox:
@@ -211,14 +212,15 @@ class _Pass:
         with self.ctx.lock:
             self.hold_for = None
             self.feed(items)
-            sent = self.take_sent() + self.flush()
+            sent = self.send_finished()
             self.finish_if_done()
         return sent
 
-    def take_sent(self) -> list:
-        """The messages sent while the last feed ran (see _before_node). Under ctx.lock."""
+    def send_finished(self) -> list:
+        """After a feed (under ctx.lock): the messages it sent while it ran (see _before_node)
+        and those of what is left in the outbox, sent now."""
         sent, self.sent = self.sent, []
-        return sent
+        return sent + self.flush()
 
     def answered(self, sent: list) -> list:
         """Futures done once each message in `sent` is answered and what its answer carried
@@ -289,7 +291,7 @@ def _begin(agent, ctx, pass_id: tuple, retain_graph: bool, origin: Optional[int]
     ctx.passes[pass_id] = state
     state.hold_for = origin
     state.start(list(roots))
-    futures = state.take_sent() + state.flush(hold_for=origin)
+    futures = state.send_finished()
     # A peer that got gradients begins on their arrival: only the others need a begin.
     informed = state.informed
     me = agent.info.id
@@ -326,7 +328,7 @@ def _begin_remote(cid: int, pass_id: tuple, retain_graph: bool, origin: int,
     with ctx.lock:
         state, sent = _begin(agent, ctx, pass_id, retain_graph, origin)
         if state is None:
-            return _answer([], [])  # this worker's part already ran
+            return _done()  # this worker's part already ran
         held = state.take_held(origin)
     return _answer(state.answered(sent), held)
 
@@ -346,7 +348,7 @@ def _receive_gradients(cid: int, pass_id: tuple, retain_graph: bool, items: list
             )
         state.hold_for = origin
         state.feed(items)
-        sent += state.take_sent() + state.flush(hold_for=origin)
+        sent += state.send_finished()
         held = state.take_held(origin)
         state.finish_if_done()
     return _answer(state.answered(sent), held)
