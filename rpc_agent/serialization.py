@@ -115,7 +115,7 @@ def _rebuild_ndarray(buffer, code: str, shape: tuple):
 
 class _PlainDtypes(dict):
     """dtype -> its string when that string rebuilds it exactly (bool, ints, floats,
-    complex), else absent; filled on first sight of each dtype."""
+    complex), else None; filled on first sight of each dtype."""
 
     def __missing__(self, dtype):
         import numpy  # noqa: PLC0415
