@@ -7,7 +7,8 @@ import tempfile
 from typing import Optional
 
 from shoal.core.auth import is_loopback
-from shoal.core.netaddr import address_towards
+from shoal.core.netaddr import address_towards, is_local_address
+from shoal.collectives.types import DistNetworkError
 
 _TRUE = {"1", "true", "yes", "on"}
 
@@ -153,16 +154,32 @@ def use_agent_store() -> bool:
 def bind_host(master_addr: Optional[str]) -> str:
     """The address this rank's backend listens on and advertises to its peers.
 
-    SHOAL_COLLECTIVES_HOST wins; otherwise loopback when the master is on this machine, else the
-    local address that routes to the master, which is the one peers on other hosts can reach
-    (`core.netaddr.address_towards`; loopback only if there is no route at all).
+    SHOAL_COLLECTIVES_HOST wins (it must be one of this host's addresses); otherwise loopback
+    when the master is on this machine, else the local address that routes to the master, which
+    is the one peers on other hosts can reach (`core.netaddr.address_towards`).
+
+    Raises:
+        DistNetworkError: SHOAL_COLLECTIVES_HOST is not an address of this host, or the master
+            is on another host and no route leads there. Advertising loopback instead would
+            only fail later, on every peer, as "could not connect to rank N at 127.0.0.1".
     """
-    explicit = os.environ.get("SHOAL_COLLECTIVES_HOST")
+    explicit = os.environ.get("SHOAL_COLLECTIVES_HOST", "").strip()
     if explicit:
+        if not is_local_address(explicit):
+            raise DistNetworkError(
+                f"SHOAL_COLLECTIVES_HOST={explicit!r} is not an address of this host, so this "
+                f"rank cannot listen on it; set it to one of this host's addresses, or unset it "
+                f"to use the address that routes to the master.")
         return explicit
     if not master_addr or is_loopback(master_addr):
         return "127.0.0.1"
-    return address_towards(master_addr) or "127.0.0.1"
+    route = address_towards(master_addr)
+    if route is None:
+        raise DistNetworkError(
+            f"This host has no route to the master address {master_addr!r}, so ranks on other "
+            f"hosts could not reach this one; check MASTER_ADDR, or set SHOAL_COLLECTIVES_HOST "
+            f"to an address of this host that they can reach.")
+    return route
 
 
 def bind_host_for(store) -> str:

@@ -174,5 +174,6 @@ def check_resume(run: ShoalRun, restart: int, steps: int, every: int) -> int:
     before, after = steps_run(lines[:index]), steps_run(lines[index:])
     assert resumed >= every and resumed % every == 0, (resumed, every)
     assert resumed <= max(before), f"resumed from step {resumed}, which the job had not reached"
-    assert after == list(range(resumed + 1, steps + 1)), f"steps after the resume: {after}"
+    assert after == list(range(resumed + 1, steps + 1)), \
+        f"steps after the resume: {after}\n" + "\n".join(lines[max(0, index - 20):index + 80])
     return resumed
