@@ -4,8 +4,10 @@ nothing the harness made outlives it."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -89,3 +91,57 @@ def test_links_take_the_mtu_asked_for_and_bad_values_are_refused():
         assert " mtu 1500 " in hosts[0].run(["ip", "-o", "link", "show", "eth0"]).stdout
     with pytest.raises(ValueError, match="Hosts' mtu must be within 68 and 65535 bytes, got 70000"):
         Hosts(1, mtu=70000)
+
+
+SLEEPER = "import time; print('up', flush=True); time.sleep(120)"
+
+
+def test_a_failing_test_body_still_leaves_nothing_behind():
+    before = _netns_names()
+    sleeper = None
+    with pytest.raises(RuntimeError, match="the test body failed"):
+        with Hosts(2) as hosts:
+            sleeper = hosts[1].popen([sys.executable, "-c", SLEEPER], stdout=subprocess.PIPE,
+                                     text=True)
+            assert sleeper.stdout.readline().strip() == "up"
+            raise RuntimeError("the test body failed")
+    assert sleeper.wait(10) is not None  # killed by the cleanup, not left running
+    assert _netns_names() == before
+
+
+MAKER = """
+import subprocess, sys, time
+from tests.support.netns import Hosts
+hosts = Hosts(2).__enter__()
+proc = hosts[0].popen([sys.executable, "-c", "import time; time.sleep(120)"])
+print(" ".join([hosts.switch] + [h.netns for h in hosts.hosts]), proc.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_namespaces_of_a_killed_test_run_are_removed_by_the_next_one():
+    """A test process SIGKILLed before its cleanup (a CI timeout) leaves its namespaces and the
+    processes in them; the next `Hosts` removes them."""
+    maker = subprocess.Popen([sys.executable, "-c", MAKER], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": os.getcwd()})
+    try:
+        names, orphan = maker.stdout.readline().rsplit(" ", 1)
+    finally:
+        maker.kill()
+        maker.wait(10)
+    left = set(names.split())
+    assert len(left) == 3 and left <= _netns_names()
+    with Hosts(1):
+        assert not (left & _netns_names())
+    deadline = time.monotonic() + 10
+    while _alive(int(orphan)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(int(orphan)), "a process in a stale namespace outlived its removal"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False

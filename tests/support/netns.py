@@ -14,6 +14,7 @@ run them) and skips it elsewhere, with the reason.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -59,6 +60,49 @@ def _ip(*args: str, netns: Optional[str] = None) -> None:
         raise RuntimeError(f"{' '.join(argv)} failed: {done.stderr.strip()}")
 
 
+_OURS = re.compile(r"^shoal-(\d+)-[0-9a-f]{8}-(?:sw|h\d+)$")
+
+
+def _namespaces() -> list[str]:
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
+                            timeout=_IP_TIMEOUT_S)
+    return [line.split()[0] for line in listed.stdout.splitlines() if line.strip()]
+
+
+def _kill_everything_in(netns: str) -> None:
+    listed = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True,
+                            timeout=_IP_TIMEOUT_S)
+    for pid in listed.stdout.split():
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
+
+
+def _delete_netns(name: str) -> None:
+    for _ in range(50):  # a namespace whose last process is still exiting is busy
+        done = subprocess.run(["ip", "netns", "del", name], capture_output=True,
+                              timeout=_IP_TIMEOUT_S)
+        if done.returncode == 0 or not os.path.exists(f"/run/netns/{name}"):
+            return
+        time.sleep(0.1)
+
+
+def remove_stale_namespaces() -> list[str]:
+    """Delete the namespaces (and kill what runs in them) that a test process which no longer
+    exists made: a run killed before its cleanup (SIGKILL, a CI timeout) leaves them behind.
+    Returns their names."""
+    stale = []
+    for name in _namespaces():
+        match = _OURS.match(name)
+        if match is None or os.path.exists(f"/proc/{match.group(1)}"):
+            continue
+        _kill_everything_in(name)
+        _delete_netns(name)
+        stale.append(name)
+    return stale
+
+
 @dataclass
 class Host:
     """One namespace: `address` is its eth0 address, `netns` its name for `ip netns exec`."""
@@ -96,13 +140,15 @@ class Hosts:
             raise ValueError(f"Hosts' mtu must be within 68 and 65535 bytes, got {mtu}.")
         # None keeps the kernel's default for veth and bridges: 1500, plain Ethernet.
         self.mtu = mtu
-        tag = uuid.uuid4().hex[:8]
+        # The creator's pid in every name lets a later run remove what a killed run left.
+        tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.switch = f"shoal-{tag}-sw"
         self.hosts = [Host(i, f"shoal-{tag}-h{i}", f"{SUBNET}.{i + 1}", f"p{i}")
                       for i in range(n)]
         self._made: list[str] = []
 
     def __enter__(self) -> "Hosts":
+        remove_stale_namespaces()
         try:
             self._make()
         except BaseException:
@@ -148,13 +194,7 @@ class Hosts:
 
     def _kill(self, host: Host) -> None:
         # Every process in the namespace, including those started by processes we started.
-        listed = subprocess.run(["ip", "netns", "pids", host.netns], capture_output=True,
-                                text=True, timeout=_IP_TIMEOUT_S)
-        for pid in listed.stdout.split():
-            try:
-                os.kill(int(pid), signal.SIGKILL)
-            except (ProcessLookupError, ValueError):
-                pass
+        _kill_everything_in(host.netns)
         for proc in host.procs:
             if proc.poll() is None:
                 try:
@@ -172,10 +212,5 @@ class Hosts:
             if host.netns in self._made:
                 self._kill(host)
         for name in reversed(self._made):
-            for _ in range(50):  # a namespace whose last process is still exiting is busy
-                done = subprocess.run(["ip", "netns", "del", name], capture_output=True,
-                                      timeout=_IP_TIMEOUT_S)
-                if done.returncode == 0 or not os.path.exists(f"/run/netns/{name}"):
-                    break
-                time.sleep(0.1)
+            _delete_netns(name)
         self._made.clear()
