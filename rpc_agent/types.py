@@ -92,17 +92,27 @@ class RemoteException(RpcError):
 # ----------------------------------------------------------------------------- names
 
 _NAME_CHARS = re.compile(r"[A-Za-z0-9_:\-]*")
+# torch's RpcAgent::MAX_NAME_LEN: a name must be strictly shorter than this.
 MAX_NAME_LENGTH = 128
 
 
+class WorkerNameError(RpcError, ValueError):
+    """A worker name breaks torch's rule. A ValueError, as shoal reports bad input, and through
+    RpcError the RuntimeError torch's WorkerInfo raises, so `except RuntimeError` catches it."""
+
+
 def check_worker_name(name) -> None:
-    """torch's rule for worker names: at most 128 of A-Z a-z 0-9 _ - : (they travel in stores
-    and logs, and the RRef machinery parses them)."""
-    if not isinstance(name, str) or not name or len(name) > MAX_NAME_LENGTH \
+    """torch's rule for worker names: 1 to 127 (shorter than 128) of the ASCII characters
+    A-Z a-z 0-9 _ - : (they travel in stores and logs, and the RRef machinery parses them).
+
+    Raises:
+        WorkerNameError: the name is not a str, is empty, too long or has another character.
+    """
+    if not isinstance(name, str) or not name or len(name) >= MAX_NAME_LENGTH \
             or not _NAME_CHARS.fullmatch(name):
-        raise ValueError(
-            f"A worker name must be 1 to {MAX_NAME_LENGTH} characters of A-Z, a-z, 0-9, '_', "
-            f"'-' and ':', got {name!r}."
+        raise WorkerNameError(
+            f"A worker name must be 1 to {MAX_NAME_LENGTH - 1} characters of A-Z, a-z, 0-9, "
+            f"'_', '-' and ':' (torch's rule: shorter than {MAX_NAME_LENGTH}), got {name!r}."
         )
 
 

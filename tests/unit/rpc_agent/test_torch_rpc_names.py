@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from shoal import rpc_agent as rpc
+from shoal.rpc_agent.types import WorkerNameError
 
 
 def test_a_torch_style_init_with_tensorpipe_options_and_timeouts():
@@ -33,11 +34,41 @@ def test_a_torch_style_init_with_tensorpipe_options_and_timeouts():
 
 def test_worker_names_follow_torchs_rule():
     assert rpc.WorkerInfo("trainer-1:a_b", 3).name == "trainer-1:a_b"
-    for bad in ("", "two words", "a.b", "x" * 129):
-        with pytest.raises(ValueError, match="A worker name must be 1 to 128 characters"):
+    assert rpc.WorkerInfo("x" * 127, 0).name == "x" * 127
+    for bad in ("", "two words", "a.b", "\u00e9", "x" * 128, "x" * 129, 7):
+        with pytest.raises(WorkerNameError, match="A worker name must be 1 to 127 characters "
+                                                  "of A-Z, a-z, 0-9, '_', '-' and ':'"):
             rpc.WorkerInfo(bad, 0)
     with pytest.raises(ValueError, match="A worker id must be a non-negative int"):
         rpc.WorkerInfo("w", -1)
+
+
+def test_a_bad_worker_name_is_both_a_valueerror_and_torchs_runtimeerror():
+    """A torch script's `except RuntimeError` catches it, and so does shoal's ValueError."""
+    for caught in (RuntimeError, ValueError, rpc.RpcError):
+        with pytest.raises(caught, match="got 'a.b'"):
+            rpc.WorkerInfo("a.b", 0)
+    with pytest.raises(RuntimeError, match="got 'x x'"):
+        rpc.init_rpc("x x", rank=0, world_size=1)
+
+
+@pytest.mark.parametrize("name", ["w", "Trainer_0:ps-1", "x" * 127, "x" * 128, "x" * 129, "",
+                                  "a.b", "a b", "a/b", "\u00e9", "\u0661", "tab\t"])
+def test_worker_names_are_accepted_and_refused_exactly_as_torch_does(name):
+    """torch's WorkerInfo (rpc_agent.cpp) checks `0 < len < MAX_NAME_LEN (128)` and that every
+    character is ASCII alphanumeric or one of - _ :, raising RuntimeError."""
+    torch_rpc = pytest.importorskip("torch.distributed.rpc")
+    try:
+        torch_rpc.WorkerInfo(name, 0)
+        torch_refused = None
+    except RuntimeError as exc:
+        torch_refused = exc
+    if torch_refused is None:
+        assert rpc.WorkerInfo(name, 0).name == name
+    else:
+        assert "shorter than 128 chars" in str(torch_refused)
+        with pytest.raises(RuntimeError, match="shorter than 128"):
+            rpc.WorkerInfo(name, 0)
 
 
 def test_the_defaults_are_torchs():
