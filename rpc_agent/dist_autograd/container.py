@@ -6,6 +6,11 @@ the worker and send id they came from), the peers the context touched (for clean
 starting backward everywhere), and the gradients of this worker's leaves. Serialization calls
 `record_send`/`record_recv` while pickling inside a context; the agent calls `touch` when a
 call of a context arrives and `peer_lost` when a stream dies. Nothing here sends anything.
+
+Threads: calls arrive, contexts begin and end, and streams die on different threads, so the
+context table changes only under `_lock` and a context's peers only under its `peers_lock`;
+whoever walks either walks a copy taken under that lock (a walk of the live dict or set fails
+with "changed size during iteration" when another thread adds to it).
 """
 
 from __future__ import annotations
@@ -26,8 +31,8 @@ _WORKER_SHIFT = 48
 class DistAutogradContext:
     """One context's state on this worker (see the module docstring)."""
 
-    __slots__ = ("context_id", "lock", "sends", "recvs", "peers", "grads", "passes",
-                 "finished_passes", "graph_freed", "failure")
+    __slots__ = ("context_id", "lock", "sends", "recvs", "peers", "peers_lock", "grads",
+                 "passes", "finished_passes", "graph_freed", "failure")
 
     def __init__(self, context_id: int) -> None:
         self.context_id = context_id
@@ -35,12 +40,27 @@ class DistAutogradContext:
         self.lock = threading.RLock()
         self.sends: dict[int, Any] = {}
         self.recvs: dict[int, tuple] = {}  # id(tensor) -> (tensor, source worker id, send id)
-        self.peers: set[int] = set()
+        self.peers: set[int] = set()  # change with add_peer, read with peer_ids
+        # Not `lock`: peers are added on the agent's receive and send paths, which must not
+        # wait for a backward feed holding `lock` (a feed may block on its peers, as DDP's
+        # finalize does). This lock guards one set operation and nothing runs under it.
+        self.peers_lock = threading.Lock()
         self.grads: dict[int, tuple] = {}  # id(leaf) -> (leaf, grad Tensor)
         self.passes: dict[tuple, Any] = {}  # backward passes under way here, by pass id
         self.finished_passes: set[tuple] = set()
         self.graph_freed = False  # a backward without retain_graph ran
         self.failure: Optional[BaseException] = None
+
+    def add_peer(self, peer_id: int) -> None:
+        """Remember that the context involves worker `peer_id`."""
+        if peer_id not in self.peers:  # the common case, a known peer, takes no lock
+            with self.peers_lock:
+                self.peers.add(peer_id)
+
+    def peer_ids(self) -> tuple[int, ...]:
+        """The peers so far, sorted: a copy that later additions do not change."""
+        with self.peers_lock:
+            return tuple(sorted(self.peers))
 
     @property
     def creator_id(self) -> int:
@@ -49,7 +69,7 @@ class DistAutogradContext:
 
     def __repr__(self) -> str:
         return (f"DistAutogradContext(id={self.context_id}, sends={len(self.sends)}, "
-                f"recvs={len(self.recvs)}, peers={sorted(self.peers)})")
+                f"recvs={len(self.recvs)}, peers={list(self.peer_ids())})")
 
 
 _lock = threading.Lock()
@@ -67,11 +87,12 @@ def _changed() -> None:
 
 def new_context(worker_id: int) -> DistAutogradContext:
     """A fresh context created by this worker."""
-    # No lock: next() on a count and one dict store are atomic under the GIL, and no other
-    # worker's id can collide with this one's (the worker id is in the top bits).
+    # No other worker's id can collide with this one's (the worker id is in the top bits).
     cid = (worker_id << _WORKER_SHIFT) | next(_counter)
-    ctx = _contexts[cid] = DistAutogradContext(cid)
-    _changed()
+    ctx = DistAutogradContext(cid)
+    with _lock:
+        _contexts[cid] = ctx
+        _changed()
     return ctx
 
 
@@ -110,7 +131,7 @@ def touch(context_id: int, peer_id: int) -> DistAutogradContext:
                     # its creator ends it), so backward names the dead peer.
                     ctx.failure = RpcPeerLost(why)
                 _changed()
-    ctx.peers.add(peer_id)
+    ctx.add_peer(peer_id)
     return ctx
 
 
@@ -118,7 +139,7 @@ def note_peer(context_id: int, peer_id: int) -> None:
     """Remember that this worker sent a call of the context to `peer_id` (if it is live)."""
     ctx = _contexts.get(context_id)
     if ctx is not None:
-        ctx.peers.add(peer_id)
+        ctx.add_peer(peer_id)
 
 
 def record_send(context_id: int, tensor: Any, dst_id: int) -> int:
@@ -139,9 +160,10 @@ def record_recv(context_id: int, tensor: Any, src_id: int, send_id: int) -> None
 
 def release(context_id: int) -> Optional[DistAutogradContext]:
     """End the context on this worker; returns it (None when it was not live)."""
-    ctx = _contexts.pop(context_id, None)  # atomic under the GIL: one caller gets it
-    if ctx is not None:
-        _changed()
+    with _lock:
+        ctx = _contexts.pop(context_id, None)  # one caller gets it
+        if ctx is not None:
+            _changed()
     return ctx
 
 
@@ -152,7 +174,8 @@ def live_count() -> int:
 
 def live_ids() -> list[int]:
     """The ids of the live contexts (for tests and error messages)."""
-    return sorted(_contexts)
+    with _lock:
+        return sorted(_contexts)
 
 
 def peer_lost(peer_id: int, peer: str, reason: str, own_id: int) -> None:
@@ -160,7 +183,7 @@ def peer_lost(peer_id: int, peer: str, reason: str, own_id: int) -> None:
     created stay until their `with` block ends (so that backward reports the failure); the
     others end now, since nobody is left to end them reliably."""
     with _lock:
-        hit = [ctx for ctx in _contexts.values() if peer_id in ctx.peers]
+        hit = [ctx for ctx in _contexts.values() if peer_id in ctx.peer_ids()]
     for ctx in hit:
         ctx.failure = RpcPeerLost(
             f"Distributed autograd context {ctx.context_id} involves {peer}, whose RPC stream "

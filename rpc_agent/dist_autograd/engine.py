@@ -295,13 +295,14 @@ def _begin(agent, ctx, pass_id: tuple, retain_graph: bool, origin: Optional[int]
     # A peer that got gradients begins on their arrival: only the others need a begin.
     informed = state.informed
     me = agent.info.id
-    if ctx.peers:
+    peers = ctx.peer_ids()
+    if peers:
         with _context_id(None):
             futures += [
                 agent.call(peer, _begin_remote,
                            (ctx.context_id, pass_id, retain_graph, me, release.take(peer)),
                            None, None, "async")
-                for peer in sorted(ctx.peers) if peer not in (me, origin) and peer not in informed
+                for peer in peers if peer not in (me, origin) and peer not in informed
             ]
     state.finish_if_done()
     return state, futures

@@ -32,7 +32,10 @@ _flusher: Optional[threading.Thread] = None
 def end_here(cid: int, origin: Optional[int]) -> None:
     """End context `cid` on this worker and queue its release for its other peers."""
     ctx = container.release(cid)
-    if ctx is None or not ctx.peers:
+    if ctx is None:
+        return
+    peers = ctx.peer_ids()  # a call that got the context before it ended may still add one
+    if not peers:
         return
     agent = _current.peek()
     if agent is None:
@@ -41,7 +44,7 @@ def end_here(cid: int, origin: Optional[int]) -> None:
     now = time.monotonic()
     with _cond:
         was_empty = not _pending
-        for peer in ctx.peers:
+        for peer in peers:
             if peer != me and peer != origin:
                 _pending.setdefault(peer, []).append((cid, now))
         if was_empty and _pending:
