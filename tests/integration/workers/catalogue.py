@@ -96,6 +96,58 @@ def catalogue(group, members: list[int], rank: int, n: int) -> None:
                                       err_msg=f"all_to_all {tag}")
 
 
+def tensor_and_object_forms(world: int, rank: int, n: int) -> None:
+    """torch's tensor, single, coalesced, object and batched point-to-point forms on the default
+    group: they reach the same algorithms through other entry points."""
+    ref = [data(r, n) for r in range(world)]
+    gathered = np.zeros(world * n, np.float32)
+    dist.all_gather_into_tensor(gathered, data(rank, n))
+    np.testing.assert_array_equal(gathered, np.concatenate(ref), err_msg="all_gather_into_tensor")
+
+    out = np.zeros(n, np.float32)
+    dist.reduce_scatter_tensor(out, np.concatenate([data(rank, n) + 100 * i
+                                                    for i in range(world)]))
+    np.testing.assert_allclose(out, sum(ref) + 100 * rank * world, rtol=1e-6,
+                               err_msg="reduce_scatter_tensor")
+    same_everywhere(gathered, None, world, "all_gather_into_tensor")
+
+    # all_to_all_single with uneven splits: rank a sends rank b (a + b + 1) * 1000 elements.
+    splits_in = [(rank + b + 1) * 1000 for b in range(world)]
+    splits_out = [(a + rank + 1) * 1000 for a in range(world)]
+    send = np.concatenate([data(rank, k) + 10 * b for b, k in enumerate(splits_in)])
+    received = np.zeros(sum(splits_out), np.float32)
+    dist.all_to_all_single(received, send, splits_out, splits_in)
+    expect = np.concatenate([data(a, k) + 10 * rank for a, k in enumerate(splits_out)])
+    np.testing.assert_array_equal(received, expect, err_msg="all_to_all_single")
+
+    pieces = [data(rank, n), data(rank, 7) * 2]
+    dist.all_reduce_coalesced(pieces)
+    np.testing.assert_allclose(pieces[0], sum(ref), rtol=1e-6, err_msg="all_reduce_coalesced")
+    np.testing.assert_allclose(pieces[1], sum(data(r, 7) * 2 for r in range(world)), rtol=1e-6,
+                               err_msg="all_reduce_coalesced (second tensor)")
+
+    objects = [{"from": rank}] if rank == world - 1 else [None]
+    dist.broadcast_object_list(objects, src=world - 1)
+    assert objects == [{"from": world - 1}], objects
+    gathered_objects = [None] * world if rank == 0 else None
+    dist.gather_object(("rank", rank), gathered_objects, dst=0)
+    if rank == 0:
+        assert gathered_objects == [("rank", r) for r in range(world)], gathered_objects
+    mine = [None]
+    dist.scatter_object_list(mine, [f"to {r}" for r in range(world)] if rank == 0 else None,
+                             src=0)
+    assert mine == [f"to {rank}"], mine
+
+    if world > 1:
+        nxt, prev = (rank + 1) % world, (rank - 1) % world
+        inbox = np.zeros(n, np.float32)
+        works = dist.batch_isend_irecv([dist.P2POp(dist.isend, data(rank, n), nxt),
+                                        dist.P2POp(dist.irecv, inbox, prev)])
+        for work in works:
+            work.wait()
+        np.testing.assert_array_equal(inbox, data(prev, n), err_msg="batch_isend_irecv")
+
+
 def subgroups(world: int, per_host: int) -> list[list[int]]:
     groups = []
     if world >= 3:
@@ -125,6 +177,8 @@ def main() -> None:
         if rank in members:
             for n in SIZES[1:]:
                 catalogue(sub, members, rank, n)
+
+    tensor_and_object_forms(world, rank, SIZES[1])
 
     # Point to point around a ring, and the object collectives.
     if world > 1:
