@@ -30,9 +30,13 @@ import numpy as np  # noqa: E402
 from shoal import core  # noqa: E402
 from shoal.core.nn import functional as F  # noqa: E402
 from shoal.examples.train_convnet import ConvNet  # noqa: E402
-from shoal.examples.train_gpt import GPT  # noqa: E402
+from shoal.examples.train_gpt import GPT, parse_args  # noqa: E402
 
-GPT_SHAPE = {"vocab": 103, "context": 64, "d_model": 128, "n_layer": 4, "n_head": 4, "batch": 24}
+# The main job's own model (examples/train_gpt.py's defaults), so the figures are for what the
+# README's first command trains; 103 is the character vocabulary of pydoc_data's topics.
+_MAIN_JOB = parse_args([])
+GPT_SHAPE = {"vocab": 103, "context": _MAIN_JOB.context, "d_model": _MAIN_JOB.d_model,
+             "n_layer": _MAIN_JOB.layers, "n_head": _MAIN_JOB.heads, "batch": _MAIN_JOB.batch_size}
 CONV_SHAPE = {"width": 32, "batch": 64}
 
 

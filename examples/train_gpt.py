@@ -39,7 +39,7 @@ LN2 = math.log(2.0)
 class GPT(nn.Module):
     """Token and position embeddings, pre-norm causal transformer blocks, a tied output head."""
 
-    def __init__(self, vocab_size: int, context: int = 64, d_model: int = 128, n_layer: int = 4,
+    def __init__(self, vocab_size: int, context: int = 64, d_model: int = 144, n_layer: int = 4,
                  n_head: int = 4, dropout: float = 0.0) -> None:
         super().__init__()
         self.context = context
@@ -144,7 +144,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=160, help="total optimizer steps")
     parser.add_argument("--batch-size", "--batch_size", type=int, default=24, help="per rank")
     parser.add_argument("--context", type=int, default=64)
-    parser.add_argument("--d-model", "--d_model", type=int, default=128)
+    parser.add_argument("--d-model", "--d_model", type=int, default=144)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--lr", type=float, default=3e-3)

@@ -9,7 +9,7 @@ import torch
 class TorchGPT(torch.nn.Module):
     """torch's GPT matching examples.train_gpt.GPT."""
 
-    def __init__(self, vocab_size: int, context: int = 64, d_model: int = 128, n_layer: int = 4,
+    def __init__(self, vocab_size: int, context: int = 64, d_model: int = 144, n_layer: int = 4,
                  n_head: int = 4) -> None:
         super().__init__()
         self.context = context
