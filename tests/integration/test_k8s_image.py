@@ -71,6 +71,26 @@ def test_numeric_user_init_process_and_labels(name):
     assert 'org.opencontainers.image.licenses="Apache-2.0"' in labels
 
 
+@pytest.mark.parametrize("name, extra", [
+    ("Dockerfile", {}),
+    ("Dockerfile.gpu", {"CUPY_CACHE_DIR": "/tmp/cupy/kernel_cache",
+                        "CUDA_CACHE_PATH": "/tmp/nv/ComputeCache"}),
+])
+def test_home_and_caches_point_at_tmp(name, extra):
+    """User 10001 has no home directory (useradd --no-create-home) and Kubernetes mounts the
+    root filesystem read-only with an emptyDir at /tmp: whatever writes under $HOME (cupy's
+    kernel cache, matplotlib's config, XDG caches) must find /tmp instead."""
+    steps = _instructions(name)
+    env: dict[str, str] = {}
+    for word, args in steps[[w for w, _ in steps].index("USER"):]:
+        if word == "ENV":
+            env.update(re.findall(r"(\w+)=(\S+)", args))
+    expected = {"HOME": "/tmp", "XDG_CACHE_HOME": "/tmp/.cache",
+                "MPLCONFIGDIR": "/tmp/matplotlib", **extra}
+    assert {k: env.get(k) for k in expected} == expected
+    assert any("--no-create-home" in args for word, args in steps if word == "RUN")
+
+
 def test_pins_satisfy_pyproject_and_cover_every_runtime_dependency():
     pins = _pins("constraints.txt")
     for text in PYPROJECT["project"]["dependencies"]:

@@ -207,6 +207,37 @@ def test_the_gpu_overlay_asks_for_gpus_shared_memory_and_one_worker_per_gpu(rend
     assert "NCCL_SOCKET_IFNAME" in _env(container)
 
 
+def _on_an_empty_dir(pod: dict, container: dict, path: str) -> bool:
+    """Whether `path` lies on one of the container's emptyDir mounts (writable under a
+    read-only root filesystem)."""
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    return any("emptyDir" in volumes[m["name"]]
+               and (path == m["mountPath"] or path.startswith(m["mountPath"].rstrip("/") + "/"))
+               for m in container["volumeMounts"])
+
+
+# What writes under $HOME at run time: the user (10001) has no home directory and the root
+# filesystem is read-only, so each must point at the /tmp emptyDir.
+HOME_WRITERS = {"cpu": ["HOME"], "kubeflow": ["HOME"],
+                "gpu": ["HOME", "CUPY_CACHE_DIR", "CUDA_CACHE_PATH"]}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_caches_that_default_to_home_are_on_the_tmp_empty_dir(rendered, variant):
+    pods = [pod for obj in rendered[variant].values() if obj["kind"] in ("Job", "PyTorchJob")
+            for pod in _pod_templates(obj)]  # the training pods (etcd writes only its data)
+    assert pods
+    for pod in pods:
+        container = pod["spec"]["containers"][0]
+        env = _env(container)
+        for name in HOME_WRITERS[variant]:
+            assert isinstance(env.get(name), str), (variant, name, "not set")
+            assert _on_an_empty_dir(pod, container, env[name]), (variant, name, env[name])
+    if variant == "gpu":
+        assert _env(pods[0]["spec"]["containers"][0])["CUPY_CACHE_DIR"] == \
+            "/tmp/cupy/kernel_cache"
+
+
 def _selects(selector: dict, labels: dict) -> bool:
     return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
 
