@@ -1,7 +1,11 @@
-"""DistributedOptimizer over two workers: steps equal one process's SGD and Adam; an owner's
-failing step is re-raised naming that worker and the context."""
+"""DistributedOptimizer over three workers: steps equal one process's SGD and Adam; an owner's
+failing step is re-raised naming that worker and the context while the other owners still
+step; the owners step at the same time."""
 
 from __future__ import annotations
+
+import pathlib
+import time
 
 import numpy as np
 import pytest
@@ -40,6 +44,38 @@ class BrokenStep(core.optim.SGD):
         raise ValueError("this optimizer refuses to step")
 
 
+class BrokenOnW1(core.optim.SGD):
+    """Steps everywhere but on w1."""
+
+    def step(self, closure=None):
+        if rpc_agent.get_worker_info().name == "w1":
+            raise ValueError("w1's optimizer refuses to step")
+        return super().step(closure)
+
+
+class MeetsTheOtherOwners(core.optim.SGD):
+    """Steps only once every owner in `owners` has begun its step (each marks its start with a
+    file in `meet_dir`): owners stepped one after another never meet, and the first gives up
+    after 10 s with an error naming the owners it waited for."""
+
+    def __init__(self, params, lr: float, meet_dir: str, owners: tuple):
+        super().__init__(params, lr=lr)
+        self.meet_dir, self.owners = pathlib.Path(meet_dir), owners
+
+    def step(self, closure=None):
+        me = rpc_agent.get_worker_info().name
+        (self.meet_dir / me).touch()
+        deadline = time.monotonic() + 10
+        while True:
+            missing = [o for o in self.owners if not (self.meet_dir / o).exists()]
+            if not missing:
+                return super().step(closure)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{me}'s step waited 10 s for the steps of {missing} to "
+                                   "begin: the owners were not stepped at the same time")
+            time.sleep(0.005)
+
+
 def train(optim_name: str, steps: int):
     optim_class = {"sgd": core.optim.SGD, "adam": core.optim.Adam}[optim_name]
     rrefs = [param_rref(), rpc_agent.rpc_sync("w1", param_rref)]
@@ -67,6 +103,35 @@ def failing_step():
     return cid, None
 
 
+def failing_step_on_w1():
+    rrefs = [param_rref(), rpc_agent.rpc_sync("w1", param_rref)]
+    before = param_value()
+    opt = DistributedOptimizer(BrokenOnW1, rrefs, lr=0.1)
+    x = core.Tensor(np.ones((3, 4)))
+    with dist_autograd.context() as cid:
+        y = rpc_agent.rpc_sync("w1", stage, (stage(x),))
+        dist_autograd.backward(cid, [y.sum()])
+        try:
+            opt.step(cid)
+        except DistributedOptimizerError as exc:
+            return cid, str(exc), before, param_value()
+    return cid, None, before, param_value()
+
+
+def step_two_remote_owners(meet_dir: str):
+    rrefs = [rpc_agent.rpc_sync(w, param_rref) for w in ("w1", "w2")]
+    before = [rpc_agent.rpc_sync(w, param_value) for w in ("w1", "w2")]
+    opt = DistributedOptimizer(MeetsTheOtherOwners, rrefs, lr=0.1, meet_dir=meet_dir,
+                               owners=("w1", "w2"))
+    x = core.Tensor(np.ones((3, 4)))
+    with dist_autograd.context() as cid:
+        y = rpc_agent.rpc_sync("w2", stage, (rpc_agent.rpc_sync("w1", stage, (x,)),))
+        dist_autograd.backward(cid, [y.sum()])
+        opt.step(cid)
+    after = [rpc_agent.rpc_sync(w, param_value) for w in ("w1", "w2")]
+    return before, after
+
+
 def bad_arguments():
     out = []
     for args in ((core.optim.SGD, []), ("SGD", [param_rref()]), (core.optim.SGD, [1])):
@@ -83,7 +148,7 @@ def bad_arguments():
 
 @pytest.fixture(scope="module")
 def workers():
-    with RpcWorkers(2) as pool:
+    with RpcWorkers(3) as pool:
         yield pool
         pool.shutdown()
 
@@ -113,6 +178,25 @@ def test_an_owner_failing_its_step_is_named(workers):
     assert message.startswith(
         f"DistributedOptimizer.step(context {cid}): the optimizer on worker 'w0' failed: "
         "ValueError: this optimizer refuses to step"), message
+
+
+def test_only_the_owner_that_fails_is_named(workers):
+    workers.run_all(make_param)
+    cid, message, before, after = workers.run(0, failing_step_on_w1)
+    assert message is not None
+    assert message == (
+        f"DistributedOptimizer.step(context {cid}): the optimizer on worker 'w1' failed: "
+        "ValueError: w1's optimizer refuses to step"), message
+    # The other owner still stepped.
+    assert not np.allclose(after, before)
+
+
+def test_owners_step_at_the_same_time(workers, tmp_path):
+    workers.run_all(make_param)
+    before, after = workers.run(0, step_two_remote_owners, str(tmp_path), timeout=60)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w1", "w2"]
+    for b, a in zip(before, after):
+        assert not np.allclose(a, b)
 
 
 def test_bad_arguments(workers):
