@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -140,14 +141,25 @@ def test_the_collective_catalogue_across_hosts(tmp_path, nhosts, nproc, leaders,
 
 def test_a_lost_host_leaves_the_others_to_finish_from_the_last_checkpoint(tmp_path):
     """Two hosts x 2 ranks (--nnodes 1:2, one shared checkpoint directory, as shared storage
-    would be); after step 9 the second host is torn down (link cut, agent and workers killed).
-    The first host's agent re-rendezvouses alone, resumes from step 8 at world size 2 and ends
-    with the parameters of the same schedule run on one host: 4 ranks to step 8, then 2."""
+    would be), with a model wide enough (a 76816-byte gradient bucket) that DDP's all_reduce
+    takes the two-level path (shared memory within a host, TCP between). After step 9 the
+    second host is torn down (link cut, agent and workers killed). The first host's agent
+    re-rendezvouses alone, resumes from step 8 at world size 2 and ends with the parameters of
+    the same schedule run without a fault on the same paths: 2 hosts x 2 ranks to step 8, then
+    one host of 2 ranks."""
     steps, every = 16, 4
-    job = [str(TRAIN_DDP), "--steps", str(steps), "--checkpoint-every", str(every),
-           "--step-sleep", "0.2", "--checkpoint-dir", str(tmp_path / "shared")]
+    model = [str(WORKERS / "fault_at.py"), "--fault", "none", "--hidden", "128", "--say-path"]
     conf = ["--rdzv-conf", "heartbeat_interval=0.25,heartbeat_timeout=2,last_call_timeout=0.5"]
     with _hosts_with_etcd(2) as (hosts, etcd):
+        # The reference's first leg: the same 4 ranks on the same hosts, no fault.
+        ck = tmp_path / "reference"
+        reference = [*model, "--checkpoint-every", str(every), "--checkpoint-dir", str(ck)]
+        run_id = f"mh-ref-{uuid.uuid4().hex[:8]}"
+        first_leg = _finish([_agent(h, etcd, run_id, tmp_path, job=[*reference, "--steps", "8"],
+                                    extra=["--node-rank", str(h.index)]) for h in hosts.hosts])
+        assert "[rank 0] all_reduce path hierarchical" in first_leg[0], first_leg[0][-4000:]
+        job = [*model, "--steps", str(steps), "--checkpoint-every", str(every),
+               "--step-sleep", "0.2", "--checkpoint-dir", str(tmp_path / "shared")]
         run_id = f"mh-lost-{uuid.uuid4().hex[:8]}"
         # Node ranks fix where rank 0 (the one that prints) runs: on the surviving host.
         procs = [_agent(h, etcd, run_id, tmp_path, job=job, nnodes="1:2",
@@ -165,16 +177,15 @@ def test_a_lost_host_leaves_the_others_to_finish_from_the_last_checkpoint(tmp_pa
     assert survivor.returncode == 0, out[-4000:]
     assert lost.returncode is not None
     assert "resumed from step 8" in out, out[-4000:]
+    paths = re.findall(r"\[rank 0\] all_reduce path (.+)", out)
+    assert paths == ["hierarchical", "shared memory"], paths
     got = digest_in(out, steps)
 
-    # The same schedule on one host, over sockets as across hosts.
-    token = {"SHOAL_AUTH_TOKEN": SECRET, "SHOAL_LOCAL_TRANSPORT": "unix"}
-    ck = tmp_path / "reference"
-    reference = [str(TRAIN_DDP), "--checkpoint-every", str(every), "--checkpoint-dir", str(ck)]
-    for nproc, until in ((4, 8), (2, steps)):
-        with ShoalRun(["--standalone", "--nproc-per-node", str(nproc), *reference, "--steps",
-                       str(until)], env=token, name=f"reference W={nproc}") as run:
-            assert run.wait(JOB_TIMEOUT) == 0, run.tail()
+    # The reference's second leg: one host of 2 ranks (shared memory, as the survivor runs).
+    with ShoalRun(["--standalone", "--nproc-per-node", "2", *reference, "--steps", str(steps)],
+                  env={"SHOAL_AUTH_TOKEN": SECRET}, name="reference W=2") as run:
+        assert run.wait(JOB_TIMEOUT) == 0, run.tail()
+    assert "resumed from step 8" in run.output, run.tail()
     assert got == final_sha(run, steps), out[-4000:]
 
 

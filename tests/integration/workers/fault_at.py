@@ -17,6 +17,9 @@ step train_ddp prints as `step S` once it is done), and it says so on one line f
   middle node of the step's graph runs (some gradients are accumulated, others not).
 - `stop`: SIGSTOP at the start of step S; the peers' collectives must time out.
 
+--say-path prints `[rank R] all_reduce path hierarchical|shared memory|sockets` once the
+default group is made.
+
 --hidden H widens the model (train_ddp.D_HIDDEN) so that the gradient bucket passes the 64 KiB
 small-message size: the shared-memory and ring paths only carry larger arrays.
 """
@@ -217,6 +220,23 @@ def _install_stop(rank: int, step: int) -> None:
     train_ddp.make_batch = make_batch
 
 
+def _say_path() -> None:
+    """Print which path the default group's large all_reduces take, once it is made."""
+    from shoal import collectives  # noqa: PLC0415
+
+    real = collectives.init_process_group
+
+    def init_process_group(*args, **kwargs):
+        group = real(*args, **kwargs)
+        pg = collectives.get_default_group()
+        path = ("hierarchical" if getattr(pg, "hierarchical", False)
+                else "shared memory" if getattr(pg, "uses_shared_memory", False) else "sockets")
+        say(f"all_reduce path {path}")
+        return group
+
+    collectives.init_process_group = init_process_group
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--fault", choices=PLACEMENTS, required=True)
@@ -224,10 +244,13 @@ def main() -> int:
     parser.add_argument("--fault-rank", type=int, default=1)
     parser.add_argument("--fault-fraction", type=float, default=0.5)
     parser.add_argument("--hidden", type=int, default=None)
+    parser.add_argument("--say-path", action="store_true")
     ours, rest = parser.parse_known_args(sys.argv[1:])
     if ours.hidden is not None:
         train_ddp.D_HIDDEN = ours.hidden
     _install_step_counter()
+    if ours.say_path:
+        _say_path()
     rank = int(os.environ.get("RANK", "0"))
     first_attempt = os.environ.get("SHOAL_RESTART_COUNT", "0") == "0"
     if ours.fault != "none" and rank == ours.fault_rank and first_attempt:
