@@ -3,7 +3,8 @@ reduce_scatter, the object collectives gather/scatter, coalesced calls, and the 
 ProcessGroup's C++-style methods (`allreduce([t], opts)`, `allgather`, `alltoall`, ...).
 
 `CompositeCollectives` is a base of `ProcessGroup`: every method here is written with the
-group's public collectives, so each backend gets them without writing anything.
+group's public collectives (and, for all_to_all_single, the `_all_to_all` hook every backend
+implements), so each backend gets them without writing anything.
 """
 
 from __future__ import annotations
@@ -114,9 +115,16 @@ class CompositeCollectives:
         out = arrays.unwrap(output, "all_to_all_single output")
         inp = arrays.unwrap(input, "all_to_all_single input")
         world = self.size()
+        if out.dtype != inp.dtype:
+            raise TypeError(
+                f"all_to_all_single output is {arrays.describe(out)} but input is "
+                f"{arrays.describe(inp)}; both must share one dtype."
+            )
         outs = _split_rows(out, output_split_sizes, world, "all_to_all_single output")
         ins = _split_rows(inp, input_split_sizes, world, "all_to_all_single input")
-        return self.all_to_all(outs, ins, async_op=async_op, timeout=timeout)
+        # The host's all_to_all hook with `output` itself as the result, so that the Work and
+        # its Future hold the output tensor, as torch's do, not this call's views of its rows.
+        return self._all_to_all([output], outs, ins, async_op, self._t(timeout))
 
     # -- object collectives
 

@@ -6,7 +6,9 @@ Covers the groups' names (group.WORLD, get_backend's "gloo", get_group_rank/get_
 new_subgroups), the bitwise ReduceOps, PREMUL_SUM (shoal runs it where gloo refuses: compared
 with torch's SUM of the scaled inputs), all_to_all_single (even and uneven splits),
 reduce_scatter_tensor, all_gather_into_tensor, gather_object, scatter_object_list,
-batch_isend_irecv with P2POp, the coalesced calls, Work.get_future() and _source_rank().
+batch_isend_irecv with P2POp, the coalesced calls, the ProcessGroup methods
+(allreduce_coalesced, _allgather_base, _reduce_scatter_base, alltoall, alltoall_base) and their
+futures, Work.get_future() and _source_rank().
 """
 
 from __future__ import annotations
@@ -155,6 +157,49 @@ def _session(rank: int, world: int, torch_port: int) -> dict:
     sd.all_gather_coalesced(s_outs, parts)
     seen["all_gather_coalesced"] = ([[p.numpy().tolist() for p in row] for row in t_outs],
                                     [[p.tolist() for p in row] for row in s_outs])
+
+    # -- torch's ProcessGroup methods on the default groups, each through Work.get_future()
+    t_pg, s_pg = td.distributed_c10d._get_default_group(), sd.get_default_group()
+
+    def flat(value):  # a future's tensors end to end (gloo's _allgather_base gives blocks)
+        return np.concatenate([np.asarray(v.numpy() if hasattr(v, "numpy") else v).reshape(-1)
+                               for v in value]).tolist()
+
+    parts = [np.arange(3.0) + rank, np.ones((2, 2)) * (rank + 2)]
+    t_parts, s_parts = [T(p) for p in parts], [p.copy() for p in parts]
+    t_val = t_pg.allreduce_coalesced(t_parts, td.AllreduceCoalescedOptions()).get_future().wait()
+    s_val = s_pg.allreduce_coalesced(s_parts, sd.AllreduceCoalescedOptions()).get_future().wait()
+    seen["pg.allreduce_coalesced"] = (([p.numpy().tolist() for p in t_parts], flat(t_val)),
+                                      ([p.tolist() for p in s_parts], flat(s_val)))
+    mine = np.arange(3.0) + 10 * rank
+    t_out, s_out = torch.empty(world * 3, dtype=torch.float64), np.empty(world * 3)
+    t_val = t_pg._allgather_base(t_out, T(mine)).get_future().wait()
+    s_val = s_pg._allgather_base(s_out, mine).get_future().wait()
+    seen["pg._allgather_base"] = ((t_out.numpy().tolist(), flat(t_val)),
+                                  (s_out.tolist(), flat(s_val)))
+    big = np.arange(world * 2.0) * (rank + 1)
+    t_out, s_out = torch.empty(2, dtype=torch.float64), np.empty(2)
+    t_pg._reduce_scatter_base(t_out, T(big)).wait()  # gloo's Work has no future here
+    s_val = s_pg._reduce_scatter_base(s_out, big).get_future().wait()
+    seen["pg._reduce_scatter_base"] = ((t_out.numpy().tolist(), t_out.numpy().tolist()),
+                                       (s_out.tolist(), flat(s_val)))
+    ins = [np.full(2, 10.0 * rank + j) for j in range(world)]
+    t_outs, s_outs = [torch.empty(2, dtype=torch.float64) for _ in range(world)], \
+        [np.empty(2) for _ in range(world)]
+    t_val = t_pg.alltoall(t_outs, [T(x) for x in ins], td.AllToAllOptions()).get_future().wait()
+    s_val = s_pg.alltoall(s_outs, ins, sd.AllToAllOptions()).get_future().wait()
+    seen["pg.alltoall"] = (([o.numpy().tolist() for o in t_outs], flat(t_val)),
+                           ([o.tolist() for o in s_outs], flat(s_val)))
+    in_splits = [1, 2] if rank == 0 else [2, 3]  # rank r sends in_splits[j] rows to rank j
+    out_splits = [[1, 2], [2, 3]][rank]
+    inp = np.arange(float(sum(in_splits))) + 100 * rank
+    t_out, s_out = torch.empty(sum(out_splits), dtype=torch.float64), np.empty(sum(out_splits))
+    t_val = t_pg.alltoall_base(t_out, T(inp), out_splits, in_splits,
+                               td.AllToAllOptions()).get_future().wait()
+    s_val = s_pg.alltoall_base(s_out, inp, out_splits, in_splits,
+                               sd.AllToAllOptions()).get_future().wait()
+    seen["pg.alltoall_base"] = ((t_out.numpy().tolist(), flat(t_val), len(t_val)),
+                                (s_out.tolist(), flat(s_val), len(s_val)))
 
     # -- Work.get_future() and _source_rank()
     t, s = T(np.arange(3.0) + rank), np.arange(3.0) + rank

@@ -159,3 +159,119 @@ def test_torch_list_forms_of_the_rooted_methods(job):
             pg.broadcast([b, b], dist.BroadcastOptions())
 
     job.run(body)
+
+
+def _future_value(work):
+    """The value of `work.get_future()`, which must be a collectives.Future that completes."""
+    fut = work.get_future()
+    assert isinstance(fut, dist.Future)
+    return fut.wait(timeout=20)
+
+
+def test_allreduce_coalesced_reduces_each_tensor_and_its_future_holds_them(job):
+    """torch's pg.allreduce_coalesced(tensors, opts): every tensor reduced in place (mixed
+    dtypes and shapes), the Future's value the list of those tensors, as gloo's."""
+    def body(r):
+        pg = job.pgs[r]
+        parts = [np.arange(3.0) * (r + 1), Tensor(np.full((2, 2), r + 1.0, np.float32)),
+                 np.array([r, -r], np.int64)]
+        opts = dist.AllreduceCoalescedOptions()
+        opts.reduceOp = dist.ReduceOp.MAX
+        value = _future_value(pg.allreduce_coalesced(parts, opts))
+        assert len(value) == 3 and all(v is p for v, p in zip(value, parts))
+        np.testing.assert_array_equal(parts[0], np.arange(3.0) * W)
+        assert parts[1].data.dtype == np.float32 and parts[1].data.tolist() == [[W * 1.0] * 2] * 2
+        assert parts[2].tolist() == [W - 1, 0]
+        summed = [np.ones(2) * r, np.arange(2, dtype=np.int32) + r]
+        _future_value(pg.allreduce_coalesced(summed))  # no opts: SUM, as torch's default
+        total = sum(range(W))
+        assert summed[0].tolist() == [total] * 2 and summed[1].tolist() == [total, total + W]
+
+    job.run(body)
+
+
+def test_allgather_base_fills_the_output_rank_by_rank(job):
+    def body(r):
+        pg = job.pgs[r]
+        out = np.empty((W, 2, 2), np.float32)
+        mine = np.arange(4, dtype=np.float32).reshape(2, 2) + 10 * r
+        value = _future_value(pg._allgather_base(out, mine))
+        want = np.stack([np.arange(4, dtype=np.float32).reshape(2, 2) + 10 * q for q in range(W)])
+        np.testing.assert_array_equal(out, want)
+        # gloo's future holds the output's per-rank blocks, nccl's the output itself: both
+        # concatenate to the gathered values
+        np.testing.assert_array_equal(np.concatenate([np.asarray(v).reshape(-1) for v in value]),
+                                      want.reshape(-1))
+        with pytest.raises(ShapeError, match=r"^all_gather_into_tensor output is float32\[5\] "
+                                             r"but must hold 3 x float32\[2, 2\]"):
+            pg._allgather_base(np.empty(5, np.float32), mine)
+
+    job.run(body)
+
+
+def test_reduce_scatter_base_leaves_each_rank_its_reduced_block(job):
+    def body(r):
+        pg = job.pgs[r]
+        big = np.arange(W * 2, dtype=np.float64) * (r + 1)
+        mine = np.empty(2)
+        value = _future_value(pg._reduce_scatter_base(mine, big))
+        total = sum(np.arange(W * 2, dtype=np.float64) * (q + 1) for q in range(W))
+        np.testing.assert_array_equal(mine, total[2 * r:2 * r + 2])
+        assert value[0] is mine
+        low = np.empty(2)
+        opts = dist.ReduceScatterOptions()
+        opts.reduceOp = dist.ReduceOp.MIN
+        pg._reduce_scatter_base(low, big, opts).wait()
+        np.testing.assert_array_equal(low, np.arange(W * 2, dtype=np.float64)[2 * r:2 * r + 2])
+
+    job.run(body)
+
+
+def test_alltoall_sends_block_j_to_rank_j(job):
+    def body(r):
+        pg = job.pgs[r]
+        ins = [np.full(2, 10.0 * r + j) for j in range(W)]
+        outs = [np.empty(2) for _ in range(W)]
+        value = _future_value(pg.alltoall(outs, ins, dist.AllToAllOptions()))
+        assert [o.tolist() for o in outs] == [[10.0 * q + r] * 2 for q in range(W)]
+        assert len(value) == W and all(v is o for v, o in zip(value, outs))
+        with pytest.raises(TypeError, match=r"^all_to_all output_list\[0\] is float32\[2\] but "
+                                            r"input_list\[0\] is float64\[2\]"):
+            pg.alltoall([np.empty(2, np.float32) for _ in range(W)], ins)
+
+    job.run(body)
+
+
+def test_alltoall_base_with_uneven_splits(job):
+    """Rank r sends (r + j + 1) rows to rank j; rank j receives (q + j + 1) rows from each q."""
+    def rows(q):
+        return sum(q + j + 1 for j in range(W))
+
+    def payload(q):
+        return np.arange(rows(q) * 2, dtype=np.float32).reshape(rows(q), 2) + 1000 * q
+
+    def body(r):
+        pg = job.pgs[r]
+        in_splits = [r + j + 1 for j in range(W)]
+        out_splits = [q + r + 1 for q in range(W)]
+        out = np.empty((sum(out_splits), 2), np.float32)
+        value = _future_value(pg.alltoall_base(out, payload(r), out_splits, in_splits))
+        want = []
+        for q in range(W):
+            start = sum(q + j + 1 for j in range(r))
+            want.append(payload(q)[start:start + q + r + 1])
+        np.testing.assert_array_equal(out, np.concatenate(want))
+        assert len(value) == 1 and value[0] is out
+        even_in = np.arange(W * 2, dtype=np.int64) + 100 * r
+        even_out = np.empty(W * 2, np.int64)
+        pg.alltoall_base(even_out, even_in, [], []).wait()  # empty splits: equal blocks
+        assert even_out.tolist() == [x for q in range(W) for x in (100 * q + 2 * r,
+                                                                   100 * q + 2 * r + 1)]
+        with pytest.raises(ValueError, match=r"^all_to_all_single output split sizes must be 3 "
+                                             r"non-negative row counts summing to 6, got \[1, 1, 1\]"):
+            pg.alltoall_base(np.empty(6), np.empty(6), [1, 1, 1], [2, 2, 2])
+        with pytest.raises(TypeError, match=r"^all_to_all_single output is float32\[6\] but "
+                                            r"input is float64\[6\]; both must share one dtype"):
+            pg.alltoall_base(np.empty(6, np.float32), np.empty(6), [], [])
+
+    job.run(body)
