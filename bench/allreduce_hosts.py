@@ -8,7 +8,16 @@ alternating blocks of iterations (A B C A B C) while the others wait:
   between hosts);
 - shoal_flat: SHOAL_HIERARCHICAL=0, one flat ring over sockets (Unix sockets within a host,
   TCP between hosts): what shoal did before the two-level algorithms;
+- shoal_flat_tcp: the same flat ring with every link on TCP (SHOAL_LOCAL_TRANSPORT=tcp, loopback
+  within a host): the flat TCP ring a gloo-like backend runs;
 - gloo: torch.distributed's gloo over the same namespaces (when torch is installed).
+
+The order of the sides rotates from block to block, so no side always runs first after the
+machine idled. Each row gives the median, the 10th-90th percentile spread of each side, and the
+ratios two ways: of the medians, and the median of per-block ratios (blocks that ran back to
+back, so a slow minute of the machine hits both sides alike). The shoal side must report that
+it took the two-level path where the layout has one (several hosts with several ranks each);
+the run stops otherwise.
 
 Each rank is a process on its host, driven over its stdin/stdout (the parent sits outside the
 namespaces and has no route into them). Times are the slowest rank's per iteration, medians
@@ -73,8 +82,10 @@ def worker(side: str, rank: int, world: int, master: str, port: int) -> None:
     else:
         os.environ.update(MASTER_ADDR=master, MASTER_PORT=str(port), RANK=str(rank),
                           WORLD_SIZE=str(world))
-        if side == "shoal_flat":
+        if side in ("shoal_flat", "shoal_flat_tcp"):
             os.environ["SHOAL_HIERARCHICAL"] = "0"
+        if side == "shoal_flat_tcp":
+            os.environ["SHOAL_LOCAL_TRANSPORT"] = "tcp"
         import shoal.collectives as c
 
         pg = c.init_process_group("tcp", init_method="env://", timeout=300)
@@ -82,7 +93,7 @@ def worker(side: str, rank: int, world: int, master: str, port: int) -> None:
         if rank == 0:
             print(f"{side}: hierarchical={pg.hierarchical} hosts {pg.topology.describe()}",
                   file=sys.stderr, flush=True)
-    _say(ready=True)
+    _say(ready=True, hierarchical=bool(side != "gloo" and pg.hierarchical))
     runners = {}
     for line in sys.stdin:
         command = json.loads(line)
@@ -158,9 +169,14 @@ def session(hosts, per_host: int, sides: list, cases: list, args) -> dict:
                 proc = host.popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
                 ranks[side].append(_Rank(proc, side, r))
         deadline = time.monotonic() + WAIT_S
+        two_level = len(hosts) > 1 and per_host > 1
         for side in sides:
             for rk in ranks[side]:
-                rk.receive(deadline)
+                ready = rk.receive(deadline)
+                if side == "shoal" and ready.get("hierarchical") != two_level:
+                    raise SystemExit(f"shoal rank {rk.rank} reports hierarchical="
+                                     f"{ready.get('hierarchical')} on {len(hosts)}x{per_host}; "
+                                     f"expected {two_level}: the comparison would be void")
         import allreduce as ar
 
         blocks = args.blocks or (2 if args.quick else 4)
@@ -168,13 +184,14 @@ def session(hosts, per_host: int, sides: list, cases: list, args) -> dict:
         for case in cases:
             per_block = max(1, ar.iterations(case[1], args.quick) // blocks)
             results[case] = {side: [] for side in sides}
-            for _ in range(blocks):
-                for side in sides:
+            for block in range(blocks):
+                for side in sides[block % len(sides):] + sides[:block % len(sides)]:
                     for rk in ranks[side]:
                         rk.send(op=case[0], bytes=case[1], count=per_block)
                     deadline = time.monotonic() + WAIT_S
                     by_rank = [rk.receive(deadline)["times"] for rk in ranks[side]]
-                    results[case][side] += [max(ts[i] for ts in by_rank) for i in range(per_block)]
+                    slowest = [max(ts[i] for ts in by_rank) for i in range(per_block)]
+                    results[case][side].append(slowest)
         for side in sides:
             for rk in ranks[side]:
                 rk.send(quit=True)
@@ -187,6 +204,14 @@ def session(hosts, per_host: int, sides: list, cases: list, args) -> dict:
             for rk in ranks[side]:
                 if rk.proc.poll() is None:
                     rk.proc.kill()
+
+
+def _percentiles(ts: list) -> tuple[float, float]:
+    """The 10th and 90th percentiles of `ts`."""
+    if len(ts) < 2:
+        return ts[0], ts[0]
+    cuts = statistics.quantiles(ts, n=10, method="inclusive")
+    return cuts[0], cuts[-1]
 
 
 def main(args, cases: list) -> int:
@@ -202,7 +227,7 @@ def main(args, cases: list) -> int:
         return 2
     n_hosts, per_host = parse_hosts(args.hosts)
     world = n_hosts * per_host
-    sides = ["shoal", "shoal_flat"] + (["gloo"] if args.compare else [])
+    sides = ["shoal", "shoal_flat", "shoal_flat_tcp"] + (["gloo"] if args.compare else [])
     rounds = args.rounds or (1 if args.quick else 2)
     samples = {side: {} for side in sides}
     with Hosts(n_hosts, mtu=args.mtu) as hosts:
@@ -214,13 +239,20 @@ def main(args, cases: list) -> int:
     for op, nbytes in cases:
         row = {"bench": "allreduce", "op": op, "hosts": n_hosts, "per_host": per_host,
                "world": world, "bytes": nbytes, "backend": "tcp"}
+        blocks = {side: samples[side][(op, nbytes)] for side in sides}
         for side in sides:
-            ts = samples[side][(op, nbytes)]
+            ts = [t for block in blocks[side] for t in block]
             med = statistics.median(ts)
+            p10, p90 = _percentiles(ts)
             row[f"{side}_ms"] = round(med * 1e3, 4)
+            row[f"{side}_p10_p90_ms"] = [round(p10 * 1e3, 3), round(p90 * 1e3, 3)]
             row[f"{side}_busbw_gbps"] = round(nbytes / med * ar.bus_factor(op, world) / 1e9, 3)
         for other in sides[1:]:
-            row[f"shoal_vs_{other.replace('shoal_', '')}"] = round(row[f"{other}_ms"] / row["shoal_ms"], 2)
+            key = f"shoal_vs_{other.replace('shoal_', '')}"
+            row[key] = round(row[f"{other}_ms"] / row["shoal_ms"], 2)
+            paired = [statistics.median(theirs) / statistics.median(ours)
+                      for ours, theirs in zip(blocks["shoal"], blocks[other])]
+            row[key + "_paired"] = round(statistics.median(paired), 2)
         rows.append(row)
     if args.json:
         for row in rows:
@@ -240,6 +272,14 @@ def main(args, cases: list) -> int:
         line += "".join(f" | {row['shoal_vs_' + other.replace('shoal_', '')]:>10.2f}x"
                         for other in sides[1:])
         print(line)
+    print("spread (10th-90th percentile, ms) and paired ratios (median of per-block ratios):")
+    for row in rows:
+        spread = ", ".join(f"{side} {row[side + '_p10_p90_ms'][0]:.3f}-"
+                           f"{row[side + '_p10_p90_ms'][1]:.3f}" for side in sides)
+        paired = ", ".join(f"shoal/{o.replace('shoal_', '')} "
+                           f"{row['shoal_vs_' + o.replace('shoal_', '') + '_paired']:.2f}x"
+                           for o in sides[1:])
+        print(f"  {row['op']} {ar._fmt_size(row['bytes'])}: {spread}; {paired}")
     for row in rows:
         print(json.dumps(row))
     return 0
