@@ -15,6 +15,7 @@ is called with this rank's verdict and returns the one every rank uses.
 from __future__ import annotations
 
 import enum
+import inspect
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -35,13 +36,65 @@ def _new_optimizer_state() -> dict:
     return {"stage": _Stage.READY, "found_inf": None}
 
 
-class GradScaler:
-    """Scales the loss, unscales gradients, skips steps with inf/NaN gradients, adapts the scale."""
+_DEVICES = ("cpu", "cuda")
 
-    def __init__(
-        self, device: str = "cuda", init_scale: float = 2.0**16, growth_factor: float = 2.0,
-        backoff_factor: float = 0.5, growth_interval: int = 2000, enabled: bool = True,
+
+def _torch_amp_order(
+    device: str = "cuda", init_scale: float = 2.0**16, growth_factor: float = 2.0,
+    backoff_factor: float = 0.5, growth_interval: int = 2000, enabled: bool = True,
+) -> dict:
+    """torch.amp.GradScaler's parameters: the device first."""
+    return dict(locals())
+
+
+def _torch_cuda_amp_order(
+    init_scale: float = 2.0**16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
+    growth_interval: int = 2000, enabled: bool = True,
+) -> dict:
+    """torch.cuda.amp.GradScaler's parameters: no device (it is "cuda"), init_scale first."""
+    return dict(locals(), device="cuda")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float, np.number)) and not isinstance(value, (bool, np.bool_))
+
+
+class GradScaler:
+    """Scales the loss, unscales gradients, skips steps with inf/NaN gradients, adapts the scale.
+
+    Takes torch.amp's parameters, `GradScaler(device="cuda", init_scale=2.0**16,
+    growth_factor=2.0, backoff_factor=0.5, growth_interval=2000, enabled=True)`, and also
+    torch.cuda.amp's older order without the device, `GradScaler(init_scale, growth_factor,
+    backoff_factor, growth_interval, enabled)`: a str first argument is the device, a number is
+    init_scale. (Reading a number as the device would silently keep the default scale.)
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if args and _is_number(args[0]):
+            order, form = "torch.cuda.amp's order, init_scale first", _torch_cuda_amp_order
+        elif not args or isinstance(args[0], str):
+            order, form = "torch.amp's order, device first", _torch_amp_order
+        else:
+            raise TypeError(
+                f"GradScaler: the first argument must be a device ('cpu' or 'cuda', torch.amp's "
+                f"order) or init_scale (a number, torch.cuda.amp's order), got {args[0]!r}."
+            )
+        try:
+            inspect.signature(form).bind(*args, **kwargs)
+        except TypeError as exc:
+            raise TypeError(f"GradScaler ({order}): {exc}.") from exc
+        self._configure(**form(*args, **kwargs))
+
+    def _configure(
+        self, device: str, init_scale: float, growth_factor: float, backoff_factor: float,
+        growth_interval: int, enabled: bool,
     ) -> None:
+        if device not in _DEVICES:
+            raise ValueError(f"GradScaler: device must be 'cpu' or 'cuda', got {device!r}.")
+        if not _is_number(init_scale) or not 0.0 < float(init_scale) < float("inf"):
+            raise ValueError(
+                f"GradScaler: init_scale must be a finite number > 0, got {init_scale!r}."
+            )
         if growth_factor <= 1.0:
             raise ValueError(f"GradScaler: growth_factor must be > 1.0, got {growth_factor}.")
         if not 0.0 < backoff_factor < 1.0:
@@ -50,7 +103,7 @@ class GradScaler:
             raise ValueError(
                 f"GradScaler: growth_interval must be a positive int, got {growth_interval!r}."
             )
-        # `device` is accepted for torch's signature; shoal unscales gradients wherever they live.
+        # Kept for torch's signature and inspection; shoal unscales gradients wherever they live.
         self.device = device
         self._enabled = bool(enabled)
         self._scale = np.float32(init_scale)
@@ -213,3 +266,8 @@ class GradScaler:
         self._growth_interval = int(state_dict["growth_interval"])
         self._growth_tracker = int(state_dict["_growth_tracker"])
 
+
+# help() and inspect show torch.amp's form; the older torch.cuda.amp order is in the docstring.
+GradScaler.__signature__ = inspect.signature(_torch_amp_order).replace(  # type: ignore[attr-defined]
+    return_annotation=inspect.Signature.empty
+)

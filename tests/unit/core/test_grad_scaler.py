@@ -35,9 +35,17 @@ def _param(models, name):
     return getattr(models[mod], attr)
 
 
-def _run(lib, models, x, y, clip_at):
+# The same scaler spelt in both of torch's orders: torch.amp's (device first) and
+# torch.cuda.amp's (init_scale, growth_factor, backoff_factor, growth_interval, enabled).
+_SHOAL_SCALERS = {
+    "torch.amp": lambda: GradScaler("cpu", init_scale=2.0**10, growth_interval=3),
+    "torch.cuda.amp": lambda: GradScaler(2.0**10, 2.0, 0.5, 3),
+}
+
+
+def _run(lib, models, x, y, clip_at, form="torch.amp"):
     nn = core if lib == "shoal" else torch
-    scaler = (GradScaler("cpu", init_scale=2.0**10, growth_interval=3) if lib == "shoal" else
+    scaler = (_SHOAL_SCALERS[form]() if lib == "shoal" else
               torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=3))
     opt_a = nn.optim.SGD(models["a"].parameters(), lr=0.05, momentum=0.9)
     opt_b = nn.optim.Adam(models["b"].parameters(), lr=0.01)
@@ -75,12 +83,13 @@ def _run(lib, models, x, y, clip_at):
     return scales, skipped, params, scaler.state_dict()
 
 
-def test_scale_sequence_skipped_steps_and_parameters_match_torch():
+@pytest.mark.parametrize("form", sorted(_SHOAL_SCALERS))
+def test_scale_sequence_skipped_steps_and_parameters_match_torch(form):
     rng = np.random.default_rng(0)
     x_np = rng.standard_normal((8, 4)).astype(np.float32)
     y_np = rng.standard_normal((8, 1)).astype(np.float32)
     ours, theirs = _models()
-    s_ours = _run("shoal", ours, core.tensor(x_np), core.tensor(y_np), clip_at=4)
+    s_ours = _run("shoal", ours, core.tensor(x_np), core.tensor(y_np), clip_at=4, form=form)
     s_theirs = _run("torch", theirs, torch.from_numpy(x_np), torch.from_numpy(y_np), clip_at=4)
     assert s_ours[0] == s_theirs[0]  # the scale after every update(), bit for bit
     assert s_ours[1] == s_theirs[1]  # which optimizer skipped which step
@@ -89,6 +98,69 @@ def test_scale_sequence_skipped_steps_and_parameters_match_torch():
     for o, t in zip(s_ours[2], s_theirs[2], strict=True):
         np.testing.assert_allclose(o, t, rtol=1e-5, atol=1e-6)
     assert s_ours[3] == s_theirs[3]  # state_dict: same keys, same values
+
+
+def _parameters(signature):
+    return [(p.name, p.default) for p in signature.parameters.values() if p.name != "self"]
+
+
+def test_both_constructor_orders_have_torchs_parameters_and_defaults():
+    """help(GradScaler) shows torch.amp's form; a number first follows torch.cuda.amp's."""
+    import inspect
+
+    from shoal.core.amp import grad_scaler
+
+    assert _parameters(inspect.signature(GradScaler)) == _parameters(
+        inspect.signature(torch.amp.GradScaler.__init__))
+    assert _parameters(inspect.signature(grad_scaler._torch_cuda_amp_order)) == _parameters(
+        inspect.signature(torch.cuda.amp.GradScaler.__init__))
+
+
+@pytest.mark.parametrize("args", [(1024.0,), (1024.0, 3.0), (1024.0, 3.0, 0.25, 7),
+                                  (512, 4.0, 0.125, 9, True), (1024.0, 3.0, 0.25, 7, False)])
+def test_a_number_first_is_init_scale_as_in_torch_cuda_amp(args):
+    """torch.cuda.amp.GradScaler(*args) is torch.amp.GradScaler("cuda", *args) (torch's own
+    deprecation note); without CUDA torch disables that one, so the oracle's values come from
+    the same arguments after a device on the CPU."""
+    ours = GradScaler(*args)
+    theirs = torch.amp.GradScaler("cpu", *args)
+    assert ours.device == "cuda"  # torch.cuda.amp's scaler is for cuda
+    assert ours.is_enabled() == theirs.is_enabled()
+    assert ours.state_dict() == theirs.state_dict()
+    if ours.is_enabled():
+        assert ours.get_scale() == float(args[0]) != 2.0**16
+
+
+def test_a_str_first_is_the_device_as_in_torch_amp():
+    ours = GradScaler("cpu", 1024.0, 3.0, 0.25, 7)
+    theirs = torch.amp.GradScaler("cpu", 1024.0, 3.0, 0.25, 7)
+    assert ours.device == "cpu" and ours.state_dict() == theirs.state_dict()
+    assert GradScaler().device == "cuda" and GradScaler(device="cpu").device == "cpu"
+    assert GradScaler(init_scale=8.0).get_scale() == 8.0  # keywords alone: torch.amp's order
+
+
+def test_constructor_misuse_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"GradScaler: device must be 'cpu' or 'cuda', got 'xpu'\."):
+        GradScaler("xpu")
+    with pytest.raises(ValueError, match=r"device must be 'cpu' or 'cuda', got 'tpu'\."):
+        GradScaler(device="tpu", init_scale=4.0)
+    with pytest.raises(TypeError, match=r"GradScaler: the first argument must be a device "
+                                        r"\('cpu' or 'cuda', torch.amp's order\) or init_scale "
+                                        r"\(a number, torch.cuda.amp's order\), got None\."):
+        GradScaler(None)
+    with pytest.raises(TypeError, match=r"GradScaler \(torch.cuda.amp's order, init_scale "
+                                        r"first\): got an unexpected keyword argument 'device'"):
+        GradScaler(1024.0, device="cpu")
+    with pytest.raises(TypeError, match=r"GradScaler \(torch.amp's order, device first\): "
+                                        r"multiple values for argument 'device'"):
+        GradScaler("cpu", device="cpu")
+    with pytest.raises(TypeError, match=r"init_scale first\): too many positional arguments"):
+        GradScaler(1.0, 2.0, 0.5, 1, True, "cpu")
+    with pytest.raises(ValueError, match=r"GradScaler: init_scale must be a finite number > 0, "
+                                         r"got 0\.0\."):
+        GradScaler(0.0)
+    with pytest.raises(ValueError, match=r"init_scale must be a finite number > 0, got inf\."):
+        GradScaler("cpu", float("inf"))
 
 
 def test_state_dict_round_trips_between_shoal_and_torch():
