@@ -268,6 +268,7 @@ class GradScaler:
 
 
 # help() and inspect show torch.amp's form; the older torch.cuda.amp order is in the docstring.
-GradScaler.__signature__ = inspect.signature(_torch_amp_order).replace(  # type: ignore[attr-defined]
+_SHOWN_SIGNATURE = inspect.signature(_torch_amp_order)
+GradScaler.__signature__ = _SHOWN_SIGNATURE.replace(  # type: ignore[attr-defined]
     return_annotation=inspect.Signature.empty
 )

@@ -65,7 +65,8 @@ def _run(lib, models, x, y, clip_at, form="torch.amp"):
                     grad.view(-1)[0] = value
         if step == clip_at:  # unscale_ first, as torch's docs show for clipping
             scaler.unscale_(opt_a)
-            clip = core.nn.utils.clip_grad_norm_ if lib == "shoal" else torch.nn.utils.clip_grad_norm_
+            clip = (core.nn.utils.clip_grad_norm_ if lib == "shoal" else
+                    torch.nn.utils.clip_grad_norm_)
             clip(models["a"].parameters(), 0.5)
         before = [p.detach().clone() for p in models["a"].parameters()] + [
             p.detach().clone() for p in models["b"].parameters()]
@@ -140,7 +141,8 @@ def test_a_str_first_is_the_device_as_in_torch_amp():
 
 
 def test_constructor_misuse_is_a_clear_error():
-    with pytest.raises(ValueError, match=r"GradScaler: device must be 'cpu' or 'cuda', got 'xpu'\."):
+    with pytest.raises(ValueError,
+                       match=r"GradScaler: device must be 'cpu' or 'cuda', got 'xpu'\."):
         GradScaler("xpu")
     with pytest.raises(ValueError, match=r"device must be 'cpu' or 'cuda', got 'tpu'\."):
         GradScaler(device="tpu", init_scale=4.0)
