@@ -3,21 +3,19 @@
 Steps are counted by optimizer steps (a training script needs no change); a schedule from
 SHOAL_PROFILE_SCHEDULE (default `skip_first=2,wait=0,warmup=1,active=3,repeat=1`) picks the
 window, and each rank writes `DIR/rank<R>.steps<a>-<b>.trace.json`. Before writing, the rank
-estimates its clock's offset from rank 0's with the function SHOAL_PROFILE_CLOCK names
-(`module:function`, set by `shoal run` to a store round-trip estimator of the launcher's), so
-`shoal trace merge` can align the ranks.
+estimates its clock's offset from rank 0's by round trips through the store the default process
+group lent to `clock` when it formed, so `shoal trace merge` can align the ranks.
 """
 
 from __future__ import annotations
 
 import atexit
-import importlib
 import logging
 import multiprocessing
 import os
 from typing import Any, Callable, Optional
 
-from shoal.core.profiler import instrument
+from shoal.core.profiler import clock, instrument
 from shoal.core.profiler.handlers import tensorboard_trace_handler
 from shoal.core.profiler.profile import profile
 from shoal.core.profiler.schedule import ProfilerError, schedule
@@ -44,14 +42,6 @@ def parse_schedule(text: str) -> Callable:
     return schedule(**kw)
 
 
-def _clock_source() -> Optional[Callable[[], dict]]:
-    spec = os.environ.get("SHOAL_PROFILE_CLOCK")
-    if not spec:
-        return None
-    module, _, attr = spec.partition(":")
-    return getattr(importlib.import_module(module), attr)
-
-
 class _JobHandler:
     """Estimate the clock offset (once per window), then write the window's trace file."""
 
@@ -62,9 +52,7 @@ class _JobHandler:
         extra: dict[str, Any] = {"clock": {"offset_us": 0.0, "error_us": None,
                                            "reference_rank": 0, "method": "none"}}
         try:
-            source = _clock_source()
-            if source is not None:
-                extra["clock"] = source(prof.window)
+            extra["clock"] = clock.window_offset(prof.window)
         except Exception as exc:  # noqa: BLE001 - a trace without an offset beats no trace
             logger.warning("Could not estimate this rank's clock offset: %s", exc)
             extra["clock"]["method"] = f"failed: {exc}"

@@ -28,7 +28,6 @@ for _ in range(7):
 def test_the_env_starts_a_job_profiler_that_counts_optimizer_steps(tmp_path):
     env = dict(os.environ, SHOAL_PROFILE_DIR=str(tmp_path), RANK="1", WORLD_SIZE="2",
                SHOAL_PROFILE_SCHEDULE="wait=1,warmup=1,active=2,repeat=2")
-    env.pop("SHOAL_PROFILE_CLOCK", None)
     res = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True,
                          text=True, timeout=60)
     assert res.returncode == 0, res.stderr
@@ -38,11 +37,35 @@ def test_the_env_starts_a_job_profiler_that_counts_optimizer_steps(tmp_path):
     names = [e["name"] for e in doc["traceEvents"] if e["ph"] == "X"]
     assert names.count("Optimizer.step#SGD.step") == 2
     assert names.count("linear") == 2 and "ProfilerStep#2" in names
-    assert doc["shoal"]["clock"]["method"] == "none"
+    assert doc["shoal"]["clock"] == {"offset_us": 0.0, "error_us": None, "reference_rank": 0,
+                                     "method": "none (no process group lent its store)"}
     # the program ended during the second window's last step: stop() saved what it had
     late = json.loads((tmp_path / "rank1.steps6-7.trace.json").read_text())
     assert [e["name"] for e in late["traceEvents"] if e["ph"] == "X"].count(
         "Optimizer.step#SGD.step") == 1
+
+
+LENDING = """
+from shoal.collectives import profiler_clock
+from shoal.collectives.backends.tcp.group import ProcessGroupTCP
+from shoal.collectives.store.hash import HashStore
+pg = ProcessGroupTCP(HashStore(), 0, 1, timeout=10)
+profiler_clock.lend_store(pg)
+""" + SCRIPT + """
+profiler_clock.take_back_store(pg)
+pg.shutdown()
+"""
+
+
+def test_the_job_profiler_measures_its_clock_through_the_store_a_group_lent(tmp_path):
+    env = dict(os.environ, SHOAL_PROFILE_DIR=str(tmp_path), RANK="0", WORLD_SIZE="1",
+               SHOAL_PROFILE_SCHEDULE="wait=1,active=2")
+    res = subprocess.run([sys.executable, "-c", LENDING], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    doc = json.loads((tmp_path / "rank0.steps1-2.trace.json").read_text())
+    assert doc["shoal"]["clock"] == {"offset_us": 0.0, "error_us": 0.0, "reference_rank": 0,
+                                     "method": "reference"}
 
 
 def test_bad_schedule_settings_name_the_allowed_ones():
