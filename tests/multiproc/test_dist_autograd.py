@@ -1,7 +1,8 @@
 """Distributed autograd across three spawned workers: gradients equal one process's, finite
 differences through a graph spanning three workers (A -> B -> C -> A), a tensor sent twice,
-remote() results and RRef.backward, @async_execution callees, cleanup on every worker, the
-bad-input errors and the metrics."""
+remote() results and RRef.backward, @async_execution callees, rpc_async from the context's
+thread, each worker's part running once per pass, cleanup on every worker, the bad-input
+errors and the metrics (read from the Prometheus exposition)."""
 
 from __future__ import annotations
 
@@ -169,6 +170,56 @@ def task_unused_remote_and_retain():
     return once, twice, w2_grads
 
 
+def task_rpc_async_from_the_context_thread():
+    """rpc_async from the thread that holds the context, waited for there."""
+    x = _x()
+    with dist_autograd.context() as cid:
+        fut = rpc_agent.rpc_async("w1", stage, (x,))
+        y = fut.wait()
+        dist_autograd.backward(cid, [(y * y).sum()])
+        gx = dist_autograd.get_gradients(cid)[x].data.copy()
+        g1 = rpc_agent.rpc_sync("w1", my_grad, (cid,))
+    return gx, g1
+
+
+_HOOK_CALLS: list = []
+
+
+def fan_out_stage(x):
+    """w1's stage, whose output goes to w2 twice: its node has two send functions, so its
+    gradient arrives in two parts; a counting hook records each time the node runs."""
+    def count(g):
+        _HOOK_CALLS.append(g.shape)
+
+    y = stage(x)
+    y.register_hook(count)
+    a = rpc_agent.rpc_sync("w2", stage, (y,))
+    b = rpc_agent.rpc_sync("w2", stage, (y,))
+    return a * b
+
+
+def hook_calls() -> int:
+    return len(_HOOK_CALLS)
+
+
+def task_each_part_runs_once():
+    """Two backward passes (retain_graph on the first) through fan_out_stage; w1's hook
+    count after each."""
+    x = _x()
+    counts = []
+    with dist_autograd.context() as cid:
+        start = rpc_agent.rpc_sync("w1", hook_calls)
+        z = rpc_agent.rpc_sync("w1", fan_out_stage, (x,))
+        loss = z.sum()
+        for retain in (True, False):
+            dist_autograd.backward(cid, [loss], retain_graph=retain)
+            counts.append(rpc_agent.rpc_sync("w1", hook_calls) - start)
+        gx = dist_autograd.get_gradients(cid)[x].data.copy()
+        g1 = rpc_agent.rpc_sync("w1", my_grad, (cid,))
+        g2 = rpc_agent.rpc_sync("w2", my_grad, (cid,))
+    return counts, gx, g1, g2
+
+
 def as_float(x):
     """Takes a tensor that requires grad and answers a plain float: its worker records a recv
     function but sends nothing back, so backward reaches it only by a begin message."""
@@ -282,22 +333,66 @@ def task_errors():
         dist_autograd.backward(cid, [y.sum()])
         catch("twice", lambda: dist_autograd.backward(cid, [y.sum()]))
     catch("ended", lambda: dist_autograd.get_gradients(cid))
+    catch("ended_backward", lambda: dist_autograd.backward(cid, [y.sum()]))
     out["cid"] = cid
     return out
 
 
-def task_metrics():
-    from shoal.rpc_agent import metrics  # noqa: PLC0415
+_METRIC_NAMES = ("shoal_rpc_dist_autograd_contexts", "shoal_rpc_dist_autograd_backward_total",
+                 "shoal_rpc_dist_autograd_backward_seconds")
 
-    before = metrics.DIST_BACKWARD_OK._value.get()
+
+def scrape() -> tuple[str, dict]:
+    """This worker's Prometheus exposition (the default registry, which the node agent serves
+    beside the workers' files) and its distributed autograd samples, read back from the text."""
+    import prometheus_client  # noqa: PLC0415
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+
+    text = prometheus_client.generate_latest(prometheus_client.REGISTRY).decode()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.startswith("shoal_rpc_dist_autograd_") and \
+                    not sample.name.endswith("_created"):
+                key = sample.name + "".join(f"{{{k}={v}}}" for k, v in
+                                            sorted(sample.labels.items()) if k != "le")
+                if "le" not in sample.labels:
+                    samples[key] = sample.value
+    return text, samples
+
+
+def refusing_stage(x):
+    """A stage whose backward fails on this worker."""
+    def refuse(g):
+        raise ValueError("this stage refuses its backward")
+    y = stage(x)
+    y.register_hook(refuse)
+    return y
+
+
+def task_metrics():
+    """The samples before a pass, after a good one (with its wall time) and after a failed
+    one, the live-context gauge inside a context, and the exposition's text."""
+    import time  # noqa: PLC0415
+
+    _, before = scrape()
     x = _x()
     with dist_autograd.context() as cid:
         y = rpc_agent.rpc_sync("w1", stage, (x,))
-        live = metrics.DIST_CONTEXTS._value.get()
+        _, inside = scrape()
+        start = time.perf_counter()
         dist_autograd.backward(cid, [y.sum()])
-    after = metrics.DIST_BACKWARD_OK._value.get()
-    count = metrics.DIST_BACKWARD_SECONDS._sum.get()
-    return live, after - before, count, metrics.DIST_CONTEXTS._value.get()
+        wall = time.perf_counter() - start
+    _, after_ok = scrape()
+    failure = None
+    with dist_autograd.context() as cid:
+        y = rpc_agent.rpc_sync("w1", refusing_stage, (x,))
+        try:
+            dist_autograd.backward(cid, [y.sum()])
+        except Exception as exc:  # noqa: BLE001  (its text is part of the result)
+            failure = f"{type(exc).__name__}: {exc}"
+    text, after_error = scrape()
+    return before, inside, after_ok, after_error, wall, failure, text
 
 
 # ----------------------------------------------------------------------------- tests
@@ -392,6 +487,35 @@ def test_calls_from_async_execution_functions(workers):
     np.testing.assert_allclose(gx, x.grad.data, rtol=0, atol=1e-12)
     np.testing.assert_allclose(g1, ws["w1"].grad.data, rtol=0, atol=1e-12)
     np.testing.assert_allclose(g2, ws["w2"].grad.data, rtol=0, atol=1e-12)
+    _assert_all_released(workers)
+
+
+def test_rpc_async_from_the_contexts_own_thread(workers):
+    gx, g1 = workers.run(0, task_rpc_async_from_the_context_thread)
+    w1 = core.Tensor(_values(101, (4, 4)), requires_grad=True)
+    x = _x()
+    y = local_stage(x, w1)
+    (y * y).sum().backward()
+    np.testing.assert_allclose(gx, x.grad.data, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(g1, w1.grad.data, rtol=0, atol=1e-12)
+    _assert_all_released(workers)
+
+
+def test_each_workers_part_of_the_graph_runs_once_per_pass(workers):
+    # w1's node gets its gradient from two sends to w2; FAST mode counts both before running
+    # it, so its hook runs once per pass, not once per arriving part.
+    counts, gx, g1, g2 = workers.run(0, task_each_part_runs_once)
+    assert counts == [1, 2]
+    ws = {k: core.Tensor(v, requires_grad=True) for k, v in _ws().items()}
+    x = _x()
+    y = local_stage(x, ws["w1"])
+    loss = (local_stage(y, ws["w2"]) * local_stage(y, ws["w2"])).sum()
+    loss.backward(retain_graph=True)
+    loss.backward()
+    np.testing.assert_allclose(gx, x.grad.data, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(g1, ws["w1"].grad.data, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(g2, ws["w2"].grad.data, rtol=0, atol=1e-12)
+    _assert_all_released(workers)
 
 
 def test_gradients_owed_to_the_sender_ride_on_its_answer(workers):
@@ -454,15 +578,35 @@ def test_bad_input_errors_name_the_context(workers):
         f"Distributed autograd context {cid} already ran a backward pass without "
         "retain_graph=True on worker 'w0'")
     assert out["ended"].startswith(f"Could not find autograd context with id {cid} on worker")
+    assert out["ended_backward"] == (
+        f"Could not find autograd context with id {cid} on worker 'w0': it was never created "
+        "here or has already ended (use it inside its `with dist_autograd.context()` block).")
     assert issubclass(dist_autograd.DistAutogradError, rpc_agent.RpcError)
     _assert_all_released(workers)
 
 
 def test_metrics_count_contexts_and_passes(workers):
-    live, passes, seconds, after = workers.run(0, task_metrics)
-    assert live == 1 and after == 0
-    assert passes == 1
-    assert seconds > 0
+    before, inside, after_ok, after_error, wall, failure, text = workers.run(0, task_metrics)
+    contexts = "shoal_rpc_dist_autograd_contexts"
+    ok = "shoal_rpc_dist_autograd_backward_total{status=ok}"
+    error = "shoal_rpc_dist_autograd_backward_total{status=error}"
+    count = "shoal_rpc_dist_autograd_backward_seconds_count"
+    seconds = "shoal_rpc_dist_autograd_backward_seconds_sum"
+
+    def moved(a, b):
+        return {k: b[k] - a[k] for k in (ok, error, count)}
+
+    assert inside[contexts] == 1 and after_error[contexts] == 0
+    # The good pass: one more ok, one more duration observed, of no more than its wall time.
+    assert moved(before, after_ok) == {ok: 1, error: 0, count: 1}
+    assert 0 < after_ok[seconds] - before[seconds] <= wall
+    # The failed pass: one more error, and no duration observed.
+    assert failure is not None and "this stage refuses its backward" in failure, failure
+    assert moved(after_ok, after_error) == {ok: 0, error: 1, count: 0}
+    assert after_error[seconds] == after_ok[seconds]
+    for name, kind in zip(_METRIC_NAMES, ("gauge", "counter", "histogram")):
+        assert f"# TYPE {name} {kind}" in text, name
+    _assert_all_released(workers)
 
 
 # ----------------------------------------------------------------------------- faults
