@@ -11,7 +11,9 @@ with collectives' DistributedSampler, whose state is checkpointed. Rank 0 checkp
 --checkpoint-dir or SHOAL_CHECKPOINT_DIR; every rank resumes from the latest checkpoint when it
 starts. At the end rank 0 prints a generated sample and writes a loss-curve PNG (with
 matplotlib, the `models` extra; without it, one line says so). The loader resumes where the
-checkpoint left it, so a resumed run ends with the parameters of an unbroken one.
+checkpoint left it and the checkpoint carries core's random state (dropout's masks), so a
+resumed run ends with the parameters of an unbroken one; with --deterministic
+(core.use_deterministic_algorithms) an op with no deterministic form would raise instead.
 """
 
 from __future__ import annotations
@@ -147,6 +149,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--d-model", "--d_model", type=int, default=144)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--dropout", type=float, default=0.0,
+                        help="dropout probability in the attention and feed-forward blocks")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="core.use_deterministic_algorithms(True): ops with no "
+                             "deterministic form raise")
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--warmup", type=int, default=20, help="linear warm-up steps")
     parser.add_argument("--seed", type=int, default=0)
@@ -161,11 +168,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--sample-chars", "--sample_chars", type=int, default=200)
     parser.add_argument("--stop-after", "--stop_after", type=int, default=None,
                         help="exit after this step as if killed (tests resuming)")
+    parser.add_argument("--step-sleep", "--step_sleep", type=float, default=0.0,
+                        help="seconds to sleep after each step (gives tests time to kill a run)")
     args = parser.parse_args(argv)
     for name in ("steps", "batch_size", "context", "d_model", "layers", "heads", "log_every",
                  "eval_windows"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if not 0.0 <= args.dropout < 1.0:
+        parser.error(f"--dropout {args.dropout} must be at least 0 and below 1")
+    if args.step_sleep < 0:
+        parser.error(f"--step-sleep {args.step_sleep} must not be negative")
     if args.d_model % args.heads:
         parser.error(f"--d-model {args.d_model} must be divisible by --heads {args.heads}")
     return args
@@ -260,8 +273,12 @@ def main(argv=None) -> int:
     # torch's recipe: each rank reads its share of one shuffled order of all training windows.
     sampler = DistributedSampler(train_set, shuffle=True, seed=args.seed, drop_last=True)
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, drop_last=True)
+    core.use_deterministic_algorithms(args.deterministic)
+    # Every rank seeds alike: the same initial weights and, since the ranks draw masks of the
+    # same shapes in the same order, the same random stream; rank 0's state stands for all.
     core.manual_seed(args.seed)
-    model = GPT(data.vocab_size, args.context, args.d_model, args.layers, args.heads)
+    model = GPT(data.vocab_size, args.context, args.d_model, args.layers, args.heads,
+                dropout=args.dropout)
     net = DistributedDataParallel(model, process_group=group)
     opt = core.optim.AdamW(net.parameters(), lr=args.lr, betas=(0.9, 0.99), weight_decay=0.01)
     total, warm = args.steps, max(1, args.warmup)
@@ -273,7 +290,8 @@ def main(argv=None) -> int:
         print(f"GPT: {n_params / 1e6:.2f} M parameters, vocabulary {data.vocab_size}, "
               f"{len(data.train)} training and {len(data.held_out)} held-out characters, "
               f"unigram entropy {data.unigram_bits:.3f} bits/char; {world} rank(s) x batch "
-              f"{args.batch_size} x context {args.context}", flush=True)
+              f"{args.batch_size} x context {args.context}, dropout {args.dropout:g}, deterministic "
+              f"algorithms {'on' if args.deterministic else 'off'}", flush=True)
 
     directory = args.checkpoint_dir or os.environ.get("SHOAL_CHECKPOINT_DIR")
     checkpointer = Checkpointer(directory, keep=2) if directory else None
@@ -287,6 +305,8 @@ def main(argv=None) -> int:
         history = state["history"]
         loader.load_state_dict(state["loader"])
         epoch = int(state["loader"]["sampler"]["epoch"])
+        # Dropout continues the stream where the checkpoint left it, not from the seed.
+        core.set_rng_state(state["rng"])
         if rank == 0:
             print(f"resumed from step {start}", flush=True)
 
@@ -317,7 +337,7 @@ def main(argv=None) -> int:
             checkpointer.save(done, {
                 "model": {k: v.data.copy() for k, v in model.state_dict().items()},
                 "optim": opt.state_dict(), "sched": sched.state_dict(), "history": history,
-                "loader": loader.state_dict(),
+                "loader": loader.state_dict(), "rng": core.get_rng_state(),
             })
         if args.stop_after is not None and done >= args.stop_after:
             # Wait for rank 0's checkpoint: a rank that exits first (with 3) makes the
@@ -326,6 +346,8 @@ def main(argv=None) -> int:
             if rank == 0:
                 print(f"stopping after step {done} as asked", flush=True)
             return 3
+        if args.step_sleep:
+            time.sleep(args.step_sleep)
 
     bits = history[-1][2] if history else held_out_bits(model, data, args, group)
     if rank == 0:

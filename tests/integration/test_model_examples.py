@@ -57,11 +57,12 @@ def _require_matplotlib():
 
 def test_gpt_resumed_from_a_checkpoint_ends_like_an_unbroken_run(tmp_path):
     ckpt = tmp_path / "ckpt"
-    code, out = _gpt(tmp_path, "--checkpoint-dir", str(ckpt), "--stop-after", "2")
+    dropout = ("--dropout", "0.1")  # the resume must continue dropout's random stream too
+    code, out = _gpt(tmp_path, *dropout, "--checkpoint-dir", str(ckpt), "--stop-after", "2")
     assert code == 3 and "stopping after step 2" in out, out[-2000:]
-    code, resumed = _gpt(tmp_path, "--checkpoint-dir", str(ckpt))
+    code, resumed = _gpt(tmp_path, *dropout, "--checkpoint-dir", str(ckpt))
     assert code == 0 and "resumed from step 2" in resumed, resumed[-2000:]
-    code, unbroken = _gpt(tmp_path, "--checkpoint-dir", str(tmp_path / "fresh"))
+    code, unbroken = _gpt(tmp_path, *dropout, "--checkpoint-dir", str(tmp_path / "fresh"))
     assert code == 0, unbroken[-2000:]
     assert FINAL_GPT.search(resumed).group(5) == FINAL_GPT.search(unbroken).group(5)
     assert re.search(r"step 4/4 \| \d+ samples/s \| train loss [0-9.]+ \| held-out [0-9.]+ bits/char",
