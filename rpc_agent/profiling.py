@@ -2,6 +2,9 @@
 out wrapped, the callee records what the function runs (its ops included) on that thread, and
 the events ride back with the result into the caller's trace, attributed to the callee.
 
+When the callee profiles too (every rank under `shoal run --profile`), its own trace gets a copy
+of the call's events: the callee's profiler sees the ops it ran, as torch's does.
+
 Timestamps cross as wall-clock nanoseconds; on different hosts they are as far apart as the
 hosts' clocks (`shoal trace merge` aligns whole ranks, not these shipped events).
 
@@ -48,7 +51,7 @@ class ProfiledCall:
             setattr(self, ASYNC_ATTR, True)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        rec = Recorder()
+        rec = _call_recorder()
         worker = _current.get().info.name
         instrument.install()
         previous = state.push_local(rec)
@@ -56,7 +59,7 @@ class ProfiledCall:
         try:
             value = self.func(*args, **kwargs)
         except BaseException:
-            rec.close()  # callbacks it added stop recording into it
+            self._finish(rec, t0, now_ns(), worker)  # callbacks it added stop recording into it
             instrument.uninstall()
             raise
         finally:
@@ -66,7 +69,7 @@ class ProfiledCall:
             instrument.uninstall()
             return self._result(rec, value, t0, t1, worker)
         if not isinstance(value, Future):
-            rec.close()
+            self._finish(rec, t0, t1, worker)
             instrument.uninstall()
             return value  # the agent rejects it, naming its type, as without the profiler
         shipped: Future = Future(f"the profiled reply of {self.fname}")
@@ -77,7 +80,7 @@ class ProfiledCall:
                 if exc is None:
                     result = self._result(rec, f.value(), t0, now_ns(), worker)
                 else:
-                    rec.close()
+                    self._finish(rec, t0, now_ns(), worker)
             finally:
                 instrument.uninstall()  # held for the continuation's ops until now
             if exc is not None:
@@ -88,14 +91,33 @@ class ProfiledCall:
         value.add_done_callback(done)
         return shipped
 
-    def _result(self, rec: Recorder, value: Any, t0: int, t1: int,
-                worker: str) -> ProfiledResult:
+    def _finish(self, rec: Recorder, t0: int, t1: int, worker: str) -> None:
+        """Close the call's recorder, add the callee's event, and hand a copy of its events to
+        this process's own profiler when it records too (as torch's callee profiler sees the
+        ops it ran): the call's thread-local recorder hid them from it."""
         rec.close()
         rec.add(Event(f"rpc_remote#{self.fname}({self.caller} -> {worker})", "rpc_remote", t0,
                       t1 - t0, threading.get_ident()))
+        own = state.recorder
+        if own is not None and self.caller != worker:  # a call to itself ships them to `own`
+            own.events.extend(rec.events)  # one call under the GIL: atomic for other threads
+
+    def _result(self, rec: Recorder, value: Any, t0: int, t1: int,
+                worker: str) -> ProfiledResult:
+        self._finish(rec, t0, t1, worker)
         shipped = [(ev.name, ev.cat, ev.start + EPOCH_OFFSET_NS, ev.dur, ev.flow)
                    for ev in rec.events]
         return ProfiledResult(value, shipped, worker)
+
+
+def _call_recorder() -> Recorder:
+    """The recorder of one profiled call: as detailed as this process's own profiler (shapes,
+    stacks) when one records, since its events go there too; memory and CUDA times stay with
+    the process's own recorder (one recorder at a time watches frees and CUDA events)."""
+    own = state.recorder
+    if own is None:
+        return Recorder()
+    return Recorder(record_shapes=own.record_shapes, with_stack=own.with_stack)
 
 
 def _unwrap(rec: Recorder, result: Any, caller_event: Event, callee: str) -> Any:

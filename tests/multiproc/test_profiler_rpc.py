@@ -178,6 +178,25 @@ def profile_proxy_calls():
     return values, events
 
 
+_OWN: list = []  # the callee's own profiler, between the two tasks below
+
+
+def start_own_profiler():
+    from shoal.core import profiler  # noqa: PLC0415
+
+    prof = profiler.profile(record_shapes=True)
+    prof.start()
+    _OWN.append(prof)
+
+
+def stop_own_profiler():
+    """The callee's own window: (name, category, input shapes or None, thread) of its events."""
+    prof = _OWN.pop()
+    prof.stop()
+    return [(fe.name, fe.ev.cat, fe.ev.shapes, fe.ev.tid) for fe in prof.events()], \
+        threading.main_thread().ident
+
+
 def calls_without_profiler():
     from shoal import rpc_agent  # noqa: PLC0415
 
@@ -283,5 +302,30 @@ def test_rref_proxy_calls_are_profiled_on_both_sides():
         on_w0 = [n for n, cat, args in events if args and args.get("node") == "w0"]
         assert on_w0.count("add") == 1 and on_w0.count(f"rpc_remote#{work}(w0 -> w0)") == 1
         assert not [n for n, cat, args in events if cat == "cpu_op" and not args]
+        assert pool.run(1, callee_left_unprofiled) == (0, 0, None)
+        pool.shutdown()
+
+
+def test_a_callee_that_profiles_too_sees_the_ops_it_ran_for_a_profiled_caller():
+    with RpcWorkers(2) as pool:
+        pool.run(1, start_own_profiler)
+        a, b, caller_events, _ = pool.run(0, profile_calls)
+        own, main = pool.run(1, stop_own_profiler)
+        assert (a, b) == (4 * 4 * 6.0, 5 * 5 * 6.0)
+        fname = f"{__name__}.remote_work"
+        # the caller still gets the callee's ops...
+        shipped = [n for n, _, args in caller_events if args and args.get("node") == "w1"]
+        assert shipped.count("add") == 2 and shipped.count("ones") == 2
+        # ...and the callee's own window has them too, on its serving threads, with the
+        # shapes its own profiler records
+        ops = [(n, shapes, tid) for n, cat, shapes, tid in own if cat == "cpu_op"]
+        names = [n for n, _, _ in ops]
+        assert names.count("ones") == 2 and names.count("add") == 2
+        assert names.count("mul") == 2 and names.count("sum") == 2
+        assert sorted(shapes for n, shapes, _ in ops if n == "add") == [
+            [[4, 4], [4, 4]], [[5, 5], [5, 5]]]
+        assert all(tid != main for _, _, tid in ops)
+        served = [n for n, cat, _, _ in own if cat == "rpc_remote"]
+        assert served == [f"rpc_remote#{fname}(w0 -> w1)"] * 2
         assert pool.run(1, callee_left_unprofiled) == (0, 0, None)
         pool.shutdown()
