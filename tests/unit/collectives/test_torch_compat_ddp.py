@@ -54,9 +54,9 @@ def _loss(out, y, scale=1.0):
     return (diff * diff).sum()
 
 
-def _reference_grads() -> list[np.ndarray]:
+def _reference_grads(build=_model) -> list[np.ndarray]:
     """One process, the whole batch: the averaged gradient every DDP rank must hold."""
-    model = _model()
+    model = build()
     for rank in range(WORLD):
         x, y = _batch(rank)
         _loss(model(x), y, 1.0 / WORLD).backward()
@@ -248,3 +248,130 @@ def test_a_hook_future_that_never_completes_times_out_with_the_group():
         job.run(body, timeout=20)
     finally:
         job.close()
+
+
+# ------------------------------------------------------------------ GradBucket
+
+# Bias-free layers: torch's engine delivers a Linear's bias gradient before its weight's and
+# shoal's the weight's first, so with biases the two lay buckets out in different orders (the
+# layout follows arrival order). Weights of 80, 48 and 24 float32 bytes with a 64-byte cap give
+# the buckets [weight 2, weight 1] and [weight 0] in both; 64 / 2**20 MiB is exact in binary.
+_CAP_MB = 64 / (1024 * 1024)
+
+
+def _chain(seed: int = 0) -> nn.Module:
+    with _build_lock:
+        core.manual_seed(seed)
+        return nn.Sequential(nn.Linear(5, 4, bias=False), nn.ReLU(), nn.Linear(4, 3, bias=False),
+                             nn.ReLU(), nn.Linear(3, 2, bias=False))
+
+
+def _bucket_record(bucket, params, as_array) -> dict:
+    """What a hook can learn from a GradBucket, in plain values (torch's or shoal's)."""
+    buffer = as_array(bucket.buffer())
+    grads = [as_array(g) for g in bucket.gradients()]
+    return {
+        "index": bucket.index(),
+        "is_last": bucket.is_last(),
+        "params": [next(i for i, q in enumerate(params) if q is p) for p in bucket.parameters()],
+        "shapes": [g.shape for g in grads],
+        "buffer shape": buffer.shape,
+        "views of the buffer": all(np.shares_memory(g, buffer) for g in grads),
+        "buffer is the gradients end to end": bool(np.array_equal(
+            np.concatenate([g.reshape(-1) for g in grads]), buffer)),
+        "gradients": [g.copy() for g in grads],
+    }
+
+
+def _torch_bucket_records(rank: int) -> list[dict]:
+    """torch's DDP (gloo, one rank) on rank `rank`'s batch with shoal's initial weights: the
+    buckets its hook sees in the second iteration, once the layout follows arrival order
+    (torch's first iteration reduces all parameters as one bucket)."""
+    torch = pytest.importorskip("torch")
+
+    model = torch.nn.Sequential(torch.nn.Linear(5, 4, bias=False), torch.nn.ReLU(),
+                                torch.nn.Linear(4, 3, bias=False), torch.nn.ReLU(),
+                                torch.nn.Linear(3, 2, bias=False))
+    with torch.no_grad():
+        for mine, theirs in zip(_chain().parameters(), model.parameters()):
+            theirs.copy_(torch.from_numpy(np.array(mine.data, np.float32)))
+    params = list(model.parameters())
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=_CAP_MB)
+    records: list[dict] = []
+
+    def hook(state, bucket):  # torch checks the parameter's name
+        records.append(_bucket_record(bucket, params, lambda t: t.detach().numpy()))
+        fut = torch.futures.Future()
+        fut.set_result(bucket.buffer())
+        return fut
+
+    ddp.register_comm_hook(None, hook)
+    x, y = (torch.from_numpy(t.data.astype(np.float32)) for t in _batch(rank))
+    for _ in range(2):
+        records.clear()
+        model.zero_grad()
+        _loss(ddp(x), y).backward()
+    return sorted(records, key=lambda r: r["index"])
+
+
+def test_gradbucket_is_reachable_under_torchs_name():
+    from shoal.collectives.ddp.buckets import GradBucket
+
+    assert dist.GradBucket is GradBucket
+    assert {"index", "buffer", "gradients", "parameters", "is_last", "set_buffer"} <= set(
+        vars(dist.GradBucket))
+
+
+def test_a_hook_sees_the_buckets_torch_shows_its_hooks(job):
+    """index(), is_last(), parameters(), gradients() and buffer() against torch's DDP on the
+    same weights and batch; set_buffer() replaces what buffer() returns, and a hook that
+    reduces its replacement buffer leaves the whole batch's gradient on every rank."""
+    torch_td = pytest.importorskip("torch.distributed")
+    torch_td.init_process_group("gloo", store=torch_td.HashStore(), rank=0, world_size=1)
+    try:
+        theirs = [_torch_bucket_records(rank) for rank in range(WORLD)]
+    finally:
+        torch_td.destroy_process_group()
+
+    def body(rank):
+        ddp = DistributedDataParallel(_chain(seed=rank), process_group=job.pgs[rank],
+                                      bucket_cap_mb=_CAP_MB)
+        params = list(ddp.module.parameters())
+        records: list[dict] = []
+
+        def hook(group, bucket: dist.GradBucket) -> dist.Future[Tensor]:
+            records.append(_bucket_record(bucket, params, lambda t: t.data))
+            averaged = bucket.buffer().data / group.size()
+            bucket.set_buffer(averaged)
+            assert np.shares_memory(bucket.buffer().data, averaged)
+            with pytest.raises(ValueError, match=r"^Bucket \d holds \d+ elements of float32; a "
+                                                 r"replacement buffer of shape \(3,\)"):
+                bucket.set_buffer(np.zeros(3, np.float32))
+            work = group.allreduce([bucket.buffer()])
+            return work.get_future().then(lambda fut: fut.value()[0])
+
+        ddp.register_comm_hook(job.pgs[rank], hook)
+        x, y = _batch(rank)
+        rounds = []
+        for _ in range(2):
+            records.clear()
+            ddp.module.zero_grad()
+            _loss(ddp(x), y).backward()
+            rounds.append(sorted(records, key=lambda r: r["index"]))
+        return rounds, [p.grad.data.copy() for p in params]
+
+    want = _reference_grads(_chain)
+    for rank, (rounds, grads) in enumerate(job.run(body)):
+        for i, (g, w) in enumerate(zip(grads, want)):
+            np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7, err_msg=f"rank {rank} param {i}")
+        assert [(r["params"], r["is_last"]) for r in theirs[rank]] == [([2, 1], False),
+                                                                       ([0], True)]
+        for round_no, ours in enumerate(rounds):
+            assert len(ours) == len(theirs[rank]), (rank, round_no, ours)
+            for mine, ref in zip(ours, theirs[rank]):
+                where = f"rank {rank} round {round_no} bucket {ref['index']}"
+                for key in ("index", "is_last", "params", "shapes", "buffer shape",
+                            "views of the buffer", "buffer is the gradients end to end"):
+                    assert mine[key] == ref[key], (where, key, mine[key], ref[key])
+                for g, r in zip(mine["gradients"], ref["gradients"]):
+                    np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-6, err_msg=where)
