@@ -12,12 +12,25 @@ tf = torch.nn.functional
 _IDX = [0, 1, 2, 3]
 
 
+def _setitem(a, c):
+    a = a.clone()
+    a[1:3] = c[0]  # written in a's dtype, whatever c's is
+    return a
+
+
 def _ops():
-    """(name, shoal fn, torch fn) over two (4, 4) float inputs a and c, for every op core has."""
+    """(name, shoal fn, torch fn) over two (4, 4) float inputs a and c, for every op core has.
+
+    Keys are the ops' own names (test_the_table_covers_every_op_core_has holds the table to
+    core's op list); a key with a suffix checks another form of the same op.
+    """
     ci, ti = core.tensor(_IDX), torch.tensor(_IDX)
 
     def both(fn_c, fn_t):
         return fn_c, fn_t
+
+    def same(fn):  # the same spelling works on both libraries' tensors
+        return fn, fn
 
     return {
         "add": both(lambda a, c: a + c, lambda a, c: a + c),
@@ -51,14 +64,20 @@ def _ops():
         "linear_bias": both(lambda a, c: F.linear(a, c, c[0]), lambda a, c: tf.linear(a, c, c[0])),
         "layer_norm": both(lambda a, c: F.layer_norm(a, (4,)), lambda a, c: tf.layer_norm(a, (4,))),
         "mse_loss": both(lambda a, c: F.mse_loss(a, c), lambda a, c: tf.mse_loss(a, c)),
-        "cross_entropy": both(lambda a, c: F.cross_entropy(a, ci), lambda a, c: tf.cross_entropy(a, ti)),
+        "cross_entropy": both(lambda a, c: F.cross_entropy(a, ci),
+                              lambda a, c: tf.cross_entropy(a, ti)),
         "cross_entropy_probs": both(lambda a, c: F.cross_entropy(a, c.softmax(-1)),
                                     lambda a, c: tf.cross_entropy(a, c.softmax(-1))),
         "nll_loss": both(lambda a, c: F.nll_loss(a, ci), lambda a, c: tf.nll_loss(a, ti)),
         "dropout": both(lambda a, c: F.dropout(a, 0.5), lambda a, c: tf.dropout(a, 0.5)),
         "embedding": both(lambda a, c: F.embedding(ci, c), lambda a, c: tf.embedding(ti, c)),
-        "attention": both(lambda a, c: F.scaled_dot_product_attention(a[None], c[None], c[None]),
-                          lambda a, c: tf.scaled_dot_product_attention(a[None], c[None], c[None])),
+        "scaled_dot_product_attention": both(
+            lambda a, c: F.scaled_dot_product_attention(a[None], c[None], c[None]),
+            lambda a, c: tf.scaled_dot_product_attention(a[None], c[None], c[None])),
+        "scaled_dot_product_attention_causal": both(
+            lambda a, c: F.scaled_dot_product_attention(a[None], c[None], c[None], is_causal=True),
+            lambda a, c: tf.scaled_dot_product_attention(a[None], c[None], c[None],
+                                                         is_causal=True)),
         "conv1d": both(lambda a, c: F.conv1d(a[None], c[:, :, None]),
                        lambda a, c: tf.conv1d(a[None], c[:, :, None])),
         "conv2d": both(lambda a, c: F.conv2d(a[None, None], c[None, None, :2, :2]),
@@ -69,7 +88,110 @@ def _ops():
                            lambda a, c: tf.avg_pool2d(a[None, None], 2)),
         "batch_norm": both(lambda a, c: F.batch_norm(a, None, None, training=True),
                            lambda a, c: tf.batch_norm(a, None, None, training=True)),
+        "batch_norm_affine": both(lambda a, c: F.batch_norm(a, None, None, c[0], c[1], True),
+                                  lambda a, c: tf.batch_norm(a, None, None, c[0], c[1], True)),
+        "adaptive_avg_pool2d": both(lambda a, c: F.adaptive_avg_pool2d(a[None, None], (3, 2)),
+                                    lambda a, c: tf.adaptive_avg_pool2d(a[None, None], (3, 2))),
+        "one_hot": both(lambda a, c: F.one_hot(ci, 5), lambda a, c: tf.one_hot(ti, 5)),
+        "abs": same(lambda a, c: a.abs()),
+        "minimum": both(lambda a, c: core.minimum(a, c), lambda a, c: torch.minimum(a, c)),
+        "max_with_tensor": same(lambda a, c: a.max(c)),
+        "max_dim": same(lambda a, c: a.max(dim=1)),  # (values, indices)
+        "min": same(lambda a, c: a.min()),
+        "min_dim": same(lambda a, c: a.min(dim=0, keepdim=True)),
+        "amin": same(lambda a, c: a.amin(dim=1)),
+        "argmax": same(lambda a, c: a.argmax(dim=1)),
+        "argmin": same(lambda a, c: a.argmin()),
+        "eq": same(lambda a, c: a == c),
+        "ne": same(lambda a, c: a != c),
+        "lt": same(lambda a, c: a < c),
+        "le": same(lambda a, c: a <= c),
+        "gt": same(lambda a, c: a > c),
+        "ge": same(lambda a, c: a >= c),
+        "all": same(lambda a, c: (a > c).all()),
+        "any": same(lambda a, c: (a > c).any(dim=0)),
+        "equal": both(lambda a, c: core.equal(a, c), lambda a, c: torch.equal(a, c)),
+        "isclose": both(lambda a, c: core.isclose(a, c), lambda a, c: torch.isclose(a, c)),
+        "allclose": both(lambda a, c: core.allclose(a, c), lambda a, c: torch.allclose(a, c)),
+        "nonzero": same(lambda a, c: (a > 0).nonzero()),
+        "getitem": same(lambda a, c: a[1:3, ::2]),
+        "getitem_index_tensor": both(lambda a, c: a[ci[:2]], lambda a, c: a[ti[:2]]),
+        "setitem": same(_setitem),
+        "reshape": same(lambda a, c: a.reshape(2, 8)),
+        "view": same(lambda a, c: a.view(8, 2)),
+        "flatten": same(lambda a, c: a.flatten()),
+        "unsqueeze": same(lambda a, c: a.unsqueeze(1)),
+        "squeeze": same(lambda a, c: a[None].squeeze(0)),
+        "transpose": same(lambda a, c: a.transpose(0, 1)),
+        "permute": same(lambda a, c: a[None].permute(2, 0, 1)),
+        "t": same(lambda a, c: a.t()),
+        "T": same(lambda a, c: a.T),
+        "mT": same(lambda a, c: a.mT),
+        "expand": same(lambda a, c: a[:1].expand(3, 4)),
+        "contiguous": same(lambda a, c: a.T.contiguous()),
+        "clone": same(lambda a, c: a.clone()),
+        "split": same(lambda a, c: a.split(3)),
+        "chunk": same(lambda a, c: a.chunk(2, dim=1)),
+        "to": same(lambda a, c: a.to(c.dtype)),
+        # Forms with a second dtype in a parameter, a bound, a mask or a scalar-like operand.
+        "conv1d_bias": both(lambda a, c: F.conv1d(a[None], c[:, :, None], c[0]),
+                            lambda a, c: tf.conv1d(a[None], c[:, :, None], c[0])),
+        "conv2d_bias": both(lambda a, c: F.conv2d(a[None, None], c[None, None, :2, :2], c[0, :1]),
+                            lambda a, c: tf.conv2d(a[None, None], c[None, None, :2, :2], c[0, :1])),
+        "cross_entropy_weight": both(lambda a, c: F.cross_entropy(a, ci, weight=c[0].abs()),
+                                     lambda a, c: tf.cross_entropy(a, ti, weight=c[0].abs())),
+        "nll_loss_weight": both(lambda a, c: F.nll_loss(a, ci, weight=c[0].abs()),
+                                lambda a, c: tf.nll_loss(a, ti, weight=c[0].abs())),
+        "pow_tensor_exponent": same(lambda a, c: a.abs() ** c),
+        "mul_python_scalar": same(lambda a, c: a * 2.5),
+        "sub_reflected": same(lambda a, c: 1 - a),
+        "div_reflected": same(lambda a, c: 1 / a),
+        "pow_reflected": same(lambda a, c: 2 ** a),
+        "sum_bool": same(lambda a, c: (a > 0).sum()),
+        "matmul_vector": same(lambda a, c: a @ c[0]),
+        "layer_norm_affine": both(lambda a, c: F.layer_norm(a, (4,), c[0], c[1]),
+                                  lambda a, c: tf.layer_norm(a, (4,), c[0], c[1])),
+        "batch_norm_running_stats": both(
+            lambda a, c: F.batch_norm(a, c[0].clone(), c[1].abs(), training=False),
+            lambda a, c: tf.batch_norm(a, c[0].clone(), c[1].abs(), training=False)),
+        "scaled_dot_product_attention_float_mask": both(
+            lambda a, c: F.scaled_dot_product_attention(a[None], a[None], a[None], attn_mask=c),
+            lambda a, c: tf.scaled_dot_product_attention(a[None], a[None], a[None], attn_mask=c)),
+        "clamp_tensor_bound": same(lambda a, c: a.clamp(c, None)),
+        "where_python_scalar": both(lambda a, c: core.where(a > 0, a, 0.0),
+                                    lambda a, c: torch.where(a > 0, a, 0.0)),
+        "add_zero_dim": same(lambda a, c: a + c[0, 0]),
+        "maximum_zero_dim": both(lambda a, c: core.maximum(a, c[0, 0]),
+                                 lambda a, c: torch.maximum(a, c[0, 0])),
     }
+
+
+# Forms where core's dtype promotion differs from torch's with autocast on AND off, so the fix
+# belongs in the op, not in autocast. Each is reported with the change it needs; strict, so an
+# entry that starts passing fails until it is removed from here.
+_PROMOTION_GAPS = {
+    "batch_norm_affine": "core/ops/norm.py: a bfloat16/float16 input with float32 weight, bias "
+                         "or running statistics must give the input's dtype (torch's "
+                         "mixed-dtype batch_norm); core promotes to float32",
+    "batch_norm_running_stats": "core/ops/norm.py: as batch_norm_affine, for running statistics",
+    "layer_norm_affine": "core/ops/nn.py: layer_norm of a bfloat16 input with float32 weight and "
+                         "bias gives bfloat16 in torch; core promotes to float32",
+    "scaled_dot_product_attention_float_mask": "core/ops/attention.py: a float mask takes the "
+                                               "query's dtype in torch; core promotes",
+    "clamp_tensor_bound": "core/ops/unary.py: clamp with tensor bounds promotes in torch "
+                          "(bfloat16 with a float32 bound gives float32); core keeps the input's",
+    "where_python_scalar": "core/ops/shape.py: where(cond, bfloat16, 0.0) gives bfloat16 in "
+                           "torch; core gives float64 (numpy's promotion of a Python float "
+                           "with ml_dtypes' bfloat16)",
+    "add_zero_dim": "core/ops/arith.py: torch lets a 0-d tensor of the same category not widen "
+                    "a dimensioned one (float32 + 0-d float64 is float32); core widens",
+    "maximum_zero_dim": "core/ops/shape.py: as add_zero_dim, for maximum/minimum",
+}
+
+
+def _table_params():
+    return [pytest.param(op, marks=pytest.mark.xfail(strict=True, reason=_PROMOTION_GAPS[op]))
+            if op in _PROMOTION_GAPS else op for op in sorted(_ops())]
 
 
 _DTYPES = {"f32": (core.float32, torch.float32), "bf16": (core.bfloat16, torch.bfloat16),
@@ -82,7 +204,51 @@ def _name(dt):
     return str(dt).split(".")[-1]
 
 
-@pytest.mark.parametrize("op", sorted(_ops()))
+def _dtypes_of(result):
+    """A result's dtype names: a tensor's, each of a tuple's (split, max(dim=...)), or a bool's."""
+    if isinstance(result, (tuple, list)):
+        return tuple(_dtypes_of(r) for r in result)
+    if isinstance(result, bool):
+        return "python bool"
+    return _name(result.dtype)
+
+
+# The modules of core/ops that hold ops (the rest create tensors, seed, or share helpers).
+_OP_MODULES = ("arith", "attention", "conv", "linalg", "logical", "nn", "norm", "pooling",
+               "reduce", "shape", "unary")
+
+
+def _core_ops():
+    """The name of every op function in core/ops that users reach: as core.<name>,
+    core.nn.functional.<name>, or a Tensor method or property."""
+    import importlib
+    import inspect
+
+    from shoal.core.tensor import Tensor
+
+    reachable = set()
+    for namespace in (vars(core), vars(F), vars(Tensor)):
+        for value in namespace.values():
+            reachable.add(id(value.fget if isinstance(value, property) else value))
+    names = set()
+    for module_name in _OP_MODULES:
+        module = importlib.import_module(f"shoal.core.ops.{module_name}")
+        for name, fn in vars(module).items():
+            if inspect.isfunction(fn) and fn.__module__ == module.__name__ and id(fn) in reachable:
+                names.add(name)
+    # Operators and methods that bind.py wraps (add's r_or_not, ...) reach the same functions
+    # under their own names, already counted through core.<name>; Tensor.to casts by shape.to.
+    return names | {"to"}
+
+
+def test_the_table_covers_every_op_core_has():
+    ops = _core_ops()
+    assert {"matmul", "conv2d", "adaptive_avg_pool2d", "one_hot", "argmax", "amin"} <= ops
+    missing = sorted(ops - set(_ops()))
+    assert not missing, f"ops without an entry in the autocast dtype table: {missing}"
+
+
+@pytest.mark.parametrize("op", _table_params())
 def test_output_dtype_matches_torch_autocast_on_cpu(op):
     fn_c, fn_t = _ops()[op]
     rng = np.random.default_rng(0)
@@ -94,16 +260,16 @@ def test_output_dtype_matches_torch_autocast_on_cpu(op):
             tc = torch.tensor(c_np, dtype=_DTYPES[kc][1])
             try:
                 with torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled):
-                    want = _name(fn_t(ta, tc).dtype)
+                    want = _dtypes_of(fn_t(ta, tc))
             except RuntimeError:
                 continue  # torch refuses the mix (float64 with a cast-down input): nothing to match
             a = core.tensor(a_np, dtype=_DTYPES[ka][0])
             c = core.tensor(c_np, dtype=_DTYPES[kc][0])
             with core.autocast("cpu", dtype=core.bfloat16, enabled=enabled):
-                got = _name(fn_c(a, c).dtype)
+                got = _dtypes_of(fn_c(a, c))
             assert got == want, f"{op}({ka}, {kc}) enabled={enabled}: shoal {got}, torch {want}"
             checked += 1
-    assert checked >= 8
+    assert checked >= 6  # at least the three same-dtype pairs with autocast on and off
 
 
 def test_regions_nest_turn_off_and_decorate():
