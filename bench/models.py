@@ -40,7 +40,8 @@ GPT_SHAPE = {"vocab": 103, "context": _MAIN_JOB.context, "d_model": _MAIN_JOB.d_
 CONV_SHAPE = {"width": 32, "batch": 64}
 
 
-def _inputs(name: str, seed: int) -> tuple:
+def inputs(name: str, seed: int) -> tuple:
+    """(x, y) as numpy arrays: a batch of token ids and next ids (gpt) or of 8x8 images."""
     rng = np.random.default_rng(seed)
     if name == "gpt":
         s = GPT_SHAPE
@@ -98,7 +99,7 @@ def summarize(samples: list[float]) -> dict:
 def run_model(name: str, args, torch_mod) -> list[dict]:
     """Time one model on both sides; return its rows."""
     model, opt, tmodel, topt = build(name, args.seed, torch_mod)
-    x_np, y_np = _inputs(name, args.seed)
+    x_np, y_np = inputs(name, args.seed)
     vocab = GPT_SHAPE["vocab"]
 
     def shoal_loss(out, y):
