@@ -260,12 +260,19 @@ def _worker_argv(settings: flags.RunSettings) -> tuple[str, ...]:
 
     python = os.environ.get("PYTHON_EXEC") or sys.executable  # torchrun's override
     if settings.run_path:
-        return (python, "-u", "-m", "shoal.launcher.run_path",
+        argv = (python, "-u", "-m", "shoal.launcher.run_path",
                 os.path.abspath(settings.script), *settings.script_args)
-    if settings.no_python:
-        return (settings.script, *settings.script_args)
-    argv = python_argv(settings.script, settings.script_args, settings.module)
-    return (python,) + argv[1:]
+    elif settings.no_python:
+        argv = (settings.script, *settings.script_args)
+    else:
+        argv = (python,) + python_argv(settings.script, settings.script_args,
+                                       settings.module)[1:]
+    if settings.virtual_local_rank:
+        from shoal.launcher import virtual_local_rank
+
+        # It picks the worker's device, then execs the worker in its place (same pid).
+        argv = (sys.executable, "-I", os.path.abspath(virtual_local_rank.__file__), *argv)
+    return argv
 
 
 def _omp_notice(settings: flags.RunSettings, worker_env: dict) -> None:
@@ -305,6 +312,8 @@ def run(argv: Sequence[str]) -> int:
     settings = flags.parse_run(argv)
     local_addr = _local_addr(settings)
     _configure_logging()
+    for notice in settings.notices:
+        logger.warning("%s", notice)
     scratch = _scratch_dir()
     if scratch is None:
         return _no_scratch_error()

@@ -203,6 +203,25 @@ def ranks_filter(text: str) -> tuple[int, ...]:
     return ranks
 
 
+# torchrun's --numa-binding modes (torch.numa.binding.AffinityMode).
+NUMA_MODES = ("node", "socket", "exclusive", "core-complex")
+
+
+def numa_mode(text: str) -> str:
+    """One of torchrun's NUMA binding modes (NUMA_MODES)."""
+    word = str(text).strip().lower()
+    if word not in NUMA_MODES:
+        raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(NUMA_MODES)}")
+    return word
+
+
+def comma_list(text: str) -> tuple[str, ...]:
+    """torchrun's comma-separated list, `,,` standing for a comma inside an item."""
+    placeholder = "\0"
+    return tuple(item.replace(placeholder, ",")
+                 for item in str(text).replace(",,", placeholder).split(",") if item)
+
+
 def signal_names(text: str) -> tuple[signal.Signals, ...]:
     """`SIGTERM,SIGINT,...` (with or without the SIG prefix)."""
     found = []
@@ -223,11 +242,45 @@ def signal_names(text: str) -> tuple[signal.Signals, ...]:
     return tuple(dict.fromkeys(found))
 
 
+def _protocol(text: str) -> str:
+    """http or https (torch's etcd rendezvous `protocol`)."""
+    word = str(text).strip().lower()
+    if word not in ("http", "https"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not http or https")
+    return word
+
+
+def _store_type(text: str) -> str:
+    """torch's c10d `store_type`: tcp or file."""
+    word = str(text).strip().lower()
+    if word not in ("tcp", "file"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not tcp or file")
+    return word
+
+
+# torch's --rdzv-conf keys that shoal names differently or does without; launcher.torch_conf
+# turns them into shoal's (or a notice that they are ignored, and why).
+TORCH_CONF_KEYS: dict[str, tuple[Callable[[str], object], str]] = {
+    "timeout": (lambda t: positive_seconds(t),
+                "torch's etcd and static rendezvous: the same as join_timeout"),
+    "read_timeout": (lambda t: positive_seconds(t),
+                     "torch's c10d and etcd-v2: the same as store_timeout"),
+    "keep_alive_interval": (lambda t: positive_seconds(t),
+                            "torch's name for heartbeat_interval"),
+    "keep_alive_max_attempt": (lambda t: _int_at_least(1)(t),
+                               "torch's: a node is dead after this many heartbeats are missed "
+                               "(heartbeat_timeout = heartbeat_interval x this)"),
+    "close_timeout": (lambda t: positive_seconds(t), "torch's; accepted and ignored"),
+    "store_type": (_store_type, "torch's c10d: tcp (shoal's store backend); file is refused"),
+}
+
+
 def _conf_keys() -> dict[str, tuple[Callable[[str], object], str]]:
     # Late-bound: those converters are defined further down.
-    _TEXT_OPTIONS.update(cacert=lambda t: readable_file(t), cert=lambda t: readable_file(t),
-                         key=lambda t: readable_file(t), user=lambda t: text_value(t),
-                         password=lambda t: text_value(t))
+    files = {name: (lambda t: readable_file(t))
+             for name in ("cacert", "cert", "key", "ca_cert", "ssl_cert", "ssl_cert_key")}
+    _TEXT_OPTIONS.update(files, user=lambda t: text_value(t), password=lambda t: text_value(t),
+                         protocol=_protocol, etcd_prefix=lambda t: text_value(t))
     # The rendezvous settings and the backends' options are checked by elastic when parse_run
     # builds them; here they only need to be numbers. The rest are the launcher's own.
     keys: dict[str, tuple[Callable[[str], object], str]] = {
@@ -241,6 +294,7 @@ def _conf_keys() -> dict[str, tuple[Callable[[str], object], str]]:
             positive_seconds, "seconds an agent waits at the exit barrier for the other nodes"),
         "is_host": (boolean, "this node hosts the embedded store at --rdzv-endpoint"),
     })
+    keys.update(TORCH_CONF_KEYS)
     return keys
 
 

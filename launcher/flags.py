@@ -37,8 +37,11 @@ from shoal.launcher.converters import (  # noqa: F401  (DEFAULT_* and RDZV_CONF_
     boolean,
     directory,
     endpoints,
+    NUMA_MODES,
+    comma_list,
     nnodes,
     nonnegative_seconds,
+    numa_mode,
     nproc,
     port,
     positive_seconds,
@@ -54,6 +57,7 @@ from shoal.launcher.converters import (  # noqa: F401  (DEFAULT_* and RDZV_CONF_
     _int_at_least,
 )
 from shoal.launcher.streams import StdSpec
+from shoal.launcher import torch_conf
 
 # ----------------------------------------------------------------------------- flag table
 
@@ -172,6 +176,22 @@ RUN_GROUPS: dict[str, list[Flag]] = {
         Flag("local-ranks-filter", ranks_filter, (),
              "show only these local ranks' output on the console, e.g. 0,1 (files keep all)"),
     ],
+    "torchrun's, with no counterpart here (accepted with a warning)": [
+        Flag("logs-specs", text_value, None,
+             "torchrun's LogsSpecs entry point: ignored (shoal has no log plugins; --log-dir, "
+             "-r and -t choose where streams go)"),
+        Flag("event-log-handler", text_value, "null",
+             "torchrun's event handler: only 'null' (its default) here, shoal emits no "
+             "torchelastic events (its logs and --metrics-port report rounds and failures)"),
+        Flag("numa-binding", numa_mode, None,
+             f"torchrun's NUMA binding ({', '.join(NUMA_MODES)}): ignored, shoal does not pin "
+             "workers to CPUs"),
+        Flag("duplicate-stdout-filters", comma_list, (),
+             "torchrun's copy of matching stdout lines to a file: ignored (every stream is in "
+             "--log-dir's files; search them)"),
+        Flag("duplicate-stderr-filters", comma_list, (),
+             "the same for stderr: ignored"),
+    ],
     "security": [
         Flag("auth-token-file", readable_file, None,
              "file holding the job's secret (else SHOAL_AUTH_TOKEN, else a fresh one per job)"),
@@ -187,6 +207,9 @@ RUN_GROUPS: dict[str, list[Flag]] = {
         Flag("start-method", start_method, "spawn",
              "accepted for torchrun's command lines: every worker is a fresh process here "
              "(spawn, fork or forkserver)"),
+        Flag("virtual-local-rank", boolean, False,
+             "each worker sees only its own GPU, as device 0: LOCAL_RANK=0 and "
+             "CUDA_VISIBLE_DEVICES set to its device (as torchrun)", switch=True),
     ],
 }
 
@@ -276,6 +299,10 @@ class RunSettings:
     # this host already does (its port is taken), be its client, as torchrun does.
     try_host: bool = False
     profile_dir: Optional[str] = None  # --profile DIR (SHOAL_PROFILE_DIR)
+    virtual_local_rank: bool = False
+    # One line each, logged once logging is set up: torchrun's flags and --rdzv-conf keys that
+    # are accepted but mean nothing here, a run id shared by every job on an etcd, ...
+    notices: tuple[str, ...] = ()
 
     @property
     def embedded_store(self) -> bool:
@@ -401,9 +428,21 @@ def parse_run(argv: Sequence[str], environ: Optional[Mapping[str, str]] = None) 
             check_endpoints(backend, endpoint_list)
         except ValueError as exc:
             parser.error(f"argument --rdzv-endpoint/--rdzv_endpoint: {exc}")
+    notices: list[str] = []
     if ns.rdzv_id is None or (ns.rdzv_id == "none" and requested in TORCHRUN_BACKENDS):
+        if backend == "etcd":
+            notices.append(_shared_run_id(parser, ns, environ))
         # torchrun's default id is the word "none"; one job per endpoint makes it harmless.
         ns.rdzv_id = uuid.uuid4().hex[:12] if private else (ns.rdzv_id or "default")
+    try:
+        conf, conf_notices = torch_conf.translate(conf)
+    except ValueError as exc:
+        parser.error(f"argument --rdzv-conf/--rdzv_conf: {exc}")
+    notices += conf_notices + torch_conf.ignored_flags(ns)
+    if ns.virtual_local_rank:
+        problem = torch_conf.virtual_local_rank_problem(ns.nproc_per_node, environ)
+        if problem:
+            parser.error(f"argument --virtual-local-rank/--virtual_local_rank: {problem}")
     try:
         rendezvous = RendezvousSettings.from_conf(ns.rdzv_id, min_nodes, max_nodes, conf)
         options = backend_options(backend, {
@@ -456,8 +495,31 @@ def parse_run(argv: Sequence[str], environ: Optional[Mapping[str, str]] = None) 
         auth_token_file=ns.auth_token_file, module=ns.module, no_python=ns.no_python,
         run_path=ns.run_path, role=ns.role, script=ns.script,
         script_args=tuple(ns.script_args), requested_backend=requested, try_host=try_host,
-        profile_dir=ns.profile_dir,
+        profile_dir=ns.profile_dir, virtual_local_rank=ns.virtual_local_rank,
+        notices=tuple(notices),
     )
+
+
+def _shared_run_id(parser, ns, environ: Mapping[str, str]) -> str:
+    """etcd keys a run by its id, so an etcd job without one meets every other such job.
+
+    A run id variable that is set but empty is refused (exit 2): on Kubernetes it is a
+    downward-API field that did not resolve (the Job's uid label is
+    batch.kubernetes.io/controller-uid from 1.27 on; before, it has another name), and the
+    pods of every Job would share one rendezvous. No id at all is torchrun's default and only
+    warned about (the returned notice).
+    """
+    for name in ("SHOAL_RDZV_ID", "PET_RDZV_ID"):
+        if name in environ and not environ[name].strip():
+            parser.error(
+                f"argument --rdzv-id/--rdzv_id: {name} is set but empty, so this job would "
+                "meet every other job on the etcd under run id 'default'. On Kubernetes, the "
+                "label batch.kubernetes.io/controller-uid it is read from exists from 1.27 on: "
+                "upgrade, or set the run id another way (--rdzv-id, a unique value per job)")
+    where = ",".join(f"{h}:{p}" for h, p in ns.rdzv_endpoint) or "the etcd endpoint"
+    return (f"No run id was given (--rdzv-id or SHOAL_RDZV_ID): this job uses "
+            f"'{ns.rdzv_id or 'default'}' on {where}, and so would any other job there "
+            "without one, meeting in one rendezvous. Give each job its own --rdzv-id.")
 
 
 @dataclasses.dataclass(frozen=True)

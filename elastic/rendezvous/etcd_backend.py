@@ -1,11 +1,12 @@
 """`EtcdRendezvousBackend`: the rendezvous state in etcd v3, through aetcd.
 
-Keys live under `/shoal/<run_id>/`. The state key is written by transaction, comparing its
-mod_revision with the token (the compare-and-set), and is attached to the writer's lease. Every
-node keeps its own lease alive, and every heartbeat rewrites the state, so the state lives as
-long as any node of the run does and disappears `ttl` seconds after the last one is gone: a run
-id can be reused without finding a stale round. `watch` is an etcd watch from the token's
-revision, so a change is seen at once and none is missed.
+Keys live under `/shoal/<run_id>/` (`--rdzv-conf etcd_prefix` names another root). The state
+key is written by transaction, comparing its mod_revision with the token (the compare-and-set),
+and is attached to the writer's lease. Every node keeps its own lease alive, and every
+heartbeat rewrites the state, so the state lives as long as any node of the run does and
+disappears `ttl` seconds after the last one is gone: a run id can be reused without finding a
+stale round. `watch` is an etcd watch from the token's revision, so a change is seen at once
+and none is missed.
 
 A failed lease renewal is logged and retried; it never ends the job. etcd keeps leases across
 its own restarts (and extends them when a leader is elected), so an outage shorter than `ttl`
@@ -45,10 +46,11 @@ class EtcdRendezvousBackend(RendezvousBackend):
 
     Args:
         endpoints: 'host:port' strings, or one comma-separated string; failed over in order.
-        run_id: names the key prefix `/shoal/<run_id>/`.
+        run_id: names the key prefix `<prefix>/<run_id>/`.
         ttl: the lease's time to live in seconds (renewed every ttl/3).
         timeout: the deadline of each etcd operation, retries included.
         security: TLS files and credentials (elastic.rendezvous.etcd_secure).
+        prefix: where runs' keys live (`--rdzv-conf etcd_prefix`, as torch's etcd rendezvous).
 
     Raises:
         EtcdUnavailable: no endpoint answered while granting the lease.
@@ -61,13 +63,14 @@ class EtcdRendezvousBackend(RendezvousBackend):
         ttl: float = DEFAULT_ETCD_LEASE_TTL_S,
         timeout: TimeoutLike = DEFAULT_BACKEND_TIMEOUT_S,
         security: Optional[EtcdSecurity] = None,
+        prefix: str = "/shoal",
     ):
         if not isinstance(run_id, str) or not run_id or "/" in run_id:
             raise ValueError(f"run_id must be a non-empty string without '/', got {run_id!r}.")
         self.run_id = run_id
         self.ttl = int(round(check_lease_ttl(ttl)))
         self.timeout = to_seconds(timeout, DEFAULT_BACKEND_TIMEOUT_S)
-        self.prefix = f"/shoal/{run_id}/"
+        self.prefix = f"{prefix.rstrip('/')}/{run_id}/"
         self.key = f"{self.prefix}rdzv/state".encode()
         self._client = EtcdClient(endpoints, self.timeout, security)
         self._lease_id: Optional[int] = None

@@ -1,5 +1,7 @@
 """TLS and user/password for the etcd client, set through `--rdzv-conf` as torch's etcd
-rendezvous does: `cacert`, `cert`, `key` (PEM files), plus `user` and `password`.
+rendezvous does: `protocol` (http or https), `cacert`, `cert`, `key` (PEM files), plus `user`
+and `password`. TLS is on with protocol=https (the system's CAs unless cacert names one), or
+when cacert is given and protocol is not.
 
 aetcd only opens insecure channels; `SecureClient` is its Client with a TLS channel. Its
 `connect` mirrors aetcd 1.0's (stubs, authentication, watcher) with `secure_channel` in place of
@@ -26,16 +28,26 @@ class EtcdSecurity:
     key: Optional[str] = None
     user: Optional[str] = None
     password: Optional[str] = None
+    protocol: Optional[str] = None
 
     def __post_init__(self):
+        if self.protocol is not None:
+            protocol = str(self.protocol).strip().lower()
+            if protocol not in ("http", "https"):
+                raise ValueError(f"etcd protocol={self.protocol!r} is neither http nor https.")
+            object.__setattr__(self, "protocol", protocol)
+            if protocol == "http" and (self.cacert is not None or self.cert is not None):
+                raise ValueError("etcd protocol=http turns TLS off, but cacert or cert was "
+                                 "given; use protocol=https (or leave protocol out).")
         if (self.cert is None) != (self.key is None):
             raise ValueError("etcd TLS needs both cert and key in --rdzv-conf, or neither.")
         if (self.user is None) != (self.password is None):
             raise ValueError("etcd authentication needs both user and password in --rdzv-conf, "
                              "or neither.")
-        if self.cert is not None and self.cacert is None:
+        if self.cert is not None and not self.tls:
             raise ValueError("etcd TLS with a client certificate also needs cacert (the CA that "
-                             "signed etcd's server certificate).")
+                             "signed etcd's server certificate) or protocol=https (the "
+                             "system's CAs).")
         for name in ("cacert", "cert", "key"):
             path = getattr(self, name)
             if path is not None:
@@ -49,10 +61,12 @@ class EtcdSecurity:
     @property
     def tls(self) -> bool:
         """Whether the channel is TLS."""
+        if self.protocol is not None:
+            return self.protocol == "https"
         return self.cacert is not None
 
     def credentials(self) -> grpc.ChannelCredentials:
-        """gRPC channel credentials from the PEM files."""
+        """gRPC channel credentials from the PEM files (no cacert: gRPC's default roots)."""
         def read(path: Optional[str]) -> Optional[bytes]:
             if path is None:
                 return None

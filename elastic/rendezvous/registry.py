@@ -23,8 +23,9 @@ from shoal.elastic.api import (
 )
 from shoal.elastic.rendezvous.handler import RendezvousHandler
 
-__all__ = ["BACKENDS", "ETCD_SECURITY_KEYS", "BackendKind", "backend_options", "check_backend", "check_endpoints",
-           "create_backend", "create_handler", "parse_endpoint"]
+__all__ = ["BACKENDS", "DEFAULT_ETCD_PREFIX", "ETCD_SECURITY_KEYS", "ETCD_TORCH_ALIASES",
+           "BackendKind", "backend_options", "check_backend", "check_endpoints",
+           "check_etcd_prefix", "create_backend", "create_handler", "parse_endpoint"]
 
 Endpoint = tuple[str, int]
 
@@ -42,15 +43,23 @@ class BackendKind:
     port_zero: bool
 
 
-# The etcd backend's security options (as torch's etcd rendezvous: cacert, cert, key), text
-# rather than numbers; elastic.rendezvous.etcd_secure applies them.
+# The etcd backend's security options (as torch's etcd rendezvous: protocol, cacert, cert,
+# key), text rather than numbers; elastic.rendezvous.etcd_secure applies them.
 ETCD_SECURITY_KEYS: Mapping[str, str] = {
+    "protocol": "http or https (as torch's etcd rendezvous; https turns TLS on, with the "
+                "system's CAs unless cacert names one)",
     "cacert": "PEM file of the CA that signed etcd's server certificate (turns TLS on)",
     "cert": "PEM file of this node's client certificate (with key)",
     "key": "PEM file of the client certificate's private key",
     "user": "etcd user name (with password)",
     "password": "etcd user's password",
 }
+# torch's etcd-v2 backend spells three of them differently; both spellings are taken.
+ETCD_TORCH_ALIASES: Mapping[str, str] = {"ca_cert": "cacert", "ssl_cert": "cert",
+                                         "ssl_cert_key": "key"}
+# Where the etcd keys of a run live: <etcd_prefix>/<run_id>/ (torch's etcd rendezvous calls
+# the same option etcd_prefix; its default is /torchelastic/p2p).
+DEFAULT_ETCD_PREFIX = "/shoal"
 
 BACKENDS: Mapping[str, BackendKind] = {
     "store": BackendKind(
@@ -59,7 +68,11 @@ BACKENDS: Mapping[str, BackendKind] = {
     "etcd": BackendKind(
         "etcd v3 servers",
         options={"ttl": "seconds an etcd lease outlives its last keepalive (2 to 3600)",
-                 **ETCD_SECURITY_KEYS},
+                 "etcd_prefix": "the etcd key prefix the run's keys live under, as "
+                                f"<etcd_prefix>/<run id>/ (default {DEFAULT_ETCD_PREFIX})",
+                 **ETCD_SECURITY_KEYS,
+                 **{alias: f"torch's etcd-v2 name for {key}"
+                    for alias, key in ETCD_TORCH_ALIASES.items()}},
         max_endpoints=None, port_zero=False),
 }
 
@@ -132,14 +145,18 @@ def backend_options(name: str, options: Mapping[str, object]) -> dict[str, objec
         ValueError: an option the backend does not take, or a value its rule rejects.
     """
     kind = check_backend(name)
-    # "security": options already built by an earlier call (the launcher's, then create_backend).
-    built = {"security"} if name == "etcd" else set()
+    # "security", "prefix": options already built by an earlier call (the launcher's, then
+    # create_backend's).
+    built = {"security", "prefix"} if name == "etcd" else set()
     unknown = sorted(set(options) - set(kind.options) - built)
     if unknown:
         known = sorted(kind.options) or "none"
         raise ValueError(f"The {name} rendezvous backend takes no option {unknown[0]!r} "
                          f"(its options: {known}).")
+    options = _torch_spellings(options)
     kwargs: dict[str, object] = {}
+    if "etcd_prefix" in options or "prefix" in options:
+        kwargs["prefix"] = check_etcd_prefix(options.get("etcd_prefix", options.get("prefix")))
     security = {k: str(options[k]) for k in ETCD_SECURITY_KEYS if k in options}
     if security:
         from shoal.elastic.rendezvous.etcd_secure import EtcdSecurity
@@ -154,6 +171,36 @@ def backend_options(name: str, options: Mapping[str, object]) -> dict[str, objec
             raise ValueError(f"The {name} rendezvous option ttl={options['ttl']!r} is invalid: "
                              f"{exc}") from exc
     return kwargs
+
+
+def _torch_spellings(options: Mapping[str, object]) -> dict[str, object]:
+    """`options` with torch's etcd-v2 names (ca_cert, ssl_cert, ssl_cert_key) as shoal's."""
+    out = dict(options)
+    for alias, key in ETCD_TORCH_ALIASES.items():
+        if alias not in out:
+            continue
+        value = out.pop(alias)
+        if key in out and str(out[key]) != str(value):
+            raise ValueError(f"The etcd rendezvous options {alias}={value!r} and {key}="
+                             f"{out[key]!r} disagree ({alias} is torch's name for {key}); "
+                             "give one.")
+        out[key] = value
+    return out
+
+
+def check_etcd_prefix(prefix: object) -> str:
+    """An etcd key prefix: an absolute path such as /shoal or /team/a (no trailing slash kept).
+
+    Raises:
+        ValueError: naming the value and the rule.
+    """
+    text = str(prefix).strip().rstrip("/")
+    if not str(prefix).strip().startswith("/") or not text or "//" in text or \
+            any(c.isspace() for c in text):
+        raise ValueError(f"The etcd rendezvous option etcd_prefix={prefix!r} is not an "
+                         "absolute key path such as /shoal or /team/jobs (a leading '/', no "
+                         "empty parts or spaces).")
+    return text
 
 
 def _split_endpoints(endpoints: Union[str, Sequence[str], None]) -> list[str]:
@@ -200,7 +247,8 @@ def create_backend(
 
     backend = EtcdRendezvousBackend(texts, run_id, timeout=seconds, **kwargs)
     if store is None:
-        store = EtcdStore(texts, prefix=f"/shoal/{run_id}/store/", timeout=seconds,
+        root = kwargs.get("prefix", DEFAULT_ETCD_PREFIX)
+        store = EtcdStore(texts, prefix=f"{root}/{run_id}/store/", timeout=seconds,
                           security=kwargs.get("security"))
     return backend, store
 

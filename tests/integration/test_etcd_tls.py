@@ -135,6 +135,10 @@ def test_a_round_and_the_store_over_tls_with_a_password(tls_etcd):
     ({"password": "wrong", "user": "root"}, "authentication failed"),
     ({"cacert": "other.pem"}, "did not answer"),
     ({"cert": None, "key": None}, "did not answer"),
+    # https with the system's CAs: they do not trust the test CA.
+    ({"protocol": "https", "cacert": None}, "did not answer"),
+    # http (no TLS) to a server that only speaks TLS.
+    ({"protocol": "http", "cacert": None, "cert": None, "key": None}, "did not answer"),
 ])
 def test_wrong_credentials_fail_with_the_endpoint_named(tls_etcd, changes, words):
     endpoint, d = tls_etcd
@@ -159,3 +163,51 @@ def test_shoal_run_over_tls(tls_etcd, tmp_path):
         capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.count('"sum": 1') == 2
+
+
+def _torch_conf(d) -> str:
+    """torch's etcd-v2 spellings: protocol=https and ca_cert/ssl_cert/ssl_cert_key (plus
+    shoal's user/password, which this etcd also asks for)."""
+    return (f"protocol=https,ca_cert={d / 'ca.pem'},ssl_cert={d / 'client.pem'},"
+            f"ssl_cert_key={d / 'client.key'},user=root,password={PASSWORD}")
+
+
+def test_protocol_https_with_torchs_spellings_and_an_etcd_prefix(tls_etcd):
+    endpoint, d = tls_etcd
+    settings = RendezvousSettings("tls-prefix", 1, 1, last_call_timeout=0)
+    handler = create_handler("etcd", endpoint, settings, "node-a", timeout=5,
+                             protocol="https", ca_cert=str(d / "ca.pem"),
+                             ssl_cert=str(d / "client.pem"), ssl_cert_key=str(d / "client.key"),
+                             user="root", password=PASSWORD, etcd_prefix="/torchelastic/p2p")
+    try:
+        # The server speaks only TLS: a round means the channel was TLS.
+        assert handler.next_rendezvous().participants == ["node-a"]
+        handler.job_store.set("k", b"v")
+        # The run's keys are under the prefix, read back over a client of our own.
+        from shoal.elastic.rendezvous.etcd_client import EtcdClient
+        from shoal.elastic.rendezvous.etcd_secure import EtcdSecurity
+
+        client = EtcdClient([endpoint], 5, EtcdSecurity(**_options(d), protocol="https"))
+        try:
+            keys = client.call(lambda c: c.get_prefix(b"/torchelastic/p2p/tls-prefix/",
+                                                      keys_only=True), "a key listing")
+            names = sorted(kv.key.decode() for kv in keys)
+        finally:
+            client.close()
+        assert "/torchelastic/p2p/tls-prefix/rdzv/state" in names
+        assert any(n.startswith("/torchelastic/p2p/tls-prefix/store/") for n in names)
+    finally:
+        handler.shutdown()
+
+
+def test_shoal_run_over_tls_with_torchs_etcd_v2_line(tls_etcd):
+    endpoint, d = tls_etcd
+    done = subprocess.run(
+        [sys.executable, "-m", "shoal.launcher", "run", "--rdzv-backend=etcd-v2",
+         f"--rdzv-endpoint={endpoint}", "--rdzv-id=tls-torch", f"--rdzv-conf={_torch_conf(d)}",
+         "--nproc-per-node=2", str(WORKERS / "torchrun_worker.py"), "--meet"],
+        cwd=ROOT, env={**os.environ, "SHOAL_AUTH_TOKEN": "tls-" + uuid.uuid4().hex},
+        capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count('"sum": 1') == 2
+    assert "(etcd-v2 (etcd) backend" in done.stderr

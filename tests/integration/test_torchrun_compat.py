@@ -180,6 +180,36 @@ def test_no_python_and_run_path(tmp_path):
     assert bad.returncode == 2 and "do not combine it with -m/--module" in bad.stderr
 
 
+def test_virtual_local_rank_gives_each_worker_its_own_device_as_torchrun_does(tmp_path):
+    program = tmp_path / "show.sh"
+    program.write_text("#!/bin/sh\necho \"VLR rank=$RANK local=$LOCAL_RANK "
+                       "cuda=$CUDA_VISIBLE_DEVICES pid=$$\"\n")
+    program.chmod(0o755)
+    args = ["--standalone", "--nproc-per-node=2", "--virtual-local-rank", "--no-python",
+            str(program)]
+
+    def lines(output):
+        return sorted(re.findall(r"VLR (rank=\d local=\d cuda=\S+)", output))
+
+    # torchrun's flags without a counterpart are accepted with one warning line each.
+    done = _run(SHOAL, args[:-2] + ["--numa-binding=node", "--logs-specs=mine"] + args[-2:],
+                CUDA_VISIBLE_DEVICES="5,7")
+    assert done.returncode == 0, done.stderr
+    assert lines(done.stdout) == ["rank=0 local=0 cuda=5", "rank=1 local=0 cuda=7"]
+    assert re.search(r"WARNING --numa-binding node is torchrun's and is ignored: shoal does not "
+                     r"pin workers to CPUs", done.stderr)
+    assert re.search(r"WARNING --logs-specs mine is torchrun's and is ignored", done.stderr)
+    # The worker is exec'd in the wrapper's place: the pid the agent started is the worker's.
+    started = re.search(r"Started ranks \[0, 1\] as pids \[(\d+), (\d+)\]", done.stderr)
+    shown = dict(re.findall(r"VLR rank=(\d) .* pid=(\d+)", done.stdout))
+    assert started and [shown["0"], shown["1"]] == list(started.groups()), done.stderr
+    unset = _run(SHOAL, args)
+    assert lines(unset.stdout) == ["rank=0 local=0 cuda=0", "rank=1 local=0 cuda=1"]
+    reference = _run(TORCHRUN, args, CUDA_VISIBLE_DEVICES="5,7")
+    assert reference.returncode == 0, reference.stderr
+    assert lines(reference.stdout) == lines(done.stdout)
+
+
 def test_error_files_follow_torchruns_contract(tmp_path):
     agent_file = tmp_path / "termination-log"
     done = _run(SHOAL, ["--nproc-per-node=2", "--max-restarts=0", f"--log-dir={tmp_path}",

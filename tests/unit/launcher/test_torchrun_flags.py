@@ -113,3 +113,182 @@ def test_a_static_master_listens_on_every_interface_when_its_name_is_not_local_y
     assert cli._static_bind(("127.0.0.1", 29500)) == "127.0.0.1:29500"
     monkeypatch.setattr(netaddr, "is_local_address", lambda host: False)
     assert cli._static_bind(("shoal-train-master-0", 23456)) == "0.0.0.0:23456"
+
+
+# ----------------------------------------------------------------------------- torch's rdzv keys
+
+def _conf(conf: str, *extra: str, backend: str = "c10d", environ=None):
+    endpoint = "etcd.example:2379" if backend in ("etcd", "etcd-v2") else "localhost:0"
+    return parse_run([f"--rdzv-backend={backend}", f"--rdzv-endpoint={endpoint}",
+                      "--rdzv-id=job", f"--rdzv-conf={conf}", *extra, SCRIPT], environ or {})
+
+
+@pytest.mark.parametrize("torch_key, shoal_key", [
+    ("timeout", "join_timeout"),             # torch's etcd and static rendezvous
+    ("keep_alive_interval", "heartbeat_interval"),
+])
+def test_torch_timeouts_set_shoals_rendezvous_settings(torch_key, shoal_key):
+    s = _conf(f"{torch_key}=2.5,heartbeat_timeout=9")
+    assert getattr(s.rendezvous, shoal_key) == 2.5 and s.notices == ()
+    assert torch_key not in s.rdzv_conf
+
+
+def test_read_timeout_is_the_store_timeout():
+    # torch's c10d and etcd-v2: the store's (the etcd client's) read timeout.
+    assert _conf("read_timeout=7").rdzv_conf["store_timeout"] == 7
+    assert _conf("read_timeout=7", backend="etcd-v2").rdzv_conf["store_timeout"] == 7
+
+
+def test_keep_alive_max_attempt_makes_the_heartbeat_timeout_as_torch_does():
+    # torch: a node is dead after keep_alive_interval x keep_alive_max_attempt.
+    s = _conf("keep_alive_interval=2,keep_alive_max_attempt=4")
+    assert (s.rendezvous.heartbeat_interval, s.rendezvous.heartbeat_timeout) == (2, 8)
+    assert _conf("keep_alive_max_attempt=3").rendezvous.heartbeat_timeout == 3.0  # 1 s beats
+
+
+def test_close_timeout_is_accepted_with_a_notice_and_store_type_tcp_silently():
+    s = _conf("close_timeout=30,store_type=tcp")
+    assert s.notices == ("--rdzv-conf close_timeout is torch's and is ignored: closing the "
+                         "rendezvous is one write here, bounded by store_timeout.",)
+    assert "close_timeout" not in s.rdzv_conf and "store_type" not in s.rdzv_conf
+
+
+@pytest.mark.parametrize("conf, message", [
+    ("store_type=file", "store_type=file (torch's FileStore rendezvous) is not supported"),
+    ("store_type=redis", "key 'store_type': 'redis' is not tcp or file"),
+    ("timeout=5,join_timeout=6", "join_timeout=6.0 disagrees with timeout=5.0 (torch's name "
+                                 "for join_timeout); give one of them"),
+    ("keep_alive_max_attempt=1", "keep_alive_max_attempt=1 would declare a node dead after a "
+                                 "single heartbeat interval"),
+    ("keep_alive_max_attempt=x", "key 'keep_alive_max_attempt': 'x' is not an integer"),
+    ("read_timeout=0", "key 'read_timeout': '0' must be a finite number of seconds > 0"),
+    ("protocol=https", "The store rendezvous backend takes no option 'protocol'"),
+])
+def test_bad_torch_conf_values_are_usage_errors(capsys, conf, message):
+    assert message in _error(capsys, ["--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0",
+                                      f"--rdzv-conf={conf}", SCRIPT])
+
+
+@pytest.fixture
+def pems(tmp_path):
+    for name in ("ca.pem", "client.pem", "client.key"):
+        (tmp_path / name).write_text("not checked until connecting\n")
+    return tmp_path
+
+
+def test_etcd_v2_tls_spellings_and_protocol(pems):
+    s = _conf(f"protocol=HTTPS,ca_cert={pems / 'ca.pem'},ssl_cert={pems / 'client.pem'},"
+              f"ssl_cert_key={pems / 'client.key'}", backend="etcd-v2")
+    security = s.backend_options["security"]
+    assert (security.protocol, security.tls) == ("https", True)
+    assert (security.cacert, security.cert, security.key) == (
+        str(pems / "ca.pem"), str(pems / "client.pem"), str(pems / "client.key"))
+    # protocol=https alone: TLS with the system's CAs, as torch's etcd client does.
+    assert _conf("protocol=https", backend="etcd").backend_options["security"].tls
+    assert not _conf("protocol=http", backend="etcd").backend_options["security"].tls
+    # No protocol: shoal's rule, TLS when a CA is named.
+    assert _conf(f"cacert={pems / 'ca.pem'}", backend="etcd").backend_options["security"].tls
+
+
+@pytest.mark.parametrize("conf, message", [
+    ("protocol=ftp", "key 'protocol': 'ftp' is not http or https"),
+    ("protocol=http,cacert={d}/ca.pem", "etcd protocol=http turns TLS off, but cacert or cert "
+                                        "was given; use protocol=https"),
+    ("ca_cert={d}/ca.pem,cacert={d}/client.pem", "ca_cert is torch's name for cacert); give "
+                                                 "one"),
+    ("ssl_cert={d}/client.pem", "etcd TLS needs both cert and key"),
+    ("etcd_prefix=relative", "etcd_prefix='relative' is not an absolute key path"),
+])
+def test_bad_etcd_conf_values_are_usage_errors(capsys, pems, conf, message):
+    err = _error(capsys, ["--rdzv-backend=etcd-v2", "--rdzv-endpoint=h:2379", "--rdzv-id=j",
+                          f"--rdzv-conf={conf.format(d=pems)}", SCRIPT])
+    assert message in err
+
+
+def test_etcd_prefix_is_the_etcd_backends_key_root():
+    s = _conf("etcd_prefix=/torchelastic/p2p/", backend="etcd-v2")
+    assert s.backend_options["prefix"] == "/torchelastic/p2p"
+    assert "prefix" not in _conf("ttl=10", backend="etcd").backend_options
+
+
+# ----------------------------------------------------------------------------- torchrun's flags
+
+def test_torchrun_flags_without_a_counterpart_are_accepted_with_one_notice_each():
+    s = parse_run(["--logs-specs=mine", "--event-log-handler=console", "--numa-binding=node",
+                   "--duplicate-stdout-filters=loss,,step,nan", "--duplicate_stderr_filters=x",
+                   SCRIPT], {})
+    assert len(s.notices) == 5
+    assert s.notices[0].startswith("--logs-specs mine is torchrun's and is ignored")
+    assert s.notices[1].startswith("--event-log-handler console is torchrun's and is ignored")
+    assert s.notices[2].startswith("--numa-binding node is torchrun's and is ignored")
+    assert s.notices[3].startswith("--duplicate-stdout-filters is torchrun's and is ignored")
+    assert s.notices[4].startswith("--duplicate-stderr-filters is torchrun's and is ignored")
+    # torchrun's defaults (and its PET_ variables) say nothing.
+    assert parse_run(["--event-log-handler=null", SCRIPT], {}).notices == ()
+    assert parse_run([SCRIPT], {"PET_NUMA_BINDING": "socket"}).notices[0].startswith(
+        "--numa-binding socket")
+
+
+def test_torchruns_comma_list_escapes_a_comma_by_doubling_it():
+    from shoal.launcher.converters import comma_list
+
+    assert comma_list("loss,,step,nan") == ("loss,step", "nan")
+    assert comma_list("") == ()
+
+
+def test_numa_binding_takes_torchruns_modes(capsys):
+    from shoal.launcher.converters import NUMA_MODES
+
+    import torch.numa.binding as binding  # the oracle: torchrun's own choices
+
+    assert set(NUMA_MODES) == {mode.value for mode in binding.AffinityMode}
+    assert "'near' is not one of node, socket, exclusive, core-complex" in _error(
+        capsys, ["--numa-binding=near", SCRIPT])
+
+
+def test_virtual_local_rank_needs_a_visible_device_per_worker(capsys):
+    s = parse_run(["--virtual-local-rank", "--nproc-per-node=2", SCRIPT],
+                  {"CUDA_VISIBLE_DEVICES": "5,7"})
+    assert s.virtual_local_rank
+    assert parse_run(["--nproc-per-node=2", "--virtual-local-rank", SCRIPT], {}).virtual_local_rank
+    err = _error(capsys, ["--virtual-local-rank", "--nproc-per-node=3", SCRIPT],
+                 {"CUDA_VISIBLE_DEVICES": "5,7"})
+    assert ("argument --virtual-local-rank/--virtual_local_rank: 3 workers need a device each, "
+            "but CUDA_VISIBLE_DEVICES='5,7' lists 2") in err
+
+
+def test_every_torchrun_flag_is_accepted():
+    """The oracle: torch.distributed.run's own parser. Each of its options parses here."""
+    from torch.distributed.run import get_args_parser
+
+    ours = {s for a in __import__("shoal.launcher.flags", fromlist=["run_parser"])
+            .run_parser()._actions for s in a.option_strings}
+    theirs = {s for a in get_args_parser()._actions for s in a.option_strings}
+    assert theirs - ours == set()
+
+
+# ----------------------------------------------------------------------------- the run id guard
+
+def test_an_empty_run_id_variable_is_refused_with_etcd(capsys):
+    # On Kubernetes before 1.27 the downward-API label is missing and SHOAL_RDZV_ID is "".
+    for name in ("SHOAL_RDZV_ID", "PET_RDZV_ID"):
+        err = _error(capsys, ["--rdzv-backend=etcd", "--rdzv-endpoint=etcd:2379", SCRIPT],
+                     {name: ""})
+        assert (f"argument --rdzv-id/--rdzv_id: {name} is set but empty, so this job would meet "
+                "every other job on the etcd under run id 'default'") in err
+        assert "batch.kubernetes.io/controller-uid" in err
+    # A flag beats the empty variable; the store backend keeps its own default.
+    assert _conf("ttl=10", backend="etcd", environ={"SHOAL_RDZV_ID": ""}).rdzv_id == "job"
+    assert parse_run([SCRIPT], {"SHOAL_RDZV_ID": ""}).notices == ()
+
+
+def test_no_run_id_with_etcd_is_warned_about():
+    s = parse_run(["--rdzv-backend=etcd", "--rdzv-endpoint=etcd:2379", SCRIPT], {})
+    assert s.rdzv_id == "default"
+    assert s.notices == ("No run id was given (--rdzv-id or SHOAL_RDZV_ID): this job uses "
+                         "'default' on etcd:2379, and so would any other job there without "
+                         "one, meeting in one rendezvous. Give each job its own --rdzv-id.",)
+    torchruns = parse_run(["--rdzv-backend=etcd-v2", "--rdzv-endpoint=etcd:2379", SCRIPT], {})
+    assert torchruns.notices[0].startswith("No run id was given")
+    assert parse_run(["--rdzv-backend=etcd", "--rdzv-endpoint=etcd:2379", "--rdzv-id=j",
+                      SCRIPT], {}).notices == ()

@@ -1,0 +1,102 @@
+"""torchrun's flags and torch's `--rdzv-conf` keys that shoal spells differently or lacks.
+
+torch's rendezvous backends read keys that shoal spells differently (`timeout`, `read_timeout`,
+`keep_alive_interval`, `keep_alive_max_attempt`) or does without (`close_timeout`,
+`store_type=tcp`). `translate` gives each torch's meaning in shoal's terms, or drops it with a
+one-line notice saying why; a key that means something shoal cannot do (`store_type=file`) is
+refused. The etcd keys (`protocol`, `etcd_prefix`, etcd-v2's `ca_cert`/`ssl_cert`/
+`ssl_cert_key`) are the etcd backend's own options (elastic.rendezvous.registry).
+
+`ignored_flags` words the notices for torchrun's flags that have no counterpart here, and
+`virtual_local_rank_problem` checks `--virtual-local-rank` against CUDA_VISIBLE_DEVICES.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Optional
+
+from shoal.elastic.api import DEFAULT_HEARTBEAT_INTERVAL_S
+
+# torch's name -> shoal's, for keys that mean the same.
+RENAMED = {"timeout": "join_timeout", "read_timeout": "store_timeout",
+           "keep_alive_interval": "heartbeat_interval"}
+
+
+def translate(conf: Mapping[str, object]) -> tuple[dict[str, object], list[str]]:
+    """`conf` with torch's keys as shoal's, and the notices to log (one line each).
+
+    Raises:
+        ValueError: two spellings of one setting disagree, or a value shoal cannot honour.
+    """
+    out = dict(conf)
+    notices: list[str] = []
+    for torch_name, name in RENAMED.items():
+        if torch_name in out:
+            _rename(out, torch_name, name)
+    if "keep_alive_max_attempt" in out:
+        attempts = int(out.pop("keep_alive_max_attempt"))  # type: ignore[arg-type]
+        interval = float(out.get("heartbeat_interval", DEFAULT_HEARTBEAT_INTERVAL_S))
+        if attempts < 2:
+            raise ValueError(
+                f"--rdzv-conf keep_alive_max_attempt={attempts} would declare a node dead "
+                "after a single heartbeat interval; give 2 or more (heartbeat_timeout must "
+                "exceed heartbeat_interval).")
+        _set(out, "heartbeat_timeout", interval * attempts,
+             f"keep_alive_max_attempt={attempts} (heartbeat_timeout = {attempts} x "
+             f"heartbeat_interval {interval:g}s)")
+    if "close_timeout" in out:
+        out.pop("close_timeout")
+        notices.append("--rdzv-conf close_timeout is torch's and is ignored: closing the "
+                       "rendezvous is one write here, bounded by store_timeout.")
+    if "store_type" in out:
+        if out.pop("store_type") == "file":
+            raise ValueError("--rdzv-conf store_type=file (torch's FileStore rendezvous) is not "
+                             "supported: shoal's c10d rendezvous is a TCP store; give "
+                             "--rdzv-endpoint HOST:PORT and leave store_type out (or tcp).")
+    return out, notices
+
+
+def _rename(conf: dict, torch_name: str, name: str) -> None:
+    value = conf.pop(torch_name)
+    _set(conf, name, value, f"{torch_name}={value!r} (torch's name for {name})")
+
+
+def _set(conf: dict, name: str, value: object, source: str) -> None:
+    if name in conf and float(conf[name]) != float(value):  # type: ignore[arg-type]
+        raise ValueError(f"--rdzv-conf {name}={conf[name]!r} disagrees with {source}; give "
+                         "one of them.")
+    conf[name] = value
+
+
+def ignored_flags(ns) -> list[str]:
+    """One notice per torchrun flag given (`ns`: parsed flags) that shoal does without."""
+    found = []
+    if ns.logs_specs is not None:
+        found.append(f"--logs-specs {ns.logs_specs} is torchrun's and is ignored: shoal has no "
+                     "log plugins (--log-dir, -r and -t choose where streams go).")
+    if ns.event_log_handler != "null":
+        found.append(f"--event-log-handler {ns.event_log_handler} is torchrun's and is "
+                     "ignored: shoal emits no torchelastic events (its log and "
+                     "--metrics-port report rounds and failures).")
+    if ns.numa_binding is not None:
+        found.append(f"--numa-binding {ns.numa_binding} is torchrun's and is ignored: shoal "
+                     "does not pin workers to CPUs (wrap the script, e.g. --no-python numactl "
+                     "..., to bind them).")
+    for stream in ("stdout", "stderr"):
+        if getattr(ns, f"duplicate_{stream}_filters"):
+            found.append(f"--duplicate-{stream}-filters is torchrun's and is ignored: every "
+                         "stream is in --log-dir's files; search them instead.")
+    return found
+
+
+def virtual_local_rank_problem(nproc: int, environ: Mapping[str, str]) -> Optional[str]:
+    """Why `nproc` workers cannot each get a device of their own from CUDA_VISIBLE_DEVICES
+    (None when they can, or when it is unset: every device is visible)."""
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return None
+    listed = [d for d in visible.split(",") if d.strip()]
+    if len(listed) >= nproc:
+        return None
+    return (f"{nproc} workers need a device each, but CUDA_VISIBLE_DEVICES={visible!r} lists "
+            f"{len(listed)}")
