@@ -32,6 +32,7 @@ from shoal.rpc_agent.types import (
     BackendType,
     RpcBackendOptions,
     RpcError,
+    RpcPeerLost,
     RpcTimeout,
     TimeoutArg,
     WorkerInfo,
@@ -67,7 +68,9 @@ def init_rpc(name: str, backend=None, rank: Optional[int] = None,
 
     Raises:
         RpcError: already initialized, a duplicate name, or the others did not show up within
-            `init_timeout` (the message names the missing ranks).
+            `init_timeout` (RpcTimeout; the message names the missing ranks), or the worker
+            that hosts the rendezvous store (rank 0 with tcp://) went away during init
+            (RpcPeerLost, naming it): every failure of init is an RpcError.
         ValueError: a bad name, backend, rank or world size.
     """
     if isinstance(backend, int) and not isinstance(backend, bool):
@@ -117,7 +120,10 @@ def init_rpc(name: str, backend=None, rank: Optional[int] = None,
         try:
             agent.start_servers()
             _current.set_agent(agent)
-            _rendezvous(agent, store, deadline)
+            try:
+                _rendezvous(agent, store, deadline)
+            except StoreError as exc:  # a wait's timeout is an RpcTimeout already
+                raise _store_failed(agent, options, exc) from exc
         except BaseException:
             _current.set_agent(None)
             agent.close()
@@ -162,10 +168,40 @@ def _make_store(options: RpcBackendOptions, rank: int, world_size: int) -> tuple
         store = TCPStore(host, port, world_size=world_size, is_master=is_master,
                          timeout=options.init_timeout, wait_for_workers=False)
     except StoreError as exc:
+        keeper = _store_keeper(options, rank)
+        hosted = "" if keeper is None else f", which worker rank {keeper} hosts,"
         raise RpcError(
-            f"Worker rank {rank} could not reach the rendezvous store at {host}:{port}: {exc}"
+            f"Worker rank {rank} could not reach the rendezvous store at {host}:{port}{hosted} "
+            f"within init_timeout {options.init_timeout:g}s: {exc}"
         ) from exc
     return store, True
+
+
+def _store_keeper(options: RpcBackendOptions, rank: int) -> Optional[int]:
+    """The rank of the other worker whose process serves the rendezvous store (rank 0 with
+    tcp://, and with env:// outside `shoal run`), or None: losing that store means that
+    worker is gone, so init names it."""
+    if options.store is not None or rank == 0:
+        return None
+    scheme = urllib.parse.urlparse(options.init_method).scheme
+    if scheme == "tcp" or (scheme == "env" and not collectives_env.use_agent_store()):
+        return 0
+    return None
+
+
+def _store_failed(agent: RpcAgent, options: RpcBackendOptions, exc: StoreError) -> RpcError:
+    """init_rpc's error for a store call that failed other than by a wait's timeout."""
+    me = f"RPC: worker {agent.info.name!r} (rank {agent.info.id}) could not finish init_rpc"
+    where = ("the store given in RpcBackendOptions.store" if options.store is not None
+             else f"the rendezvous store of {options.init_method}")
+    keeper = _store_keeper(options, agent.info.id)
+    if keeper is not None:
+        return RpcPeerLost(
+            f"{me}: worker rank {keeper}, which hosts {where}, is gone (it died or gave up its "
+            f"own init_rpc), so rank {keeper} is missing. The store call failed with: {exc}"
+        )
+    kind = RpcTimeout if isinstance(exc, StoreTimeout) else RpcError
+    return kind(f"{me}: {where} failed: {exc}")
 
 
 def _rendezvous(agent: RpcAgent, store: Store, deadline: Deadline) -> None:

@@ -47,7 +47,8 @@ class RpcTimeout(RpcError, TimeoutError):
 
 
 class RpcPeerLost(RpcError, ConnectionError):
-    """The stream or data channel to a peer died with the call pending; names the peer."""
+    """The stream or data channel to a peer died with the call pending, or (in init_rpc) the
+    worker hosting the rendezvous store went away; names the peer."""
 
 
 class RpcFunctionNotFound(RpcError):

@@ -1,15 +1,32 @@
-"""issue 24's init_rpc start-up race: the lower-id worker must not dial a higher-id worker
-before that one has recorded the worker table (its hello was rejected as an unknown worker,
-with no retry). A test hook widens the window deterministically: worker 1 records its table
-two seconds late."""
+"""init_rpc either succeeds or fails on every worker within its timeout, naming the missing
+worker (issue 24).
+
+The start-up race: the lower-id worker must not dial a higher-id worker before that one has
+recorded the worker table (its hello was rejected as an unknown worker, with no retry). A test
+hook widens the window deterministically: worker 1 records its table two seconds late. The
+issue saw the race most with file:// init, so it runs over env:// and file://.
+
+Faults: a worker process really killed during init - the one hosting the tcp:// store (the
+others lose the store and must say that rank 0 is gone, in seconds, not at the timeout), or
+another one (the rest time out naming it).
+"""
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 
+import pytest
+
 from shoal import rpc_agent
+from shoal.collectives.store.prefix import PrefixStore
+from shoal.collectives.store.tcp import TCPStore
 from shoal.rpc_agent import rpc as rpc_module
+from tests.support.ranks import Ranks
 from tests.support.rpc_workers import RpcWorkers
+
+pytestmark = pytest.mark.timeout(120)
 
 
 def _late_table(agent) -> None:
@@ -17,15 +34,15 @@ def _late_table(agent) -> None:
         time.sleep(2.0)
 
 
-def start(delay_table: bool, init_timeout: float):
+def start(delay_table: bool, init_timeout: float, init_method: str = "env://"):
     if delay_table:
         rpc_module._before_set_workers = _late_table
-    rank = int(__import__("os").environ["RANK"])
+    rank = int(os.environ["RANK"])
     begin = time.monotonic()
     try:
         rpc_agent.init_rpc(
             f"w{rank}", rank, 2,
-            rpc_agent.RpcBackendOptions(init_method="env://", init_timeout=init_timeout),
+            rpc_agent.RpcBackendOptions(init_method=init_method, init_timeout=init_timeout),
         )
     except rpc_agent.RpcError as exc:
         return "error", str(exc), time.monotonic() - begin
@@ -36,9 +53,11 @@ def stop():
     rpc_agent.shutdown()
 
 
-def test_a_worker_that_records_the_table_late_is_not_rejected():
+@pytest.mark.parametrize("scheme", ["env", "file"])
+def test_a_worker_that_records_the_table_late_is_not_rejected(scheme, tmp_path):
+    init_method = "env://" if scheme == "env" else f"file://{tmp_path / 'rendezvous'}"
     with RpcWorkers(2, init=False) as pool:
-        ids = [pool.submit(r, start, True, 30.0) for r in range(2)]
+        ids = [pool.submit(r, start, True, 30.0, init_method) for r in range(2)]
         outcomes = [pool.result(i, timeout=60) for i in ids]
         assert [o[:2] for o in outcomes] == [("ok", 2), ("ok", 2)], outcomes
         for r in range(2):
@@ -53,3 +72,82 @@ def test_a_missing_worker_fails_init_on_the_other_within_its_timeout_naming_it()
         assert "rank(s) 1 never joined" in message, message
         assert seconds < 10
         pool.close()
+
+
+# ----------------------------------------------------------------------------- killed workers
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stall(agent) -> None:
+    """Hold this worker between reading the worker table and recording it, until killed."""
+    if agent.info.id == int(os.environ["STALL_RANK"]):
+        time.sleep(600)
+
+
+def _init_and_report(rank: int, world: int, port: int, init_timeout: float):
+    """init_rpc over tcp:// (rank 0 hosts the store); rank 2 of three never starts it."""
+    if rank == 2:
+        return "absent"
+    if "STALL_RANK" in os.environ:
+        rpc_module._before_set_workers = _stall
+    begin = time.monotonic()
+    try:
+        rpc_agent.init_rpc(f"w{rank}", rank=rank, world_size=world,
+                           rpc_backend_options=rpc_agent.RpcBackendOptions(
+                               init_method=f"tcp://127.0.0.1:{port}", init_timeout=init_timeout))
+    except Exception as exc:  # noqa: BLE001  (the test checks its type)
+        return (type(exc).__name__, str(exc), time.monotonic() - begin,
+                isinstance(exc, rpc_agent.RpcError), isinstance(exc, RuntimeError))
+    rpc_agent.shutdown()
+    return "ok"
+
+
+def _wait_for(port: int, keys: list[str]) -> None:
+    """Block until the rendezvous store (served by rank 0) holds `keys` of init_rpc's."""
+    client = TCPStore("127.0.0.1", port, is_master=False, timeout=60, wait_for_workers=False)
+    try:
+        PrefixStore("shoal_rpc", client).wait(keys, 60)
+    finally:
+        client.close()
+
+
+def test_the_store_host_killed_while_the_others_wait_to_join_is_named_in_seconds():
+    port = _free_port()
+    with Ranks(_init_and_report, 3, args=(port, 60.0)) as ranks:
+        _wait_for(port, ["worker/0", "worker/1"])  # both wait for rank 2 now
+        ranks.kill(0)
+        kind, message, seconds, is_rpc_error, is_runtime_error = ranks.results(30, [1])[1][1]
+    assert kind == "RpcPeerLost" and is_rpc_error and is_runtime_error, (kind, message)
+    assert message.startswith(
+        f"RPC: worker 'w1' (rank 1) could not finish init_rpc: worker rank 0, which hosts the "
+        f"rendezvous store of tcp://127.0.0.1:{port}, is gone (it died or gave up its own "
+        f"init_rpc), so rank 0 is missing."), message
+    assert seconds < 30, seconds  # the lost connection, not init_timeout (60 s)
+
+
+def test_the_store_host_killed_after_the_others_joined_is_named_in_seconds():
+    port = _free_port()
+    with Ranks(_init_and_report, 2, args=(port, 60.0), env={"STALL_RANK": "0"}) as ranks:
+        _wait_for(port, ["connected/1"])  # rank 1 is through; it waits for rank 0 to connect
+        ranks.kill(0)
+        kind, message, seconds, is_rpc_error, _ = ranks.results(30, [1])[1][1]
+    assert kind == "RpcPeerLost" and is_rpc_error, (kind, message)
+    assert "worker rank 0, which hosts the rendezvous store" in message, message
+    assert "so rank 0 is missing" in message, message
+    assert seconds < 30, seconds
+
+
+def test_a_worker_killed_during_init_is_named_by_the_others_timeout():
+    port = _free_port()
+    with Ranks(_init_and_report, 2, args=(port, 4.0), env={"STALL_RANK": "1"}) as ranks:
+        _wait_for(port, ["worker/0", "worker/1"])
+        ranks.kill(1)
+        kind, message, seconds, is_rpc_error, _ = ranks.results(30, [0])[0][1]
+    assert kind == "RpcTimeout" and is_rpc_error, (kind, message)
+    assert message == ("RPC: worker 'w0' waited in init_rpc 4s, but rank(s) 1 never recorded the "
+                       "worker table."), message
+    assert seconds < 15, seconds
