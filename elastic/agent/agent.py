@@ -549,9 +549,9 @@ class Agent:
         hang, noticer = self._find_hang(failures)
         if hang is not None:
             record.update(self._blame(hang, noticer))
-            logger.error("Round %s: %s hung: %s (rank %d noticed and ended with %s)", info.round,
-                         hang.culprit_names(), hang.reason, noticer.rank,
-                         describe_exit(noticer.exitcode))
+            logger.error("Round %s: %s hung: %s (rank %d noticed and ended with %s). "
+                         "Watchdog dump: %s", info.round, hang.culprit_names(), hang.reason,
+                         noticer.rank, describe_exit(noticer.exitcode), hang.dump_path)
         else:
             logger.error("Round %s: %s", info.round, first.describe())
         if first.exitcode in PEER_FAILURE_EXIT_CODES:
