@@ -1,7 +1,7 @@
 """Training-step time of the example models (GPT block stack, digits convnet), one thread.
 
 Each step is forward, cross-entropy, backward and AdamW. torch CPU runs the same model with the
-same weights in the same run (its twins live in tests/support/torch_models.py), alternating
+same weights in the same run (its twins live in bench/torch_twins.py), alternating
 A/B; the script prints a table and one JSON line per row with medians, spread and the ratio.
 Targets: GPT step <= 1.2x torch, convnet step <= 1.5x torch.
 
@@ -12,13 +12,10 @@ Targets: GPT step <= 1.2x torch, convnet step <= 1.5x torch.
 from __future__ import annotations
 
 import os
-import sys
 
 # One thread for both sides, set before numpy (and torch) load their BLAS.
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = "1"
-# The torch twins are test helpers (tests.support is a package at the repository root).
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import argparse  # noqa: E402
 import json  # noqa: E402
@@ -63,7 +60,7 @@ def build(name: str, seed: int, torch_mod) -> tuple:
     opt = core.optim.AdamW(model.parameters(), lr=1e-3)
     if torch_mod is None:
         return model, opt, None, None
-    from tests.support.torch_models import TorchConvNet, TorchGPT  # noqa: PLC0415
+    from torch_twins import TorchConvNet, TorchGPT  # noqa: PLC0415 - bench/, next to this file
 
     if name == "gpt":
         s = GPT_SHAPE
