@@ -264,8 +264,7 @@ def main(argv=None) -> int:
     core.retain_freed_memory()  # reuse freed activations instead of page-faulting anew
     group = init_distributed()
     rank, world = group.rank(), group.size()
-    from shoal.collectives import DistributedSampler  # noqa: PLC0415
-    from shoal.collectives.ddp.ddp import DistributedDataParallel  # noqa: PLC0415
+    from shoal.collectives import DistributedDataParallel, DistributedSampler  # noqa: PLC0415
     from shoal.elastic.checkpoint import Checkpointer  # noqa: PLC0415
 
     data = CharData(load_text())
