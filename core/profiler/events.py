@@ -152,6 +152,19 @@ class Recorder:
         for t, nbytes, tid in mem:
             self.mem_events.append(Event("[memory]", "memory", t, 0, tid, mem=nbytes))
 
+    def absorb(self, other: "Recorder") -> None:
+        """Add what `other`, a user's window that recorded over this one (the job profiler's),
+        recorded since this window began: its events but its steps, and its allocations and
+        frees when this window profiles memory."""
+        other.flush()
+        since = self.started_ns
+        # not its ProfilerStep ranges: this window's steps are its own (the job's count)
+        self.events.extend([ev for ev in list(other.events)
+                            if ev.start >= since and ev.cat != "step"])
+        if self.profile_memory:
+            self.mem_events.extend([m for m in list(other.mem_events) if m.start >= since])
+        self.thread_names.update(other.thread_names)
+
     def add(self, ev: Event) -> None:
         """Append a finished event."""
         self.events.append(ev)

@@ -93,31 +93,33 @@ def _tensor_freed(self: Any) -> None:
     A finalizer on the class costs a fraction of a weak reference per tensor (created, then
     called back), and tensors are the most numerous allocations a step makes.
     """
-    rec = _memory_recorder
-    if rec is not None:
+    for rec in _memory_recorders:  # the job's window and a user's may both count tensors
         n = rec.live_tensors.pop(id(self), None)
         if n is not None:
             rec.mem_raw.append((now_ns(), -n, threading.get_ident()))
 
 
-_memory_recorder: Any = None
+_memory_recorders: tuple = ()
 
 
 def watch_tensor_frees(rec: Any) -> None:
-    """Record the frees of `rec`'s counted tensors (one recorder at a time profiles memory)."""
-    global _memory_recorder
-    _memory_recorder = rec
-    Tensor.__del__ = _tensor_freed  # type: ignore[attr-defined]
+    """Record the frees of `rec`'s counted tensors (until `unwatch_tensor_frees(rec)`)."""
+    global _memory_recorders
+    with _lock:
+        _memory_recorders = _memory_recorders + (rec,)
+        Tensor.__del__ = _tensor_freed  # type: ignore[attr-defined]
 
 
-def unwatch_tensor_frees() -> None:
-    """Tensors die silently again."""
-    global _memory_recorder
-    _memory_recorder = None
-    try:
-        del Tensor.__del__  # type: ignore[attr-defined]
-    except AttributeError:
-        pass
+def unwatch_tensor_frees(rec: Any) -> None:
+    """`rec`'s tensors die silently again; with no recorder left, every tensor does."""
+    global _memory_recorders
+    with _lock:
+        _memory_recorders = tuple(r for r in _memory_recorders if r is not rec)
+        if not _memory_recorders:
+            try:
+                del Tensor.__del__  # type: ignore[attr-defined]
+            except AttributeError:
+                pass
 
 
 def _wrap(fn: Callable, name: str) -> Callable:

@@ -25,6 +25,14 @@ logger = logging.getLogger(__name__)
 DEFAULT_SCHEDULE = "skip_first=2,wait=0,warmup=1,active=3,repeat=1"
 _FIELDS = ("wait", "warmup", "active", "repeat", "skip_first")
 
+
+class JobProfile(profile):
+    """The job profiler: a user's own `profile()` records while it does (state.py), and its
+    windows get a copy of what the user's recorded."""
+
+    background = True
+
+
 _job: Optional[profile] = None
 
 
@@ -83,9 +91,9 @@ def start_from_env(environ: Optional[dict] = None) -> Optional[profile]:
         # must not write (over) the rank's trace file.
         return None
     sched = parse_schedule(env.get("SHOAL_PROFILE_SCHEDULE", DEFAULT_SCHEDULE))
-    _job = profile(schedule=sched, on_trace_ready=_JobHandler(directory),
-                   record_shapes=env.get("SHOAL_PROFILE_SHAPES") == "1",
-                   profile_memory=env.get("SHOAL_PROFILE_MEMORY") == "1")
+    _job = JobProfile(schedule=sched, on_trace_ready=_JobHandler(directory),
+                      record_shapes=env.get("SHOAL_PROFILE_SHAPES") == "1",
+                      profile_memory=env.get("SHOAL_PROFILE_MEMORY") == "1")
     instrument.watch_steps(_on_step)
     _job.start()
     atexit.register(_stop)

@@ -87,6 +87,10 @@ class profile:  # noqa: N801 - torch's name
     moves through it and each finished window goes to `on_trace_ready(prof)`.
     """
 
+    # The job profiler's subclass sets it: a user's own profiler may record while this one
+    # does, and this one's windows get a copy of what the user's recorded (state.py).
+    background = False
+
     def __init__(
         self,
         *,
@@ -160,13 +164,9 @@ class profile:  # noqa: N801 - torch's name
         return action
 
     def _begin(self) -> None:
-        if state.recorder is not None:
-            raise ProfilerError(
-                "profile(): another profiler is already recording in this process; stop it "
-                "before starting a new one."
-            )
         rec = Recorder(self.record_shapes, self.profile_memory, self.with_stack,
                        cuda=ProfilerActivity.CUDA in self.activities)
+        state.begin(rec, self.background)  # first: it refuses a second user profiler
         if rec.cuda and not cuda.available():
             logger.warning("ProfilerActivity.CUDA: no CUDA device through cupy here; profiling "
                            "the CPU only.")
@@ -178,19 +178,21 @@ class profile:  # noqa: N801 - torch's name
         instrument.install()
         if rec.profile_memory:
             instrument.watch_tensor_frees(rec)
-        state.recorder = rec
         self._open_step()
 
     def _end(self, last_step: int) -> None:
         self._close_step()
         rec = self._rec
-        state.recorder = None
+        overlap = state.end(rec)
         if rec.profile_memory:
-            instrument.unwatch_tensor_frees()
+            instrument.unwatch_tensor_frees(rec)
         instrument.uninstall()
         rec.close()
         if rec.cuda:
             cuda.resolve_window(rec)
+        if overlap is not None:
+            user, job = overlap
+            job.absorb(user)
         self._rec = None
         self._finished = rec
         rec.window = (self.window_start_step, last_step)

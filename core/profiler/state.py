@@ -2,6 +2,11 @@
 
 Hooks elsewhere (the op ledger, the RPC agent, record_function) test `state.recorder is None`
 first, so a process that is not profiling pays one attribute read per hook.
+
+Two windows may record at once: the job profiler's (`shoal run --profile`, a background one)
+and a user's own `profile()` in the script it runs. Hooks record into the user's; when either
+window ends, the job's gets a copy of what the user's recorded while both ran, so both traces
+are whole. Two user profilers at once are refused, as torch refuses them.
 """
 
 from __future__ import annotations
@@ -10,8 +15,50 @@ import threading
 from typing import Optional
 
 from shoal.core.profiler.events import Recorder
+from shoal.core.profiler.schedule import ProfilerError
 
 recorder: Optional[Recorder] = None
+
+_windows_lock = threading.Lock()
+_background: Optional[Recorder] = None  # the job profiler's window
+_foreground: Optional[Recorder] = None  # a user's own profiler's window
+
+
+def begin(rec: Recorder, background: bool) -> None:
+    """Make `rec` a recording window: the one hooks record into, unless it is a background
+    window and a user's window records already.
+
+    Raises:
+        ProfilerError: a window of the same kind records already.
+    """
+    global recorder, _background, _foreground
+    with _windows_lock:
+        if (_background if background else _foreground) is not None:
+            raise ProfilerError(
+                "profile(): another profiler is already recording in this process; stop it "
+                "before starting a new one."
+            )
+        if background:
+            _background = rec
+        else:
+            _foreground = rec
+        recorder = _foreground or _background
+
+
+def end(rec: Recorder) -> Optional[tuple[Recorder, Recorder]]:
+    """Stop recording into `rec`. Returns (user's window, job's window) when the job's must
+    still absorb what the user's recorded while both ran (`Recorder.absorb`), else None."""
+    global recorder, _background, _foreground
+    with _windows_lock:
+        overlap = (_foreground, _background) if _foreground and _background else None
+        if rec is _foreground:
+            _foreground = None
+        elif rec is _background:
+            _background = None
+        else:
+            overlap = None
+        recorder = _foreground or _background
+    return overlap
 
 # A recorder of one thread only (an RPC callee profiling one call for its caller, and the
 # continuations of that call on other threads); `local_users` counts the threads that have one,

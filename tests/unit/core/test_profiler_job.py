@@ -12,7 +12,7 @@ import pytest
 
 from shoal import core
 from shoal.core import profiler as P
-from shoal.core.profiler.job import parse_schedule
+from shoal.core.profiler.job import JobProfile, parse_schedule
 
 SCRIPT = """
 from shoal import core
@@ -85,3 +85,72 @@ def test_data_loading_waits_are_events():
     assert len(batches) == 3
     # three batches and the call that ends the loop, as torch counts them
     assert counts["enumerate(DataLoader)#_SingleProcessIter.__next__"] == 4
+
+
+def test_a_users_profiler_records_under_the_job_profiler_and_both_traces_are_whole():
+    job = JobProfile(profile_memory=True)  # no schedule: one window from start to stop
+    job.start()
+    try:
+        kept = core.ones(1000)  # 4000 bytes the job's window counts
+        with P.profile(profile_memory=True) as user:  # no "already recording" error
+            _ = core.ones(10) * 2
+            del kept  # freed while the user's window records: still the job's free
+        _ = core.ones(3) + 1
+        with pytest.raises(P.ProfilerError, match="another profiler is already recording"):
+            with P.profile():
+                with P.profile():  # two of the user's own at once: refused, as torch does
+                    pass
+    finally:
+        job.stop()
+    assert _counts(user) == {"ones": 1, "mul": 1}
+    assert _counts(job) == {"ones": 3, "mul": 1, "add": 1}
+    frees = [m.mem for m in job.events().recorder.mem_events]
+    assert -4000 in frees  # the free of the job's tensor during the user's window
+    # the user's allocations reach the job's memory timeline too
+    assert sum(fe.ev.mem for fe in job.events() if fe.name == "ones") == 4000 + 40 + 12
+
+
+def _counts(prof: P.profile) -> dict:
+    return {a.key: a.count for a in prof.key_averages()
+            if not a.key.startswith(("[", "ProfilerStep#"))}
+
+
+OVERLAPPING = """
+import json, sys
+from shoal import core
+from shoal.core import nn, profiler
+m = nn.Linear(4, 2)
+opt = core.optim.SGD(m.parameters(), lr=0.1)
+def iteration():
+    m(core.ones(3, 4)).sum().backward()
+    opt.step()
+for _ in range(2):
+    iteration()
+with profiler.profile() as prof:  # iterations 2-4, across the end of the job's first window
+    for _ in range(3):            # and the start of its second
+        iteration()
+        prof.step()
+for _ in range(2):
+    iteration()
+json.dump({a.key: a.count for a in prof.key_averages()}, sys.stdout)
+"""
+
+
+def test_a_users_profiler_in_a_script_run_with_the_job_profiler_works(tmp_path):
+    env = dict(os.environ, SHOAL_PROFILE_DIR=str(tmp_path), RANK="0", WORLD_SIZE="1",
+               SHOAL_PROFILE_SCHEDULE="wait=1,active=2,repeat=2")
+    res = subprocess.run([sys.executable, "-c", OVERLAPPING], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    user = json.loads(res.stdout)
+    assert user["linear"] == 3 and user["Optimizer.step#SGD.step"] == 3
+    for window in ("1-2", "4-5"):
+        doc = json.loads((tmp_path / f"rank0.steps{window}.trace.json").read_text())
+        names = [e["name"] for e in doc["traceEvents"] if e["ph"] == "X"]
+        # each job window has every iteration of its steps, whoever's window recorded them,
+        # and only its own step ranges
+        assert names.count("linear") == 2, (window, names)
+        assert names.count("Optimizer.step#SGD.step") == 2
+        first, last = map(int, window.split("-"))
+        assert sorted(n for n in names if n.startswith("ProfilerStep#")) == [
+            f"ProfilerStep#{first}", f"ProfilerStep#{last}"]
