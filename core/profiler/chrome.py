@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import socket
@@ -99,9 +100,11 @@ def _memory_timeline(rec: Recorder, pid: int, tid_of: Any) -> list[dict]:
 
 
 def export_chrome_trace(rec: Recorder, path: str, extra: dict | None = None) -> None:
-    """Write the window to `path` (written beside it, then renamed: readers see whole files)."""
+    """Write the window to `path`, gzip-compressed when it ends in `.gz` as torch's export
+    does (written beside it, then renamed: readers see whole files)."""
     doc = trace_dict(rec, extra)
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
+    opener: Any = gzip.open if path.endswith(".gz") else open
+    with opener(tmp, "wt") as f:
         json.dump(doc, f)
     os.replace(tmp, path)

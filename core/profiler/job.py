@@ -16,8 +16,8 @@ import os
 from typing import Any, Callable, Optional
 
 from shoal.core.profiler import clock, instrument
-from shoal.core.profiler.handlers import tensorboard_trace_handler
-from shoal.core.profiler.profile import profile
+from shoal.core.profiler.handlers import job_trace_handler
+from shoal.core.profiler.profile import profile, rank_from_env
 from shoal.core.profiler.schedule import ProfilerError, schedule
 
 logger = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ class _JobHandler:
         except Exception as exc:  # noqa: BLE001 - a trace without an offset beats no trace
             logger.warning("Could not estimate this rank's clock offset: %s", exc)
             extra["clock"]["method"] = f"failed: {exc}"
-        return tensorboard_trace_handler(self.directory, extra=extra)(prof)
+        return job_trace_handler(self.directory, rank_from_env(), extra)(prof)
 
 
 def _on_step(_optimizer: Any) -> None:

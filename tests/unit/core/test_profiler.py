@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import gzip
 import itertools
 import json
+import os
+import re
+import time
 
 import numpy as np
 import pytest
@@ -237,21 +241,62 @@ def test_exported_trace_satisfies_the_chrome_format(tmp_path) -> None:
     assert any("test_profiler.py" in s for s in stacks)
 
 
-def test_trace_handler_writes_one_file_per_window(tmp_path, monkeypatch) -> None:
+_TORCH_NAME = re.compile(r"^(?P<worker>.+)\.(?P<ns>\d+)\.pt\.trace\.json(?P<gz>\.gz)?$")
+
+
+def _torch_handlers_file_name(directory, **kwargs) -> str:
+    """The file torch's own tensorboard_trace_handler names for one window."""
+    import torch.profiler
+
+    made = []
+
+    class _Exported:  # all torch's handler asks of a profile
+        def export_chrome_trace(self, path, use_python_export=False):
+            made.append(path)
+
+    torch.profiler.tensorboard_trace_handler(directory, **kwargs)(_Exported())
+    return os.path.basename(made[0])
+
+
+def test_trace_handler_names_one_file_per_window_as_torchs_does(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("RANK", "3")
+    theirs = _TORCH_NAME.match(_torch_handlers_file_name(str(tmp_path / "torch")))
     x = core.ones(2)
+    before = time.time_ns()
     with P.profile(schedule=P.schedule(wait=1, warmup=0, active=2, repeat=2),
-                   on_trace_ready=P.tensorboard_trace_handler(str(tmp_path))) as prof:
+                   on_trace_ready=P.tensorboard_trace_handler(str(tmp_path / "tb"))) as prof:
         for _ in range(7):
             _ = x * 2
             prof.step()
-    files = sorted(p.name for p in tmp_path.iterdir())
-    assert files == ["rank3.steps1-2.trace.json", "rank3.steps4-5.trace.json"]
-    doc = json.loads((tmp_path / files[0]).read_text())
-    assert doc["shoal"]["rank"] == 3 and doc["shoal"]["window"] == [1, 2]
-    assert {e["pid"] for e in doc["traceEvents"]} == {3}
-    steps = sorted(e["name"] for e in doc["traceEvents"] if e["name"].startswith("ProfilerStep"))
+    after = time.time_ns()
+    files = sorted(os.listdir(tmp_path / "tb"), key=lambda n: int(_TORCH_NAME.match(n)["ns"]))
+    assert len(files) == 2
+    for name in files:
+        ours = _TORCH_NAME.match(name)
+        # torch's worker name (<hostname>_<pid>) and a nanosecond timestamp of the window's end
+        assert ours and ours["worker"] == theirs["worker"] and not ours["gz"], name
+        assert before <= int(ours["ns"]) <= after
+    docs = [json.loads((tmp_path / "tb" / f).read_text()) for f in files]
+    assert [d["shoal"]["window"] for d in docs] == [[1, 2], [4, 5]]
+    assert docs[0]["shoal"]["rank"] == 3 and {e["pid"] for e in docs[0]["traceEvents"]} == {3}
+    steps = sorted(e["name"] for e in docs[0]["traceEvents"]
+                   if e["name"].startswith("ProfilerStep"))
     assert steps == ["ProfilerStep#1", "ProfilerStep#2"]
+
+
+def test_trace_handler_gzips_and_takes_a_worker_name_as_torchs_does(tmp_path) -> None:
+    theirs = _TORCH_NAME.match(_torch_handlers_file_name(str(tmp_path / "torch"),
+                                                         worker_name="trainer7", use_gzip=True))
+    with P.profile(on_trace_ready=P.tensorboard_trace_handler(
+            str(tmp_path / "tb"), worker_name="trainer7", use_gzip=True)):
+        _ = core.ones(2) + 1
+    (name,) = os.listdir(tmp_path / "tb")
+    ours = _TORCH_NAME.match(name)
+    assert ours and (ours["worker"], ours["gz"]) == (theirs["worker"], theirs["gz"]) == (
+        "trainer7", ".gz")
+    with gzip.open(tmp_path / "tb" / name, "rt") as f:
+        doc = json.load(f)
+    assert "add" in {e["name"] for e in doc["traceEvents"]}
 
 
 def test_two_profilers_at_once_are_refused() -> None:
