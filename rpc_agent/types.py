@@ -12,7 +12,8 @@ import enum
 import re
 from typing import Optional, Union
 
-from shoal.core.errors import ShoalError
+from shoal.core.backend import Device
+from shoal.core.errors import DeviceError, ShoalError
 from shoal.core.timeouts import to_seconds
 
 # Defaults, in one table (DESIGN.md: "defaults live in one constants table per package").
@@ -217,13 +218,52 @@ class RpcBackendOptions:
             raise ValueError(f"RpcBackendOptions.{field} must be {what}, got {value!r}.")
 
 
+DeviceLike = Union[int, str, Device]
+
+
+def _to_device(spec: DeviceLike) -> Device:
+    """torch's device spelling in a device map: an int is that cuda device, a str or Device
+    is parsed as one ('cpu', 'cuda:1')."""
+    if isinstance(spec, int) and not isinstance(spec, bool) and spec >= 0:
+        return Device("cuda", spec)
+    if isinstance(spec, (str, Device)):
+        return Device(spec)
+    raise DeviceError(f"A device map entry must be a device index, name or Device, got {spec!r}.")
+
+
+def _to_device_map(to: str, device_map: dict) -> dict[Device, Device]:
+    """One worker's map as Device -> Device, refusing one that is not one-to-one (torch's
+    rule: replies travel back through its inverse)."""
+    if not isinstance(device_map, dict):
+        raise TypeError(
+            f"The device map for worker {to!r} must be a dict of this worker's devices to its "
+            f"devices, got {type(device_map).__name__}."
+        )
+    full: dict[Device, Device] = {}
+    sources: dict[Device, Device] = {}
+    for key, value in device_map.items():
+        src, dst = _to_device(key), _to_device(value)
+        if dst in sources and sources[dst] != src:
+            raise ValueError(
+                f"The device map for worker {to!r} maps both {sources[dst]} and {src} to {dst}; "
+                "a device map must be one-to-one."
+            )
+        full[src], sources[dst] = dst, src
+    return full
+
+
+@dataclasses.dataclass(init=False)
 class TensorPipeRpcBackendOptions(RpcBackendOptions):
     """torch's options class under its own name and keyword signature, for scripts that build
-    it (`TensorPipeRpcBackendOptions(num_worker_threads=8, rpc_timeout=20)`); it is shoal's
-    RpcBackendOptions. `device_maps` and `devices` are kept for `set_device_map` and
-    introspection: shoal moves cupy arrays between workers by their own device, so a map
-    changes nothing yet. `_transports`/`_channels` (TensorPipe internals) are accepted and
-    ignored."""
+    it (`TensorPipeRpcBackendOptions(num_worker_threads=8, rpc_timeout=20,
+    device_maps={"worker1": {0: 1}})`); it is shoal's RpcBackendOptions. `device_maps` and
+    `devices` are kept as torch keeps them (devices parsed, maps copied and one-to-one, and
+    carried into the copy init_rpc takes) for `set_device_map` and introspection: shoal moves
+    cupy arrays between workers by their own device, so a map changes nothing yet.
+    `_transports`/`_channels` (TensorPipe internals) are accepted and ignored."""
+
+    device_maps: dict = dataclasses.field(default_factory=dict)
+    devices: list = dataclasses.field(default_factory=list)
 
     def __init__(self, *, num_worker_threads: int = DEFAULT_NUM_WORKER_THREADS,
                  rpc_timeout: TimeoutArg = DEFAULT_RPC_TIMEOUT_S, init_method: str = "env://",
@@ -231,13 +271,31 @@ class TensorPipeRpcBackendOptions(RpcBackendOptions):
                  _transports=None, _channels=None, **shoal_options):
         super().__init__(init_method=init_method, rpc_timeout=rpc_timeout,
                          num_worker_threads=num_worker_threads, **shoal_options)
-        self.device_maps = dict(device_maps or {})
-        self.devices = list(devices or [])
+        if device_maps is not None and not isinstance(device_maps, dict):
+            raise TypeError(
+                f"TensorPipeRpcBackendOptions.device_maps must be a dict of worker name to "
+                f"device map, got {type(device_maps).__name__}."
+            )
+        self.device_maps = {}
+        for to, device_map in (device_maps or {}).items():
+            check_worker_name(to)
+            self.device_maps[to] = _to_device_map(to, device_map)
+        self.devices = [_to_device(d) for d in devices or []]
 
     def set_device_map(self, to: str, device_map: dict) -> None:
-        """Record that this worker's devices map to `to`'s as `device_map` (torch's API)."""
+        """Also map this worker's devices to `to`'s as `device_map` (torch's API); a device
+        already mapped elsewhere for `to`, or a map that stops being one-to-one, is refused."""
         check_worker_name(to)
-        self.device_maps.setdefault(to, {}).update(device_map)
+        current = dict(self.device_maps.get(to, {}))
+        for src, dst in _to_device_map(to, device_map).items():
+            if src in current and current[src] != dst:
+                raise ValueError(
+                    f"The device map for worker {to!r} already maps {src} to {current[src]}; "
+                    f"it cannot map it to {dst} too."
+                )
+            current[src] = dst
+        self.device_maps[to] = _to_device_map(to, current)
 
     def set_devices(self, devices: list) -> None:
-        self.devices = list(devices)
+        """The devices this worker uses (torch's API)."""
+        self.devices = [_to_device(d) for d in devices]

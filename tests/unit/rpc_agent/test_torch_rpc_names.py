@@ -8,6 +8,9 @@ from __future__ import annotations
 import pytest
 
 from shoal import rpc_agent as rpc
+from shoal.core.backend import Device
+from shoal.core.errors import DeviceError
+from shoal.rpc_agent import _current
 from shoal.rpc_agent.types import WorkerNameError
 
 
@@ -29,7 +32,7 @@ def test_a_torch_style_init_with_tensorpipe_options_and_timeouts():
             rpc._set_rpc_timeout(-3)
     finally:
         rpc.shutdown()
-    assert opts.device_maps == {"solo": {0: 0}}
+    assert opts.device_maps == {"solo": {Device("cuda:0"): Device("cuda:0")}}
 
 
 def test_worker_names_follow_torchs_rule():
@@ -69,6 +72,57 @@ def test_worker_names_are_accepted_and_refused_exactly_as_torch_does(name):
         assert "shorter than 128 chars" in str(torch_refused)
         with pytest.raises(RuntimeError, match="shorter than 128"):
             rpc.WorkerInfo(name, 0)
+
+
+def test_device_maps_given_to_the_constructor_are_kept_as_torch_keeps_them():
+    """torch's docstring example: device_maps={"worker1": {0: 1}} in the constructor, then
+    set_device_map("worker1", {1: 2}) adds to it; ints are cuda devices, the given dicts are
+    copied, the copy init_rpc keeps has them too, and a map must stay one-to-one."""
+    given = {"worker1": {0: 1}}
+    opts = rpc.TensorPipeRpcBackendOptions(num_worker_threads=8, device_maps=given,
+                                           devices=[0, "cuda:1"], init_method="tcp://127.0.0.1:0")
+    cuda = [Device("cuda", i) for i in range(3)]
+    assert opts.device_maps == {"worker1": {cuda[0]: cuda[1]}}
+    assert opts.devices == [cuda[0], cuda[1]] and opts.num_worker_threads == 8
+    opts.set_device_map("worker1", {1: 2})
+    opts.set_device_map("ps", {"cpu": "cpu"})
+    assert opts.device_maps == {"worker1": {cuda[0]: cuda[1], cuda[1]: cuda[2]},
+                                "ps": {Device("cpu"): Device("cpu")}}
+    assert given == {"worker1": {0: 1}}  # the caller's dicts are copied, not filled in
+    with pytest.raises(ValueError, match=r"^The device map for worker 'worker1' already maps "
+                                         r"cuda:0 to cuda:1; it cannot map it to cuda:2 too\.$"):
+        opts.set_device_map("worker1", {0: 2})
+    with pytest.raises(ValueError, match=r"^The device map for worker 'worker1' maps both cuda:1 "
+                                         r"and cuda:2 to cuda:2; a device map must be one-to-one"):
+        opts.set_device_map("worker1", {2: 2})
+    with pytest.raises(ValueError, match=r"^The device map for worker 'w' maps both cuda:0 and "
+                                         r"cuda:1 to cuda:3"):
+        rpc.TensorPipeRpcBackendOptions(device_maps={"w": {0: 3, 1: 3}})
+    with pytest.raises(TypeError, match=r"^TensorPipeRpcBackendOptions.device_maps must be a dict "
+                                        r"of worker name to device map, got list"):
+        rpc.TensorPipeRpcBackendOptions(device_maps=[("w", {0: 1})])
+    with pytest.raises(WorkerNameError, match="got 'two words'"):
+        rpc.TensorPipeRpcBackendOptions(device_maps={"two words": {0: 1}})
+    with pytest.raises(DeviceError, match="Unknown device 'tpu:0'"):
+        rpc.TensorPipeRpcBackendOptions(device_maps={"w": {"tpu:0": 1}})
+
+    rpc.init_rpc("worker0", rank=0, world_size=1, rpc_backend_options=opts)
+    try:
+        kept = _current.get().options  # the agent's own copy of the options
+        assert kept is not opts and kept.device_maps == opts.device_maps
+        assert kept.devices == opts.devices and kept.num_worker_threads == 8
+    finally:
+        rpc.shutdown()
+
+
+def test_a_cpu_device_map_reads_back_as_torchs():
+    """torch (CPU build) can only build maps of 'cpu' here: both read back the same."""
+    torch_rpc = pytest.importorskip("torch.distributed.rpc")
+    maps = {"worker1": {"cpu": "cpu"}}
+    theirs = torch_rpc.TensorPipeRpcBackendOptions(device_maps=maps).device_maps
+    ours = rpc.TensorPipeRpcBackendOptions(device_maps=maps).device_maps
+    assert {to: {str(a): str(b) for a, b in m.items()} for to, m in ours.items()} == \
+        {to: {str(a): str(b) for a, b in m.items()} for to, m in theirs.items()}
 
 
 def test_the_defaults_are_torchs():
