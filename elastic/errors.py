@@ -15,6 +15,7 @@ shoal adds a "shoal" object with the failure record (rank, node, exit, log path)
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -41,7 +42,9 @@ def error_document(message: str, callstack: str = "",
 
 
 def write_error_file(path: str, doc: Mapping[str, Any], limit: Optional[int] = None) -> None:
-    """Write `doc` as JSON to `path` (atomically where it is a regular file).
+    """Write `doc` as JSON to `path`: atomically (a temporary file renamed over it) where the
+    directory allows it, else in place (a device, a mounted file such as Kubernetes'
+    /dev/termination-log, a read-only directory).
 
     With `limit`, the traceback is cut from its start until the text fits (a termination
     message keeps the end, where the error is).
@@ -58,13 +61,33 @@ def write_error_file(path: str, doc: Mapping[str, Any], limit: Optional[int] = N
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)
     if os.path.exists(path) and not os.path.isfile(path):
-        with open(path, "w") as f:  # a device such as /dev/termination-log
-            f.write(text)
+        _write_in_place(path, text)  # a device
         return
-    fd, tmp = tempfile.mkstemp(prefix=".error-", dir=directory)
-    with os.fdopen(fd, "w") as f:
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".error-", dir=directory)
+    except OSError:
+        if not os.path.exists(path):
+            raise
+        # A directory we cannot write around a file we may (a read-only root filesystem with
+        # /dev/termination-log mounted into it).
+        _write_in_place(path, text)
+        return
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if not os.path.exists(path):
+            raise
+        # The file is a mount point (EBUSY): Kubernetes bind-mounts /dev/termination-log.
+        _write_in_place(path, text)
+
+
+def _write_in_place(path: str, text: str) -> None:
+    with open(path, "w") as f:
         f.write(text)
-    os.replace(tmp, path)
 
 
 def read_error_file(path: Optional[str]) -> Optional[dict]:

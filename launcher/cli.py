@@ -293,11 +293,18 @@ def _write_agent_error_file(result) -> None:
         return
     from shoal.elastic.errors import TERMINATION_MESSAGE_LIMIT, error_document, write_error_file
 
+    from shoal.elastic.errors import read_error_file
+
     failure = result.failure or {}
-    message = failure.get("error") or result.summary or f"shoal run exited {result.exit_code}"
+    # The worker's own error file: its exception (@record), or what the agent wrote for a
+    # worker that died without one (the rank and its signal or exit code).
+    worker = (read_error_file(failure.get("error_file")) or {}).get("message", {})
+    message = (failure.get("error") or worker.get("message") or result.summary
+               or f"shoal run exited {result.exit_code}")
     callstack = failure.get("traceback") or "\n".join(failure.get("tail") or [])
     extra = {k: failure[k] for k in ("round", "rank", "local_rank", "node", "pid", "exitcode",
-                                     "exit", "log_path", "error_file", "dump_path")
+                                     "exit", "log_path", "error_file", "hang", "culprits",
+                                     "detected_by", "dump_path")
              if k in failure}
     doc = error_document(message, callstack, dict(extra, summary=result.summary or ""))
     try:

@@ -231,6 +231,94 @@ def test_error_files_follow_torchruns_contract(tmp_path):
         str(tmp_path / "errs" / "round_0" / f"rank_{r}" / "error.json") for r in (0, 1)}
 
 
+# Workers that die without an error file of their own: rank 1 by a signal, or by os._exit
+# (no exception, so no @record); rank 0 waits to be stopped.
+DYING = {
+    "signal": ("#!/bin/sh\nif [ \"$RANK\" = 1 ]; then echo \"pid $$\"; kill -KILL $$; fi\n"
+               "sleep 30\n", "signal SIGKILL (exit code -9)", -9),
+    "os._exit": ("#!" + sys.executable + "\nimport os, time\nif os.environ['RANK'] == '1':\n"
+                 "    print('pid', os.getpid(), flush=True)\n    os._exit(7)\ntime.sleep(30)\n",
+                 "exit code 7", 7),
+}
+
+
+def _die(tmp_path, how, **extra):
+    source, exit_text, exitcode = DYING[how]
+    program = tmp_path / "dying-worker"
+    program.write_text(source)
+    program.chmod(0o755)
+    done = _run(SHOAL, ["--nproc-per-node=2", "--max-restarts=0", f"--log-dir={tmp_path}",
+                        "--rdzv-id=dies", "--no-python", str(program)], **extra)
+    assert done.returncode == 1, done.stderr
+    pid = int(re.search(r"\[rank 1\] pid (\d+)", done.stdout).group(1))
+    return done, pid, exit_text, exitcode
+
+
+@pytest.mark.parametrize("how", list(DYING))
+def test_a_worker_dead_without_an_error_file_gets_one_and_is_the_termination_message(
+        tmp_path, how):
+    agent_file = tmp_path / "termination-log"
+    done, pid, exit_text, exitcode = _die(tmp_path, how,
+                                          TORCHELASTIC_ERROR_FILE=str(agent_file))
+    expected = f"rank 1 (pid {pid}) ended with {exit_text} and wrote no error file"
+    # The agent wrote the worker's file for it, in torch's format...
+    worker_file = tmp_path / "dies" / "round_0" / "rank_1" / "error.json"
+    worker = json.loads(worker_file.read_text())
+    assert worker["message"]["message"] == expected
+    assert worker["shoal"] == {"rank": 1, "exitcode": exitcode}
+    # ...and its own file (the pod's termination message) names the same rank and exit.
+    doc = json.loads(agent_file.read_text())
+    assert doc["message"]["message"] == expected
+    assert doc["message"]["extraInfo"]["timestamp"].isdigit()
+    assert {k: doc["shoal"][k] for k in ("rank", "local_rank", "pid", "exitcode", "exit",
+                                         "error_file", "round")} == {
+        "rank": 1, "local_rank": 1, "pid": pid, "exitcode": exitcode, "exit": exit_text,
+        "error_file": str(worker_file), "round": 0}
+    assert f"The failing worker: rank 1 (local rank 1 on node" in done.stderr
+    assert f"ended with {exit_text} in round 0." in done.stderr
+
+
+def _in_mount_namespace(script: str, argv: list[str], env: dict):
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        missing("the mounted termination-log test", "it needs root and util-linux's unshare "
+                "to bind-mount a file")
+    return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                           "set -e; " + script + "; exec \"$@\"", "sh", *argv], env=env,
+                          cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT)
+
+
+@pytest.mark.parametrize("directory", ["writable", "read-only"])
+def test_the_termination_log_is_written_where_kubernetes_mounts_it(tmp_path, directory):
+    """Kubernetes bind-mounts /dev/termination-log as a file: it cannot be renamed over
+    (EBUSY), and on a read-only root its directory may not take a temporary file."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    log = dev / "termination-log"
+    log.write_text("")
+    # As the kubelet: the file lives outside the container and is mounted onto the path.
+    source = tmp_path / "pod-termination-log"
+    source.write_text("")
+    program = tmp_path / "dying-worker"
+    program.write_text(DYING["signal"][0])
+    program.chmod(0o755)
+    script = f"mount --bind {dev} {dev}; "
+    if directory == "read-only":
+        script += f"mount -o remount,bind,ro {dev}; "
+    script += f"mount --bind {source} {log}"
+    done = _in_mount_namespace(
+        script, SHOAL + ["--nproc-per-node=2", "--max-restarts=0", f"--log-dir={logs}",
+                         "--rdzv-id=mounted", "--no-python", str(program)],
+        _env(TORCHELASTIC_ERROR_FILE=str(log)))
+    assert done.returncode == 1, done.stderr
+    assert "Cannot write the error file" not in done.stderr
+    doc = json.loads(source.read_text())
+    assert re.fullmatch(r"rank 1 \(pid \d+\) ended with signal SIGKILL \(exit code -9\) and "
+                        r"wrote no error file", doc["message"]["message"])
+    assert list(dev.iterdir()) == [log] and log.read_text() == ""  # nothing left beside it
+
+
 def test_no_writable_temp_dir_is_a_clear_error(request):
     """A read-only root filesystem: /tmp, /var/tmp and the working directory not writable."""
     if os.geteuid() != 0 or shutil.which("unshare") is None:
