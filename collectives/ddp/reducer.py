@@ -137,6 +137,9 @@ class Reducer:
         self._may_rebuild = static_graph or not find_unused_parameters
         self._rebuilt = False
         self._arrival: list[int] = []
+        # When each gradient arrived in a round reduced only at its end (the first round, or a
+        # static graph's learning round): each bucket's first arrival, for its profiler event.
+        self._arrived_at: dict[int, float] = {}
         self._deferring = False
         self.rounds_synced = 0
 
@@ -292,6 +295,7 @@ class Reducer:
         if self._static_counts is not None:
             self._counts_left = list(self._static_counts)
         self._deferring = self._may_rebuild and not self._rebuilt
+        self._arrived_at = {}
         for bucket in self._buckets:
             bucket.reset()
             if not self._as_view:
@@ -348,6 +352,7 @@ class Reducer:
             self._learn_counts[index] += 1
             if self._learn_counts[index] == 1:
                 self._arrival.append(index)
+                self._arrived_at[index] = time.perf_counter()
             return
         if self._static_counts is not None:
             left = self._counts_left[index]
@@ -378,6 +383,7 @@ class Reducer:
         self._n_ready += 1
         if self._deferring:
             self._arrival.append(index)
+            self._arrived_at[index] = time.perf_counter()
             return  # reduced in finalize, once the layout is rebuilt from this order
         b, slot = self._where[index]
         bucket = self._buckets[b]
@@ -498,11 +504,16 @@ class Reducer:
 
     def _fill_all_and_launch(self) -> None:
         """Reduce a round whose gradients all arrived before any bucket was filled."""
+        arrived = self._arrived_at
         for bucket in self._buckets:
             for slot, i in enumerate(bucket.param_indices):
                 self._ready[i] = True
                 self._fill(bucket, slot, self._params[i])
             bucket.pending = 0
+            # the bucket's own first gradient (in the layout just rebuilt), for the profiler
+            firsts = [arrived[i] for i in bucket.param_indices if i in arrived]
+            bucket.first_ready_at = min(firsts) if firsts else 0.0
+        self._arrived_at = {}
         self._n_ready = len(self._params)
         self._launch_ready()
 
