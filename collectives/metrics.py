@@ -39,6 +39,10 @@ WAIT_SECONDS = telemetry.counter(
     "the slowest rank waits least: the others wait for it.",
     ["rank"],
 )
+# "max" over the rank's processes, ended ones included: a timestamp only grows, so this is the
+# rank's last progress even while its worker is being restarted (a job stuck in a rendezvous
+# still shows as stalled). Ranks a node no longer runs are left out by its agent
+# (elastic.metrics serves the current round's ranks only).
 LAST_OP_TIME = telemetry.gauge(
     "shoal_collectives_last_op_timestamp_seconds",
     "Unix time at which this rank's last collective completed (a progress heartbeat).",

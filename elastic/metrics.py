@@ -11,6 +11,11 @@ process collector does not work in multiprocess mode).
 
 Restarts and worker exits are counters with whole values plus a timestamp gauge, so an event
 between two scrapes still shows: the counter stays one higher, the timestamp moves.
+
+Only the ranks this node runs in the current round are served from the workers' files: after a
+re-rendezvous that gives this node other ranks (a scale-down, another node order), the files of
+the ranks it ran before stay in the directory (counters must survive a worker's restart), and
+their frozen heartbeats would otherwise look like ranks that stopped making progress.
 """
 
 from __future__ import annotations
@@ -104,6 +109,7 @@ prometheus_client.disable_created_metrics()
 
 _run_id: Optional[str] = None
 _worker_pids: dict[int, int] = {}  # global rank -> pid of this node's running workers
+_round_ranks: Optional[frozenset] = None  # rank labels of this node's current round (None: all)
 _job_pids: set[int] = set()  # every worker this agent started (their dumps count)
 _dump_dir: Optional[str] = None
 # collectives.backends.dump's file names (elastic.agent.hang_blame reads the same files).
@@ -157,11 +163,15 @@ def observe_rendezvous(seconds: float, round_: int) -> None:
 
 
 def set_worker_pids(pids: Mapping[int, int]) -> None:
-    """The running workers whose memory and CPU the next scrapes read ({global rank: pid})."""
+    """The workers of the round just started ({global rank: pid}): the next scrapes read their
+    memory and CPU, and serve the workers' files for their ranks only (an empty mapping: for
+    every rank)."""
+    global _round_ranks
     with _pids_lock:
         _worker_pids.clear()
         _worker_pids.update(pids)
         _job_pids.update(pids.values())
+        _round_ranks = frozenset(str(rank) for rank in pids) or None
 
 
 def set_dump_dir(path: Optional[str]) -> None:
@@ -246,6 +256,14 @@ def _with_run_id(family, run_id: str):
     return out
 
 
+def _only_ranks(family, ranks: frozenset):
+    """`family` without the samples of a rank outside `ranks` (samples without a rank stay)."""
+    out = Metric(family.name, family.documentation, family.type, family.unit)
+    out.samples.extend(s for s in family.samples
+                       if "rank" not in s.labels or s.labels["rank"] in ranks)
+    return out
+
+
 def set_worker_states(counts: dict[str, int]) -> None:
     """Publish how many of this node's workers are in each state (missing states are 0)."""
     for state in WORKER_STATES:
@@ -269,12 +287,13 @@ class _AgentAndWorkers:
 
     def _families(self) -> Iterable:
         names = set()
+        ranks = _round_ranks
         if self._dir and os.path.isdir(self._dir):
             workers = CollectorRegistry()
             multiprocess.MultiProcessCollector(workers, path=self._dir)
             for family in workers.collect():
                 names.add(family.name)
-                yield family
+                yield family if ranks is None else _only_ranks(family, ranks)
         for family in prometheus_client.REGISTRY.collect():
             if family.name not in names:
                 yield family

@@ -43,6 +43,9 @@ LOSS = telemetry.gauge(
 LAST_STEP = telemetry.gauge(
     "shoal_training_last_step", "The last step this rank recorded (a progress heartbeat).",
     ["rank"], multiprocess_mode="livemax")
+# "max" as collectives' heartbeat (a timestamp only grows; the agent leaves out ranks its node
+# no longer runs); the last step itself is "livemax": a restarted rank resumes from an older
+# checkpoint, and its dead process's higher step must not hide that.
 LAST_STEP_TIME = telemetry.gauge(
     "shoal_training_last_step_timestamp_seconds",
     "Unix time this rank last recorded a step.", ["rank"], multiprocess_mode="max")

@@ -235,3 +235,79 @@ def test_dumps_of_this_agents_workers_are_counted(tmp_path):
     finally:
         metrics.set_dump_dir(None)
     assert metrics.count_dumps() == 0
+
+
+_RANK_WORKER = (
+    "import sys\n"
+    "import shoal.metrics as sm\n"
+    "from shoal.collectives import metrics as m\n"
+    "m.observe('all_reduce', 'tcp', 0.5, 64)\n"
+    "sm.record_step(4, 0.1, samples=8, loss=0.5)\n"
+    "print('ready', flush=True)\n"
+    "sys.stdin.read()\n"
+)
+
+
+def _start_rank(multiproc, rank: int) -> subprocess.Popen:
+    """A worker process of `rank` that wrote its heartbeats, wait, step and loss, and stays up."""
+    proc = subprocess.Popen([sys.executable, "-c", _RANK_WORKER],
+                            env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(multiproc),
+                                 "RANK": str(rank)},
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def _end(proc: subprocess.Popen, rank: int, multiproc) -> None:
+    """End a worker and do what the agent's reaper does for it."""
+    proc.communicate("", timeout=10)
+    metrics.forget_worker(rank, proc.pid)
+    metrics.mark_worker_dead(proc.pid, str(multiproc))
+
+
+PER_RANK = ("shoal_collectives_last_op_timestamp_seconds", "shoal_collectives_wait_seconds_total",
+            "shoal_training_last_step_timestamp_seconds", "shoal_training_last_step",
+            "shoal_training_loss", "shoal_training_step_seconds_count")
+
+
+def _ranks(samples: dict, name: str) -> set:
+    return {dict(labels)["rank"] for n, labels in samples if n == name}
+
+
+def test_ranks_this_node_no_longer_runs_leave_the_scrape(tmp_path):
+    # Round 0 runs ranks 2 and 3 here; after a re-rendezvous this node runs ranks 0 and 2
+    # (another node order): rank 3's files stay in the directory (its counters must), but its
+    # frozen heartbeat must not be served as a rank that stopped making progress.
+    multiproc = tmp_path / "mp"
+    multiproc.mkdir()
+    server = metrics.MetricsServer("127.0.0.1", 0, str(multiproc))
+    procs = {}
+    try:
+        procs = {rank: _start_rank(multiproc, rank) for rank in (2, 3)}
+        metrics.set_worker_pids({rank: p.pid for rank, p in procs.items()})
+        before = _scrape(server.url)
+        for name in PER_RANK:
+            assert _ranks(before, name) == {"2", "3"}, name
+        for rank, proc in procs.items():
+            _end(proc, rank, multiproc)
+
+        procs = {rank: _start_rank(multiproc, rank) for rank in (0, 2)}
+        metrics.set_worker_pids({rank: p.pid for rank, p in procs.items()})
+        after = _scrape(server.url)
+        for name in PER_RANK + ("shoal_worker_resident_memory_bytes",):
+            assert _ranks(after, name) == {"0", "2"}, name
+        # Rank 2's counter adds its ended process's seconds to the new one's: a restart does
+        # not reset a rank's wait, and the stale rank 3 was dropped, not summed in.
+        wait = {dict(labels)["rank"]: v for (n, labels), v in after.items()
+                if n == "shoal_collectives_wait_seconds_total"}
+        assert wait == {"0": 0.5, "2": 1.0}
+        # Series without a rank label (the op histograms) still count every process.
+        ops = sum(v for (n, labels), v in after.items()
+                  if n == "shoal_collectives_op_duration_seconds_count")
+        assert ops == 4
+    finally:
+        for rank, proc in procs.items():
+            if proc.poll() is None:
+                _end(proc, rank, multiproc)
+        metrics.set_worker_pids({})
+        server.stop(linger=0)
