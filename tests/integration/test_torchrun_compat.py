@@ -360,9 +360,16 @@ def test_no_writable_temp_dir_is_a_clear_error(request):
 # ----------------------------------------------------------------------------- several nodes
 
 def _agents(hosts, argvs, envs):
-    procs = [host.popen(SHOAL + argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                        stderr=subprocess.STDOUT, text=True)
-             for host, argv, env in zip(hosts, argvs, envs)]
+    """Run one agent per host (the store's host, hosts[0], started last) and wait for all.
+
+    The others wait for the store to come up, so they join as soon as it does: with shoal's
+    2 s last call (torchrun's is 30 s) an elastic round (1:4) must not close on the first node
+    alone because the second one's interpreter started late on a busy machine. A cluster may
+    start its nodes in any order; this one is simply the order that leaves no race.
+    """
+    procs = [hosts[i].popen(SHOAL + argvs[i], cwd=ROOT, env=envs[i], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+             for i in reversed(range(len(argvs)))][::-1]
     outputs = []
     for proc in procs:
         try:
@@ -376,12 +383,13 @@ def _agents(hosts, argvs, envs):
 
 @pytest.mark.parametrize("nnodes", ["2", "1:4"], ids=["fault tolerant", "elastic"])
 def test_multi_node_c10d_lines_on_two_hosts(nnodes):
-    """--rdzv-endpoint=$HOST_NODE_ADDR without a port: the store on the first host at 29400."""
+    """torchrun's "Fault tolerant" and "Elastic" lines exactly, --rdzv-endpoint=$HOST_NODE_ADDR
+    without a port: the store on the first host at 29400."""
     require_netns()
     with Hosts(2) as hosts:
         line = [f"--nnodes={nnodes}", "--nproc-per-node=2", "--max-restarts=3",
                 "--rdzv-id=job42", "--rdzv-backend=c10d", f"--rdzv-endpoint={hosts[0].address}",
-                "--rdzv-conf=last_call_timeout=3", WORKER, "--meet"]
+                WORKER, "--meet"]
         codes, outputs = _agents(hosts, [line, line], [_env(), _env()])
         assert codes == [0, 0], "\n----\n".join(outputs)
         assert f"Rendezvous store listening on {hosts[0].address}:29400" in outputs[0]
