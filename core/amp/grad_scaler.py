@@ -7,9 +7,12 @@ after `growth_interval` clean steps in a row. The scale is kept as a float32 num
 a float32 tensor), so a sequence of scales matches torch's bit for bit.
 
 Data parallel training: every rank must skip the same steps or the replicas drift apart. With
-DDP's averaged gradients an inf on one rank reaches all of them, but a rank may also overflow
-in its own local step; `found_inf_agreement` (set by collectives, see `collectives/amp.py`)
-is called with this rank's verdict and returns the one every rank uses.
+DDP's averaged gradients an inf on one rank reaches all of them, but not an inf in a gradient
+DDP does not reduce (a parameter outside the wrapped module) or one that appears after the
+reduction. So the verdict is agreed: `unscale_` passes this rank's verdict through the
+agreements registered for the optimizer's parameters (core/amp/found_inf.py; DDP registers its
+own) or through the scaler's own `found_inf_agreement` (set by collectives.amp's
+agree_on_found_inf), and every rank uses what they return.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from shoal.core import backend
+from shoal.core.amp import found_inf
 from shoal.core.tensor import Tensor
 
 _F16 = np.dtype(np.float16)
@@ -158,10 +162,20 @@ class GradScaler:
                 if not bool(backend.array_module(g).isfinite(g).all()):
                     found = True
                 g *= g.dtype.type(inv_scale)
-        if self.found_inf_agreement is not None:
-            found = bool(self.found_inf_agreement(found))
+        for agree in self._agreements(optimizer):
+            found = bool(agree(found))  # a collective: every rank calls each, whatever it saw
         state["found_inf"] = found
         state["stage"] = _Stage.UNSCALED
+
+    def _agreements(self, optimizer: Any) -> list:
+        """This scaler's own agreement if it has one, else those registered for the optimizer's
+        parameters (DDP registers its replicas'), looked up over every parameter, with a
+        gradient or not, so that every rank finds the same ones."""
+        if self.found_inf_agreement is not None:
+            return [self.found_inf_agreement]
+        return found_inf.agreements_for(
+            p for group in optimizer.param_groups for p in group["params"]
+        )
 
     def step(self, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
         """unscale_ (if not done yet), then optimizer.step() unless a gradient was inf/NaN."""

@@ -242,3 +242,58 @@ def test_found_inf_agreement_hook_decides_for_every_rank():
     assert scaler.step(opt) is None
     scaler.update()
     assert seen == [False] and core.equal(model.weight.detach(), w) and scaler.get_scale() == 2.0
+
+
+def _one_step(model, scaler):
+    opt = core.optim.SGD(model.parameters(), lr=0.1)
+    opt.zero_grad()
+    scaler.scale(model(core.ones(1, 2)).sum()).backward()
+    w = model.weight.detach().clone()
+    scaler.step(opt)
+    scaler.update()
+    return not core.equal(model.weight.detach(), w)  # whether it stepped
+
+
+def test_agreements_registered_for_parameters_decide_for_any_scaler_over_them():
+    """What DDP registers (core/amp/found_inf.py): every scaler stepping those parameters passes
+    its verdict through the agreements, in registration order, even for parameters without a
+    gradient; remove() and the parameter's death unregister."""
+    from shoal.core.amp.found_inf import agreements_for, register_found_inf_agreement
+
+    model, other = core.nn.Linear(2, 1), core.nn.Linear(2, 1)
+    calls = []
+    second = register_found_inf_agreement([other.bias], lambda v: calls.append(("2", v)) or v)
+    first = register_found_inf_agreement(model.parameters(),
+                                          lambda v: calls.append(("1", v)) or True)
+    found = agreements_for([other.bias, model.weight, other.bias])  # each once, as registered
+    assert [agree(False) for agree in found] == [False, True]
+    assert calls == [("2", False), ("1", False)]
+    calls.clear()
+    assert not _one_step(model, GradScaler(init_scale=4.0))  # the group saw an inf: skipped
+    assert calls == [("1", False)]
+    frozen = core.nn.Parameter(core.ones(1))  # no gradient on this rank, still looked up
+    opt = core.optim.SGD([frozen, other.bias], lr=0.1)
+    scaler = GradScaler(init_scale=4.0)
+    scaler.unscale_(opt)
+    assert calls[-1] == ("2", False)
+    own = GradScaler(init_scale=4.0)
+    own.found_inf_agreement = lambda v: v  # a scaler's own agreement replaces the registered
+    assert _one_step(model, own) and len(calls) == 2
+    first.remove()
+    first.remove()
+    assert agreements_for(model.parameters()) == []
+    assert _one_step(model, GradScaler(init_scale=4.0))
+    register_found_inf_agreement(model.parameters(), lambda v: True)
+    weight_id = id(model.weight)
+    del model, opt
+    import gc
+
+    gc.collect()
+    from shoal.core.amp import found_inf
+
+    assert weight_id not in found_inf._registered  # a dead parameter's id is forgotten
+    second.remove()
+    with pytest.raises(TypeError, match=r"register_found_inf_agreement: agree must be a "
+                                        r"callable taking this rank's verdict \(bool\) and "
+                                        r"returning the group's, got int\."):
+        register_found_inf_agreement([], 3)
