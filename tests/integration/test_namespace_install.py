@@ -5,6 +5,7 @@ one the test suite runs on) and from the wheel."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -63,8 +64,12 @@ def test_the_wheel_installs_only_the_shoal_name_and_serves_a_user_project(user_p
     assert {n.split("/")[0] for n in names} == {"shoal", wheel.name.split("-py3")[0] + ".dist-info"}
     for module in ("shoal/core/tensor.py", "shoal/collectives/backends/tcp/mesh.py",
                    "shoal/rpc_agent/transport/grpc.py", "shoal/elastic/rendezvous/handler.py",
-                   "shoal/launcher/cli.py", "shoal/examples/train_ddp.py"):
+                   "shoal/launcher/cli.py", "shoal/examples/train_ddp.py", "shoal/py.typed"):
         assert module in names
+    # The license travels in the metadata folder (dist-info/licenses/ from metadata 2.4 on).
+    licenses = [n for n in names if n.split("/")[-1] == "LICENSE" and ".dist-info/" in n]
+    assert len(licenses) == 1, names
+    assert zipfile.ZipFile(wheel).read(licenses[0]) == (ROOT / "LICENSE").read_bytes()
     site = tmp_path / "site"
     install = subprocess.run(
         [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site),
@@ -72,3 +77,29 @@ def test_the_wheel_installs_only_the_shoal_name_and_serves_a_user_project(user_p
     assert install.returncode == 0, install.stderr
     location = _run(user_project, extra_path=str(site))
     assert Path(location).resolve() == site / "shoal" / "__init__.py"
+    _quick_start_from(site, user_project)
+
+
+def _quick_start_from(site: Path, cwd: Path) -> None:
+    """The README's quick start with nothing but the installed wheel: the example's --help,
+    then the `shoal` script pip installed running it for a few steps on two workers."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SHOAL_", "PET_", "TORCHELASTIC_"))}
+    env["PYTHONPATH"] = str(site)
+    where = subprocess.run(
+        [sys.executable, "-c", "import shoal.examples.train_ddp as m; print(m.__file__)"],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
+    assert where.returncode == 0, where.stderr
+    assert Path(where.stdout.strip()).resolve() == site / "shoal" / "examples" / "train_ddp.py"
+    helped = subprocess.run([sys.executable, "-m", "shoal.examples.train_ddp", "--help"],
+                            cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
+    assert helped.returncode == 0, helped.stderr
+    assert helped.stdout.startswith("usage: ") and "--checkpoint-every" in helped.stdout
+    script = site / "bin" / "shoal"
+    run = subprocess.run(
+        [str(script), "run", "--standalone", "--nproc-per-node=2", "-m",
+         "shoal.examples.train_ddp", "--steps=4", "--checkpoint-every=2"],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert re.search(r"\[rank 0\] final step 4 params_sha256 [0-9a-f]{64}", run.stdout), \
+        run.stdout[-3000:]
