@@ -60,6 +60,19 @@ def test_conv2d_gradients_match_finite_differences():
               rng.standard_normal(2))
 
 
+@pytest.mark.parametrize("xs, ws, stride, padding, dilation, groups", [
+    ((2, 4, 9), (6, 2, 3), 2, 1, 1, 2),
+    ((1, 3, 8), (2, 3, 3), 1, "same", 2, 1),
+    ((3, 7), (4, 3, 2), 3, 0, 1, 1),  # unbatched
+])
+def test_conv1d_gradients_match_finite_differences(xs, ws, stride, padding, dilation, groups):
+    """float64: the input's, weight's and bias's gradients against central differences."""
+    rng = np.random.default_rng(3)
+    gradcheck(lambda x, w, b: F.conv1d(x, w, b, stride=stride, padding=padding,
+                                       dilation=dilation, groups=groups),
+              rng.standard_normal(xs), rng.standard_normal(ws), rng.standard_normal(ws[0]))
+
+
 def test_conv_refuses_mismatched_channels():
     x = core.randn(1, 3, 5, 5)
     with pytest.raises(core.ShapeError, match=r"expects 4 input channels \(groups=1\), but the input"):
