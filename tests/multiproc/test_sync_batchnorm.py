@@ -2,7 +2,10 @@
 
 Ranks hold unequal batches (3 and 5 samples). Compared with one process normalising all 8:
 outputs, input gradients, the sum of the ranks' weight/bias gradients and the running
-statistics after two training steps, then eval-mode outputs.
+statistics after two training steps, then eval-mode outputs; with momentum=None (a cumulative
+average) and torch's default momentum=0.1 (an exponential one, whose running variance takes the
+unbiased variance over all 8 samples, not a rank's own). torch's BatchNorm2d on the same batches
+checks the reference's running statistics.
 """
 
 from __future__ import annotations
@@ -45,14 +48,14 @@ def _train(module_factory, core, rank=None):
     return outs, grads, params, buffers, evals
 
 
-def _rank(rank, world):
+def _rank(rank, world, momentum):
     from shoal import collectives, core
     from shoal.core import nn
 
     collectives.init_process_group("tcp", init_method="env://", timeout=20)
     try:
         def factory():
-            model = nn.Sequential(nn.BatchNorm2d(4, momentum=None, dtype=core.float64))
+            model = nn.Sequential(nn.BatchNorm2d(4, momentum=momentum, dtype=core.float64))
             model = collectives.SyncBatchNorm.convert_sync_batchnorm(model)
             assert type(model[0]).__name__ == "SyncBatchNorm"
             return model
@@ -62,17 +65,33 @@ def _rank(rank, world):
         collectives.destroy_process_group()
 
 
-def test_sync_batchnorm_equals_batchnorm_on_the_concatenated_batch():
+def _torch_running_statistics(momentum):
+    torch = pytest.importorskip("torch")
+    bn = torch.nn.BatchNorm2d(4, momentum=momentum).double()
+    for step in range(STEPS):
+        bn(torch.tensor(_data(step)[0]))
+    return {f"0.{n}": b.numpy() for n, b in bn.named_buffers()}
+
+
+@pytest.mark.parametrize("momentum", [None, 0.1])
+def test_sync_batchnorm_equals_batchnorm_on_the_concatenated_batch(momentum):
     from shoal import core
     from shoal.core import nn
 
     store, env = agent_store(2)
     try:
-        results = run_ranks(_rank, 2, timeout=90, env=env)
+        results = run_ranks(_rank, 2, args=(momentum,), timeout=90, env=env)
     finally:
         store.close()
-    ref = _train(lambda: nn.Sequential(nn.BatchNorm2d(4, momentum=None, dtype=core.float64)), core)
+    ref = _train(
+        lambda: nn.Sequential(nn.BatchNorm2d(4, momentum=momentum, dtype=core.float64)), core
+    )
     outs, grads, params, buffers, evals = ref
+    theirs = _torch_running_statistics(momentum)
+    assert sorted(buffers) == sorted(theirs)
+    for name, value in theirs.items():
+        np.testing.assert_allclose(buffers[name], value, atol=1e-12, err_msg=f"torch's {name}")
+    assert not np.allclose(buffers["0.running_var"], 1.0)  # the statistics really moved
     for step in range(STEPS):
         np.testing.assert_allclose(np.concatenate([r[0][step] for r in results]), outs[step],
                                    atol=1e-12, err_msg=f"outputs at step {step}")
