@@ -465,7 +465,13 @@ def new_subgroups(group_size: Optional[int] = None, group=None, timeout: Timeout
 def new_subgroups_by_enumeration(ranks_per_subgroup_list: Sequence[Sequence[int]],
                                  timeout: TimeoutLike = None, backend: Optional[str] = None,
                                  pg_options: Any = None, group_desc: Optional[str] = None):
-    """One group per list of world ranks (each rank in at most one); returns (mine, all)."""
+    """One group per list of world ranks (each rank in at most one); returns (the group this
+    rank is in, or None; every group, NON_GROUP_MEMBER where this rank is not in it)."""
+    if not ranks_per_subgroup_list:
+        raise ValueError(
+            "new_subgroups_by_enumeration needs at least one list of ranks, got "
+            f"{ranks_per_subgroup_list!r}."
+        )
     seen: set[int] = set()
     for ranks in ranks_per_subgroup_list:
         overlap = seen.intersection(ranks)

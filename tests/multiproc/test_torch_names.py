@@ -3,7 +3,7 @@ and a shoal group, runs the same call on both with the same inputs, and the two 
 (values, which rank gets what, and which calls refuse). Skipped where torch is not installed.
 
 Covers the groups' names (group.WORLD, get_backend's "gloo", get_group_rank/get_global_rank,
-new_subgroups), the bitwise ReduceOps, PREMUL_SUM (shoal runs it where gloo refuses: compared
+new_subgroups, new_subgroups_by_enumeration), the bitwise ReduceOps, PREMUL_SUM (shoal runs it where gloo refuses: compared
 with torch's SUM of the scaled inputs), all_to_all_single (even and uneven splits),
 reduce_scatter_tensor, all_gather_into_tensor, gather_object, scatter_object_list,
 batch_isend_irecv with P2POp, the coalesced calls, the ProcessGroup methods
@@ -68,7 +68,24 @@ def _session(rank: int, world: int, torch_port: int) -> dict:
     seen["subgroups"] = ((td.get_process_group_ranks(t_mine), len(t_all)),
                          (sd.get_process_group_ranks(s_mine), len(s_all)))
 
-    # -- bitwise reductions, on ints and bools; floats refused by both
+    # -- new_subgroups_by_enumeration: (my group or None, every group), used for all_reduce
+    for label, lists in (("pair", [[0, 1]]), ("each alone", [[0], [1]]), ("only 1", [[1]])):
+        outcome = []
+        for mod in (td, sd):
+            mine, every = mod.new_subgroups_by_enumeration(lists)
+            total = None
+            if mine is not None:
+                x = T(np.full(2, rank + 1.0)) if mod is td else np.full(2, rank + 1.0)
+                mod.all_reduce(x, group=mine)
+                total = np.asarray(x).tolist()
+            outcome.append((None if mine is None else mod.get_process_group_ranks(mine),
+                            [g is mod.GroupMember.NON_GROUP_MEMBER for g in every], total))
+        seen[f"by enumeration {label}"] = tuple(outcome)
+    for label, lists in (("overlap", [[0, 1], [1]]), ("empty", [])):
+        seen[f"by enumeration {label} refused"] = _both(
+            lambda: td.new_subgroups_by_enumeration(lists),
+            lambda: sd.new_subgroups_by_enumeration(lists))
+
     ints = np.array([0b1100 + rank, 0b1010 * (rank + 1), 7 - rank], dtype=np.int32)
     bools = np.array([True, rank == 0, False, True])
     for name in ("BAND", "BOR", "BXOR"):
@@ -264,8 +281,11 @@ def test_torch_names_agree_with_torch():
                 assert all(pair), (rank, key, pair)
             elif key == "backend":
                 assert pair == ("gloo", "gloo"), (rank, pair)
-            elif key.endswith(" float") or key in ("P2POp refuses", "src and group_src"):
+            elif key.endswith((" float", " refused")) or key in ("P2POp refuses",
+                                                                  "src and group_src"):
                 assert pair[0][0] == "raises" and pair[1][0] == "raises", (rank, key, pair)
+                if key.endswith(" refused"):
+                    assert pair[0] == pair[1] == ("raises", "ValueError"), (rank, key, pair)
             elif key.startswith("reduce_scatter_") and pair[0][0] == "raises":
                 # this gloo has no reduce_scatter_tensor: numpy's block sum is the reference
                 big = [np.arange(6, dtype=np.float32) * (r + 1) for r in range(2)]
