@@ -1,4 +1,5 @@
-"""The job profiler `shoal run --profile DIR` starts in every worker (SHOAL_PROFILE_DIR).
+"""The job profiler `shoal run --profile DIR` starts in every worker (SHOAL_PROFILE_DIR, in a
+process that has RANK).
 
 Steps are counted by optimizer steps (a training script needs no change); a schedule from
 SHOAL_PROFILE_SCHEDULE (default `skip_first=2,wait=0,warmup=1,active=3,repeat=1`) picks the
@@ -80,12 +81,19 @@ def _stop() -> None:
 
 
 def start_from_env(environ: Optional[dict] = None) -> Optional[profile]:
-    """Start the job profiler when SHOAL_PROFILE_DIR is set (called once, at core import)."""
+    """Start the job profiler in a rank of a job (RANK set) when SHOAL_PROFILE_DIR is set
+    (called once, at core import)."""
     global _job
     env = os.environ if environ is None else environ
     directory = env.get("SHOAL_PROFILE_DIR")
     if not directory or _job is not None:
         return _job
+    if env.get("RANK") is None:
+        # `shoal run` itself, given SHOAL_PROFILE_DIR instead of --profile, imports core too:
+        # only its workers, which it gives RANK, profile (the agent's trace would be a stray
+        # file that `shoal trace` takes for another run's).
+        logger.debug("SHOAL_PROFILE_DIR is set but RANK is not: not a rank, not profiling.")
+        return None
     if multiprocessing.parent_process() is not None:
         # A DataLoader worker or another child of the rank: it inherits the variables but
         # must not write (over) the rank's trace file.

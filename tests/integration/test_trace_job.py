@@ -37,12 +37,24 @@ def test_every_rank_writes_its_window_with_a_clock_estimate(profile_dir):
     doc = json.loads((profile_dir / names[1]).read_text())
     clock = doc["shoal"]["clock"]
     assert clock["reference_rank"] == 0 and clock["method"].startswith("store round trips")
-    assert 0 <= clock["error_us"] < 50_000
+    # measured 130-180 us on two shared cores; the shortest of 8 round trips stays far below
+    assert 0 <= clock["error_us"] < 5_000
     # one host: the true offset is 0, so the estimate must be within its own error bound
     assert abs(clock["offset_us"]) <= clock["error_us"] + 1
     colls = [e for e in doc["traceEvents"] if e.get("cat") == "collective"]
     assert colls and all(e["args"]["op"] == "all_reduce" and e["args"]["bytes"] > 0
                          for e in colls)
+
+
+def test_shoal_run_given_the_directory_in_its_environment_profiles_only_its_ranks(tmp_path):
+    # the agent imports core as its workers do; only the workers (they have RANK) profile
+    run = ShoalRun(["--nproc-per-node", "2", WORKER, "--steps", "6"],
+                   env={"SHOAL_PROFILE_DIR": str(tmp_path)})
+    assert run.wait(90) == 0, run.tail()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "rank0.steps3-5.trace.json", "rank1.steps3-5.trace.json"]
+    res = _trace("summary", str(tmp_path))
+    assert res.returncode == 0, res.stderr
 
 
 def test_merge_gives_a_process_per_rank_and_aligned_all_reduces(profile_dir, tmp_path):

@@ -68,6 +68,16 @@ def test_the_job_profiler_measures_its_clock_through_the_store_a_group_lent(tmp_
                                      "method": "reference"}
 
 
+def test_a_process_that_is_not_a_rank_does_not_profile(tmp_path):
+    # `shoal run` given SHOAL_PROFILE_DIR in its environment imports core as well
+    env = dict(os.environ, SHOAL_PROFILE_DIR=str(tmp_path), SHOAL_PROFILE_SCHEDULE="active=2")
+    env.pop("RANK", None)
+    res = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert list(tmp_path.iterdir()) == []  # with RANK, active=2 would have written 4 windows
+
+
 def test_bad_schedule_settings_name_the_allowed_ones():
     with pytest.raises(P.ProfilerError, match=r"'every=2' is not a setting; allowed: wait=N, "):
         parse_schedule("every=2")
