@@ -1,0 +1,92 @@
+"""`shoal trace merge` on synthetic rank traces: clock offsets applied with their sign, the
+collective wait split from aligned times, traces of different runs refused; and `shoal run`
+taking its profile directory from SHOAL_PROFILE_DIR."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from shoal.launcher.flags import parse_run
+from shoal.launcher.trace import cli
+from shoal.launcher.trace.merge import merged
+from shoal.launcher.trace.files import load
+
+SCRIPT = __file__  # any existing file will do as the training script
+
+
+def _rank_trace(rank: int, offset_us: float, events: list[dict], run_id: str = "run-a",
+                error_us: float = 20.0) -> dict:
+    """A rank's window as the job profiler writes it (only the fields `shoal trace` reads)."""
+    return {
+        "distributedInfo": {"rank": rank, "world_size": 2},
+        "shoal": {"run_id": run_id, "rank": rank, "window": [3, 5],
+                  "clock": {"offset_us": offset_us, "error_us": 0.0 if rank == 0 else error_us,
+                            "reference_rank": 0, "method": "test"}},
+        "traceEvents": [dict(e, pid=rank, tid=0) for e in events],
+    }
+
+
+def _all_reduce(ts: float, dur: float) -> dict:
+    return {"ph": "X", "cat": "collective", "name": "all_reduce", "ts": ts, "dur": dur,
+            "args": {"op": "all_reduce", "group": "default", "seq": 7, "p2p": False,
+                     "call": "all_reduce(4 KiB)"}}
+
+
+def _write(directory, docs: list[dict]) -> None:
+    for doc in docs:
+        rank = doc["shoal"]["rank"]
+        (directory / f"rank{rank}.steps3-5.trace.json").write_text(json.dumps(doc))
+
+
+def test_each_ranks_offset_is_added_to_its_timestamps(tmp_path):
+    # rank 1's clock is 500 us behind rank 0's (offset +500): its all_reduce, stamped 1000 on
+    # its own clock, began at 1500 on rank 0's, 100 us after rank 0's began at 1400
+    op = {"ph": "X", "cat": "cpu_op", "name": "mm", "ts": 1100.0, "dur": 50.0, "args": {}}
+    _write(tmp_path, [_rank_trace(0, 0.0, [_all_reduce(1400.0, 300.0)]),
+                      _rank_trace(1, 500.0, [op, _all_reduce(1000.0, 200.0)])])
+    doc = merged(load(str(tmp_path)))
+    xs = {(e["pid"], e["name"]): e for e in doc["traceEvents"] if e["ph"] == "X"}
+    assert xs[(1, "mm")]["ts"] == 1600.0
+    assert xs[(1, "all_reduce")]["ts"] == 1500.0 and xs[(0, "all_reduce")]["ts"] == 1400.0
+    # rank 0 waited from 1400 to 1500 for rank 1; rank 1, the last, waited for nobody
+    assert xs[(0, "all_reduce")]["args"]["wait_for_peers_us"] == 100.0
+    assert xs[(0, "all_reduce")]["args"]["moving_us"] == 200.0
+    assert xs[(1, "all_reduce")]["args"]["wait_for_peers_us"] == 0.0
+    assert doc["shoal"]["clock_error_us"] == 20.0
+    assert sorted(doc["shoal"]["clocks"]) == ["0", "1"]
+
+
+def test_merge_refuses_traces_of_different_runs(tmp_path, capsys):
+    _write(tmp_path, [_rank_trace(0, 0.0, [_all_reduce(1.0, 1.0)], run_id="run-a"),
+                      _rank_trace(1, 0.0, [_all_reduce(1.0, 1.0)], run_id="run-b")])
+    out = tmp_path / "job.json"
+    assert cli.main(["merge", str(tmp_path), "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "come from different runs" in err and "run 'run-a': rank0.steps3-5.trace.json" in err
+    assert "run 'run-b': rank1.steps3-5.trace.json" in err
+    assert not out.exists()
+
+
+def test_merge_names_a_missing_rank(tmp_path, capsys):
+    _write(tmp_path, [_rank_trace(0, 0.0, [_all_reduce(1.0, 1.0)])])
+    assert cli.main(["merge", str(tmp_path), "-o", str(tmp_path / "job.json")]) == 2
+    assert ("Rank 1 is missing from steps 3-5" in capsys.readouterr().err)
+
+
+def test_shoal_run_takes_its_profile_directory_from_the_environment():
+    assert parse_run([SCRIPT], {}).profile_dir is None
+    assert parse_run([SCRIPT], {"SHOAL_PROFILE_DIR": "/tmp/prof"}).profile_dir == "/tmp/prof"
+    # the flag, in either spelling, beats the variable
+    for flag in ("--profile", "--profile-dir", "--profile_dir"):
+        s = parse_run([flag, "/tmp/flag", SCRIPT], {"SHOAL_PROFILE_DIR": "/tmp/prof"})
+        assert s.profile_dir == "/tmp/flag"
+
+
+def test_an_empty_profile_variable_is_no_profile_and_a_blank_one_an_error(capsys):
+    assert parse_run([SCRIPT], {"SHOAL_PROFILE_DIR": ""}).profile_dir is None
+    with pytest.raises(SystemExit) as info:
+        parse_run([SCRIPT], {"SHOAL_PROFILE_DIR": "   "})
+    assert info.value.code == 2
+    assert "(from SHOAL_PROFILE_DIR='   '): an empty path" in capsys.readouterr().err
