@@ -1,10 +1,12 @@
 """torch.distributed's names, side by side with torch: each spawned rank joins a torch gloo group
 and a shoal group, runs the same call on both with the same inputs, and the two must agree
-(values, which rank gets what, and which calls refuse). Skipped where torch is not installed.
+(values, which rank gets what, and which calls refuse); that test is skipped where torch is not
+installed. The process group and RPC sharing one MASTER_ADDR:PORT needs no torch and always runs.
 
 Covers the groups' names (group.WORLD, get_backend's "gloo", get_group_rank/get_global_rank,
-new_subgroups, new_subgroups_by_enumeration), the bitwise ReduceOps, PREMUL_SUM (shoal runs it where gloo refuses: compared
-with torch's SUM of the scaled inputs), all_to_all_single (even and uneven splits),
+new_subgroups, new_subgroups_by_enumeration), the bitwise ReduceOps, PREMUL_SUM (shoal runs it
+where gloo refuses: compared with torch's SUM of the scaled inputs), all_to_all_single (even and
+uneven splits),
 reduce_scatter_tensor, all_gather_into_tensor, gather_object, scatter_object_list,
 batch_isend_irecv with P2POp, the coalesced calls, the ProcessGroup methods
 (allreduce_coalesced, _allgather_base, _reduce_scatter_base, alltoall, alltoall_base) and their
@@ -20,7 +22,6 @@ import pytest
 
 from tests.support.ranks import agent_store, run_ranks
 
-pytest.importorskip("torch.distributed")
 pytestmark = pytest.mark.timeout(180)
 
 
@@ -270,6 +271,7 @@ def _session(rank: int, world: int, torch_port: int) -> dict:
 
 
 def test_torch_names_agree_with_torch():
+    pytest.importorskip("torch.distributed")  # this test only: the shared-port one needs no torch
     store, env = agent_store()
     try:
         results = run_ranks(_session, 2, args=(_free_port(),), timeout=150, env=env)
