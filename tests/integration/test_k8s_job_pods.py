@@ -10,6 +10,11 @@ The only changes are paths: the mounts (/checkpoints, /tmp) and /dev/termination
 test directories. `etcd-0.etcd` resolves, through the namespace's own /etc/hosts, to a real
 etcd running in a third namespace on the port the manifests name.
 
+The pods' root filesystem is read-only, as the manifests declare (readOnlyRootFilesystem):
+each pod runs in a mount namespace of its own where `/` is remounted read-only and only its
+volumes (the /tmp emptyDir, the checkpoint volume) and its termination-log file are writable,
+so a write anywhere else fails the job instead of passing unnoticed.
+
 The Job completes; a second Job object made from the same manifests (a new uid) completes from
 a clean rendezvous; and a worker killed in one pod is recovered by the agents. The Kubeflow
 variant's two pods run the same way, on the variables the training operator injects.
@@ -20,6 +25,7 @@ from __future__ import annotations
 import base64
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -90,8 +96,11 @@ class Pod:
             shared_volume = "persistentVolumeClaim" in volumes[name]
             self.paths[path] = str(shared if shared_volume else self.dir / name)
         entrypoint, image_env = _image()
+        # HOME as the runtime sets it from the image's /etc/passwd (user 10001 has no home
+        # directory there), unless the image's ENV says otherwise.
         env = {"PATH": f"{os.path.dirname(sys.executable)}:/usr/sbin:/usr/bin:/sbin:/bin",
-               "HOME": str(self.dir), **image_env, **injected}
+               "HOME": "/home/shoal",
+               **{k: self._mapped(v) for k, v in image_env.items()}, **injected}
         for item in container["env"]:
             if "value" in item:
                 value = re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)),
@@ -118,8 +127,27 @@ class Pod:
                 return target + value[len(path):]
         return value
 
+    def writable(self) -> list[str]:
+        """What the pod may write: its volumes and its termination-log file (the kubelet
+        creates that one, empty)."""
+        paths = sorted(set(self.paths.values()))
+        for path in paths:
+            if path.endswith("termination-log"):
+                Path(path).touch()
+            else:
+                os.makedirs(path, exist_ok=True)
+        return paths
+
+    def sandboxed(self, argv) -> list[str]:
+        """`argv` in a mount namespace whose root is read-only but for the pod's volumes."""
+        binds = "".join(f"mount --bind {shlex.quote(p)} {shlex.quote(p)}; "
+                        for p in self.writable())
+        script = f"set -e; {binds}mount -o remount,bind,ro /; exec \"$@\""
+        return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
+                *argv]
+
     def start(self) -> "Pod":
-        self.proc = self.host.popen(self.argv, env=self.env, cwd=self.dir,
+        self.proc = self.host.popen(self.sandboxed(self.argv), env=self.env, cwd=self.dir,
                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True, errors="replace")
         threading.Thread(target=self._read, daemon=True).start()
@@ -225,6 +253,23 @@ def cluster(tmp_path):
                 shutil.rmtree(etc, ignore_errors=True)
 
 
+def _check_the_read_only_root(pod: Pod) -> None:
+    """The sandbox a pod runs in refuses a write outside its volumes and takes one inside."""
+    probe = ("import errno, sys\n"
+             "for path in sys.argv[1:]:\n"
+             "    try:\n"
+             "        open(path, 'w').close(); print(path, 'ok')\n"
+             "    except OSError as exc:\n"
+             "        print(path, errno.errorcode[exc.errno])\n")
+    outside, inside = pod.dir / "outside-a-volume", Path(pod.paths["/tmp"]) / "inside"
+    done = pod.host.run(pod.sandboxed([sys.executable, "-c", probe, str(outside), str(inside),
+                                       os.path.join(pod.env["HOME"], "home-file")]),
+                        env=pod.env, cwd=pod.dir)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [f"{outside} EROFS", f"{inside} ok",
+                                        f"{pod.paths['/tmp']}/home-file ok"], done.stdout
+
+
 def test_the_job_completes_recovers_a_killed_worker_and_a_second_job_starts_clean(cluster):
     hosts, objects, tmp_path = cluster
     job = objects[("Job", "shoal-train")]
@@ -234,6 +279,7 @@ def test_the_job_completes_recovers_a_killed_worker_and_a_second_job_starts_clea
     shared = tmp_path / "checkpoints-volume"
     shared.mkdir()
     killed = {}
+    _check_the_read_only_root(_job_pods(hosts, job, shared, tmp_path / "probe", secret)[1][0])
 
     def kill_a_worker(pods):
         # Once training runs, SIGKILL one worker of the second pod (an OOM kill, a segfault).
@@ -252,7 +298,8 @@ def test_the_job_completes_recovers_a_killed_worker_and_a_second_job_starts_clea
     first_sha = _final_sha(pods, steps)
     # Dumps and checkpoints went to the shared volume, named by the Job.
     assert any((shared / "shoal-train").glob("*")), list(shared.iterdir())
-    assert all(not os.path.exists(p.paths["/dev/termination-log"]) for p in pods)  # success
+    # Success: the termination message stays empty.
+    assert all(Path(p.paths["/dev/termination-log"]).read_text() == "" for p in pods)
 
     # The same manifests again: a new Job object, so a new run id and a clean rendezvous. It
     # finds its name's checkpoints on the volume and resumes from the end.

@@ -195,6 +195,25 @@ def test_the_job_ends_with_training_and_fails_at_once_on_a_usage_error(rendered,
     assert settings.module and settings.script == "shoal.examples.train_ddp"
 
 
+@pytest.mark.parametrize("variant", ["cpu", "gpu"])
+def test_a_missing_job_uid_label_fails_the_job_at_once(rendered, variant, monkeypatch, capsys):
+    """Before Kubernetes 1.27 the pod has no batch.kubernetes.io/controller-uid label, so the
+    downward API gives SHOAL_RDZV_ID an empty value: every Job would share etcd run id
+    'default'. shoal run refuses it with exit 2, which the podFailurePolicy turns into a
+    failed Job at once (not backoffLimit retries of the same mistake)."""
+    job = rendered[variant][("Job", "shoal-train")]
+    container = _container(job)
+    from shoal.launcher import devices
+
+    monkeypatch.setattr(devices, "gpu_count", lambda: 2)
+    env = {k: v for k, v in _env(container).items() if isinstance(v, str)}
+    with pytest.raises(SystemExit) as exit_info:
+        parse_run(container["args"][1:], {**env, "SHOAL_RDZV_ID": "", "SHOAL_NODE_RANK": "0"})
+    assert exit_info.value.code == 2
+    assert "SHOAL_RDZV_ID is set but empty" in capsys.readouterr().err
+    assert 2 in job["spec"]["podFailurePolicy"]["rules"][0]["onExitCodes"]["values"]
+
+
 def test_the_gpu_overlay_asks_for_gpus_shared_memory_and_one_worker_per_gpu(rendered):
     job = rendered["gpu"][("Job", "shoal-train")]
     container = _container(job)
