@@ -268,7 +268,8 @@ def test_alltoall_base_with_uneven_splits(job):
         assert even_out.tolist() == [x for q in range(W) for x in (100 * q + 2 * r,
                                                                    100 * q + 2 * r + 1)]
         with pytest.raises(ValueError, match=r"^all_to_all_single output split sizes must be 3 "
-                                             r"non-negative row counts summing to 6, got \[1, 1, 1\]"):
+                                             r"non-negative row counts summing to 6, "
+                                             r"got \[1, 1, 1\]"):
             pg.alltoall_base(np.empty(6), np.empty(6), [1, 1, 1], [2, 2, 2])
         with pytest.raises(TypeError, match=r"^all_to_all_single output is float32\[6\] but "
                                             r"input is float64\[6\]; both must share one dtype"):
