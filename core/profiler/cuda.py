@@ -1,9 +1,10 @@
 """CUDA times of ops on cupy arrays through CUDA events (ProfilerActivity.CUDA).
 
-Around an op whose inputs live on a GPU, two events are recorded on the current stream; when
-the window ends they are synchronised once and each op gets its GPU duration and, measured
-from an event recorded when the window began, its GPU start on the CPU clock. Kernel events go
-on a 'cuda stream' lane of the trace. Nothing here runs without cupy.
+Around an op whose inputs live on a GPU, and a backward node whose incoming gradient does, two
+events are recorded on the current stream; when the window ends they are synchronised once and
+each gets its GPU duration and, measured from an event recorded when the window began, its GPU
+start on the CPU clock. Kernel events go on a 'cuda stream' lane of the trace. Nothing here
+runs without cupy.
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ def on_gpu(args: tuple) -> bool:
         if isinstance(a, Tensor) and a.data.__class__ is not np.ndarray:
             return True
     return False
+
+
+def array_on_gpu(a: Any) -> bool:
+    """True when `a` (a gradient array in backward) is not numpy's, so cupy's on a GPU."""
+    return a.__class__ is not np.ndarray and hasattr(a, "__cuda_array_interface__")
 
 
 def begin_window(rec: Recorder) -> None:

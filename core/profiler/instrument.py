@@ -192,6 +192,8 @@ def _backward_hook(node: Any, fn: Callable, g: Any) -> Any:
     rec = state.recorder if not state.local_users else state.current()
     if rec is None:
         return fn(g)
+    if rec.cuda and cuda.array_on_gpu(g):
+        return _backward_on_gpu(rec, node, fn, g)
     t0 = now_ns()
     grads = fn(g)
     t1 = now_ns()
@@ -201,6 +203,21 @@ def _backward_hook(node: Any, fn: Callable, g: Any) -> Any:
         return grads
     rec.detailed_raw.append((node._name, "backward", t0, t1 - t0, threading.get_ident(),
                              node.seq + 1, _grad_bytes(grads, g, rec), None, None))
+    return grads
+
+
+def _backward_on_gpu(rec: Any, node: Any, fn: Callable, g: Any) -> Any:
+    """A backward node under ProfilerActivity.CUDA whose gradient is on a GPU: its kernels'
+    time from two CUDA events around it, as a forward op's (`_profiled_detailed`)."""
+    start = cuda.mark()
+    t0 = now_ns()
+    grads = fn(g)
+    t1 = now_ns()
+    mem = _grad_bytes(grads, g, rec) if rec.profile_memory else 0
+    ev = Event(node._name, "backward", t0, t1 - t0, threading.get_ident(), flow=node.seq + 1,
+               mem=mem)
+    rec.cuda_pending.append((ev, start, cuda.mark()))
+    rec.detailed_raw.append(ev)  # kept as an Event: resolve_window fills in its CUDA time
     return grads
 
 

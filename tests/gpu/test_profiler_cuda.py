@@ -1,4 +1,5 @@
-"""ProfilerActivity.CUDA: ops on cupy arrays get GPU times from CUDA events (GPU machines)."""
+"""ProfilerActivity.CUDA: ops and backward nodes on cupy arrays get GPU times from CUDA events
+(GPU machines)."""
 
 from __future__ import annotations
 
@@ -26,3 +27,21 @@ def test_ops_on_the_gpu_get_cuda_times_and_kernel_events(tmp_path):
     assert [k["name"] for k in kernels].count("matmul") == 3
     lanes = [e["args"]["name"] for e in doc["traceEvents"] if e.get("name") == "thread_name"]
     assert "cuda stream" in lanes
+
+
+def test_backward_nodes_on_the_gpu_get_cuda_times_and_kernel_events(tmp_path):
+    a = core.randn(512, 512, device="cuda", requires_grad=True)
+    with P.profile(activities=[P.ProfilerActivity.CPU, P.ProfilerActivity.CUDA]) as prof:
+        for _ in range(2):
+            (a @ a).sum().backward()
+    evs = [fe.ev for fe in prof.events()]
+    backward = [e for e in evs if e.cat == "backward"]
+    matmul_bwd = [e for e in backward if e.name == "MmBackward"]
+    assert len(matmul_bwd) == 2 and all(e.cuda > 0 for e in matmul_bwd), backward
+    # each backward node still links to its forward op
+    flows = {e.flow for e in evs if e.name == "matmul"}
+    assert {e.flow for e in matmul_bwd} == flows
+    kernels = [e.name for e in evs if e.cat == "kernel"]
+    assert kernels.count("MmBackward") == 2 and kernels.count("matmul") == 2
+    avg = {r.key: r for r in prof.key_averages()}
+    assert avg["MmBackward"].cuda_time_total > 0 and avg["SumBackward"].count == 2

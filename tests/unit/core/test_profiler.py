@@ -62,6 +62,24 @@ def test_forward_events_link_to_their_backward_events() -> None:
     assert mul.flow and len(mul_bwd) == 1 and mul_bwd[0].start >= mul.end
 
 
+def test_cuda_activity_without_a_gpu_still_times_forward_and_backward_on_the_cpu(
+        caplog) -> None:
+    from shoal.core.profiler import cuda
+
+    if cuda.available():
+        pytest.skip("a GPU is here: tests/gpu/test_profiler_cuda.py checks its CUDA times")
+    x = core.randn(5, requires_grad=True)
+    with caplog.at_level("WARNING", logger="shoal.core.profiler.profile"):
+        with P.profile(activities=[P.ProfilerActivity.CPU, P.ProfilerActivity.CUDA]) as prof:
+            (x * x).sum().backward()
+    assert "no CUDA device through cupy here; profiling the CPU only" in caplog.text
+    evs = [fe.ev for fe in prof.events()]
+    mul = next(e for e in evs if e.name == "mul")
+    backward = [e for e in evs if e.cat == "backward"]
+    assert [e.flow for e in backward if e.flow == mul.flow] == [mul.flow]
+    assert all(e.cuda == 0 for e in evs) and not [e for e in evs if e.cat == "kernel"]
+
+
 @pytest.mark.parametrize("wait,warmup,active,repeat,skip_first", [
     (1, 1, 2, 0, 0), (0, 0, 1, 0, 0), (2, 1, 3, 2, 1), (1, 0, 1, 3, 5), (0, 2, 2, 1, 0),
     (3, 0, 2, 0, 2),
