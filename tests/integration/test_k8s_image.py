@@ -122,3 +122,22 @@ def test_license_classifiers_and_typing_marker():
     assert shoal.__version__ == project["version"]  # `shoal --version` tells the truth
     changelog = (ROOT / "CHANGELOG.md").read_text()
     assert f"## [{project['version']}]" in changelog and "## [Unreleased]" in changelog
+
+
+def test_one_version_everywhere():
+    """pyproject, shoal.__version__, the images' VERSION label and the tags the manifests run
+    agree (0.2.0 moved everything under the shoal namespace; README's 'Moved in 0.2')."""
+    import shoal
+
+    version = PYPROJECT["project"]["version"]
+    assert version == shoal.__version__ == "0.2.0"
+    for name in ("Dockerfile", "Dockerfile.gpu"):
+        assert ("ARG", f"VERSION={version}") in _instructions(name)
+    kubernetes = DEPLOY / "kubernetes"
+    tags = re.findall(r"image: (shoal[-\w]*):(\S+)", "".join(
+        p.read_text() for p in kubernetes.rglob("*.yaml")))
+    tags += re.findall(r"newName: (shoal[-\w]*)\s+newTag: (\S+)", "".join(
+        p.read_text() for p in kubernetes.rglob("kustomization.yaml")))
+    assert {name for name, _ in tags} == {"shoal", "shoal-gpu"}
+    assert {tag for _, tag in tags} == {version}
+    assert "Moved in 0.2" in (ROOT / "README.md").read_text()
