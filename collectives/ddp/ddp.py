@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
+from shoal.collectives import amp
 from shoal.collectives.ddp import comm
 from shoal.collectives.ddp.buckets import DEFAULT_FIRST_BUCKET_BYTES, MIB
 
@@ -135,6 +136,11 @@ class DistributedDataParallel(nn.Module, Joinable):
             gradient_as_bucket_view=self.gradient_as_bucket_view,
         )
         object.__setattr__(self, "reducer", reducer)
+        # A GradScaler stepping these parameters agrees its inf/NaN verdict over the group, so
+        # every replica skips the same steps even when an overflow sits in a gradient DDP does
+        # not reduce (under Join, where a rank out of data no longer steps, it stays local).
+        object.__setattr__(self, "_found_inf_agreement", amp.agree_for_replicas(
+            self._params, group, paused=lambda: self._join_config.enable))
 
     # ------------------------------------------------------------------ construction checks
 

@@ -269,9 +269,6 @@ def test_one_rank_overflowing_outside_ddp_skips_every_rank_once_replicas_agree()
     _assert_in_step(together)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "needs DistributedDataParallel.__init__ to call collectives.amp.agree_for_replicas(self."
-    "_params, group, paused=lambda: self._join_config.enable) (collectives/ddp/ddp.py)"))
 def test_ddp_agrees_by_itself_when_a_parameter_outside_it_overflows_on_one_rank():
     job = ThreadWorld(_make_group, W)
     try:

@@ -63,7 +63,7 @@ def test_bad_arguments_to_init():
     with pytest.raises(ValueError, match="rank in 0..0"):
         rpc_agent.init_rpc("x", 3, 1, rpc_agent.RpcBackendOptions(store=HashStore()))
     for bad in ("", "has space", "x" * 129, "a/b"):
-        with pytest.raises(ValueError, match="A worker name must be 1 to 128 characters of "
+        with pytest.raises(ValueError, match="A worker name must be 1 to 127 characters of "
                                              "A-Z, a-z, 0-9, '_', '-' and ':'"):
             rpc_agent.init_rpc(bad, 0, 1)
     with pytest.raises(ValueError, match="backend must be None or a BackendType"):
