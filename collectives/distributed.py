@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 import numpy as np
 
-from shoal.collectives import arrays, env
+from shoal.collectives import arrays, env, profiler_clock
 from shoal.collectives.api import ProcessGroup, Work
 from shoal.collectives.backends import registry
 from shoal.collectives.store.api import Store
@@ -255,6 +255,7 @@ def init_process_group(
         _world.groups = {pg: list(range(size_))}
         _world.backend_names = {pg: registry.Backend(backend or registry.DEFAULT_BACKEND)}
         _world.group_count = 0
+        profiler_clock.lend_store(pg)
         logger.debug("Rank %d joined the default group of %d ranks (%s)", rank_, size_, _world.backend)
         return pg
 
@@ -544,6 +545,7 @@ def destroy_process_group(group=None) -> None:
             return
         if _world.default is None:
             return
+        profiler_clock.take_back_store(_world.default)
         for pg in list(_world.groups):
             try:
                 pg.shutdown()

@@ -14,11 +14,17 @@ from shoal.core.profiler import clock
 
 def lend_store(group: WatchedGroup) -> None:
     """Let the job profiler measure this rank's clock through `group`'s store (every rank of
-    the default group calls it when the group forms)."""
-    clock.use_store(group.store, group.rank(), group.size(),
-                    f"{group.store_prefix}/profiler/clock")
+    the default group calls it when the group forms). A group of a third-party backend without
+    a store of its own lends nothing: its traces then carry no clock estimate."""
+    store = getattr(group, "store", None)
+    prefix = getattr(group, "store_prefix", None)
+    if store is None or prefix is None:
+        return
+    clock.use_store(store, group.rank(), group.size(), f"{prefix}/profiler/clock")
 
 
 def take_back_store(group: WatchedGroup) -> None:
     """The group is going away (its store may close): the job profiler stops using it."""
-    clock.forget_store(group.store)
+    store = getattr(group, "store", None)
+    if store is not None:
+        clock.forget_store(store)
