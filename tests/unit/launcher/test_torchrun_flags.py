@@ -261,8 +261,9 @@ def test_every_torchrun_flag_is_accepted():
     """The oracle: torch.distributed.run's own parser. Each of its options parses here."""
     from torch.distributed.run import get_args_parser
 
-    ours = {s for a in __import__("shoal.launcher.flags", fromlist=["run_parser"])
-            .run_parser()._actions for s in a.option_strings}
+    from shoal.launcher.flags import run_parser
+
+    ours = {s for a in run_parser()._actions for s in a.option_strings}
     theirs = {s for a in get_args_parser()._actions for s in a.option_strings}
     assert theirs - ours == set()
 
