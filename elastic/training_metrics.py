@@ -2,7 +2,9 @@
 
 Under `shoal run` a worker's prometheus_client metrics go to the node agent's /metrics
 (multiprocess mode) and are summed across the node's workers; these carry a `rank` label so
-each rank stays visible (a straggler shows as the rank whose steps take longest):
+each rank stays visible. (In a job that synchronises inside the step, as DDP does, every rank's
+step takes the slowest rank's time; the straggler is the rank that spends the least of it
+waiting in collectives: the dashboard's "work per step" panel.)
 
     import shoal.metrics as sm
     for step, batch in enumerate(loader):

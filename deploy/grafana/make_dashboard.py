@@ -15,9 +15,16 @@ from pathlib import Path
 RUN = 'run_id=~"$run"'
 RANK = 'run_id=~"$run", rank=~"$rank"'
 RI = "$__rate_interval"
-# Mean step time per rank, shown as a series and as the straggler heatmap.
+# Mean step time per rank.
 STEP_TIME_BY_RANK = (f"sum by (rank) (rate(shoal_training_step_seconds_sum{{{RANK}}}[{RI}])) / "
                      f"sum by (rank) (rate(shoal_training_step_seconds_count{{{RANK}}}[{RI}]))")
+# Per rank, the seconds of each step it spent not waiting inside collectives: its own work
+# (compute, data loading, checkpoints). Ranks that synchronise inside the step (DDP's gradient
+# all-reduce) all take the slowest rank's step time, so step time cannot name the straggler;
+# this can, as a series and as the straggler heatmap.
+WORK_PER_STEP_BY_RANK = (
+    f"clamp_min(1 - sum by (rank) (rate(shoal_collectives_wait_seconds_total{{{RANK}}}[{RI}])), 0)"
+    f" / sum by (rank) (rate(shoal_training_step_seconds_count{{{RANK}}}[{RI}]))")
 DS = {"type": "prometheus", "uid": "${datasource}"}
 
 
@@ -87,11 +94,16 @@ PANELS = [
     series("Samples per second, per rank", "",
            [(f"sum by (rank) (rate(shoal_training_samples_total{{{RANK}}}[{RI}]))",
              "rank {{rank}}")], unit="ops"),
-    series("Step time, per rank", "Mean wall time of a step.",
+    series("Step time, per rank", "Mean wall time of a step. Ranks that synchronise inside "
+           "the step (DDP) all take the slowest rank's time: the next panel names the slow one.",
            [(STEP_TIME_BY_RANK, "rank {{rank}}")], unit="s"),
-    panel("heatmap", "Straggler heatmap: step time by rank over time", "One row per rank; "
-          "the slow rank's row stands out.",
-          [(STEP_TIME_BY_RANK, "{{rank}}")], unit="s", w=12, h=8,
+    series("Work per step, per rank: who holds the others up?", "Seconds of each step a rank "
+           "spent not waiting in collectives (compute, data loading, checkpoints); the "
+           "straggler's line is the highest.",
+           [(WORK_PER_STEP_BY_RANK, "rank {{rank}}")], unit="s"),
+    panel("heatmap", "Straggler heatmap: work per step by rank over time", "One row per rank, "
+          "the time of each step it did not wait for others; the slow rank's row stands out.",
+          [(WORK_PER_STEP_BY_RANK, "{{rank}}")], unit="s", w=12, h=8,
           options={"calculate": False, "yAxis": {"unit": "short"},
                    "rowsFrame": {"layout": "auto"}}),
     stat("Which rank is the straggler?", "The rank that spends the least time waiting in "

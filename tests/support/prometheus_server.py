@@ -89,11 +89,14 @@ class PrometheusServer:
                     pass
             time.sleep(0.05)
         self.close()
-        pytest.fail(f"Prometheus did not become ready within {STARTUP_S:g}s; log:\n{self.log_tail()}")
+        pytest.fail(f"Prometheus did not become ready within {STARTUP_S:g}s; "
+                    f"log:\n{self.log_tail()}")
 
-    def query(self, expr: str) -> list[dict]:
-        """An instant query; returns the result vector (a list of {metric, value})."""
-        url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    def query(self, expr: str, at: Optional[float] = None) -> list[dict]:
+        """An instant query (at Unix time `at`, default now); returns the result vector (a list
+        of {metric, value})."""
+        params = {"query": expr} if at is None else {"query": expr, "time": f"{at:.3f}"}
+        url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode(params)
         with urllib.request.urlopen(url, timeout=5) as reply:
             body = json.loads(reply.read())
         assert body["status"] == "success", body
