@@ -345,7 +345,6 @@ def run(argv: Sequence[str]) -> int:
     _omp_notice(settings, worker_env)
     if settings.profile_dir:  # every worker's job profiler (core/profiler/job.py)
         worker_env["SHOAL_PROFILE_DIR"] = os.path.abspath(settings.profile_dir)
-        worker_env.setdefault("SHOAL_PROFILE_CLOCK", "shoal.launcher.trace_clock:store_clock")
 
     from shoal.elastic.agent.agent import (
         DEFAULT_EXIT_BARRIER_TIMEOUT_S,
@@ -382,6 +381,9 @@ def run(argv: Sequence[str]) -> int:
             error_dir = log_dir or tempfile.mkdtemp(prefix=f"shoal-{settings.rdzv_id}-errors-")
             if error_dir != log_dir:
                 keep_on_failure.append(error_dir)
+            # The agent writes <dir>/<run id>/round_N/...: a file of that name is refused here,
+            # in a sentence, not mid-round with a traceback.
+            os.makedirs(os.path.join(error_dir, settings.rdzv_id), exist_ok=True)
             dump_dir = worker_env.get("SHOAL_DUMP_DIR") or scratch
             os.makedirs(dump_dir, exist_ok=True)
             worker_env["SHOAL_DUMP_DIR"] = dump_dir

@@ -137,3 +137,17 @@ def test_the_secret_comes_from_the_token_file_or_is_made_per_job(tmp_path):
         assert run.wait(60) == 0, run.tail()
     tokens = {e["SHOAL_AUTH_TOKEN"] for e in _envs(run)}
     assert len(tokens) == 1 and re.fullmatch(r"[0-9a-f]{64}", tokens.pop())
+
+
+def test_a_log_dir_holding_a_file_named_as_the_run_id_is_a_usage_error(tmp_path):
+    """The agent writes <log dir>/<run id>/round_N/...: a file in its place is refused at once
+    with a sentence naming it (it was a NotADirectoryError traceback in the first round)."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "job7").write_text("not a directory")
+    run = ShoalRun(["--nproc-per-node", "1", "--rdzv-id", "job7", "--log-dir", str(logs),
+                    ENV_WORKER], env={"SHOAL_AUTH_TOKEN": "basics-token"})
+    assert run.wait(30) == 2, run.tail()
+    assert "shoal run: error: cannot create the job's directories: [Errno 17] File exists: " \
+           f"'{logs / 'job7'}'" in run.output, run.tail()
+    assert "Traceback" not in run.output
