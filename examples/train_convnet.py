@@ -107,7 +107,7 @@ def main(argv=None) -> int:
     rank, world = group.rank(), group.size()
     from shoal import collectives  # noqa: PLC0415
     from shoal.collectives import DistributedSampler  # noqa: PLC0415
-    from shoal.collectives.ddp.ddp import DistributedDataParallel  # noqa: PLC0415
+    from shoal.collectives import DistributedDataParallel  # noqa: PLC0415
 
     train_set = TensorDataset(xtr, ytr)
     sampler = DistributedSampler(train_set, shuffle=True, seed=args.seed)

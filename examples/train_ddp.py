@@ -26,7 +26,7 @@ import numpy as np
 
 from shoal import core
 from shoal.collectives.data import DistributedSampler
-from shoal.collectives.ddp.ddp import DistributedDataParallel
+from shoal.collectives import DistributedDataParallel
 from shoal.core import nn
 from shoal.core.data import DataLoader, Dataset
 from shoal.elastic.checkpoint import Checkpointer
