@@ -3,6 +3,8 @@
     shoal top                       # http://127.0.0.1:9400/metrics, refreshed every second
     shoal top HOST:PORT --interval 2
     shoal top URL --once            # two readings an interval apart, printed as text
+    shoal top https://HOST:PORT --cacert ca.pem [--cert client.pem --key client.key]
+              [--user prom --password-file FILE]   # an endpoint behind SHOAL_METRICS_WEB_CONFIG
 
 One line for the job (run id, world size, workers running, restarts used of max_restarts,
 failed workers, the last restart) and one row per rank: last step, mean step time and samples/s
@@ -10,13 +12,19 @@ over the last interval, WAIT (the share of time spent inside collectives: the st
 rank that waits least, marked), seconds since the last step and collective, resident memory
 and CPU.
 Rates come from the difference of two readings, as Prometheus' rate() would. `q` quits.
+
+A password never comes from the command line (other users can read it there): it is read from
+--password-file or from the SHOAL_METRICS_PASSWORD environment variable.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import curses
 import dataclasses
+import os
+import ssl
 import sys
 import time
 import urllib.error
@@ -27,6 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 DEFAULT_TARGET = "127.0.0.1:9400"
 FETCH_TIMEOUT_S = 5.0
+PASSWORD_ENV = "SHOAL_METRICS_PASSWORD"
 
 
 class TopError(Exception):
@@ -50,22 +59,86 @@ class Reading:
         return {dict(ls)[label] for (n, ls) in self.samples if n == name and label in dict(ls)}
 
 
-def metrics_url(target: str) -> str:
-    """`HOST:PORT`, `http(s)://HOST:PORT` or a full URL, as the /metrics URL."""
+def metrics_url(target: str, tls: bool = False) -> str:
+    """`HOST:PORT`, `http(s)://HOST:PORT` or a full URL, as the /metrics URL (a bare HOST:PORT
+    is https:// when `tls`)."""
     if "://" not in target:
-        target = f"http://{target}"
+        target = f"{'https' if tls else 'http'}://{target}"
     scheme, rest = target.split("://", 1)
     return target if "/" in rest else f"{scheme}://{rest}/metrics"
 
 
-def fetch(url: str, timeout: float = FETCH_TIMEOUT_S) -> Reading:
-    """Scrape `url` once.
+@dataclasses.dataclass
+class Access:
+    """How to reach a secured endpoint: a TLS context (server CA, client certificate) and the
+    Authorization header of HTTP basic auth; both None for plain HTTP."""
+
+    ssl_context: Optional[ssl.SSLContext] = None
+    authorization: Optional[str] = None
+
+
+def access_from(cacert: Optional[str], cert: Optional[str], key: Optional[str],
+                user: Optional[str], password_file: Optional[str],
+                environ=os.environ) -> Access:
+    """The Access that `shoal top`'s options ask for.
+
+    Raises:
+        ValueError: a key without a certificate, a user without a password (from the file,
+            whose trailing line break is not part of it, or SHOAL_METRICS_PASSWORD), a password
+            file without a user, or a file that cannot be read.
+    """
+    if key and not cert:
+        raise ValueError("--key needs --cert (the client certificate the key belongs to).")
+    context = None
+    if cacert or cert:
+        try:
+            context = ssl.create_default_context(cafile=cacert)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(f"Cannot load --cacert {cacert!r}: {exc}") from exc
+        try:
+            if cert:
+                context.load_cert_chain(cert, key)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(f"Cannot load the client certificate {cert!r}"
+                             f"{f' with key {key!r}' if key else ''}: {exc}") from exc
+    password = None
+    if password_file:
+        try:
+            with open(password_file) as f:
+                password = f.read().rstrip("\r\n")
+        except OSError as exc:
+            raise ValueError(f"Cannot read --password-file {password_file!r}: {exc}") from exc
+        if not password:
+            raise ValueError(f"--password-file {password_file!r} is empty.")
+    elif environ.get(PASSWORD_ENV):
+        password = environ[PASSWORD_ENV]
+    if user is None:
+        if password_file:
+            raise ValueError("--password-file needs --user (the basic auth user name).")
+        return Access(context, None)
+    if ":" in user:
+        raise ValueError(f"--user {user!r}: a basic auth user name cannot contain ':'.")
+    if password is None:
+        raise ValueError(f"--user {user!r} needs a password: give --password-file FILE or set "
+                         f"{PASSWORD_ENV} (never on the command line).")
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    return Access(context, f"Basic {token}")
+
+
+def fetch(url: str, timeout: float = FETCH_TIMEOUT_S, access: Optional[Access] = None
+          ) -> Reading:
+    """Scrape `url` once (through `access` for a secured endpoint).
 
     Raises:
         TopError: it cannot be reached, answers an error, or is not the text exposition.
     """
+    access = access or Access()
+    request = urllib.request.Request(url)
+    if access.authorization is not None:
+        request.add_header("Authorization", access.authorization)
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as reply:
+        with urllib.request.urlopen(request, timeout=timeout,
+                                    context=access.ssl_context) as reply:
             text = reply.read().decode("utf-8", errors="replace")
     except urllib.error.HTTPError as exc:
         raise TopError(f"cannot read {url}: HTTP {exc.code} {exc.reason}") from exc
@@ -123,7 +196,11 @@ def rank_rows(prev: Optional[Reading], cur: Reading) -> list[dict]:
 
 def job_line(cur: Reading) -> str:
     info = [dict(ls) for (n, ls) in cur.samples if n == "shoal_job_info"]
-    run = next(iter(cur.label_values("shoal_job_info", "run_id")), "?")
+    # Every sample an agent serves carries run_id; before its first round only the job info
+    # is missing.
+    runs = cur.label_values("shoal_job_info", "run_id") or {
+        dict(ls)["run_id"] for (_, ls) in cur.samples if "run_id" in dict(ls)}
+    run = min(runs) if runs else "?"
     world = info[0].get("world_size", "?") if info else "?"
     used = cur.value("shoal_elastic_job_restarts")
     most = cur.value("shoal_elastic_max_restarts")
@@ -192,14 +269,14 @@ def render(url: str, prev: Optional[Reading], cur: Optional[Reading],
     return lines
 
 
-def _loop(screen, url: str, interval: float) -> None:
+def _loop(screen, url: str, interval: float, access: Access) -> None:
     curses.curs_set(0)
     screen.timeout(int(interval * 1000))
     prev = cur = None
     while True:
         error = None
         try:
-            prev, cur = cur, fetch(url)
+            prev, cur = cur, fetch(url, access=access)
         except TopError as exc:
             error = str(exc)
         screen.erase()
@@ -219,19 +296,35 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between readings")
     parser.add_argument("--once", action="store_true",
                         help="print two readings' view as text and exit (no terminal UI)")
+    secured = parser.add_argument_group(
+        "a secured endpoint (shoal run with SHOAL_METRICS_WEB_CONFIG)")
+    secured.add_argument("--cacert", metavar="FILE",
+                         help="CA certificate(s) to verify the endpoint's TLS certificate with")
+    secured.add_argument("--cert", metavar="FILE", help="client certificate (PEM)")
+    secured.add_argument("--key", metavar="FILE",
+                         help="the client certificate's private key (PEM), unless --cert has it")
+    secured.add_argument("--user", help="basic auth user name")
+    secured.add_argument("--password-file", metavar="FILE",
+                         help=f"file holding the basic auth password (or set {PASSWORD_ENV})")
     args = parser.parse_args(list(argv))
     if not args.interval > 0:
         parser.error(f"--interval must be > 0, got {args.interval:g}")
-    url = metrics_url(args.target)
+    try:
+        access = access_from(args.cacert, args.cert, args.key, args.user, args.password_file)
+    except ValueError as exc:
+        parser.error(str(exc))
+    url = metrics_url(args.target, tls=access.ssl_context is not None)
+    if access.ssl_context is not None and not url.startswith("https://"):
+        parser.error(f"--cacert and --cert are for an https:// endpoint, not {url}")
     if args.once:
         try:
-            first = fetch(url)
+            first = fetch(url, access=access)
             time.sleep(args.interval)
-            second = fetch(url)
+            second = fetch(url, access=access)
         except TopError as exc:
             sys.stderr.write(f"shoal top: {exc}\n")
             return 1
         sys.stdout.write("\n".join(render(url, first, second)[1:]) + "\n")
         return 0
-    curses.wrapper(_loop, url, args.interval)
+    curses.wrapper(_loop, url, args.interval, access)
     return 0

@@ -1,13 +1,18 @@
-"""The metrics port behind TLS with client certificates (Prometheus' exporter web config
-format, SHOAL_METRICS_WEB_CONFIG): a real Prometheus scrapes it with its own tls_config, a
-client without a certificate and plain HTTP get nothing, and bad configs fail with messages
-that name the problem. Certificates come from the openssl command line."""
+"""The metrics port behind TLS with client certificates or basic auth (Prometheus' exporter web
+config format, SHOAL_METRICS_WEB_CONFIG): a real Prometheus scrapes it with its own tls_config
+and basic_auth (a `shoal run` job's workers included; a wrong password sees nothing), a client
+without a certificate and plain HTTP get nothing, `shoal top` reads it with --cacert, --cert/--key
+and --user with a password from a file or the environment, and bad configs and incomplete
+credentials fail with messages that name the problem. Certificates come from the openssl
+command line."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import ssl
 import subprocess
+import sys
 import urllib.error
 import urllib.request
 
@@ -16,6 +21,7 @@ import pytest
 from shoal.elastic import metrics
 from tests.support.prometheus_server import PrometheusServer
 from tests.support.requirements import missing
+from tests.support.shoal_run import ROOT, WORKERS, ShoalRun
 
 
 def _openssl(*args, cwd):
@@ -135,3 +141,136 @@ def test_basic_auth_users(pki, tmp_path):
             urllib.request.urlopen(wrong, timeout=5)
     finally:
         server.stop(linger=0)
+
+
+# ------------------------------------------------------- shoal run behind TLS and basic auth
+
+PASSWORD = "s3cret-metrics-pw"
+METRICS_AT = r"Metrics of this node's agent and workers at (https://127\.0\.0\.1:(\d+)/metrics)"
+
+
+@pytest.fixture(scope="module")
+def basic_web_config(pki):
+    """A web config with a server certificate (no client certificates) and one bcrypt user;
+    the right and a wrong password in files beside it."""
+    try:
+        import bcrypt
+    except ImportError:
+        missing("the basic auth tests", "basic_auth_users needs bcrypt (pip install bcrypt; "
+                "the test extra has it)")
+    hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4)).decode()
+    (pki / "web-basic.yml").write_text(
+        "tls_server_config:\n  cert_file: server.pem\n  key_file: server.key\n"
+        f"basic_auth_users:\n  prom: '{hashed}'\n")
+    (pki / "password").write_text(PASSWORD + "\n")
+    (pki / "wrong-password").write_text("not-it\n")
+    return pki / "web-basic.yml"
+
+
+class BasicAuthPrometheus(PrometheusServer):
+    """Two scrape jobs of the same target over HTTPS: `shoal` with the right password (from a
+    file, as a Prometheus config should hold it), `wrong` with a wrong one."""
+
+    def __init__(self, target: str, pki):
+        super().__init__([target])
+        jobs = ""
+        for job, password_file in (("shoal", "password"), ("wrong", "wrong-password")):
+            jobs += (f"  - job_name: {job}\n    scheme: https\n"
+                     f"    tls_config:\n      ca_file: {pki / 'ca.pem'}\n"
+                     f"    basic_auth:\n      username: prom\n"
+                     f"      password_file: {pki / password_file}\n"
+                     f"    static_configs:\n      - targets: ['{target}']\n")
+        with open(self.config_path) as f:
+            head = f.read().split("scrape_configs:\n")[0]
+        with open(self.config_path, "w") as f:
+            f.write(head + "scrape_configs:\n" + jobs)
+
+
+def _top_once(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "shoal.launcher", "top", *args, "--once",
+                           "--interval", "0.5"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60, env={**os.environ, **(env or {})})
+
+
+def test_shoal_run_behind_basic_auth_is_scraped_by_prometheus_and_read_by_top(
+        pki, basic_web_config, tmp_path):
+    stop = tmp_path / "stop"
+    args = ["--nproc-per-node", "2", "--metrics-port", "0", "--rdzv-id", "secured",
+            str(WORKERS / "metrics_worker.py"), "--stop-file", str(stop)]
+    env = {metrics.WEB_CONFIG_ENV: str(basic_web_config)}
+    with ShoalRun(args, env=env, name="secured job") as run:
+        try:
+            match = run.wait_for(METRICS_AT, 30)
+            url, target = match.group(1), f"127.0.0.1:{match.group(2)}"
+            run.wait_for(r"\[rank 1\] rank 1 did 5 allreduces", 30)
+            with BasicAuthPrometheus(target, pki) as prom:
+                # The workers' series, through TLS and basic auth.
+                ops = prom.wait_for_series(
+                    'sum(shoal_collectives_op_duration_seconds_count{job="shoal", '
+                    'run_id="secured", op="all_reduce"})', 30)
+                assert float(ops[0]["value"][1]) >= 10
+                up = prom.wait_for_series('up{job="wrong"}', 30)
+                # The wrong password is refused and sees nothing.
+                assert up[0]["value"][1] == "0"
+                assert prom.query('{job="wrong", __name__=~"shoal_.+"}') == []
+                assert prom.query('up{job="shoal"}')[0]["value"][1] == "1"
+
+            cacert, password = str(pki / "ca.pem"), str(pki / "password")
+            # shoal top with the CA and the password from a file, then from the environment.
+            for extra, top_env in ((["--password-file", password], None),
+                                   ([], {"SHOAL_METRICS_PASSWORD": PASSWORD})):
+                out = _top_once(url, "--cacert", cacert, "--user", "prom", *extra, env=top_env)
+                assert out.returncode == 0, out.stderr
+                assert out.stdout.startswith("run secured  world 2  running 2"), out.stdout
+            # A bare HOST:PORT with --cacert is https.
+            out = _top_once(target, "--cacert", cacert, "--user", "prom", "--password-file",
+                            password)
+            assert out.returncode == 0, out.stderr
+            # No password: 401; no CA: the server's certificate is not trusted.
+            out = _top_once(url, "--cacert", cacert)
+            assert out.returncode == 1
+            assert out.stderr == f"shoal top: cannot read {url}: HTTP 401 Unauthorized\n"
+            out = _top_once(url, "--user", "prom", "--password-file", password)
+            assert out.returncode == 1 and "CERTIFICATE_VERIFY_FAILED" in out.stderr, out.stderr
+        finally:
+            stop.touch()
+        assert run.wait(60) == 0, run.tail()
+
+
+def test_shoal_top_reads_an_endpoint_that_requires_a_client_certificate(pki, monkeypatch):
+    monkeypatch.setenv(metrics.WEB_CONFIG_ENV, str(pki / "web.yml"))
+    metrics.set_run_id("mtls-run")
+    server = metrics.MetricsServer("127.0.0.1", 0, None)
+    try:
+        cacert = str(pki / "ca.pem")
+        out = _top_once(server.url, "--cacert", cacert, "--cert", str(pki / "client.pem"),
+                        "--key", str(pki / "client.key"))
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.startswith("run mtls-run  world ?"), out.stdout
+        refused = _top_once(server.url, "--cacert", cacert)  # no client certificate
+        assert refused.returncode == 1
+        assert refused.stderr.startswith(f"shoal top: cannot read {server.url}: "), refused.stderr
+    finally:
+        server.stop(linger=0)
+
+
+@pytest.mark.parametrize("args, env, message", [
+    (["--user", "prom"], {}, "--user 'prom' needs a password: give --password-file FILE or set "
+     "SHOAL_METRICS_PASSWORD (never on the command line)."),
+    (["--key", "client.key"], {}, "--key needs --cert (the client certificate the key belongs "
+     "to)."),
+    (["--password-file", "password"], {}, "--password-file needs --user (the basic auth user "
+     "name)."),
+    (["--user", "a:b"], {"SHOAL_METRICS_PASSWORD": "x"},
+     "--user 'a:b': a basic auth user name cannot contain ':'."),
+    (["--user", "prom", "--password-file", "empty"], {}, "--password-file 'empty' is empty."),
+    (["http://127.0.0.1:1/metrics", "--cacert", "ca.pem"], {},
+     "--cacert and --cert are for an https:// endpoint, not http://127.0.0.1:1/metrics"),
+])
+def test_shoal_top_refuses_incomplete_credentials(pki, basic_web_config, args, env, message):
+    (pki / "empty").write_text("")
+    done = subprocess.run([sys.executable, "-m", "shoal.launcher", "top", *args, "--once"],
+                          cwd=pki, capture_output=True, text=True, timeout=30,
+                          env={**os.environ, "PYTHONPATH": str(ROOT.parent), **env})
+    assert done.returncode == 2
+    assert done.stderr.endswith(f"shoal top: error: {message}\n"), done.stderr
