@@ -21,10 +21,10 @@ import numpy as np
 
 from shoal.collectives import distributed
 from shoal.collectives.types import CollectiveError
-from shoal.core.data import Generator, Sampler
+from shoal.core.data import Generator, Sampler, merge_loader_states
 from shoal.core.data.datapipes import set_distributed_info
 
-__all__ = ["DistributedSampler", "set_datapipe_sharding"]
+__all__ = ["DistributedSampler", "gather_loader_state", "set_datapipe_sharding"]
 
 
 def _world(num_replicas: Optional[int], rank: Optional[int]) -> tuple[int, int]:
@@ -55,7 +55,9 @@ class DistributedSampler(Sampler):
         self.shuffle, self.seed, self.drop_last = bool(shuffle), int(seed), bool(drop_last)
         self.epoch = 0
         self._start = 0  # where the next iteration starts in the epoch's order (resume)
-        self._current = 0  # where the running iteration started
+        # Where the running iteration started; None until the next iteration when set_epoch
+        # or load_state_dict moved the position (the running one no longer counts).
+        self._current: Optional[int] = None
 
     def _order(self) -> np.ndarray:
         n = len(self.dataset)
@@ -94,15 +96,21 @@ class DistributedSampler(Sampler):
         return self.num_samples
 
     def set_epoch(self, epoch: int) -> None:
-        """Use `epoch`'s order from the next iteration on (a resumed position is kept only
-        when the epoch is the one it was saved in)."""
+        """Use `epoch`'s order from the next iteration on, as torch does: a position loaded
+        with load_state_dict is kept when `epoch` is the epoch it was saved in (the epoch
+        continues), and another epoch starts from its beginning."""
         if int(epoch) != self.epoch:
             self._start = 0
+            self._current = None
         self.epoch = int(epoch)
 
     def state_after(self, consumed: int) -> dict:
-        """The position after every rank took `consumed` indices of the current iteration."""
-        position = min(self._current + consumed * self.num_replicas, len(self.dataset))
+        """The position after every rank took `consumed` indices of the current iteration
+        (the pending position when set_epoch or load_state_dict moved it since)."""
+        if self._current is None:
+            position = self._start
+        else:
+            position = min(self._current + consumed * self.num_replicas, len(self.dataset))
         return {"epoch": self.epoch, "start": position, "seed": self.seed,
                 "size": len(self.dataset)}
 
@@ -121,8 +129,22 @@ class DistributedSampler(Sampler):
                              f"0..{len(self.dataset)}")
         self.epoch = int(state["epoch"])
         self._start = int(state["start"])
+        self._current = None
 
 
 def set_datapipe_sharding(group: Any = None) -> None:
     """Shard DataPipes by `group`'s rank and size (default: the default group)."""
     set_distributed_info(distributed.get_rank(group), distributed.get_world_size(group))
+
+
+def gather_loader_state(loader: Any, group: Any = None, timeout: Any = None) -> dict:
+    """Every rank's `loader.state_dict()` merged into one, equal on every rank of `group`.
+
+    For a loader over a sharded DataPipe: with every rank's shard positions the state resumes
+    exactly at any world size or worker count, also when the ranks were not in lockstep or a
+    filter follows the sharding_filter (one rank's state relies on lockstep there). A
+    collective: every rank of `group` calls it.
+    """
+    states: list = [None] * distributed.get_world_size(group)
+    distributed.all_gather_object(states, loader.state_dict(), group=group, timeout=timeout)
+    return merge_loader_states(states)

@@ -32,6 +32,7 @@ from shoal.core.data.sampler import (
     SequentialSampler,
     SubsetRandomSampler,
 )
+from shoal.core.data.stream_state import merge_states as merge_loader_states
 from shoal.core.data.worker import WorkerInfo, get_worker_info
 
 __all__ = [
@@ -39,5 +40,5 @@ __all__ = [
     "DataLoaderTimeout", "Dataset", "Generator", "IterableDataset", "RandomSampler", "Sampler",
     "SequentialSampler", "Subset", "SubsetRandomSampler", "TensorDataset", "WorkerDied",
     "WorkerError", "WorkerInfo", "datapipes", "default_collate", "default_convert",
-    "get_worker_info", "random_split",
+    "get_worker_info", "merge_loader_states", "random_split",
 ]

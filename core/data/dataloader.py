@@ -7,7 +7,9 @@ processes (pool.py) and cross into this process through shared memory (handover.
 
 `state_dict()` records where the training loop is, not where the workers are: the sampler's
 state after the samples already handed out, so a loader resumed with `load_state_dict` yields
-exactly the batches an uninterrupted one would have yielded next.
+exactly the batches an uninterrupted one would have yielded next. A loader over an iterable
+dataset records its shards' positions instead (stream_state.py), so one over a sharded
+DataPipe also resumes at another world size or worker count.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import time
 from typing import Any, Callable, Iterator, Optional
 
 from shoal.core.data import pin as pinning
+from shoal.core.data import stream_state
 from shoal.core.data.collate import default_collate, default_convert
 from shoal.core.data.dataset import IterableDataset
 from shoal.core.data.datapipes import sharding
@@ -106,6 +109,9 @@ class DataLoader:
         return self.batch_sampler if self.batch_sampler is not None else self.sampler
 
     def __len__(self) -> int:
+        """The batches `iter(loader)` would yield now: after load_state_dict, what is left of
+        the saved epoch (for a sampler-driven loader; an iterable dataset's length is its
+        whole stream's, as in torch)."""
         if self.iterable:
             n = len(self.dataset)
             if self.batch_size is None:
@@ -114,37 +120,47 @@ class DataLoader:
         return len(self._index_sampler)
 
     def __iter__(self) -> Iterator:
-        resume, self._resume = self._resume, None
-        if resume is not None and not self.iterable:
-            self._index_sampler.load_state_dict(resume["sampler"])
+        resume = self._resume
+        shape = self._shape() if self.iterable else None
+        plan = stream_state.FRESH
+        if resume is not None and self.iterable:
+            # Raises (keeping the state for another try) when this shape cannot resume it.
+            plan = stream_state.plan(resume, shape, sharding.resharding(self.dataset))
+        self._resume = None
         base_seed = (int(resume["base_seed"]) if resume is not None
                      else self.generator.random_int64() if self.generator is not None
                      else default_seed())
         if self._iterator is not None:
             self._iterator.close()
         if self.num_workers == 0:
-            it: _LoaderIter = _SingleProcessIter(self, base_seed)
+            it: _LoaderIter = _SingleProcessIter(self, base_seed, shape, plan.layout)
         else:
-            it = _MultiProcessIter(self, base_seed)
-        if resume is not None and self.iterable:
-            it.skip(int(resume["batches"]))
+            it = _MultiProcessIter(self, base_seed, shape, plan.layout)
+        if plan.replay_batches:
+            it.skip(plan.replay_batches)
         self._iterator = it
         return it
+
+    def _shape(self) -> stream_state.Shape:
+        rank, world = sharding.distributed_info()
+        return stream_state.Shape(world, rank, self.num_workers)
 
     # -- state ------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """Where the training loop stands: resume with load_state_dict to continue from here.
 
         For a sampler-driven loader: the sampler's state after the samples handed out so far
-        (ints and arrays only, so checkpoints admit it); for an iterable dataset: the number of
-        batches handed out, which a resumed loader skips.
+        (ints and arrays only, so checkpoints admit it). For an iterable dataset: the batches
+        handed out and the shape (world size, rank, workers), and for a DataPipe with one
+        sharding_filter each of this rank's shards' positions (stream_state.py).
         """
         it = self._iterator
-        if it is None and self._resume is not None:
+        if it is None and self._resume is not None and self.iterable:
             return self._resume
-        seed = it.base_seed if it is not None else 0
+        seed = (it.base_seed if it is not None
+                else int(self._resume["base_seed"]) if self._resume is not None else 0)
         if self.iterable:
-            return {"batches": it.batches if it is not None else 0, "base_seed": seed}
+            return self._stream_state(it, seed)
         if not resumable(self._index_sampler):
             raise DataLoaderError(
                 f"DataLoader.state_dict needs a sampler with state_after/load_state_dict; "
@@ -153,22 +169,54 @@ class DataLoader:
         return {"sampler": self._index_sampler.state_after(consumed), "base_seed": seed,
                 "batches": it.batches if it is not None else 0}
 
+    def _stream_state(self, it: Optional["_LoaderIter"], seed: int) -> dict:
+        shape = it.shape if it is not None else self._shape()
+        shards = None
+        if len(sharding.sharding_filters(self.dataset)) == 1:
+            start, skip = it.layout if it is not None else (0, ())
+            workers = max(shape.num_workers, 1)
+            taken = {shape.rank * workers + w: it.marks[w] if it is not None else 0
+                     for w in range(workers)}
+            how = sharding.resharding(self.dataset)
+            per_batch = (how.items_per_output * (self.batch_size or 1)
+                         if how.blocker is None and how.items_per_output is not None else None)
+            shards = {"start": start, "skip": list(skip), "taken": taken, "per_batch": per_batch}
+        return {"base_seed": seed, "batches": it.batches if it is not None else 0,
+                "world_size": shape.world_size, "rank": shape.rank,
+                "num_workers": shape.num_workers, "shards": shards}
+
     def load_state_dict(self, state: dict) -> None:
-        """Make the next `iter(loader)` continue from `state` (from state_dict)."""
+        """Make the next `iter(loader)` continue from `state` (from state_dict).
+
+        A sampler-driven loader hands the sampler its position now, so a `set_epoch` after
+        this behaves as in torch: the saved epoch continues where it stopped, another epoch
+        starts from its beginning. An iterable loader decides at `iter()` (where the world
+        size and rank are known) whether it replays the saved shape or re-deals the rest of
+        the epoch, and raises DataLoaderError there when neither can be exact.
+        """
         if not isinstance(state, dict) or "base_seed" not in state:
             raise ValueError(f"not a DataLoader state: {state!r}")
+        if self.iterable:
+            stream_state.check(state)
+        elif "sampler" not in state:
+            raise ValueError(f"not the state of a sampler-driven DataLoader (no 'sampler'): "
+                             f"{state!r}")
         if self._iterator is not None:
             self._iterator.close()
             self._iterator = None
+        if not self.iterable:
+            self._index_sampler.load_state_dict(state["sampler"])
         self._resume = dict(state)
 
     def _worker_pool(self, base_seed: int) -> WorkerPool:
         if self._pool is not None and not self._pool.closed:
             return self._pool
         prepare = _pipe_preparer(self.dataset)
+        progress = sharding.progress if prepare is not None else None
         specs = [WorkerSpec(self.dataset, wid, self.num_workers, base_seed, self.collate_fn,
                             self.auto_collation, self.batch_size, self.drop_last, self.iterable,
-                            self.worker_init_fn, prepare) for wid in range(self.num_workers)]
+                            self.worker_init_fn, prepare, progress)
+                 for wid in range(self.num_workers)]
         pool = WorkerPool(specs, self.prefetch_factor, self.multiprocessing_context)
         if self.persistent_workers:
             self._pool = pool
@@ -187,11 +235,17 @@ def _pipe_preparer(dataset: Any) -> Optional[Callable]:
 class _LoaderIter:
     """What both iterators share: counting what was handed out, pinning, closing."""
 
-    def __init__(self, loader: DataLoader, base_seed: int) -> None:
+    def __init__(self, loader: DataLoader, base_seed: int,
+                 shape: Optional[stream_state.Shape], layout: Optional[tuple]) -> None:
         self.loader = loader
         self.base_seed = base_seed
         self.samples = 0  # samples handed to the training loop in this iteration
         self.batches = 0
+        # An iterable dataset's: the shape and layout it deals, and per worker the count of its
+        # shard's items in the batches handed out so far (its sharding_filter's mark).
+        self.shape, self.layout = shape, layout
+        workers = max(loader.num_workers, 1)
+        self.marks = [0] * workers
 
     def __iter__(self) -> "_LoaderIter":
         return self
@@ -211,24 +265,30 @@ class _LoaderIter:
 
 
 class _SingleProcessIter(_LoaderIter):
-    def __init__(self, loader: DataLoader, base_seed: int) -> None:
-        super().__init__(loader, base_seed)
+    def __init__(self, loader: DataLoader, base_seed: int,
+                 shape: Optional[stream_state.Shape], layout: Optional[tuple]) -> None:
+        super().__init__(loader, base_seed, shape, layout)
         prepare = _pipe_preparer(loader.dataset)
         if prepare is not None:
-            prepare(loader.dataset, 0, 1, base_seed)
+            prepare(loader.dataset, 0, 1, base_seed, layout)
         self._indices = None if loader.iterable else iter(loader._index_sampler)
         self._items = iter(loader.dataset) if loader.iterable else None
 
     def __next__(self) -> Any:
+        if self._items is None:
+            return self._next_indexed()
+        try:
+            batch, samples = self._next_streamed()
+        finally:  # the shard's count, also at the end of the stream
+            mark = sharding.progress(self.loader.dataset)
+            if mark is not None:
+                self.marks[0] = mark
+        return self._hand_out(batch, samples)
+
+    def _next_streamed(self) -> tuple[Any, int]:
         loader = self.loader
-        if self._indices is not None:
-            indices = next(self._indices)
-            if loader.auto_collation:
-                return self._hand_out(loader.collate_fn([loader.dataset[i] for i in indices]),
-                                      len(indices))
-            return self._hand_out(loader.collate_fn(loader.dataset[indices]), 1)
         if not loader.auto_collation:
-            return self._hand_out(loader.collate_fn(next(self._items)), 1)
+            return loader.collate_fn(next(self._items)), 1
         items = []
         for item in self._items:
             items.append(item)
@@ -236,18 +296,27 @@ class _SingleProcessIter(_LoaderIter):
                 break
         if not items or (loader.drop_last and len(items) < loader.batch_size):
             raise StopIteration
-        return self._hand_out(loader.collate_fn(items), len(items))
+        return loader.collate_fn(items), len(items)
+
+    def _next_indexed(self) -> Any:
+        loader = self.loader
+        indices = next(self._indices)
+        if loader.auto_collation:
+            return self._hand_out(loader.collate_fn([loader.dataset[i] for i in indices]),
+                                  len(indices))
+        return self._hand_out(loader.collate_fn(loader.dataset[indices]), 1)
 
 
 class _MultiProcessIter(_LoaderIter):
     """Keeps prefetch_factor tasks in flight per worker and yields results in task order."""
 
-    def __init__(self, loader: DataLoader, base_seed: int) -> None:
-        super().__init__(loader, base_seed)
+    def __init__(self, loader: DataLoader, base_seed: int,
+                 shape: Optional[stream_state.Shape], layout: Optional[tuple]) -> None:
+        super().__init__(loader, base_seed, shape, layout)
         self.pool = loader._worker_pool(base_seed)
         self._indices = None if loader.iterable else iter(loader._index_sampler)
         self._tasks: dict[int, tuple[int, int]] = {}  # task -> (worker, samples)
-        self._done: dict[int, Any] = {}
+        self._done: dict[int, tuple[Any, Any]] = {}  # task -> (batch, END or Failure; mark)
         self._exhausted = [False] * self.pool.size
         self._held = [0] * self.pool.size  # received from each worker, not yet handed out
         self._send, self._next, self._turn = 0, 0, 0
@@ -255,7 +324,7 @@ class _MultiProcessIter(_LoaderIter):
         self._epoch = next(_iterations)  # tags this iteration's tasks (a reused pool's stale ones)
         if loader.iterable:
             for w in range(self.pool.size):
-                self.pool.send(w, ("reset", base_seed))
+                self.pool.send(w, ("reset", base_seed, layout))
         try:
             while self._dispatch():
                 pass
@@ -315,8 +384,10 @@ class _MultiProcessIter(_LoaderIter):
         deadline = time.monotonic() + timeout if timeout > 0 else None
         while True:
             if self._next in self._done:
-                item = self._done.pop(self._next)
+                item, mark = self._done.pop(self._next)
                 worker, samples = self._tasks.pop(self._next)
+                if mark is not None:
+                    self.marks[worker] = mark
                 self._held[worker] -= 1
                 self._next += 1
                 self._dispatch()
@@ -347,12 +418,12 @@ class _MultiProcessIter(_LoaderIter):
             return  # an abandoned iteration's batch (persistent workers): its slot is free
         self._held[worker] += 1
         if kind == "batch":
-            self._done[task] = message[3]
+            self._done[task] = (message[3], message[4])
         elif kind == "error":
-            self._done[task] = message[2]
+            self._done[task] = (message[2], None)
         elif kind == "end":
             self._exhausted[worker] = True
-            self._done[task] = _END
+            self._done[task] = (_END, message[2])
 
     def close(self, error: bool = False) -> None:
         if error or not self.loader.persistent_workers:

@@ -1,7 +1,8 @@
 """The loader's worker processes: starting them, talking to them, noticing their death.
 
 One duplex pipe per worker carries small messages (a task's indices one way; a batch's pickle
-and its shared-memory layout, an error, or an end-of-stream the other way); the batches
+and its shared-memory layout, an error, or an end-of-stream the other way, a stream's batch or
+end with its shard's mark: how many of the shard's items it consumed so far); the batches
 themselves cross in shared memory (handover.py). Waits watch the pipes and the processes'
 sentinels together, so a worker that dies is reported at once, never waited for.
 """
@@ -193,9 +194,9 @@ class WorkerPool:
                     if message[0] != "batch":
                         release()
                 if message[0] == "batch":
-                    _, task, slot, header, path, layout, size = message
+                    _, task, slot, header, path, layout, size, mark = message
                     data = self.reader.unpack(worker, slot, header, path, layout, size, release)
-                    message = ("batch", task, slot, data)
+                    message = ("batch", task, slot, data, mark)
                 elif message[0] == "error":
                     failure = Failure(worker, self.procs[worker].pid, message)
                     message = ("error", message[1], failure)

@@ -6,6 +6,10 @@ iteration; `load_state_dict` installs it for the next `__iter__`. The DataLoader
 many samples it handed to the training loop (its workers run ahead), asks for it;
 `state_dict()` is the state after what the sampler itself yielded, for a loop that reads a
 sampler directly.
+
+A loaded position is pending until the next `__iter__`: meanwhile `state_after` reports it
+(whatever the last iteration consumed) and `len()` counts what is left from it, so a loader's
+len and state agree with what its next iteration yields.
 """
 
 from __future__ import annotations
@@ -57,20 +61,23 @@ class SequentialSampler(Sampler):
     def __init__(self, data_source: Sized) -> None:
         self.data_source = data_source
         self._begin = 0  # where the next iteration starts (set by load_state_dict)
-        self._current = 0  # where the running iteration started
+        self._current: Optional[int] = 0  # where the running iteration started; None: pending
 
     def __iter__(self) -> Iterator[int]:
         self._current, self._begin = self._begin, 0
         return self._counted(iter(range(self._current, len(self.data_source))))
 
     def __len__(self) -> int:
-        return len(self.data_source)
+        return max(len(self.data_source) - self._begin, 0)
 
     def state_after(self, consumed: int) -> dict:
+        if self._current is None:
+            return {"start": self._begin}
         return {"start": min(self._current + consumed, len(self.data_source))}
 
     def load_state_dict(self, state: dict) -> None:
         self._begin = _start(state, "SequentialSampler")
+        self._current = None
 
 
 class RandomSampler(Sampler):
@@ -87,8 +94,8 @@ class RandomSampler(Sampler):
                 "num_samples should be a positive integer value, but got "
                 f"num_samples={self.num_samples}"
             )
-        self._resume: Optional[tuple[np.ndarray, int]] = None
-        self._current: tuple[np.ndarray, int] = (np.zeros(0, np.uint32), 0)
+        self._resume: Optional[tuple[np.ndarray, int]] = None  # a loaded position, pending
+        self._current: Optional[tuple[np.ndarray, int]] = None  # the running iteration's start
 
     @property
     def num_samples(self) -> int:
@@ -96,7 +103,8 @@ class RandomSampler(Sampler):
         return len(self.data_source) if self._num_samples is None else self._num_samples
 
     def __len__(self) -> int:
-        return self.num_samples
+        skip = self._resume[1] if self._resume is not None else 0
+        return max(self.num_samples - skip, 0)
 
     def _stream(self, gen: Generator) -> Iterator[int]:
         n = len(self.data_source)
@@ -121,11 +129,21 @@ class RandomSampler(Sampler):
         return self._counted(itertools.islice(self._stream(gen), skip, None))
 
     def state_after(self, consumed: int) -> dict:
+        if self._resume is not None:
+            state, skip = self._resume
+            return {"generator": state.copy(), "start": skip}
+        if self._current is None:  # nothing drawn yet: the next iteration starts afresh
+            state = self.generator.get_state() if self.generator is not None else None
+            return {"generator": state, "start": 0}
         state, skip = self._current
         return {"generator": state.copy(), "start": min(skip + consumed, self.num_samples)}
 
     def load_state_dict(self, state: dict) -> None:
-        self._resume = (np.asarray(state["generator"], np.uint32), _start(state, "RandomSampler"))
+        start = _start(state, "RandomSampler")
+        if state.get("generator") is None:  # saved before its first iteration
+            self._resume = None
+            return
+        self._resume = (np.asarray(state["generator"], np.uint32), start)
 
 
 class SubsetRandomSampler(Sampler):

@@ -84,6 +84,7 @@ class WorkerSpec:
     iterable: bool
     worker_init_fn: Optional[Callable]
     prepare: Optional[Callable]  # called with the dataset before iterating (DataPipe sharding)
+    progress: Optional[Callable] = None  # the dataset's shard count after a batch (a mark)
 
 
 def _error_message(exc: BaseException, task_id: Optional[int], where: str) -> tuple:
@@ -102,11 +103,12 @@ class _Fetcher:
         self.spec = spec
         self._iterator = None
 
-    def reset(self, seed: Optional[int] = None) -> None:
-        """Start the stream afresh (a DataPipe re-prepared with the iteration's seed)."""
+    def reset(self, seed: Optional[int] = None, layout: Optional[tuple] = None) -> None:
+        """Start the stream afresh (a DataPipe re-prepared with the iteration's seed and, for
+        a resumed epoch, the layout that passes over what earlier attempts consumed)."""
         spec = self.spec
         if seed is not None and spec.prepare is not None:
-            spec.prepare(spec.dataset, spec.worker_id, spec.num_workers, seed)
+            spec.prepare(spec.dataset, spec.worker_id, spec.num_workers, seed, layout)
         if spec.iterable:
             self._iterator = iter(spec.dataset)
 
@@ -128,6 +130,10 @@ class _Fetcher:
         if not items or (spec.drop_last and len(items) < spec.batch_size):
             raise StopIteration
         return spec.collate_fn(items)
+
+    def mark(self) -> Optional[int]:
+        """How far this worker's shard got (sent with each batch; None for other datasets)."""
+        return self.spec.progress(self.spec.dataset) if self.spec.progress is not None else None
 
 
 def worker_loop(conn: Any, spec: WorkerSpec, parent_pid: int) -> None:
@@ -166,14 +172,14 @@ def _serve(conn: Any, fetcher: _Fetcher, writer: SlotWriter, parent_pid: int) ->
         kind = task[0]
         if kind == "stop":
             return
-        if kind == "reset":  # a new iteration over persistent workers
-            fetcher.reset(task[1])
+        if kind == "reset":  # a new iteration: its seed and layout
+            fetcher.reset(task[1], task[2])
             continue
         _, task_id, indices, slot = task
         try:
             data = fetcher.fetch(indices)
         except StopIteration:
-            conn.send(("end", task_id))
+            conn.send(("end", task_id, fetcher.mark()))
             continue
         except BaseException as exc:  # noqa: BLE001 - re-raised in the main process
             conn.send(_error_message(exc, task_id, "fetching a batch"))
@@ -183,5 +189,5 @@ def _serve(conn: Any, fetcher: _Fetcher, writer: SlotWriter, parent_pid: int) ->
         except Exception as exc:  # noqa: BLE001 - e.g. a batch holding an unpicklable object
             conn.send(_error_message(exc, task_id, "sending a batch to the main process"))
             continue
-        conn.send(("batch", task_id, slot, header, path, layout, size))
+        conn.send(("batch", task_id, slot, header, path, layout, size, fetcher.mark()))
 

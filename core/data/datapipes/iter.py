@@ -241,26 +241,53 @@ class Shuffler(_OneSource):
 
 @functional("sharding_filter")
 class ShardingFilter(_OneSource):
-    """Every num_instances-th item from instance_id: one shard of (rank, worker)."""
+    """One shard of (rank, worker): every num_instances-th item, from instance_id.
+
+    Items are dealt by their position in the source. A resumed epoch (see `set_layout`) first
+    passes over the positions earlier attempts consumed, those before `start` and those in
+    `skip`, and deals the rest afresh, so a job resumed at another world size or worker count
+    reads each remaining item once. `taken` counts this shard's items the current iteration
+    has yielded: the loader reads it to record how far each shard got.
+    """
 
     def __init__(self, source: IterDataPipe) -> None:
         super().__init__(source)
         self.num_instances, self.instance_id = 1, 0
+        self.start, self.skip = 0, frozenset()
+        self.taken = 0
 
     def apply_sharding(self, num_instances: int, instance_id: int) -> None:
-        """Keep items whose position mod num_instances is instance_id."""
+        """Keep the items dealt to instance_id of num_instances."""
         if not 0 <= instance_id < num_instances:
             raise ValueError(f"instance_id {instance_id} is outside 0..{num_instances - 1}")
         self.num_instances, self.instance_id = num_instances, instance_id
 
+    def set_layout(self, start: int = 0, skip: Iterable[int] = ()) -> None:
+        """Pass over the source positions before `start` and those in `skip` (a resume)."""
+        skip = frozenset(int(p) for p in skip)
+        if start < 0 or any(p < start for p in skip):
+            raise ValueError(f"a sharding layout needs 0 <= start <= every skipped position, "
+                             f"got start {start} and skip {sorted(skip)[:5]}")
+        self.start, self.skip = int(start), skip
+
     def __iter__(self) -> Iterator:
-        for i, item in enumerate(self.source):
-            if i % self.num_instances == self.instance_id:
+        start, skip = self.start, self.skip
+        n, me = self.num_instances, self.instance_id
+        self.taken = 0
+        dealt = 0
+        for position, item in enumerate(self.source):
+            if position < start or position in skip:
+                continue
+            if dealt % n == me:
+                self.taken += 1  # before the yield: the item is in the consumer's hands
                 yield item
+            dealt += 1
 
     def __len__(self) -> int:
         n = len(self.source)
-        return n // self.num_instances + (1 if self.instance_id < n % self.num_instances else 0)
+        left = n - min(self.start, n) - sum(1 for p in self.skip if p < n)
+        return left // self.num_instances + (1 if self.instance_id < left % self.num_instances
+                                              else 0)
 
 
 @functional("collate")
