@@ -129,7 +129,8 @@ class WorkerPool:
         return len(self.procs)
 
     def slots_opened(self) -> int:
-        """How many shared-memory slots the workers were asked to open, in all."""
+        """How many slot numbers the workers were handed, in all (a worker maps a file for a
+        slot only when a batch above handover.INLINE_BYTES goes into it)."""
         return sum(self._next_slot)
 
     def pids(self) -> list[int]:

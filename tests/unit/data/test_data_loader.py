@@ -4,6 +4,7 @@ torch seeds its workers, iterable datasets split by get_worker_info, resumable s
 from __future__ import annotations
 
 import math
+import mmap
 import os
 import random
 
@@ -13,6 +14,7 @@ import pytest
 from shoal import core
 from shoal.collectives.data import DistributedSampler
 from shoal.core import data
+from shoal.core.data import handover
 
 torch = pytest.importorskip("torch")
 tud = torch.utils.data
@@ -171,6 +173,16 @@ def test_an_abandoned_epoch_with_persistent_workers_does_not_leak_into_the_next(
     loader._pool.shutdown()
 
 
+def backing(array: np.ndarray):
+    """The object that owns an array's memory (following views and buffers)."""
+    owner = array
+    while True:
+        nxt = owner.obj if isinstance(owner, memoryview) else getattr(owner, "base", None)
+        if nxt is None:
+            return owner
+        owner = nxt
+
+
 def test_large_batches_cross_through_shared_memory_and_leave_nothing_behind():
     class Big(data.Dataset):
         def __len__(self):
@@ -185,7 +197,16 @@ def test_large_batches_cross_through_shared_memory_and_leave_nothing_behind():
     assert [b.data[:, 0].tolist() for b in batches] == [[0, 1, 2, 3], [4, 5, 6, 7],
                                                         [8, 9, 10, 11]]
     assert all(b.data.flags.writeable for b in batches)
+    # the arrays are views of the slot's mapping, not copies that came through the pipe
+    assert all(isinstance(backing(b.data), mmap.mmap) for b in batches)
+    assert handover.INLINE_BYTES < batches[0].data.nbytes
     assert not {f for f in set(os.listdir("/dev/shm")) - before if f.startswith("shoal-data")}
+
+
+def test_small_batches_come_inline_through_the_pipe():
+    batches = list(data.DataLoader(range(8), batch_size=2, num_workers=1))
+    assert [b.data.tolist() for b in batches] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert not any(isinstance(backing(b.data), mmap.mmap) for b in batches)
 
 
 def test_batch_size_none_and_custom_collate_and_batch_sampler():
