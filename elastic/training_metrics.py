@@ -54,18 +54,22 @@ LAST_STEP_TIME = telemetry.gauge(
 CHECKPOINT_SECONDS = telemetry.histogram(
     "shoal_checkpoint_duration_seconds", "Seconds to save or load one checkpoint, by operation.",
     ["operation"])
+# The last checkpoint's figures are "mostrecent": the value written last wins, whichever process
+# (alive or ended) wrote it. "max" would keep reporting a newer checkpoint that a restarted job
+# found unusable and fell back from.
 CHECKPOINT_LAST_SECONDS = telemetry.gauge(
     "shoal_checkpoint_last_duration_seconds", "Seconds the last checkpoint save or load took, "
-    "by operation.", ["operation"], multiprocess_mode="max")
+    "by operation.", ["operation"], multiprocess_mode="mostrecent")
 CHECKPOINT_BYTES = telemetry.counter(
     "shoal_checkpoint_bytes_total", "Bytes of checkpoint files saved or loaded, by operation.",
     ["operation"])
 CHECKPOINT_STEP = telemetry.gauge(
-    "shoal_checkpoint_last_step", "The step of the newest checkpoint saved (work a failure "
-    "would not lose).", multiprocess_mode="max")
+    "shoal_checkpoint_last_step", "The step of the newest usable checkpoint: the last one saved, "
+    "or the one a restarted job resumed from (work a failure would not lose).",
+    multiprocess_mode="mostrecent")
 CHECKPOINT_TIME = telemetry.gauge(
-    "shoal_checkpoint_last_save_timestamp_seconds", "Unix time the newest checkpoint was saved.",
-    multiprocess_mode="max")
+    "shoal_checkpoint_last_save_timestamp_seconds", "Unix time the newest usable checkpoint was "
+    "saved.", multiprocess_mode="mostrecent")
 for _operation in ("save", "load"):
     CHECKPOINT_SECONDS.labels(operation=_operation)
     CHECKPOINT_BYTES.labels(operation=_operation)
@@ -165,19 +169,29 @@ def record_checkpoint_save(step: int, seconds: float, nbytes: int) -> None:
     CHECKPOINT_SECONDS.labels(operation="save").observe(seconds)
     CHECKPOINT_LAST_SECONDS.labels(operation="save").set(seconds)
     CHECKPOINT_BYTES.labels(operation="save").inc(nbytes)
-    CHECKPOINT_STEP.set(step)
-    CHECKPOINT_TIME.set(time.time())
+    _record_usable(step, time.time())
 
 
-def record_checkpoint_load(seconds: float, nbytes: int) -> None:
-    """Record a checkpoint that was loaded in `seconds` from `nbytes` bytes."""
+def record_checkpoint_load(seconds: float, nbytes: int, step: Optional[int] = None,
+                           saved_at: Optional[float] = None) -> None:
+    """Record a checkpoint that was loaded in `seconds` from `nbytes` bytes. Given its `step`
+    (and `saved_at`, the Unix time it was saved), it becomes the last checkpointed step: a job
+    that fell back to an older checkpoint would lose the work since that one."""
     CHECKPOINT_SECONDS.labels(operation="load").observe(seconds)
     CHECKPOINT_LAST_SECONDS.labels(operation="load").set(seconds)
     CHECKPOINT_BYTES.labels(operation="load").inc(nbytes)
+    if step is not None:
+        _record_usable(step, saved_at)
+
+
+def _record_usable(step: int, saved_at: Optional[float]) -> None:
+    CHECKPOINT_STEP.set(step)
+    if saved_at is not None:
+        CHECKPOINT_TIME.set(saved_at)
 
 
 def save_checkpoint(checkpointer, step: int, state: dict) -> str:
-    """`checkpointer.save(step, state)`; returns the file's path. elastic's Checkpointer
+    """`checkpointer.save(step, state)`, which returns the file's path. elastic's Checkpointer
     records its own saves; another checkpointer's save is timed and recorded here."""
     if _records_itself(checkpointer):
         return checkpointer.save(step, state)
@@ -188,14 +202,33 @@ def save_checkpoint(checkpointer, step: int, state: dict) -> str:
 
 
 def load_latest_checkpoint(checkpointer):
-    """`checkpointer.load_latest()`: (step, state) or None, recorded as `save_checkpoint`."""
+    """`checkpointer.load_latest()`: (step, state) or None. Records the load as
+    `save_checkpoint` records a save, and the step loaded as the last checkpointed one (a
+    checkpointer that skipped a damaged newer file falls back to an older step).
+
+    The checkpointer needs `load_latest()` and `path(step)` (the file of a step, whose size and
+    modification time are recorded).
+
+    Raises:
+        TypeError: the checkpointer lacks one of them.
+    """
+    missing = [name for name in ("load_latest", "path")
+               if not callable(getattr(checkpointer, name, None))]
+    if missing:
+        raise TypeError(f"load_latest_checkpoint needs a checkpointer with load_latest() and "
+                        f"path(step); {type(checkpointer).__name__} has no "
+                        f"{' and no '.join(name + '()' for name in missing)}.")
     if _records_itself(checkpointer):
-        return checkpointer.load_latest()
+        found = checkpointer.load_latest()
+        if found is not None:  # it recorded the load; which step it resumed from is ours
+            _record_usable(found[0], os.path.getmtime(checkpointer.path(found[0])))
+        return found
     started = time.perf_counter()
     found = checkpointer.load_latest()
     if found is not None:
-        record_checkpoint_load(time.perf_counter() - started,
-                               os.path.getsize(checkpointer.path(found[0])))
+        took = time.perf_counter() - started
+        stat = os.stat(checkpointer.path(found[0]))
+        record_checkpoint_load(took, stat.st_size, step=found[0], saved_at=stat.st_mtime)
     return found
 
 
