@@ -3,6 +3,7 @@ torch seeds its workers, iterable datasets split by get_worker_info, resumable s
 
 from __future__ import annotations
 
+import functools
 import math
 import mmap
 import os
@@ -153,6 +154,54 @@ def test_a_resumed_distributed_loader_at_another_world_size_reads_the_rest_once(
         ld.load_state_dict(state)
         seen += [i for b in ld for i in b.data.tolist()]
     assert sorted(seen) == list(range(n))
+
+
+class Tagged:
+    """Sample i: [i, the tag worker_init_fn gave this worker's copy of the dataset]."""
+
+    tag = -1
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i):
+        return np.array([i, self.tag], np.int64)
+
+
+class OurTagged(Tagged, data.Dataset):
+    pass
+
+
+class TorchTagged(Tagged, tud.Dataset):
+    pass
+
+
+def tag_worker(log: str, get_info, worker_id: int) -> None:
+    info = get_info()
+    info.dataset.tag = 100 + worker_id
+    with open(log, "a") as f:
+        f.write(f"{worker_id} {info.id} {os.getpid()}\n")
+
+
+def test_worker_init_fn_runs_once_per_worker_and_its_effects_reach_the_batches(tmp_path):
+    ours_log, theirs_log = str(tmp_path / "ours"), str(tmp_path / "theirs")
+    loader = data.DataLoader(OurTagged(), batch_size=2, num_workers=2, persistent_workers=True,
+                             worker_init_fn=functools.partial(tag_worker, ours_log,
+                                                              data.get_worker_info))
+    epochs = [[b.data.tolist() for b in loader] for _ in range(2)]
+    pids = loader._pool.pids()
+    loader._pool.shutdown()
+    theirs = tud.DataLoader(TorchTagged(), batch_size=2, num_workers=2, persistent_workers=True,
+                            worker_init_fn=functools.partial(tag_worker, theirs_log,
+                                                             tud.get_worker_info))
+    expected = [[b.tolist() for b in theirs] for _ in range(2)]
+    assert epochs == expected
+    # batch k comes from worker k % 2, whose copy of the dataset its init function tagged
+    assert [[row[1] for row in b] for b in epochs[0]] == [[100, 100], [101, 101]] * 2
+    with open(ours_log) as f:
+        calls = [line.split() for line in f]
+    assert sorted((int(w), int(i)) for w, i, _ in calls) == [(0, 0), (1, 1)]  # id = info.id
+    assert sorted(int(pid) for _, _, pid in calls) == sorted(pids)  # once each, two epochs
 
 
 def test_persistent_workers_keep_their_pids_across_epochs():
