@@ -14,7 +14,8 @@ from typing import Sequence
 import prometheus_client
 
 _lock = threading.Lock()
-_metrics: dict[str, object] = {}
+# name -> (metric, (type, label names, options)) of every metric made here.
+_metrics: dict[str, tuple[object, tuple]] = {}
 
 # Latency buckets from 50 us to 10 min: covers a 4 KiB allreduce and a hung barrier alike.
 LATENCY_BUCKETS = (
@@ -23,13 +24,39 @@ LATENCY_BUCKETS = (
 )
 
 
+def _describe(shape: tuple) -> str:
+    kind, labelnames, options = shape
+    text = f"a {kind.__name__} with labels {list(labelnames)}"
+    if options:
+        text += " and " + ", ".join(f"{key}={value!r}" for key, value in options)
+    return text
+
+
 def _get_or_create(kind, name: str, documentation: str, labelnames: Sequence[str], **kwargs):
-    # Registering twice raises in prometheus_client; tests and re-imports may ask again.
+    """The metric `name`, made on the first request; later requests get the same object.
+
+    Registering twice raises in prometheus_client, and tests and re-imports ask again. A
+    request for another type, other label names or other options (buckets, multiprocess mode)
+    is a mistake that would otherwise hand back a metric that does not fit its caller.
+
+    Raises:
+        ValueError: `name` exists with another type, label names or options.
+    """
+    options = tuple(sorted((key, tuple(value) if isinstance(value, list) else value)
+                           for key, value in kwargs.items()))
+    shape = (kind, tuple(labelnames), options)
     with _lock:
-        metric = _metrics.get(name)
-        if metric is None:
+        known = _metrics.get(name)
+        if known is None:
             metric = kind(name, documentation, labelnames=tuple(labelnames), **kwargs)
-            _metrics[name] = metric
+            _metrics[name] = (metric, shape)
+            return metric
+        metric, first = known
+        if first != shape:
+            raise ValueError(
+                f"Metric {name!r} exists as {_describe(first)}; it was asked for again as "
+                f"{_describe(shape)}. One name has one type, one set of labels and one set of "
+                "options: give the other metric a name of its own.")
         return metric
 
 
@@ -38,7 +65,8 @@ def counter(name: str, documentation: str, labelnames: Sequence[str] = ()):
     return _get_or_create(prometheus_client.Counter, name, documentation, labelnames)
 
 
-def gauge(name: str, documentation: str, labelnames: Sequence[str] = (), multiprocess_mode="livesum"):
+def gauge(name: str, documentation: str, labelnames: Sequence[str] = (),
+          multiprocess_mode="livesum"):
     """A process-wide prometheus Gauge, created once (summed across worker processes)."""
     return _get_or_create(
         prometheus_client.Gauge, name, documentation, labelnames,
@@ -46,7 +74,8 @@ def gauge(name: str, documentation: str, labelnames: Sequence[str] = (), multipr
     )
 
 
-def histogram(name: str, documentation: str, labelnames: Sequence[str] = (), buckets=LATENCY_BUCKETS):
+def histogram(name: str, documentation: str, labelnames: Sequence[str] = (),
+              buckets=LATENCY_BUCKETS):
     """A process-wide prometheus Histogram, created once."""
     return _get_or_create(
         prometheus_client.Histogram, name, documentation, labelnames, buckets=buckets

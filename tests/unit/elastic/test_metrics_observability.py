@@ -311,3 +311,31 @@ def test_ranks_this_node_no_longer_runs_leave_the_scrape(tmp_path):
                 _end(proc, rank, multiproc)
         metrics.set_worker_pids({})
         server.stop(linger=0)
+
+
+def test_a_metric_name_asked_for_again_differently_is_refused():
+    from shoal.core import telemetry
+
+    first = telemetry.counter("unit_twice_total", "Twice.", ["op"])
+    assert telemetry.counter("unit_twice_total", "Twice.", ("op",)) is first
+    with pytest.raises(ValueError, match=(
+            r"^Metric 'unit_twice_total' exists as a Counter with labels \['op'\]; it was asked "
+            r"for again as a Counter with labels \['kind'\]\. One name has one type, one set of "
+            r"labels and one set of options: give the other metric a name of its own\.$")):
+        telemetry.counter("unit_twice_total", "Twice.", ["kind"])
+    with pytest.raises(ValueError, match=r"asked for again as a Gauge with labels \['op'\] and "
+                                         r"multiprocess_mode='livesum'\."):
+        telemetry.gauge("unit_twice_total", "Twice.", ["op"])
+    histogram = telemetry.histogram("unit_twice_seconds", "Twice.", buckets=[0.1, 1.0])
+    assert telemetry.histogram("unit_twice_seconds", "Twice.", buckets=(0.1, 1.0)) is histogram
+    with pytest.raises(ValueError, match=r"exists as a Histogram with labels \[\] and "
+                                         r"buckets=\(0\.1, 1\.0\); it was asked for again as a "
+                                         r"Histogram with labels \[\] and buckets=\(1\.0,\)\."):
+        telemetry.histogram("unit_twice_seconds", "Twice.", buckets=(1.0,))
+    # Through shoal.metrics too: the rank label it adds is part of the label set.
+    sm.gauge("unit_twice_level", "Level.", ["kind"])
+    with pytest.raises(ValueError, match=r"^Metric 'unit_twice_level' exists as a Gauge with "
+                                         r"labels \['rank', 'kind'\] and "
+                                         r"multiprocess_mode='livemax'; it was asked for again "
+                                         r"as a Gauge with labels \['rank'\]"):
+        sm.gauge("unit_twice_level", "Level.")
