@@ -125,8 +125,9 @@ PANELS = [
            [(f"max by (rank) (shoal_training_last_step{{{RANK}}})", "rank {{rank}}")]),
 
     row("Checkpoints: what would a failure lose?"),
-    stat("Since the last checkpoint", "", f"time() - max by (run_id) "
-         f"(shoal_checkpoint_last_save_timestamp_seconds{{{RUN}}})", unit="s"),
+    stat("Since the last checkpoint", "Age of the newest usable checkpoint (empty: the run "
+         "has not checkpointed).", f"time() - max by (run_id) "
+         f"(shoal_checkpoint_last_save_timestamp_seconds{{{RUN}}} > 0)", unit="s"),
     stat("Steps a failure would lose", "Last step minus the last checkpointed step.",
          f"min by (run_id) (shoal_training_last_step{{{RUN}}}) - "
          f"max by (run_id) (shoal_checkpoint_last_step{{{RUN}}})"),
