@@ -8,8 +8,9 @@ rank r takes every world-size-th index from r.
 Its state is global, not per rank: `state_after(k)` after every rank took k indices is the
 position k * world_size in the epoch's order, because rank r's first k indices are positions
 r, r + W, ..., r + (k - 1) W. A job resumed from that state at any world size splits the rest
-of the order (padded for the new size) the same way, so across the restart every sample of
-the epoch is read exactly once when no padding is needed, and at most once more otherwise.
+of the order (padded for the new size with the epoch's head, as torch pads) the same way, so
+across the restart every sample of the epoch is read exactly once when no padding is needed,
+and at most once more otherwise; at the same world size the rest is exactly torch's.
 """
 
 from __future__ import annotations
@@ -66,13 +67,16 @@ class DistributedSampler(Sampler):
         return np.arange(n, dtype=np.int64)
 
     def _share(self, start: int) -> list[int]:
-        rest = self._order()[start:].tolist()
+        order = self._order().tolist()
+        rest = order[start:]
         world = self.num_replicas
         if self.drop_last:
             rest = rest[: len(rest) // world * world]
         elif rest and len(rest) % world:
+            # Padded with the epoch's first indices, as torch pads: resumed at the world size
+            # it was saved at (start a multiple of it), the rest is exactly torch's.
             padding = world - len(rest) % world
-            rest += (rest * math.ceil(padding / len(rest)))[:padding]
+            rest += (order * math.ceil(padding / len(order)))[:padding]
         return rest[self.rank::world]
 
     @property
