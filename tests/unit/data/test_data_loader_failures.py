@@ -5,6 +5,7 @@ collate of mismatched shapes names the sample and the shapes."""
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -180,3 +181,65 @@ def test_a_loader_left_open_at_exit_stops_its_workers_and_leaves_no_slot_files()
     pid = int(done.stdout.split()[0])
     assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
     assert handover.stale_paths(pid) == []
+
+
+KILLED_WITH_BUSY_WORKERS = """
+import os
+import sys
+import time
+
+from shoal.core import data
+
+busy = sys.argv[1]
+
+class Stuck(data.Dataset):
+    def __len__(self):
+        return 100
+
+    def __getitem__(self, i):
+        if i >= 2:  # inside the dataset, a worker never reaches its idle check on the parent
+            open(os.path.join(busy, str(os.getpid())), "w").close()
+            time.sleep(600)
+        return i
+
+it = iter(data.DataLoader(Stuck(), batch_size=1, num_workers=2))
+next(it)
+print(*it.pool.pids(), flush=True)
+time.sleep(600)
+"""
+
+
+def gone(pid: int) -> bool:
+    """The process has exited (a zombie not yet reaped by its new parent counts)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_workers_busy_in_the_dataset_die_with_a_sigkilled_main_process(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_WITH_BUSY_WORKERS, str(tmp_path)],
+                            stdout=subprocess.PIPE, text=True)
+    workers: list[int] = []
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], 60)
+        assert ready, "the loader printed no worker pids within 60 s"
+        workers = [int(p) for p in proc.stdout.readline().split()]
+        assert len(workers) == 2
+        deadline = time.monotonic() + 30
+        while len(os.listdir(tmp_path)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sorted(int(p) for p in os.listdir(tmp_path)) == sorted(workers)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        deadline = time.monotonic() + 3.0  # PR_SET_PDEATHSIG acts at once; allow scheduling
+        while not all(gone(p) for p in workers) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [p for p in workers if not gone(p)] == []
+    finally:
+        proc.kill()
+        proc.wait(10)
+        for pid in workers:
+            if not gone(pid):
+                os.kill(pid, signal.SIGKILL)
