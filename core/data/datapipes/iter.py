@@ -200,16 +200,21 @@ class UnBatcher(_OneSource):
 class Shuffler(_OneSource):
     """A buffered shuffle: each item waits in a buffer of buffer_size and leaves at random.
 
-    The seed is set_seed's (a DataLoader sets its iteration's base seed, equal on every rank
-    and worker when the loader's generator is seeded alike); used alone, each new iteration
-    draws the next seed from the last, so epochs differ and replay exactly.
+    For the same seed it yields torch's ShufflerIterDataPipe stream: a `random.Random(seed)`
+    picks the buffer slot to release (randint over the buffer) while the source lasts, then
+    pops the buffer at random. The seed is set_seed's (a DataLoader sets its iteration's base
+    seed, equal on every rank and worker when the loader's generator is seeded alike); used
+    alone, each new iteration takes a seed derived from the last, so epochs differ and replay
+    exactly (torch draws it from its global generator instead).
     """
 
-    def __init__(self, source: IterDataPipe, buffer_size: int = 10000) -> None:
+    def __init__(self, source: IterDataPipe, buffer_size: int = 10000, *,
+                 unbatch_level: int = 0) -> None:
         if buffer_size < 1:
             raise ValueError(f"buffer_size must be at least 1, got {buffer_size}")
-        super().__init__(source)
+        super().__init__(source if unbatch_level == 0 else UnBatcher(source, unbatch_level))
         self.buffer_size = buffer_size
+        self._enabled = True
         self._seed: Optional[int] = None
         self.iteration_seed: Optional[int] = None
 
@@ -218,22 +223,31 @@ class Shuffler(_OneSource):
         self._seed = int(seed)
         return self
 
+    def set_shuffle(self, shuffle: bool = True) -> "Shuffler":
+        """Turn the shuffle off (items pass in order) or back on, as torch's set_shuffle."""
+        self._enabled = bool(shuffle)
+        return self
+
     def __iter__(self) -> Iterator:
+        if not self._enabled:
+            yield from self.source
+            return
         if self._seed is None:
             self._seed = random.getrandbits(63)
         self.iteration_seed = self._seed
         rng = random.Random(self._seed)
-        self._seed = rng.getrandbits(63)  # the next iteration's seed
+        # Drawn from its own stream so the shuffle's draws stay torch's.
+        self._seed = random.Random(f"shoal next shuffle seed {self._seed}").getrandbits(63)
         buffer: list = []
         for item in self.source:
             if len(buffer) == self.buffer_size:
-                k = rng.randrange(self.buffer_size)
+                k = rng.randint(0, len(buffer) - 1)
                 yield buffer[k]
                 buffer[k] = item
             else:
                 buffer.append(item)
-        rng.shuffle(buffer)
-        yield from buffer
+        while buffer:
+            yield buffer.pop(rng.randint(0, len(buffer) - 1))
 
     def __len__(self) -> int:
         return len(self.source)

@@ -81,6 +81,21 @@ def test_the_buffered_shuffle_is_a_seeded_permutation_that_changes_per_epoch():
     assert list(dp.IterableWrapper(range(50)).shuffle(buffer_size=8).set_seed(4)) == first
 
 
+@pytest.mark.parametrize("buffer_size", [1, 3, 8, 50, 1000])
+@pytest.mark.parametrize("seed", [0, 4, 2**40 + 7])
+def test_the_shuffle_is_torchs_stream_for_the_same_seed(buffer_size, seed):
+    ours = dp.IterableWrapper(range(50)).shuffle(buffer_size=buffer_size).set_seed(seed)
+    theirs = tdp.iter.IterableWrapper(range(50)).shuffle(buffer_size=buffer_size).set_seed(seed)
+    assert list(ours) == list(theirs)
+
+
+def test_shuffle_off_and_unbatch_level_as_torchs():
+    ours = dp.IterableWrapper(range(12)).batch(3).shuffle(buffer_size=4, unbatch_level=1)
+    theirs = tdp.iter.IterableWrapper(range(12)).batch(3).shuffle(buffer_size=4, unbatch_level=1)
+    assert list(ours.set_seed(9)) == list(theirs.set_seed(9))
+    assert list(ours.set_shuffle(False)) == list(theirs.set_shuffle(False)) == list(range(12))
+
+
 def test_map_datapipes():
     m = dp.SequenceWrapper(list(range(7)))
     assert [m.map(lambda x: x + 1)[i] for i in range(7)] == list(range(1, 8))
