@@ -16,6 +16,7 @@ from shoal.core.amp.autocast_mode import STATE as _AMP
 from shoal.core.ops import _autocast
 from shoal.core.errors import ShapeError
 from shoal.core.ops import random as _random
+from shoal.core.ops._promote import as_dtype, result_dtype
 from shoal.core.ops._util import needs_grad, result, unbroadcast, val, xp_of
 from shoal.core.tensor import Tensor
 
@@ -24,7 +25,8 @@ def scaled_dot_product_attention(
     query: Tensor, key: Tensor, value: Tensor, attn_mask: Any = None, dropout_p: float = 0.0,
     is_causal: bool = False, scale: float | None = None,
 ) -> Tensor:
-    """torch's F.scaled_dot_product_attention: a boolean mask keeps True entries, a float mask adds."""
+    """torch's F.scaled_dot_product_attention: a boolean mask keeps True entries, a float mask
+    adds (in the query's dtype, as torch casts it); the output has the query's dtype."""
     if _AMP.active:
         query, key, value, attn_mask = _autocast.cast(
             "scaled_dot_product_attention", query, key, value, attn_mask
@@ -54,6 +56,9 @@ def scaled_dot_product_attention(
         md = xp.asarray(md)
     if is_causal:
         md = xp.tril(xp.ones((L, S), dtype=bool))
+    mask_dtype = None if md is None else md.dtype
+    if md is not None and md.dtype != bool and md.dtype != qd.dtype:
+        md = md.astype(qd.dtype)  # torch's rule: an additive mask takes the query's dtype
     if md is not None:
         if md.dtype == bool:
             scores = xp.where(md, scores, -xp.inf)
@@ -75,24 +80,26 @@ def scaled_dot_product_attention(
         gen = _random.generator(xp, backend.device_of(qd).index)
         keep = (gen.random(probs.shape, dtype=np.float32) >= dropout_p) * (1.0 / (1.0 - dropout_p))
         dropped = probs * keep.astype(probs.dtype)
-    out = dropped @ vd
+    # ml_dtypes' bfloat16 matmul returns float32; torch's output has the inputs' dtype.
+    out = as_dtype(dropped @ vd, result_dtype(qd, kd, vd))
     mask_grad = md is not None and md.dtype != bool and needs_grad(attn_mask)
 
     def backward(g: Any) -> tuple:
         gq = gk = gv = gmask = None
         if needs_grad(value):
-            gv = unbroadcast(dropped.swapaxes(-1, -2) @ g, vd.shape)
+            gv = as_dtype(unbroadcast(dropped.swapaxes(-1, -2) @ g, vd.shape), vd.dtype)
         gp = g @ vd.swapaxes(-1, -2)
         if keep is not None:
             gp *= keep
         gs = probs * (gp - (gp * probs).sum(axis=-1, keepdims=True))
         if mask_grad:
-            gmask = unbroadcast(gs, md.shape)
+            gmask = as_dtype(unbroadcast(gs, md.shape), mask_dtype)
         gs *= sc
         if needs_grad(query):
-            gq = unbroadcast(gs @ kd, qd.shape)
+            gq = as_dtype(unbroadcast(gs @ kd, qd.shape), qd.dtype)
         if needs_grad(key):
-            gk = unbroadcast(gs.swapaxes(-1, -2) @ qd, kd.shape)
+            gk = as_dtype(unbroadcast(gs.swapaxes(-1, -2) @ qd, kd.shape), kd.dtype)
         return gq, gk, gv, gmask
 
-    return result(out, "ScaledDotProductAttentionBackward", backward, (query, key, value, attn_mask))
+    return result(out, "ScaledDotProductAttentionBackward", backward,
+                  (query, key, value, attn_mask), exact_dtype=True)

@@ -12,6 +12,7 @@ from shoal.core.errors import ShapeError
 from shoal.core.amp.autocast_mode import STATE as _AMP
 from shoal.core.ops import _autocast
 from shoal.core.ops import random as _random
+from shoal.core.ops._promote import as_dtype, is_reduced_float, norm_output_dtype
 from shoal.core.ops._util import (
     broadcast_error, needs_grad, result, unbroadcast, val, wrap, xp_of,
 )
@@ -95,11 +96,18 @@ def layer_norm(
     bias: Tensor | None = None,
     eps: float = 1e-5,
 ) -> Tensor:
-    """Normalise over the trailing `normalized_shape` dims, then scale and shift."""
+    """Normalise over the trailing `normalized_shape` dims, then scale and shift.
+
+    A bfloat16/float16 input is normalised in float32 (torch's "opmath") and, with float32
+    weight and bias, comes out in its own dtype, as torch's mixed-dtype layer_norm.
+    """
     if _AMP.active:
         x, weight, bias = _autocast.cast("layer_norm", x, weight, bias)
     xd = x.data
     xp = xp_of(xd)
+    out_dtype = norm_output_dtype(xd.dtype, weight, bias)
+    if is_reduced_float(xd.dtype):
+        xd = xd.astype(xp.float32)
     norm = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     k = len(norm)
     if tuple(xd.shape[xd.ndim - k :]) != norm or k == 0:
@@ -118,21 +126,24 @@ def layer_norm(
     out = xhat * wd if wd is not None else xhat.copy()
     if bias is not None:
         out += bias.data
+    out = as_dtype(out, out_dtype)
 
     def backward(g: Any) -> tuple:
+        if g.dtype != xd.dtype and is_reduced_float(g.dtype):
+            g = g.astype(xd.dtype)  # the forward's float32 arithmetic, for a 16-bit input
         gxhat = g * wd if wd is not None else g
         gx = gw = gb = None
         if needs_grad(x):
             m1 = gxhat.mean(axis=axes, keepdims=True)
             m2 = (gxhat * xhat).mean(axis=axes, keepdims=True)
-            gx = (gxhat - m1 - xhat * m2) * rstd
+            gx = as_dtype((gxhat - m1 - xhat * m2) * rstd, x.data.dtype)
         if needs_grad(weight):
-            gw = (g * xhat).sum(axis=lead) if lead else g * xhat
+            gw = as_dtype((g * xhat).sum(axis=lead) if lead else g * xhat, weight.data.dtype)
         if needs_grad(bias):
-            gb = g.sum(axis=lead) if lead else g.copy()
+            gb = as_dtype(g.sum(axis=lead) if lead else g.copy(), bias.data.dtype)
         return gx, gw, gb
 
-    return result(out, "LayerNormBackward", backward, (x, weight, bias))
+    return result(out, "LayerNormBackward", backward, (x, weight, bias), exact_dtype=True)
 
 
 def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:

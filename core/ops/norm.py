@@ -5,6 +5,11 @@ running statistics in place as torch does (the running variance takes the unbias
 `reduce_sums` lets a caller outside core (collectives.SyncBatchNorm) sum the per-channel
 statistics over a process group without core importing collectives: it is called with one
 array and must return the elementwise sum over every participant.
+
+Dtypes follow torch's mixed-precision rule (core/ops/_promote.py's norm_output_dtype): a
+bfloat16 or float16 input with float32 parameters or running statistics gives the input's
+dtype. A 16-bit input is normalised in float32 (torch's "opmath" for reduced types), and each
+gradient comes back in its own input's dtype.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from shoal.core.errors import ShapeError
+from shoal.core.ops._promote import as_dtype, is_reduced_float, norm_output_dtype
 from shoal.core.ops._util import needs_grad, result, xp_of
 from shoal.core.tensor import Tensor
 
@@ -51,8 +57,11 @@ def batch_norm(
     # Work on a (rows, C) channels-last matrix: contiguous per-channel reductions, and free
     # when the input already lives channels-last (a conv's output does); the output keeps it.
     shape = tuple(xd.shape)
+    out_dtype = norm_output_dtype(xd.dtype, running_mean, running_var, weight, bias)
     moved = xp.moveaxis(xd, 1, -1)
     xd = moved.reshape(-1, c)
+    if is_reduced_float(xd.dtype):
+        xd = xd.astype(xp.float32)
     if training:
         count_local = xd.size // c
         if reduce_sums is None:
@@ -95,10 +104,12 @@ def batch_norm(
     out = xc * scale
     if bias is not None:
         out += bias.data
-    out = xp.moveaxis(out.reshape(moved.shape), -1, 1)
+    out = as_dtype(xp.moveaxis(out.reshape(moved.shape), -1, 1), out_dtype)
 
     def backward(g: Any) -> tuple:
         g = xp.moveaxis(g, 1, -1).reshape(-1, c)
+        if g.dtype != xd.dtype and is_reduced_float(g.dtype):
+            g = g.astype(xd.dtype)  # the forward's float32 arithmetic, for a 16-bit input
         gx = gw = gb = None
         sum_g = column_sums(g)
         sum_gxhat = column_sums(g * xc) * rstd  # sum of dy * xhat per channel
@@ -117,11 +128,15 @@ def batch_norm(
                 # dx = scale * (dy - mean(dy) - xhat * mean(dy * xhat)), xhat = xc * rstd.
                 gx -= xc * (scale * rstd * tot_gxhat / count)
                 gx -= scale * tot_g / count
-            gx = xp.moveaxis(gx.reshape(moved.shape), -1, 1)
+            gx = as_dtype(xp.moveaxis(gx.reshape(moved.shape), -1, 1), input.data.dtype)
+        if gw is not None:
+            gw = as_dtype(gw, weight.data.dtype)
+        if gb is not None:
+            gb = as_dtype(gb, bias.data.dtype)
         return gx, None, None, gw, gb
 
     return result(out, "NativeBatchNormBackward", backward,
-                  (input, running_mean, running_var, weight, bias))
+                  (input, running_mean, running_var, weight, bias), exact_dtype=True)
 
 
 def column_sums(a: Any) -> Any:

@@ -10,6 +10,7 @@ from shoal.core import backend
 from shoal.core import dtypes
 from shoal.core.determinism import alert_not_deterministic
 from shoal.core.errors import DeviceError, ShapeError
+from shoal.core.ops._promote import as_dtype, promote
 from shoal.core.ops._util import (
     broadcast_error,
     needs_grad,
@@ -247,7 +248,7 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     tensors = list(tensors)
     if not tensors:
         raise ShapeError("cat: expected a non-empty sequence of tensors.")
-    datas = [t.data for t in tensors]
+    dt, *datas = promote(*(t.data for t in tensors))
     (axis,) = norm_dims(dim, datas[0].ndim, "cat")
     xp = xp_of(datas[0])
     try:
@@ -264,9 +265,10 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
 
     def backward(g: Any) -> tuple:
         lead = (slice(None),) * axis
-        return tuple(g[lead + (slice(a, b),)] for a, b in bounds)
+        return tuple(as_dtype(g[lead + (slice(a, b),)], t.data.dtype)
+                     for (a, b), t in zip(bounds, tensors))
 
-    return result(out, "CatBackward", backward, tuple(tensors))
+    return result(out, "CatBackward", backward, tuple(tensors), exact_dtype=True)
 
 
 def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
@@ -274,7 +276,7 @@ def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     tensors = list(tensors)
     if not tensors:
         raise ShapeError("stack: expected a non-empty sequence of tensors.")
-    datas = [t.data for t in tensors]
+    dt, *datas = promote(*(t.data for t in tensors))
     (axis,) = norm_dims(dim, datas[0].ndim + 1, "stack")
     xp = xp_of(datas[0])
     try:
@@ -286,18 +288,19 @@ def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
 
     def backward(g: Any) -> tuple:
         lead = (slice(None),) * axis
-        return tuple(g[lead + (i,)] for i in range(len(datas)))
+        return tuple(as_dtype(g[lead + (i,)], t.data.dtype) for i, t in enumerate(tensors))
 
-    return result(out, "StackBackward", backward, tuple(tensors))
+    return result(out, "StackBackward", backward, tuple(tensors), exact_dtype=True)
 
 
 def where(cond: Any, x: Any, y: Any) -> Tensor:
-    """Elements of x where cond holds, else of y (x, y may be Python numbers)."""
+    """Elements of x where cond holds, else of y (x, y may be Python numbers, which do not
+    widen a tensor's dtype: where(c, bfloat16, 0.0) is bfloat16, as in torch)."""
     cd = val(cond)
-    xd, yd = val(x), val(y)
+    dt, xd, yd = promote(val(x), val(y))
     xp = xp_of(cd)
     try:
-        out = xp.where(cd, xd, yd)
+        out = as_dtype(xp.where(cd, xd, yd), dt)
     except ValueError as exc:
         raise ShapeError(
             f"where: cannot broadcast condition {tuple(getattr(cd, 'shape', ()))} with "
@@ -307,11 +310,13 @@ def where(cond: Any, x: Any, y: Any) -> Tensor:
     def backward(g: Any) -> tuple:
         return (
             None,
-            unbroadcast(xp.where(cd, g, 0), xd.shape) if needs_grad(x) else None,
-            unbroadcast(xp.where(cd, 0, g), yd.shape) if needs_grad(y) else None,
+            as_dtype(unbroadcast(xp.where(cd, g, 0), xd.shape), x.data.dtype)
+            if needs_grad(x) else None,
+            as_dtype(unbroadcast(xp.where(cd, 0, g), yd.shape), y.data.dtype)
+            if needs_grad(y) else None,
         )
 
-    return result(out, "WhereBackward", backward, (cond, x, y))
+    return result(out, "WhereBackward", backward, (cond, x, y), exact_dtype=True)
 
 
 def maximum(x: Any, y: Any) -> Tensor:
@@ -325,11 +330,11 @@ def minimum(x: Any, y: Any) -> Tensor:
 
 
 def _pairwise_extreme(x: Any, y: Any, largest: bool) -> Tensor:
-    xd, yd = val(x), val(y)
+    dt, xd, yd = promote(val(x), val(y))
     xp = xp_of(xd if backend.is_array(xd) else yd)
     op = "maximum" if largest else "minimum"
     try:
-        out = (xp.maximum if largest else xp.minimum)(xd, yd)
+        out = as_dtype((xp.maximum if largest else xp.minimum)(xd, yd), dt)
     except ValueError as exc:
         raise broadcast_error(op, xd, yd, exc) from exc
 
@@ -337,11 +342,12 @@ def _pairwise_extreme(x: Any, y: Any, largest: bool) -> Tensor:
         wx = (xd > yd) if largest else (xd < yd)
         wx = wx + 0.5 * (xd == yd)
         return (
-            unbroadcast(g * wx, xd.shape) if needs_grad(x) else None,
-            unbroadcast(g * (1 - wx), yd.shape) if needs_grad(y) else None,
+            as_dtype(unbroadcast(g * wx, xd.shape), x.data.dtype) if needs_grad(x) else None,
+            as_dtype(unbroadcast(g * (1 - wx), yd.shape), y.data.dtype)
+            if needs_grad(y) else None,
         )
 
-    return result(out, op.capitalize() + "Backward", backward, (x, y))
+    return result(out, op.capitalize() + "Backward", backward, (x, y), exact_dtype=True)
 
 
 def split(x: Tensor, split_size: Any, dim: int = 0) -> tuple:

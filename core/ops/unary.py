@@ -11,7 +11,8 @@ from shoal.core import kernels as _kernels
 from shoal.core.amp.autocast_mode import STATE as _AMP
 from shoal.core.ops import _autocast
 from shoal.core.ops import _special
-from shoal.core.ops._util import result, xp_of
+from shoal.core.ops._promote import as_dtype, promote
+from shoal.core.ops._util import needs_grad, result, unbroadcast, val, xp_of
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _INV_SQRT_2 = 1.0 / math.sqrt(2.0)
@@ -137,12 +138,39 @@ def abs(x: Any) -> Any:  # noqa: A001 - torch's name
 
 
 def clamp(x: Any, min: Any = None, max: Any = None) -> Any:  # noqa: A002 - torch's names
-    """Limit x to [min, max]; the gradient flows where x is strictly inside."""
-    xd = x.data
-    out = xp_of(xd).clip(xd, min, max)
+    """Limit x to [min, max]; numbers or tensors as bounds, promoted with x as torch does
+    (a bfloat16 x with a float32 tensor bound gives float32; with a Python float, bfloat16).
+
+    Gradients as torch's: x's flows where min <= x <= max, a tensor bound's where it replaced
+    x (min where x < min < max, max where x > max or max < min, since max wins a crossing).
+    """
+    if min is None and max is None:
+        raise ValueError("clamp: at least one of min and max must be given, got both None.")
+    dt, xd, lo, hi = promote(x.data, _bound(min), _bound(max))
+    out = as_dtype(xp_of(xd).clip(xd, lo, hi), dt)
 
     def backward(g: Any) -> tuple:
-        mask = out == xd
-        return (g * mask,)
+        gx = gmin = gmax = None
+        if x.requires_grad:
+            inside = (xd >= lo) if lo is not None else None
+            if hi is not None:
+                inside = (xd <= hi) if inside is None else inside & (xd <= hi)
+            gx = as_dtype(unbroadcast(g * inside, xd.shape), x.data.dtype)
+        if needs_grad(min):
+            below = xd < lo
+            if hi is not None:
+                below &= lo < hi
+            gmin = as_dtype(unbroadcast(g * below, lo.shape), min.data.dtype)
+        if needs_grad(max):
+            above = xd > hi
+            if lo is not None:
+                above |= hi < lo
+            gmax = as_dtype(unbroadcast(g * above, hi.shape), max.data.dtype)
+        return gx, gmin, gmax
 
-    return result(out, "ClampBackward", backward, (x,))
+    return result(out, "ClampBackward", backward, (x, min, max), exact_dtype=True)
+
+
+def _bound(b: Any) -> Any:
+    """A clamp bound as the op sees it (None stays None: that side is open)."""
+    return None if b is None else val(b)

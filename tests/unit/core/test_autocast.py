@@ -166,34 +166,6 @@ def _ops():
     }
 
 
-# Forms where core's dtype promotion differs from torch's with autocast on AND off, so the fix
-# belongs in the op, not in autocast. Each is reported with the change it needs; strict, so an
-# entry that starts passing fails until it is removed from here.
-_PROMOTION_GAPS = {
-    "batch_norm_affine": "core/ops/norm.py: a bfloat16/float16 input with float32 weight, bias "
-                         "or running statistics must give the input's dtype (torch's "
-                         "mixed-dtype batch_norm); core promotes to float32",
-    "batch_norm_running_stats": "core/ops/norm.py: as batch_norm_affine, for running statistics",
-    "layer_norm_affine": "core/ops/nn.py: layer_norm of a bfloat16 input with float32 weight and "
-                         "bias gives bfloat16 in torch; core promotes to float32",
-    "scaled_dot_product_attention_float_mask": "core/ops/attention.py: a float mask takes the "
-                                               "query's dtype in torch; core promotes",
-    "clamp_tensor_bound": "core/ops/unary.py: clamp with tensor bounds promotes in torch "
-                          "(bfloat16 with a float32 bound gives float32); core keeps the input's",
-    "where_python_scalar": "core/ops/shape.py: where(cond, bfloat16, 0.0) gives bfloat16 in "
-                           "torch; core gives float64 (numpy's promotion of a Python float "
-                           "with ml_dtypes' bfloat16)",
-    "add_zero_dim": "core/ops/arith.py: torch lets a 0-d tensor of the same category not widen "
-                    "a dimensioned one (float32 + 0-d float64 is float32); core widens",
-    "maximum_zero_dim": "core/ops/shape.py: as add_zero_dim, for maximum/minimum",
-}
-
-
-def _table_params():
-    return [pytest.param(op, marks=pytest.mark.xfail(strict=True, reason=_PROMOTION_GAPS[op]))
-            if op in _PROMOTION_GAPS else op for op in sorted(_ops())]
-
-
 _DTYPES = {"f32": (core.float32, torch.float32), "bf16": (core.bfloat16, torch.bfloat16),
            "f64": (core.float64, torch.float64)}
 _PAIRS = [("f32", "f32"), ("bf16", "bf16"), ("f32", "bf16"), ("bf16", "f32"), ("f64", "f32"),
@@ -248,7 +220,7 @@ def test_the_table_covers_every_op_core_has():
     assert not missing, f"ops without an entry in the autocast dtype table: {missing}"
 
 
-@pytest.mark.parametrize("op", _table_params())
+@pytest.mark.parametrize("op", sorted(_ops()))
 def test_output_dtype_matches_torch_autocast_on_cpu(op):
     fn_c, fn_t = _ops()[op]
     rng = np.random.default_rng(0)
