@@ -93,3 +93,29 @@ def test_a_loader_in_elastic_state_resumes_mid_epoch_through_a_checkpoint(tmp_pa
                      step=0)
     assert restored.load() == 3
     assert head + [b.data.tolist() for b in again] == whole
+
+
+def test_a_pipe_loaders_state_goes_through_a_checkpoint_and_resumes_with_other_workers(tmp_path):
+    from shoal.core import data
+    from shoal.elastic.checkpoint import Checkpointer
+    from shoal.elastic.state import State
+
+    def loader(workers):
+        pipe = (data.datapipes.IterableWrapper(range(50)).shuffle(buffer_size=8)
+                .sharding_filter())
+        return data.DataLoader(pipe, batch_size=4, num_workers=workers,
+                               generator=data.Generator(3))
+
+    first = loader(2)
+    state = State(checkpointer=Checkpointer(str(tmp_path)), rank=0, rng=False, loader=first,
+                  step=0)
+    it = iter(first)
+    head = [i for _ in range(3) for i in next(it).data.tolist()]
+    state.step = 3
+    state.commit()  # on disk: the shards' counts and layout are ints, lists and an int-keyed dict
+    it.close()
+    again = loader(0)  # the workers' shards are re-dealt to the one the process reads itself
+    restored = State(checkpointer=Checkpointer(str(tmp_path)), rank=0, rng=False, loader=again,
+                     step=0)
+    assert restored.load() == 3
+    assert sorted(head + [i for b in again for i in b.data.tolist()]) == list(range(50))
