@@ -26,6 +26,9 @@ needs every old instance's count:
 
 A rank whose state was not taken in lockstep with the others (it handed out more or fewer
 batches) is not detectable from its state alone; merged states are exact in every case.
+Re-dealing neither pads nor evens out the shards (as sharding_filter does not): the new ranks'
+shares of the rest may differ by a batch. With drop_last, the items a shard dropped before the
+resize may be read after it (never twice), and the new shards drop their own tails.
 """
 
 from __future__ import annotations
