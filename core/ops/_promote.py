@@ -60,11 +60,6 @@ def category(dt: np.dtype) -> int:
     raise TypeError(f"type promotion: dtype {dt} is not a number type torch knows.")
 
 
-def is_floating(dt: np.dtype) -> bool:
-    """True for float16, bfloat16, float32 and float64."""
-    return dt.kind == "f" or dt == _BF16
-
-
 def is_reduced_float(dt: np.dtype) -> bool:
     """True for the 16-bit floating types, which torch computes in float32 ("opmath")."""
     return dt == _BF16 or dt == _F16
