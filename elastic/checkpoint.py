@@ -17,6 +17,7 @@ back to the one before when a file is truncated, damaged, foreign or refused.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
@@ -224,11 +225,17 @@ class Checkpointer:
         problems = []
         for step in reversed(steps):
             try:
-                return step, self.load(step)
+                state = self.load(step)
             except CheckpointCorrupt as exc:
                 logger.warning("Skipping checkpoint of step %d: %s Falling back to the one before.",
                                step, exc)
                 problems.append(str(exc))
+                continue
+            # The job resumes from here: a fall back past a damaged newer file would lose the
+            # work since this step, and the last-checkpoint metrics must say so.
+            with contextlib.suppress(OSError):
+                training_metrics.record_resumed_from(step, os.path.getmtime(self.path(step)))
+            return step, state
         if problems:
             raise CheckpointError(
                 f"None of the {len(steps)} checkpoints in {self.directory!r} is readable: "

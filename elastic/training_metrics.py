@@ -184,6 +184,12 @@ def record_checkpoint_load(seconds: float, nbytes: int, step: Optional[int] = No
         _record_usable(step, saved_at)
 
 
+def record_resumed_from(step: int, saved_at: Optional[float]) -> None:
+    """The job resumed from the checkpoint of `step`, saved at `saved_at` (Unix time): it is
+    the last checkpointed step, also when a damaged newer one was skipped."""
+    _record_usable(step, saved_at)
+
+
 def _record_usable(step: int, saved_at: Optional[float]) -> None:
     CHECKPOINT_STEP.set(step)
     if saved_at is not None:

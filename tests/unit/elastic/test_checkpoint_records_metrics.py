@@ -135,15 +135,21 @@ _SAVE_TWO = (
     "for step in (10, 20):\n"
     "    ck.save(step, {'w': np.full(100, float(step))})\n"
 )
-_RESUME = (
-    "import sys\n"
-    "import shoal.metrics as sm\n"
-    "from shoal.elastic.checkpoint import Checkpointer\n"
-    "print(sm.load_latest_checkpoint(Checkpointer(sys.argv[1]))[0])\n"
-)
+_RESUME = {
+    "through shoal.metrics": (
+        "import sys\n"
+        "import shoal.metrics as sm\n"
+        "from shoal.elastic.checkpoint import Checkpointer\n"
+        "print(sm.load_latest_checkpoint(Checkpointer(sys.argv[1]))[0])\n"),
+    "Checkpointer.load_latest": (
+        "import sys\n"
+        "from shoal.elastic.checkpoint import Checkpointer\n"
+        "print(Checkpointer(sys.argv[1]).load_latest()[0])\n"),
+}
 
 
-def test_a_restarted_worker_that_falls_back_reports_the_older_step(tmp_path):
+@pytest.mark.parametrize("how", sorted(_RESUME))
+def test_a_restarted_worker_that_falls_back_reports_the_older_step(tmp_path, how):
     # As under shoal run: one worker process saves steps 10 and 20 and ends; step 20's file is
     # damaged; the restarted worker falls back to step 10. The agent serves both processes'
     # files: the last checkpointed step is 10, saved when step 10's file was.
@@ -157,7 +163,7 @@ def test_a_restarted_worker_that_falls_back_reports_the_older_step(tmp_path):
     with open(ck.path(20), "r+b") as f:
         f.seek(-10, os.SEEK_END)
         f.write(b"\0" * 10)
-    resumed = subprocess.run([sys.executable, "-c", _RESUME, str(ckpt)], env=env, check=True,
+    resumed = subprocess.run([sys.executable, "-c", _RESUME[how], str(ckpt)], env=env, check=True,
                              capture_output=True, text=True, timeout=60)
     assert resumed.stdout.strip() == "10", resumed.stderr
 
