@@ -115,6 +115,7 @@ class Reducer:
         self._n_ready = 0
         self._fired = 0
         self._next_bucket = 0
+        self._inline_wait = 0.0  # the last bucket's all_reduce when it ran inline
         self._unused: list[int] = []
         self._unused_marked = False
         self._used_ids: set[int] = set()
@@ -447,10 +448,13 @@ class Reducer:
             # Backward is over once the last bucket is ready and finalize waits for it at once:
             # reducing it here, in the caller's thread, skips a hand-off to the group's worker
             # thread (it runs inline when the earlier buckets are done).
+            started = time.perf_counter()
             try:
                 bucket.work = comm.all_reduce(self._group, bucket.buffer, ReduceOp.SUM)
             except CollectiveError as exc:
                 bucket.work = _FailedWork(exc)  # raised with DDP's context by finalize
+            # Nothing of backward is left to hide it behind: all of it is exposed waiting.
+            self._inline_wait = time.perf_counter() - started
         elif self._hook is None:
             bucket.work = comm.all_reduce(self._group, bucket.buffer, ReduceOp.SUM, async_op=True)
         else:
@@ -564,7 +568,8 @@ class Reducer:
                 self._globally_unused = unused_everywhere
         else:
             unused_everywhere = self._globally_unused
-        metrics.DDP_COMM_WAIT_SECONDS.observe(time.perf_counter() - start)
+        metrics.DDP_COMM_WAIT_SECONDS.observe(time.perf_counter() - start + self._inline_wait)
+        self._inline_wait = 0.0
         for bucket in self._buckets:
             for slot, i in enumerate(bucket.param_indices):
                 if i in unused_everywhere:

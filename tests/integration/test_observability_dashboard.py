@@ -195,12 +195,12 @@ def _check_panels(a: dict, steps_per_s: float, since_failure: float) -> set:
     assert _values(panel("Are collectives failing?", "B")) == [0.0]
 
     # DDP: the model's one bucket waits on rank 0 for rank 1's (about 70 ms), on rank 1 hardly:
-    # the mean over both ranks is about 35 ms. That bucket is the last one, which the reducer
-    # reduces inline during backward, so the end of backward finds it done and its wait is
-    # not counted as "not hidden" (collectives/ddp/reducer.py; the panel reads ~0 here).
+    # the mean over both ranks is about 35 ms. It is the last bucket, reduced inline once
+    # backward is over, so none of it is hidden: the exposed wait is the bucket's time.
     bucket = _one(panel("Bucket allreduce time"))
     assert 0.01 < bucket < STRAGGLER_COMPUTE_S, bucket
-    assert 0 < _one(panel("Is gradient communication hidden behind backward?")) < bucket
+    assert _close(_one(panel("Is gradient communication hidden behind backward?")), bucket,
+                  0.3), bucket
 
     # RPC: one rpc_sync per rank per step, all answered.
     requests = {(r["metric"]["kind"], r["metric"]["status"]): float(r["value"][1])

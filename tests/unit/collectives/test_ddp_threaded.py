@@ -9,6 +9,7 @@ training over the real tcp backend in spawned processes.
 from __future__ import annotations
 
 import threading
+import time
 import traceback
 from typing import Any, Callable
 
@@ -559,6 +560,30 @@ def test_metrics_count_buckets_and_waits():
     buckets = run_ranks(2, body)[0]
     assert sample("shoal_ddp_bucket_allreduce_seconds_count") - before_b == 2 * buckets
     assert sample("shoal_ddp_comm_wait_seconds_count") - before_w == 2
+
+
+def test_the_wait_for_the_last_bucket_reduced_inline_counts_as_exposed():
+    """The last bucket is reduced in backward's own thread once backward is over: nothing can
+    hide it, so a rank whose peer is 60 ms late waits those 60 ms in the exposed-wait metric
+    (it read about 0 when only finalize's own wait was timed)."""
+    def sample(name):
+        return REGISTRY.get_sample_value(name) or 0.0
+
+    def body(group):
+        ddp = DistributedDataParallel(make_model(), process_group=group)  # one bucket
+        x, y = batch(0, group.rank())
+        mse(ddp(x), y).backward()  # the first round reduces after backward; the rest inline
+        loss = mse(ddp(x), y)
+        if group.rank() == 1:
+            time.sleep(0.06)
+        before = sample("shoal_ddp_comm_wait_seconds_sum")
+        loss.backward()
+        return len(ddp.bucket_indices), before
+
+    results = run_ranks(2, body)
+    assert [n for n, _ in results] == [1, 1]
+    grown = sample("shoal_ddp_comm_wait_seconds_sum") - min(b for _, b in results)
+    assert grown >= 0.05, grown
 
 
 # ------------------------------------------------------------------ join
