@@ -22,7 +22,7 @@ import numpy as np
 
 from shoal.collectives import distributed
 from shoal.collectives.api import ProcessGroup
-from shoal.collectives.types import ReduceOp
+from shoal.collectives.types import GroupDestroyed, ReduceOp
 from shoal.core.amp import found_inf
 from shoal.core.amp.grad_scaler import GradScaler
 
@@ -30,11 +30,19 @@ from shoal.core.amp.grad_scaler import GradScaler
 def _group_verdict(
     group: Optional[ProcessGroup], timeout: Any, paused: Optional[Callable[[], bool]] = None
 ) -> Callable[[bool], bool]:
+    gone = []  # set once the group is destroyed: there are no replicas left to agree with
+
     def agree(local_found_inf: bool) -> bool:
-        if paused is not None and paused():
+        if gone or (paused is not None and paused()):
             return local_found_inf
         flag = np.array([1.0 if local_found_inf else 0.0], dtype=np.float32)
-        distributed.all_reduce(flag, ReduceOp.MAX, group=group, timeout=timeout)
+        try:
+            distributed.all_reduce(flag, ReduceOp.MAX, group=group, timeout=timeout)
+        except GroupDestroyed:
+            # The job left the group (destroy_process_group) and trains on alone, or the
+            # wrapper outlived it: its verdict is its own from now on.
+            gone.append(True)
+            return local_found_inf
         return bool(flag[0] > 0.0)
 
     return agree
@@ -64,8 +72,10 @@ def agree_for_replicas(
     """Any GradScaler stepping one of `params` agrees its inf/NaN verdict over `group`.
 
     For a wrapper that keeps `params` replicated on every rank of `group` (DDP calls it with
-    its parameters). While `paused()` is true the verdict stays local: under DDP's Join a rank
-    that ran out of data no longer steps, so a collective in the step would wait for it; the
-    gradients DDP reduces still agree then. Returns a handle whose remove() undoes it.
+    its parameters). While `paused()` is true the verdict stays local. DDP pauses it for the
+    whole of a `Join` block, on every rank (a rank that ran out of data no longer steps, so a
+    collective in the step would wait for it): there the gradients DDP reduces still agree, but
+    an overflow in a parameter outside DDP is seen by its own rank only. Once the group is
+    destroyed the verdict is local for good. Returns a handle whose remove() undoes it.
     """
     return found_inf.register_found_inf_agreement(params, _group_verdict(group, timeout, paused))

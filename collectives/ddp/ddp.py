@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import weakref
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
@@ -138,9 +139,18 @@ class DistributedDataParallel(nn.Module, Joinable):
         object.__setattr__(self, "reducer", reducer)
         # A GradScaler stepping these parameters agrees its inf/NaN verdict over the group, so
         # every replica skips the same steps even when an overflow sits in a gradient DDP does
-        # not reduce (under Join, where a rank out of data no longer steps, it stays local).
-        object.__setattr__(self, "_found_inf_agreement", amp.agree_for_replicas(
-            self._params, group, paused=lambda: self._join_config.enable))
+        # not reduce. Inside a Join block it stays local (a rank that ran out of data no longer
+        # steps, so a collective there would wait for it). The registry must not keep this
+        # wrapper alive: it sees it through a weak reference, and its entries go with it.
+        me = weakref.ref(self)
+
+        def joining() -> bool:
+            ddp = me()
+            return ddp is not None and ddp._join_config.enable
+
+        handle = amp.agree_for_replicas(self._params, group, paused=joining)
+        object.__setattr__(self, "_found_inf_agreement", handle)
+        weakref.finalize(self, handle.remove)
 
     # ------------------------------------------------------------------ construction checks
 

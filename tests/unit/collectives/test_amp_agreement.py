@@ -302,3 +302,38 @@ def test_a_paused_replica_agreement_keeps_the_verdict_local():
     finally:
         job.close()
     assert results[0] == 4.0 and results[1] is None
+
+
+def test_a_dropped_ddp_leaves_nothing_registered_and_a_destroyed_group_lets_the_scaler_step():
+    """The registry holds no strong reference to DDP: a wrapper that is dropped is freed with
+    its agreement; and after the group is destroyed, a scaler over the same parameters decides
+    alone (and steps) instead of raising GroupDestroyed."""
+    import gc
+    import weakref
+
+    from shoal.collectives.ddp.ddp import DistributedDataParallel
+    from shoal.core.amp import found_inf
+
+    job = ThreadWorld(_make_group, 1)
+    try:
+        model = core.nn.Linear(3, 2)
+        ddp = DistributedDataParallel(model, process_group=job.pgs[0])
+        freed = weakref.ref(ddp)
+        assert len(found_inf.agreements_for(model.parameters())) == 1
+        del ddp
+        gc.collect()
+        assert freed() is None
+        assert found_inf.agreements_for(model.parameters()) == []
+        kept = DistributedDataParallel(model, process_group=job.pgs[0])
+        assert len(found_inf.agreements_for(model.parameters())) == 1
+    finally:
+        job.close()  # destroys the group under the wrapper that still exists
+    opt = core.optim.SGD(model.parameters(), lr=0.1)
+    before = model.weight.data.copy()
+    scaler = GradScaler("cpu", init_scale=4.0)
+    scaler.scale(model(core.ones(1, 3)).sum()).backward()
+    scaler.step(opt)
+    scaler.update()
+    assert not np.array_equal(model.weight.data, before)  # stepped: no GroupDestroyed, no skip
+    assert scaler.get_scale() == 4.0
+    del kept
