@@ -225,16 +225,17 @@ def load_latest_checkpoint(checkpointer):
                         f"path(step); {type(checkpointer).__name__} has no "
                         f"{' and no '.join(name + '()' for name in missing)}.")
     if _records_itself(checkpointer):
-        found = checkpointer.load_latest()
-        if found is not None:  # it recorded the load; which step it resumed from is ours
-            _record_usable(found[0], os.path.getmtime(checkpointer.path(found[0])))
-        return found
+        return checkpointer.load_latest()  # it records the load and the step it resumed from
     started = time.perf_counter()
     found = checkpointer.load_latest()
     if found is not None:
         took = time.perf_counter() - started
-        stat = os.stat(checkpointer.path(found[0]))
-        record_checkpoint_load(took, stat.st_size, step=found[0], saved_at=stat.st_mtime)
+        try:
+            stat = os.stat(checkpointer.path(found[0]))
+        except OSError:  # pruned by another rank since: the load itself succeeded
+            record_checkpoint_load(took, 0, step=found[0])
+        else:
+            record_checkpoint_load(took, stat.st_size, step=found[0], saved_at=stat.st_mtime)
     return found
 
 

@@ -290,6 +290,7 @@ class Reducer:
         self._n_ready = 0
         self._fired = 0
         self._next_bucket = 0
+        self._inline_wait = 0.0  # a failed round's must not count in this one
         self._unused = []
         self._unused_marked = False
         self._used_ids = set()

@@ -62,11 +62,17 @@ def test_skewed_clocks_are_measured_within_the_stated_error():
 
 
 def test_the_estimate_reads_the_clock_traces_are_exported_on():
-    from shoal.core.profiler.events import EPOCH_OFFSET_NS, now_ns
+    """Without a clock given, estimate() measures the traces' own clock, and that clock is the
+    monotonic one plus the export's epoch offset (not time.time_ns, which NTP may step); the
+    skew tests above show estimate() measures whatever clock it is given."""
+    import inspect
 
-    before = now_ns() + EPOCH_OFFSET_NS
+    from shoal.core.profiler import events
+
+    assert inspect.signature(clock.estimate).parameters["clock"].default is clock.trace_clock_ns
+    before = events.now_ns() + events.EPOCH_OFFSET_NS
     t = clock.trace_clock_ns()
-    assert before <= t <= now_ns() + EPOCH_OFFSET_NS
+    assert before <= t <= events.now_ns() + events.EPOCH_OFFSET_NS
 
 
 def test_bad_rank_or_rounds_say_which():
