@@ -60,7 +60,17 @@ def _ip(*args: str, netns: Optional[str] = None) -> None:
         raise RuntimeError(f"{' '.join(argv)} failed: {done.stderr.strip()}")
 
 
-_OURS = re.compile(r"^shoal-(\d+)-[0-9a-f]{8}-(?:sw|h\d+)$")
+_OURS = re.compile(r"^shoal-(\d+)\.(\d+)-[0-9a-f]{8}-(?:sw|h\d+)$")
+
+
+def _start_time(pid: int) -> Optional[str]:
+    """The process's start time (clock ticks since boot, /proc/PID/stat field 22), or None
+    when it does not exist: with the pid it names one process across pid reuse."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
 
 
 def _namespaces() -> list[str]:
@@ -95,8 +105,8 @@ def remove_stale_namespaces() -> list[str]:
     stale = []
     for name in _namespaces():
         match = _OURS.match(name)
-        if match is None or os.path.exists(f"/proc/{match.group(1)}"):
-            continue
+        if match is None or _start_time(int(match.group(1))) == match.group(2):
+            continue  # not ours, or its maker still runs
         _kill_everything_in(name)
         _delete_netns(name)
         stale.append(name)
@@ -140,8 +150,9 @@ class Hosts:
             raise ValueError(f"Hosts' mtu must be within 68 and 65535 bytes, got {mtu}.")
         # None keeps the kernel's default for veth and bridges: 1500, plain Ethernet.
         self.mtu = mtu
-        # The creator's pid in every name lets a later run remove what a killed run left.
-        tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        # The creator's pid and start time in every name let a later run remove what a killed
+        # run left (and never what a live one holds, even after pid reuse).
+        tag = f"{os.getpid()}.{_start_time(os.getpid())}-{uuid.uuid4().hex[:8]}"
         self.switch = f"shoal-{tag}-sw"
         self.hosts = [Host(i, f"shoal-{tag}-h{i}", f"{SUBNET}.{i + 1}", f"p{i}")
                       for i in range(n)]
