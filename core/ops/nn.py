@@ -12,7 +12,10 @@ from shoal.core.errors import ShapeError
 from shoal.core.amp.autocast_mode import STATE as _AMP
 from shoal.core.ops import _autocast
 from shoal.core.ops import random as _random
-from shoal.core.ops._promote import as_dtype, is_reduced_float, norm_output_dtype
+from shoal.core.ops._opmath import compute_dtype, narrow, widen
+from shoal.core.ops._promote import (
+    as_dtype, is_reduced_float, norm_output_dtype, result_dtype,
+)
 from shoal.core.ops._util import (
     broadcast_error, needs_grad, result, unbroadcast, val, wrap, xp_of,
 )
@@ -33,32 +36,37 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
             f"{tuple(wd.shape)} (weight is (out_features, in_features), so the input's last "
             f"dim must be {wd.shape[1] if wd.ndim == 2 else '?'})."
         )
+    if bd is not None and bd.shape != (wd.shape[0],):
+        raise ShapeError(
+            f"linear: bias of shape {tuple(bd.shape)} does not match weight of shape "
+            f"{tuple(wd.shape)}; expected ({wd.shape[0]},)."
+        )
+    dt = result_dtype(xd, wd) if bd is None else result_dtype(xd, wd, bd)
     # One 2-D GEMM over all leading dims: numpy's matmul runs a 3-D operand as a loop of small
-    # per-batch GEMMs, several times slower than one tall GEMM on the same data.
+    # per-batch GEMMs, several times slower than one tall GEMM on the same data. 16-bit
+    # operands go through float32 BLAS (ml_dtypes' bfloat16 matmul widens internally anyway;
+    # numpy's float16 one has no BLAS): float32 accumulation and the bias added before the
+    # one rounding, as torch's CPU GEMMs do.
     lead = xd.shape[:-1]
     x2 = xd.reshape(-1, xd.shape[-1]) if xd.ndim != 2 else xd
-    out2 = x2 @ wd.T  # a transposed view: BLAS reads it with a transpose flag, no copy
+    out2 = widen(x2, chain=True) @ widen(wd, chain=True).T  # BLAS reads the transpose: no copy
     if bd is not None:
-        if bd.shape != (wd.shape[0],):
-            raise ShapeError(
-                f"linear: bias of shape {tuple(bd.shape)} does not match weight of shape "
-                f"{tuple(wd.shape)}; expected ({wd.shape[0]},)."
-            )
-        out2 += bd
+        out2 += widen(bd)
+    out2 = narrow(out2, dt)
     out = out2.reshape(lead + (wd.shape[0],)) if xd.ndim != 2 else out2
 
     def backward(g: Any) -> tuple:
         gx = gw = gb = None
-        g2 = g.reshape(-1, g.shape[-1]) if g.ndim != 2 else g
+        g2 = widen(g.reshape(-1, g.shape[-1]) if g.ndim != 2 else g, chain=True)
         if needs_grad(x):
-            gx = (g2 @ wd).reshape(xd.shape)
+            gx = as_dtype((g2 @ widen(wd, chain=True)).reshape(xd.shape), xd.dtype)
         if needs_grad(weight):
-            gw = g2.T @ x2
+            gw = as_dtype(g2.T @ widen(x2, chain=True), wd.dtype)
         if bias is not None and bias.requires_grad:
-            gb = g2.sum(axis=0)
+            gb = as_dtype(g2.sum(axis=0), bd.dtype)  # float32 accumulation for 16-bit grads
         return gx, gw, gb
 
-    return result(out, "AddmmBackward", backward, (x, weight, bias))
+    return result(out, "AddmmBackward", backward, (x, weight, bias), exact_dtype=True)
 
 
 def embedding(input: Any, weight: Tensor, padding_idx: int | None = None) -> Tensor:  # noqa: A002
@@ -160,11 +168,14 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
         dev = backend.device_of(xd)
         gen = _random.generator(xp, dev.index)
         keep = gen.random(xd.shape, dtype=np.float32) >= p
-        mask = xp.multiply(keep, 1.0 / (1.0 - p), dtype=xd.dtype)
-    out = xd * mask
+        # torch's mask holds 1/(1-p) in the input's dtype: rounded there, then used as is.
+        mask = narrow(xp.multiply(keep, 1.0 / (1.0 - p), dtype=compute_dtype(xd.dtype)),
+                      xd.dtype)
+    dt = xd.dtype
+    out = narrow(widen(xd) * widen(mask), dt)
 
     def backward(g: Any) -> tuple:
-        return (g * mask,)
+        return (narrow(widen(g) * widen(mask), dt),)
 
     return result(out, "DropoutBackward", backward, (x,))
 
@@ -180,22 +191,24 @@ def mse_loss(input: Tensor, target: Any, reduction: str = "mean") -> Tensor:  # 
         input, target = _autocast.cast("mse_loss", input, target)
     _check_reduction(reduction, "mse_loss")
     xd, td = val(input), val(target)
+    dt = result_dtype(xd, td)
     try:
-        diff = xd - td
+        diff = widen(xd, chain=True) - widen(td, chain=True)  # float32 for 16-bit operands
     except ValueError as exc:
         raise broadcast_error("mse_loss", xd, td, exc) from exc
     sq = diff * diff
     if reduction == "none":
-        out = sq
+        out = narrow(sq, dt)
     else:
-        out = xp_of(sq).asarray(sq.sum() if reduction == "sum" else sq.mean())
+        out = narrow(xp_of(sq).asarray(sq.sum() if reduction == "sum" else sq.mean()), dt)
     scale = 2.0 / sq.size if reduction == "mean" else 2.0
 
     def backward(g: Any) -> tuple:
+        g = widen(g, chain=True)
         gd = diff * (g * scale) if reduction != "none" else diff * g * 2.0
         return (
-            unbroadcast(gd, xd.shape) if needs_grad(input) else None,
-            unbroadcast(-gd, td.shape) if needs_grad(target) else None,
+            narrow(unbroadcast(gd, xd.shape), xd.dtype) if needs_grad(input) else None,
+            narrow(unbroadcast(-gd, td.shape), td.dtype) if needs_grad(target) else None,
         )
 
     return result(out, "MseLossBackward", backward, (input, target))
@@ -229,7 +242,7 @@ def cross_entropy(
     xp = xp_of(xd)
     if not backend.is_array(td):
         td = xp.asarray(td)
-    wv = None if weight is None else val(weight)
+    wv = None if weight is None else widen(val(weight), chain=True)
     probs_target = td.dtype.kind in "fV"  # ml_dtypes' bfloat16 is kind "V"
     if xd.ndim == 0:
         raise ShapeError("cross_entropy: input must have a class dimension, got a 0-d tensor.")
@@ -240,11 +253,14 @@ def cross_entropy(
             f"cross_entropy: target of shape {tuple(td.shape)} does not match input of shape "
             f"{tuple(xd.shape)}; expected target shape {tuple(expected_t)}."
         )
-    # Work on a (rows, classes) matrix; remember how to map the gradient back.
-    x2 = _class_rows(xd, n_classes, xp)
+    # Work on a (rows, classes) matrix; remember how to map the gradient back. 16-bit logits
+    # and probabilities are computed on in float32 and the loss and gradient rounded once.
+    x2 = widen(_class_rows(xd, n_classes, xp), chain=True)
     t2 = td.reshape(-1, n_classes) if probs_target and xd.ndim <= 2 else (
         xp.moveaxis(td, 1, -1).reshape(-1, n_classes) if probs_target else td.reshape(-1)
     )
+    if probs_target:
+        t2 = widen(t2, chain=True)
     rows = x2.shape[0]
     # Probability targets promote with the logits, as torch's (bfloat16 logits, float32 targets).
     dt = xp.result_type(xd.dtype, td.dtype) if probs_target else xd.dtype
@@ -283,7 +299,7 @@ def cross_entropy(
             if not all_valid:
                 row_w = row_w * valid
         else:
-            row_w = None if all_valid else valid.astype(dt)
+            row_w = None if all_valid else valid.astype(compute_dtype(dt, chain=True))
         nll = lse - picked
         loss_rows = nll * row_w if row_w is not None else nll
         if eps:
@@ -305,8 +321,9 @@ def cross_entropy(
 
     def backward(g: Any) -> tuple:
         # d loss_row / d logits = softmax * (sum of target weights) - weighted target.
+        g = widen(g, chain=True)
         if reduction == "none":
-            r = g.reshape(-1).astype(dt, copy=False)
+            r = g.reshape(-1).astype(compute_dtype(dt, chain=True), copy=False)
         else:
             r = g / denom if reduction == "mean" else g
         p = e * (1.0 / se)[:, None]  # softmax, in a fresh buffer
@@ -378,9 +395,10 @@ def _plain_cross_entropy(
         out = xp.asarray(total / denom if reduction == "mean" else total, dtype=dt)
 
     def backward(g: Any) -> tuple:
+        g = widen(g, chain=True)
         rows = g.reshape(-1) if reduction == "none" else (g / denom if reduction == "mean" else g)
         grad = _kernels.cross_entropy_backward(x2, t2, lse, rows, ignore_index)
-        return _to_input_layout(grad, xd, n_classes), None
+        return narrow(_to_input_layout(grad, xd, n_classes), dt), None
 
     return result(out, "CrossEntropyBackward", backward, (input, target))
 
@@ -413,15 +431,18 @@ def nll_loss(
     valid = t2 != ignore_index
     _check_classes(t2[valid], n_classes, "nll_loss")
     safe_t = xp.where(valid, t2, 0)
-    row_w = valid.astype(xd.dtype)
+    # The picked log-probabilities and weights in float32 for 16-bit inputs: the sums below
+    # accumulate there, and the loss is rounded once, as torch's.
+    row_w = valid.astype(compute_dtype(xd.dtype, chain=True))
     if weight is not None:
-        row_w = row_w * val(weight)[safe_t]
+        row_w = row_w * widen(val(weight)[safe_t], chain=True)
     rows = xp.arange(t2.shape[0])
-    loss_rows = -x2[rows, safe_t] * row_w
+    loss_rows = -widen(x2[rows, safe_t], chain=True) * row_w
     # torch divides by the summed weights of the kept rows: 0/0 = nan when all are ignored.
     denom = row_w.sum() if reduction == "mean" else None
     if reduction == "none":
-        out = loss_rows.reshape(expected_t)
+        none_dt = xd.dtype if weight is None else result_dtype(xd, val(weight))
+        out = narrow(loss_rows.reshape(expected_t), none_dt)
     elif reduction == "sum":
         out = xp.asarray(loss_rows.sum(), dtype=xd.dtype)
     else:
@@ -429,6 +450,7 @@ def nll_loss(
             out = xp.asarray(loss_rows.sum() / denom, dtype=xd.dtype)
 
     def backward(g: Any) -> tuple:
+        g = widen(g, chain=True)
         if reduction == "none":
             r = g.reshape(-1) * row_w
         elif reduction == "sum":

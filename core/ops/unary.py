@@ -1,4 +1,8 @@
-"""Elementwise functions: exp, log, sqrt, tanh, sigmoid, relu, gelu, abs, clamp."""
+"""Elementwise functions: exp, log, sqrt, tanh, sigmoid, relu, gelu, abs, clamp.
+
+bfloat16 (and, for formulas of several steps, float16) operands are computed in float32 and
+rounded once to their dtype, forward and backward, as torch's CPU kernels do (_opmath.py).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from shoal.core import kernels as _kernels
 from shoal.core.amp.autocast_mode import STATE as _AMP
 from shoal.core.ops import _autocast
 from shoal.core.ops import _special
+from shoal.core.ops._opmath import narrow, widen
 from shoal.core.ops._promote import as_dtype, promote
 from shoal.core.ops._util import needs_grad, result, unbroadcast, val, xp_of
 
@@ -24,10 +29,11 @@ def exp(x: Any) -> Any:
     if _AMP.active:
         (x,) = _autocast.cast("exp", x)
     xd = x.data
-    out = xp_of(xd).exp(xd)
+    dt = xd.dtype
+    out = narrow(xp_of(xd).exp(widen(xd)), dt)
 
     def backward(g: Any) -> tuple:
-        return (g * out,)
+        return (narrow(widen(g) * widen(out), dt),)
 
     return result(out, "ExpBackward", backward, (x,))
 
@@ -37,10 +43,11 @@ def log(x: Any) -> Any:
     if _AMP.active:
         (x,) = _autocast.cast("log", x)
     xd = x.data
-    out = xp_of(xd).log(xd)
+    dt = xd.dtype
+    out = narrow(xp_of(xd).log(widen(xd)), dt)
 
     def backward(g: Any) -> tuple:
-        return (g / xd,)
+        return (narrow(widen(g) / widen(xd), dt),)
 
     return result(out, "LogBackward", backward, (x,))
 
@@ -48,10 +55,11 @@ def log(x: Any) -> Any:
 def sqrt(x: Any) -> Any:
     """Square root."""
     xd = x.data
-    out = xp_of(xd).sqrt(xd)
+    dt = xd.dtype
+    out = narrow(xp_of(xd).sqrt(widen(xd)), dt)
 
     def backward(g: Any) -> tuple:
-        return (g / (2 * out),)
+        return (narrow(widen(g) / (2 * widen(out)), dt),)
 
     return result(out, "SqrtBackward", backward, (x,))
 
@@ -59,10 +67,13 @@ def sqrt(x: Any) -> Any:
 def tanh(x: Any) -> Any:
     """Hyperbolic tangent."""
     xd = x.data
-    out = xp_of(xd).tanh(xd)
+    dt = xd.dtype
+    out = narrow(xp_of(xd).tanh(widen(xd)), dt)
 
     def backward(g: Any) -> tuple:
-        return (g * (1 - out * out),)
+        # torch's tanh_backward: from the rounded output, in float32, rounded once.
+        t = widen(out, chain=True)
+        return (narrow(widen(g, chain=True) * (1 - t * t), dt),)
 
     return result(out, "TanhBackward", backward, (x,))
 
@@ -70,12 +81,16 @@ def tanh(x: Any) -> Any:
 def sigmoid(x: Any) -> Any:
     """1 / (1 + e ** -x), computed as (1 + tanh(x/2)) / 2 so large |x| cannot overflow."""
     xd = x.data
-    out = xp_of(xd).tanh(xd * 0.5)
+    dt = xd.dtype
+    out = xp_of(xd).tanh(widen(xd, chain=True) * 0.5)
     out += 1
     out *= 0.5
+    out = narrow(out, dt)
 
     def backward(g: Any) -> tuple:
-        return (g * (out * (1 - out)),)
+        # torch's sigmoid_backward: g * (1 - y) * y from the rounded output y, rounded once.
+        y = widen(out, chain=True)
+        return (narrow(widen(g, chain=True) * (1 - y) * y, dt),)
 
     return result(out, "SigmoidBackward", backward, (x,))
 
@@ -83,11 +98,13 @@ def sigmoid(x: Any) -> Any:
 def relu(x: Any) -> Any:
     """max(x, 0)."""
     xd = x.data
-    out = xp_of(xd).maximum(xd, 0)
+    dt = xd.dtype
+    out = narrow(xp_of(xd).maximum(widen(xd), 0), dt)
 
     def backward(g: Any) -> tuple:
-        # One boolean mask and one multiply into a fresh buffer, as torch's threshold_backward.
-        return (g * (out > 0),)
+        # One boolean mask and one multiply into a fresh buffer, as torch's threshold_backward
+        # (the mask from a widened output: ml_dtypes' bfloat16 comparisons are slow too).
+        return (narrow(widen(g) * (widen(out) > 0), dt),)
 
     return result(out, "ReluBackward", backward, (x,))
 
@@ -103,24 +120,31 @@ def gelu(x: Any, approximate: str = "none") -> Any:
             return (_kernels.gelu_backward_cuda(xd, g, approximate),)
 
         return result(out, "GeluBackward", backward_cuda, (x,))
+    dt = xd.dtype
+    # One fused formula, as torch's gelu kernels: float32 throughout for a 16-bit input, one
+    # rounding at the end (the backward widens x again rather than keep a float32 copy alive).
+    xw = widen(xd, chain=True)
     if approximate == "tanh":
-        inner = _SQRT_2_OVER_PI * (xd + 0.044715 * xd * xd * xd)
+        inner = _SQRT_2_OVER_PI * (xw + 0.044715 * xw * xw * xw)
         t = xp.tanh(inner)
-        out = 0.5 * xd * (1 + t)
+        out = narrow(0.5 * xw * (1 + t), dt)
 
         def backward(g: Any) -> tuple:
-            dinner = _SQRT_2_OVER_PI * (1 + 3 * 0.044715 * xd * xd)
-            return (g * (0.5 * (1 + t) + 0.5 * xd * (1 - t * t) * dinner),)
+            xb = widen(xd, chain=True)
+            dinner = _SQRT_2_OVER_PI * (1 + 3 * 0.044715 * xb * xb)
+            gw = widen(g, chain=True)
+            return (narrow(gw * (0.5 * (1 + t) + 0.5 * xb * (1 - t * t) * dinner), dt),)
 
         return result(out, "GeluBackward", backward, (x,))
     if approximate != "none":
         raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}.")
-    cdf = 0.5 * (1 + _special.erf(xd * _INV_SQRT_2))
-    out = xd * cdf
+    cdf = 0.5 * (1 + _special.erf(xw * _INV_SQRT_2))
+    out = narrow(xw * cdf, dt)
 
     def backward_exact(g: Any) -> tuple:
-        pdf = _INV_SQRT_2PI * xp.exp(-0.5 * xd * xd)
-        return (g * (cdf + xd * pdf),)
+        xb = widen(xd, chain=True)
+        pdf = _INV_SQRT_2PI * xp.exp(-0.5 * xb * xb)
+        return (narrow(widen(g, chain=True) * (cdf + xb * pdf), dt),)
 
     return result(out, "GeluBackward", backward_exact, (x,))
 
@@ -129,10 +153,11 @@ def abs(x: Any) -> Any:  # noqa: A001 - torch's name
     """|x|; the gradient at 0 is 0, as in torch."""
     xd = x.data
     xp = xp_of(xd)
-    out = xp.abs(xd)
+    dt = xd.dtype
+    out = xp.abs(xd)  # exact in every dtype: no widening needed
 
     def backward(g: Any) -> tuple:
-        return (g * xp.sign(xd),)
+        return (narrow(widen(g) * xp.sign(widen(xd)), dt),)
 
     return result(out, "AbsBackward", backward, (x,))
 
@@ -147,10 +172,12 @@ def clamp(x: Any, min: Any = None, max: Any = None) -> Any:  # noqa: A002 - torc
     if min is None and max is None:
         raise ValueError("clamp: at least one of min and max must be given, got both None.")
     dt, xd, lo, hi = promote(x.data, _bound(min), _bound(max))
+    xd, lo, hi = widen(xd), widen(lo), widen(hi)  # exact, but ml_dtypes' loops are slow
     out = as_dtype(xp_of(xd).clip(xd, lo, hi), dt)
 
     def backward(g: Any) -> tuple:
         gx = gmin = gmax = None
+        g = widen(g)  # the masked sums below accumulate in float32, as torch's
         if x.requires_grad:
             inside = (xd >= lo) if lo is not None else None
             if hi is not None:
