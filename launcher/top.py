@@ -14,7 +14,10 @@ and CPU.
 Rates come from the difference of two readings, as Prometheus' rate() would. `q` quits.
 
 A password never comes from the command line (other users can read it there): it is read from
---password-file or from the SHOAL_METRICS_PASSWORD environment variable.
+--password-file or from the SHOAL_METRICS_PASSWORD environment variable. It is sent only over
+https: basic auth over plain http is readable by anyone on the path, so --user with a bare
+HOST:PORT (without --cacert or --cert) or an http:// URL is refused unless
+--allow-http-password says to send it anyway.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import ssl
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Optional, Sequence
 
@@ -123,6 +127,15 @@ def access_from(cacert: Optional[str], cert: Optional[str], key: Optional[str],
                          f"{PASSWORD_ENV} (never on the command line).")
     token = base64.b64encode(f"{user}:{password}".encode()).decode()
     return Access(context, f"Basic {token}")
+
+
+def clear_text_problem(url: str, access: Access, user: Optional[str]) -> Optional[str]:
+    """Why `access` would give its password away on the way to `url` (None: it would not)."""
+    if access.authorization is None or urllib.parse.urlsplit(url).scheme.lower() == "https":
+        return None
+    return (f"--user {user!r} would send its password in clear text to {url}: give an "
+            "https:// endpoint (or a bare HOST:PORT with --cacert), or pass "
+            "--allow-http-password to send it anyway.")
 
 
 def fetch(url: str, timeout: float = FETCH_TIMEOUT_S, access: Optional[Access] = None
@@ -306,6 +319,9 @@ def main(argv: Sequence[str]) -> int:
     secured.add_argument("--user", help="basic auth user name")
     secured.add_argument("--password-file", metavar="FILE",
                          help=f"file holding the basic auth password (or set {PASSWORD_ENV})")
+    secured.add_argument("--allow-http-password", action="store_true",
+                         help="send the password even over plain http, where anyone on the "
+                              "path can read it (refused without this)")
     args = parser.parse_args(list(argv))
     if not args.interval > 0:
         parser.error(f"--interval must be > 0, got {args.interval:g}")
@@ -316,6 +332,9 @@ def main(argv: Sequence[str]) -> int:
     url = metrics_url(args.target, tls=access.ssl_context is not None)
     if access.ssl_context is not None and not url.startswith("https://"):
         parser.error(f"--cacert and --cert are for an https:// endpoint, not {url}")
+    problem = clear_text_problem(url, access, args.user)
+    if problem and not args.allow_http_password:
+        parser.error(problem)
     if args.once:
         try:
             first = fetch(url, access=access)

@@ -1,7 +1,8 @@
 """`shoal top` against a running job (rank 1 a deliberate straggler), in a real terminal: tmux
 runs it, capture-pane reads the screen, send-keys quits it. The screen follows the job live:
 the steps advance, and a killed worker shows as restarts 1/3 and failed 1 while the job
-recovers. Also its text mode and its error for an endpoint that is not there."""
+recovers. Also its text mode, its error for an endpoint that is not there, and its refusal to
+send a basic auth password over plain http unless told to."""
 
 from __future__ import annotations
 
@@ -14,6 +15,10 @@ import sys
 import time
 import uuid
 
+import pytest
+
+from shoal.elastic import metrics
+from shoal.launcher.top import Access, clear_text_problem
 from tests.support.requirements import missing
 from tests.support.shoal_run import ROOT, WORKERS, ShoalRun
 
@@ -142,3 +147,57 @@ def test_shoal_top_once_prints_text_and_refuses_a_dead_endpoint(tmp_path):
     assert dead.returncode == 1
     assert re.fullmatch(rf"shoal top: cannot read http://127\.0\.0\.1:{port}/metrics: "
                         r"\[Errno 111\] Connection refused\n", dead.stderr), dead.stderr
+
+
+def _top_once(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "shoal.launcher", "top", *args, "--once",
+                           "--interval", "0.2"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=30, env={**os.environ, **(env or {})})
+
+
+@pytest.mark.parametrize("target, url", [
+    ("127.0.0.1:1", "http://127.0.0.1:1/metrics"),  # a bare HOST:PORT without TLS options
+    ("http://127.0.0.1:1/metrics", "http://127.0.0.1:1/metrics"),
+])
+def test_shoal_top_refuses_to_send_a_password_over_plain_http(tmp_path, target, url):
+    password = tmp_path / "password"
+    password.write_text("s3cret\n")
+    refusal = (f"shoal top: error: --user 'prom' would send its password in clear text to "
+               f"{url}: give an https:// endpoint (or a bare HOST:PORT with --cacert), or pass "
+               "--allow-http-password to send it anyway.\n")
+    # Refused before anything is sent (nothing listens on port 1; a fetch would exit 1).
+    for extra, env in ((["--password-file", str(password)], None),
+                       ([], {"SHOAL_METRICS_PASSWORD": "s3cret"})):
+        done = _top_once(target, "--user", "prom", *extra, env=env)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.endswith(refusal), done.stderr
+    # https, whatever its spelling, and no password at all are fine.
+    assert clear_text_problem("HTTPS://h:1/metrics", Access(None, "Basic eDp5"), "x") is None
+    assert clear_text_problem(url, Access(None, None), None) is None
+
+
+def test_allow_http_password_sends_it_to_a_plain_http_endpoint(tmp_path):
+    try:
+        import bcrypt
+    except ImportError:
+        missing("the basic auth tests", "basic_auth_users needs bcrypt (pip install bcrypt; "
+                "the test extra has it)")
+    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
+    config = tmp_path / "web.yml"
+    config.write_text(f"basic_auth_users:\n  prom: '{hashed}'\n")  # basic auth, no TLS
+    password = tmp_path / "password"
+    password.write_text("s3cret\n")
+    metrics.set_run_id("plain-auth")
+    server = metrics.MetricsServer("127.0.0.1", 0, None, web_config=str(config))
+    try:
+        assert server.url.startswith("http://")
+        sent = _top_once(server.url, "--user", "prom", "--password-file", str(password),
+                         "--allow-http-password")
+        assert sent.returncode == 0, sent.stderr
+        assert sent.stdout.startswith("run plain-auth  world ?"), sent.stdout
+        # The endpoint does need the password: without it the same read is refused.
+        bare = _top_once(server.url)
+        assert bare.returncode == 1
+        assert bare.stderr == f"shoal top: cannot read {server.url}: HTTP 401 Unauthorized\n"
+    finally:
+        server.stop(linger=0)
