@@ -10,7 +10,7 @@ import abc
 from typing import Any, Callable, Optional, Sequence
 
 from shoal.collectives import arrays
-from shoal.collectives.composite import CompositeCollectives
+from shoal.collectives.composite import CompositeCollectives, check_same_dtype
 from shoal.collectives.futures import Future, work_future
 from shoal.collectives.types import DEFAULT_COLLECTIVE_TIMEOUT_S, PremulSum, ReduceOp
 from shoal.core.errors import ShapeError
@@ -284,17 +284,23 @@ class ProcessGroup(CompositeCollectives, abc.ABC):
         return self._reduce_scatter(output, out, ins, op, async_op, self._t(timeout))
 
     def all_to_all(self, output_list: Sequence, input_list: Sequence, async_op: bool = False,
-                   timeout: TimeoutLike = None) -> Work:
-        """Send `input_list[j]` to rank j, which receives it in its `output_list[i]`."""
+                   timeout: TimeoutLike = None, *, result: Optional[list] = None) -> Work:
+        """Send `input_list[j]` to rank j, which receives it in its `output_list[i]`.
+
+        `result` (shoal's): what the Work's `result()` and Future hold instead of
+        `output_list`; all_to_all_single passes its whole output tensor, as torch's Work does.
+        """
         outs = arrays.unwrap_list(output_list, "all_to_all output_list", self._size)
         ins = arrays.unwrap_list(input_list, "all_to_all input_list", self._size)
         for i, (o, x) in enumerate(zip(outs, ins)):
-            if o.dtype != x.dtype:
-                raise TypeError(
-                    f"all_to_all output_list[{i}] is {arrays.describe(o)} but input_list[{i}] is "
-                    f"{arrays.describe(x)}; all arrays must share one dtype."
-                )
-        return self._all_to_all(list(output_list), outs, ins, async_op, self._t(timeout))
+            check_same_dtype(o, x, f"all_to_all output_list[{i}]", f"input_list[{i}]")
+        if result is not None and not isinstance(result, (list, tuple)):
+            raise TypeError(
+                f"all_to_all result must be a list of what the Work should hold, got "
+                f"{type(result).__name__}."
+            )
+        held = list(output_list) if result is None else list(result)
+        return self._all_to_all(held, outs, ins, async_op, self._t(timeout))
 
     def send(self, tensor, dst: int, tag: int = 0, async_op: bool = False,
              timeout: TimeoutLike = None) -> Work:

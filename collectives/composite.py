@@ -2,15 +2,15 @@
 reduce_scatter, the object collectives gather/scatter, coalesced calls, and the torch
 ProcessGroup's C++-style methods (`allreduce([t], opts)`, `allgather`, `alltoall`, ...).
 
-`CompositeCollectives` is a base of `ProcessGroup`: every method here is written with the
-group's public collectives (and, for all_to_all_single, the `_all_to_all` hook every backend
-implements), so each backend gets them without writing anything.
+`CompositeCollectives` is a base of `ProcessGroup`: every method here is written with what
+`CollectivesHost` declares (the group's public collectives and one hook that hands back a
+finished Work), so each backend gets them without writing anything.
 """
 
 from __future__ import annotations
 
 import datetime
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Protocol, Sequence
 
 import numpy as np
 
@@ -18,6 +18,21 @@ from shoal.collectives import arrays
 from shoal.collectives.types import ReduceOp
 from shoal.core.errors import ShapeError
 from shoal.core.timeouts import TimeoutLike
+
+
+def check_same_dtype(output, input, output_what: str, input_what: str) -> None:
+    """Refuse an output and input (unwrapped arrays) of different dtypes: a collective that
+    moves blocks copies bytes and never converts them, so a mismatch would garble the data.
+
+    Raises:
+        TypeError: naming both arrays, e.g. "all_to_all_single output is float32[6] but input
+            is float64[6]; both must share one dtype."
+    """
+    if output.dtype != input.dtype:
+        raise TypeError(
+            f"{output_what} is {arrays.describe(output)} but {input_what} is "
+            f"{arrays.describe(input)}; both must share one dtype."
+        )
 
 
 def _split_rows(arr, sizes: Optional[Sequence[int]], world: int, what: str) -> list:
@@ -78,8 +93,61 @@ def _one(tensors: Any, what: str):
     return tensors
 
 
+class CollectivesHost(Protocol):
+    """What `CompositeCollectives` needs from the class it is mixed into (`ProcessGroup`):
+    the public collectives, with their documented meaning, and one hook."""
+
+    def rank(self) -> int:
+        """This process's rank in the group."""
+
+    def size(self) -> int:
+        """Number of ranks in the group."""
+
+    def all_reduce(self, tensor, op: Any = ReduceOp.SUM, async_op: bool = False,
+                   timeout: TimeoutLike = None) -> Any:
+        """Reduce `tensor` across ranks in place."""
+
+    def broadcast(self, tensor, src: int = 0, async_op: bool = False,
+                  timeout: TimeoutLike = None) -> Any:
+        """Copy rank `src`'s `tensor` into every rank's."""
+
+    def reduce(self, tensor, dst: int = 0, op: Any = ReduceOp.SUM, async_op: bool = False,
+               timeout: TimeoutLike = None) -> Any:
+        """Reduce `tensor` across ranks into rank `dst`'s."""
+
+    def all_gather(self, tensor_list: Sequence, tensor, async_op: bool = False,
+                   timeout: TimeoutLike = None) -> Any:
+        """Fill `tensor_list[j]` with rank j's `tensor`."""
+
+    def all_gather_into_tensor(self, output, input, async_op: bool = False,
+                               timeout: TimeoutLike = None) -> Any:
+        """Concatenate every rank's `input` into `output`."""
+
+    def gather(self, tensor, gather_list: Optional[Sequence] = None, dst: int = 0,
+               async_op: bool = False, timeout: TimeoutLike = None) -> Any:
+        """Collect every rank's `tensor` into `gather_list` on rank `dst`."""
+
+    def scatter(self, tensor, scatter_list: Optional[Sequence] = None, src: int = 0,
+                async_op: bool = False, timeout: TimeoutLike = None) -> Any:
+        """Rank `src` sends `scatter_list[j]` to rank j's `tensor`."""
+
+    def reduce_scatter(self, output, input_list: Sequence, op: Any = ReduceOp.SUM,
+                       async_op: bool = False, timeout: TimeoutLike = None) -> Any:
+        """Reduce `input_list[j]` across ranks into rank j's `output`."""
+
+    def all_to_all(self, output_list: Sequence, input_list: Sequence, async_op: bool = False,
+                   timeout: TimeoutLike = None, *, result: Optional[list] = None) -> Any:
+        """Send `input_list[j]` to rank j's `output_list[i]`; the Work's result (and Future)
+        hold `result` when given, else `output_list`."""
+
+    def _completed_work(self, result: list) -> Any:
+        """A Work that already finished with `result` (what the calls that run several
+        collectives before returning hand back)."""
+
+
 class CompositeCollectives:
     """torch's composite collectives, written with the group's own (see the module's doc).
+    Its host must be a `CollectivesHost`; the methods read nothing else of it.
 
     Calls that run several collectives (coalesced, object collectives) run them before
     returning, and return a completed Work even when asked for async_op.
@@ -114,17 +182,13 @@ class CompositeCollectives:
         `output` (blocks equal, or as the split sizes say), as torch's all_to_all_single."""
         out = arrays.unwrap(output, "all_to_all_single output")
         inp = arrays.unwrap(input, "all_to_all_single input")
+        check_same_dtype(out, inp, "all_to_all_single output", "input")
         world = self.size()
-        if out.dtype != inp.dtype:
-            raise TypeError(
-                f"all_to_all_single output is {arrays.describe(out)} but input is "
-                f"{arrays.describe(inp)}; both must share one dtype."
-            )
         outs = _split_rows(out, output_split_sizes, world, "all_to_all_single output")
         ins = _split_rows(inp, input_split_sizes, world, "all_to_all_single input")
-        # The host's all_to_all hook with `output` itself as the result, so that the Work and
-        # its Future hold the output tensor, as torch's do, not this call's views of its rows.
-        return self._all_to_all([output], outs, ins, async_op, self._t(timeout))
+        # `output` itself is the result, so that the Work and its Future hold the output
+        # tensor, as torch's do, not this call's views of its rows.
+        return self.all_to_all(outs, ins, async_op=async_op, timeout=timeout, result=[output])
 
     # -- object collectives
 

@@ -238,6 +238,17 @@ def test_alltoall_sends_block_j_to_rank_j(job):
         with pytest.raises(TypeError, match=r"^all_to_all output_list\[0\] is float32\[2\] but "
                                             r"input_list\[0\] is float64\[2\]"):
             pg.alltoall([np.empty(2, np.float32) for _ in range(W)], ins)
+        # result=: the Work and its Future hold what the caller names (all_to_all_single's
+        # whole output tensor), while the blocks still land in output_list.
+        whole = np.empty(2 * W)
+        views = [whole[2 * q:2 * q + 2] for q in range(W)]
+        work = pg.all_to_all(views, ins, result=[whole])
+        assert len(work.result()) == 1 and work.result()[0] is whole
+        assert _future_value(work)[0] is whole
+        assert whole.tolist() == [10.0 * q + r for q in range(W) for _ in range(2)]
+        with pytest.raises(TypeError, match=r"^all_to_all result must be a list of what the Work "
+                                            r"should hold, got ndarray\.$"):
+            pg.all_to_all(views, ins, result=whole)
 
     job.run(body)
 
