@@ -48,6 +48,16 @@ def _int_at_least(lowest: int) -> Callable[[str], int]:
     return convert
 
 
+def choice(*words: str) -> Callable[[str], str]:
+    """A converter to one of `words` (given in lowercase), in any case and spacing."""
+    def convert(text: str) -> str:
+        word = str(text).strip().lower()
+        if word not in words:
+            raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(words)}")
+        return word
+    return convert
+
+
 def _seconds(text: str, allow_zero: bool = False) -> float:
     try:
         value = float(str(text).strip())
@@ -205,14 +215,7 @@ def ranks_filter(text: str) -> tuple[int, ...]:
 
 # torchrun's --numa-binding modes (torch.numa.binding.AffinityMode).
 NUMA_MODES = ("node", "socket", "exclusive", "core-complex")
-
-
-def numa_mode(text: str) -> str:
-    """One of torchrun's NUMA binding modes (NUMA_MODES)."""
-    word = str(text).strip().lower()
-    if word not in NUMA_MODES:
-        raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(NUMA_MODES)}")
-    return word
+numa_mode = choice(*NUMA_MODES)
 
 
 def comma_list(text: str) -> tuple[str, ...]:
@@ -242,22 +245,6 @@ def signal_names(text: str) -> tuple[signal.Signals, ...]:
     return tuple(dict.fromkeys(found))
 
 
-def _protocol(text: str) -> str:
-    """http or https (torch's etcd rendezvous `protocol`)."""
-    word = str(text).strip().lower()
-    if word not in ("http", "https"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not http or https")
-    return word
-
-
-def _store_type(text: str) -> str:
-    """torch's c10d `store_type`: tcp or file."""
-    word = str(text).strip().lower()
-    if word not in ("tcp", "file"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not tcp or file")
-    return word
-
-
 # torch's --rdzv-conf keys that shoal names differently or does without; launcher.torch_conf
 # turns them into shoal's (or a notice that they are ignored, and why).
 TORCH_CONF_KEYS: dict[str, tuple[Callable[[str], object], str]] = {
@@ -271,7 +258,8 @@ TORCH_CONF_KEYS: dict[str, tuple[Callable[[str], object], str]] = {
                                "torch's: a node is dead after this many heartbeats are missed "
                                "(heartbeat_timeout = heartbeat_interval x this)"),
     "close_timeout": (lambda t: positive_seconds(t), "torch's; accepted and ignored"),
-    "store_type": (_store_type, "torch's c10d: tcp (shoal's store backend); file is refused"),
+    "store_type": (choice("tcp", "file"),
+                   "torch's c10d: tcp (shoal's store backend); file is refused"),
 }
 
 
@@ -279,8 +267,10 @@ def _conf_keys() -> dict[str, tuple[Callable[[str], object], str]]:
     # Late-bound: those converters are defined further down.
     files = {name: (lambda t: readable_file(t))
              for name in ("cacert", "cert", "key", "ca_cert", "ssl_cert", "ssl_cert_key")}
+    # protocol (http or https) is checked once, by the etcd backend's EtcdSecurity, which code
+    # that builds a backend without shoal run reaches as well.
     _TEXT_OPTIONS.update(files, user=lambda t: text_value(t), password=lambda t: text_value(t),
-                         protocol=_protocol, etcd_prefix=lambda t: text_value(t))
+                         protocol=lambda t: text_value(t), etcd_prefix=lambda t: text_value(t))
     # The rendezvous settings and the backends' options are checked by elastic when parse_run
     # builds them; here they only need to be numbers. The rest are the launcher's own.
     keys: dict[str, tuple[Callable[[str], object], str]] = {
@@ -325,12 +315,7 @@ def rdzv_conf(text: str) -> dict[str, object]:
     return result
 
 
-def start_method(text: str) -> str:
-    """spawn, fork or forkserver (torchrun's choices)."""
-    word = str(text).strip()
-    if word not in ("spawn", "fork", "forkserver"):
-        raise argparse.ArgumentTypeError(f"{word!r} is not one of spawn, fork, forkserver")
-    return word
+start_method = choice("spawn", "fork", "forkserver")  # torchrun's choices
 
 
 def readable_file(text: str) -> str:

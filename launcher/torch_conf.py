@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Mapping, Optional
 
 from shoal.elastic.api import DEFAULT_HEARTBEAT_INTERVAL_S
+from shoal.launcher.virtual_local_rank import visible_devices
 
 # torch's name -> shoal's, for keys that mean the same.
 RENAMED = {"timeout": "join_timeout", "read_timeout": "store_timeout",
@@ -92,11 +93,8 @@ def ignored_flags(ns) -> list[str]:
 def virtual_local_rank_problem(nproc: int, environ: Mapping[str, str]) -> Optional[str]:
     """Why `nproc` workers cannot each get a device of their own from CUDA_VISIBLE_DEVICES
     (None when they can, or when it is unset: every device is visible)."""
-    visible = environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
+    listed = visible_devices(environ)
+    if listed is None or len(listed) >= nproc:
         return None
-    listed = [d for d in visible.split(",") if d.strip()]
-    if len(listed) >= nproc:
-        return None
-    return (f"{nproc} workers need a device each, but CUDA_VISIBLE_DEVICES={visible!r} lists "
-            f"{len(listed)}")
+    return (f"{nproc} workers need a device each, but "
+            f"CUDA_VISIBLE_DEVICES={environ['CUDA_VISIBLE_DEVICES']!r} lists {len(listed)}")

@@ -9,6 +9,16 @@ not with -m, so that the shoal package is not imported twice per worker.
 
 import os
 import sys
+from typing import Mapping, Optional
+
+
+def visible_devices(environ: Mapping[str, str]) -> Optional[list[str]]:
+    """The devices CUDA_VISIBLE_DEVICES lists in `environ`, in its order (None when it is unset:
+    every device is visible)."""
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return None
+    return [d.strip() for d in visible.split(",") if d.strip()]
 
 
 def main() -> None:
@@ -17,15 +27,14 @@ def main() -> None:
         sys.stderr.write("usage: virtual_local_rank.py PROGRAM [ARGS...]\n")
         raise SystemExit(2)
     local = int(os.environ["LOCAL_RANK"])
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
+    listed = visible_devices(os.environ)
+    if listed is None:
         device = str(local)
+    elif local >= len(listed):  # shoal run checks this first; a changed environment only
+        sys.stderr.write(f"--virtual-local-rank: local rank {local} has no device in "
+                         f"CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']!r}\n")
+        raise SystemExit(2)
     else:
-        listed = [d.strip() for d in visible.split(",") if d.strip()]
-        if local >= len(listed):  # shoal run checks this first; a changed environment only
-            sys.stderr.write(f"--virtual-local-rank: local rank {local} has no device in "
-                             f"CUDA_VISIBLE_DEVICES={visible!r}\n")
-            raise SystemExit(2)
         device = listed[local]
     os.environ["CUDA_VISIBLE_DEVICES"] = device
     os.environ["LOCAL_RANK"] = "0"

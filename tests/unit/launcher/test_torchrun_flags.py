@@ -155,7 +155,7 @@ def test_close_timeout_is_accepted_with_a_notice_and_store_type_tcp_silently():
 
 @pytest.mark.parametrize("conf, message", [
     ("store_type=file", "store_type=file (torch's FileStore rendezvous) is not supported"),
-    ("store_type=redis", "key 'store_type': 'redis' is not tcp or file"),
+    ("store_type=redis", "key 'store_type': 'redis' is not one of tcp, file"),
     ("timeout=5,join_timeout=6", "join_timeout=6.0 disagrees with timeout=5.0 (torch's name "
                                  "for join_timeout); give one of them"),
     ("keep_alive_max_attempt=1", "keep_alive_max_attempt=1 would declare a node dead after a "
@@ -191,7 +191,9 @@ def test_etcd_v2_tls_spellings_and_protocol(pems):
 
 
 @pytest.mark.parametrize("conf, message", [
-    ("protocol=ftp", "key 'protocol': 'ftp' is not http or https"),
+    # Checked once, by the etcd backend's own rule (code that builds a backend meets it too).
+    ("protocol=ftp", "argument --rdzv-conf/--rdzv_conf: etcd protocol='ftp' is neither http "
+                     "nor https."),
     ("protocol=http,cacert={d}/ca.pem", "etcd protocol=http turns TLS off, but cacert or cert "
                                         "was given; use protocol=https"),
     ("ca_cert={d}/ca.pem,cacert={d}/client.pem", "ca_cert is torch's name for cacert); give "
@@ -244,6 +246,9 @@ def test_numa_binding_takes_torchruns_modes(capsys):
     assert set(NUMA_MODES) == {mode.value for mode in binding.AffinityMode}
     assert "'near' is not one of node, socket, exclusive, core-complex" in _error(
         capsys, ["--numa-binding=near", SCRIPT])
+    # Any case, as the other one-word choices (store_type, --start-method).
+    assert parse_run(["--numa-binding= Socket", SCRIPT], {}).notices[0].startswith(
+        "--numa-binding socket is torchrun's")
 
 
 def test_virtual_local_rank_needs_a_visible_device_per_worker(capsys):
@@ -255,6 +260,15 @@ def test_virtual_local_rank_needs_a_visible_device_per_worker(capsys):
                  {"CUDA_VISIBLE_DEVICES": "5,7"})
     assert ("argument --virtual-local-rank/--virtual_local_rank: 3 workers need a device each, "
             "but CUDA_VISIBLE_DEVICES='5,7' lists 2") in err
+
+
+def test_visible_devices_is_the_one_reading_of_cuda_visible_devices():
+    # shoal run's check above and the worker-side wrapper both read it through this.
+    from shoal.launcher.virtual_local_rank import visible_devices
+
+    assert visible_devices({}) is None  # unset: every device is visible
+    assert visible_devices({"CUDA_VISIBLE_DEVICES": " 5, GPU-1f,,"}) == ["5", "GPU-1f"]
+    assert visible_devices({"CUDA_VISIBLE_DEVICES": ""}) == []
 
 
 def test_every_torchrun_flag_is_accepted():
