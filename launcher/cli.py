@@ -3,7 +3,8 @@
 Heavy imports (prometheus_client, the agent, the stores, the etcd client) happen inside the
 commands, so that `shoal --help` is quick and PROMETHEUS_MULTIPROC_DIR can be taken out of this
 process's environment before prometheus_client reads it. The flags import only the
-rendezvous' rules (elastic.api and the registry, which loads each backend when it is built).
+rendezvous' rules (elastic.api and the registry, which loads each backend when it is built);
+elastic.errors and virtual_local_rank need only the standard library and load at once.
 """
 
 from __future__ import annotations
@@ -15,7 +16,13 @@ import sys
 import tempfile
 from typing import Optional, Sequence
 
-from shoal.launcher import flags
+from shoal.elastic.errors import (
+    TERMINATION_MESSAGE_LIMIT,
+    error_document,
+    read_error_file,
+    write_error_file,
+)
+from shoal.launcher import flags, virtual_local_rank
 
 logger = logging.getLogger("shoal.run")
 
@@ -268,8 +275,6 @@ def _worker_argv(settings: flags.RunSettings) -> tuple[str, ...]:
         argv = (python,) + python_argv(settings.script, settings.script_args,
                                        settings.module)[1:]
     if settings.virtual_local_rank:
-        from shoal.launcher import virtual_local_rank
-
         # It picks the worker's device, then execs the worker in its place (same pid).
         argv = (sys.executable, "-I", os.path.abspath(virtual_local_rank.__file__), *argv)
     return argv
@@ -291,10 +296,6 @@ def _write_agent_error_file(result) -> None:
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path or result.exit_code == 0:
         return
-    from shoal.elastic.errors import TERMINATION_MESSAGE_LIMIT, error_document, write_error_file
-
-    from shoal.elastic.errors import read_error_file
-
     failure = result.failure or {}
     # The worker's own error file: its exception (@record), or what the agent wrote for a
     # worker that died without one (the rank and its signal or exit code).
