@@ -6,8 +6,10 @@ beats its variable, which beats the default. Every flag accepts both spellings
 usage error (exit status 2) with a message that names the flag, and the variable when the value
 came from one. The rendezvous' own rules (its settings, the backends, their endpoints and
 options) live in elastic; parsing applies them, so a bad value is still a usage error here.
-Each value's converter is in `launcher.converters`. torchrun's flags and `PET_<FLAG>`
-variables are understood with torchrun's meaning (see `parse_run`).
+Each value's converter is in `launcher.converters`, the `Flag` type and how a table of them
+meets argparse and the variables in `launcher.flag_spec`. torchrun's flags and `PET_<FLAG>`
+variables are understood with torchrun's meaning (see `parse_run` and `launcher.torch_conf`,
+which holds torchrun's flags that have no counterpart here).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import os
 import re
 import signal
 import uuid
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 from shoal.elastic.api import SETTINGS_CONF_KEYS, RendezvousSettings
 from shoal.elastic.rendezvous.registry import BACKENDS, backend_options, check_endpoints
@@ -37,11 +39,8 @@ from shoal.launcher.converters import (  # noqa: F401  (DEFAULT_* and RDZV_CONF_
     boolean,
     directory,
     endpoints,
-    NUMA_MODES,
-    comma_list,
     nnodes,
     nonnegative_seconds,
-    numa_mode,
     nproc,
     port,
     positive_seconds,
@@ -56,51 +55,11 @@ from shoal.launcher.converters import (  # noqa: F401  (DEFAULT_* and RDZV_CONF_
     text_value,
     _int_at_least,
 )
-from shoal.launcher.streams import StdSpec
 from shoal.launcher import torch_conf
+from shoal.launcher.flag_spec import Flag, add_flag, apply_env
+from shoal.launcher.streams import StdSpec
 
 # ----------------------------------------------------------------------------- flag table
-
-@dataclasses.dataclass(frozen=True)
-class Flag:
-    """One option: its name (dashes), converter, default, help and whether it takes no value."""
-
-    name: str
-    convert: Callable[[str], object]
-    default: object
-    help: str
-    switch: bool = False
-    short: Optional[str] = None
-    env_prefix: str = "SHOAL_"
-
-    @property
-    def dest(self) -> str:
-        """The attribute name (underscores)."""
-        return self.name.replace("-", "_")
-
-    @property
-    def env(self) -> str:
-        """The variable that backs this flag."""
-        return self.env_prefix + self.dest.upper()
-
-    @property
-    def envs(self) -> tuple[str, ...]:
-        """The variables that back this flag, first found wins: shoal's, then torchrun's
-        `PET_<FLAG>` (what Kubeflow's PyTorchJob and Trainer inject)."""
-        if self.env_prefix != "SHOAL_":
-            return (self.env,)
-        return (self.env, "PET_" + self.dest.upper())
-
-    @property
-    def option_strings(self) -> list[str]:
-        """Both spellings (and the short one, if any)."""
-        spellings = [f"--{self.name}"]
-        if "-" in self.name:
-            spellings.append(f"--{self.dest}")
-        if self.short:
-            spellings.insert(0, self.short)
-        return spellings
-
 
 RUN_GROUPS: dict[str, list[Flag]] = {
     "nodes and workers": [
@@ -176,22 +135,7 @@ RUN_GROUPS: dict[str, list[Flag]] = {
         Flag("local-ranks-filter", ranks_filter, (),
              "show only these local ranks' output on the console, e.g. 0,1 (files keep all)"),
     ],
-    "torchrun's, with no counterpart here (accepted with a warning)": [
-        Flag("logs-specs", text_value, None,
-             "torchrun's LogsSpecs entry point: ignored (shoal has no log plugins; --log-dir, "
-             "-r and -t choose where streams go)"),
-        Flag("event-log-handler", text_value, "null",
-             "torchrun's event handler: only 'null' (its default) here, shoal emits no "
-             "torchelastic events (its logs and --metrics-port report rounds and failures)"),
-        Flag("numa-binding", numa_mode, None,
-             f"torchrun's NUMA binding ({', '.join(NUMA_MODES)}): ignored, shoal does not pin "
-             "workers to CPUs"),
-        Flag("duplicate-stdout-filters", comma_list, (),
-             "torchrun's copy of matching stdout lines to a file: ignored (every stream is in "
-             "--log-dir's files; search them)"),
-        Flag("duplicate-stderr-filters", comma_list, (),
-             "the same for stderr: ignored"),
-    ],
+    torch_conf.NO_COUNTERPART_TITLE: torch_conf.NO_COUNTERPART_FLAGS,
     "security": [
         Flag("auth-token-file", readable_file, None,
              "file holding the job's secret (else SHOAL_AUTH_TOKEN, else a fresh one per job)"),
@@ -221,37 +165,6 @@ STORE_FLAGS: list[Flag] = [
          env_prefix="SHOAL_STORE_"),
     Flag("auth-token-file", readable_file, None, "file holding the job's secret"),
 ]
-
-
-def _add_flag(container, flag: Flag) -> None:
-    kwargs = dict(dest=flag.dest, default=None, help=f"{flag.help} [{', '.join(flag.envs)}]")
-    if flag.switch:
-        # A switch takes no value (so `--standalone train.py` keeps the script); its variable
-        # may still say false.
-        container.add_argument(*flag.option_strings, action="store_const", const=True, **kwargs)
-    else:
-        container.add_argument(*flag.option_strings, type=flag.convert,
-                               metavar=flag.dest.upper(), **kwargs)
-
-
-def _apply_env(parser: argparse.ArgumentParser, flags: Sequence[Flag], ns: argparse.Namespace,
-               environ: Mapping[str, str]) -> None:
-    for flag in flags:
-        if getattr(ns, flag.dest) is not None:
-            continue
-        name, raw = next(((n, environ[n]) for n in flag.envs if environ.get(n, "") != ""),
-                         (None, None))
-        if raw is not None:
-            convert = boolean if flag.switch else flag.convert
-            try:
-                value = convert(raw)
-            except argparse.ArgumentTypeError as exc:
-                parser.error(
-                    f"argument {'/'.join(flag.option_strings)} (from {name}={raw!r}): {exc}"
-                )
-        else:
-            value = flag.default
-        setattr(ns, flag.dest, value)
 
 
 # ----------------------------------------------------------------------------- run settings
@@ -355,7 +268,7 @@ def run_parser() -> argparse.ArgumentParser:
     for title, flags in RUN_GROUPS.items():
         group = parser.add_argument_group(title)
         for flag in flags:
-            _add_flag(group, flag)
+            add_flag(group, flag)
     parser.add_argument("script", help="the training script (or module with -m, or program "
                                        "with --no-python)")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's arguments")
@@ -368,41 +281,13 @@ def _version() -> str:
     return __version__
 
 
-def _rendezvous_target(parser, ns) -> tuple[str, tuple, Optional[int], bool, dict]:
-    """Map torchrun's backends onto shoal's: (backend, endpoints, node rank, try_host, conf)."""
-    requested = ns.rdzv_backend
-    conf = dict(ns.rdzv_conf)
-    endpoints_, node_rank, try_host = tuple(ns.rdzv_endpoint), ns.node_rank, False
-    if requested == "static":
-        if ns.nnodes[0] != ns.nnodes[1]:
-            parser.error(f"argument --nnodes: the static rendezvous needs a fixed node count, "
-                         f"got {ns.nnodes[0]}:{ns.nnodes[1]}; use --rdzv-backend c10d (or "
-                         "etcd) for an elastic range")
-        if not endpoints_:
-            endpoints_ = ((ns.master_addr or "127.0.0.1",
-                           DEFAULT_MASTER_PORT if ns.master_port is None else ns.master_port),)
-        node_rank = 0 if node_rank is None else node_rank
-        if node_rank >= ns.nnodes[1]:
-            parser.error(f"argument --node-rank/--node_rank: {node_rank} is not below --nnodes "
-                         f"{ns.nnodes[1]}")
-        conf.setdefault("is_host", node_rank == 0)
-    elif requested == "c10d" and endpoints_ and "is_host" not in conf and node_rank is None:
-        host, number = endpoints_[0]
-        if number != 0:
-            from shoal.core.netaddr import is_local_address
-
-            # torchrun hosts the store where the endpoint names this machine.
-            try_host = host == "localhost" or is_local_address(host)
-    return TORCHRUN_BACKENDS.get(requested, requested), endpoints_, node_rank, try_host, conf
-
-
 def parse_run(argv: Sequence[str], environ: Optional[Mapping[str, str]] = None) -> RunSettings:
     """Parse `shoal run` arguments; exits with status 2 and a message on a bad value."""
     environ = os.environ if environ is None else environ
     parser = run_parser()
     ns = parser.parse_args(_bare_tee(argv))
     flags = [flag for group in RUN_GROUPS.values() for flag in group]
-    _apply_env(parser, flags, ns, environ)
+    apply_env(parser, flags, ns, environ)
     if ns.rdzv_backend is None:
         # torchrun's default is static at --master-addr:--master-port; shoal's is an embedded
         # store. A master address or port (flag or PET_ variable) asks for torchrun's.
@@ -419,7 +304,7 @@ def parse_run(argv: Sequence[str], environ: Optional[Mapping[str, str]] = None) 
                          f"{min_nodes}:{max_nodes}")
         ns.rdzv_backend = "store"
     requested = ns.rdzv_backend
-    backend, endpoint_list, node_rank, try_host, conf = _rendezvous_target(parser, ns)
+    backend, endpoint_list, node_rank, try_host, conf = torch_conf.rendezvous_target(parser, ns)
     # No store endpoint: this node hosts an embedded store on 127.0.0.1 (see embedded_store).
     embedded = backend == "store" and (ns.standalone or not endpoint_list)
     private = embedded or (backend == "store" and endpoint_list[0][1] == 0)  # a port of its own
@@ -540,7 +425,7 @@ def store_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     for flag in STORE_FLAGS:
-        _add_flag(parser, flag)
+        add_flag(parser, flag)
     return parser
 
 
@@ -551,5 +436,5 @@ def parse_store(argv: Sequence[str], environ: Optional[Mapping[str, str]] = None
     ns = parser.parse_args(list(argv))
     # --host and --port read SHOAL_STORE_HOST and SHOAL_STORE_PORT: bare SHOAL_HOST would be
     # too easy to set by accident.
-    _apply_env(parser, STORE_FLAGS, ns, environ)
+    apply_env(parser, STORE_FLAGS, ns, environ)
     return StoreSettings(host=ns.host, port=ns.port, auth_token_file=ns.auth_token_file)

@@ -7,15 +7,27 @@ one-line notice saying why; a key that means something shoal cannot do (`store_t
 refused. The etcd keys (`protocol`, `etcd_prefix`, etcd-v2's `ca_cert`/`ssl_cert`/
 `ssl_cert_key`) are the etcd backend's own options (elastic.rendezvous.registry).
 
-`ignored_flags` words the notices for torchrun's flags that have no counterpart here, and
+torchrun's flags that have no counterpart here are `NO_COUNTERPART_FLAGS` (a group of `shoal
+run --help`), and `ignored_flags` words the notices for those given. `rendezvous_target` maps
+torchrun's rendezvous backends (c10d, static, etcd-v2) onto shoal's, and
 `virtual_local_rank_problem` checks `--virtual-local-rank` against CUDA_VISIBLE_DEVICES.
 """
 
 from __future__ import annotations
 
+import argparse
 from typing import Mapping, Optional
 
 from shoal.elastic.api import DEFAULT_HEARTBEAT_INTERVAL_S
+from shoal.launcher.converters import (
+    DEFAULT_MASTER_PORT,
+    NUMA_MODES,
+    TORCHRUN_BACKENDS,
+    comma_list,
+    numa_mode,
+    text_value,
+)
+from shoal.launcher.flag_spec import Flag
 from shoal.launcher.virtual_local_rank import visible_devices
 
 # torch's name -> shoal's, for keys that mean the same.
@@ -69,6 +81,27 @@ def _set(conf: dict, name: str, value: object, source: str) -> None:
     conf[name] = value
 
 
+# A group of `shoal run --help`: torchrun's flags accepted for its command lines, each noticed
+# by ignored_flags when given.
+NO_COUNTERPART_TITLE = "torchrun's, with no counterpart here (accepted with a warning)"
+NO_COUNTERPART_FLAGS: list[Flag] = [
+    Flag("logs-specs", text_value, None,
+         "torchrun's LogsSpecs entry point: ignored (shoal has no log plugins; --log-dir, "
+         "-r and -t choose where streams go)"),
+    Flag("event-log-handler", text_value, "null",
+         "torchrun's event handler: only 'null' (its default) here, shoal emits no "
+         "torchelastic events (its logs and --metrics-port report rounds and failures)"),
+    Flag("numa-binding", numa_mode, None,
+         f"torchrun's NUMA binding ({', '.join(NUMA_MODES)}): ignored, shoal does not pin "
+         "workers to CPUs"),
+    Flag("duplicate-stdout-filters", comma_list, (),
+         "torchrun's copy of matching stdout lines to a file: ignored (every stream is in "
+         "--log-dir's files; search them)"),
+    Flag("duplicate-stderr-filters", comma_list, (),
+         "the same for stderr: ignored"),
+]
+
+
 def ignored_flags(ns) -> list[str]:
     """One notice per torchrun flag given (`ns`: parsed flags) that shoal does without."""
     found = []
@@ -88,6 +121,35 @@ def ignored_flags(ns) -> list[str]:
             found.append(f"--duplicate-{stream}-filters is torchrun's and is ignored: every "
                          "stream is in --log-dir's files; search them instead.")
     return found
+
+
+def rendezvous_target(parser: argparse.ArgumentParser, ns: argparse.Namespace
+                      ) -> tuple[str, tuple, Optional[int], bool, dict]:
+    """Map torchrun's backends onto shoal's: (backend, endpoints, node rank, try_host, conf)."""
+    requested = ns.rdzv_backend
+    conf = dict(ns.rdzv_conf)
+    endpoints_, node_rank, try_host = tuple(ns.rdzv_endpoint), ns.node_rank, False
+    if requested == "static":
+        if ns.nnodes[0] != ns.nnodes[1]:
+            parser.error(f"argument --nnodes: the static rendezvous needs a fixed node count, "
+                         f"got {ns.nnodes[0]}:{ns.nnodes[1]}; use --rdzv-backend c10d (or "
+                         "etcd) for an elastic range")
+        if not endpoints_:
+            endpoints_ = ((ns.master_addr or "127.0.0.1",
+                           DEFAULT_MASTER_PORT if ns.master_port is None else ns.master_port),)
+        node_rank = 0 if node_rank is None else node_rank
+        if node_rank >= ns.nnodes[1]:
+            parser.error(f"argument --node-rank/--node_rank: {node_rank} is not below --nnodes "
+                         f"{ns.nnodes[1]}")
+        conf.setdefault("is_host", node_rank == 0)
+    elif requested == "c10d" and endpoints_ and "is_host" not in conf and node_rank is None:
+        host, number = endpoints_[0]
+        if number != 0:
+            from shoal.core.netaddr import is_local_address
+
+            # torchrun hosts the store where the endpoint names this machine.
+            try_host = host == "localhost" or is_local_address(host)
+    return TORCHRUN_BACKENDS.get(requested, requested), endpoints_, node_rank, try_host, conf
 
 
 def virtual_local_rank_problem(nproc: int, environ: Mapping[str, str]) -> Optional[str]:
