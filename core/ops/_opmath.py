@@ -6,16 +6,16 @@ tanh's or sigmoid's backward) rounds once at its end. Ops here do the same: `wid
 operands to float32 arrays, compute with numpy's float32 loops, and `narrow` the result to the
 output dtype. That gives torch's values and is also the fast way on numpy:
 
-- ml_dtypes' bfloat16 ufuncs convert, call a scalar C function and round back one element at a
-  time (np.tanh on bfloat16 is ~20x slower than on float32, add/mul ~2x), while the casts to
-  and from float32 are vectorised and cheap. So bfloat16 always widens.
-- numpy's own float16 loops already compute each element in float32 and round once (add, mul)
-  or run SIMD float16 code (tanh, exp), and its float16 <-> float32 casts are slow, so one
-  ufunc on float16 costs less as it is. A chain of ufuncs (gelu's formula, a backward formula)
-  widens float16 too: numpy would round after each step, where torch rounds once, and each
-  float16 step with a Python scalar is slow (gelu: ~4x faster widened).
+- ml_dtypes' bfloat16 ufuncs convert, call a scalar C function and round back one element at
+  a time (np.tanh on bfloat16 is ~20x slower than on float32, add, mul and comparisons 2-20x),
+  while its casts to and from float32 are vectorised and cheap. So bfloat16 always widens.
+- numpy's own float16 loops compute each element in float32 and round once too, but they
+  round a Python number operand to float16 first (torch's mul and div keep it in float32), and
+  a formula of several ufuncs rounds after each. So float16 widens as well, except for a lone
+  ufunc with numpy's fast float16 loop (exp, log, sqrt, tanh; relu, abs and clamp are exact):
+  numpy's float16 <-> float32 casts are slow, and those give torch's values as they are.
 
-Only numpy arrays widen; cupy's float16 kernels compute in float32 already. Python scalars and
+Only numpy arrays widen; cupy's float16 kernels compute in float32 already. Python numbers and
 None pass through. Gradients come back in their input's dtype, as torch's do.
 """
 
@@ -32,20 +32,21 @@ _BF16 = np.dtype(ml_dtypes.bfloat16)
 _F32 = np.dtype(np.float32)
 
 
-def widen(a: Any, chain: bool = False) -> Any:
-    """`a` as a 16-bit float op computes on it: bfloat16 numpy arrays as float32 copies, and
-    float16 ones too when `chain` (the caller runs several ufuncs on it); anything else as is."""
+def widen(a: Any, float16: bool = True) -> Any:
+    """`a` as a 16-bit float op computes on it: a bfloat16 numpy array as a float32 copy, a
+    float16 one too unless `float16` is False (a lone ufunc numpy runs well on float16);
+    anything else as it is."""
     if a.__class__ is not _ndarray:
         return a
     dt = a.dtype
-    if dt is _BF16 or (chain and dt is _F16):
+    if dt is _BF16 or (float16 and dt is _F16):
         return a.astype(_F32)
     return a
 
 
-def compute_dtype(dtype: np.dtype, chain: bool = False) -> np.dtype:
+def compute_dtype(dtype: np.dtype, float16: bool = True) -> np.dtype:
     """The dtype `widen` computes an array of `dtype` in (to build a buffer there directly)."""
-    return _F32 if dtype is _BF16 or (chain and dtype is _F16) else dtype
+    return _F32 if dtype is _BF16 or (float16 and dtype is _F16) else dtype
 
 
 def narrow(a: Any, dtype: np.dtype) -> Any:
@@ -53,4 +54,15 @@ def narrow(a: Any, dtype: np.dtype) -> Any:
     input dtype `widen` made float32); any other result as it is (exp of int64 is float64)."""
     if (dtype is _BF16 or dtype is _F16) and a.dtype is not dtype:
         return a.astype(dtype)
+    return a
+
+
+def rounded_number(a: Any, dtype: np.dtype) -> Any:
+    """A Python number operand of a 16-bit op rounded to that dtype first, as torch casts the
+    number of an add, a sub, a pow or a comparison to the tensor's dtype (x + 0.1 adds
+    bfloat16(0.1) = 0.10009765625; mul and div keep the number in float32). Arrays, other
+    dtypes and None pass as they are."""
+    if (dtype is _BF16 or dtype is _F16) and isinstance(a, (int, float)):
+        with np.errstate(over="ignore"):  # 70000 in float16 is inf, as in torch
+            return float(np.asarray(float(a), dtype=dtype))
     return a

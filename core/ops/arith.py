@@ -1,7 +1,7 @@
 """Elementwise arithmetic with broadcasting: + - * / pow neg, and comparisons (no grad).
 
 The binary ops promote their operands as torch does (core/ops/_promote.py), compute in the
-result dtype (bfloat16 in float32, rounded once: core/ops/_opmath.py), and hand each operand
+result dtype (16-bit floats in float32, rounded once: core/ops/_opmath.py), and hand each operand
 its gradient in its own dtype.
 """
 
@@ -10,12 +10,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import ml_dtypes
-import numpy as np
-
 from shoal.core.amp.autocast_mode import STATE as _AMP
 from shoal.core.ops import _autocast
-from shoal.core.ops._opmath import widen
+from shoal.core.ops._opmath import rounded_number, widen
 from shoal.core.ops._promote import DEFAULT_FLOAT, as_dtype, category, promote
 from shoal.core.ops._util import (
     UnsupportedOperand,
@@ -28,12 +25,11 @@ from shoal.core.ops._util import (
     xp_of,
 )
 
-_BF16 = np.dtype(ml_dtypes.bfloat16)
-
 
 def add(x: Any, y: Any) -> Any:
     """x + y."""
     dt, xd, yd = promote(val(x), val(y))
+    xd, yd = rounded_number(xd, dt), rounded_number(yd, dt)
     try:
         out = as_dtype(widen(xd) + widen(yd), dt)
     except ValueError as exc:
@@ -51,6 +47,7 @@ def add(x: Any, y: Any) -> Any:
 def sub(x: Any, y: Any) -> Any:
     """x - y."""
     dt, xd, yd = promote(val(x), val(y))
+    xd, yd = rounded_number(xd, dt), rounded_number(yd, dt)
     try:
         out = as_dtype(widen(xd) - widen(yd), dt)
     except ValueError as exc:
@@ -99,10 +96,10 @@ def div(x: Any, y: Any) -> Any:
         raise broadcast_error("div", xd, yd, exc) from exc
 
     def backward(g: Any) -> tuple:
-        g, yw = widen(g, chain=True), widen(yd, chain=True)
+        g, yw = widen(g), widen(yd)
         return (
             _grad_for(x, unbroadcast(g / yw, xd.shape)) if needs_grad(x) else None,
-            _grad_for(y, unbroadcast(-g * widen(out, chain=True) / yw, yd.shape))
+            _grad_for(y, unbroadcast(-g * widen(out) / yw, yd.shape))
             if needs_grad(y) else None,
         )
 
@@ -124,6 +121,7 @@ def pow(x: Any, y: Any) -> Any:  # noqa: A001 - torch's name
     if _AMP.active:
         x, y = _autocast.cast("pow", x, y)
     dt, xd, yd = promote(val(x), val(y))
+    xd, yd = rounded_number(xd, dt), rounded_number(yd, dt)
     try:
         if category(dt) < 2:
             out = as_dtype(_integer_pow(xd, yd), dt)
@@ -134,7 +132,7 @@ def pow(x: Any, y: Any) -> Any:  # noqa: A001 - torch's name
 
     def backward(g: Any) -> tuple:
         gx = gy = None
-        gw, xw, yw = widen(g, chain=True), widen(xd, chain=True), widen(yd, chain=True)
+        gw, xw, yw = widen(g), widen(xd), widen(yd)
         if needs_grad(x):
             if isinstance(yw, (int, float)):
                 gx = gw * (2 * xw) if yw == 2 else gw * (yw * xw ** (yw - 1))
@@ -142,7 +140,7 @@ def pow(x: Any, y: Any) -> Any:  # noqa: A001 - torch's name
                 gx = unbroadcast(gw * (yw * xw ** (yw - 1)), xd.shape)
             gx = _grad_for(x, gx)
         if needs_grad(y):
-            ow = widen(out, chain=True)
+            ow = widen(out)
             if isinstance(xw, (int, float)):
                 gy = gw * (ow * math.log(xw))
             else:
@@ -218,25 +216,18 @@ def _compare(op: str, fn: Any) -> Any:
         except UnsupportedOperand:
             return NotImplemented  # `t == None` falls back to identity, as in torch
         try:
+            # torch compares in the promoted dtype: a number is rounded to a 16-bit one first
+            # (bfloat16(0.1) == 0.1 is True); bfloat16 arrays widen exactly, and float32
+            # comparisons are ~20x faster than ml_dtypes' loops.
             dt, xd, yd = promote(xd, yd)
-            if dt is _BF16:
-                xd, yd = _bfloat16_operand(xd), _bfloat16_operand(yd)
-            return wrap(fn(xd, yd))
+            xd, yd = rounded_number(xd, dt), rounded_number(yd, dt)
+            return wrap(fn(widen(xd, float16=False), widen(yd, float16=False)))
         except ValueError as exc:
             raise broadcast_error(op, xd, yd, exc) from exc
 
     compare.__name__ = op
     compare.__doc__ = f"Elementwise {op}; a bool tensor without grad."
     return compare
-
-
-def _bfloat16_operand(d: Any) -> Any:
-    """A comparison operand whose promoted dtype is bfloat16, in float32: torch compares in
-    bfloat16, so a Python number is rounded to it first (bfloat16(0.1) == 0.1 is True); the
-    arrays widen exactly, and float32 comparisons are ~20x faster than ml_dtypes' loops."""
-    if isinstance(d, (int, float)):
-        return float(np.asarray(d, dtype=_BF16))
-    return widen(d)
 
 
 eq = _compare("eq", lambda a, b: a == b)

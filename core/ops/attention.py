@@ -53,7 +53,7 @@ def scaled_dot_product_attention(
     # 16-bit inputs are computed on in float32 (scores, softmax, both products) and the output
     # rounded once, as torch's CPU attention kernels; the backward widens them again rather
     # than keep float32 copies alive between the passes.
-    scores = widen(qd, chain=True) @ widen(kd, chain=True).swapaxes(-1, -2)
+    scores = widen(qd) @ widen(kd).swapaxes(-1, -2)
     scores *= sc
     md = None if attn_mask is None else val(attn_mask)
     if md is not None and not backend.is_array(md):
@@ -68,7 +68,7 @@ def scaled_dot_product_attention(
             scores = xp.where(md, scores, -xp.inf)
         else:
             try:
-                scores = scores + widen(md, chain=True)
+                scores = scores + widen(md)
             except ValueError as exc:
                 raise ShapeError(
                     f"scaled_dot_product_attention: attn_mask of shape {tuple(md.shape)} does not "
@@ -84,15 +84,15 @@ def scaled_dot_product_attention(
         gen = _random.generator(xp, backend.device_of(qd).index)
         keep = (gen.random(probs.shape, dtype=np.float32) >= dropout_p) * (1.0 / (1.0 - dropout_p))
         dropped = probs * keep.astype(probs.dtype)
-    out = as_dtype(dropped @ widen(vd, chain=True), result_dtype(qd, kd, vd))
+    out = as_dtype(dropped @ widen(vd), result_dtype(qd, kd, vd))
     mask_grad = md is not None and md.dtype != bool and needs_grad(attn_mask)
 
     def backward(g: Any) -> tuple:
         gq = gk = gv = gmask = None
-        g = widen(g, chain=True)
+        g = widen(g)
         if needs_grad(value):
             gv = as_dtype(unbroadcast(dropped.swapaxes(-1, -2) @ g, vd.shape), vd.dtype)
-        gp = g @ widen(vd, chain=True).swapaxes(-1, -2)
+        gp = g @ widen(vd).swapaxes(-1, -2)
         if keep is not None:
             gp *= keep
         gs = probs * (gp - (gp * probs).sum(axis=-1, keepdims=True))
@@ -100,9 +100,9 @@ def scaled_dot_product_attention(
             gmask = as_dtype(unbroadcast(gs, md.shape), mask_dtype)
         gs *= sc
         if needs_grad(query):
-            gq = as_dtype(unbroadcast(gs @ widen(kd, chain=True), qd.shape), qd.dtype)
+            gq = as_dtype(unbroadcast(gs @ widen(kd), qd.shape), qd.dtype)
         if needs_grad(key):
-            gk = as_dtype(unbroadcast(gs.swapaxes(-1, -2) @ widen(qd, chain=True), kd.shape),
+            gk = as_dtype(unbroadcast(gs.swapaxes(-1, -2) @ widen(qd), kd.shape),
                           kd.dtype)
         return gq, gk, gv, gmask
 

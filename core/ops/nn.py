@@ -49,7 +49,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     # one rounding, as torch's CPU GEMMs do.
     lead = xd.shape[:-1]
     x2 = xd.reshape(-1, xd.shape[-1]) if xd.ndim != 2 else xd
-    out2 = widen(x2, chain=True) @ widen(wd, chain=True).T  # BLAS reads the transpose: no copy
+    out2 = widen(x2) @ widen(wd).T  # BLAS reads the transpose: no copy
     if bd is not None:
         out2 += widen(bd)
     out2 = narrow(out2, dt)
@@ -57,11 +57,11 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
     def backward(g: Any) -> tuple:
         gx = gw = gb = None
-        g2 = widen(g.reshape(-1, g.shape[-1]) if g.ndim != 2 else g, chain=True)
+        g2 = widen(g.reshape(-1, g.shape[-1]) if g.ndim != 2 else g)
         if needs_grad(x):
-            gx = as_dtype((g2 @ widen(wd, chain=True)).reshape(xd.shape), xd.dtype)
+            gx = as_dtype((g2 @ widen(wd)).reshape(xd.shape), xd.dtype)
         if needs_grad(weight):
-            gw = as_dtype(g2.T @ widen(x2, chain=True), wd.dtype)
+            gw = as_dtype(g2.T @ widen(x2), wd.dtype)
         if bias is not None and bias.requires_grad:
             gb = as_dtype(g2.sum(axis=0), bd.dtype)  # float32 accumulation for 16-bit grads
         return gx, gw, gb
@@ -172,10 +172,10 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
         mask = narrow(xp.multiply(keep, 1.0 / (1.0 - p), dtype=compute_dtype(xd.dtype)),
                       xd.dtype)
     dt = xd.dtype
-    out = narrow(widen(xd) * widen(mask), dt)
+    out = narrow(widen(xd, float16=False) * widen(mask, float16=False), dt)
 
     def backward(g: Any) -> tuple:
-        return (narrow(widen(g) * widen(mask), dt),)
+        return (narrow(widen(g, float16=False) * widen(mask, float16=False), dt),)
 
     return result(out, "DropoutBackward", backward, (x,))
 
@@ -193,7 +193,7 @@ def mse_loss(input: Tensor, target: Any, reduction: str = "mean") -> Tensor:  # 
     xd, td = val(input), val(target)
     dt = result_dtype(xd, td)
     try:
-        diff = widen(xd, chain=True) - widen(td, chain=True)  # float32 for 16-bit operands
+        diff = widen(xd) - widen(td)  # float32 for 16-bit operands
     except ValueError as exc:
         raise broadcast_error("mse_loss", xd, td, exc) from exc
     sq = diff * diff
@@ -204,7 +204,7 @@ def mse_loss(input: Tensor, target: Any, reduction: str = "mean") -> Tensor:  # 
     scale = 2.0 / sq.size if reduction == "mean" else 2.0
 
     def backward(g: Any) -> tuple:
-        g = widen(g, chain=True)
+        g = widen(g)
         gd = diff * (g * scale) if reduction != "none" else diff * g * 2.0
         return (
             narrow(unbroadcast(gd, xd.shape), xd.dtype) if needs_grad(input) else None,
@@ -242,7 +242,7 @@ def cross_entropy(
     xp = xp_of(xd)
     if not backend.is_array(td):
         td = xp.asarray(td)
-    wv = None if weight is None else widen(val(weight), chain=True)
+    wv = None if weight is None else widen(val(weight))
     probs_target = td.dtype.kind in "fV"  # ml_dtypes' bfloat16 is kind "V"
     if xd.ndim == 0:
         raise ShapeError("cross_entropy: input must have a class dimension, got a 0-d tensor.")
@@ -255,12 +255,12 @@ def cross_entropy(
         )
     # Work on a (rows, classes) matrix; remember how to map the gradient back. 16-bit logits
     # and probabilities are computed on in float32 and the loss and gradient rounded once.
-    x2 = widen(_class_rows(xd, n_classes, xp), chain=True)
+    x2 = widen(_class_rows(xd, n_classes, xp))
     t2 = td.reshape(-1, n_classes) if probs_target and xd.ndim <= 2 else (
         xp.moveaxis(td, 1, -1).reshape(-1, n_classes) if probs_target else td.reshape(-1)
     )
     if probs_target:
-        t2 = widen(t2, chain=True)
+        t2 = widen(t2)
     rows = x2.shape[0]
     # Probability targets promote with the logits, as torch's (bfloat16 logits, float32 targets).
     dt = xp.result_type(xd.dtype, td.dtype) if probs_target else xd.dtype
@@ -299,7 +299,7 @@ def cross_entropy(
             if not all_valid:
                 row_w = row_w * valid
         else:
-            row_w = None if all_valid else valid.astype(compute_dtype(dt, chain=True))
+            row_w = None if all_valid else valid.astype(compute_dtype(dt))
         nll = lse - picked
         loss_rows = nll * row_w if row_w is not None else nll
         if eps:
@@ -321,9 +321,9 @@ def cross_entropy(
 
     def backward(g: Any) -> tuple:
         # d loss_row / d logits = softmax * (sum of target weights) - weighted target.
-        g = widen(g, chain=True)
+        g = widen(g)
         if reduction == "none":
-            r = g.reshape(-1).astype(compute_dtype(dt, chain=True), copy=False)
+            r = g.reshape(-1).astype(compute_dtype(dt), copy=False)
         else:
             r = g / denom if reduction == "mean" else g
         p = e * (1.0 / se)[:, None]  # softmax, in a fresh buffer
@@ -395,7 +395,7 @@ def _plain_cross_entropy(
         out = xp.asarray(total / denom if reduction == "mean" else total, dtype=dt)
 
     def backward(g: Any) -> tuple:
-        g = widen(g, chain=True)
+        g = widen(g)
         rows = g.reshape(-1) if reduction == "none" else (g / denom if reduction == "mean" else g)
         grad = _kernels.cross_entropy_backward(x2, t2, lse, rows, ignore_index)
         return narrow(_to_input_layout(grad, xd, n_classes), dt), None
@@ -433,11 +433,11 @@ def nll_loss(
     safe_t = xp.where(valid, t2, 0)
     # The picked log-probabilities and weights in float32 for 16-bit inputs: the sums below
     # accumulate there, and the loss is rounded once, as torch's.
-    row_w = valid.astype(compute_dtype(xd.dtype, chain=True))
+    row_w = valid.astype(compute_dtype(xd.dtype))
     if weight is not None:
-        row_w = row_w * widen(val(weight)[safe_t], chain=True)
+        row_w = row_w * widen(val(weight)[safe_t])
     rows = xp.arange(t2.shape[0])
-    loss_rows = -widen(x2[rows, safe_t], chain=True) * row_w
+    loss_rows = -widen(x2[rows, safe_t]) * row_w
     # torch divides by the summed weights of the kept rows: 0/0 = nan when all are ignored.
     denom = row_w.sum() if reduction == "mean" else None
     if reduction == "none":
@@ -450,7 +450,7 @@ def nll_loss(
             out = xp.asarray(loss_rows.sum() / denom, dtype=xd.dtype)
 
     def backward(g: Any) -> tuple:
-        g = widen(g, chain=True)
+        g = widen(g)
         if reduction == "none":
             r = g.reshape(-1) * row_w
         elif reduction == "sum":

@@ -1,7 +1,8 @@
 """Elementwise functions: exp, log, sqrt, tanh, sigmoid, relu, gelu, abs, clamp.
 
-bfloat16 (and, for formulas of several steps, float16) operands are computed in float32 and
-rounded once to their dtype, forward and backward, as torch's CPU kernels do (_opmath.py).
+bfloat16 and float16 operands are computed in float32 (a lone ufunc numpy runs well on float16
+excepted) and rounded once to their dtype, forward and backward, as torch's CPU kernels do
+(_opmath.py).
 """
 
 from __future__ import annotations
@@ -30,10 +31,10 @@ def exp(x: Any) -> Any:
         (x,) = _autocast.cast("exp", x)
     xd = x.data
     dt = xd.dtype
-    out = narrow(xp_of(xd).exp(widen(xd)), dt)
+    out = narrow(xp_of(xd).exp(widen(xd, float16=False)), dt)
 
     def backward(g: Any) -> tuple:
-        return (narrow(widen(g) * widen(out), dt),)
+        return (narrow(widen(g, float16=False) * widen(out, float16=False), dt),)
 
     return result(out, "ExpBackward", backward, (x,))
 
@@ -44,10 +45,10 @@ def log(x: Any) -> Any:
         (x,) = _autocast.cast("log", x)
     xd = x.data
     dt = xd.dtype
-    out = narrow(xp_of(xd).log(widen(xd)), dt)
+    out = narrow(xp_of(xd).log(widen(xd, float16=False)), dt)
 
     def backward(g: Any) -> tuple:
-        return (narrow(widen(g) / widen(xd), dt),)
+        return (narrow(widen(g, float16=False) / widen(xd, float16=False), dt),)
 
     return result(out, "LogBackward", backward, (x,))
 
@@ -56,10 +57,10 @@ def sqrt(x: Any) -> Any:
     """Square root."""
     xd = x.data
     dt = xd.dtype
-    out = narrow(xp_of(xd).sqrt(widen(xd)), dt)
+    out = narrow(xp_of(xd).sqrt(widen(xd, float16=False)), dt)
 
     def backward(g: Any) -> tuple:
-        return (narrow(widen(g) / (2 * widen(out)), dt),)
+        return (narrow(widen(g, float16=False) / (2 * widen(out, float16=False)), dt),)
 
     return result(out, "SqrtBackward", backward, (x,))
 
@@ -68,29 +69,29 @@ def tanh(x: Any) -> Any:
     """Hyperbolic tangent."""
     xd = x.data
     dt = xd.dtype
-    out = narrow(xp_of(xd).tanh(widen(xd)), dt)
+    out = narrow(xp_of(xd).tanh(widen(xd, float16=False)), dt)
 
     def backward(g: Any) -> tuple:
         # torch's tanh_backward: from the rounded output, in float32, rounded once.
-        t = widen(out, chain=True)
-        return (narrow(widen(g, chain=True) * (1 - t * t), dt),)
+        t = widen(out)
+        return (narrow(widen(g) * (1 - t * t), dt),)
 
     return result(out, "TanhBackward", backward, (x,))
 
 
 def sigmoid(x: Any) -> Any:
-    """1 / (1 + e ** -x), computed as (1 + tanh(x/2)) / 2 so large |x| cannot overflow."""
+    """1 / (1 + e ** -x), torch's formula: accurate in both tails (a far negative x gives a
+    huge e ** -x, so a tiny result, and one past float32's range an inf, so 0, as torch)."""
     xd = x.data
     dt = xd.dtype
-    out = xp_of(xd).tanh(widen(xd, chain=True) * 0.5)
-    out += 1
-    out *= 0.5
-    out = narrow(out, dt)
+    xp = xp_of(xd)
+    with np.errstate(over="ignore"):
+        out = narrow(1 / (1 + xp.exp(-widen(xd))), dt)
 
     def backward(g: Any) -> tuple:
         # torch's sigmoid_backward: g * (1 - y) * y from the rounded output y, rounded once.
-        y = widen(out, chain=True)
-        return (narrow(widen(g, chain=True) * (1 - y) * y, dt),)
+        y = widen(out)
+        return (narrow(widen(g) * (1 - y) * y, dt),)
 
     return result(out, "SigmoidBackward", backward, (x,))
 
@@ -99,12 +100,12 @@ def relu(x: Any) -> Any:
     """max(x, 0)."""
     xd = x.data
     dt = xd.dtype
-    out = narrow(xp_of(xd).maximum(widen(xd), 0), dt)
+    out = narrow(xp_of(xd).maximum(widen(xd, float16=False), 0), dt)
 
     def backward(g: Any) -> tuple:
         # One boolean mask and one multiply into a fresh buffer, as torch's threshold_backward
         # (the mask from a widened output: ml_dtypes' bfloat16 comparisons are slow too).
-        return (narrow(widen(g) * (widen(out) > 0), dt),)
+        return (narrow(widen(g, float16=False) * (widen(out, float16=False) > 0), dt),)
 
     return result(out, "ReluBackward", backward, (x,))
 
@@ -123,16 +124,16 @@ def gelu(x: Any, approximate: str = "none") -> Any:
     dt = xd.dtype
     # One fused formula, as torch's gelu kernels: float32 throughout for a 16-bit input, one
     # rounding at the end (the backward widens x again rather than keep a float32 copy alive).
-    xw = widen(xd, chain=True)
+    xw = widen(xd)
     if approximate == "tanh":
         inner = _SQRT_2_OVER_PI * (xw + 0.044715 * xw * xw * xw)
         t = xp.tanh(inner)
         out = narrow(0.5 * xw * (1 + t), dt)
 
         def backward(g: Any) -> tuple:
-            xb = widen(xd, chain=True)
+            xb = widen(xd)
             dinner = _SQRT_2_OVER_PI * (1 + 3 * 0.044715 * xb * xb)
-            gw = widen(g, chain=True)
+            gw = widen(g)
             return (narrow(gw * (0.5 * (1 + t) + 0.5 * xb * (1 - t * t) * dinner), dt),)
 
         return result(out, "GeluBackward", backward, (x,))
@@ -142,9 +143,9 @@ def gelu(x: Any, approximate: str = "none") -> Any:
     out = narrow(xw * cdf, dt)
 
     def backward_exact(g: Any) -> tuple:
-        xb = widen(xd, chain=True)
+        xb = widen(xd)
         pdf = _INV_SQRT_2PI * xp.exp(-0.5 * xb * xb)
-        return (narrow(widen(g, chain=True) * (cdf + xb * pdf), dt),)
+        return (narrow(widen(g) * (cdf + xb * pdf), dt),)
 
     return result(out, "GeluBackward", backward_exact, (x,))
 
@@ -157,7 +158,7 @@ def abs(x: Any) -> Any:  # noqa: A001 - torch's name
     out = xp.abs(xd)  # exact in every dtype: no widening needed
 
     def backward(g: Any) -> tuple:
-        return (narrow(widen(g) * xp.sign(widen(xd)), dt),)
+        return (narrow(widen(g, float16=False) * xp.sign(widen(xd, float16=False)), dt),)
 
     return result(out, "AbsBackward", backward, (x,))
 
@@ -172,7 +173,8 @@ def clamp(x: Any, min: Any = None, max: Any = None) -> Any:  # noqa: A002 - torc
     if min is None and max is None:
         raise ValueError("clamp: at least one of min and max must be given, got both None.")
     dt, xd, lo, hi = promote(x.data, _bound(min), _bound(max))
-    xd, lo, hi = widen(xd), widen(lo), widen(hi)  # exact, but ml_dtypes' loops are slow
+    # Exact in any dtype, but ml_dtypes' bfloat16 loops are slow.
+    xd, lo, hi = widen(xd, float16=False), widen(lo, float16=False), widen(hi, float16=False)
     out = as_dtype(xp_of(xd).clip(xd, lo, hi), dt)
 
     def backward(g: Any) -> tuple:

@@ -1,0 +1,301 @@
+"""16-bit elementwise ops against torch's CPU kernels: float32 math, one rounding per op.
+
+torch computes a bfloat16 or float16 elementwise op in float32 and rounds the result once (a
+fused kernel, such as gelu or tanh_backward, at its end); core does the same
+(core/ops/_opmath.py). Where both libraries' float32 result is exact or correctly rounded
+(+ - * /, sqrt, relu, abs, clamp, x ** 2, comparisons, the gradients of these) the values
+must equal torch's bit for bit. Transcendental functions (exp, log, tanh, sigmoid, gelu) use
+each library's own float32 implementation, whose last bit may differ, and torch rounds some
+composite backward formulas (div's and pow's) after each step: there the values may be a
+step apart where that decides the rounding, so they are checked in units in the last place
+of the 16-bit type: at most 1 ulp (2 for the composite gradients) and on few elements.
+"""
+
+import numpy as np
+import pytest
+
+from shoal import core
+import shoal.core.nn.functional as F
+
+torch = pytest.importorskip("torch")
+tf = torch.nn.functional
+
+_N = 4096
+_DTYPES = {"bf16": (core.bfloat16, torch.bfloat16), "f16": (core.float16, torch.float16)}
+
+
+def _ordered(bits: np.ndarray) -> np.ndarray:
+    """16-bit float bit patterns as integers in the floats' order (sign-magnitude to linear)."""
+    i = bits.astype(np.int32)
+    return np.where(i & 0x8000, -(i & 0x7FFF), i)
+
+
+def _ulps(ours, theirs) -> np.ndarray:
+    """How many representable 16-bit values apart each element of the two results is."""
+    assert str(ours.dtype).split(".")[-1] == str(theirs.dtype).split(".")[-1]
+    a = ours.detach().numpy().view(np.uint16)
+    b = theirs.detach().view(torch.int16).numpy().view(np.uint16)
+    assert a.shape == b.shape
+    return np.abs(_ordered(a) - _ordered(b))
+
+
+def _pair(values: np.ndarray, kind: str, requires_grad: bool = True):
+    """The same 16-bit values as a core tensor and a torch tensor (rounded once, by torch)."""
+    t = torch.tensor(values, dtype=_DTYPES[kind][1])
+    c = core.tensor(t.float().numpy(), dtype=_DTYPES[kind][0])  # exact: already representable
+    return c.requires_grad_(requires_grad), t.requires_grad_(requires_grad)
+
+
+def _inputs(kind: str, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(_N) * 3
+    y = rng.standard_normal(_N) * 3
+    y = np.where(np.abs(y) < 0.05, 0.5, y)  # a divisor clear of 0
+    g = rng.standard_normal(_N)
+    return _pair(x, kind), _pair(y, kind), _pair(g, kind, requires_grad=False)
+
+
+# A tolerance is (ulps, share, atol): elements at most `ulps` apart (or, beyond that, at most
+# `atol` apart), and at most `share` of them apart at all; a dict holds one per dtype; 0 is
+# bit for bit.
+_LIBM = (1, 0.01, 0)  # numpy's float32 exp/log/tanh and torch's (Sleef) differ in a last bit
+_COMPOSITE = (2, 0.4, 0)  # torch rounds after each step of the formula, core once at its end
+# torch's pow backward uses x ** (1.3 - 1) with 0.3 rounded to the 16-bit type, and rounds
+# after each of its three products; core uses the rounded exponent 1.3 throughout.
+_POW_BACKWARD = (6, 0.8, 0)
+# gelu's float32 1 + erf(x/sqrt 2) (or 1 + tanh) cancels in the negative tail in both
+# libraries, each ~1e-6 from the truth there: the results agree to that absolute size.
+_GELU = (1, 0.05, 2e-5)
+
+# name: (shoal fn, torch fn, forward, x-gradient, y-gradient tolerance; None: no gradient).
+_ELEMENTWISE = {
+    "add": (lambda x, y: x + y, lambda x, y: x + y, 0, 0, 0),
+    "sub": (lambda x, y: x - y, lambda x, y: x - y, 0, 0, 0),
+    "mul": (lambda x, y: x * y, lambda x, y: x * y, 0, 0, 0),
+    "div": (lambda x, y: x / y, lambda x, y: x / y, 0, 0, _COMPOSITE),  # -g * ((x / y) / y)
+    "add_python_scalar": (lambda x, y: x + 0.1, lambda x, y: x + 0.1, 0, 0, None),
+    "mul_python_scalar": (lambda x, y: x * 0.1, lambda x, y: x * 0.1, 0, 0, None),
+    "rsub_python_scalar": (lambda x, y: 0.3 - x, lambda x, y: 0.3 - x, 0, 0, None),
+    "pow_python_exponent": (lambda x, y: x.abs() ** 1.3, lambda x, y: x.abs() ** 1.3, 0,
+                            _POW_BACKWARD, None),
+    "square": (lambda x, y: x**2, lambda x, y: x**2, 0, 0, None),
+    # torch's bfloat16 x ** 3 rounds x * x before the second product.
+    "cube": (lambda x, y: x**3, lambda x, y: x**3, {"bf16": _COMPOSITE, "f16": 0}, _COMPOSITE,
+             None),
+    "neg": (lambda x, y: -x, lambda x, y: -x, 0, 0, None),
+    "abs": (lambda x, y: x.abs(), lambda x, y: x.abs(), 0, 0, None),
+    "relu": (lambda x, y: x.relu(), lambda x, y: x.relu(), 0, 0, None),
+    "clamp": (lambda x, y: x.clamp(-0.1, 0.7), lambda x, y: x.clamp(-0.1, 0.7), 0, 0, None),
+    "sqrt": (lambda x, y: (x.abs() + 0.1).sqrt(), lambda x, y: (x.abs() + 0.1).sqrt(), 0, 0,
+             None),
+    "exp": (lambda x, y: x.exp(), lambda x, y: x.exp(), _LIBM, _LIBM, None),
+    "log": (lambda x, y: (x.abs() + 0.1).log(), lambda x, y: (x.abs() + 0.1).log(), _LIBM, 0,
+            None),
+    "tanh": (lambda x, y: x.tanh(), lambda x, y: x.tanh(), _LIBM, _LIBM, None),
+    # torch's float16 sigmoid_backward rounds after each product (c10::Half arithmetic).
+    "sigmoid": (lambda x, y: (x * 8).sigmoid(), lambda x, y: (x * 8).sigmoid(), _LIBM,
+                {"bf16": _LIBM, "f16": (4, 0.1, 0)}, None),
+    "gelu": (lambda x, y: F.gelu(x), lambda x, y: tf.gelu(x), _GELU, _GELU, None),
+    "gelu_tanh": (lambda x, y: F.gelu(x, approximate="tanh"),
+                  lambda x, y: tf.gelu(x, approximate="tanh"), _GELU, _GELU, None),
+}
+
+
+def _check(ours, theirs, tolerance, kind: str, what: str) -> None:
+    """ours equals theirs within `tolerance` (see _LIBM), in the same 16-bit dtype."""
+    assert ours.dtype == _DTYPES[kind][0], what  # computed in float32, rounded to its dtype
+    if isinstance(tolerance, dict):
+        tolerance = tolerance[kind]
+    ulps, share, atol = (tolerance, 0.0, 0.0) if isinstance(tolerance, int) else tolerance
+    diff = _ulps(ours, theirs)
+    apart = np.abs(ours.detach().numpy().astype(np.float64) - theirs.detach().double().numpy())
+    beyond = diff > ulps
+    assert not beyond.any() or apart[beyond].max() <= atol, (what, int(diff.max()), apart.max())
+    assert (diff > 0).mean() <= share, (what, float((diff > 0).mean()))
+
+
+@pytest.mark.parametrize("kind", sorted(_DTYPES))
+@pytest.mark.parametrize("name", sorted(_ELEMENTWISE))
+def test_forward_and_backward_match_torch_in_16_bits(name, kind):
+    fn_c, fn_t, fwd, gx, gy = _ELEMENTWISE[name]
+    (x, tx), (y, ty), (g, tg) = _inputs(kind)
+    out, tout = fn_c(x, y), fn_t(tx, ty)
+    _check(out, tout, fwd, kind, f"{name} forward")
+    out.backward(g)
+    tout.backward(tg)
+    for ours, theirs, tolerance, what in ((x.grad, tx.grad, gx, "x"), (y.grad, ty.grad, gy, "y")):
+        if tolerance is None:
+            assert ours is None and theirs is None
+        else:
+            _check(ours, theirs, tolerance, kind, f"{name} gradient of {what}")
+
+
+def test_sigmoid_is_accurate_in_both_tails_as_torch():
+    x = np.array([-200.0, -88.0, -40.0, -20.0, -9.0, 0.0, 9.0, 20.0, 200.0])
+    for dt in (np.float32, np.float64):
+        ours = core.tensor(x, dtype=dt).sigmoid().numpy()
+        theirs = torch.tensor(x.astype(dt)).sigmoid().numpy()
+        np.testing.assert_allclose(ours, theirs, rtol=4e-7 if dt == np.float32 else 1e-15,
+                                   atol=0)
+    assert 0 < core.tensor([-20.0]).sigmoid().item() < 3e-9  # not 1 + tanh(-10) = 0 in float32
+
+
+def test_16_bit_linear_matches_torch():
+    """float32 accumulation then one rounding: equal up to the order of the sums."""
+    rng = np.random.default_rng(1)
+    for kind in sorted(_DTYPES):
+        x, tx = _pair(rng.standard_normal((64, 48)), kind)
+        w, tw = _pair(rng.standard_normal((32, 48)) * 0.2, kind)
+        b, tb = _pair(rng.standard_normal(32), kind)
+        g, tg = _pair(rng.standard_normal((64, 32)), kind, requires_grad=False)
+        out, tout = F.linear(x, w, b), tf.linear(tx, tw, tb)
+        out.backward(g)
+        tout.backward(tg)
+        for ours, theirs in ((out, tout), (x.grad, tx.grad), (w.grad, tw.grad), (b.grad, tb.grad)):
+            assert ours.dtype == _DTYPES[kind][0]
+            np.testing.assert_allclose(ours.detach().numpy().astype(np.float32),
+                                       theirs.detach().float().numpy(), rtol=8e-3, atol=2e-2)
+
+
+@pytest.mark.parametrize("kind", sorted(_DTYPES))
+def test_16_bit_gradient_sums_accumulate_in_float32(kind):
+    """4096 gradients of 1 summed into a bias: 4096, as torch. Summed in bfloat16, the total
+    stopped growing at 256 (256 + 1 rounds back to 256)."""
+    dt, tdt = _DTYPES[kind]
+    ones = np.ones((_N, 3))
+    x = core.tensor(np.ones((_N, 2)), dtype=dt)
+    w = core.tensor(np.ones((3, 2)), dtype=dt, requires_grad=True)
+    b = core.tensor(np.zeros(3), dtype=dt, requires_grad=True)
+    F.linear(x, w, b).backward(core.tensor(ones, dtype=dt))
+    shift = core.tensor(np.zeros(3), dtype=dt, requires_grad=True)
+    scale = core.tensor(np.ones(3), dtype=dt, requires_grad=True)
+    (core.tensor(ones, dtype=dt) * scale + shift).backward(core.tensor(ones, dtype=dt))
+    tb = torch.zeros(3, dtype=tdt, requires_grad=True)
+    tf.linear(torch.ones(_N, 2, dtype=tdt), torch.ones(3, 2, dtype=tdt), tb).backward(
+        torch.ones(_N, 3, dtype=tdt))
+    for grad in (b.grad, shift.grad, scale.grad):
+        assert grad.dtype == dt
+        np.testing.assert_array_equal(grad.numpy().astype(np.float32), tb.grad.float().numpy())
+    assert tb.grad.float().tolist() == [4096.0] * 3
+
+
+def test_bfloat16_losses_are_the_float64_truth_rounded_once():
+    """mse_loss, cross_entropy and nll_loss on bfloat16 inputs compute in float32 and round
+    once: the loss and its gradient equal torch's float64 result on the same values, rounded
+    to bfloat16. (torch's own bfloat16 nll_loss and cross_entropy round intermediate results:
+    a few ulps from that here.)"""
+    rng = np.random.default_rng(2)
+    x, tx = _pair(rng.standard_normal((256, 10)), "bf16")
+    y, ty = _pair(rng.standard_normal((256, 10)), "bf16", requires_grad=False)
+    labels = rng.integers(0, 10, 256)
+    ci, ti = core.tensor(labels), torch.tensor(labels)
+    for name, fn_c, fn_t in (
+        ("mse_loss", lambda a: F.mse_loss(a, y), lambda a: tf.mse_loss(a, ty.double())),
+        ("mse_loss none", lambda a: F.mse_loss(a, y, reduction="none"),
+         lambda a: tf.mse_loss(a, ty.double(), reduction="none")),
+        ("cross_entropy", lambda a: F.cross_entropy(a, ci), lambda a: tf.cross_entropy(a, ti)),
+        ("cross_entropy none", lambda a: F.cross_entropy(a, ci, reduction="none"),
+         lambda a: tf.cross_entropy(a, ti, reduction="none")),
+        ("cross_entropy smoothed", lambda a: F.cross_entropy(a, ci, label_smoothing=0.1),
+         lambda a: tf.cross_entropy(a, ti, label_smoothing=0.1)),
+        ("nll_loss", lambda a: F.nll_loss(a, ci), lambda a: tf.nll_loss(a, ti)),
+    ):
+        x.grad = None
+        t64 = tx.detach().double().requires_grad_(True)
+        out, want = fn_c(x), fn_t(t64)
+        out.sum().backward()
+        want.sum().backward()
+        _check(out, want.bfloat16(), (1, 0.01, 0), "bf16", f"{name} forward")
+        _check(x.grad, t64.grad.bfloat16(), (1, 0.01, 0), "bf16", f"{name} gradient")
+
+
+def test_bfloat16_attention_matches_torch():
+    rng = np.random.default_rng(3)
+    q, tq = _pair(rng.standard_normal((2, 4, 16, 8)), "bf16")
+    k, tk = _pair(rng.standard_normal((2, 4, 16, 8)), "bf16")
+    v, tv = _pair(rng.standard_normal((2, 4, 16, 8)), "bf16")
+    g, tg = _pair(rng.standard_normal((2, 4, 16, 8)), "bf16", requires_grad=False)
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    tout = tf.scaled_dot_product_attention(tq, tk, tv, is_causal=True)
+    out.backward(g)
+    tout.backward(tg)
+    for ours, theirs in ((out, tout), (q.grad, tq.grad), (k.grad, tk.grad), (v.grad, tv.grad)):
+        assert ours.dtype == core.bfloat16
+        np.testing.assert_allclose(ours.detach().numpy().astype(np.float32),
+                                   theirs.detach().float().numpy(), rtol=2e-2, atol=2e-2)
+
+
+def test_bfloat16_dropout_scales_by_the_rounded_factor_as_torch():
+    """torch's mask holds 1/(1-p) rounded to bfloat16 (1/0.7 -> 1.4296875); kept elements are
+    x times that, rounded once, and the gradient is g times the same mask."""
+    x, _ = _pair(np.linspace(-3, 3, _N), "bf16")
+    g, _ = _pair(np.linspace(1, 2, _N), "bf16", requires_grad=False)
+    core.manual_seed(0)
+    out = F.dropout(x, 0.3)
+    out.backward(g)
+    kept = out.detach().numpy().astype(np.float32) != 0
+    assert 0.6 < kept.mean() < 0.8
+    factor = torch.tensor(1 / 0.7, dtype=torch.bfloat16).float()
+    tx = torch.tensor(x.detach().numpy().astype(np.float32)).bfloat16()
+    want = (tx.float() * factor).bfloat16().float().numpy()
+    np.testing.assert_array_equal(out.detach().numpy().astype(np.float32)[kept], want[kept])
+    tgrad = (torch.tensor(g.numpy().astype(np.float32)).float() * factor).bfloat16().float()
+    np.testing.assert_array_equal(x.grad.numpy().astype(np.float32)[kept], tgrad.numpy()[kept])
+    assert not x.grad.numpy().astype(np.float32)[~kept].any()
+
+
+def test_bfloat16_comparisons_round_a_python_number_to_bfloat16_as_torch():
+    values = [0.1, 256.0, 3.0, -0.3, 1e-3]
+    x, tx = _pair(np.array(values), "bf16", requires_grad=False)
+    ints = [0, 257, 3, -1, 0]
+    for other in (0.1, 257, -0.3, 1e-3, core.tensor(ints), core.tensor(values),
+                  core.tensor(values, dtype=core.float64)):
+        t_other = torch.tensor(other.numpy()) if isinstance(other, core.Tensor) else other
+        for op in ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__"):
+            got = getattr(x, op)(other)
+            want = getattr(tx, op)(t_other)
+            assert got.dtype == core.bool
+            assert got.numpy().tolist() == want.numpy().tolist(), (op, other)
+
+
+def test_float32_and_float64_results_are_unchanged_by_widening():
+    """widen/narrow touch 16-bit floats only: other dtypes keep numpy's own results."""
+    rng = np.random.default_rng(5)
+    for dt in (np.float32, np.float64):
+        a = rng.standard_normal(100).astype(dt)
+        x = core.tensor(a, requires_grad=True)
+        out = (x.tanh() * 3 + x.exp() / 2) ** 2
+        assert out.dtype == core.tensor(a).dtype
+        np.testing.assert_array_equal(out.detach().numpy(), (np.tanh(a) * 3 + np.exp(a) / 2) ** 2)
+    assert core.tensor([1, 2]).exp().dtype == core.float64  # integer input: numpy's rule, kept
+
+
+@pytest.mark.parametrize("dtype", [core.int64, core.int32, core.uint8, core.bool])
+@pytest.mark.parametrize("exponent", [-1, -2])
+def test_integer_tensor_to_a_negative_python_power_is_refused_as_torch(dtype, exponent):
+    base = core.tensor([2, 1, 0, 3]).to(dtype)
+    tbase = torch.tensor([2, 1, 0, 3]).to(getattr(torch, str(dtype).split(".")[-1]))
+    with pytest.raises(RuntimeError, match="Integers to negative integer powers are not allowed"):
+        tbase**exponent
+    message = (r"pow: Integers to negative integer powers are not allowed \(an integer tensor "
+               rf"to the power {exponent}\); make the base or the exponent a float\.")
+    with pytest.raises(RuntimeError, match=message):
+        base**exponent
+    with pytest.raises(RuntimeError, match="Integers to negative integer powers"):
+        base.pow(exponent)
+
+
+def test_integer_tensor_exponents_follow_torch_integer_pow():
+    base = [2, 1, -1, -1, 0, 3, -2, 5]
+    exps = [-1, -3, -3, -2, 2, -2, 3, 0]
+    cases = [
+        (core.tensor(base) ** core.tensor(exps), torch.tensor(base) ** torch.tensor(exps)),
+        (core.tensor(base) ** core.tensor(-1), torch.tensor(base) ** torch.tensor(-1)),
+        (2 ** core.tensor(exps), 2 ** torch.tensor(exps)),
+        (core.tensor(base) ** 3, torch.tensor(base) ** 3),
+    ]
+    with np.errstate(divide="ignore"):  # 0 ** -1.0 is inf, as in torch
+        cases.append((core.tensor(base) ** -1.0, torch.tensor(base) ** -1.0))
+    for ours, theirs in cases:
+        assert str(ours.dtype).split(".")[-1] == str(theirs.dtype).split(".")[-1]
+        np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
