@@ -19,8 +19,10 @@ from typing import Any, Callable, Optional
 
 from shoal.collectives import env as collectives_env
 from shoal.collectives.store.api import Store
-from shoal.collectives.types import StoreError, StoreTimeout
+from shoal.collectives.types import StoreError, StoreTimeout, StoreUnreachable
 from shoal.collectives.store.prefix import PrefixStore
+from shoal.core import auth
+from shoal.core.errors import AuthenticationError, ShoalError
 from shoal.core.timeouts import Deadline, to_seconds
 from shoal.core.profiler import state as _profiler
 from shoal.rpc_agent import _current
@@ -30,6 +32,7 @@ from shoal.rpc_agent.dist_autograd import release as dist_autograd_release
 from shoal.rpc_agent.types import (
     DEFAULT_SHUTDOWN_TIMEOUT_S,
     BackendType,
+    RpcAuthenticationError,
     RpcBackendOptions,
     RpcError,
     RpcPeerLost,
@@ -46,6 +49,13 @@ logger = logging.getLogger(__name__)
 # After the shutdown barrier, the worker hosting the store waits this long for the others to
 # leave it, so that nobody's last store call hits a closed server.
 _EXIT_WAIT_S = 10.0
+
+# What a worker whose secret was refused must be told.
+_SET_THE_SECRET = (
+    "Give every worker the same secret: set SHOAL_AUTH_TOKEN (or SHOAL_AUTH_TOKEN_FILE, naming a "
+    "file that holds it) in every worker's environment, or pass it as "
+    "RpcBackendOptions(token=...); shoal run sets one for the whole job."
+)
 
 _lock = threading.Lock()
 _store_state: dict[str, Any] = {}
@@ -68,9 +78,12 @@ def init_rpc(name: str, backend=None, rank: Optional[int] = None,
 
     Raises:
         RpcError: already initialized, a duplicate name, or the others did not show up within
-            `init_timeout` (RpcTimeout; the message names the missing ranks), or the worker
+            `init_timeout` (RpcTimeout; the message names the missing ranks, or the worker
+            hosting the rendezvous store when that one stopped answering), or the worker
             that hosts the rendezvous store (rank 0 with tcp://) went away during init
-            (RpcPeerLost, naming it): every failure of init is an RpcError.
+            (RpcPeerLost, naming it), or the store refused this worker's secret or none
+            usable is set (RpcAuthenticationError, saying how to set one): every failure of
+            init is an RpcError.
         ValueError: a bad name, backend, rank or world size.
     """
     if isinstance(backend, int) and not isinstance(backend, bool):
@@ -104,6 +117,7 @@ def init_rpc(name: str, backend=None, rank: Optional[int] = None,
     if rank is None or isinstance(rank, bool) or not isinstance(rank, int) \
             or not 0 <= rank < world_size:
         raise ValueError(f"init_rpc needs a rank in 0..{world_size - 1} (or RANK), got {rank!r}.")
+    me = f"RPC: worker {name!r} (rank {rank}) could not finish init_rpc"
     with _lock:
         if _current.peek() is not None:
             raise RpcError(
@@ -111,22 +125,35 @@ def init_rpc(name: str, backend=None, rank: Optional[int] = None,
                 f"{_current.peek().info.name!r}; call shutdown() first."
             )
         deadline = Deadline(options.init_timeout)
-        raw_store, owns_store = _make_store(options, rank, world_size)
+        try:
+            # One secret for the store and the agent, resolved once: a bad one (an unreadable
+            # file, a placeholder, none set off loopback) fails here, before any socket.
+            options = dataclasses.replace(options, token=auth.load_token(options.token))
+        except AuthenticationError as exc:
+            raise RpcAuthenticationError(f"{me}: {exc}") from exc
+        raw_store, owns_store = _make_store(options, rank, world_size, me)
         if options.host is None:
             # Peers on other hosts must reach this worker: never advertise loopback to them.
             options = dataclasses.replace(options, host=collectives_env.bind_host_for(raw_store))
         store = PrefixStore(_prefix(options), raw_store)
-        agent = RpcAgent(name, rank, world_size, options)
+        agent: Optional[RpcAgent] = None
         try:
+            try:
+                agent = RpcAgent(name, rank, world_size, options)
+            except AuthenticationError as exc:  # the development token on a public address
+                raise RpcAuthenticationError(f"{me}: {exc}") from exc
             agent.start_servers()
             _current.set_agent(agent)
             try:
                 _rendezvous(agent, store, deadline)
-            except StoreError as exc:  # a wait's timeout is an RpcTimeout already
-                raise _store_failed(agent, options, exc) from exc
+            except RpcError:  # a wait's timeout, a duplicate name, a peer's stream: named
+                raise
+            except (ShoalError, ConnectionError) as exc:  # the store failed under a call
+                raise _store_failed(me, options, rank, exc) from exc
         except BaseException:
             _current.set_agent(None)
-            agent.close()
+            if agent is not None:
+                agent.close()
             if owns_store:
                 raw_store.close()
             raise
@@ -141,7 +168,10 @@ def _prefix(options: RpcBackendOptions) -> str:
     return options.store_prefix if not restart else f"{options.store_prefix}-r{restart}"
 
 
-def _make_store(options: RpcBackendOptions, rank: int, world_size: int) -> tuple[Store, bool]:
+def _make_store(options: RpcBackendOptions, rank: int, world_size: int,
+                me: str) -> tuple[Store, bool]:
+    """The rendezvous store and whether init_rpc made it (and closes it); `me` starts the
+    messages of its errors. `options.token` is the resolved secret."""
     if options.store is not None:
         return options.store, False
     from shoal.collectives.store.tcp import TCPStore  # noqa: PLC0415
@@ -164,13 +194,25 @@ def _make_store(options: RpcBackendOptions, rank: int, world_size: int) -> tuple
         if not host or port is None:
             raise RpcError(f"init_method {options.init_method!r} must look like tcp://host:port.")
         is_master = rank == 0
+    where = f"the rendezvous store at {host}:{port}"
+    try:
+        # The store's own check, made first so that an AuthenticationError from TCPStore below
+        # can only be the server turning this worker's secret away.
+        auth.require_secret_for(options.token, host, where)
+    except AuthenticationError as exc:
+        raise RpcAuthenticationError(f"{me}: {exc}") from exc
+    keeper = _store_keeper(options, rank)
     try:
         store = TCPStore(host, port, world_size=world_size, is_master=is_master,
-                         timeout=options.init_timeout, wait_for_workers=False)
+                         timeout=options.init_timeout, wait_for_workers=False,
+                         token=options.token)
+    except AuthenticationError as exc:
+        raise _secret_refused(me, where, keeper) from exc
     except StoreError as exc:
-        keeper = _store_keeper(options, rank)
         hosted = "" if keeper is None else f", which worker rank {keeper} hosts,"
-        raise RpcError(
+        # The constructor retried for init_timeout: never reaching the store is a timeout.
+        kind = RpcTimeout if isinstance(exc, StoreUnreachable) else RpcError
+        raise kind(
             f"Worker rank {rank} could not reach the rendezvous store at {host}:{port}{hosted} "
             f"within init_timeout {options.init_timeout:g}s: {exc}"
         ) from exc
@@ -189,19 +231,50 @@ def _store_keeper(options: RpcBackendOptions, rank: int) -> Optional[int]:
     return None
 
 
-def _store_failed(agent: RpcAgent, options: RpcBackendOptions, exc: StoreError) -> RpcError:
-    """init_rpc's error for a store call that failed other than by a wait's timeout."""
-    me = f"RPC: worker {agent.info.name!r} (rank {agent.info.id}) could not finish init_rpc"
+def _store_failed(me: str, options: RpcBackendOptions, rank: int,
+                  exc: Exception) -> RpcError:
+    """init_rpc's error for a store call that failed other than by a wait's timeout (`me`
+    starts the message, `exc` is a StoreError or the store's ShoalError/ConnectionError)."""
     where = ("the store given in RpcBackendOptions.store" if options.store is not None
              else f"the rendezvous store of {options.init_method}")
-    keeper = _store_keeper(options, agent.info.id)
+    keeper = _store_keeper(options, rank)
+    if isinstance(exc, AuthenticationError):
+        return _secret_refused(me, where, keeper)
+    if isinstance(exc, StoreTimeout):  # the store answered: the keys it names never came
+        return RpcTimeout(f"{me}: {where} timed out: {exc}")
+    if _went_unanswered(exc):
+        # A connection still open but silent: the keeper is slow or stopped, not gone.
+        missing = where if keeper is None else f"worker rank {keeper}, which hosts {where},"
+        named = "" if keeper is None else f", so rank {keeper} is missing"
+        return RpcTimeout(
+            f"{me}: {missing} did not answer in time (it is stopped or overloaded){named}. "
+            f"The store call failed with: {exc}"
+        )
     if keeper is not None:
         return RpcPeerLost(
             f"{me}: worker rank {keeper}, which hosts {where}, is gone (it died or gave up its "
             f"own init_rpc), so rank {keeper} is missing. The store call failed with: {exc}"
         )
-    kind = RpcTimeout if isinstance(exc, StoreTimeout) else RpcError
-    return kind(f"{me}: {where} failed: {exc}")
+    return RpcError(f"{me}: {where} failed: {exc}")
+
+
+def _went_unanswered(exc: BaseException) -> bool:
+    """True when a socket timeout lies under `exc`: TCPStore reports a request the server
+    never answered (and a dial it never greeted) as a StoreError caused by one."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, TimeoutError):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__
+    return False
+
+
+def _secret_refused(me: str, where: str, keeper: Optional[int]) -> RpcAuthenticationError:
+    hosted = "" if keeper is None else f", which worker rank {keeper} hosts,"
+    return RpcAuthenticationError(
+        f"{me}: {where}{hosted} refused this worker's secret. {_SET_THE_SECRET}"
+    )
 
 
 def _rendezvous(agent: RpcAgent, store: Store, deadline: Deadline) -> None:

@@ -13,7 +13,7 @@ import re
 from typing import Optional, Union
 
 from shoal.core.backend import Device
-from shoal.core.errors import DeviceError, ShoalError
+from shoal.core.errors import AuthenticationError, DeviceError, ShoalError
 from shoal.core.timeouts import to_seconds
 
 # Defaults, in one table (DESIGN.md: "defaults live in one constants table per package").
@@ -50,6 +50,12 @@ class RpcTimeout(RpcError, TimeoutError):
 class RpcPeerLost(RpcError, ConnectionError):
     """The stream or data channel to a peer died with the call pending, or (in init_rpc) the
     worker hosting the rendezvous store went away; names the peer."""
+
+
+class RpcAuthenticationError(RpcError, AuthenticationError):
+    """init_rpc could not use this job's secret: the rendezvous store refused this worker's,
+    or no usable one is set. An RpcError like every failure of init_rpc, and still the
+    AuthenticationError it wraps (its `__cause__`), so `except AuthenticationError` holds."""
 
 
 class RpcFunctionNotFound(RpcError):
