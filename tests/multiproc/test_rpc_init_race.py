@@ -8,14 +8,19 @@ issue saw the race most with file:// init, so it runs over env:// and file://.
 
 Faults: a worker process really killed during init - the one hosting the tcp:// store (the
 others lose the store and must say that rank 0 is gone, in seconds, not at the timeout), or
-another one (the rest time out naming it).
+another one (the rest time out naming it) - and the store host stopped (SIGSTOP) while the
+others wait: slow is not gone, so they time out naming it instead of calling it lost.
+
+Rank 0 binds the store's port itself (port 0) and publishes the port the kernel gave it in a
+file; no port is picked in advance.
 """
 
 from __future__ import annotations
 
 import os
-import socket
+import signal
 import time
+from typing import Optional
 
 import pytest
 
@@ -76,10 +81,29 @@ def test_a_missing_worker_fails_init_on_the_other_within_its_timeout_naming_it()
 
 # ----------------------------------------------------------------------------- killed workers
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _host_store_port(port_file: str) -> TCPStore:
+    """Rank 0: bind the rendezvous store on port 0 and publish its port in `port_file`.
+
+    The store is multi-tenant, so the master store that init_rpc opens on the same port shares
+    this server: rank 0 still hosts the rendezvous store, as it does with tcp://."""
+    holder = TCPStore("127.0.0.1", 0, is_master=True, multi_tenant=True, timeout=60,
+                      wait_for_workers=False)
+    with open(port_file + ".tmp", "w") as f:
+        f.write(str(holder.port))
+    os.replace(port_file + ".tmp", port_file)  # readers never see a half-written port
+    return holder
+
+
+def _published_port(port_file: str, timeout: float = 60.0) -> int:
+    """The port rank 0 published in `port_file`, waiting for it up to `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(port_file):
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"Rank 0 published no store port in {port_file} within {timeout:g}s.")
+        time.sleep(0.02)
+    with open(port_file) as f:
+        return int(f.read())
 
 
 def _stall(agent) -> None:
@@ -88,22 +112,29 @@ def _stall(agent) -> None:
         time.sleep(600)
 
 
-def _init_and_report(rank: int, world: int, port: int, init_timeout: float):
+def _init_and_report(rank: int, world: int, port_file: str, init_timeout: float):
     """init_rpc over tcp:// (rank 0 hosts the store); rank 2 of three never starts it."""
     if rank == 2:
         return "absent"
     if "STALL_RANK" in os.environ:
         rpc_module._before_set_workers = _stall
-    begin = time.monotonic()
+    holder: Optional[TCPStore] = _host_store_port(port_file) if rank == 0 else None
     try:
-        rpc_agent.init_rpc(f"w{rank}", rank=rank, world_size=world,
-                           rpc_backend_options=rpc_agent.RpcBackendOptions(
-                               init_method=f"tcp://127.0.0.1:{port}", init_timeout=init_timeout))
-    except Exception as exc:  # noqa: BLE001  (the test checks its type)
-        return (type(exc).__name__, str(exc), time.monotonic() - begin,
-                isinstance(exc, rpc_agent.RpcError), isinstance(exc, RuntimeError))
-    rpc_agent.shutdown()
-    return "ok"
+        port = _published_port(port_file)
+        begin = time.monotonic()
+        try:
+            rpc_agent.init_rpc(f"w{rank}", rank=rank, world_size=world,
+                               rpc_backend_options=rpc_agent.RpcBackendOptions(
+                                   init_method=f"tcp://127.0.0.1:{port}",
+                                   init_timeout=init_timeout))
+        except Exception as exc:  # noqa: BLE001  (the test checks its type)
+            return (type(exc).__name__, str(exc), time.monotonic() - begin,
+                    isinstance(exc, rpc_agent.RpcError), isinstance(exc, RuntimeError))
+        rpc_agent.shutdown()
+        return "ok"
+    finally:
+        if holder is not None:
+            holder.close()
 
 
 def _wait_for(port: int, keys: list[str]) -> None:
@@ -115,10 +146,11 @@ def _wait_for(port: int, keys: list[str]) -> None:
         client.close()
 
 
-def test_the_store_host_killed_while_the_others_wait_to_join_is_named_in_seconds():
-    port = _free_port()
-    with Ranks(_init_and_report, 3, args=(port, 60.0)) as ranks:
-        _wait_for(port, ["worker/0", "worker/1"])  # both wait for rank 2 now
+def test_the_store_host_killed_while_the_others_wait_to_join_is_named_in_seconds(tmp_path):
+    port_file = str(tmp_path / "store_port")
+    with Ranks(_init_and_report, 3, args=(port_file, 60.0)) as ranks:
+        port = _published_port(port_file)
+        _wait_for(port, ["worker/0", "worker/1"])  # both joined; rank 2 never will
         ranks.kill(0)
         kind, message, seconds, is_rpc_error, is_runtime_error = ranks.results(30, [1])[1][1]
     assert kind == "RpcPeerLost" and is_rpc_error and is_runtime_error, (kind, message)
@@ -129,10 +161,11 @@ def test_the_store_host_killed_while_the_others_wait_to_join_is_named_in_seconds
     assert seconds < 30, seconds  # the lost connection, not init_timeout (60 s)
 
 
-def test_the_store_host_killed_after_the_others_joined_is_named_in_seconds():
-    port = _free_port()
-    with Ranks(_init_and_report, 2, args=(port, 60.0), env={"STALL_RANK": "0"}) as ranks:
-        _wait_for(port, ["connected/1"])  # rank 1 is through; it waits for rank 0 to connect
+def test_the_store_host_killed_after_the_others_joined_is_named_in_seconds(tmp_path):
+    port_file = str(tmp_path / "store_port")
+    with Ranks(_init_and_report, 2, args=(port_file, 60.0), env={"STALL_RANK": "0"}) as ranks:
+        # Rank 1 is through; it waits for rank 0 to connect.
+        _wait_for(_published_port(port_file), ["connected/1"])
         ranks.kill(0)
         kind, message, seconds, is_rpc_error, _ = ranks.results(30, [1])[1][1]
     assert kind == "RpcPeerLost" and is_rpc_error, (kind, message)
@@ -141,13 +174,42 @@ def test_the_store_host_killed_after_the_others_joined_is_named_in_seconds():
     assert seconds < 30, seconds
 
 
-def test_a_worker_killed_during_init_is_named_by_the_others_timeout():
-    port = _free_port()
-    with Ranks(_init_and_report, 2, args=(port, 4.0), env={"STALL_RANK": "1"}) as ranks:
-        _wait_for(port, ["worker/0", "worker/1"])
+def test_a_worker_killed_during_init_is_named_by_the_others_timeout(tmp_path):
+    # 15 s: long enough that a slow spawn on a loaded machine cannot change which message
+    # comes (rank 1 must have joined before rank 0's wait for the table runs out).
+    port_file = str(tmp_path / "store_port")
+    with Ranks(_init_and_report, 2, args=(port_file, 15.0), env={"STALL_RANK": "1"}) as ranks:
+        _wait_for(_published_port(port_file), ["worker/0", "worker/1"])
         ranks.kill(1)
-        kind, message, seconds, is_rpc_error, _ = ranks.results(30, [0])[0][1]
+        kind, message, seconds, is_rpc_error, _ = ranks.results(60, [0])[0][1]
     assert kind == "RpcTimeout" and is_rpc_error, (kind, message)
-    assert message == ("RPC: worker 'w0' waited in init_rpc 4s, but rank(s) 1 never recorded the "
-                       "worker table."), message
-    assert seconds < 15, seconds
+    assert message == ("RPC: worker 'w0' waited in init_rpc 15s, but rank(s) 1 never recorded "
+                       "the worker table."), message
+    assert 14.5 <= seconds < 45, seconds  # the timeout, neither much earlier nor a hang
+
+
+def test_a_stopped_store_host_is_a_timeout_naming_it_not_a_lost_peer(tmp_path):
+    """Rank 0 hosts the store and is stopped (SIGSTOP) while rank 1 waits on it: its connection
+    stays open but silent. Rank 1 must time out naming rank 0, not say it is gone."""
+    port_file = str(tmp_path / "store_port")
+    with Ranks(_init_and_report, 3, args=(port_file, 6.0)) as ranks:
+        port = _published_port(port_file)
+        _wait_for(port, ["worker/0", "worker/1"])  # both joined; rank 2 never will
+        ranks.kill(0, signal.SIGSTOP)
+        try:
+            kind, message, seconds, is_rpc_error, _ = ranks.results(90, [1])[1][1]
+        finally:
+            ranks.kill(0, signal.SIGCONT)
+        # Continued, rank 0 finds its own init_timeout over and fails init as a timeout too.
+        rank0 = ranks.results(60, [0])[0][1]
+        ranks.join(30, [0, 1])
+    assert kind == "RpcTimeout" and is_rpc_error, (kind, message)
+    assert message.startswith(
+        f"RPC: worker 'w1' (rank 1) could not finish init_rpc: worker rank 0, which hosts the "
+        f"rendezvous store of tcp://127.0.0.1:{port}, did not answer in time (it is stopped or "
+        f"overloaded), so rank 0 is missing. The store call failed with: TCPStore "), message
+    # Which call went unanswered depends on where the stop caught rank 1 (the reply to its own
+    # set of worker/1, or its wait for rank 2); either way the server never answered it.
+    assert f"the server at 127.0.0.1:{port} did not answer within " in message, message
+    assert 6 <= seconds < 60, seconds
+    assert rank0[0] == "RpcTimeout" and rank0[3], rank0
