@@ -11,9 +11,10 @@ output dtype. That gives torch's values and is also the fast way on numpy:
   while its casts to and from float32 are vectorised and cheap. So bfloat16 always widens.
 - numpy's own float16 loops compute each element in float32 and round once too, but they
   round a Python number operand to float16 first (torch's mul and div keep it in float32), and
-  a formula of several ufuncs rounds after each. So float16 widens as well, except for a lone
-  ufunc with numpy's fast float16 loop (exp, log, sqrt, tanh; relu, abs and clamp are exact):
-  numpy's float16 <-> float32 casts are slow, and those give torch's values as they are.
+  a formula of several ufuncs rounds after each. So float16 widens as well (`widen`), except
+  for a lone ufunc with numpy's fast float16 loop (exp, log, sqrt, tanh) or an exact one
+  (relu, abs, clamp, comparisons): numpy's float16 <-> float32 casts are slow, and those give
+  torch's values as they are (`widen_bf16`).
 
 Only numpy arrays widen; cupy's float16 kernels compute in float32 already. Python numbers and
 None pass through. Gradients come back in their input's dtype, as torch's do.
@@ -32,21 +33,28 @@ _BF16 = np.dtype(ml_dtypes.bfloat16)
 _F32 = np.dtype(np.float32)
 
 
-def widen(a: Any, float16: bool = True) -> Any:
-    """`a` as a 16-bit float op computes on it: a bfloat16 numpy array as a float32 copy, a
-    float16 one too unless `float16` is False (a lone ufunc numpy runs well on float16);
-    anything else as it is."""
+def widen(a: Any) -> Any:
+    """`a` as a 16-bit float op computes on it: a bfloat16 or float16 numpy array as a float32
+    copy; anything else as it is."""
     if a.__class__ is not _ndarray:
         return a
     dt = a.dtype
-    if dt is _BF16 or (float16 and dt is _F16):
+    if dt is _BF16 or dt is _F16:
         return a.astype(_F32)
     return a
 
 
-def compute_dtype(dtype: np.dtype, float16: bool = True) -> np.dtype:
+def widen_bf16(a: Any) -> Any:
+    """`widen` for a lone ufunc that numpy runs well on float16 (exp, log, sqrt, tanh) or that
+    is exact (relu, abs, clamp, comparisons): bfloat16 widens, float16 stays as it is."""
+    if a.__class__ is _ndarray and a.dtype is _BF16:
+        return a.astype(_F32)
+    return a
+
+
+def compute_dtype(dtype: np.dtype) -> np.dtype:
     """The dtype `widen` computes an array of `dtype` in (to build a buffer there directly)."""
-    return _F32 if dtype is _BF16 or (float16 and dtype is _F16) else dtype
+    return _F32 if dtype is _BF16 or dtype is _F16 else dtype
 
 
 def narrow(a: Any, dtype: np.dtype) -> Any:

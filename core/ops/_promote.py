@@ -19,9 +19,10 @@ and bfloat16 with float16 is float32.
 
 Ops call `promote(*operands)`: it returns the result dtype and the array operands cast to it.
 Python scalars stay Python scalars (numpy treats them as weak, so they do not widen), and
-the op casts its output to the result dtype at the end, which covers bfloat16 with a Python
-float: numpy computes that in float32 with the exact scalar, and rounding once to bfloat16 is
-what torch's float32 "opmath" for reduced-precision types does too.
+the op casts its output to the result dtype at the end. A 16-bit result dtype is computed in
+float32 and rounded once, torch's "opmath" (core/ops/_opmath.py): mul and div use a Python
+number as it is there, add, sub, pow and comparisons round it to the 16-bit dtype first, as
+torch does.
 """
 
 from __future__ import annotations

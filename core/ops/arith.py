@@ -12,7 +12,7 @@ from typing import Any
 
 from shoal.core.amp.autocast_mode import STATE as _AMP
 from shoal.core.ops import _autocast
-from shoal.core.ops._opmath import rounded_number, widen
+from shoal.core.ops._opmath import rounded_number, widen, widen_bf16
 from shoal.core.ops._promote import DEFAULT_FLOAT, as_dtype, category, promote
 from shoal.core.ops._util import (
     UnsupportedOperand,
@@ -221,7 +221,7 @@ def _compare(op: str, fn: Any) -> Any:
             # comparisons are ~20x faster than ml_dtypes' loops.
             dt, xd, yd = promote(xd, yd)
             xd, yd = rounded_number(xd, dt), rounded_number(yd, dt)
-            return wrap(fn(widen(xd, float16=False), widen(yd, float16=False)))
+            return wrap(fn(widen_bf16(xd), widen_bf16(yd)))
         except ValueError as exc:
             raise broadcast_error(op, xd, yd, exc) from exc
 

@@ -12,7 +12,7 @@ from shoal.core.errors import ShapeError
 from shoal.core.amp.autocast_mode import STATE as _AMP
 from shoal.core.ops import _autocast
 from shoal.core.ops import random as _random
-from shoal.core.ops._opmath import compute_dtype, narrow, widen
+from shoal.core.ops._opmath import compute_dtype, narrow, widen, widen_bf16
 from shoal.core.ops._promote import (
     as_dtype, is_reduced_float, norm_output_dtype, result_dtype,
 )
@@ -172,10 +172,10 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
         mask = narrow(xp.multiply(keep, 1.0 / (1.0 - p), dtype=compute_dtype(xd.dtype)),
                       xd.dtype)
     dt = xd.dtype
-    out = narrow(widen(xd, float16=False) * widen(mask, float16=False), dt)
+    out = narrow(widen_bf16(xd) * widen_bf16(mask), dt)
 
     def backward(g: Any) -> tuple:
-        return (narrow(widen(g, float16=False) * widen(mask, float16=False), dt),)
+        return (narrow(widen_bf16(g) * widen_bf16(mask), dt),)
 
     return result(out, "DropoutBackward", backward, (x,))
 

@@ -16,7 +16,7 @@ from shoal.core import kernels as _kernels
 from shoal.core.amp.autocast_mode import STATE as _AMP
 from shoal.core.ops import _autocast
 from shoal.core.ops import _special
-from shoal.core.ops._opmath import narrow, widen
+from shoal.core.ops._opmath import narrow, widen, widen_bf16
 from shoal.core.ops._promote import as_dtype, promote
 from shoal.core.ops._util import needs_grad, result, unbroadcast, val, xp_of
 
@@ -31,10 +31,10 @@ def exp(x: Any) -> Any:
         (x,) = _autocast.cast("exp", x)
     xd = x.data
     dt = xd.dtype
-    out = narrow(xp_of(xd).exp(widen(xd, float16=False)), dt)
+    out = narrow(xp_of(xd).exp(widen_bf16(xd)), dt)
 
     def backward(g: Any) -> tuple:
-        return (narrow(widen(g, float16=False) * widen(out, float16=False), dt),)
+        return (narrow(widen_bf16(g) * widen_bf16(out), dt),)
 
     return result(out, "ExpBackward", backward, (x,))
 
@@ -45,10 +45,10 @@ def log(x: Any) -> Any:
         (x,) = _autocast.cast("log", x)
     xd = x.data
     dt = xd.dtype
-    out = narrow(xp_of(xd).log(widen(xd, float16=False)), dt)
+    out = narrow(xp_of(xd).log(widen_bf16(xd)), dt)
 
     def backward(g: Any) -> tuple:
-        return (narrow(widen(g, float16=False) / widen(xd, float16=False), dt),)
+        return (narrow(widen_bf16(g) / widen_bf16(xd), dt),)
 
     return result(out, "LogBackward", backward, (x,))
 
@@ -57,10 +57,10 @@ def sqrt(x: Any) -> Any:
     """Square root."""
     xd = x.data
     dt = xd.dtype
-    out = narrow(xp_of(xd).sqrt(widen(xd, float16=False)), dt)
+    out = narrow(xp_of(xd).sqrt(widen_bf16(xd)), dt)
 
     def backward(g: Any) -> tuple:
-        return (narrow(widen(g, float16=False) / (2 * widen(out, float16=False)), dt),)
+        return (narrow(widen_bf16(g) / (2 * widen_bf16(out)), dt),)
 
     return result(out, "SqrtBackward", backward, (x,))
 
@@ -69,7 +69,7 @@ def tanh(x: Any) -> Any:
     """Hyperbolic tangent."""
     xd = x.data
     dt = xd.dtype
-    out = narrow(xp_of(xd).tanh(widen(xd, float16=False)), dt)
+    out = narrow(xp_of(xd).tanh(widen_bf16(xd)), dt)
 
     def backward(g: Any) -> tuple:
         # torch's tanh_backward: from the rounded output, in float32, rounded once.
@@ -100,12 +100,12 @@ def relu(x: Any) -> Any:
     """max(x, 0)."""
     xd = x.data
     dt = xd.dtype
-    out = narrow(xp_of(xd).maximum(widen(xd, float16=False), 0), dt)
+    out = narrow(xp_of(xd).maximum(widen_bf16(xd), 0), dt)
 
     def backward(g: Any) -> tuple:
         # One boolean mask and one multiply into a fresh buffer, as torch's threshold_backward
         # (the mask from a widened output: ml_dtypes' bfloat16 comparisons are slow too).
-        return (narrow(widen(g, float16=False) * (widen(out, float16=False) > 0), dt),)
+        return (narrow(widen_bf16(g) * (widen_bf16(out) > 0), dt),)
 
     return result(out, "ReluBackward", backward, (x,))
 
@@ -158,7 +158,7 @@ def abs(x: Any) -> Any:  # noqa: A001 - torch's name
     out = xp.abs(xd)  # exact in every dtype: no widening needed
 
     def backward(g: Any) -> tuple:
-        return (narrow(widen(g, float16=False) * xp.sign(widen(xd, float16=False)), dt),)
+        return (narrow(widen_bf16(g) * xp.sign(widen_bf16(xd)), dt),)
 
     return result(out, "AbsBackward", backward, (x,))
 
@@ -174,7 +174,7 @@ def clamp(x: Any, min: Any = None, max: Any = None) -> Any:  # noqa: A002 - torc
         raise ValueError("clamp: at least one of min and max must be given, got both None.")
     dt, xd, lo, hi = promote(x.data, _bound(min), _bound(max))
     # Exact in any dtype, but ml_dtypes' bfloat16 loops are slow.
-    xd, lo, hi = widen(xd, float16=False), widen(lo, float16=False), widen(hi, float16=False)
+    xd, lo, hi = widen_bf16(xd), widen_bf16(lo), widen_bf16(hi)
     out = as_dtype(xp_of(xd).clip(xd, lo, hi), dt)
 
     def backward(g: Any) -> tuple:
