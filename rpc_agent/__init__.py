@@ -8,6 +8,7 @@ from shoal.rpc_agent import constants  # noqa: F401  (torch's rpc.constants)
 from shoal.rpc_agent.types import (
     BackendType,
     RemoteException,
+    RpcAuthenticationError,
     RpcBackendOptions,
     RpcError,
     RpcFunctionNotFound,
@@ -15,6 +16,7 @@ from shoal.rpc_agent.types import (
     RpcTimeout,
     TensorPipeRpcBackendOptions,
     WorkerInfo,
+    WorkerNameError,
 )  # noqa: F401
 from shoal.rpc_agent.optim import DistributedOptimizer  # noqa: F401
 from shoal.rpc_agent.futures import Future, collect_all, wait_all  # noqa: F401

@@ -15,16 +15,19 @@ from shoal.rpc_agent.rref import RRef  # noqa: F401
 from shoal.rpc_agent.types import (  # noqa: F401
     BackendType,
     RemoteException,
+    RpcAuthenticationError,
     RpcBackendOptions,
     RpcError,
     RpcPeerLost,
     RpcTimeout,
     TensorPipeRpcBackendOptions,
     WorkerInfo,
+    WorkerNameError,
 )
 
 __all__ = [
     "init_rpc", "shutdown", "rpc_sync", "rpc_async", "remote", "get_worker_info",
     "get_rpc_timeout", "RRef", "WorkerInfo", "BackendType", "RpcBackendOptions",
     "TensorPipeRpcBackendOptions", "RpcError", "RpcTimeout", "RpcPeerLost", "RemoteException",
+    "RpcAuthenticationError", "WorkerNameError",
 ]
