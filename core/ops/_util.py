@@ -123,6 +123,10 @@ def unbroadcast(g: Any, shape: tuple) -> Any:
     )
     if not axes:
         return g.reshape(shape)
+    if g.dtype.itemsize == 2 and g.dtype.kind in "fV":
+        # A bfloat16/float16 running sum stops growing once it reaches 2**8 (2**11) times the
+        # addend: add up in float32 and round once, as torch's reductions do.
+        return g.sum(axis=axes, keepdims=True, dtype=np.float32).astype(g.dtype).reshape(shape)
     return g.sum(axis=axes, keepdims=True).reshape(shape)
 
 

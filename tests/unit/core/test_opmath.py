@@ -179,6 +179,20 @@ def test_16_bit_gradient_sums_accumulate_in_float32(kind):
     assert tb.grad.float().tolist() == [4096.0] * 3
 
 
+@pytest.mark.parametrize("kind", sorted(_DTYPES))
+def test_a_broadcast_operand_of_where_sums_its_16_bit_gradient_in_float32(kind):
+    """The shared unbroadcast (where, maximum, the shape ops): a (1,) operand broadcast over
+    4096 elements gets 4096, as torch's, not a 16-bit running sum stuck at 256 (or 2048)."""
+    dt, tdt = _DTYPES[kind]
+    c = core.tensor(np.ones(1), dtype=dt, requires_grad=True)
+    core.where(core.tensor(np.ones(_N, dtype=bool)), c,
+               core.tensor(np.zeros(_N), dtype=dt)).sum().backward()
+    tc = torch.ones(1, dtype=tdt, requires_grad=True)
+    torch.where(torch.ones(_N, dtype=torch.bool), tc, torch.zeros(_N, dtype=tdt)).sum().backward()
+    assert c.grad.dtype == dt
+    assert c.grad.numpy().astype(np.float32).tolist() == tc.grad.float().tolist() == [4096.0]
+
+
 def test_bfloat16_losses_are_the_float64_truth_rounded_once():
     """mse_loss, cross_entropy and nll_loss on bfloat16 inputs compute in float32 and round
     once: the loss and its gradient equal torch's float64 result on the same values, rounded
