@@ -293,7 +293,8 @@ class ProcessGroup(CompositeCollectives, abc.ABC):
         outs = arrays.unwrap_list(output_list, "all_to_all output_list", self._size)
         ins = arrays.unwrap_list(input_list, "all_to_all input_list", self._size)
         for i, (o, x) in enumerate(zip(outs, ins)):
-            check_same_dtype(o, x, f"all_to_all output_list[{i}]", f"input_list[{i}]")
+            check_same_dtype(o, x, f"all_to_all output_list[{i}]", f"input_list[{i}]",
+                             rule="all arrays must share one dtype")
         if result is not None and not isinstance(result, (list, tuple)):
             raise TypeError(
                 f"all_to_all result must be a list of what the Work should hold, got "

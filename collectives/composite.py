@@ -20,7 +20,8 @@ from shoal.core.errors import ShapeError
 from shoal.core.timeouts import TimeoutLike
 
 
-def check_same_dtype(output, input, output_what: str, input_what: str) -> None:
+def check_same_dtype(output, input, output_what: str, input_what: str,
+                     rule: str = "both must share one dtype") -> None:
     """Refuse an output and input (unwrapped arrays) of different dtypes: a collective that
     moves blocks copies bytes and never converts them, so a mismatch would garble the data.
 
@@ -31,7 +32,7 @@ def check_same_dtype(output, input, output_what: str, input_what: str) -> None:
     if output.dtype != input.dtype:
         raise TypeError(
             f"{output_what} is {arrays.describe(output)} but {input_what} is "
-            f"{arrays.describe(input)}; both must share one dtype."
+            f"{arrays.describe(input)}; {rule}."
         )
 
 
