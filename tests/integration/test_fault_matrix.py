@@ -23,6 +23,7 @@ reduces its first round in the rebuilt layout.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import uuid
 from typing import Optional
@@ -154,10 +155,13 @@ def test_fault_matrix(placement, tmp_path, reference):
                    rf"rank {v} never arrived")
         assert re.search(rf"\[rank \d\] {timeout}", run.output), run.tail()
         blame = re.search(rf"ERROR Round 0: rank {v} hung: {timeout}\..* \(rank (\d) noticed "
-                          r"and ended with exit code 75\)$", run.output, re.M)
+                          r"and ended with exit code 75\)\. Watchdog dump: (\S+)$", run.output,
+                          re.M)
         # Which peer's watchdog fires first is a race; the agent names as the one that noticed
         # the peer whose timeout it quotes (its dump is where the blame comes from).
         assert blame and v != int(blame.group(1)) == int(blame.group(2)), run.tail()
+        # the dump named is the noticing rank's own, and it exists
+        assert f"-rank{blame.group(2)}-" in blame.group(3) and os.path.exists(blame.group(3))
         assert re.search(rf"rank {v} hung: rank \d on node \S+ timed out waiting for it",
                          run.output), run.tail()
     else:
