@@ -60,6 +60,7 @@ _LAZY = {
     "SyncBatchNorm": "shoal.collectives.sync_batchnorm",
     "DistributedSampler": "shoal.collectives.data",
     "set_datapipe_sharding": "shoal.collectives.data",
+    "gather_loader_state": "shoal.collectives.data",
 }
 # The torch.distributed-style module-level API lives in collectives.distributed.
 _LAZY.update({name: "shoal.collectives.distributed" for name in (

@@ -99,6 +99,11 @@ class DistributedSampler(Sampler):
     def __len__(self) -> int:
         return self.num_samples
 
+    @property
+    def pending(self) -> bool:
+        """True while a position set by set_epoch or load_state_dict waits for `__iter__`."""
+        return self._current is None
+
     def set_epoch(self, epoch: int) -> None:
         """Use `epoch`'s order from the next iteration on, as torch does: a position loaded
         with load_state_dict is kept when `epoch` is the epoch it was saved in (the epoch

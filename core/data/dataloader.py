@@ -10,6 +10,11 @@ state after the samples already handed out, so a loader resumed with `load_state
 exactly the batches an uninterrupted one would have yielded next. A loader over an iterable
 dataset records its shards' positions instead (stream_state.py), so one over a sharded
 DataPipe also resumes at another world size or worker count.
+
+Each iteration draws its base seed (the workers' seeds, a DataPipe's shuffles) from the
+loader's generator, so the state also carries that generator as it stands after the saved
+iteration's draw: the epochs after a resumed one draw the seeds an uninterrupted run draws,
+instead of starting the generator's sequence over.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from __future__ import annotations
 import itertools
 import time
 from typing import Any, Callable, Iterator, Optional
+
+import numpy as np
 
 from shoal.core.data import pin as pinning
 from shoal.core.data import stream_state
@@ -26,7 +33,7 @@ from shoal.core.data.datapipes import sharding
 from shoal.core.data.datapipes.iter import IterDataPipe
 from shoal.core.data.errors import DataLoaderError
 from shoal.core.data.pool import FAILED_JOIN_S, JOIN_S, Failure, WorkerPool
-from shoal.core.data.random import Generator, default_seed
+from shoal.core.data.random import Generator, default_seed, state_words
 from shoal.core.data.sampler import (
     BatchSampler,
     RandomSampler,
@@ -122,24 +129,45 @@ class DataLoader:
     def __iter__(self) -> Iterator:
         resume = self._resume
         shape = self._shape() if self.iterable else None
+        continues = resume is not None and self._continues(resume)
         plan = stream_state.FRESH
-        if resume is not None and self.iterable:
+        if continues and self.iterable:
             # Raises (keeping the state for another try) when this shape cannot resume it.
             plan = stream_state.plan(resume, shape, sharding.resharding(self.dataset))
         self._resume = None
-        base_seed = (int(resume["base_seed"]) if resume is not None
-                     else self.generator.random_int64() if self.generator is not None
-                     else default_seed())
+        if continues:
+            base_seed = int(resume["base_seed"])
+        else:  # a new iteration, also after a resume whose iteration had ended or moved on
+            base_seed = (self.generator.random_int64() if self.generator is not None
+                         else default_seed())
+        # Taken before the iterator starts the sampler, which may draw from the same generator.
+        generator_state = self._generator_state()
         if self._iterator is not None:
             self._iterator.close()
         if self.num_workers == 0:
             it: _LoaderIter = _SingleProcessIter(self, base_seed, shape, plan.layout)
         else:
             it = _MultiProcessIter(self, base_seed, shape, plan.layout)
+        it.generator_state = generator_state
         if plan.replay_batches:
             it.skip(plan.replay_batches)
         self._iterator = it
         return it
+
+    def _at_loaded_position(self, resume: dict) -> bool:
+        """False when set_epoch moved the sampler off the position `resume` loaded."""
+        return self.iterable or _same_state(self._index_sampler.state_after(0),
+                                            resume["sampler"])
+
+    def _continues(self, resume: dict) -> bool:
+        """Whether the next iteration is the one `resume` was saved in (and reuses its seed):
+        not when it was saved before its iteration drew a seed or after it ended, nor when
+        set_epoch has since moved the sampler (another epoch starts afresh, as in torch)."""
+        return (resume["base_seed"] is not None and not resume.get("finished")
+                and self._at_loaded_position(resume))
+
+    def _generator_state(self) -> Optional[np.ndarray]:
+        return self.generator.get_state() if self.generator is not None else None
 
     def _shape(self) -> stream_state.Shape:
         rank, world = sharding.distributed_info()
@@ -150,26 +178,36 @@ class DataLoader:
         """Where the training loop stands: resume with load_state_dict to continue from here.
 
         For a sampler-driven loader: the sampler's state after the samples handed out so far
-        (ints and arrays only, so checkpoints admit it). For an iterable dataset: the batches
-        handed out and the shape (world size, rank, workers), and for a DataPipe with one
-        sharding_filter each of this rank's shards' positions (stream_state.py).
+        (ints, None and arrays only, so checkpoints admit it). For an iterable dataset: the
+        batches handed out and the shape (world size, rank, workers), and for a DataPipe with
+        one sharding_filter each of this rank's shards' positions (stream_state.py). Both
+        hold the running iteration's base seed (None when the next iteration draws its own)
+        and the loader generator's state after that draw (None without a generator).
         """
         it = self._iterator
         if it is None and self._resume is not None and self.iterable:
             return self._resume
-        seed = (it.base_seed if it is not None
-                else int(self._resume["base_seed"]) if self._resume is not None else 0)
         if self.iterable:
-            return self._stream_state(it, seed)
+            return self._stream_state(it)
         if not resumable(self._index_sampler):
             raise DataLoaderError(
                 f"DataLoader.state_dict needs a sampler with state_after/load_state_dict; "
                 f"{type(self._index_sampler).__name__} has none")
+        sampler = self._index_sampler
         consumed = it.samples if it is not None else 0
-        return {"sampler": self._index_sampler.state_after(consumed), "base_seed": seed,
-                "batches": it.batches if it is not None else 0}
+        position = sampler.state_after(consumed)
+        if it is None and self._resume is not None and self._at_loaded_position(self._resume):
+            resume = self._resume  # loaded, not iterated yet: still that state
+            seed, generator = resume["base_seed"], resume.get("generator")
+            finished = bool(resume.get("finished"))
+        elif it is not None and not getattr(sampler, "pending", False):
+            seed, generator, finished = it.base_seed, it.generator_state, it.finished
+        else:  # nothing iterated, or set_epoch moved the sampler on: the next one draws
+            seed, generator, finished = None, self._generator_state(), False
+        return {"sampler": position, "base_seed": seed, "generator": _copy(generator),
+                "finished": finished, "batches": it.batches if it is not None else 0}
 
-    def _stream_state(self, it: Optional["_LoaderIter"], seed: int) -> dict:
+    def _stream_state(self, it: Optional["_LoaderIter"]) -> dict:
         shape = it.shape if it is not None else self._shape()
         shards = None
         if len(sharding.sharding_filters(self.dataset)) == 1:
@@ -181,7 +219,11 @@ class DataLoader:
             per_batch = (how.items_per_output * (self.batch_size or 1)
                          if how.blocker is None and how.items_per_output is not None else None)
             shards = {"start": start, "skip": list(skip), "taken": taken, "per_batch": per_batch}
-        return {"base_seed": seed, "batches": it.batches if it is not None else 0,
+        seed, generator = ((it.base_seed, it.generator_state) if it is not None
+                           else (None, self._generator_state()))
+        return {"base_seed": seed, "generator": _copy(generator),
+                "finished": it.finished if it is not None else False,
+                "batches": it.batches if it is not None else 0,
                 "world_size": shape.world_size, "rank": shape.rank,
                 "num_workers": shape.num_workers, "shards": shards}
 
@@ -193,6 +235,12 @@ class DataLoader:
         starts from its beginning. An iterable loader decides at `iter()` (where the world
         size and rank are known) whether it replays the saved shape or re-deals the rest of
         the epoch, and raises DataLoaderError there when neither can be exact.
+
+        The loader's generator takes the saved generator state now, so the iterations after
+        the resumed one draw what an uninterrupted loader's would (a loader built without a
+        generator draws from core's global generator, and a state saved without one leaves
+        the generator as it is). A state saved after its iteration ended (the loop saw
+        StopIteration) makes the next iteration a new one, as it would have been.
         """
         if not isinstance(state, dict) or "base_seed" not in state:
             raise ValueError(f"not a DataLoader state: {state!r}")
@@ -201,11 +249,22 @@ class DataLoader:
         elif "sampler" not in state:
             raise ValueError(f"not the state of a sampler-driven DataLoader (no 'sampler'): "
                              f"{state!r}")
+        generator = state.get("generator")
+        if generator is not None:
+            generator = state_words(generator)  # a malformed one raises before anything changes
         if self._iterator is not None:
             self._iterator.close()
             self._iterator = None
         if not self.iterable:
             self._index_sampler.load_state_dict(state["sampler"])
+        if generator is not None and self.generator is not None:
+            self.generator.set_state(generator)
+        if state.get("finished") and not self.iterable:
+            # Saved after its iteration ended: run the sampler through the rest of it (none is
+            # left) as the uninterrupted loader's sampler ran, so the next iteration starts
+            # afresh and a generator the sampler shares stands where it stood.
+            for _ in self._index_sampler:
+                pass
         self._resume = dict(state)
 
     def _worker_pool(self, base_seed: int) -> WorkerPool:
@@ -227,6 +286,19 @@ class DataLoader:
             self._pool.shutdown()
 
 
+def _copy(array: Optional[np.ndarray]) -> Optional[np.ndarray]:
+    return None if array is None else np.array(array, copy=True)
+
+
+def _same_state(a: Any, b: Any) -> bool:
+    """Whether two sampler states are equal (they may hold arrays, e.g. a generator's)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_state(a[k], b[k]) for k in a)
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return a is not None and b is not None and np.array_equal(a, b)
+    return bool(a == b)
+
+
 def _pipe_preparer(dataset: Any) -> Optional[Callable]:
     """DataPipes are sharded over (rank, worker) inside each worker; other datasets are not."""
     return sharding.prepare_in_worker if isinstance(dataset, IterDataPipe) else None
@@ -239,8 +311,12 @@ class _LoaderIter:
                  shape: Optional[stream_state.Shape], layout: Optional[tuple]) -> None:
         self.loader = loader
         self.base_seed = base_seed
+        # The loader generator's state right after this iteration drew its seed (None without
+        # a generator): what a resumed loader's generator continues from.
+        self.generator_state: Optional[np.ndarray] = None
         self.samples = 0  # samples handed to the training loop in this iteration
         self.batches = 0
+        self.finished = False  # it raised StopIteration: the next iteration is a new one
         # An iterable dataset's: the shape and layout it deals, and per worker the count of its
         # shard's items in the batches handed out so far (its sharding_filter's mark).
         self.shape, self.layout = shape, layout
@@ -275,15 +351,19 @@ class _SingleProcessIter(_LoaderIter):
         self._items = iter(loader.dataset) if loader.iterable else None
 
     def __next__(self) -> Any:
-        if self._items is None:
-            return self._next_indexed()
         try:
-            batch, samples = self._next_streamed()
-        finally:  # the shard's count, also at the end of the stream
-            mark = sharding.progress(self.loader.dataset)
-            if mark is not None:
-                self.marks[0] = mark
-        return self._hand_out(batch, samples)
+            if self._items is None:
+                return self._next_indexed()
+            try:
+                batch, samples = self._next_streamed()
+            finally:  # the shard's count, also at the end of the stream
+                mark = sharding.progress(self.loader.dataset)
+                if mark is not None:
+                    self.marks[0] = mark
+            return self._hand_out(batch, samples)
+        except StopIteration:
+            self.finished = True
+            raise
 
     def _next_streamed(self) -> tuple[Any, int]:
         loader = self.loader
@@ -372,6 +452,7 @@ class _MultiProcessIter(_LoaderIter):
         try:
             return self._next_batch()
         except StopIteration:
+            self.finished = True
             self.close()
             raise
         except BaseException:

@@ -9,7 +9,7 @@ only the seeding (a 624-step recurrence) and the shuffle loop are written here.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -56,11 +56,7 @@ class Generator:
 
     def set_state(self, state: np.ndarray) -> None:
         """Restore a state returned by get_state."""
-        state = np.asarray(state)
-        if state.shape != (_STATE_WORDS + 1,):
-            raise ValueError(
-                f"a Generator state has {_STATE_WORDS + 1} uint32 words, got shape {state.shape}"
-            )
+        state = state_words(state)
         self._bits.state = {"bit_generator": "MT19937",
                             "state": {"key": state[:-1].astype(np.uint32), "pos": int(state[-1])}}
 
@@ -87,6 +83,19 @@ class Generator:
                 j = i + z
                 perm[i], perm[j] = perm[j], perm[i]
         return np.asarray(perm, dtype=np.int64)
+
+
+def state_words(state: Any) -> np.ndarray:
+    """`state` as a Generator state's uint32 words (a list from a JSON checkpoint too).
+
+    Raises:
+        ValueError: it is not one (names the shape it has).
+    """
+    words = np.asarray(state)
+    if words.shape != (_STATE_WORDS + 1,):
+        raise ValueError(
+            f"a Generator state has {_STATE_WORDS + 1} uint32 words, got shape {words.shape}")
+    return words.astype(np.uint32)
 
 
 def default_seed() -> int:

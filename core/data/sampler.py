@@ -8,8 +8,9 @@ many samples it handed to the training loop (its workers run ahead), asks for it
 sampler directly.
 
 A loaded position is pending until the next `__iter__`: meanwhile `state_after` reports it
-(whatever the last iteration consumed) and `len()` counts what is left from it, so a loader's
-len and state agree with what its next iteration yields.
+(whatever the last iteration consumed), `len()` counts what is left from it and `pending` is
+True, so a loader's len and state agree with what its next iteration yields, and the loader
+knows its running iteration's seed no longer belongs to the sampler's position.
 """
 
 from __future__ import annotations
@@ -31,6 +32,13 @@ class Sampler:
     def state_after(self, consumed: int) -> dict:
         """The state that resumes after `consumed` items of the current iteration."""
         raise NotImplementedError(f"{type(self).__name__} cannot resume mid-epoch")
+
+    @property
+    def pending(self) -> bool:
+        """True while a position set since the last `__iter__` (load_state_dict, or
+        set_epoch to another epoch) waits for the next one: `state_after` then names that
+        position, not one in the running iteration."""
+        return False
 
     def state_dict(self) -> dict:
         """The state after the indices this sampler yielded so far in its current iteration."""
@@ -70,6 +78,10 @@ class SequentialSampler(Sampler):
     def __len__(self) -> int:
         return max(len(self.data_source) - self._begin, 0)
 
+    @property
+    def pending(self) -> bool:
+        return self._current is None
+
     def state_after(self, consumed: int) -> dict:
         if self._current is None:
             return {"start": self._begin}
@@ -106,6 +118,10 @@ class RandomSampler(Sampler):
         skip = self._resume[1] if self._resume is not None else 0
         return max(self.num_samples - skip, 0)
 
+    @property
+    def pending(self) -> bool:
+        return self._resume is not None
+
     def _stream(self, gen: Generator) -> Iterator[int]:
         n = len(self.data_source)
         if self.replacement:
@@ -120,8 +136,10 @@ class RandomSampler(Sampler):
     def __iter__(self) -> Iterator[int]:
         if self._resume is not None:
             (state, skip), self._resume = self._resume, None
-            gen = self.generator or Generator()
-            gen.set_state(state)
+            gen = self.generator
+            if gen is None:  # a one-iteration generator, as a seedless sampler draws
+                gen = Generator()
+                gen.set_state(state)
         else:
             gen = self.generator or Generator(default_seed())
             skip = 0
@@ -139,11 +157,17 @@ class RandomSampler(Sampler):
         return {"generator": state.copy(), "start": min(skip + consumed, self.num_samples)}
 
     def load_state_dict(self, state: dict) -> None:
+        """Resume at `state`. The generator takes the saved state now, not at the next
+        `__iter__`: a DataLoader sharing it draws the iteration's base seed in between (from
+        the same saved place, when the state was taken before the iteration drew)."""
         start = _start(state, "RandomSampler")
         if state.get("generator") is None:  # saved before its first iteration
             self._resume = None
             return
-        self._resume = (np.asarray(state["generator"], np.uint32), start)
+        words = np.asarray(state["generator"], np.uint32)
+        if self.generator is not None:
+            self.generator.set_state(words)
+        self._resume = (words, start)
 
 
 class SubsetRandomSampler(Sampler):
@@ -175,7 +199,11 @@ class BatchSampler(Sampler):
         self.drop_last = bool(drop_last)
 
     def __iter__(self) -> Iterator[list[int]]:
-        it = iter(self.sampler)
+        # The inner iteration starts now, not at the first batch (a generator's body would
+        # wait), so from iter() on the sampler's state is the running iteration's.
+        return self._batches(iter(self.sampler))
+
+    def _batches(self, it: Iterator[int]) -> Iterator[list[int]]:
         while True:
             batch = list(itertools.islice(it, self.batch_size))
             if not batch or (self.drop_last and len(batch) < self.batch_size):
@@ -189,6 +217,10 @@ class BatchSampler(Sampler):
     def state_after(self, consumed: int) -> dict:
         """`consumed` counts indices (not batches), as the loader reports them."""
         return self.sampler.state_after(consumed)  # type: ignore[attr-defined]
+
+    @property
+    def pending(self) -> bool:
+        return bool(getattr(self.sampler, "pending", False))
 
     def state_dict(self) -> dict:
         """The inner sampler's state (what it yielded, a batch being built included)."""

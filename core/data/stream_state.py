@@ -14,7 +14,7 @@ uninterrupted loader would have. At another shape it re-deals: the dealt items e
 instance consumed are passed over, and the rest is dealt afresh over the new instances. That
 needs every old instance's count:
 
-- all ranks' states merged (`merge_states`, or shoal.collectives.data.gather_loader_state)
+- all ranks' states merged (`merge_states`, or shoal.collectives.gather_loader_state)
   give them;
 - one rank's state (what elastic.State saves: rank 0's, synced to all) gives them by lockstep:
   under DDP every rank hands out the same number of batches, and every rank's loader takes
@@ -36,6 +36,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 from typing import Any, Sequence
+
+import numpy as np
 
 from shoal.core.data.datapipes.sharding import Resharding
 from shoal.core.data.errors import DataLoaderError
@@ -129,7 +131,7 @@ def _counts(state: dict, saved: Shape, where: str) -> list[int]:
             f"{where}: a filter after the sharding_filter lets each rank's batches hold a "
             "different number of the stream's items, so one rank's state cannot tell how far "
             "the others got; merge the states of all ranks "
-            "(shoal.collectives.data.gather_loader_state)")
+            "(shoal.collectives.gather_loader_state)")
     batches = int(state["batches"])
     counts = []
     for i in range(n):
@@ -206,6 +208,17 @@ def merge_states(states: Sequence[dict]) -> dict:
         if (state["shards"]["start"], list(state["shards"]["skip"])) != layout:
             raise ValueError(f"DataLoader states disagree on the epoch's layout: rank "
                              f"{first['rank']} and rank {state['rank']}")
+        if not _same_generator(state.get("generator"), first.get("generator")):
+            raise ValueError(f"DataLoader states disagree on the loader generator's state: "
+                             f"rank {first['rank']} and rank {state['rank']}")
         taken.update({int(i): int(c) for i, c in state["shards"]["taken"].items()})
     shards = dict(first["shards"], taken=taken)
-    return dict(first, rank=None, batches=None, shards=shards)
+    # Ended only where every rank's iteration ended; else the re-dealt rest goes on.
+    finished = all(bool(state.get("finished")) for state in states)
+    return dict(first, rank=None, batches=None, shards=shards, finished=finished)
+
+
+def _same_generator(a: Any, b: Any) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return bool(np.array_equal(a, b))

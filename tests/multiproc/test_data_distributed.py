@@ -94,7 +94,7 @@ def with_worker(x):
 def _pipe_rank() -> None:
     phase, workers, path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     import shoal.collectives as c
-    from shoal.collectives.data import gather_loader_state
+    from shoal.collectives import gather_loader_state  # the lazy public name
     from shoal.core import data
 
     c.init_process_group("tcp", init_method="env://", timeout=30)
@@ -117,7 +117,7 @@ def _pipe_rank() -> None:
             states = {"rank0": loader.state_dict(), "merged": gather_loader_state(loader)}
             if c.get_rank() == 0:
                 with open(path, "w") as f:
-                    json.dump(states, f)
+                    json.dump(states, f, default=lambda a: a.tolist())  # generator words
             c.barrier()
         for x, wid in it:
             rest += x.data.tolist()

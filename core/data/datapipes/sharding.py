@@ -98,7 +98,7 @@ class Resharding:
     stand behind each item the pipe yields (a batch stage multiplies it), or None where that
     varies (a filter after the sharding_filter): then one rank's state cannot tell how far the
     other ranks got, and the states of all ranks are needed
-    (shoal.collectives.data.gather_loader_state).
+    (shoal.collectives.gather_loader_state).
     """
 
     blocker: Optional[str]

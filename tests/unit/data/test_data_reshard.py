@@ -127,6 +127,16 @@ def test_a_resumed_epoch_can_be_resized_again():
     assert sorted(seen) == list(range(N))
 
 
+def stream_order(seen: list[int], world: int) -> list[int]:
+    """The order the sharding_filter dealt, from every rank's items (rank 0's first)."""
+    order, k = [0] * len(seen), 0
+    for rank in range(world):
+        size = len(range(rank, len(seen), world))
+        order[rank::world] = seen[k:k + size]
+        k += size
+    return order
+
+
 def resumed(new_loader, state):
     loader = new_loader()
     loader.load_state_dict(state)
@@ -136,9 +146,26 @@ def resumed(new_loader, state):
 def test_an_end_of_epoch_state_resumes_to_an_empty_epoch_at_another_size():
     new_loader = make(plain, 0)
     loaders, iters = start(4, new_loader)
-    seen = [x for it in iters for b in it for x in flatten(b)]
+    assert batches_per_rank(4, new_loader) == [9] * 4
+    seen = lockstep(iters, 9)  # every batch handed out, the loop not yet told the epoch ended
     assert sorted(seen) == list(range(N))
     assert finish(3, new_loader, loaders[0].state_dict()) == []
+
+
+def test_a_state_taken_after_the_epoch_ended_resumes_with_the_next_epoch_at_another_size():
+    new_loader = make(plain, 0)
+    loaders, iters = start(4, new_loader)
+    first = [x for it in iters for b in it for x in flatten(b)]  # each loop saw StopIteration
+    state = loaders[0].state_dict()
+    following = []  # the uninterrupted loaders' next epoch
+    for rank, loader in enumerate(loaders):
+        with as_rank(rank, 4):
+            following += [x for b in loader for x in flatten(b)]
+    resumed = finish(3, new_loader, state)
+    assert sorted(resumed) == list(range(N))  # a whole epoch, not an empty rest
+    # ...with the next epoch's shuffle, as the uninterrupted loaders drew it (the rank split
+    # differs at 3 ranks, the order of the stream before the sharding_filter does not)
+    assert following != first and stream_order(resumed, 3) == stream_order(following, 4)
 
 
 def not_multiple_of_5(x):
@@ -174,7 +201,7 @@ def test_a_filter_after_the_sharding_filter_needs_every_ranks_state():
                            match=r"saved at world size 3 with 0 workers per rank cannot resume "
                                  r"at world size 2 with 0 workers per rank: a filter after the "
                                  r"sharding_filter .*merge the states of all ranks "
-                                 r"\(shoal\.collectives\.data\.gather_loader_state\)"):
+                                 r"\(shoal\.collectives\.gather_loader_state\)"):
             iter(loader)
 
 
