@@ -13,6 +13,7 @@ import pytest
 
 from tests.support.etcd_server import EtcdServer
 from tests.support.netns import Hosts, require_netns
+from tests.support.shoal_run import pid_alive
 
 pytestmark = pytest.mark.usefixtures("netns")
 
@@ -134,14 +135,7 @@ def test_namespaces_of_a_killed_test_run_are_removed_by_the_next_one():
     with Hosts(1):
         assert not (left & _netns_names())
     deadline = time.monotonic() + 10
-    while _alive(int(orphan)) and time.monotonic() < deadline:
+    while pid_alive(int(orphan)) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _alive(int(orphan)), "a process in a stale namespace outlived its removal"
+    assert not pid_alive(int(orphan)), "a process in a stale namespace outlived its removal"
 
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False

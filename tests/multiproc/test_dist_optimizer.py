@@ -89,9 +89,11 @@ def train(optim_name: str, steps: int):
     return param_value(), rpc_agent.rpc_sync("w1", param_value)
 
 
-def failing_step():
+def _step_over_two_owners(optimizer_class):
+    """One forward through this worker and w1, a distributed backward and a step of
+    `optimizer_class` on both owners; (context id, the step's error text or None)."""
     rrefs = [param_rref(), rpc_agent.rpc_sync("w1", param_rref)]
-    opt = DistributedOptimizer(BrokenStep, rrefs, lr=0.1)
+    opt = DistributedOptimizer(optimizer_class, rrefs, lr=0.1)
     x = core.Tensor(np.ones((3, 4)))
     with dist_autograd.context() as cid:
         y = rpc_agent.rpc_sync("w1", stage, (stage(x),))
@@ -103,19 +105,14 @@ def failing_step():
     return cid, None
 
 
+def failing_step():
+    return _step_over_two_owners(BrokenStep)
+
+
 def failing_step_on_w1():
-    rrefs = [param_rref(), rpc_agent.rpc_sync("w1", param_rref)]
     before = param_value()
-    opt = DistributedOptimizer(BrokenOnW1, rrefs, lr=0.1)
-    x = core.Tensor(np.ones((3, 4)))
-    with dist_autograd.context() as cid:
-        y = rpc_agent.rpc_sync("w1", stage, (stage(x),))
-        dist_autograd.backward(cid, [y.sum()])
-        try:
-            opt.step(cid)
-        except DistributedOptimizerError as exc:
-            return cid, str(exc), before, param_value()
-    return cid, None, before, param_value()
+    cid, error = _step_over_two_owners(BrokenOnW1)
+    return cid, error, before, param_value()
 
 
 def step_two_remote_owners(meet_dir: str):

@@ -292,7 +292,7 @@ def items(batch) -> list[int]:
     return out
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(n=st.integers(0, 90), w1=st.integers(1, 5), w2=st.integers(1, 5),
        k1=st.sampled_from([0, 1, 2]), k2=st.sampled_from([0, 1, 3]), batch=st.integers(1, 4),
        per=st.integers(1, 3), fraction=st.floats(0, 1), saved=st.integers(0, 4))
