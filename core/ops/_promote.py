@@ -42,7 +42,6 @@ _F64 = np.dtype(np.float64)
 _C64 = np.dtype(np.complex64)
 _C128 = np.dtype(np.complex128)
 DEFAULT_FLOAT = _F32  # torch's default dtype: what a Python float and integer division give
-_REDUCED = (_F16, _BF16)
 
 _DIM, _ZERO, _WRAPPED = 0, 1, 2
 

@@ -11,6 +11,7 @@ from shoal.core import autograd
 from shoal.core import backend
 from shoal.core.autograd import Node
 from shoal.core.errors import ShapeError
+from shoal.core.ops._promote import is_reduced_float
 from shoal.core.tensor import Tensor
 
 _new = object.__new__
@@ -123,7 +124,7 @@ def unbroadcast(g: Any, shape: tuple) -> Any:
     )
     if not axes:
         return g.reshape(shape)
-    if g.dtype.itemsize == 2 and g.dtype.kind in "fV":
+    if is_reduced_float(g.dtype):
         # A bfloat16/float16 running sum stops growing once it reaches 2**8 (2**11) times the
         # addend: add up in float32 and round once, as torch's reductions do.
         return g.sum(axis=axes, keepdims=True, dtype=np.float32).astype(g.dtype).reshape(shape)

@@ -37,8 +37,8 @@ def add(x: Any, y: Any) -> Any:
 
     def backward(g: Any) -> tuple:
         return (
-            _grad_for(x, _sum_to(g, xd.shape)) if needs_grad(x) else None,
-            _grad_for(y, _sum_to(g, yd.shape)) if needs_grad(y) else None,
+            _grad_for(x, unbroadcast(g, xd.shape)) if needs_grad(x) else None,
+            _grad_for(y, unbroadcast(g, yd.shape)) if needs_grad(y) else None,
         )
 
     return result(out, "AddBackward", backward, (x, y), exact_dtype=True)
@@ -55,8 +55,8 @@ def sub(x: Any, y: Any) -> Any:
 
     def backward(g: Any) -> tuple:
         return (
-            _grad_for(x, _sum_to(g, xd.shape)) if needs_grad(x) else None,
-            _grad_for(y, _sum_to(-g, yd.shape)) if needs_grad(y) else None,
+            _grad_for(x, unbroadcast(g, xd.shape)) if needs_grad(x) else None,
+            _grad_for(y, unbroadcast(-g, yd.shape)) if needs_grad(y) else None,
         )
 
     return result(out, "SubBackward", backward, (x, y), exact_dtype=True)
@@ -174,12 +174,6 @@ def _integer_pow(xd: Any, yd: Any) -> Any:
 def rpow(x: Any, y: Any) -> Any:
     """y ** x (the reflected form)."""
     return pow(y, x)
-
-
-def _sum_to(g: Any, shape: tuple) -> Any:
-    """An add's or sub's gradient summed down to an operand's broadcast `shape` (in float32
-    for bfloat16, as torch's sum accumulates); unchanged when no dim was broadcast."""
-    return g if g.shape == shape else unbroadcast(widen(g), shape)
 
 
 def _grad_for(operand: Any, g: Any) -> Any:
