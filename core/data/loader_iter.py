@@ -19,6 +19,7 @@ from shoal.core.data import stream_state
 from shoal.core.data.datapipes import sharding
 from shoal.core.data.datapipes.iter import IterDataPipe
 from shoal.core.data.pool import FAILED_JOIN_S, JOIN_S, Failure
+from shoal.core.data.worker import take_batch
 
 if TYPE_CHECKING:
     from shoal.core.data.dataloader import DataLoader
@@ -97,13 +98,7 @@ class _SingleProcessIter(_LoaderIter):
         loader = self.loader
         if not loader.auto_collation:
             return loader.collate_fn(next(self._items)), 1
-        items = []
-        for item in self._items:
-            items.append(item)
-            if len(items) == loader.batch_size:
-                break
-        if not items or (loader.drop_last and len(items) < loader.batch_size):
-            raise StopIteration
+        items = take_batch(self._items, loader.batch_size, loader.drop_last)
         return loader.collate_fn(items), len(items)
 
     def _next_indexed(self) -> Any:

@@ -25,6 +25,23 @@ from shoal.core.ops import random as core_random
 PARENT_POLL_S = 1.0
 
 
+def take_batch(items: Any, batch_size: int, drop_last: bool) -> list:
+    """The next `batch_size` items of the iterator `items` (fewer at its end, unless
+    `drop_last`), for a batch of an iterable dataset, in a worker or in the loading process.
+
+    Raises:
+        StopIteration: nothing is left, or only a short batch that `drop_last` drops.
+    """
+    batch = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == batch_size:
+            break
+    if not batch or (drop_last and len(batch) < batch_size):
+        raise StopIteration
+    return batch
+
+
 @dataclass(frozen=True)
 class WorkerInfo:
     """What `get_worker_info()` returns inside a worker."""
@@ -122,14 +139,7 @@ class _Fetcher:
             self.reset()
         if not spec.auto_collation:
             return spec.collate_fn(next(self._iterator))
-        items = []
-        for item in self._iterator:
-            items.append(item)
-            if len(items) == spec.batch_size:
-                break
-        if not items or (spec.drop_last and len(items) < spec.batch_size):
-            raise StopIteration
-        return spec.collate_fn(items)
+        return spec.collate_fn(take_batch(self._iterator, spec.batch_size, spec.drop_last))
 
     def mark(self) -> Optional[int]:
         """How far this worker's shard got (sent with each batch; None for other datasets)."""
