@@ -234,7 +234,7 @@ class Checkpointer:
             # The job resumes from here: a fall back past a damaged newer file would lose the
             # work since this step, and the last-checkpoint metrics must say so.
             with contextlib.suppress(OSError):
-                training_metrics.record_resumed_from(step, os.path.getmtime(self.path(step)))
+                training_metrics.record_usable_checkpoint(step, os.path.getmtime(self.path(step)))
             return step, state
         if problems:
             raise CheckpointError(

@@ -169,7 +169,7 @@ def record_checkpoint_save(step: int, seconds: float, nbytes: int) -> None:
     CHECKPOINT_SECONDS.labels(operation="save").observe(seconds)
     CHECKPOINT_LAST_SECONDS.labels(operation="save").set(seconds)
     CHECKPOINT_BYTES.labels(operation="save").inc(nbytes)
-    _record_usable(step, time.time())
+    record_usable_checkpoint(step, time.time())
 
 
 def record_checkpoint_load(seconds: float, nbytes: int, step: Optional[int] = None,
@@ -181,16 +181,12 @@ def record_checkpoint_load(seconds: float, nbytes: int, step: Optional[int] = No
     CHECKPOINT_LAST_SECONDS.labels(operation="load").set(seconds)
     CHECKPOINT_BYTES.labels(operation="load").inc(nbytes)
     if step is not None:
-        _record_usable(step, saved_at)
+        record_usable_checkpoint(step, saved_at)
 
 
-def record_resumed_from(step: int, saved_at: Optional[float]) -> None:
-    """The job resumed from the checkpoint of `step`, saved at `saved_at` (Unix time): it is
-    the last checkpointed step, also when a damaged newer one was skipped."""
-    _record_usable(step, saved_at)
-
-
-def _record_usable(step: int, saved_at: Optional[float]) -> None:
+def record_usable_checkpoint(step: int, saved_at: Optional[float]) -> None:
+    """The checkpoint of `step`, saved at `saved_at` (Unix time), is the newest usable one:
+    just saved, or the one a job resumed from (also past a damaged newer one)."""
     CHECKPOINT_STEP.set(step)
     if saved_at is not None:
         CHECKPOINT_TIME.set(saved_at)
