@@ -246,9 +246,8 @@ def create_backend(
     from shoal.elastic.rendezvous.etcd_store import EtcdStore
 
     backend = EtcdRendezvousBackend(texts, run_id, timeout=seconds, **kwargs)
-    if store is None:
-        root = kwargs.get("prefix", DEFAULT_ETCD_PREFIX)
-        store = EtcdStore(texts, prefix=f"{root}/{run_id}/store/", timeout=seconds,
+    if store is None:  # the job's store keys sit under the run's own keys
+        store = EtcdStore(texts, prefix=f"{backend.prefix}store/", timeout=seconds,
                           security=kwargs.get("security"))
     return backend, store
 
