@@ -10,7 +10,7 @@ import abc
 from typing import Any, Callable, Optional, Sequence
 
 from shoal.collectives import arrays
-from shoal.collectives.composite import CompositeCollectives, check_same_dtype
+from shoal.collectives.composite import CompositeCollectives
 from shoal.collectives.futures import Future, work_future
 from shoal.collectives.types import DEFAULT_COLLECTIVE_TIMEOUT_S, PremulSum, ReduceOp
 from shoal.core.errors import ShapeError
@@ -293,7 +293,7 @@ class ProcessGroup(CompositeCollectives, abc.ABC):
         outs = arrays.unwrap_list(output_list, "all_to_all output_list", self._size)
         ins = arrays.unwrap_list(input_list, "all_to_all input_list", self._size)
         for i, (o, x) in enumerate(zip(outs, ins)):
-            check_same_dtype(o, x, f"all_to_all output_list[{i}]", f"input_list[{i}]",
+            arrays.check_same_dtype(o, x, f"all_to_all output_list[{i}]", f"input_list[{i}]",
                              rule="all arrays must share one dtype")
         if result is not None and not isinstance(result, (list, tuple)):
             raise TypeError(

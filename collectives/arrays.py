@@ -88,6 +88,22 @@ def describe(arr) -> str:
     return f"{arr.dtype.name}{list(arr.shape)}"
 
 
+def check_same_dtype(output, input, output_what: str, input_what: str,
+                     rule: str = "both must share one dtype") -> None:
+    """Refuse an output and input (unwrapped arrays) of different dtypes: a collective that
+    moves blocks copies bytes and never converts them, so a mismatch would garble the data.
+
+    Raises:
+        TypeError: naming both arrays, e.g. "all_to_all_single output is float32[6] but input
+            is float64[6]; both must share one dtype."
+    """
+    if output.dtype != input.dtype:
+        raise TypeError(
+            f"{output_what} is {describe(output)} but {input_what} is "
+            f"{describe(input)}; {rule}."
+        )
+
+
 def as_bytes(arr) -> memoryview:
     """A flat writable byte view of a contiguous numpy array (works for every dtype)."""
     try:

@@ -20,22 +20,6 @@ from shoal.core.errors import ShapeError
 from shoal.core.timeouts import TimeoutLike
 
 
-def check_same_dtype(output, input, output_what: str, input_what: str,
-                     rule: str = "both must share one dtype") -> None:
-    """Refuse an output and input (unwrapped arrays) of different dtypes: a collective that
-    moves blocks copies bytes and never converts them, so a mismatch would garble the data.
-
-    Raises:
-        TypeError: naming both arrays, e.g. "all_to_all_single output is float32[6] but input
-            is float64[6]; both must share one dtype."
-    """
-    if output.dtype != input.dtype:
-        raise TypeError(
-            f"{output_what} is {arrays.describe(output)} but {input_what} is "
-            f"{arrays.describe(input)}; {rule}."
-        )
-
-
 def _split_rows(arr, sizes: Optional[Sequence[int]], world: int, what: str) -> list:
     """Views of `arr`'s blocks of rows (dim 0) for each rank: equal, or `sizes` rows each."""
     rows = arr.shape[0] if arr.ndim else 1
@@ -183,7 +167,7 @@ class CompositeCollectives:
         `output` (blocks equal, or as the split sizes say), as torch's all_to_all_single."""
         out = arrays.unwrap(output, "all_to_all_single output")
         inp = arrays.unwrap(input, "all_to_all_single input")
-        check_same_dtype(out, inp, "all_to_all_single output", "input")
+        arrays.check_same_dtype(out, inp, "all_to_all_single output", "input")
         world = self.size()
         outs = _split_rows(out, output_split_sizes, world, "all_to_all_single output")
         ins = _split_rows(inp, input_split_sizes, world, "all_to_all_single input")
