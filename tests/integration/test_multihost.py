@@ -137,6 +137,11 @@ def test_the_collective_catalogue_across_hosts(tmp_path, nhosts, nproc, leaders,
         if leaders:
             assert f"[rank {rank}] leaders per host {leaders}" in joined, joined[-4000:]
         assert f"[rank {rank}] catalogue ok" in joined, joined[-4000:]
+        # Links within a host keep shoal's small fixed buffers; the kernel autotunes the
+        # receive buffer of every link to another host (wire.tune_socket).
+        peers = [q for q in range(nhosts * nproc) if q != rank]
+        expected = " ".join("fixed" if q // nproc == rank // nproc else "auto" for q in peers)
+        assert f"[rank {rank}] receive buffers {expected}" in joined, joined[-4000:]
 
 
 def test_a_lost_host_leaves_the_others_to_finish_from_the_last_checkpoint(tmp_path):

@@ -201,7 +201,10 @@ class Mesh:
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.listener = listener
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        wire.tune_socket(listener)  # accepted sockets inherit the small buffers
+        # Accepted TCP sockets inherit the listener's buffers; one bound to a routable address
+        # may hear from other hosts, so its receive buffer is autotuned, and `_place` fixes it
+        # for peers that turn out to be on this host.
+        wire.tune_socket(listener, same_host=wire.is_loopback_address(self.host))
         listener.bind((self.host, 0))
         listener.listen(_BACKLOG)
         self._gate.add_listener(listener)
@@ -210,7 +213,6 @@ class Mesh:
         if identity and self.size > 1:
             unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             self.unix_listener = unix
-            wire.tune_socket(unix)
             # Abstract namespace: no file to clean up; reachable only inside this netns.
             unix.bind(b"\0shoal-pg-" + os.urandom(12).hex().encode())
             unix.listen(_BACKLOG)
@@ -304,7 +306,8 @@ class Mesh:
         def connect(timeout: float) -> socket.socket:
             sock = socket.socket(family, socket.SOCK_STREAM)
             try:
-                wire.tune_socket(sock)
+                wire.tune_socket(sock, same_host=bool(unix_address)
+                                 or wire.is_same_host_address(host, self.host))
                 sock.settimeout(min(timeout, CONNECT_HANDSHAKE_TIMEOUT_S))
                 sock.connect(unix_address if unix_address else (host, port))
             except BaseException:
@@ -370,12 +373,17 @@ class Mesh:
             if dst != self.rank or not self.rank < src < self.size or channel not in wire.CHANNELS:
                 raise ValueError(f"its hello (from rank {src} to rank {dst}, channel {channel}) is invalid here")
             slots = self._slots_for(channel, dialer=False)
+            peer_ip = sock.getpeername()[0] if sock.family != socket.AF_UNIX else ""
             with self._lock:
                 if self._complete or self._closing or slots[src] is not None:
                     raise ValueError(f"rank {src} is already connected on that channel")
                 sock.sendall(wire.HELLO_ACK)
                 sock.settimeout(None)
                 wire.set_nodelay(sock)
+                # An accepted Unix socket inherits nothing from its listener, and a TCP one
+                # from a peer on this host has the listener's autotuned receive buffer.
+                if not peer_ip or wire.is_same_host_address(peer_ip, self.host):
+                    wire.tune_socket(sock, same_host=True)
                 slots[src] = sock
                 self.transports[src] = "unix" if sock.family == socket.AF_UNIX else "tcp"
                 self._lock.notify_all()

@@ -8,6 +8,7 @@ ranks that disagree get `CollectiveMismatch` instead of corrupt results.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 import struct
@@ -54,11 +55,35 @@ def fingerprint_ok(length: int) -> bool:
     return 0 < length <= MAX_FINGERPRINT_BYTES
 
 
-def tune_socket(sock: socket.socket) -> None:
-    """Small fixed buffers (set before connect so the window starts small); 0 keeps autotuning."""
-    if SOCKET_BUFFER_BYTES:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES)
+def tune_socket(sock: socket.socket, same_host: bool) -> None:
+    """Buffers for a link (set before connect, so the window is negotiated for them).
+
+    The send buffer is always small and fixed: the bytes in flight stay in the CPU caches.
+    The receive buffer is fixed too between ranks of one host, where the kernel's loopback
+    path copies straight from sender to receiver and small buffers win; between hosts it is
+    left to the kernel's autotuning, which grows the window to the path's bandwidth-delay
+    product. A fixed 256 KiB window there caps a stream at 256 KiB per round trip (2 Gbit/s
+    at 1 ms), and even between network namespaces here it cost a third of the throughput of
+    a host-to-host stream (bench/allreduce.py --hosts).
+    """
+    if not SOCKET_BUFFER_BYTES:
+        return
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES)
+    if same_host or sock.family == socket.AF_UNIX:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
+
+
+def is_loopback_address(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def is_same_host_address(address: str, own: str) -> bool:
+    """Whether a TCP peer at `address` is this host as seen from a socket bound to `own`:
+    loopback, or our own address (the kernel carries both over its loopback device)."""
+    return is_loopback_address(address) or address == own
 
 
 def set_nodelay(sock: socket.socket) -> None:

@@ -7,14 +7,17 @@ several pipelined steps (1.5M float32, 6 MB, more than the 4 MiB shared-memory s
 the same on subgroups: the first three ranks (under 2 hosts x 2 ranks: hosts of unequal size)
 and the last rank of each host (one rank per host).
 
-Prints "[rank R] path <what the default group uses> hosts <topology>" and, at the end,
-"[rank R] catalogue ok"; any difference raises (the worker fails).
+Prints "[rank R] path <what the default group uses> hosts <topology>", "[rank R] receive
+buffers <one word per peer>" (fixed: the link's receive buffer is shoal's fixed size; auto:
+the kernel autotunes it, as between hosts), and, at the end, "[rank R] catalogue ok"; any
+difference raises (the worker fails).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import socket
 
 import numpy as np
 
@@ -157,6 +160,21 @@ def subgroups(world: int, per_host: int) -> list[list[int]]:
     return groups
 
 
+def receive_buffers(pg, rank: int, world: int) -> str:
+    """Per peer in rank order, whether our data sockets to it keep fixed receive buffers."""
+    from shoal.collectives.constants import SOCKET_BUFFER_BYTES
+
+    mesh = pg._mesh
+    words = []
+    for peer in range(world):
+        if peer == rank:
+            continue
+        fixed = [s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) == 2 * SOCKET_BUFFER_BYTES
+                 for s in (mesh.tx[peer], mesh.rx[peer])]
+        words.append("fixed" if all(fixed) else "auto" if not any(fixed) else "mixed")
+    return " ".join(words)
+
+
 def main() -> None:
     dist.init_process_group("tcp", init_method="env://")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -168,6 +186,8 @@ def main() -> None:
     print(f"[rank {rank}] path {path} hosts {hosts}", flush=True)
     if getattr(pg, "hierarchical", False):
         print(f"[rank {rank}] leaders per host {pg.topology.leaders_per_host}", flush=True)
+    if world > 1 and hasattr(pg, "_mesh"):
+        print(f"[rank {rank}] receive buffers {receive_buffers(pg, rank, world)}", flush=True)
 
     everyone = list(range(world))
     for n in SIZES:
