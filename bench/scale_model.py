@@ -15,7 +15,8 @@ sizes count alike; every sample a median over repetitions):
   paths p: unix (Unix stream sockets: shoal's links between ranks of one host), tcp_lo (TCP on
            127.0.0.1), veth (TCP between two network namespaces joined by veth pairs and a
            bridge, tests/support/netns.py; needs root, tcp_lo's figures stand in without it).
-           Sockets carry 256 KiB buffers and TCP_NODELAY, as shoal's links do.
+           Sockets carry TCP_NODELAY and shoal's buffers: 256 KiB to send, 256 KiB to receive
+           within a host, the kernel's autotuned receive buffer on veth (wire.tune_socket).
     a_p    one message's latency: the intercept of a ping-pong's one-way time over
            n = 64 B .. 64 KiB; twice, receivers sleeping in the kernel (a^block) and polling
            (a^spin). shoal polls small receives only when every rank has a core and the load
@@ -109,6 +110,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
+import ipaddress  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import mmap  # noqa: E402
@@ -588,11 +590,15 @@ def _drive(sock: socket.socket, reps: int) -> dict:
 
 
 def _tune(sock: socket.socket) -> None:
-    """shoal's link settings (collectives/backends/tcp/wire.py)."""
+    """shoal's link settings (collectives/backends/tcp/wire.py `tune_socket`): a fixed send
+    buffer; a fixed receive buffer within a host (Unix sockets, loopback), the kernel's
+    autotuned one on a link to another host (here: another network namespace)."""
     sock.settimeout(PEER_TIMEOUT_S)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
-    if sock.family in (socket.AF_INET, socket.AF_INET6):
+    inet = sock.family in (socket.AF_INET, socket.AF_INET6)
+    if not inet or ipaddress.ip_address(sock.getpeername()[0]).is_loopback:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
+    if inet:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
