@@ -181,7 +181,7 @@ def worker(side: str, rank: int, world: int, master: str, port: int, per_host: i
         if rank == 0:
             print(f"{side}: hierarchical={pg.hierarchical} hosts {pg.topology.describe()}",
                   file=sys.stderr, flush=True)
-    clock = _PhaseClock() if side == "shoal" else None
+    clock = _PhaseClock() if side == "shoal" and pg.hierarchical else None
     _say(ready=True, hierarchical=bool(side != "gloo" and pg.hierarchical))
     runners = {}
     for line in sys.stdin:
