@@ -36,8 +36,12 @@ assert 2 * SMALL_MAX_BYTES <= SOCKET_BUFFER_BYTES
 # Small all_reduces of groups above this many ranks run as a tree (recursive doubling): the
 # direct exchange's W-1 messages per rank win on a few ranks (one round trip) but grow with W.
 DIRECT_MAX_RANKS = 8
-# From this size on, all_reduce runs its ring with a sender thread (measured: the pumped ring
-# wins up to 1 MiB, they tie at 2 MiB, the thread wins by ~1.5x at 4 MiB and above).
+# From this size on, all_reduce cuts its ring into larger chunks (below), and a ring whose
+# links stay within the host runs them with a sender thread (on loopback the pumped ring wins
+# up to 1 MiB, they tie at 2 MiB, the thread wins by ~1.5x at 4 MiB and above). A ring over a
+# link to another host keeps the single-threaded pump with the same chunks: the sender thread's
+# hand-offs cost the kernel twice the time in network-stack work there (64 MiB over veth
+# between namespaces: W=2 55 ms threaded, 28-34 ms pumped; W=4 150 ms, 107-118 ms).
 THREADED_MIN_BYTES = 2 * 1024 * 1024
 # Chunk sizes: the unit of overlap between sending, receiving and reducing.
 PUMP_CHUNK_BYTES = 256 * 1024

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import socket
 from typing import Callable, Optional, Sequence
 
 from shoal.collectives.backends.tcp import algorithms as algos
-from shoal.collectives.backends.tcp import shm
+from shoal.collectives.backends.tcp import shm, wire
 from shoal.collectives.backends.tcp.mesh import FailureReason, Mesh
 from shoal.collectives.backends.tcp.pump import LinkDown, SenderThread
 from shoal.collectives.types import CollectiveMismatch
@@ -100,6 +101,20 @@ class Links:
         if buf is None or len(buf) < nbytes:
             buf = self._scratch = bytearray(nbytes)
         return memoryview(buf)[:nbytes]
+
+    def reaches_another_host(self, socks) -> bool:
+        """Whether any of these links leads to a rank on another host (a TCP peer that is
+        neither loopback nor our own address; `wire.is_same_host_address`)."""
+        for sock in socks:
+            if sock is None or sock.family == socket.AF_UNIX:
+                continue
+            try:
+                peer = sock.getpeername()[0]
+            except OSError:  # a broken link: the collective fails on it either way
+                continue
+            if not wire.is_same_host_address(peer, self.mesh.host):
+                return True
+        return False
 
     def sender_thread(self) -> SenderThread:
         """The sender thread of the largest ring all_reduces, started on first use."""

@@ -115,3 +115,34 @@ def test_tcp_links_to_our_own_routable_address_keep_fixed_buffers():
     lines = done.stdout.split("\n")[:-1]
     assert len(lines) == 12, done.stdout  # 3 ranks x 2 peers x (send, receive) sockets
     assert set(lines) == {f"{host.address} tcp {FIXED} {FIXED}"}, done.stdout
+
+
+class _Sock:
+    """Just what `Links.reaches_another_host` asks of a socket."""
+
+    def __init__(self, family, peer=None):
+        self.family, self._peer = family, peer
+
+    def getpeername(self):
+        if self._peer is None:
+            raise OSError("Transport endpoint is not connected")
+        return (self._peer, 29500)
+
+
+@pytest.mark.parametrize("socks, another", [
+    ([_Sock(socket.AF_UNIX)], False),
+    ([_Sock(socket.AF_INET, "127.0.0.1")], False),
+    ([_Sock(socket.AF_INET, "10.213.47.1")], False),  # our own address
+    ([None, _Sock(socket.AF_INET, "10.213.47.1")], False),
+    ([_Sock(socket.AF_INET, None)], False),  # a broken link fails the collective anyway
+    ([_Sock(socket.AF_UNIX), _Sock(socket.AF_INET, "10.213.47.2")], True),
+])
+def test_a_ring_reaches_another_host_over_a_tcp_link_to_a_foreign_address(socks, another):
+    """all_reduce's large ring takes the sender thread only when neither of its links leaves
+    the host (over_sockets.all_reduce; constants.THREADED_MIN_BYTES says why)."""
+    from types import SimpleNamespace
+
+    from shoal.collectives.backends.tcp.links import Links
+
+    links = SimpleNamespace(mesh=SimpleNamespace(host="10.213.47.1"))
+    assert Links.reaches_another_host(links, socks) is another
