@@ -63,8 +63,12 @@ or a^spin (above) plus sw for a message that carries data:
   flat ring: every rank in one ring over sockets: H hops between hosts (veth, or the
       cluster link) and H(L-1) within hosts (unix).
   shared memory on one host (S > SMALL; below, D over unix); a step's barrier with L-1
-  peers b = k (L-1) b2; c, g multiplied by eta; m = ceil(S / 4 MiB) (at L = 2 chunks of
-  S/4 within 256 KiB .. 4 MiB):
+  peers b = k (b2 + (L-2) o_unix): the barrier is an empty direct exchange whose L-1
+  messages leave at once, so their latencies overlap and each peer beyond the first adds only
+  its message's work (b2, fitted with one peer, holds the latency; charging (L-1) b2
+  over-predicted every 1x4 row of 256 KiB-4 MiB by 50-200% on 2026-11-27, and the overlapped
+  barrier improved the check in each of that day's five runs, by 2-3 cases); c, g multiplied
+  by eta; m = ceil(S / 4 MiB) (at L = 2 chunks of S/4 within 256 KiB .. 4 MiB):
       L = 2:   m b + k S (c + g)
       L >= 3:  (m + 1) b + k ((2S - S/L) c + (L-1)(S/L) g)
   hierarchical (H > 1, L > 1, S > SMALL; smaller: the flat direct exchange):
@@ -397,10 +401,12 @@ class Model:
         return total
 
     def _barrier(self, local, k, spin) -> float:
-        if self.shm.step is not None:
-            return k * (local - 1) * self.shm.step
+        """A shared-memory step's barrier among `local` ranks: an empty direct exchange, its
+        messages' latencies overlapped (module docstring)."""
         unix = self.links["unix"]
-        return k * (local - 1) * (unix.latency(spin, data=False) + unix.o)
+        if self.shm.step is not None:
+            return k * (self.shm.step + (local - 2) * unix.o)
+        return k * (unix.latency(spin, data=False) + (local - 1) * unix.o)
 
     def one_host(self, nbytes, local, machine: Machine, hosts_here: int = 1) -> float:
         """shoal's same-host all_reduce of `local` ranks: direct over unix for small messages,

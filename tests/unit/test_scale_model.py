@@ -95,6 +95,26 @@ def test_ring_and_direct_exchange_by_hand():
     assert model.flat(S, 2, 2, veth, model.links["unix"], cluster) == pytest.approx(want)
 
 
+def test_a_shared_memory_barrier_overlaps_its_peers_latencies():
+    """A barrier is an empty direct exchange: its L-1 messages leave at once, so it costs one
+    latency (or the fitted one-peer step) and one message's work per further peer, times k."""
+    model = _model()
+    # No fitted step: one unix latency (no polling at k = 2) plus L-1 messages' work.
+    assert model._barrier(4, 2.0, False) == pytest.approx(2 * (10e-6 + 3 * 1e-6))
+    assert model._barrier(2, 2.0, False) == pytest.approx(2 * (10e-6 + 1e-6))
+    # A fitted step (its 2-rank all_reduce, one peer) holds the latency and the first message.
+    fitted = sm.Model(model.links, model.memory, sm.ShmCost(step=50e-6))
+    assert fitted._barrier(2, 2.0, False) == pytest.approx(2 * 50e-6)
+    assert fitted._barrier(4, 2.0, False) == pytest.approx(2 * (50e-6 + 2 * 1e-6))
+    # One host of 4 ranks at 256 KiB: one chunk, so two barriers and the copies and adds
+    # (working set 2 x 4 x 256 KiB in cache: c = g = 0.1 ns/B, eta 1).
+    S = 256 * 1024
+    here = sm.Machine(cores=2, one_machine=True)
+    want = 2 * fitted._barrier(4, 2.0, False) + 2 * ((2 * S - S / 4) * 0.1e-9
+                                                     + 3 * (S / 4) * 0.1e-9)
+    assert fitted.one_host(S, 4, here) == pytest.approx(want)
+
+
 def test_hierarchical_by_hand_and_its_edge_cases():
     model = _model()
     veth, unix = model.links["veth"], model.links["unix"]
