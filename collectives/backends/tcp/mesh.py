@@ -306,8 +306,8 @@ class Mesh:
         def connect(timeout: float) -> socket.socket:
             sock = socket.socket(family, socket.SOCK_STREAM)
             try:
-                wire.tune_socket(sock, same_host=bool(unix_address)
-                                 or wire.is_same_host_address(host, self.host))
+                # (a Unix socket is on this host whatever the address says: tune_socket knows)
+                wire.tune_socket(sock, same_host=wire.is_same_host_address(host, self.host))
                 sock.settimeout(min(timeout, CONNECT_HANDSHAKE_TIMEOUT_S))
                 sock.connect(unix_address if unix_address else (host, port))
             except BaseException:
