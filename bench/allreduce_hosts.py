@@ -247,6 +247,11 @@ class _Rank:
                 self._buf += chunk
 
 
+def _no_samples() -> dict:
+    """One side's samples of one case, as `session` returns them (see there)."""
+    return {"blocks": [], "cpu": [], "phases": []}
+
+
 def sides_for(case: tuple, sides: list) -> list:
     """The wire floor stands beside all_reduce only (its bytes are all_reduce's)."""
     return [side for side in sides if side != "wire" or case[0] == "all_reduce"]
@@ -286,7 +291,7 @@ def session(hosts, per_host: int, sides: list, cases: list, args) -> dict:
         for case in cases:
             per_block = max(1, ar.iterations(case[1], args.quick) // blocks)
             here = sides_for(case, sides)
-            results[case] = {side: {"blocks": [], "cpu": [], "phases": []} for side in here}
+            results[case] = {side: _no_samples() for side in here}
             for block in range(blocks):
                 for side in here[block % len(here):] + here[:block % len(here)]:
                     for rk in ranks[side]:
@@ -355,8 +360,7 @@ def main(args, cases: list) -> int:
         for _ in range(rounds):
             for case, by_side in session(hosts.hosts, per_host, sides, cases, args).items():
                 for side, got in by_side.items():
-                    mine = samples.setdefault(case, {}).setdefault(
-                        side, {"blocks": [], "cpu": [], "phases": []})
+                    mine = samples.setdefault(case, {}).setdefault(side, _no_samples())
                     for key in mine:
                         mine[key].extend(got[key])
     cores = os.cpu_count() or 1
