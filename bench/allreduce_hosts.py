@@ -85,6 +85,7 @@ def _wire_runner(c, pg, rank: int, world: int, per_host: int, n: int):
     import numpy as np
 
     from shoal.collectives.backends.tcp import wire
+    from shoal.collectives.constants import SOCKET_BUFFER_BYTES
 
     n_hosts = world // per_host
     nbytes = max(1, (2 * (n_hosts - 1) * n * 4) // (n_hosts * per_host))
@@ -108,17 +109,27 @@ def _wire_runner(c, pg, rank: int, world: int, per_host: int, n: int):
     src, dst = np.ones(nbytes, np.uint8), np.empty(nbytes, np.uint8)
     out = memoryview(dst)
 
-    def run():
-        sender = threading.Thread(target=tx.sendall, args=(memoryview(src),))
-        sender.start()
+    def receive():
         got = 0
         while got < nbytes:
             k = rx.recv_into(out[got:], nbytes - got)
             if not k:
                 raise SystemExit(f"wire rank {rank}: the previous host closed its stream")
             got += k
+
+    def run():
+        if nbytes <= SOCKET_BUFFER_BYTES:
+            # The message fits the send buffer, so sending first cannot wait on the peer's
+            # receive: no thread to start, which at small sizes cost more than the bytes.
+            tx.sendall(memoryview(src))
+            receive()
+            return
+        sender = threading.Thread(target=tx.sendall, args=(memoryview(src),))
+        sender.start()
+        receive()
         sender.join()
 
+    run.close = lambda: (tx.close(), rx.close())  # the worker calls it when its case ends
     return run, pg.barrier
 
 
@@ -190,6 +201,11 @@ def worker(side: str, rank: int, world: int, master: str, port: int, per_host: i
             break
         key = (command["op"], command["bytes"])
         if key not in runners:
+            # Cases run one after another: the last case's runner (the wire side's sockets,
+            # every side's arrays) is done with.
+            for run, _ in runners.values():
+                getattr(run, "close", lambda: None)()
+            runners.clear()
             runners[key] = make(key[0], key[1] // 4)
             for _ in range(3):
                 runners[key][0]()

@@ -4,10 +4,20 @@ It measures each path's costs here, checks the model against bench/allreduce.py 
 same invocation, and predicts the step overhead of examples/train_ddp.py (and of a model of
 100M float32 parameters) on 8 x 8 up to 1000 x 8 hosts x ranks.
 
-    python bench/scale_model.py            # full measurements and check
-    python bench/scale_model.py --quick    # fewer repetitions (about a minute on 2 cores)
+    python bench/scale_model.py            # full measurements and check, 3 rounds
+    python bench/scale_model.py --quick    # fewer repetitions (about two minutes on 2 cores)
     python bench/scale_model.py --no-check # fits and predictions only
-    nice -n -15 python bench/scale_model.py --quick   # on a shared machine
+    python bench/scale_model.py --replay LOG...  # the check again from saved output
+    chrt -f 10 python bench/scale_model.py --quick   # on a shared machine
+
+Rounds: on a 2-core VM one calibration of a parameter moves by up to 4x between runs a minute
+apart (shoal's step of shared memory 47-251 us, its work per message 0-52 us on 2026-11-28)
+and one bench run of a configuration by up to 2x. So it calibrates and runs the check
+--rounds times (default 3), takes every fitted parameter's median over the rounds as the model
+(the predictions use that one model) and compares it with each configuration's median
+measured time, printing the rounds' spread beside it; each round's line says how its own fit
+alone fared. --replay recomputes the check from a saved run's JSON rows (`round_fit`,
+`bench`), to try a change of the formulas on earlier measurements.
 
 Measured (least squares on t = a + b x, each sample weighted by 1/t so that small and large
 sizes count alike; every sample a median over repetitions):
@@ -30,7 +40,9 @@ sizes count alike; every sample a median over repetitions):
     veth   then recalibrated from shoal's own ring: its all_reduce on 2 hosts x 1 rank at
            256 KiB .. 64 MiB (a configuration the check does not use), t - (S/2) g =
            2 (a + o) + S beta. The raw stream's Python sender thread measured up to 1.8x
-           slower per byte than shoal's ring over the same veth.
+           slower per byte than shoal's ring over the same veth. veth's `busy` then comes
+           from the same rows: both ranks' CPU per op over 2 t (0.9-1.0 where the raw stream
+           measured 0.73).
   memory, two processes at once (as in every run here):
     c, g   per byte of a copy into a memfd mapping and of a float32 numpy add into an
            accumulator; each inside the cache (arrays reused) and beyond it (a 64 MiB array
@@ -95,7 +107,9 @@ memory and unix links; shoal_tcp_ms: the ring on loopback TCP). Every rank of ev
 runs on this machine's C cores, so there k = max(1, W/C). Other work's runnable tasks (B,
 sampled from /proc while each part runs) are printed beside the figures: with B above 1 or 2
 on this 2-core machine every figure moves, and the model, which counts only our ranks, does
-not follow.
+not follow. (B counts every thread of ours as ours: until 2026-11-28 a process's state was
+read from its main thread only, so ranks working in other threads, and the sampler's own
+thread, were counted as other work, B 4-7 where it was 0.2-1.6.)
 
 The predictions assume a cluster with a core per rank (k = 1), a link of 25 Gbit/s with 10 us
 latency (a = 10 us, w = 8 / 25e9 s per byte; o, beta and sw as measured here: a host's TCP
@@ -301,7 +315,9 @@ class LoadSampler:
 
     @property
     def background(self) -> float:
-        return statistics.fmean(self._samples) if self._samples else 0.0
+        # Not clipped sample by sample: the count of runnable tasks and our tasks' states are
+        # read a moment apart, so a sample errs either way; the mean does not drift up.
+        return max(0.0, statistics.fmean(self._samples)) if self._samples else 0.0
 
     def _run(self) -> None:
         while not self._stop.wait(self.INTERVAL_S):
@@ -312,11 +328,11 @@ class LoadSampler:
 
     @staticmethod
     def sample() -> int:
-        """Runnable tasks now (/proc/loadavg), less ours in state R and the sampler itself."""
+        """Runnable tasks now (/proc/loadavg) less ours: the threads in state R of this process
+        (the sampler's own thread among them) and of its descendants."""
         with open("/proc/loadavg") as f:
             running = int(f.read().split()[3].split("/")[0])
         children: dict[int, list[int]] = {}
-        state: dict[int, str] = {}
         for entry in os.scandir("/proc"):
             if not entry.name.isdigit():
                 continue
@@ -325,15 +341,29 @@ class LoadSampler:
                     fields = f.read().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            pid = int(entry.name)
-            state[pid] = fields[0]
-            children.setdefault(int(fields[1]), []).append(pid)
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
         ours, todo = 0, [os.getpid()]
         while todo:
             pid = todo.pop()
-            ours += state.get(pid) == "R"
+            ours += _runnable_threads(pid)
             todo.extend(children.get(pid, ()))
-        return max(0, running - max(1, ours))
+        return running - ours
+
+
+def _runnable_threads(pid: int) -> int:
+    """Threads of `pid` in state R (a process's own state is only its main thread's)."""
+    count = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                count += f.read().rsplit(")", 1)[1].split()[0] == "R"
+        except OSError:
+            continue
+    return count
 
 
 @dataclasses.dataclass(frozen=True)
@@ -892,18 +922,26 @@ def calibrate_veth(veth: Link, memory: "Memory", reps: int) -> tuple[Link, dict]
     argv = ["--hosts", "2x1", "--json", "--no-compare", "--ops", "all_reduce",
             "--min-bytes", str(256 * KiB)] + (["--quick"] if reps < 9 else [])
     rows = _allreduce_rows(argv, timeout=600)
-    sizes, ts = [], []
+    sizes, ts, busy = [], [], []
     for row in rows:
         n = row["bytes"]
         g = memory.rates(2 * 2 * n)[1]
         sizes.append(n)
         ts.append(row["shoal_ms"] / 1e3 - (n / 2) * g)
+        if row.get("shoal_cpu_ms"):  # both ranks' CPU per op
+            busy.append(row["shoal_cpu_ms"] / (2 * row["shoal_ms"]))
     if len(sizes) < 2:
         return veth, {"rows": rows}
     intercept, beta = fit_line(sizes, ts)
     o = max(0.0, intercept / 2 - veth.a_block - veth.sw)
-    return dataclasses.replace(veth, o=o, beta=max(beta, 0.0)), {
-        "rows": {r["bytes"]: r["shoal_ms"] for r in rows}}
+    # The per-byte cost now being the ring's, so is its busy fraction: the ring kept each
+    # rank's core 0.9-1.0 busy on 2026-11-28 where the raw stream kept 0.73, and with the raw
+    # figure every 4x1 row of 4 MiB and more came out 30-50% short.
+    fitted = dataclasses.replace(veth, o=o, beta=max(beta, 0.0))
+    if busy:
+        fitted = dataclasses.replace(fitted, busy=min(1.0, max(0.25, statistics.median(busy))))
+    return fitted, {"rows": {r["bytes"]: r["shoal_ms"] for r in rows},
+                    "cpu": {r["bytes"]: r.get("shoal_cpu_ms") for r in rows}}
 
 
 def fit_shm(times: dict, memory: "Memory") -> "ShmCost":
@@ -929,9 +967,9 @@ def _gbps(per_byte: float) -> str:
 
 
 def print_fits(model: Model, cores: int, loads: dict) -> None:
-    print(f"fitted on this machine ({cores} cores; least squares, weights 1/t, medians); "
-          f"other work's runnable tasks meanwhile (B): "
-          + ", ".join(f"{name} {b:.1f}" for name, b in loads.items()))
+    print(f"fitted on this machine ({cores} cores; least squares, weights 1/t, medians)"
+          + (f"; other work's runnable tasks meanwhile (B): "
+             + ", ".join(f"{name} {b:.1f}" for name, b in loads.items()) if loads else ""))
     print(f"  {'path':<8} {'a_block us':>10} {'a_spin us':>10} {'o us':>7} {'beta ns/B':>10} "
           f"{'GB/s':>6}")
     for name, p in model.links.items():
@@ -949,10 +987,20 @@ def print_fits(model: Model, cores: int, loads: dict) -> None:
           f"{m.c_mem * 1e9:.3f} ({_gbps(m.c_mem)} GB/s) beyond; float32 add "
           f"{m.g_cache * 1e9:.3f} ({_gbps(m.g_cache)} GB/s) / {m.g_mem * 1e9:.3f} "
           f"({_gbps(m.g_mem)} GB/s); last-level cache {m.llc_bytes // MiB} MiB")
-    print(json.dumps({"bench": "scale_model", "row": "fit", "cores": cores, "background": loads,
-                      "memory": {k: v for k, v in dataclasses.asdict(m).items()},
-                      "links": {n: dataclasses.asdict(p) for n, p in model.links.items()},
-                      "shm": dataclasses.asdict(model.shm)}))
+    print(json.dumps(fit_json(model, cores, loads, "fit")))
+
+
+def fit_json(model: Model, cores: int, loads: dict, kind: str, **extra) -> dict:
+    return {"bench": "scale_model", "row": kind, **extra, "cores": cores, "background": loads,
+            "memory": dataclasses.asdict(model.memory),
+            "links": {n: dataclasses.asdict(p) for n, p in model.links.items()},
+            "shm": dataclasses.asdict(model.shm)}
+
+
+def model_from_json(row: dict) -> Model:
+    """The model of a `fit_json` row."""
+    return Model({n: Link(**p) for n, p in row["links"].items()}, Memory(**row["memory"]),
+                 ShmCost(**row["shm"]))
 
 
 # ----------------------------------------------------------------------------- the check
@@ -978,10 +1026,8 @@ def _allreduce_rows(args: Sequence[str], timeout: float) -> list[dict]:
     return rows
 
 
-def predictions_for(row: dict, model: Model, cores: int,
-                    background: float = 0.0) -> list[tuple[str, float, float]]:
-    """(label, predicted s, measured s) for each shoal column of one bench/allreduce.py row;
-    `background`: other work's runnable tasks during the run (LoadSampler)."""
+def predictions_for(row: dict, model: Model, cores: int) -> list[tuple[str, float, float]]:
+    """(label, predicted s, measured s) for each shoal column of one bench/allreduce.py row."""
     nbytes = row["bytes"]
     here = Machine(cores, one_machine=True)
     out = []
@@ -1009,45 +1055,114 @@ def predictions_for(row: dict, model: Model, cores: int,
     return out
 
 
-def check(model: Model, cores: int, quick: bool) -> list[dict]:
-    """Predicted next to measured for bench/allreduce.py's all_reduce rows, run now."""
+def _bench_argvs(quick: bool) -> list[list[str]]:
+    """bench/allreduce.py's invocations the check compares against."""
     common = ["--no-compare", "--ops", "all_reduce", "--no-loopback"] + (["--quick"] if quick else [])
     if has_hosts_mode():
-        runs = [["--hosts", shape, "--json", *common] for shape in ("2x2", "4x1", "1x4")]
-    else:
-        print("\nbench/allreduce.py has no --hosts mode yet: checking against its --worlds rows "
-              "(one host; shoal_tcp_ms is the ring on loopback TCP)")
-        runs = [["--worlds", "2,4", "--tcp-too", *common]]
-    results = []
-    print()
-    print(f"{'configuration':<24}{'size':>8} {'predicted ms':>13} {'measured ms':>12} {'error':>8}")
-    for argv in runs:
+        return [["--hosts", shape, "--json", *common] for shape in ("2x2", "4x1", "1x4")]
+    print("\nbench/allreduce.py has no --hosts mode yet: checking against its --worlds rows "
+          "(one host; shoal_tcp_ms is the ring on loopback TCP)")
+    return [["--worlds", "2,4", "--tcp-too", *common]]
+
+
+def run_bench(quick: bool) -> list[dict]:
+    """One run of every check invocation: bench/allreduce.py's all_reduce rows, each with
+    `background` (other work's runnable tasks while it ran)."""
+    rows = []
+    for argv in _bench_argvs(quick):
         try:
             with LoadSampler() as load:
-                rows = _allreduce_rows(argv, timeout=600)
+                got = _allreduce_rows(argv, timeout=600)
         except (RuntimeError, subprocess.TimeoutExpired) as exc:
             print(f"  bench/allreduce.py {' '.join(argv)}: {exc}")
             continue
-        background = load.background
-        print(f"  (bench/allreduce.py {' '.join(argv[:2])}: other work's runnable tasks "
-              f"B = {background:.1f})")
+        rows.extend(dict(row, background=round(load.background, 2)) for row in got)
+    return rows
+
+
+def compare(model: Model, cores: int, runs: list[list[dict]]) -> list[dict]:
+    """(config, bytes, predicted, measured) for every shoal column of the bench rows, the
+    measured time the median over `runs` (lists of rows, one per round)."""
+    measured: dict[tuple[str, int], list[float]] = {}
+    predicted: dict[tuple[str, int], float] = {}
+    for rows in runs:
         for row in rows:
-            for label, predicted, measured in predictions_for(row, model, cores,
-                                                              background):
-                error = (predicted - measured) / measured
-                results.append({"bench": "scale_model", "row": "check", "config": label,
-                                "bytes": row["bytes"], "predicted_ms": round(predicted * 1e3, 4),
-                                "measured_ms": round(measured * 1e3, 4),
-                                "error_pct": round(100 * error, 1)})
-                flag = "" if abs(error) <= 0.25 else "  > 25%"
-                print(f"{label:<24}{_fmt_size(row['bytes']):>8} {predicted * 1e3:>13.3f} "
-                      f"{measured * 1e3:>12.3f} {100 * error:>+7.1f}%{flag}")
+            for label, guess, got in predictions_for(row, model, cores):
+                key = (label, row["bytes"])
+                predicted[key] = guess
+                measured.setdefault(key, []).append(got)
+    out = []
+    for (label, nbytes), guess in predicted.items():
+        got = statistics.median(measured[label, nbytes])
+        out.append({"bench": "scale_model", "row": "check", "config": label, "bytes": nbytes,
+                    "predicted_ms": round(guess * 1e3, 4), "measured_ms": round(got * 1e3, 4),
+                    "measured_runs_ms": [round(t * 1e3, 4) for t in measured[label, nbytes]],
+                    "error_pct": round(100 * (guess - got) / got, 1)})
+    return out
+
+
+def within(results: list[dict]) -> int:
+    return sum(abs(r["error_pct"]) <= 25 for r in results)
+
+
+def print_check(results: list[dict], rounds: int) -> None:
+    print()
+    print(f"{'configuration':<24}{'size':>8} {'predicted ms':>13} {'measured ms':>12} "
+          f"{'runs min..max':>18} {'error':>8}")
+    for r in results:
+        runs = r["measured_runs_ms"]
+        flag = "" if abs(r["error_pct"]) <= 25 else "  > 25%"
+        print(f"{r['config']:<24}{_fmt_size(r['bytes']):>8} {r['predicted_ms']:>13.3f} "
+              f"{r['measured_ms']:>12.3f} {f'{min(runs):.3f}..{max(runs):.3f}':>18} "
+              f"{r['error_pct']:>+7.1f}%{flag}")
     if results:
-        within = sum(abs(r["error_pct"]) <= 25 for r in results)
         errs = [abs(r["error_pct"]) for r in results]
-        print(f"within 25%: {within} of {len(results)}; median |error| "
-              f"{statistics.median(errs):.1f}%")
-    return results
+        print(f"within 25%: {within(results)} of {len(results)}; median |error| "
+              f"{statistics.median(errs):.1f}% (the fit and the measured times medians of "
+              f"{rounds} round{'s' if rounds != 1 else ''})")
+
+
+def median_model(models: Sequence[Model]) -> Model:
+    """Every fitted parameter's median over the rounds' models (one noisy calibration, such
+    as a 52 us `sw` in one round of 2026-11-28's, then moves no prediction)."""
+
+    def median_of(items):
+        fields = {}
+        for field in dataclasses.fields(items[0]):
+            values = [getattr(item, field.name) for item in items]
+            if any(v is None for v in values):
+                fields[field.name] = values[0]
+            elif isinstance(values[0], float):
+                fields[field.name] = statistics.median(values)
+            else:
+                fields[field.name] = statistics.median_low(values)
+        return type(items[0])(**fields)
+
+    first = models[0]
+    return Model({name: median_of([m.links[name] for m in models]) for name in first.links},
+                 median_of([m.memory for m in models]), median_of([m.shm for m in models]))
+
+
+def replay(paths: Sequence[str]) -> tuple[Model, list[list[dict]]]:
+    """The median model and the bench rows of each round, from saved output of this bench
+    (its `round_fit` and `bench` JSON rows): to check the formulas as they are now against
+    the fits and measurements of earlier runs."""
+    models, runs = [], {}
+    for path in paths:
+        for line in Path(path).read_text().splitlines():
+            if not line.startswith("{"):
+                continue
+            row = json.loads(line)
+            if row.get("bench") != "scale_model":
+                continue
+            key = (path, row.get("round"))
+            if row.get("row") == "round_fit":
+                models.append(model_from_json(row))
+            elif row.get("row") == "bench":
+                runs.setdefault(key, []).append(row["data"])
+    if not models:
+        raise SystemExit(f"no round_fit rows in {', '.join(paths)}")
+    return median_model(models), list(runs.values())
 
 
 # ----------------------------------------------------------------------------- predictions
@@ -1125,13 +1240,52 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
     parser.add_argument("--no-check", action="store_true",
                         help="skip running bench/allreduce.py to check the model")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="calibrate and check this many times; the model is every "
+                             "parameter's median over the rounds, the measured times the "
+                             "median over the rounds' runs (default 3)")
+    parser.add_argument("--replay", nargs="+", metavar="LOG",
+                        help="no measuring: the check again from saved output of this bench "
+                             "(its JSON rows), with the formulas as they are now")
     args = parser.parse_args(argv)
-    t0 = time.monotonic()
+    if args.rounds < 1:
+        parser.error("--rounds must be 1 or more")
     cores = os.cpu_count() or 1
-    model, raw = measure(5 if args.quick else 9, cores)
-    print_fits(model, cores, raw["background"])
-    if not args.no_check:
-        for row in check(model, cores, args.quick):
+    if args.replay:
+        model, runs = replay(args.replay)
+        print_fits(model, cores, {})
+        print_check(compare(model, cores, runs), len(runs))
+        return 0
+    t0 = time.monotonic()
+    models, runs, loads = [], [], {}
+    for i in range(args.rounds):
+        model, raw = measure(5 if args.quick else 9, cores)
+        models.append(model)
+        for name, b in raw["background"].items():
+            loads.setdefault(name, []).append(b)
+        print(json.dumps(fit_json(model, cores, raw["background"], "round_fit", round=i)))
+        summary = (f"round {i + 1}/{args.rounds}: a_block unix {model.links['unix'].a_block * 1e6:.1f} "
+                   f"us, veth {model.links['veth'].a_block * 1e6:.1f} us; veth beta "
+                   f"{model.links['veth'].beta * 1e9:.3f} ns/B; sw {model.links['unix'].sw * 1e6:.1f} "
+                   f"us; shm step {model.shm.step * 1e6:.1f} us")
+        if not args.no_check:
+            rows = run_bench(args.quick)
+            runs.append(rows)
+            for row in rows:
+                print(json.dumps({"bench": "scale_model", "row": "bench", "round": i,
+                                  "data": row}))
+            busy = statistics.fmean(r["background"] for r in rows) if rows else 0.0
+            summary += (f"; with this round's fit alone {within(compare(model, cores, [rows]))} "
+                        f"of the check's cases within 25% (other work's runnable tasks "
+                        f"during the check: {busy:.1f})")
+        print(summary, flush=True)
+    model = median_model(models)
+    print()
+    print_fits(model, cores, {name: statistics.median(b) for name, b in loads.items()})
+    if runs:
+        results = compare(model, cores, runs)
+        print_check(results, args.rounds)
+        for row in results:
             print(json.dumps(row))
     for row in predict(model):
         print(json.dumps(row))

@@ -223,3 +223,88 @@ def test_the_check_reads_both_kinds_of_bench_rows():
     assert [label for label, _, _ in got] == ["1x2 shm/unix", "1x2 ring tcp_lo"]
     assert [m for _, _, m in got] == pytest.approx([0.05e-3, 0.08e-3])
     assert all(np.isfinite(p) and p > 0 for _, p, _ in got)
+
+
+def test_the_rounds_model_takes_every_parameters_median():
+    """One round's outlier (a 52 us sw, a 211 us shared-memory step) moves no prediction."""
+    import dataclasses
+
+    base = _model()
+    rounds = []
+    for sw, step, beta, llc in ((2e-6, 50e-6, 0.4e-9, 32 * MiB), (52e-6, 211e-6, 0.8e-9, 32 * MiB),
+                                (9e-6, 70e-6, 0.3e-9, 32 * MiB)):
+        links = {name: dataclasses.replace(link, sw=sw, beta=beta)
+                 for name, link in base.links.items()}
+        rounds.append(sm.Model(links, dataclasses.replace(base.memory, llc_bytes=llc),
+                               sm.ShmCost(step, 1.0)))
+    got = sm.median_model(rounds)
+    assert got.links["veth"].sw == pytest.approx(9e-6)
+    assert got.links["veth"].beta == pytest.approx(0.4e-9)
+    assert got.links["veth"].a_block == base.links["veth"].a_block
+    assert got.shm == sm.ShmCost(70e-6, 1.0)
+    assert got.memory.llc_bytes == 32 * MiB and isinstance(got.memory.llc_bytes, int)
+    # A shared-memory fit that is absent stays absent.
+    assert sm.median_model([base, base]).shm.step is None
+
+
+def _hosts_row(ms: float, flat_ms: float) -> dict:
+    return {"op": "all_reduce", "hosts": 2, "per_host": 2, "world": 4, "bytes": 4 * MiB,
+            "shoal_ms": ms, "shoal_flat_ms": flat_ms, "background": 0.1}
+
+
+def test_the_check_compares_with_the_median_of_the_rounds_runs():
+    model = _model()
+    runs = [[_hosts_row(10.0, 20.0)], [_hosts_row(30.0, 26.0)], [_hosts_row(12.0, 22.0)]]
+    got = {r["config"]: r for r in sm.compare(model, 2, runs)}
+    hier, flat = got["2x2 hierarchical"], got["2x2 flat ring"]
+    assert hier["measured_ms"] == 12.0 and hier["measured_runs_ms"] == [10.0, 30.0, 12.0]
+    assert flat["measured_ms"] == 22.0
+    want = model.hierarchical(4 * MiB, 2, 2, model.links["veth"], model.links["unix"],
+                              sm.Machine(2, one_machine=True)) * 1e3
+    assert hier["predicted_ms"] == pytest.approx(want, rel=1e-4)
+    assert hier["error_pct"] == pytest.approx(100 * (want - 12.0) / 12.0, abs=0.05)
+    assert sm.within(list(got.values())) == sum(abs(r["error_pct"]) <= 25 for r in got.values())
+
+
+def test_a_saved_run_replays_to_the_same_check(tmp_path):
+    """--replay rebuilds the median model and the rounds' rows from the JSON a run printed."""
+    import json
+
+    models = [_model(), _model(c_mem=0.4e-9), _model(c_mem=0.3e-9)]
+    runs = [[_hosts_row(10.0, 20.0)], [_hosts_row(30.0, 26.0)], [_hosts_row(12.0, 22.0)]]
+    lines = ["fitted on this machine (human-readable lines are skipped)"]
+    for i, (model, rows) in enumerate(zip(models, runs)):
+        lines.append(json.dumps(sm.fit_json(model, 2, {"unix": 0.1}, "round_fit", round=i)))
+        lines += [json.dumps({"bench": "scale_model", "row": "bench", "round": i, "data": r})
+                  for r in rows]
+    log = tmp_path / "run.log"
+    log.write_text("\n".join(lines) + "\n")
+    model, replayed = sm.replay([str(log)])
+    assert model == sm.median_model(models)
+    assert model.memory.c_mem == pytest.approx(0.3e-9)
+    assert replayed == runs
+    assert sm.compare(model, 2, replayed) == sm.compare(sm.median_model(models), 2, runs)
+
+
+def test_our_own_threads_are_not_other_works_load():
+    """A process's state in /proc is its main thread's: a rank whose work runs in another
+    thread while its main thread waits is still runnable, and ours, not other work's."""
+    import subprocess
+
+    code = ("import threading, time\n"
+            "def spin():\n"
+            "    t = time.monotonic()\n"
+            "    while time.monotonic() - t < 20: pass\n"
+            "threading.Thread(target=spin, daemon=True).start()\n"
+            "print('spinning', flush=True)\n"
+            "time.sleep(20)\n")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "spinning"
+        with open(f"/proc/{child.pid}/stat") as f:
+            assert f.read().rsplit(")", 1)[1].split()[0] == "S"  # the main thread sleeps
+        assert sm._runnable_threads(child.pid) == 1
+        assert sm._runnable_threads(2 ** 22 + 7) == 0  # gone (or never was): nothing runs
+    finally:
+        child.kill()
+        child.wait(10)

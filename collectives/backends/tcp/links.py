@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import socket
+import weakref
 from typing import Callable, Optional, Sequence
 
 from shoal.collectives.backends.tcp import algorithms as algos
@@ -65,6 +66,7 @@ class Links:
         self._scratch: Optional[bytearray] = None
         self._sender: Optional[SenderThread] = None
         self._subsets: list[Links] = []
+        self._another_host: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def subset(self, members: Sequence[int], shared: Optional[shm.SharedSlots] = None,
                label: str = "sub") -> "Links":
@@ -105,16 +107,22 @@ class Links:
     def reaches_another_host(self, socks) -> bool:
         """Whether any of these links leads to a rank on another host (a TCP peer that is
         neither loopback nor our own address; `wire.is_same_host_address`)."""
-        for sock in socks:
-            if sock is None or sock.family == socket.AF_UNIX:
-                continue
+        return any(self._leads_to_another_host(sock) for sock in socks)
+
+    def _leads_to_another_host(self, sock) -> bool:
+        # A link's peer never changes, so each socket is asked once (a large all_reduce
+        # asks for its ring's two links every time).
+        if sock is None or sock.family == socket.AF_UNIX:
+            return False
+        known = self._another_host.get(sock)
+        if known is None:
             try:
                 peer = sock.getpeername()[0]
             except OSError:  # a broken link: the collective fails on it either way
-                continue
-            if not wire.is_same_host_address(peer, self.mesh.host):
-                return True
-        return False
+                return False
+            known = self._another_host[sock] = not wire.is_same_host_address(
+                peer, self.mesh.host)
+        return known
 
     def sender_thread(self) -> SenderThread:
         """The sender thread of the largest ring all_reduces, started on first use."""

@@ -122,11 +122,26 @@ class _Sock:
 
     def __init__(self, family, peer=None):
         self.family, self._peer = family, peer
+        self.asked = 0
 
     def getpeername(self):
+        self.asked += 1
         if self._peer is None:
             raise OSError("Transport endpoint is not connected")
         return (self._peer, 29500)
+
+
+def _links_at(host: str):
+    """Links with only what `reaches_another_host` reads: the mesh's own address."""
+    import weakref
+    from types import SimpleNamespace
+
+    from shoal.collectives.backends.tcp.links import Links
+
+    links = Links.__new__(Links)
+    links.mesh = SimpleNamespace(host=host)
+    links._another_host = weakref.WeakKeyDictionary()
+    return links
 
 
 @pytest.mark.parametrize("socks, another", [
@@ -140,9 +155,16 @@ class _Sock:
 def test_a_ring_reaches_another_host_over_a_tcp_link_to_a_foreign_address(socks, another):
     """all_reduce's large ring takes the sender thread only when neither of its links leaves
     the host (over_sockets.all_reduce; constants.THREADED_MIN_BYTES says why)."""
-    from types import SimpleNamespace
+    assert _links_at("10.213.47.1").reaches_another_host(socks) is another
 
-    from shoal.collectives.backends.tcp.links import Links
 
-    links = SimpleNamespace(mesh=SimpleNamespace(host="10.213.47.1"))
-    assert Links.reaches_another_host(links, socks) is another
+def test_a_links_host_is_asked_of_the_kernel_once():
+    """A link's peer never changes: the second large all_reduce does not ask again, but a
+    link that could not answer (broken) is asked again next time."""
+    links = _links_at("10.213.47.1")
+    far, near, broken = (_Sock(socket.AF_INET, "10.213.47.2"), _Sock(socket.AF_INET, "127.0.0.1"),
+                         _Sock(socket.AF_INET, None))
+    for _ in range(3):
+        assert links.reaches_another_host([near, far]) is True
+        assert links.reaches_another_host([broken, near]) is False
+    assert (far.asked, near.asked, broken.asked) == (1, 1, 3)
