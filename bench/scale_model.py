@@ -867,24 +867,22 @@ def _veth_hosts():
     return Hosts(2), None
 
 
-def measure(reps: int, cores: int) -> tuple[Model, dict]:
-    """Every fit, corrected for other work's load; returns the model and the raw figures."""
-    raw, links, loads = {}, {}, {}
+def measure(reps: int) -> dict:
+    """Every calibration measurement, raw (JSON-able: `fit_model` turns it into the model, now
+    or when a saved run is replayed), with other work's load during each."""
+    raw, loads = {"llc_bytes": last_level_cache_bytes()}, {}
     for name, family, address in (("unix", "unix", ""), ("tcp_lo", "tcp", "127.0.0.1")):
         with LoadSampler() as load:
             raw[name] = _run_pair([], [], family, address, reps)
         loads[name] = load.background
-        links[name] = fit_link(raw[name])
     made, reason = _veth_hosts()
     if made is None:
         print(f"veth: not measured ({reason}); tcp_lo's figures stand in for it")
-        links["veth"] = links["tcp_lo"]
     else:
         with made as hosts, LoadSampler() as load:
             raw["veth"] = _run_pair(hosts[0].command([]), hosts[1].command([]), "tcp",
                                     hosts[0].address, reps)
         loads["veth"] = load.background
-        links["veth"] = fit_link(raw["veth"])
     with LoadSampler() as load:
         done = subprocess.run(_peer_argv() + ["memory", str(reps)], capture_output=True,
                               text=True, timeout=300)
@@ -892,11 +890,34 @@ def measure(reps: int, cores: int) -> tuple[Model, dict]:
         raise RuntimeError(f"the memory measurement failed: {done.stderr[-2000:]}")
     raw["memory"] = _last_json(done.stdout)
     loads["memory"] = load.background
-    memory = fit_memory(raw["memory"], last_level_cache_bytes())
     with LoadSampler() as load:
         raw["shoal_calls"] = _run_shoal_calls(reps, "unix")
         raw["shoal_shm"] = _run_shoal_calls(reps, "shm")
     loads["shoal"] = load.background
+    if made is not None and has_hosts_mode():
+        with LoadSampler() as load:
+            raw["veth_ring"] = _veth_ring_rows(reps)
+        loads["veth_ring"] = load.background
+    raw["background"] = loads
+    return raw
+
+
+def _int_keys(value):
+    """`value` with every all-digit dict key turned back into an int (JSON made them str)."""
+    if isinstance(value, dict):
+        return {(int(k) if isinstance(k, str) and k.isdigit() else k): _int_keys(v)
+                for k, v in value.items()}
+    if isinstance(value, list):
+        return [_int_keys(v) for v in value]
+    return value
+
+
+def fit_model(raw: dict) -> Model:
+    """The model from `measure`'s raw figures (fresh, or read back from a saved run)."""
+    raw = _int_keys(raw)
+    links = {name: fit_link(raw[name]) for name in ("unix", "tcp_lo")}
+    links["veth"] = fit_link(raw["veth"]) if "veth" in raw else links["tcp_lo"]
+    memory = fit_memory(raw["memory"], raw["llc_bytes"])
     # shoal's own work per data message: its 2-rank 4 KiB all_reduce (one message each way)
     # beyond what the raw unix exchange of that message and its reduction cost.
     unix = links["unix"]
@@ -904,14 +925,21 @@ def measure(reps: int, cores: int) -> tuple[Model, dict]:
                     + CALIBRATION_BYTES * (unix.beta + memory.rates(4 * CALIBRATION_BYTES)[1]))
     sw = max(0.0, raw["shoal_calls"]["all_reduce"] - raw_exchange)
     links = {name: dataclasses.replace(link, sw=sw) for name, link in links.items()}
-    if made is not None and has_hosts_mode():
-        links["veth"], raw["veth_ring"] = calibrate_veth(links["veth"], memory, reps)
-    raw["background"] = loads
-    return Model(links, memory, fit_shm({int(key[4:]): t for key, t in raw["shoal_shm"].items()},
-                                        memory)), raw
+    if raw.get("veth_ring"):
+        links["veth"] = fit_veth_ring(links["veth"], memory, raw["veth_ring"])
+    shm = fit_shm({int(key[4:]): t for key, t in raw["shoal_shm"].items()}, memory)
+    return Model(links, memory, shm)
 
 
-def calibrate_veth(veth: Link, memory: "Memory", reps: int) -> tuple[Link, dict]:
+def _veth_ring_rows(reps: int) -> list[dict]:
+    """bench/allreduce.py's rows of shoal's all_reduce on 2 hosts x 1 rank, 256 KiB and up."""
+    argv = ["--hosts", "2x1", "--json", "--no-compare", "--ops", "all_reduce",
+            "--min-bytes", str(256 * KiB)] + (["--quick"] if reps < 9 else [])
+    return [{key: row[key] for key in ("bytes", "shoal_ms", "shoal_cpu_ms") if key in row}
+            for row in _allreduce_rows(argv, timeout=600)]
+
+
+def fit_veth_ring(veth: Link, memory: "Memory", rows: list[dict]) -> Link:
     """veth's per-message and per-byte costs as shoal's own ring sees them: its all_reduce on
     2 hosts x 1 rank (a configuration the check does not use) at 256 KiB, 4 MiB and 64 MiB.
 
@@ -919,9 +947,6 @@ def calibrate_veth(veth: Link, memory: "Memory", reps: int) -> tuple[Link, dict]
     GIL; shoal's ring keeps its copies in C and overlaps them differently, and measured up to
     1.8x faster per byte here. With W = 2 a ring is two steps of S/2 and one reduction of
     S/2: t(S) - (S/2) g = 2 (latency + o) + S beta, a line in S."""
-    argv = ["--hosts", "2x1", "--json", "--no-compare", "--ops", "all_reduce",
-            "--min-bytes", str(256 * KiB)] + (["--quick"] if reps < 9 else [])
-    rows = _allreduce_rows(argv, timeout=600)
     sizes, ts, busy = [], [], []
     for row in rows:
         n = row["bytes"]
@@ -931,17 +956,15 @@ def calibrate_veth(veth: Link, memory: "Memory", reps: int) -> tuple[Link, dict]
         if row.get("shoal_cpu_ms"):  # both ranks' CPU per op
             busy.append(row["shoal_cpu_ms"] / (2 * row["shoal_ms"]))
     if len(sizes) < 2:
-        return veth, {"rows": rows}
+        return veth
     intercept, beta = fit_line(sizes, ts)
     o = max(0.0, intercept / 2 - veth.a_block - veth.sw)
     # The per-byte cost now being the ring's, so is its busy fraction: the ring kept each
-    # rank's core 0.9-1.0 busy on 2026-11-28 where the raw stream kept 0.73, and with the raw
-    # figure every 4x1 row of 4 MiB and more came out 30-50% short.
+    # rank's core 0.9-1.0 busy on 2026-11-28 where the raw stream kept 0.73.
     fitted = dataclasses.replace(veth, o=o, beta=max(beta, 0.0))
     if busy:
         fitted = dataclasses.replace(fitted, busy=min(1.0, max(0.25, statistics.median(busy))))
-    return fitted, {"rows": {r["bytes"]: r["shoal_ms"] for r in rows},
-                    "cpu": {r["bytes"]: r.get("shoal_cpu_ms") for r in rows}}
+    return fitted
 
 
 def fit_shm(times: dict, memory: "Memory") -> "ShmCost":
@@ -1157,7 +1180,9 @@ def replay(paths: Sequence[str]) -> tuple[Model, list[list[dict]]]:
                 continue
             key = (path, row.get("round"))
             if row.get("row") == "round_fit":
-                models.append(model_from_json(row))
+                # Refit from the raw figures where the run saved them, so that a change of
+                # the calibrations replays too; else the fit as it was printed.
+                models.append(fit_model(row["raw"]) if "raw" in row else model_from_json(row))
             elif row.get("row") == "bench":
                 runs.setdefault(key, []).append(row["data"])
     if not models:
@@ -1259,11 +1284,13 @@ def main(argv=None) -> int:
     t0 = time.monotonic()
     models, runs, loads = [], [], {}
     for i in range(args.rounds):
-        model, raw = measure(5 if args.quick else 9, cores)
+        raw = measure(5 if args.quick else 9)
+        model = fit_model(raw)
         models.append(model)
         for name, b in raw["background"].items():
             loads.setdefault(name, []).append(b)
-        print(json.dumps(fit_json(model, cores, raw["background"], "round_fit", round=i)))
+        print(json.dumps(fit_json(model, cores, raw["background"], "round_fit", round=i,
+                                  raw=raw)))
         summary = (f"round {i + 1}/{args.rounds}: a_block unix {model.links['unix'].a_block * 1e6:.1f} "
                    f"us, veth {model.links['veth'].a_block * 1e6:.1f} us; veth beta "
                    f"{model.links['veth'].beta * 1e9:.3f} ns/B; sw {model.links['unix'].sw * 1e6:.1f} "

@@ -163,12 +163,14 @@ def steps_run(lines: list[str]) -> list[int]:
     return [int(m.group(1)) for line in lines if (m := re.match(r"\[rank 0\] step (\d+) ", line))]
 
 
-def check_resume(run: ShoalRun, restart: int, steps: int, every: int) -> int:
-    """The job resumed (in `restart`) from a checkpoint it had reached (a multiple of `every`)
-    and then ran every later step exactly once; returns the step it resumed from."""
+def check_resume(run: ShoalRun, restart: int, steps: int, every: int, start: int = 0) -> int:
+    """The job resumed (in `restart`, at or after output line `start`) from a checkpoint it had
+    reached (a multiple of `every`) and then ran every later step exactly once; returns the
+    step it resumed from."""
     lines = run.lines()
     pattern = re.compile(rf"\[rank 0\] resumed from step (\d+) \(restart {restart}\)")
-    index = next((i for i, line in enumerate(lines) if pattern.search(line)), None)
+    index = next((i for i, line in enumerate(lines) if i >= start and pattern.search(line)),
+                 None)
     assert index is not None, f"{run.name} never resumed (restart {restart}):\n{run.tail()}"
     resumed = int(pattern.search(lines[index]).group(1))
     before, after = steps_run(lines[:index]), steps_run(lines[index:])
