@@ -31,6 +31,8 @@ sizes count alike; every sample a median over repetitions):
            n = 64 B .. 64 KiB; twice, receivers sleeping in the kernel (a^block) and polling
            (a^spin). shoal polls small receives only when every rank has a core and the load
            leaves one spare (collectives.env.spin_seconds, the group's load check), as here.
+    c_p    CPU per small message: the intercept of the sleeping ping-pong's process time per
+           round trip (one send, one receive, one wake-up), on the driving end.
     o_p    per-message and
     beta_p per-byte CPU cost of one ring step: two processes each stream n-byte messages to
            the other while receiving the other's (what a rank of a ring does in one step):
@@ -56,15 +58,20 @@ sizes count alike; every sample a median over repetitions):
            t = m b2 + eta S (c + g): b2 per step (barrier and bookkeeping), eta how much
            slower than the microbenchmarks its copies and adds run
   C        cores. P busy processes on C cores slow every CPU-bound term by k = max(1, P/C).
-           Latencies are CPU-bound too: a message waits until its receiver gets a core. A
-           direct exchange among W = 2, 3, 4 processes measured (W-1) a^block k within 5%.
+           Latencies are CPU-bound too: a message waits until its receiver gets a core.
 
 Model, S bytes per rank, W = H x L ranks on H hosts of L ranks, SMALL = 64 KiB, a = a^block
 or a^spin (above) plus sw for a message that carries data:
 
   direct exchange (S <= SMALL; every rank sends S to each peer, then reduces), peers over
   links p (L-1 over unix, W-L over the link between hosts):
-      D = k sum_peers (a_p + o_p + S (beta_p + g))
+      D = max_p a_p + k sum_peers (c_p + sw + S (beta_p + g))      (polling: o_p for c_p)
+  the messages leave at once, so their latencies overlap and the exchange waits one; what
+  adds up is every message's CPU on the shared cores. (Until 2026-11-28 D was
+  k sum_peers (a_p + sw + o_p + S (beta_p + g)), each latency in turn: it over-predicted the
+  one-host 1x4 exchange by 19-79% in four runs, while the namespaces' rows fitted. There the
+  latencies overlap too, but a TCP message over veth costs the cores about as much CPU as its
+  latency: ping-pongs measured c 16-20 us on unix and 28-35 us on loopback TCP.)
   ring (S > SMALL): 2(W-1) steps of S/W bytes and W-1 reductions of S/W bytes; hop h's work
   in a step is u_h = a_h + o_h + (S/W) beta_h, and a step lasts
       step = max(k x mean_h u_h, max_h u_h, (S/W) n_share w)
@@ -209,6 +216,10 @@ class Link:
     # The fraction of a core one end of a streaming exchange keeps busy: ranks sharing cores
     # slow each other by P x busy / C, not P / C (measured with process_time).
     busy: float = 1.0
+    # CPU one end spends per small message it sends and receives when it sleeps between them
+    # (a send, a receive and a wake-up: the ping-pong's process time per round trip); None in
+    # fits saved before it was measured.
+    c_msg: Optional[float] = None
 
     def latency(self, spin: bool, data: bool = True) -> float:
         """A message's cost before its bytes: its latency, and shoal's work on a data message
@@ -384,10 +395,17 @@ class Model:
         return [item if isinstance(item, tuple) else (item, 1.0) for item in links]
 
     def direct(self, nbytes, peers, k, spin, g) -> float:
-        """Direct exchange: a message to and from each peer, waited for in turn; `peers` are
-        (link, how many peers over it)."""
-        return k * sum(n * (h.latency(spin) + h.o + nbytes * (h.beta + g))
-                       for h, n in self._weighted(peers))
+        """Direct exchange: a message to and from each peer; `peers` are (link, how many peers
+        over it). Every message leaves at once, so the exchange waits one latency (the slowest
+        link's) while the cores do every message's work: its CPU (a send, a receive, a wake-up
+        from sleep, or the streaming cost `o` when receivers poll), shoal's own work and the
+        bytes, times k. (Fits without `c_msg`: each message's latency in turn, as before.)"""
+        links = self._weighted(peers)
+        if any(h.c_msg is None for h, _ in links):
+            return k * sum(n * (h.latency(spin) + h.o + nbytes * (h.beta + g)) for h, n in links)
+        wait = max(h.latency(spin, data=False) for h, _ in links)
+        return wait + k * sum(n * ((h.o if spin else h.c_msg) + h.sw + nbytes * (h.beta + g))
+                              for h, n in links)
 
     def ring(self, nbytes, world, hops, k, spin, g, share: int = 1, peers=None) -> float:
         """A ring (the direct exchange with `peers` for small messages) over `hops`, (link,
@@ -592,21 +610,26 @@ def _drive(sock: socket.socket, reps: int) -> dict:
     """The active end: ping-pongs (sleeping, polling) and exchanges at every size."""
     buf = bytearray(4 * MiB)
     out = bytearray(4 * MiB)
-    result = {"pingpong": {}, "pingpong_spin": {}, "stream": {}, "stream_cpu": {}}
+    result = {"pingpong": {}, "pingpong_spin": {}, "pingpong_cpu": {}, "stream": {},
+              "stream_cpu": {}}
     for mode, key, receive in ((_PINGPONG, "pingpong", _recv_exact),
                                (_PINGPONG_SPIN, "pingpong_spin", _recv_polling)):
         for n in PINGPONG_SIZES:
             count = 200 if n <= 4 * KiB else 60
             view = memoryview(buf)[:n]
-            times = []
+            times, cpu = [], []
             for _ in range(reps):
                 sock.sendall(_COMMAND.pack(mode, n, count))
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 for _ in range(count):
                     sock.sendall(view)
                     receive(sock, view)
                 times.append((time.perf_counter() - t0) / count / 2)  # one way
+                cpu.append((time.process_time() - c0) / count)
             result[key][n] = statistics.median(times)
+            if mode == _PINGPONG:
+                # This end's CPU per round trip: a send, a receive and a wake-up from sleep.
+                result["pingpong_cpu"][n] = statistics.median(cpu)
     for n in STREAM_SIZES:
         count = max(4, (16 * MiB) // n)
         times, cpu = [], []
@@ -819,6 +842,10 @@ def fit_link(timings: dict) -> Link:
     a_block = fit_line(list(timings["pingpong"]), list(timings["pingpong"].values()))[0]
     a_spin = fit_line(list(timings["pingpong_spin"]), list(timings["pingpong_spin"].values()))[0]
     o, beta = fit_line(list(timings["stream"]), list(timings["stream"].values()))
+    c_msg = None
+    if timings.get("pingpong_cpu"):
+        c_msg = max(0.0, fit_line(list(timings["pingpong_cpu"]),
+                                  list(timings["pingpong_cpu"].values()))[0])
     busy = 1.0
     cpu = timings.get("stream_cpu")
     if cpu:
@@ -826,7 +853,7 @@ def fit_link(timings: dict) -> Link:
         if big:
             busy = statistics.median(cpu[n] / timings["stream"][n] for n in big)
     return Link(max(a_block, 0.0), max(a_spin, 0.0), max(o, 0.0), beta,
-                busy=min(1.0, max(0.25, busy)))
+                busy=min(1.0, max(0.25, busy)), c_msg=c_msg)
 
 
 def fit_memory(raw: dict, llc_bytes: int) -> Memory:
@@ -1208,7 +1235,7 @@ def cluster_link(model: Model) -> Link:
     """25 Gbit/s and 10 us; per-message and per-byte CPU costs of TCP as measured on veth."""
     veth = model.links["veth"]
     return Link(LINK_LATENCY, LINK_LATENCY, veth.o, veth.beta, wire=1 / LINK_BANDWIDTH,
-                sw=veth.sw)
+                sw=veth.sw, c_msg=veth.c_msg)
 
 
 def predict(model: Model) -> list[dict]:

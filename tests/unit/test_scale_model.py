@@ -95,6 +95,34 @@ def test_ring_and_direct_exchange_by_hand():
     assert model.flat(S, 2, 2, veth, model.links["unix"], cluster) == pytest.approx(want)
 
 
+def test_a_direct_exchange_waits_one_latency_and_adds_every_messages_cpu():
+    """Its messages leave at once: one latency (the slowest link's), then every message's CPU
+    (send, receive, wake-up: c; polling receivers: o), shoal's work and bytes, times k."""
+    import dataclasses
+
+    base = _model()
+    unix = dataclasses.replace(base.links["unix"], c_msg=18e-6, sw=3e-6)
+    veth = dataclasses.replace(base.links["veth"], c_msg=30e-6, sw=3e-6)
+    model = sm.Model({"unix": unix, "tcp_lo": veth, "veth": veth}, base.memory)
+    g, n = 0.1e-9, 4096
+    per_veth = 30e-6 + 3e-6 + n * (1e-9 + g)
+    per_unix = 18e-6 + 3e-6 + n * (0.5e-9 + g)
+    # 2 hosts x 2 ranks on 2 cores (k = 2), sleeping: veth's 20 us latency, then the cores do
+    # two veth messages and one unix message.
+    got = model.direct(n, [(veth, 2), (unix, 1)], 2.0, False, g)
+    assert got == pytest.approx(20e-6 + 2 * (2 * per_veth + per_unix))
+    # Polling receivers: the polling latency and the streaming cost o per message.
+    got = model.direct(n, [(veth, 2), (unix, 1)], 1.0, True, g)
+    assert got == pytest.approx(5e-6 + 2 * (2e-6 + 3e-6 + n * (1e-9 + g))
+                                + (1e-6 + 3e-6 + n * (0.5e-9 + g)))
+    # The flat all_reduce of 4 KiB at 2x2 is that exchange (k = 4 ranks / 2 cores).
+    here = sm.Machine(cores=2, one_machine=True)
+    g_cache = 0.1e-9
+    assert model.flat(n, 2, 2, veth, unix, here) == pytest.approx(
+        20e-6 + 2 * (2 * (30e-6 + 3e-6 + n * (1e-9 + g_cache))
+                     + (18e-6 + 3e-6 + n * (0.5e-9 + g_cache))))
+
+
 def test_a_shared_memory_barrier_overlaps_its_peers_latencies():
     """A barrier is an empty direct exchange: its L-1 messages leave at once, so it costs one
     latency (or the fitted one-peer step) and one message's work per further peer, times k."""
