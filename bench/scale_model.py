@@ -39,12 +39,12 @@ sizes count alike; every sample a median over repetitions):
            t_msg(n) = o_p + n beta_p over n = 16 KiB .. 4 MiB.
            Each end's CPU time (process_time) over its wall time is the link's `busy`
            fraction: ranks sharing cores slow a ring step by max(1, P busy / C), not P / C.
-    veth   then recalibrated from shoal's own ring: its all_reduce on 2 hosts x 1 rank at
-           256 KiB .. 64 MiB (a configuration the check does not use), t - (S/2) g =
-           2 (a + o) + S beta. The raw stream's Python sender thread measured up to 1.8x
-           slower per byte than shoal's ring over the same veth. veth's `busy` then comes
-           from the same rows: both ranks' CPU per op over 2 t (0.9-1.0 where the raw stream
-           measured 0.73).
+    veth   then its beta recalibrated from shoal's own ring: its all_reduce on 2 hosts x 1
+           rank at 256 KiB .. 64 MiB (a configuration the check does not use),
+           t - (S/2) g - 2 (a + sw + o) = S beta (o stays the stream's). The raw stream's
+           Python sender thread measured up to 1.8x slower per byte than shoal's ring over
+           the same veth. veth's `busy` then comes from the same rows: both ranks' CPU per op
+           over 2 t (0.9-1.0 where the raw stream measured 0.73).
   memory, two processes at once (as in every run here):
     c, g   per byte of a copy into a memfd mapping and of a float32 numpy add into an
            accumulator; each inside the cache (arrays reused) and beyond it (a 64 MiB array
@@ -967,28 +967,34 @@ def _veth_ring_rows(reps: int) -> list[dict]:
 
 
 def fit_veth_ring(veth: Link, memory: "Memory", rows: list[dict]) -> Link:
-    """veth's per-message and per-byte costs as shoal's own ring sees them: its all_reduce on
-    2 hosts x 1 rank (a configuration the check does not use) at 256 KiB, 4 MiB and 64 MiB.
+    """veth's per-byte cost as shoal's own ring sees it: its all_reduce on 2 hosts x 1 rank (a
+    configuration the check does not use) at 256 KiB, 4 MiB and 64 MiB.
 
     A raw two-process stream (`_drive`) moves bytes through Python's sender thread and the
     GIL; shoal's ring keeps its copies in C and overlaps them differently, and measured up to
     1.8x faster per byte here. With W = 2 a ring is two steps of S/2 and one reduction of
-    S/2: t(S) - (S/2) g = 2 (latency + o) + S beta, a line in S."""
+    S/2: t(S) - (S/2) g - 2 (a + sw + o) = S beta, beta fitted through the origin (relative
+    errors, as `fit_line`). The per-message cost o stays the raw stream's, fitted over
+    16 KiB-4 MiB: the ring's own intercept, three sizes from 256 KiB to 64 MiB, moved between
+    0 and 92 us from round to round (2026-11-28) and with it every 256 KiB prediction."""
+    fixed = 2 * (veth.a_block + veth.sw + veth.o)
     sizes, ts, busy = [], [], []
     for row in rows:
         n = row["bytes"]
-        g = memory.rates(2 * 2 * n)[1]
         sizes.append(n)
-        ts.append(row["shoal_ms"] / 1e3 - (n / 2) * g)
+        ts.append(row["shoal_ms"] / 1e3)
         if row.get("shoal_cpu_ms"):  # both ranks' CPU per op
             busy.append(row["shoal_cpu_ms"] / (2 * row["shoal_ms"]))
-    if len(sizes) < 2:
+    if not sizes:
         return veth
-    intercept, beta = fit_line(sizes, ts)
-    o = max(0.0, intercept / 2 - veth.a_block - veth.sw)
-    # The per-byte cost now being the ring's, so is its busy fraction: the ring kept each
-    # rank's core 0.9-1.0 busy on 2026-11-28 where the raw stream kept 0.73.
-    fitted = dataclasses.replace(veth, o=o, beta=max(beta, 0.0))
+    x = np.asarray(sizes, dtype=float)
+    t = np.asarray(ts, dtype=float)
+    y = t - fixed - (x / 2) * np.array([memory.rates(4 * n)[1] for n in sizes])
+    w2 = 1.0 / t ** 2
+    beta = float(np.sum(w2 * x * y) / np.sum(w2 * x * x))
+    fitted = dataclasses.replace(veth, beta=max(beta, 0.0))
+    # The per-byte cost being the ring's, so is its busy fraction: the ring kept each rank's
+    # core 0.9-1.0 busy on 2026-11-28 where the raw stream kept 0.73.
     if busy:
         fitted = dataclasses.replace(fitted, busy=min(1.0, max(0.25, statistics.median(busy))))
     return fitted

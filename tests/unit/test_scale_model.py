@@ -363,8 +363,9 @@ def _raw_figures() -> dict:
         # fits half the last-level cache), eta = 1
         "shoal_shm": {f"shm_{n}": 60e-6 * m + n * (0.07e-9 if n <= 4 * MiB else 0.23e-9)
                       for n, m in zip(sm.SHM_CALIBRATION_SIZES, (1, 4, 8))},
-        # shoal's 2x1 ring: t - (S/2) g = 2 (a + sw + o') + S beta' with o' = 5 us, beta' = 0.35
-        "veth_ring": [{"bytes": n, "shoal_ms": 1e3 * (2 * (40e-6 + 9e-6 + 5e-6) + n * 0.35e-9
+        # shoal's 2x1 ring: t - (S/2) g = 2 (a + sw + o) + S beta' with the stream's o = 8 us
+        # and beta' = 0.35 ns/B
+        "veth_ring": [{"bytes": n, "shoal_ms": 1e3 * (2 * (40e-6 + 9e-6 + 8e-6) + n * 0.35e-9
                                                       + (n / 2) * (0.04e-9 if 4 * n <= 16 * MiB
                                                                    else 0.11e-9)),
                        "shoal_cpu_ms": 0.0} for n in (256 * KiB, 4 * MiB, 64 * MiB)],
@@ -384,9 +385,9 @@ def test_the_model_is_fitted_from_raw_figures_and_refitted_from_saved_ones(tmp_p
     assert unix.o == pytest.approx(6e-6) and unix.beta == pytest.approx(0.2e-9)
     assert unix.busy == pytest.approx(0.75)
     assert unix.sw == pytest.approx(9e-6) and veth.sw == pytest.approx(9e-6)
-    # veth per message and per byte from shoal's ring; its busy from the ring's CPU, absent
-    # here (0), so the raw stream's stands
-    assert veth.beta == pytest.approx(0.35e-9) and veth.o == pytest.approx(5e-6, abs=1e-9)
+    # veth's per-byte cost from shoal's ring, its per-message cost the stream's; its busy
+    # from the ring's CPU, absent here (0), so the raw stream's stands
+    assert veth.beta == pytest.approx(0.35e-9) and veth.o == pytest.approx(8e-6)
     assert veth.busy == pytest.approx(0.75)
     assert model.memory.c_mem == pytest.approx(0.12e-9) and model.memory.g_cache == pytest.approx(0.04e-9)
     assert model.shm.step == pytest.approx(60e-6, rel=1e-3)
