@@ -1313,6 +1313,8 @@ def main(argv=None) -> int:
         model, runs = replay(args.replay)
         print_fits(model, cores, {})
         print_check(compare(model, cores, runs), len(runs))
+        for row in predict(model):
+            print(json.dumps(row))
         return 0
     t0 = time.monotonic()
     models, runs, loads = [], [], {}
