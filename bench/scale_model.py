@@ -11,7 +11,7 @@ same invocation, and predicts the step overhead of examples/train_ddp.py (and of
     chrt -f 10 python bench/scale_model.py --quick   # on a shared machine
 
 Rounds: on a 2-core VM one calibration of a parameter moves by up to 4x between runs a minute
-apart (shoal's step of shared memory 47-251 us, its work per message 0-52 us on 2026-11-28)
+apart (shoal's step of shared memory 41-251 us, its work per message 0-52 us on 2026-11-28)
 and one bench run of a configuration by up to 2x. So it calibrates and runs the check
 --rounds times (default 3), takes every fitted parameter's median over the rounds as the model
 (the predictions use that one model) and compares it with each configuration's median
@@ -58,7 +58,8 @@ sizes count alike; every sample a median over repetitions):
            t = m b2 + eta S (c + g): b2 per step (barrier and bookkeeping), eta how much
            slower than the microbenchmarks its copies and adds run
   C        cores. P busy processes on C cores slow every CPU-bound term by k = max(1, P/C).
-           Latencies are CPU-bound too: a message waits until its receiver gets a core.
+           A ring step's latency is CPU-bound too: a message waits until its receiver gets
+           a core (the direct exchange below waits one latency, not k).
 
 Model, S bytes per rank, W = H x L ranks on H hosts of L ranks, SMALL = 64 KiB, a = a^block
 or a^spin (above) plus sw for a message that carries data:
@@ -66,12 +67,15 @@ or a^spin (above) plus sw for a message that carries data:
   direct exchange (S <= SMALL; every rank sends S to each peer, then reduces), peers over
   links p (L-1 over unix, W-L over the link between hosts):
       D = max_p a_p + k sum_peers (c_p + sw + S (beta_p + g))      (polling: o_p for c_p)
-  the messages leave at once, so their latencies overlap and the exchange waits one; what
-  adds up is every message's CPU on the shared cores. (Until 2026-11-28 D was
-  k sum_peers (a_p + sw + o_p + S (beta_p + g)), each latency in turn: it over-predicted the
-  one-host 1x4 exchange by 19-79% in four runs, while the namespaces' rows fitted. There the
-  latencies overlap too, but a TCP message over veth costs the cores about as much CPU as its
-  latency: ping-pongs measured c 16-20 us on unix and 28-35 us on loopback TCP.)
+  with a_p here the bare a^block or a^spin (sw is in the sum). The messages leave at once, so
+  their latencies overlap and the exchange waits one; what adds up is every message's CPU on
+  the shared cores. (Until 2026-11-28 D was k sum_peers (a_p + sw + o_p + S (beta_p + g)),
+  each latency in turn: it over-predicted the one-host 1x4 exchange by 19-79% in four runs,
+  while the namespaces' rows fitted. There the latencies overlap too, but a TCP message over
+  veth costs the cores about as much CPU as its latency: c fitted 24-30 us on unix and
+  32-38 us on veth that day.) A barrier (below) and recursive doubling's exchanges keep the
+  older per-message charge: neither runs in the check here (the barrier uses the fitted
+  shared-memory step, recursive doubling starts above 8 ranks).
   ring (S > SMALL): 2(W-1) steps of S/W bytes and W-1 reductions of S/W bytes; hop h's work
   in a step is u_h = a_h + o_h + (S/W) beta_h, and a step lasts
       step = max(k x mean_h u_h, max_h u_h, (S/W) n_share w)
@@ -265,13 +269,12 @@ class Machine:
 
     cores: Optional[int]
     one_machine: bool
-    background: float = 0.0  # runnable tasks of other work, on average
 
     def k(self, hosts: int, local: int) -> float:
         if self.cores is None:
             return 1.0
         procs = hosts * local if self.one_machine else local
-        return contention(procs + self.background, self.cores)
+        return contention(procs, self.cores)
 
     def k_busy(self, procs_here: int, procs_per_host: int) -> float:
         """Contention when only some ranks work (the leaders of a cross-host phase):
@@ -279,7 +282,7 @@ class Machine:
         if self.cores is None:
             return 1.0
         procs = procs_here if self.one_machine else procs_per_host
-        return contention(procs + self.background, self.cores)
+        return contention(procs, self.cores)
 
     def leaders(self, hosts: int, local: int) -> int:
         """Leaders per host, as the tcp group picks them: the host's cores per local rank,
@@ -294,12 +297,12 @@ class Machine:
         return self.cores is None or self.cores >= 2 * local
 
     def spin(self, world: int) -> bool:
-        # collectives.env.spin_seconds: poll only when every rank of the group has a core,
-        # and (the tcp group's load check) while the load, its own ranks' included, stays
-        # under 1.5 C.
+        # collectives.env.spin_seconds: poll only when every rank of the group has a core
+        # (and the tcp group's load check: while the load, its own ranks' included, stays
+        # under 1.5 C, which our ranks alone keep here).
         if self.cores is None:
             return True
-        return world <= self.cores and world + self.background <= 1.5 * self.cores
+        return world <= self.cores
 
 
 class LoadSampler:
@@ -307,7 +310,8 @@ class LoadSampler:
     sampled ten times a second while in use (`with LoadSampler() as s: ...; s.background`).
 
     The machine is shared: other work's runnable tasks take cores from ours just as our own
-    ranks do, so they enter the contention factor k = max(1, (P + B) / C)."""
+    ranks do. The model counts only our ranks, so B is printed beside the figures to say how
+    far a run can be trusted, not used."""
 
     INTERVAL_S = 0.1
 
@@ -980,6 +984,8 @@ def fit_veth_ring(veth: Link, memory: "Memory", rows: list[dict]) -> Link:
     fixed = 2 * (veth.a_block + veth.sw + veth.o)
     sizes, ts, busy = [], [], []
     for row in rows:
+        if not row.get("shoal_ms"):
+            continue
         n = row["bytes"]
         sizes.append(n)
         ts.append(row["shoal_ms"] / 1e3)
@@ -1026,11 +1032,12 @@ def print_fits(model: Model, cores: int, loads: dict) -> None:
     print(f"fitted on this machine ({cores} cores; least squares, weights 1/t, medians)"
           + (f"; other work's runnable tasks meanwhile (B): "
              + ", ".join(f"{name} {b:.1f}" for name, b in loads.items()) if loads else ""))
-    print(f"  {'path':<8} {'a_block us':>10} {'a_spin us':>10} {'o us':>7} {'beta ns/B':>10} "
-          f"{'GB/s':>6}")
+    print(f"  {'path':<8} {'a_block us':>10} {'a_spin us':>10} {'c us':>6} {'o us':>7} "
+          f"{'beta ns/B':>10} {'GB/s':>6} {'busy':>5}")
     for name, p in model.links.items():
-        print(f"  {name:<8} {p.a_block * 1e6:>10.1f} {p.a_spin * 1e6:>10.1f} {p.o * 1e6:>7.1f} "
-              f"{p.beta * 1e9:>10.3f} {_gbps(p.beta):>6}")
+        c = f"{p.c_msg * 1e6:.1f}" if p.c_msg is not None else "-"
+        print(f"  {name:<8} {p.a_block * 1e6:>10.1f} {p.a_spin * 1e6:>10.1f} {c:>6} "
+              f"{p.o * 1e6:>7.1f} {p.beta * 1e9:>10.3f} {_gbps(p.beta):>6} {p.busy:>5.2f}")
     print(f"  sw, shoal's own work per data message (its 2-rank 4 KiB all_reduce less the raw "
           f"unix exchange): {model.links['unix'].sw * 1e6:.1f} us")
     if model.shm.step is not None:
@@ -1053,10 +1060,6 @@ def fit_json(model: Model, cores: int, loads: dict, kind: str, **extra) -> dict:
             "shm": dataclasses.asdict(model.shm)}
 
 
-def model_from_json(row: dict) -> Model:
-    """The model of a `fit_json` row."""
-    return Model({n: Link(**p) for n, p in row["links"].items()}, Memory(**row["memory"]),
-                 ShmCost(**row["shm"]))
 
 
 # ----------------------------------------------------------------------------- the check
@@ -1185,9 +1188,9 @@ def median_model(models: Sequence[Model]) -> Model:
     def median_of(items):
         fields = {}
         for field in dataclasses.fields(items[0]):
-            values = [getattr(item, field.name) for item in items]
-            if any(v is None for v in values):
-                fields[field.name] = values[0]
+            values = [v for v in (getattr(item, field.name) for item in items) if v is not None]
+            if not values:  # no round measured it (c_msg before 2026-11-28)
+                fields[field.name] = None
             elif isinstance(values[0], float):
                 fields[field.name] = statistics.median(values)
             else:
@@ -1199,11 +1202,11 @@ def median_model(models: Sequence[Model]) -> Model:
                  median_of([m.memory for m in models]), median_of([m.shm for m in models]))
 
 
-def replay(paths: Sequence[str]) -> tuple[Model, list[list[dict]]]:
-    """The median model and the bench rows of each round, from saved output of this bench
-    (its `round_fit` and `bench` JSON rows): to check the formulas as they are now against
-    the fits and measurements of earlier runs."""
-    models, runs = [], {}
+def replay(paths: Sequence[str]) -> tuple[Model, list[list[dict]], int]:
+    """The median model, the bench rows of each round and the cores they ran on, from saved
+    output of this bench (its `round_fit` rows, which carry the raw figures, and its `bench`
+    rows): to check the formulas and the fits as they are now against earlier runs."""
+    models, runs, cores = [], {}, set()
     for path in paths:
         for line in Path(path).read_text().splitlines():
             if not line.startswith("{"):
@@ -1213,14 +1216,20 @@ def replay(paths: Sequence[str]) -> tuple[Model, list[list[dict]]]:
                 continue
             key = (path, row.get("round"))
             if row.get("row") == "round_fit":
-                # Refit from the raw figures where the run saved them, so that a change of
-                # the calibrations replays too; else the fit as it was printed.
-                models.append(fit_model(row["raw"]) if "raw" in row else model_from_json(row))
+                if "raw" not in row:
+                    raise SystemExit(f"{path}: a round_fit row without its raw figures "
+                                     f"(written before --replay could refit); cannot replay")
+                models.append(fit_model(row["raw"]))
+                cores.add(row["cores"])
             elif row.get("row") == "bench":
                 runs.setdefault(key, []).append(row["data"])
     if not models:
         raise SystemExit(f"no round_fit rows in {', '.join(paths)}")
-    return median_model(models), list(runs.values())
+    if len(cores) != 1:
+        raise SystemExit(f"the runs replayed ran on different core counts {sorted(cores)}: "
+                         f"replay one machine's runs at a time")
+    # Predictions for the check depend on the cores the runs had, not on this machine's.
+    return median_model(models), list(runs.values()), cores.pop()
 
 
 # ----------------------------------------------------------------------------- predictions
@@ -1310,9 +1319,13 @@ def main(argv=None) -> int:
         parser.error("--rounds must be 1 or more")
     cores = os.cpu_count() or 1
     if args.replay:
-        model, runs = replay(args.replay)
+        model, runs, cores = replay(args.replay)
         print_fits(model, cores, {})
-        print_check(compare(model, cores, runs), len(runs))
+        if runs:
+            print_check(compare(model, cores, runs), len(runs))
+        else:
+            print("\n(no bench rows in the logs: they were --no-check runs; fits and "
+                  "predictions only)")
         for row in predict(model):
             print(json.dumps(row))
         return 0
