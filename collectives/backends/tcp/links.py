@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import socket
-import weakref
 from typing import Callable, Optional, Sequence
 
 from shoal.collectives.backends.tcp import algorithms as algos
-from shoal.collectives.backends.tcp import shm, wire
+from shoal.collectives.backends.tcp import shm
 from shoal.collectives.backends.tcp.mesh import FailureReason, Mesh
 from shoal.collectives.backends.tcp.pump import LinkDown, SenderThread
 from shoal.collectives.types import CollectiveMismatch
@@ -66,7 +64,6 @@ class Links:
         self._scratch: Optional[bytearray] = None
         self._sender: Optional[SenderThread] = None
         self._subsets: list[Links] = []
-        self._another_host: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def subset(self, members: Sequence[int], shared: Optional[shm.SharedSlots] = None,
                label: str = "sub") -> "Links":
@@ -104,25 +101,11 @@ class Links:
             buf = self._scratch = bytearray(nbytes)
         return memoryview(buf)[:nbytes]
 
-    def reaches_another_host(self, socks) -> bool:
-        """Whether any of these links leads to a rank on another host (a TCP peer that is
-        neither loopback nor our own address; `wire.is_same_host_address`)."""
-        return any(self._leads_to_another_host(sock) for sock in socks)
-
-    def _leads_to_another_host(self, sock) -> bool:
-        # A link's peer never changes, so each socket is asked once (a large all_reduce
-        # asks for its ring's two links every time).
-        if sock is None or sock.family == socket.AF_UNIX:
-            return False
-        known = self._another_host.get(sock)
-        if known is None:
-            try:
-                peer = sock.getpeername()[0]
-            except OSError:  # a broken link: the collective fails on it either way
-                return False
-            known = self._another_host[sock] = not wire.is_same_host_address(
-                peer, self.mesh.host)
-        return known
+    def reaches_another_host(self, peers: Sequence[int]) -> bool:
+        """Whether any of these peers (ranks of these links) is on another host, as the mesh
+        decided when it made their links (`Mesh.remote`)."""
+        group = self.members
+        return any(self.mesh.remote[p if group is None else group[p]] for p in peers)
 
     def sender_thread(self) -> SenderThread:
         """The sender thread of the largest ring all_reduces, started on first use."""

@@ -163,6 +163,10 @@ class Mesh:
         self.unix_listener: Optional[socket.socket] = None
         self.unix_address: Optional[bytes] = None
         self.transports: list[str] = ["self"] * size
+        # Whether each peer is on another host, decided once as its links are made (by the
+        # address dialled or the address that dialled us): it sets their receive buffers and
+        # which ring all_reduce runs over them.
+        self.remote: list[bool] = [False] * size
         self.address: tuple[str, int] = (host, 0)
         self.prefix = ""
         self._group_id = b""
@@ -302,12 +306,13 @@ class Mesh:
         unix_address = self._unix_address_of(peer)
         self.transports[peer] = "unix" if unix_address else "tcp"
         family = socket.AF_UNIX if unix_address else socket.AF_INET
+        same_host = bool(unix_address) or wire.is_same_host_address(host, self.host)
+        self.remote[peer] = not same_host
 
         def connect(timeout: float) -> socket.socket:
             sock = socket.socket(family, socket.SOCK_STREAM)
             try:
-                # (a Unix socket is on this host whatever the address says: tune_socket knows)
-                wire.tune_socket(sock, same_host=wire.is_same_host_address(host, self.host))
+                wire.tune_socket(sock, same_host=same_host)
                 sock.settimeout(min(timeout, CONNECT_HANDSHAKE_TIMEOUT_S))
                 sock.connect(unix_address if unix_address else (host, port))
             except BaseException:
@@ -373,7 +378,8 @@ class Mesh:
             if dst != self.rank or not self.rank < src < self.size or channel not in wire.CHANNELS:
                 raise ValueError(f"its hello (from rank {src} to rank {dst}, channel {channel}) is invalid here")
             slots = self._slots_for(channel, dialer=False)
-            peer_ip = sock.getpeername()[0] if sock.family != socket.AF_UNIX else ""
+            same_host = (sock.family == socket.AF_UNIX
+                         or wire.is_same_host_address(sock.getpeername()[0], self.host))
             with self._lock:
                 if self._complete or self._closing or slots[src] is not None:
                     raise ValueError(f"rank {src} is already connected on that channel")
@@ -382,10 +388,11 @@ class Mesh:
                 wire.set_nodelay(sock)
                 # An accepted Unix socket inherits nothing from its listener, and a TCP one
                 # from a peer on this host has the listener's autotuned receive buffer.
-                if not peer_ip or wire.is_same_host_address(peer_ip, self.host):
+                if same_host:
                     wire.tune_socket(sock, same_host=True)
                 slots[src] = sock
                 self.transports[src] = "unix" if sock.family == socket.AF_UNIX else "tcp"
+                self.remote[src] = not same_host
                 self._lock.notify_all()
         except Exception as exc:  # an authenticated peer of another group or generation
             logger.warning(

@@ -50,9 +50,9 @@ def all_reduce(links: Links, flat: np.ndarray, uf, seq: int, fp: bytes) -> None:
             THREADED_CHUNK_MIN_BYTES, nbytes // (size * THREADED_CHUNKS_PER_SEGMENT)))
     else:
         chunk = PUMP_CHUNK_BYTES
-    # The ring's two links: to the next rank (we send) and from the previous (we receive).
+    # The ring's two peers: the next rank (we send to it) and the previous (we receive).
     threaded = large and not links.reaches_another_host(
-        [links.tx[(links.rank + 1) % size], links.rx[(links.rank - 1) % size]])
+        [(links.rank + 1) % size, (links.rank - 1) % size])
     chunk_elems = max(1, chunk // flat.itemsize)
     plan = algos.ring_allreduce_plan(
         links.rank, size, links.rx, seq, fp, flat,

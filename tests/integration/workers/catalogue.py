@@ -172,6 +172,10 @@ def receive_buffers(pg, rank: int, world: int) -> str:
         fixed = [s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) == 2 * SOCKET_BUFFER_BYTES
                  for s in (mesh.tx[peer], mesh.rx[peer])]
         words.append("fixed" if all(fixed) else "auto" if not any(fixed) else "mixed")
+        # The same verdict decides the ring's thread (Links.reaches_another_host).
+        if mesh.remote[peer] != (words[-1] == "auto"):
+            raise SystemExit(f"rank {rank}: peer {peer} has {words[-1]} receive buffers but "
+                             f"the mesh says remote={mesh.remote[peer]}")
     return " ".join(words)
 
 
