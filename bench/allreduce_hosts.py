@@ -110,12 +110,8 @@ def _wire_runner(c, pg, rank: int, world: int, per_host: int, n: int):
     out = memoryview(dst)
 
     def receive():
-        got = 0
-        while got < nbytes:
-            k = rx.recv_into(out[got:], nbytes - got)
-            if not k:
-                raise SystemExit(f"wire rank {rank}: the previous host closed its stream")
-            got += k
+        if not wire.recv_exact(rx, out):
+            raise SystemExit(f"wire rank {rank}: the previous host closed its stream")
 
     def run():
         if nbytes <= SOCKET_BUFFER_BYTES:

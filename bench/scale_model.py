@@ -349,14 +349,9 @@ class LoadSampler:
             running = int(f.read().split()[3].split("/")[0])
         children: dict[int, list[int]] = {}
         for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry.name}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            children.setdefault(int(fields[1]), []).append(int(entry.name))
+            fields = _stat_fields(f"/proc/{entry.name}/stat") if entry.name.isdigit() else None
+            if fields is not None:
+                children.setdefault(int(fields[1]), []).append(int(entry.name))
         ours, todo = 0, [os.getpid()]
         while todo:
             pid = todo.pop()
@@ -365,20 +360,24 @@ class LoadSampler:
         return running - ours
 
 
+def _stat_fields(path: str) -> Optional[list[str]]:
+    """The fields of a /proc stat file after the command name (state first, then the parent),
+    or None once the process or thread is gone."""
+    try:
+        with open(path) as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
 def _runnable_threads(pid: int) -> int:
     """Threads of `pid` in state R (a process's own state is only its main thread's)."""
-    count = 0
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return 0
-    for tid in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                count += f.read().rsplit(")", 1)[1].split()[0] == "R"
-        except OSError:
-            continue
-    return count
+    states = (_stat_fields(f"/proc/{pid}/task/{tid}/stat") for tid in tasks)
+    return sum(1 for fields in states if fields is not None and fields[0] == "R")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1030,7 +1029,7 @@ def _gbps(per_byte: float) -> str:
 
 def print_fits(model: Model, cores: int, loads: dict) -> None:
     print(f"fitted on this machine ({cores} cores; least squares, weights 1/t, medians)"
-          + (f"; other work's runnable tasks meanwhile (B): "
+          + ("; other work's runnable tasks meanwhile (B): "
              + ", ".join(f"{name} {b:.1f}" for name, b in loads.items()) if loads else ""))
     print(f"  {'path':<8} {'a_block us':>10} {'a_spin us':>10} {'c us':>6} {'o us':>7} "
           f"{'beta ns/B':>10} {'GB/s':>6} {'busy':>5}")
