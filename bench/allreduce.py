@@ -318,6 +318,10 @@ def main(argv=None) -> int:
     parser.add_argument("--mtu", type=int, default=None,
                         help="with --hosts: the veth links' MTU (default the kernel's 1500; "
                              "9000 is a data-centre jumbo frame)")
+    parser.add_argument("--link-gbit", type=float, default=None,
+                        help="with --hosts: shape every host's link to this many Gbit/s each "
+                             "way (tbf), a network that bounds by bandwidth instead of by the "
+                             "CPU the unshaped software links cost")
     parser.add_argument("--json", action="store_true",
                         help="with --hosts: print only the JSON rows")
     args = parser.parse_args(argv)

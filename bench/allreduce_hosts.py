@@ -18,7 +18,9 @@ alternating blocks of iterations (A B C A B C) while the others wait:
 
 Where the time goes: every side reports its ranks' CPU time per op (user and system, every
 thread), summed over the ranks: on this 2-core machine a side needing X core-ms takes at least
-X/2 ms. The shoal side also times the phases of its two-level all_reduce on every rank
+X/2 ms. Beside it, how often those threads slept in the kernel per op (voluntary context
+switches): each sleep costs a wake-up's CPU later, and ranks sharing cores sleep more. The
+shoal side also times the phases of its two-level all_reduce on every rank
 (shared-memory reduce-scatter, the rings between hosts, shared-memory all-gather).
 
 The order of the sides rotates from block to block, so no side always runs first after the
@@ -33,12 +35,15 @@ namespaces and has no route into them). Times are the slowest rank's per iterati
 over iterations; busbw as nccl-tests defines it. The veth links are software: their
 "bandwidth" is this machine's copy speed, shared with the ranks' own work on 2 cores, so the
 figures compare algorithms, not networks (bench/scale_model.py extrapolates to real links).
+`--link-gbit R` shapes each host's link to R Gbit/s each way (tbf on both ends of its veth): a
+network slower than the CPUs, where the bytes each host must move, not the cores, set the pace.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import resource
 import select
 import statistics
 import subprocess
@@ -208,22 +213,29 @@ def worker(side: str, rank: int, world: int, master: str, port: int, per_host: i
         run, barrier = runners[key]
         barrier()
         run()  # untimed: the other sides' blocks evicted our arrays from the caches
-        ts, cpu = [], 0.0
+        ts, cpu, sleeps = [], 0.0, 0
         if clock is not None:
             clock.take()
         for _ in range(command["count"]):
             barrier()
-            t0, c0 = time.perf_counter(), time.process_time()
+            t0, c0, s0 = time.perf_counter(), time.process_time(), _voluntary_switches()
             run()
             ts.append(time.perf_counter() - t0)
             cpu += time.process_time() - c0
-        # CPU: this process's, every thread's, user and system, per op (the barriers' excluded)
-        _say(times=ts, cpu=cpu / len(ts),
+            sleeps += _voluntary_switches() - s0
+        # CPU: this process's, every thread's, user and system, per op (the barriers' excluded);
+        # sleeps: how often its threads waited in the kernel (each a wake-up's CPU later)
+        _say(times=ts, cpu=cpu / len(ts), sleeps=sleeps / len(ts),
              phases={k: v / len(ts) for k, v in clock.take().items()} if clock else None)
     if side == "gloo":
         dist.destroy_process_group()
     else:
         c.destroy_process_group()
+
+
+def _voluntary_switches() -> int:
+    """Times this process's threads (all of them: RUSAGE_SELF) gave up the CPU to wait."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
 
 
 # ----------------------------------------------------------------------------- the parent
@@ -261,7 +273,7 @@ class _Rank:
 
 def _no_samples() -> dict:
     """One side's samples of one case, as `session` returns them (see there)."""
-    return {"blocks": [], "cpu": [], "phases": []}
+    return {"blocks": [], "cpu": [], "sleeps": [], "phases": []}
 
 
 def sides_for(case: tuple, sides: list) -> list:
@@ -272,7 +284,8 @@ def sides_for(case: tuple, sides: list) -> list:
 def session(hosts, per_host: int, sides: list, cases: list, args) -> dict:
     """Start every side's ranks on the hosts; per case, alternate blocks between the sides.
     Returns case -> side -> a dict: `blocks`, the slowest rank's time of each iteration, block
-    by block; `cpu`, every rank's CPU seconds per op summed, per block; `phases`, the shoal
+    by block; `cpu`, every rank's CPU seconds per op summed, per block; `sleeps`, their
+    voluntary context switches per op summed, per block; `phases`, the shoal
     side's two-level phases per op, one dict per rank and block."""
     world = len(hosts) * per_host
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
@@ -315,6 +328,7 @@ def session(hosts, per_host: int, sides: list, cases: list, args) -> dict:
                     got = results[case][side]
                     got["blocks"].append(slowest)
                     got["cpu"].append(sum(a["cpu"] for a in answers))
+                    got["sleeps"].append(sum(a["sleeps"] for a in answers))
                     if answers[0].get("phases"):
                         got["phases"].extend(a["phases"] for a in answers)
         for side in sides:
@@ -368,7 +382,7 @@ def main(args, cases: list) -> int:
              + (["wire"] if n_hosts > 1 else []))
     rounds = args.rounds or (1 if args.quick else 2)
     samples: dict = {}
-    with Hosts(n_hosts, mtu=args.mtu) as hosts:
+    with Hosts(n_hosts, mtu=args.mtu, link_gbit=args.link_gbit) as hosts:
         for _ in range(rounds):
             for case, by_side in session(hosts.hosts, per_host, sides, cases, args).items():
                 for side, got in by_side.items():
@@ -379,7 +393,8 @@ def main(args, cases: list) -> int:
     rows = []
     for op, nbytes in cases:
         row = {"bench": "allreduce", "op": op, "hosts": n_hosts, "per_host": per_host,
-               "world": world, "bytes": nbytes, "backend": "tcp", "cores": cores}
+               "world": world, "bytes": nbytes, "backend": "tcp", "cores": cores,
+               "link_gbit": args.link_gbit}
         here = sides_for((op, nbytes), sides)
         got = samples[(op, nbytes)]
         for side in here:
@@ -390,6 +405,7 @@ def main(args, cases: list) -> int:
             row[f"{side}_p10_p90_ms"] = [round(p10 * 1e3, 3), round(p90 * 1e3, 3)]
             row[f"{side}_busbw_gbps"] = round(nbytes / med * ar.bus_factor(op, world) / 1e9, 3)
             row[f"{side}_cpu_ms"] = round(statistics.median(got[side]["cpu"]) * 1e3, 3)
+            row[f"{side}_sleeps"] = round(statistics.median(got[side]["sleeps"]), 1)
         for other in here[1:]:
             key = f"shoal_vs_{other.replace('shoal_', '')}"
             row[key] = round(row[f"{other}_ms"] / row["shoal_ms"], 2)
@@ -407,8 +423,10 @@ def main(args, cases: list) -> int:
     header = f"{'op':<11}{'hosts':>6} {'size':>7}" + "".join(
         f" | {side + ' ms':>14} {'busbw':>6}" for side in sides) + "".join(
         f" | {ratio_name(other):>11}" for other in sides[1:])
-    print(f"\n{n_hosts} hosts x {per_host} ranks (network namespaces over veth); median time per "
-          "op (slowest rank), busbw in GB/s; ratios = their time / shoal's")
+    link = (f"veth shaped to {args.link_gbit:g} Gbit/s each way" if args.link_gbit
+            else "veth")
+    print(f"\n{n_hosts} hosts x {per_host} ranks (network namespaces over {link}); median time "
+          "per op (slowest rank), busbw in GB/s; ratios = their time / shoal's")
     if "wire" in sides:
         print("wire: only the bytes each host must send and receive in any all_reduce of "
               "per-host sums (2(H-1)/H x S each way), raw TCP, nothing else: a floor")
@@ -432,14 +450,16 @@ def main(args, cases: list) -> int:
                            for o in here[1:])
         print(f"  {row['op']} {ar._fmt_size(row['bytes'])}: {spread}; {paired}")
     print(f"where the time goes: CPU per op, all ranks' processes together (core-ms; this "
-          f"machine has {cores} cores, so a side that needs X core-ms takes at least X/{cores} ms)"
+          f"machine has {cores} cores, so a side that needs X core-ms takes at least X/{cores} ms;"
+          f" sleeps: the times their threads waited in the kernel, each a wake-up later)"
           + (", and the two-level phases of shoal's all_reduce per rank (wall ms: reduce = "
              "shared-memory reduce-scatter within the host, cross = the rings between hosts, "
              "share = shared-memory all-gather, which for the other ranks includes waiting for "
              "their leader's rings)" if any("shoal_phases_ms" in r for r in rows) else ""))
     for row in rows:
         here = sides_for((row["op"], row["bytes"]), sides)
-        cpu = ", ".join(f"{side} {row[side + '_cpu_ms']:.1f}" for side in here)
+        cpu = ", ".join(f"{side} {row[side + '_cpu_ms']:.1f} ({row[side + '_sleeps']:.0f} "
+                        f"sleeps)" for side in here)
         phases = "".join(
             f"; {who} " + " ".join(f"{k} {v:.1f}" for k, v in p.items())
             for who, p in row.get("shoal_phases_ms", {}).items())

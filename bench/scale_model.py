@@ -81,8 +81,9 @@ or a^spin (above) plus sw for a message that carries data:
       step = max(k x mean_h u_h, max_h u_h, (S/W) n_share w)
       R = 2(W-1) step + k (W-1) (S/W) g
   (with P > C the cores must do every rank's work, k x the mean hop's; with a core each, the
-  slowest hop decides; w is a shared wire's cost per byte, 1/B on a cluster's link and none
-  between namespaces here, crossed by n_share rings at once.)
+  slowest hop decides; w is a shared wire's cost per byte, 1/B on a cluster's link, none
+  between the unshaped namespaces here and 8/R x (MTU + 14)/(MTU - 52) on links shaped to R
+  bit/s (the shaper counts whole frames), crossed by n_share rings at once.)
   flat ring: every rank in one ring over sockets: H hops between hosts (veth, or the
       cluster link) and H(L-1) within hosts (unix).
   shared memory on one host (S > SMALL; below, D over unix); a step's barrier with L-1
@@ -113,8 +114,11 @@ or a^spin (above) plus sw for a message that carries data:
   bandwidth-optimal bound: 2 (W-1)/W x S / B.
 
 The check runs bench/allreduce.py: its --hosts rows (hierarchical as shoal_ms, flat ring as
-shoal_flat_ms) once that mode exists, else its --worlds rows (shoal_ms: one host's shared
-memory and unix links; shoal_tcp_ms: the ring on loopback TCP). Every rank of every namespace
+shoal_flat_ms) for 2x2, 4x1 and 1x4 over the software links, and 2x2 at 4 and 64 MiB over
+links shaped to 5 Gbit/s each way (--link-gbit: the wire term, which decides the cluster
+predictions below and which the unshaped links never reach); without the --hosts mode, its
+--worlds rows (shoal_ms: one host's shared memory and unix links; shoal_tcp_ms: the ring on
+loopback TCP). Every rank of every namespace
 runs on this machine's C cores, so there k = max(1, W/C). Other work's runnable tasks (B,
 sampled from /proc while each part runs) are printed beside the figures: with B above 1 or 2
 on this 2-core machine every figure moves, and the model, which counts only our ranks, does
@@ -167,6 +171,7 @@ PIPELINE_PIECE_BYTES = 8 * MiB  # collectives.constants: the two-level pipeline'
 SHM_W2_MIN_CHUNK_BYTES = 256 * KiB
 SHM_CALIBRATION_SIZES = (256 * KiB, 4 * MiB, 32 * MiB)
 SOCKET_BUFFER_BYTES = 256 * KiB
+SHAPED_LINK_GBIT = 5.0  # the check's shaped links: far below what the CPUs copy over veth here
 FIRST_BUCKET_BYTES = 1 * MiB  # shoal's DDP, as torch's
 BUCKET_BYTES = 25 * MiB
 PEER_TIMEOUT_S = 60.0
@@ -1068,6 +1073,11 @@ def has_hosts_mode() -> bool:
     return "--hosts" in (ROOT / "bench" / "allreduce.py").read_text()
 
 
+def has_link_shaping() -> bool:
+    """True once bench/allreduce.py takes --link-gbit (links shaped by tbf)."""
+    return "--link-gbit" in (ROOT / "bench" / "allreduce.py").read_text()
+
+
 def _allreduce_rows(args: Sequence[str], timeout: float) -> list[dict]:
     """bench/allreduce.py's JSON rows for all_reduce."""
     argv = [sys.executable, str(ROOT / "bench" / "allreduce.py"), *args]
@@ -1093,6 +1103,9 @@ def predictions_for(row: dict, model: Model, cores: int) -> list[tuple[str, floa
         hosts, local = row["hosts"], row["per_host"]
         veth, unix = model.links["veth"], model.links["unix"]
         tag = f"{hosts}x{local}"
+        if row.get("link_gbit"):  # --link-gbit: the same links, shaped to a rate
+            veth = dataclasses.replace(veth, wire=shaped_wire(row["link_gbit"]))
+            tag += f" at {row['link_gbit']:g} Gbit/s"
         if row.get("shoal_ms"):
             out.append((f"{tag} hierarchical",
                         model.hierarchical(nbytes, hosts, local, veth, unix, here),
@@ -1113,11 +1126,24 @@ def predictions_for(row: dict, model: Model, cores: int) -> list[tuple[str, floa
     return out
 
 
+def shaped_wire(gbit: float, mtu: int = 1500) -> float:
+    """Seconds per payload byte on a link shaped to `gbit` Gbit/s: the shaper counts whole
+    Ethernet frames, MTU + 14 bytes of header, each carrying MTU - 52 bytes of TCP payload
+    (IPv4 20 and TCP 32 with timestamps)."""
+    return 8 / (gbit * 1e9) * (mtu + 14) / (mtu - 52)
+
+
 def _bench_argvs(quick: bool) -> list[list[str]]:
-    """bench/allreduce.py's invocations the check compares against."""
+    """bench/allreduce.py's invocations the check compares against: the three layouts over
+    the software links, and 2x2 over links shaped to SHAPED_LINK_GBIT (the wire term of the
+    model, which the unshaped links never exercise; only its large sizes, where the rate
+    shows)."""
     common = ["--no-compare", "--ops", "all_reduce", "--no-loopback"] + (["--quick"] if quick else [])
     if has_hosts_mode():
-        return [["--hosts", shape, "--json", *common] for shape in ("2x2", "4x1", "1x4")]
+        shaped = (["--link-gbit", f"{SHAPED_LINK_GBIT:g}", "--min-bytes", str(4 * MiB)]
+                  if has_link_shaping() else [])
+        return ([["--hosts", shape, "--json", *common] for shape in ("2x2", "4x1", "1x4")]
+                + ([["--hosts", "2x2", "--json", *shaped, *common]] if shaped else []))
     print("\nbench/allreduce.py has no --hosts mode yet: checking against its --worlds rows "
           "(one host; shoal_tcp_ms is the ring on loopback TCP)")
     return [["--worlds", "2,4", "--tcp-too", *common]]
@@ -1165,12 +1191,12 @@ def within(results: list[dict]) -> int:
 
 def print_check(results: list[dict], rounds: int) -> None:
     print()
-    print(f"{'configuration':<24}{'size':>8} {'predicted ms':>13} {'measured ms':>12} "
+    print(f"{'configuration':<30}{'size':>8} {'predicted ms':>13} {'measured ms':>12} "
           f"{'runs min..max':>18} {'error':>8}")
     for r in results:
         runs = r["measured_runs_ms"]
         flag = "" if abs(r["error_pct"]) <= 25 else "  > 25%"
-        print(f"{r['config']:<24}{_fmt_size(r['bytes']):>8} {r['predicted_ms']:>13.3f} "
+        print(f"{r['config']:<30}{_fmt_size(r['bytes']):>8} {r['predicted_ms']:>13.3f} "
               f"{r['measured_ms']:>12.3f} {f'{min(runs):.3f}..{max(runs):.3f}':>18} "
               f"{r['error_pct']:>+7.1f}%{flag}")
     if results:

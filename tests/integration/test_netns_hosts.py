@@ -94,6 +94,48 @@ def test_links_take_the_mtu_asked_for_and_bad_values_are_refused():
         Hosts(1, mtu=70000)
 
 
+SINK = """
+import socket, sys
+srv = socket.create_server((sys.argv[1], 0))
+print(srv.getsockname()[1], flush=True)
+conn, _ = srv.accept()
+left = int(sys.argv[2])
+while left:
+    left -= len(conn.recv(min(left, 1 << 20)))
+conn.sendall(b"done")
+"""
+
+SOURCE = """
+import socket, sys, time
+with socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10) as s:
+    s.settimeout(30)
+    start = time.monotonic()
+    s.sendall(bytes(int(sys.argv[3])))
+    assert s.recv(4) == b"done"
+    print(time.monotonic() - start)
+"""
+
+
+def test_a_shaped_link_carries_no_more_than_its_rate_each_way():
+    """link_gbit puts tbf on both ends of every host's link; 2 MiB at 20 Mbit/s need 0.84 s
+    (0.78 s after the shaper's 128 KiB burst), where the unshaped link takes milliseconds."""
+    size = 2 << 20
+    with Hosts(2, link_gbit=0.02) as hosts:
+        a, b = hosts[0], hosts[1]
+        assert " tbf " in a.run(["tc", "qdisc", "show", "dev", "eth0"]).stdout
+        for sender, receiver in ((a, b), (b, a)):  # out of a host, and into it
+            sink = receiver.popen([sys.executable, "-c", SINK, receiver.address, str(size)],
+                                  stdout=subprocess.PIPE, text=True)
+            port = sink.stdout.readline().strip()
+            sent = sender.run([sys.executable, "-c", SOURCE, receiver.address, port, str(size)])
+            assert sent.returncode == 0, sent.stderr
+            assert float(sent.stdout) >= 0.7, sent.stdout
+            sink.wait(10)
+    with pytest.raises(ValueError, match="Hosts' link_gbit must be within 0.01 and 400 "
+                                         "Gbit/s, got 0"):
+        Hosts(1, link_gbit=0)
+
+
 SLEEPER = "import time; print('up', flush=True); time.sleep(120)"
 
 

@@ -5,7 +5,9 @@ subnet that exists only inside the namespaces made here; the bridge sits in a na
 own, so nothing is added to the machine's own network. Processes started on a host see only
 that host's interfaces (so abstract Unix sockets and loopback are per host, as on real
 machines). `cut(host)` tears a host off the network and kills everything it runs, as a lost
-machine would look to the others.
+machine would look to the others. `link_gbit` shapes every host's link to that rate each way
+(tbf on both ends of its veth), so a test or bench can see a network that bounds by bandwidth
+rather than by the CPU that the unshaped software links here cost.
 
 Needs root and iproute2. Without them `require_netns()` fails the test under CI=true (CI must
 run them) and skips it elsewhere, with the reason.
@@ -29,6 +31,9 @@ from tests.support.requirements import missing
 SUBNET = "10.213.47"
 PREFIX_LEN = 24
 _IP_TIMEOUT_S = 10.0
+# A shaped link's queue: deep enough that TCP's window, not tail drops, decides its pace (a
+# drop costs a retransmission timeout and makes the figures jump), as a switch port buffers.
+_SHAPER_QUEUE_S = 0.1
 
 
 def netns_unavailable_reason() -> Optional[str]:
@@ -61,6 +66,26 @@ def _ip(*args: str, netns: Optional[str] = None) -> None:
 
 
 _OURS = re.compile(r"^shoal-(\d+)\.(\d+)-[0-9a-f]{8}-(?:sw|h\d+)$")
+
+
+def _tc(*args: str, netns: str) -> None:
+    argv = ["tc", "-n", netns] + list(args)
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=_IP_TIMEOUT_S)
+    except FileNotFoundError:
+        raise RuntimeError("shaping a link needs iproute2's `tc`, which is not installed") from None
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed: {done.stderr.strip()} (shaping needs the "
+                           f"kernel's sch_tbf)")
+
+
+def shaper_args(gbit: float) -> list[str]:
+    """tbf's arguments for `gbit` Gbit/s: a burst of 1/5 ms of traffic (at least two 64 KiB
+    segments, which veth passes unsplit) and a queue of _SHAPER_QUEUE_S."""
+    rate = int(gbit * 1e9)  # bit/s
+    burst = max(128 * 1024, rate // 8 // 5000)
+    return ["tbf", "rate", f"{rate}bit", "burst", str(burst),
+            "latency", f"{int(_SHAPER_QUEUE_S * 1000)}ms"]
 
 
 def _start_time(pid: int) -> Optional[str]:
@@ -143,13 +168,18 @@ class Host:
 class Hosts:
     """`n` hosts on one bridge; use as a context manager, which removes everything it made."""
 
-    def __init__(self, n: int, mtu: Optional[int] = None):
+    def __init__(self, n: int, mtu: Optional[int] = None, link_gbit: Optional[float] = None):
         if n < 1:
             raise ValueError(f"Hosts needs at least one host, got {n}.")
         if mtu is not None and not 68 <= mtu <= 65535:
             raise ValueError(f"Hosts' mtu must be within 68 and 65535 bytes, got {mtu}.")
+        if link_gbit is not None and not 0.01 <= link_gbit <= 400:
+            raise ValueError(f"Hosts' link_gbit must be within 0.01 and 400 Gbit/s, "
+                             f"got {link_gbit}.")
         # None keeps the kernel's default for veth and bridges: 1500, plain Ethernet.
         self.mtu = mtu
+        # None: unshaped (the links run as fast as the CPUs copy).
+        self.link_gbit = link_gbit
         # The creator's pid and start time in every name let a later run remove what a killed
         # run left (and never what a live one holds, even after pid reuse).
         tag = f"{os.getpid()}.{_start_time(os.getpid())}-{uuid.uuid4().hex[:8]}"
@@ -197,6 +227,11 @@ class Hosts:
             _ip("link", "set", host.switch_port, "up", netns=self.switch)
             _ip("addr", "add", f"{host.address}/{PREFIX_LEN}", "dev", "eth0", netns=host.netns)
             _ip("link", "set", "eth0", "up", netns=host.netns)
+            if self.link_gbit is not None:
+                # Out of the host on its eth0, into it on the switch's port: a full-duplex NIC.
+                shaper = shaper_args(self.link_gbit)
+                _tc("qdisc", "add", "dev", "eth0", "root", *shaper, netns=host.netns)
+                _tc("qdisc", "add", "dev", host.switch_port, "root", *shaper, netns=self.switch)
 
     def cut(self, host: Host) -> None:
         """Take `host` off the network and kill everything running on it (a lost machine)."""

@@ -254,6 +254,26 @@ def test_the_check_reads_both_kinds_of_bench_rows():
     assert all(np.isfinite(p) and p > 0 for _, p, _ in got)
 
 
+def test_a_shaped_links_rows_are_checked_with_its_rate_as_the_wire():
+    """--link-gbit rows: the veth link with w = 8/R per frame byte, 1514 frame bytes per 1448
+    of payload at MTU 1500; at 64 MiB and 5 Gbit/s the wire decides the flat ring's steps."""
+    assert sm.shaped_wire(5.0) == pytest.approx(8 / 5e9 * 1514 / 1448)
+    assert sm.shaped_wire(10.0, mtu=9000) == pytest.approx(8 / 10e9 * 9014 / 8948)
+    model = _model()
+    S = 64 * MiB
+    row = {"op": "all_reduce", "hosts": 2, "per_host": 2, "world": 4, "bytes": S,
+           "shoal_ms": 130.0, "shoal_flat_ms": 170.0, "link_gbit": 5.0}
+    got = dict((label, guess) for label, guess, _ in sm.predictions_for(row, model, 2))
+    assert list(got) == ["2x2 at 5 Gbit/s hierarchical", "2x2 at 5 Gbit/s flat ring"]
+    # Flat ring over [0,1 | 2,3]: 6 steps of S/4, each crossing a shaped link; reductions on
+    # 2 cores shared by 4 ranks (k = 2) at the memory rate (the working set is beyond the cache).
+    w = sm.shaped_wire(5.0)
+    assert got["2x2 at 5 Gbit/s flat ring"] == pytest.approx(6 * (S / 4) * w + 2 * 3 * (S / 4) * 0.3e-9)
+    unshaped = dict((label, guess) for label, guess, _ in
+                    sm.predictions_for(dict(row, link_gbit=None), model, 2))
+    assert unshaped["2x2 flat ring"] < got["2x2 at 5 Gbit/s flat ring"]  # beta 1 ns/B < w
+
+
 def test_the_rounds_model_takes_every_parameters_median():
     """One round's outlier (a 52 us sw, a 211 us shared-memory step) moves no prediction."""
     import dataclasses
