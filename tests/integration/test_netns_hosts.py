@@ -12,7 +12,7 @@ import time
 import pytest
 
 from tests.support.etcd_server import EtcdServer
-from tests.support.netns import Hosts, require_netns
+from tests.support.netns import Hosts, require_link_shaping, require_netns
 from tests.support.shoal_run import pid_alive
 
 pytestmark = pytest.mark.usefixtures("netns")
@@ -119,6 +119,7 @@ with socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10) as s:
 def test_a_shaped_link_carries_no_more_than_its_rate_each_way():
     """link_gbit puts tbf on both ends of every host's link; 2 MiB at 20 Mbit/s need 0.84 s
     (0.78 s after the shaper's 128 KiB burst), where the unshaped link takes milliseconds."""
+    require_link_shaping()
     size = 2 << 20
     with Hosts(2, link_gbit=0.02) as hosts:
         a, b = hosts[0], hosts[1]

@@ -58,6 +58,19 @@ def require_netns() -> None:
         missing("the multi-host tests", reason)
 
 
+def require_link_shaping() -> None:
+    """Skip the test when links cannot be shaped here (no `tc`, or a kernel without tbf);
+    fail it under CI=true. Call after require_netns()."""
+    probe = f"shoal-probe-{uuid.uuid4().hex[:8]}"
+    _ip("netns", "add", probe)
+    try:
+        _tc("qdisc", "add", "dev", "lo", "root", *shaper_args(1.0), netns=probe)
+    except RuntimeError as exc:
+        missing("the link-shaping tests", str(exc))
+    finally:
+        _delete_netns(probe)
+
+
 def _ip(*args: str, netns: Optional[str] = None) -> None:
     argv = ["ip"] + (["-n", netns] if netns else []) + list(args)
     done = subprocess.run(argv, capture_output=True, text=True, timeout=_IP_TIMEOUT_S)
