@@ -78,12 +78,19 @@ or a^spin (above) plus sw for a message that carries data:
   shared-memory step, recursive doubling starts above 8 ranks).
   ring (S > SMALL): 2(W-1) steps of S/W bytes and W-1 reductions of S/W bytes; hop h's work
   in a step is u_h = a_h + o_h + (S/W) beta_h, and a step lasts
-      step = max(k x mean_h u_h, max_h u_h, (S/W) n_share w)
+      step = max(max(1, k busy) x mean_h u_h, max_h u_h, (S/W) n_share w)  [+ fill, P > C]
       R = 2(W-1) step + k (W-1) (S/W) g
   (with P > C the cores must do every rank's work, k x the mean hop's; with a core each, the
   slowest hop decides; w is a shared wire's cost per byte, 1/B on a cluster's link, none
   between the unshaped namespaces here and 8/R x (MTU + 14)/(MTU - 52) on links shaped to R
   bit/s (the shaper counts whole frames), crossed by n_share rings at once.)
+  fill = min(S/W, 512 KiB) x mean_h beta_h, with P > C only: a rank whose neighbour is
+  descheduled hands on what the socket buffers hold (the kernel's send buffer, twice shoal's
+  256 KiB SO_SNDBUF) and sleeps; the rest of its segment waits until the receiver runs, so a
+  step moves min(S/W, buffer) once more, as a pipe's fill. Without it 4 MiB rings on shared
+  cores (4x1, the 2x2 flat ring; 1 MiB steps) were under-predicted by 25-35% in most runs
+  while 64 MiB fitted; with it, on 2026-11-28's four saved runs (--replay), 24 of 28 pooled
+  became 26 and each run gained or held (21, 19, 18, 25 -> 21, 20, 21, 26).
   flat ring: every rank in one ring over sockets: H hops between hosts (veth, or the
       cluster link) and H(L-1) within hosts (unix).
   shared memory on one host (S > SMALL; below, D over unix); a step's barrier with L-1
@@ -171,6 +178,7 @@ PIPELINE_PIECE_BYTES = 8 * MiB  # collectives.constants: the two-level pipeline'
 SHM_W2_MIN_CHUNK_BYTES = 256 * KiB
 SHM_CALIBRATION_SIZES = (256 * KiB, 4 * MiB, 32 * MiB)
 SOCKET_BUFFER_BYTES = 256 * KiB
+RING_FILL_BYTES = 2 * SOCKET_BUFFER_BYTES  # a send buffer as the kernel sizes it (twice SO_SNDBUF)
 SHAPED_LINK_GBIT = 5.0  # the check's shaped links: far below what the CPUs copy over veth here
 FIRST_BUCKET_BYTES = 1 * MiB  # shoal's DDP, as torch's
 BUCKET_BYTES = 25 * MiB
@@ -435,6 +443,13 @@ class Model:
         busy = sum(h.busy * n for h, n in hops) / total
         wire = max(seg * share * h.wire for h, _ in hops)
         step = max(max(1.0, k * busy) * mean, max(w for w, _ in work), wire)
+        if k > 1:
+            # Ranks sharing cores: a rank's neighbour is often descheduled, so it can hand on
+            # only what the socket buffers hold before it sleeps, and the rest of its segment
+            # waits for the scheduler to run the receiver: the step pays for moving
+            # min(S/W, buffers) once more, the pipe's fill (module docstring).
+            fill = min(seg, RING_FILL_BYTES) * sum(h.beta * n for h, n in hops) / total
+            step += fill
         return 2 * (world - 1) * step + k * (world - 1) * seg * g
 
     def recursive_doubling(self, nbytes, world, link: Link, k, spin, g,

@@ -18,6 +18,7 @@ sys.modules.setdefault("scale_model", sm)  # dataclasses look their module up by
 _spec.loader.exec_module(sm)
 
 MiB = 1024 * 1024
+KiB = 1024
 
 
 def test_fit_line_recovers_a_line_and_weighs_small_sizes_alike():
@@ -75,10 +76,17 @@ def test_ring_and_direct_exchange_by_hand():
     here = sm.Machine(cores=2, one_machine=True)
     # 4 ranks on 2 cores: k = 2, no polling; 8 MiB: a ring of 2 MiB segments, cache rates
     # (working set 2 x 4 x 8 MiB = 64 MiB > 32 MiB: memory rates, g = 0.3 ns/B).
+    # Sharing cores, each step also moves a send buffer's worth (512 KiB) once more: the fill.
     S, seg = 8 * MiB, 2 * MiB
     step = 20e-6 + 2e-6 + seg * 1e-9
-    want = 2 * (2 * 3 * step + 3 * seg * 0.3e-9)
+    fill = 512 * KiB * 1e-9
+    want = 2 * 3 * (2 * step + fill) + 2 * 3 * seg * 0.3e-9
     assert model.ring(S, 4, [veth], 2.0, False, 0.3e-9) == pytest.approx(want)
+    # A segment smaller than the buffer fills with itself; with a core per rank, no fill.
+    small = 2 * 3 * (2 * (20e-6 + 2e-6 + 64 * KiB * 1e-9) + 64 * KiB * 1e-9) + 2 * 3 * 64 * KiB * 0.3e-9
+    assert model.ring(256 * KiB, 4, [veth], 2.0, False, 0.3e-9) == pytest.approx(small)
+    assert model.ring(S, 4, [veth], 1.0, False, 0.3e-9) == pytest.approx(
+        2 * 3 * step + 3 * seg * 0.3e-9)
     # 4 KiB: direct exchange, 3 messages each waited for in turn.
     want = 2 * 3 * (20e-6 + 2e-6 + 4096 * (1e-9 + 0.1e-9))
     assert model.ring(4096, 4, [veth], 2.0, False, 0.1e-9) == pytest.approx(want)
@@ -86,7 +94,7 @@ def test_ring_and_direct_exchange_by_hand():
     # on 2 cores a step takes k times the mean hop's work (more than the slowest hop alone).
     veth_work = 20e-6 + 2e-6 + seg * 1e-9
     unix_work = 10e-6 + 1e-6 + seg * 0.5e-9
-    step = 2 * (veth_work + unix_work) / 2
+    step = 2 * (veth_work + unix_work) / 2 + 512 * KiB * (1e-9 + 0.5e-9) / 2
     want = 2 * 3 * step + 2 * 3 * seg * 0.3e-9
     assert model.flat(S, 2, 2, veth, model.links["unix"], here) == pytest.approx(want)
     # The same on a cluster (a core per rank): the slowest hop.
@@ -268,7 +276,9 @@ def test_a_shaped_links_rows_are_checked_with_its_rate_as_the_wire():
     # Flat ring over [0,1 | 2,3]: 6 steps of S/4, each crossing a shaped link; reductions on
     # 2 cores shared by 4 ranks (k = 2) at the memory rate (the working set is beyond the cache).
     w = sm.shaped_wire(5.0)
-    assert got["2x2 at 5 Gbit/s flat ring"] == pytest.approx(6 * (S / 4) * w + 2 * 3 * (S / 4) * 0.3e-9)
+    fill = 512 * KiB * (1e-9 + 0.5e-9) / 2  # 4 ranks on 2 cores (see the ring's test)
+    assert got["2x2 at 5 Gbit/s flat ring"] == pytest.approx(
+        6 * ((S / 4) * w + fill) + 2 * 3 * (S / 4) * 0.3e-9)
     unshaped = dict((label, guess) for label, guess, _ in
                     sm.predictions_for(dict(row, link_gbit=None), model, 2))
     assert unshaped["2x2 flat ring"] < got["2x2 at 5 Gbit/s flat ring"]  # beta 1 ns/B < w
