@@ -66,16 +66,24 @@ or a^spin (above) plus sw for a message that carries data:
 
   direct exchange (S <= SMALL; every rank sends S to each peer, then reduces), peers over
   links p (L-1 over unix, W-L over the link between hosts):
-      D = max_p a_p + k sum_peers (c_p + sw + S (beta_p + g))      (polling: o_p for c_p)
+      E = sum_peers (c_p + sw + S (beta_p + g))      (polling: o_p for c_p)
+      D = max(max_p a_p + E, k E)
   with a_p here the bare a^block or a^spin (sw is in the sum). The messages leave at once, so
-  their latencies overlap and the exchange waits one; what adds up is every message's CPU on
-  the shared cores. (Until 2026-11-28 D was k sum_peers (a_p + sw + o_p + S (beta_p + g)),
-  each latency in turn: it over-predicted the one-host 1x4 exchange by 19-79% in four runs,
-  while the namespaces' rows fitted. There the latencies overlap too, but a TCP message over
-  veth costs the cores about as much CPU as its latency: c fitted 24-30 us on unix and
-  32-38 us on veth that day.) A barrier (below) and recursive doubling's exchanges keep the
-  older per-message charge: neither runs in the check here (the barrier uses the fitted
-  shared-memory step, recursive doubling starts above 8 ranks).
+  their latencies overlap: with a core per rank the exchange waits one latency and does its
+  messages' work; with more busy ranks than cores, the cores never idle waiting for a message
+  in flight (another rank runs meanwhile), so it lasts as long as the cores take to do every
+  rank's work, k E. (Until 2026-11-28 D was k sum_peers (a_p + sw + o_p + S (beta_p + g)),
+  each latency in turn: it over-predicted the one-host 1x4 exchange by 19-79% in four runs;
+  then max_p a_p + k E, which still over-predicted it by 27-46% in five runs that day, and the
+  2x2 one by 25-33% in two: the ranks' CPU, 75 us per rank and op at 4x1, over 2 cores was
+  the whole time, 0.15 of 0.16 ms. On those five runs' figures max(a + E, k E) took the check
+  from 26 of 28 pooled to 28, and no run lost a case.) c is the sleeping ping-pong's CPU per
+  round trip (a send, a receive, a wake-up; 20-30 us here), though a rank of a 4-rank exchange
+  on 2 cores slept only 0.5-0.75 times per op (`bench/allreduce.py --hosts` prints sleeps):
+  shoal's own per-call work, which the 2-rank calibration of sw does not isolate, fills the
+  rest. A barrier (below) and recursive doubling's exchanges keep the older per-message
+  charge: neither runs in the check here (the barrier uses the fitted shared-memory step,
+  recursive doubling starts above 8 ranks).
   ring (S > SMALL): 2(W-1) steps of S/W bytes and W-1 reductions of S/W bytes; hop h's work
   in a step is u_h = a_h + o_h + (S/W) beta_h, and a step lasts
       step = max(max(1, k busy) x mean_h u_h, max_h u_h, (S/W) n_share w)  [+ fill, P > C]
@@ -413,15 +421,18 @@ class Model:
     def direct(self, nbytes, peers, k, spin, g) -> float:
         """Direct exchange: a message to and from each peer; `peers` are (link, how many peers
         over it). Every message leaves at once, so the exchange waits one latency (the slowest
-        link's) while the cores do every message's work: its CPU (a send, a receive, a wake-up
-        from sleep, or the streaming cost `o` when receivers poll), shoal's own work and the
-        bytes, times k. (Fits without `c_msg`: each message's latency in turn, as before.)"""
+        link's) and does every message's work: its CPU (a send, a receive, a wake-up from
+        sleep, or the streaming cost `o` when receivers poll), shoal's own work and the bytes;
+        or, with more ranks than cores (k > 1), as long as the cores take to do every rank's
+        work, k times that, when longer: a core never idles waiting while another rank can
+        run. (Fits without `c_msg`: each message's latency in turn, as before.)"""
         links = self._weighted(peers)
         if any(h.c_msg is None for h, _ in links):
             return k * sum(n * (h.latency(spin) + h.o + nbytes * (h.beta + g)) for h, n in links)
         wait = max(h.latency(spin, data=False) for h, _ in links)
-        return wait + k * sum(n * ((h.o if spin else h.c_msg) + h.sw + nbytes * (h.beta + g))
-                              for h, n in links)
+        work = sum(n * ((h.o if spin else h.c_msg) + h.sw + nbytes * (h.beta + g))
+                   for h, n in links)
+        return max(wait + work, k * work)
 
     def ring(self, nbytes, world, hops, k, spin, g, share: int = 1, peers=None) -> float:
         """A ring (the direct exchange with `peers` for small messages) over `hops`, (link,

@@ -104,9 +104,11 @@ def test_ring_and_direct_exchange_by_hand():
     assert model.flat(S, 2, 2, veth, model.links["unix"], cluster) == pytest.approx(want)
 
 
-def test_a_direct_exchange_waits_one_latency_and_adds_every_messages_cpu():
-    """Its messages leave at once: one latency (the slowest link's), then every message's CPU
-    (send, receive, wake-up: c; polling receivers: o), shoal's work and bytes, times k."""
+def test_a_direct_exchange_waits_one_latency_or_the_shared_cores_work():
+    """Its messages leave at once. With a core per rank: one latency (the slowest link's), then
+    every message's CPU (send, receive, wake-up: c; polling receivers: o), shoal's work and
+    bytes. With more ranks than cores the cores never idle waiting: k times that work, unless
+    the latency is longer."""
     import dataclasses
 
     base = _model()
@@ -116,10 +118,16 @@ def test_a_direct_exchange_waits_one_latency_and_adds_every_messages_cpu():
     g, n = 0.1e-9, 4096
     per_veth = 30e-6 + 3e-6 + n * (1e-9 + g)
     per_unix = 18e-6 + 3e-6 + n * (0.5e-9 + g)
-    # 2 hosts x 2 ranks on 2 cores (k = 2), sleeping: veth's 20 us latency, then the cores do
-    # two veth messages and one unix message.
+    # 2 hosts x 2 ranks on 2 cores (k = 2), sleeping: the cores do every rank's two veth
+    # messages and one unix message, twice their work (longer than veth's 20 us latency + it).
     got = model.direct(n, [(veth, 2), (unix, 1)], 2.0, False, g)
-    assert got == pytest.approx(20e-6 + 2 * (2 * per_veth + per_unix))
+    assert got == pytest.approx(2 * (2 * per_veth + per_unix))
+    # A core per rank: the latency, then the work.
+    got = model.direct(n, [(veth, 2), (unix, 1)], 1.0, False, g)
+    assert got == pytest.approx(20e-6 + 2 * per_veth + per_unix)
+    # Little work against a long latency: still the latency and the work, even on shared cores.
+    slow = dataclasses.replace(veth, a_block=500e-6)
+    assert model.direct(n, [(slow, 1)], 2.0, False, g) == pytest.approx(500e-6 + per_veth)
     # Polling receivers: the polling latency and the streaming cost o per message.
     got = model.direct(n, [(veth, 2), (unix, 1)], 1.0, True, g)
     assert got == pytest.approx(5e-6 + 2 * (2e-6 + 3e-6 + n * (1e-9 + g))
@@ -128,8 +136,8 @@ def test_a_direct_exchange_waits_one_latency_and_adds_every_messages_cpu():
     here = sm.Machine(cores=2, one_machine=True)
     g_cache = 0.1e-9
     assert model.flat(n, 2, 2, veth, unix, here) == pytest.approx(
-        20e-6 + 2 * (2 * (30e-6 + 3e-6 + n * (1e-9 + g_cache))
-                     + (18e-6 + 3e-6 + n * (0.5e-9 + g_cache))))
+        2 * (2 * (30e-6 + 3e-6 + n * (1e-9 + g_cache))
+             + (18e-6 + 3e-6 + n * (0.5e-9 + g_cache))))
 
 
 def test_a_shared_memory_barrier_overlaps_its_peers_latencies():
