@@ -394,7 +394,7 @@ def main(args, cases: list) -> int:
     for op, nbytes in cases:
         row = {"bench": "allreduce", "op": op, "hosts": n_hosts, "per_host": per_host,
                "world": world, "bytes": nbytes, "backend": "tcp", "cores": cores,
-               "link_gbit": args.link_gbit}
+               "link_gbit": args.link_gbit, "mtu": args.mtu}
         here = sides_for((op, nbytes), sides)
         got = samples[(op, nbytes)]
         for side in here:
@@ -451,14 +451,15 @@ def main(args, cases: list) -> int:
         print(f"  {row['op']} {ar._fmt_size(row['bytes'])}: {spread}; {paired}")
     print(f"where the time goes: CPU per op, all ranks' processes together (core-ms; this "
           f"machine has {cores} cores, so a side that needs X core-ms takes at least X/{cores} ms;"
-          f" sleeps: the times their threads waited in the kernel, each a wake-up later)"
+          f" sleeps: the times per op that their threads waited in the kernel, all ranks "
+          f"together, each a wake-up later)"
           + (", and the two-level phases of shoal's all_reduce per rank (wall ms: reduce = "
              "shared-memory reduce-scatter within the host, cross = the rings between hosts, "
              "share = shared-memory all-gather, which for the other ranks includes waiting for "
              "their leader's rings)" if any("shoal_phases_ms" in r for r in rows) else ""))
     for row in rows:
         here = sides_for((row["op"], row["bytes"]), sides)
-        cpu = ", ".join(f"{side} {row[side + '_cpu_ms']:.1f} ({row[side + '_sleeps']:.0f} "
+        cpu = ", ".join(f"{side} {row[side + '_cpu_ms']:.1f} ({row[side + '_sleeps']:.1f} "
                         f"sleeps)" for side in here)
         phases = "".join(
             f"; {who} " + " ".join(f"{k} {v:.1f}" for k, v in p.items())

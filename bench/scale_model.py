@@ -78,24 +78,26 @@ or a^spin (above) plus sw for a message that carries data:
   2x2 one by 25-33% in two: the ranks' CPU, 75 us per rank and op at 4x1, over 2 cores was
   the whole time, 0.15 of 0.16 ms. On those five runs' figures max(a + E, k E) took the check
   from 26 of 28 pooled to 28, and no run lost a case.) c is the sleeping ping-pong's CPU per
-  round trip (a send, a receive, a wake-up; 20-30 us here), though a rank of a 4-rank exchange
-  on 2 cores slept only 0.5-0.75 times per op (`bench/allreduce.py --hosts` prints sleeps):
-  shoal's own per-call work, which the 2-rank calibration of sw does not isolate, fills the
-  rest. A barrier (below) and recursive doubling's exchanges keep the older per-message
-  charge: neither runs in the check here (the barrier uses the fitted shared-memory step,
-  recursive doubling starts above 8 ranks).
+  round trip (a send, a receive, a wake-up; 19-28 us on the second VM of 2026-11-28), though
+  a rank of a 4-rank exchange on 2 cores slept only 0.5-0.75 times per op (bench/allreduce.py
+  --hosts prints sleeps): shoal's own per-call work, which the 2-rank calibration of sw does
+  not isolate, fills the rest. A barrier (below) and recursive doubling's exchanges keep the
+  older per-message charge: neither runs in the check here (the barrier uses the fitted
+  shared-memory step, recursive doubling starts above 8 ranks).
   ring (S > SMALL): 2(W-1) steps of S/W bytes and W-1 reductions of S/W bytes; hop h's work
   in a step is u_h = a_h + o_h + (S/W) beta_h, and a step lasts
-      step = max(max(1, k busy) x mean_h u_h, max_h u_h, (S/W) n_share w)  [+ fill, P > C]
+      step = max(max(1, k busy) x mean_h u_h [+ fill, P > C], max_h u_h, (S/W) n_share w)
       R = 2(W-1) step + k (W-1) (S/W) g
   (with P > C the cores must do every rank's work, k x the mean hop's; with a core each, the
   slowest hop decides; w is a shared wire's cost per byte, 1/B on a cluster's link, none
   between the unshaped namespaces here and 8/R x (MTU + 14)/(MTU - 52) on links shaped to R
   bit/s (the shaper counts whole frames), crossed by n_share rings at once.)
   fill = min(S/W, 512 KiB) x mean_h beta_h, with P > C only: a rank whose neighbour is
-  descheduled hands on what the socket buffers hold (the kernel's send buffer, twice shoal's
-  256 KiB SO_SNDBUF) and sleeps; the rest of its segment waits until the receiver runs, so a
-  step moves min(S/W, buffer) once more, as a pipe's fill. Without it 4 MiB rings on shared
+  descheduled hands on what its send buffer holds (the kernel's, twice shoal's 256 KiB
+  SO_SNDBUF; between hosts the receiver's autotuned buffer may take more, so the figure is a
+  choice from the code, not a derivation for every hop) and sleeps; the rest of its segment
+  waits until the receiver runs, so a step moves min(S/W, buffer) once more, as a pipe's
+  fill. Without it 4 MiB rings on shared
   cores (4x1, the 2x2 flat ring; 1 MiB steps) were under-predicted by 25-35% in most runs
   while 64 MiB fitted; with it, on 2026-11-28's four saved runs (--replay), 24 of 28 pooled
   became 26 and each run gained or held (21, 19, 18, 25 -> 21, 20, 21, 26).
@@ -133,13 +135,13 @@ shoal_flat_ms) for 2x2, 4x1 and 1x4 over the software links, and 2x2 at 4 and 64
 links shaped to 5 Gbit/s each way (--link-gbit: the wire term, which decides the cluster
 predictions below and which the unshaped links never reach); without the --hosts mode, its
 --worlds rows (shoal_ms: one host's shared memory and unix links; shoal_tcp_ms: the ring on
-loopback TCP). Every rank of every namespace
-runs on this machine's C cores, so there k = max(1, W/C). Other work's runnable tasks (B,
-sampled from /proc while each part runs) are printed beside the figures: with B above 1 or 2
-on this 2-core machine every figure moves, and the model, which counts only our ranks, does
-not follow. (B counts every thread of ours as ours: until 2026-11-28 a process's state was
-read from its main thread only, so ranks working in other threads, and the sampler's own
-thread, were counted as other work, B 4-7 where it was 0.2-1.6.)
+loopback TCP). Every rank of every namespace runs on this machine's C cores, so there
+k = max(1, W/C). Other work's runnable tasks (B, sampled from /proc while each part runs) are
+printed beside the figures: with B above 1 or 2 on this 2-core machine every figure moves, and
+the model, which counts only our ranks, does not follow. (B counts every thread of ours as
+ours: until 2026-11-28 a process's state was read from its main thread only, so ranks working
+in other threads, and the sampler's own thread, were counted as other work, B 4-7 where it was
+0.2-1.6.)
 
 The predictions assume a cluster with a core per rank (k = 1), a link of 25 Gbit/s with 10 us
 latency (a = 10 us, w = 8 / 25e9 s per byte; o, beta and sw as measured here: a host's TCP
@@ -453,14 +455,14 @@ class Model:
         mean = sum(w * n for w, n in work) / total
         busy = sum(h.busy * n for h, n in hops) / total
         wire = max(seg * share * h.wire for h, _ in hops)
-        step = max(max(1.0, k * busy) * mean, max(w for w, _ in work), wire)
+        cores = max(1.0, k * busy) * mean
         if k > 1:
             # Ranks sharing cores: a rank's neighbour is often descheduled, so it can hand on
-            # only what the socket buffers hold before it sleeps, and the rest of its segment
+            # only what its send buffer holds before it sleeps, and the rest of its segment
             # waits for the scheduler to run the receiver: the step pays for moving
-            # min(S/W, buffers) once more, the pipe's fill (module docstring).
-            fill = min(seg, RING_FILL_BYTES) * sum(h.beta * n for h, n in hops) / total
-            step += fill
+            # min(S/W, send buffer) once more, the pipe's fill (module docstring).
+            cores += min(seg, RING_FILL_BYTES) * sum(h.beta * n for h, n in hops) / total
+        step = max(cores, max(w for w, _ in work), wire)
         return 2 * (world - 1) * step + k * (world - 1) * seg * g
 
     def recursive_doubling(self, nbytes, world, link: Link, k, spin, g,
@@ -1130,7 +1132,8 @@ def predictions_for(row: dict, model: Model, cores: int) -> list[tuple[str, floa
         veth, unix = model.links["veth"], model.links["unix"]
         tag = f"{hosts}x{local}"
         if row.get("link_gbit"):  # --link-gbit: the same links, shaped to a rate
-            veth = dataclasses.replace(veth, wire=shaped_wire(row["link_gbit"]))
+            veth = dataclasses.replace(veth, wire=shaped_wire(row["link_gbit"],
+                                                              row.get("mtu") or 1500))
             tag += f" at {row['link_gbit']:g} Gbit/s"
         if row.get("shoal_ms"):
             out.append((f"{tag} hierarchical",

@@ -61,7 +61,8 @@ def require_netns() -> None:
 def require_link_shaping() -> None:
     """Skip the test when links cannot be shaped here (no `tc`, or a kernel without tbf);
     fail it under CI=true. Call after require_netns()."""
-    probe = f"shoal-probe-{uuid.uuid4().hex[:8]}"
+    # Named as Hosts names its namespaces, so a run killed mid-probe has it removed later.
+    probe = f"shoal-{os.getpid()}.{_start_time(os.getpid())}-{uuid.uuid4().hex[:8]}-probe"
     _ip("netns", "add", probe)
     try:
         _tc("qdisc", "add", "dev", "lo", "root", *shaper_args(1.0), netns=probe)
@@ -78,7 +79,7 @@ def _ip(*args: str, netns: Optional[str] = None) -> None:
         raise RuntimeError(f"{' '.join(argv)} failed: {done.stderr.strip()}")
 
 
-_OURS = re.compile(r"^shoal-(\d+)\.(\d+)-[0-9a-f]{8}-(?:sw|h\d+)$")
+_OURS = re.compile(r"^shoal-(\d+)\.(\d+)-[0-9a-f]{8}-(?:sw|h\d+|probe)$")
 
 
 def _tc(*args: str, netns: str) -> None:
@@ -88,8 +89,9 @@ def _tc(*args: str, netns: str) -> None:
     except FileNotFoundError:
         raise RuntimeError("shaping a link needs iproute2's `tc`, which is not installed") from None
     if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} failed: {done.stderr.strip()} (shaping needs the "
-                           f"kernel's sch_tbf)")
+        hint = (" (shaping needs the kernel's sch_tbf)"
+                if "unknown" in done.stderr.lower() or "module" in done.stderr.lower() else "")
+        raise RuntimeError(f"{' '.join(argv)} failed: {done.stderr.strip()}{hint}")
 
 
 def shaper_args(gbit: float) -> list[str]:
