@@ -20,7 +20,9 @@ class DistributedOptimizerError(RpcError):
 class _LocalOptimizer:
     """The optimizer on one owner, over the parameters it owns."""
 
-    # Trainers may step the same owner at once; torch serialises them with one lock too.
+    # Trainers may step the same owner at once: one step at a time, or two in-place updates of
+    # the same rows race. (torch's Python _LocalOptimizer locks the same way; its default
+    # TorchScript one, used for SGD and most optimizers, does not, and loses updates.)
     _lock = threading.Lock()
 
     def __init__(self, optimizer_class: type, params: list, args: tuple, kwargs: dict) -> None:
