@@ -97,10 +97,10 @@ or a^spin (above) plus sw for a message that carries data:
   SO_SNDBUF; between hosts the receiver's autotuned buffer may take more, so the figure is a
   choice from the code, not a derivation for every hop) and sleeps; the rest of its segment
   waits until the receiver runs, so a step moves min(S/W, buffer) once more, as a pipe's
-  fill. Without it 4 MiB rings on shared
-  cores (4x1, the 2x2 flat ring; 1 MiB steps) were under-predicted by 25-35% in most runs
-  while 64 MiB fitted; with it, on 2026-11-28's four saved runs (--replay), 24 of 28 pooled
-  became 26 and each run gained or held (21, 19, 18, 25 -> 21, 20, 21, 26).
+  fill. Without it 4 MiB rings on shared cores (4x1, the 2x2 flat ring; 1 MiB steps) were
+  under-predicted by 25-35% in most runs while 64 MiB fitted; with it, on 2026-11-28's four
+  saved runs (--replay), 24 of 28 pooled became 26 and each run gained or held (21, 19, 18,
+  25 -> 21, 20, 21, 26).
   flat ring: every rank in one ring over sockets: H hops between hosts (veth, or the
       cluster link) and H(L-1) within hosts (unix).
   shared memory on one host (S > SMALL; below, D over unix); a step's barrier with L-1
@@ -1101,11 +1101,6 @@ def has_hosts_mode() -> bool:
     return "--hosts" in (ROOT / "bench" / "allreduce.py").read_text()
 
 
-def has_link_shaping() -> bool:
-    """True once bench/allreduce.py takes --link-gbit (links shaped by tbf)."""
-    return "--link-gbit" in (ROOT / "bench" / "allreduce.py").read_text()
-
-
 def _allreduce_rows(args: Sequence[str], timeout: float) -> list[dict]:
     """bench/allreduce.py's JSON rows for all_reduce."""
     argv = [sys.executable, str(ROOT / "bench" / "allreduce.py"), *args]
@@ -1169,10 +1164,10 @@ def _bench_argvs(quick: bool) -> list[list[str]]:
     shows)."""
     common = ["--no-compare", "--ops", "all_reduce", "--no-loopback"] + (["--quick"] if quick else [])
     if has_hosts_mode():
-        shaped = (["--link-gbit", f"{SHAPED_LINK_GBIT:g}", "--min-bytes", str(4 * MiB)]
-                  if has_link_shaping() else [])
+        # --link-gbit came with this check: a bench with --hosts takes it.
+        shaped = ["--link-gbit", f"{SHAPED_LINK_GBIT:g}", "--min-bytes", str(4 * MiB)]
         return ([["--hosts", shape, "--json", *common] for shape in ("2x2", "4x1", "1x4")]
-                + ([["--hosts", "2x2", "--json", *shaped, *common]] if shaped else []))
+                + [["--hosts", "2x2", "--json", *shaped, *common]])
     print("\nbench/allreduce.py has no --hosts mode yet: checking against its --worlds rows "
           "(one host; shoal_tcp_ms is the ring on loopback TCP)")
     return [["--worlds", "2,4", "--tcp-too", *common]]

@@ -62,7 +62,7 @@ def require_link_shaping() -> None:
     """Skip the test when links cannot be shaped here (no `tc`, or a kernel without tbf);
     fail it under CI=true. Call after require_netns()."""
     # Named as Hosts names its namespaces, so a run killed mid-probe has it removed later.
-    probe = f"shoal-{os.getpid()}.{_start_time(os.getpid())}-{uuid.uuid4().hex[:8]}-probe"
+    probe = f"shoal-{_run_tag()}-probe"
     _ip("netns", "add", probe)
     try:
         _tc("qdisc", "add", "dev", "lo", "root", *shaper_args(1.0), netns=probe)
@@ -101,6 +101,13 @@ def shaper_args(gbit: float) -> list[str]:
     burst = max(128 * 1024, rate // 8 // 5000)
     return ["tbf", "rate", f"{rate}bit", "burst", str(burst),
             "latency", f"{int(_SHAPER_QUEUE_S * 1000)}ms"]
+
+
+def _run_tag() -> str:
+    """This process's pid and start time, and a random part: in every namespace name made
+    here, they let a later run remove what a killed run left (and never what a live one
+    holds, even after pid reuse; see _OURS)."""
+    return f"{os.getpid()}.{_start_time(os.getpid())}-{uuid.uuid4().hex[:8]}"
 
 
 def _start_time(pid: int) -> Optional[str]:
@@ -195,9 +202,7 @@ class Hosts:
         self.mtu = mtu
         # None: unshaped (the links run as fast as the CPUs copy).
         self.link_gbit = link_gbit
-        # The creator's pid and start time in every name let a later run remove what a killed
-        # run left (and never what a live one holds, even after pid reuse).
-        tag = f"{os.getpid()}.{_start_time(os.getpid())}-{uuid.uuid4().hex[:8]}"
+        tag = _run_tag()
         self.switch = f"shoal-{tag}-sw"
         self.hosts = [Host(i, f"shoal-{tag}-h{i}", f"{SUBNET}.{i + 1}", f"p{i}")
                       for i in range(n)]
