@@ -42,7 +42,6 @@ import multiprocessing  # noqa: E402
 import socket  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
-import threading  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402

@@ -124,7 +124,7 @@ DESCRIPTIONS = {
 
 
 def _import_torch():
-    import torch  # noqa: PLC0415 - the peer is optional
+    import torch
 
     torch.set_num_threads(1)
     return torch

@@ -46,7 +46,7 @@ def build_shoal(seed: int):
 def build_torch(shoal_model, seed: int = 0):
     """The same model in torch, with shoal's initial weights copied in (torch's own, from
     `seed`, when `shoal_model` is None)."""
-    import torch  # noqa: PLC0415 - the peer is optional
+    import torch
 
     torch.set_num_threads(1)
     torch.manual_seed(seed)

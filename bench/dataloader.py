@@ -88,7 +88,7 @@ def _shoal_loader(dataset, workers: int, batch_size):
 
 
 def _torch_loader(dataset, workers: int, batch_size):
-    import torch  # noqa: PLC0415 - the optional peer
+    import torch
 
     return torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=workers)
 
@@ -133,7 +133,7 @@ def main(argv=None) -> int:
     peers = ["shoal"]
     if args.compare:
         try:
-            import torch  # noqa: PLC0415
+            import torch
 
             torch.set_num_threads(1)
             peers.append("torch")

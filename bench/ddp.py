@@ -257,7 +257,7 @@ def main(argv=None) -> int:
     compare = not args.no_compare
     if compare:
         try:
-            import torch  # noqa: F401, PLC0415
+            import torch  # noqa: F401
         except ImportError:
             print("torch is not installed: timing shoal alone")
             compare = False

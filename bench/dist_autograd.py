@@ -53,7 +53,7 @@ BLOCK = 50
 # ----------------------------------------------------------------------------- shoal side
 
 def _shoal_init(rank: int, world: int) -> None:
-    from shoal import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent
 
     opts = rpc_agent.RpcBackendOptions(init_method="env://", rpc_timeout=120)
     rpc_agent.init_rpc(f"w{rank}" if world != 3 or rank != 2 else "ps", rank=rank,
@@ -61,11 +61,11 @@ def _shoal_init(rank: int, world: int) -> None:
 
 
 def shoal_model_parallel(rank: int, steps: int) -> list:
-    from shoal import core, rpc_agent  # noqa: PLC0415
-    from shoal.core.nn import functional as F  # noqa: PLC0415
-    from shoal.examples import model_parallel as ex1  # noqa: PLC0415
-    from shoal.rpc_agent import dist_autograd  # noqa: PLC0415
-    from shoal.rpc_agent.optim import DistributedOptimizer  # noqa: PLC0415
+    from shoal import core, rpc_agent
+    from shoal.core.nn import functional as F
+    from shoal.examples import model_parallel as ex1
+    from shoal.rpc_agent import dist_autograd
+    from shoal.rpc_agent.optim import DistributedOptimizer
 
     _shoal_init(rank, 2)
     times = []
@@ -85,12 +85,12 @@ def shoal_model_parallel(rank: int, steps: int) -> list:
 
 
 def shoal_ddp_rpc(rank: int, steps: int, store_addr: tuple) -> list:
-    import shoal.collectives as dist  # noqa: PLC0415
-    from shoal import core, rpc_agent  # noqa: PLC0415
-    from shoal.core.nn import functional as F  # noqa: PLC0415
-    from shoal.examples import ddp_rpc as ex2  # noqa: PLC0415
-    from shoal.rpc_agent import dist_autograd  # noqa: PLC0415
-    from shoal.rpc_agent.optim import DistributedOptimizer  # noqa: PLC0415
+    import shoal.collectives as dist
+    from shoal import core, rpc_agent
+    from shoal.core.nn import functional as F
+    from shoal.examples import ddp_rpc as ex2
+    from shoal.rpc_agent import dist_autograd
+    from shoal.rpc_agent.optim import DistributedOptimizer
 
     dist.init_process_group("tcp", init_method="env://")
     trainers = dist.new_group([0, 1])
@@ -119,11 +119,11 @@ def shoal_ddp_rpc(rank: int, steps: int, store_addr: tuple) -> list:
 
 
 def shoal_empty_context(steps: int, model: str) -> tuple:
-    from shoal import core, rpc_agent  # noqa: PLC0415
-    from shoal.core import nn  # noqa: PLC0415
-    from shoal.core.nn import functional as F  # noqa: PLC0415
-    from shoal.examples import model_parallel as ex1  # noqa: PLC0415
-    from shoal.rpc_agent import dist_autograd  # noqa: PLC0415
+    from shoal import core, rpc_agent
+    from shoal.core import nn
+    from shoal.core.nn import functional as F
+    from shoal.examples import model_parallel as ex1
+    from shoal.rpc_agent import dist_autograd
 
     _shoal_init(0, 1)
     if model == "example1":
@@ -158,7 +158,7 @@ def _worker(impl: str, job: str, rank: int, env: dict, args: tuple, results) -> 
     os.environ.update(env)
     try:
         if impl == "torch":
-            import dist_autograd_torch as peer  # noqa: PLC0415  (torch only where asked for)
+            import dist_autograd_torch as peer
 
             fn = {"model_parallel": peer.model_parallel, "ddp_rpc": peer.ddp_rpc,
                   "empty_context": peer.empty_context}[job]
@@ -167,7 +167,7 @@ def _worker(impl: str, job: str, rank: int, env: dict, args: tuple, results) -> 
                   "empty_context": shoal_empty_context}[job]
         results.put((rank, "ok", fn(rank, *args) if job != "empty_context" else fn(*args)))
     except BaseException as exc:  # noqa: BLE001  (reported by the parent)
-        import traceback  # noqa: PLC0415
+        import traceback
 
         results.put((rank, "error", f"{impl} {job} rank {rank}: {exc}\n"
                                     f"{traceback.format_exc()}"))
@@ -176,12 +176,12 @@ def _worker(impl: str, job: str, rank: int, env: dict, args: tuple, results) -> 
 def run_job(impl: str, job: str, world: int, args: tuple, timeout: float = 600.0):
     """One session: `world` fresh processes; rank 0's result."""
     if impl == "torch":
-        import torch.distributed as tdist  # noqa: PLC0415
+        import torch.distributed as tdist
 
         store = tdist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
         env = {"TORCHELASTIC_USE_AGENT_STORE": "True"}
     else:
-        from shoal.collectives.store.tcp import TCPStore  # noqa: PLC0415
+        from shoal.collectives.store.tcp import TCPStore
 
         store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
         env = {"SHOAL_USE_AGENT_STORE": "1"}
@@ -226,7 +226,7 @@ def main(argv=None) -> int:
     impls = ["shoal"]
     if args.compare:
         try:
-            import torch.distributed.autograd  # noqa: F401, PLC0415
+            import torch.distributed.autograd  # noqa: F401
 
             impls.append("torch")
         except ImportError:

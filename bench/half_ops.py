@@ -81,7 +81,7 @@ def main() -> None:
     core.retain_freed_memory()
     libs = {"shoal": (core, F)}
     if args.compare:
-        import torch  # noqa: PLC0415 - the peer is optional
+        import torch
 
         torch.set_num_threads(1)
         libs["torch"] = (torch, torch.nn.functional)

@@ -18,12 +18,12 @@ import tempfile
 os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="shoal-bench-mp-"))
 os.environ.setdefault("RANK", "0")
 
-import argparse  # noqa: E402
-import socket  # noqa: E402
-import statistics  # noqa: E402
-import time  # noqa: E402
+import argparse
+import socket
+import statistics
+import time
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 
 def _per_call_us(fn, calls: int) -> float:

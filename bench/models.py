@@ -60,7 +60,7 @@ def build(name: str, seed: int, torch_mod) -> tuple:
     opt = core.optim.AdamW(model.parameters(), lr=1e-3)
     if torch_mod is None:
         return model, opt, None, None
-    from torch_twins import TorchConvNet, TorchGPT  # noqa: PLC0415 - bench/, next to this file
+    from torch_twins import TorchConvNet, TorchGPT
 
     if name == "gpt":
         s = GPT_SHAPE
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         # Both sides share this process's malloc, so both gain from reusing freed memory.
         core.retain_freed_memory()
     try:
-        import torch as torch_mod  # noqa: PLC0415 - the peer is optional
+        import torch as torch_mod
 
         torch_mod.set_num_threads(1)
     except ImportError:

@@ -67,14 +67,14 @@ class _Side:
     def __init__(self, impl: str):
         self.impl = impl
         if impl == "torch":
-            import torch  # noqa: PLC0415
-            import torch.distributed.rpc as trpc  # noqa: PLC0415
+            import torch
+            import torch.distributed.rpc as trpc
 
             torch.set_num_threads(1)
             self.rpc = trpc
             self.bulk = torch.zeros(BULK_BYTES // 4, dtype=torch.float32)
         else:
-            from shoal import rpc_agent  # noqa: PLC0415
+            from shoal import rpc_agent
 
             self.rpc = rpc_agent
             self.bulk = np.zeros(BULK_BYTES // 4, dtype=np.float32)
@@ -141,7 +141,7 @@ class _Side:
 
 
 def _raw_echo_server(port_queue) -> None:
-    import socket  # noqa: PLC0415
+    import socket
 
     listener = socket.create_server(("127.0.0.1", 0))
     port_queue.put(listener.getsockname()[1])
@@ -163,7 +163,7 @@ def _raw_echo_server(port_queue) -> None:
 
 def raw_socket_echo(n: int) -> list[float]:
     """The loopback floor: the same 16 MiB echo over one plain TCP socket, no RPC at all."""
-    import socket  # noqa: PLC0415
+    import socket
 
     ports = CTX.Queue()
     server = CTX.Process(target=_raw_echo_server, args=(ports,), daemon=True)
@@ -189,7 +189,7 @@ def _worker(impl: str, rank: int, env: dict, commands, results) -> None:
     os.environ.update(env)
     try:
         if impl == "torch":
-            import torch.distributed.rpc as trpc  # noqa: PLC0415
+            import torch.distributed.rpc as trpc
 
             opts = trpc.TensorPipeRpcBackendOptions(
                 init_method="env://", _transports=["uv"], _channels=["basic"],
@@ -197,7 +197,7 @@ def _worker(impl: str, rank: int, env: dict, commands, results) -> None:
             )
             trpc.init_rpc(f"w{rank}", rank=rank, world_size=2, rpc_backend_options=opts)
         else:
-            from shoal import rpc_agent  # noqa: PLC0415
+            from shoal import rpc_agent
 
             opts = rpc_agent.RpcBackendOptions(init_method="env://", rpc_timeout=120)
             rpc_agent.init_rpc(f"w{rank}", rank=rank, world_size=2, rpc_backend_options=opts)
@@ -215,7 +215,7 @@ def _worker(impl: str, rank: int, env: dict, commands, results) -> None:
             side.rpc.shutdown(timeout=3600)  # worker 1 waits there for the whole run
         results.put(("done", rank))
     except BaseException as exc:  # noqa: BLE001  (reported by the parent)
-        import traceback  # noqa: PLC0415
+        import traceback
 
         results.put(("error", f"{impl} rank {rank}: {exc}\n{traceback.format_exc()}"))
 
@@ -226,12 +226,12 @@ class _Pair:
     def __init__(self, impl: str):
         self.impl = impl
         if impl == "torch":
-            import torch.distributed as dist  # noqa: PLC0415
+            import torch.distributed as dist
 
             self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
             env = {"TORCHELASTIC_USE_AGENT_STORE": "True"}
         else:
-            from shoal.collectives.store.tcp import TCPStore  # noqa: PLC0415
+            from shoal.collectives.store.tcp import TCPStore
 
             self._store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
             env = {"SHOAL_USE_AGENT_STORE": "1"}
@@ -302,7 +302,7 @@ def main(argv=None) -> int:
     impls = ["shoal"]
     if args.compare:
         try:
-            import torch.distributed.rpc  # noqa: F401, PLC0415
+            import torch.distributed.rpc  # noqa: F401
 
             impls.append("torch")
         except ImportError:

@@ -14,7 +14,7 @@ from shoal.core.backend import Device
 from shoal.core.backend import Device as device
 from shoal.core.dtypes import DType, DTypeError, bfloat16, float16, float32, float64, int32, int64
 from shoal.core.dtypes import int8, int16, uint8
-from shoal.core.dtypes import bool_ as bool  # noqa: A001 - torch's name (core.bool)
+from shoal.core.dtypes import bool_ as bool
 from shoal.core.errors import DeviceError, ShapeError, ShoalError
 from shoal.core.ops.arith import add, div, mul, pow, sub  # noqa: A004
 from shoal.core.ops.creation import (

@@ -29,6 +29,7 @@ import threading
 import time
 from typing import Callable, Optional
 
+from shoal.core import settings
 from shoal.core.errors import AuthenticationError, HandshakeInterrupted
 
 logger = logging.getLogger(__name__)
@@ -66,10 +67,10 @@ def load_token(explicit: Optional[bytes | str] = None) -> bytes:
     """
     if explicit is not None:
         token = explicit.encode() if isinstance(explicit, str) else bytes(explicit)
-    elif os.environ.get("SHOAL_AUTH_TOKEN"):
-        token = os.environ["SHOAL_AUTH_TOKEN"].encode()
-    elif os.environ.get("SHOAL_AUTH_TOKEN_FILE"):
-        path = os.environ["SHOAL_AUTH_TOKEN_FILE"]
+    elif settings.AUTH_TOKEN.is_set():
+        token = settings.AUTH_TOKEN.get().encode()
+    elif settings.AUTH_TOKEN_FILE.is_set():
+        path = settings.AUTH_TOKEN_FILE.get()
         try:
             with open(path, "rb") as f:
                 token = f.read().strip()

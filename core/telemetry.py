@@ -13,6 +13,8 @@ from typing import Sequence
 
 import prometheus_client
 
+from shoal.core import settings
+
 _lock = threading.Lock()
 # name -> (metric, (type, label names, options)) of every metric made here.
 _metrics: dict[str, tuple[object, tuple]] = {}
@@ -91,7 +93,7 @@ class _RankPrefix(logging.Filter):
 
 def configure_logging(level: int | str | None = None) -> None:
     """Log to stderr with a rank prefix; the level comes from SHOAL_LOG_LEVEL (default WARNING)."""
-    level = level or os.environ.get("SHOAL_LOG_LEVEL", "WARNING")
+    level = level or (settings.LOG_LEVEL.get() or "warning").upper()
     handler = logging.StreamHandler()
     handler.addFilter(_RankPrefix())
     handler.setFormatter(

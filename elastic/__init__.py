@@ -17,7 +17,7 @@ from shoal.elastic.api import (
     RendezvousStateError,
     RendezvousTimeoutError,
     StoreHostLostError,
-)  # noqa: F401  (re-exports)
+)
 
 # public name -> module that defines it
 _LAZY = {

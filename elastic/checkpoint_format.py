@@ -405,7 +405,7 @@ def read_checkpoint(f: BinaryIO, path: str, step: int, key: bytes, *, trusted: b
         state = _SkeletonUnpickler(skeleton, path, objects, trusted, allow).load()
     except CheckpointError:
         raise
-    except Exception as exc:  # noqa: BLE001  (verified bytes that still fail to load)
+    except Exception as exc:
         raise CheckpointCorrupt(f"Checkpoint {path!r} does not unpickle: {exc!r}") from exc
     if not isinstance(state, dict):
         raise CheckpointCorrupt(f"Checkpoint {path!r} holds a {type(state).__name__}, not a dict.")

@@ -17,7 +17,7 @@ from shoal.rpc_agent.types import (
     TensorPipeRpcBackendOptions,
     WorkerInfo,
     WorkerNameError,
-)  # noqa: F401
+)
 from shoal.rpc_agent.optim import DistributedOptimizer  # noqa: F401
 from shoal.rpc_agent.futures import Future, collect_all, wait_all  # noqa: F401
 from shoal.rpc_agent.rpc import (  # noqa: F401

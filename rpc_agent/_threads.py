@@ -41,7 +41,7 @@ class WorkerPool:
             fn, args = item
             try:
                 fn(*args)
-            except BaseException:  # noqa: BLE001  (a task must never kill its worker)
+            except BaseException:
                 logger.exception("An RPC worker task raised")
             # An idle thread must not keep its last task's arguments (an RRef's value) alive.
             del item, fn, args
@@ -131,7 +131,7 @@ class Deadlines:
             for key in expired:
                 try:
                     self._on_expired(key)
-                except Exception:  # noqa: BLE001
+                except Exception:
                     logger.exception("Expiring RPC %s failed", key)
 
 

@@ -11,8 +11,8 @@ from shoal.rpc_agent.rpc import (  # noqa: F401
     rpc_sync,
     shutdown,
 )
-from shoal.rpc_agent.rref import RRef  # noqa: F401
-from shoal.rpc_agent.types import (  # noqa: F401
+from shoal.rpc_agent.rref import RRef
+from shoal.rpc_agent.types import (
     BackendType,
     RemoteException,
     RpcAuthenticationError,

@@ -349,7 +349,7 @@ def shutdown(graceful: bool = True, timeout: TimeoutArg = DEFAULT_SHUTDOWN_TIMEO
         if state.get("owns_store"):
             try:
                 state["raw_store"].close()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 logger.debug("Closing the RPC store failed", exc_info=True)
 
 

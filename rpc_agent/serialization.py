@@ -76,7 +76,7 @@ def _rebuild_cupy(host_array, device_id: int):
         ) from exc
     try:
         count = cupy.cuda.runtime.getDeviceCount()
-    except Exception as exc:  # noqa: BLE001  (no driver or no device: the same answer)
+    except Exception as exc:
         raise DeviceError(
             f"A cupy array from cuda:{device_id} arrived on a worker whose CUDA runtime reports "
             f"no device ({exc}); send numpy arrays to CPU-only workers."
@@ -152,7 +152,7 @@ _reducers: dict = {}
 
 
 class _Pickler(pickle.Pickler):
-    def reducer_override(self, obj):  # noqa: D401  (pickle hook)
+    def reducer_override(self, obj):
         cls = type(obj)
         try:
             reducer = _reducers[cls]

@@ -6,5 +6,5 @@ layer folders, like `shoal` itself. See that module's docstring and the README's
 "Observability" section.
 """
 
-from shoal.elastic.training_metrics import *  # noqa: F401,F403
+from shoal.elastic.training_metrics import *  # noqa: F403
 from shoal.elastic.training_metrics import __all__  # noqa: F401

@@ -9,7 +9,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
-import pytest  # noqa: E402  (after the environment above, which spawned ranks inherit)
+import pytest
 
 # The message every listener or dial gives when it refuses the development token off loopback.
 DEVELOPMENT_TOKEN_RULE = (

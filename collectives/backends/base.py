@@ -37,7 +37,7 @@ def _close_live_groups() -> None:
     for group in list(_LIVE):
         try:
             group.shutdown()
-        except Exception:  # noqa: BLE001  (exiting anyway)
+        except Exception:
             logger.debug("Shutting down group %r at exit failed", group.name, exc_info=True)
 
 

@@ -29,7 +29,7 @@ from shoal.core.data.collate import default_collate, default_convert
 from shoal.core.data.dataset import IterableDataset
 from shoal.core.data.datapipes import sharding
 from shoal.core.data.errors import DataLoaderError
-from shoal.core.data.loader_iter import (  # noqa: F401  (_LoaderIter: core.profiler wraps it)
+from shoal.core.data.loader_iter import (
     _LoaderIter,
     _MultiProcessIter,
     _SingleProcessIter,

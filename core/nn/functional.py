@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from shoal.core.ops import reduce as _reduce
-from shoal.core.ops.attention import scaled_dot_product_attention  # noqa: F401
-from shoal.core.ops.conv import conv1d, conv2d  # noqa: F401
-from shoal.core.ops.norm import batch_norm  # noqa: F401
-from shoal.core.ops.pooling import adaptive_avg_pool2d, avg_pool2d, max_pool2d  # noqa: F401
+from shoal.core.ops.attention import scaled_dot_product_attention
+from shoal.core.ops.conv import conv1d, conv2d
+from shoal.core.ops.norm import batch_norm
+from shoal.core.ops.pooling import adaptive_avg_pool2d, avg_pool2d, max_pool2d
 from shoal.core.ops import unary as _unary
 from shoal.core.ops.nn import (
     cross_entropy,
@@ -19,7 +19,7 @@ from shoal.core.ops.nn import (
     mse_loss,
     nll_loss,
     one_hot,
-)  # noqa: F401 - re-exported public names
+)
 from shoal.core.tensor import Tensor
 
 __all__ = [

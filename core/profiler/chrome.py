@@ -9,6 +9,7 @@ import socket
 import threading
 from typing import Any
 
+from shoal.core import settings
 from shoal.core.profiler.events import EPOCH_OFFSET_NS, Recorder
 
 
@@ -70,7 +71,7 @@ def trace_dict(rec: Recorder, extra: dict | None = None) -> dict:
         "distributedInfo": {"rank": int(rank) if rank is not None and rank.isdigit() else 0,
                             "world_size": int(os.environ.get("WORLD_SIZE", "1") or 1)},
         "shoal": {
-            "run_id": os.environ.get("SHOAL_RUN_ID"),
+            "run_id": settings.RUN_ID.get(),
             "rank": int(rank) if rank is not None and rank.isdigit() else None,
             "host": socket.gethostname(),
             "pid": rec.pid,

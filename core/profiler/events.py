@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import threading
-import weakref
 import time
 from typing import Any, Optional
 

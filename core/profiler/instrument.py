@@ -16,7 +16,6 @@ from weakref import ref as _weakref
 from typing import Any, Callable
 
 from shoal.core import autograd
-from shoal.core.autograd import _root
 from shoal.core.ops import arith, attention, conv, creation, linalg, logical, nn, norm
 from shoal.core.ops import pooling, reduce, shape, unary
 from shoal.core.data.dataloader import _LoaderIter

@@ -16,6 +16,7 @@ import multiprocessing
 import os
 from typing import Any, Callable, Optional
 
+from shoal.core import settings
 from shoal.core.profiler import clock, instrument
 from shoal.core.profiler.handlers import job_trace_handler
 from shoal.core.profiler.profile import profile, rank_from_env
@@ -23,7 +24,7 @@ from shoal.core.profiler.schedule import ProfilerError, schedule
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_SCHEDULE = "skip_first=2,wait=0,warmup=1,active=3,repeat=1"
+DEFAULT_SCHEDULE = settings.PROFILE_SCHEDULE.default
 _FIELDS = ("wait", "warmup", "active", "repeat", "skip_first")
 
 
@@ -85,7 +86,7 @@ def start_from_env(environ: Optional[dict] = None) -> Optional[profile]:
     (called once, at core import)."""
     global _job
     env = os.environ if environ is None else environ
-    directory = env.get("SHOAL_PROFILE_DIR")
+    directory = settings.PROFILE_DIR.get(env)
     if not directory or _job is not None:
         return _job
     if env.get("RANK") is None:
@@ -98,10 +99,10 @@ def start_from_env(environ: Optional[dict] = None) -> Optional[profile]:
         # A DataLoader worker or another child of the rank: it inherits the variables but
         # must not write (over) the rank's trace file.
         return None
-    sched = parse_schedule(env.get("SHOAL_PROFILE_SCHEDULE", DEFAULT_SCHEDULE))
+    sched = parse_schedule(settings.PROFILE_SCHEDULE.get(env))
     _job = JobProfile(schedule=sched, on_trace_ready=_JobHandler(directory),
-                      record_shapes=env.get("SHOAL_PROFILE_SHAPES") == "1",
-                      profile_memory=env.get("SHOAL_PROFILE_MEMORY") == "1")
+                      record_shapes=settings.PROFILE_SHAPES.get(env),
+                      profile_memory=settings.PROFILE_MEMORY.get(env))
     instrument.watch_steps(_on_step)
     _job.start()
     atexit.register(_stop)

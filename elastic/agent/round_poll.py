@@ -74,7 +74,7 @@ class RoundPoller:
                 poll = Poll(seq, reason, waiting)
             except RendezvousError as exc:
                 poll = Poll(seq, error=exc)
-            except Exception as exc:  # noqa: BLE001  (the poller must keep polling)
+            except Exception as exc:
                 logger.exception("Reading the rendezvous failed unexpectedly")
                 poll = Poll(seq, error=RendezvousError(f"reading the rendezvous failed: {exc}"))
             if self._stop.is_set():

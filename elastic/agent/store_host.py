@@ -128,5 +128,5 @@ class StoreHostWatch:
         logger.error("%s", self.error)
         try:
             self._on_lost(self.error)
-        except Exception:  # noqa: BLE001  (the verdict stands even if a callback fails)
+        except Exception:
             logger.exception("Reacting to the lost store host failed")

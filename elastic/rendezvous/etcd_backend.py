@@ -25,7 +25,7 @@ import grpc
 from aetcd import rpc
 
 from shoal.core.timeouts import TimeoutLike, to_seconds
-from shoal.elastic.rendezvous.etcd_client import EtcdClient, EtcdUnavailable, spawn
+from shoal.elastic.rendezvous.etcd_client import EtcdClient, spawn
 from shoal.elastic.rendezvous.etcd_secure import EtcdSecurity
 from shoal.elastic.api import (
     DEFAULT_BACKEND_TIMEOUT_S,

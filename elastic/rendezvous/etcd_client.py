@@ -268,7 +268,7 @@ class EtcdClient:
                 error: BaseException = exc  # a channel closed under the call: retry it
             except RETRYABLE as exc:
                 error = exc
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 if client is self._client:
                     raise  # a real error on a live channel
                 # The channel was retired and closed under the call; aetcd then fails in odd

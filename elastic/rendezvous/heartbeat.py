@@ -62,7 +62,7 @@ class HeartbeatThread(threading.Thread):
                 level = logging.WARNING if missed == 1 else logging.DEBUG
                 logger.log(level, "Node %s missed a heartbeat (%d in a row; the next ones are "
                            "only logged when they resume): %s", self._node, missed, exc)
-            except Exception:  # noqa: BLE001  (the thread must keep beating)
+            except Exception:
                 logger.exception("Node %s's heartbeat failed unexpectedly", self._node)
             else:
                 if missed:

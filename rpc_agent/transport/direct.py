@@ -588,7 +588,7 @@ class StreamServer:
         else:
             try:
                 self._on_call(accepted)
-            except Exception:  # noqa: BLE001  (one bad call must not stop accepting)
+            except Exception:
                 # on_call starts nothing on a call it fails on (see GrpcTransport._accept).
                 logger.exception("Accepting an RPC stream from %s failed", accepted.peer)
                 self.reject(accepted, "internal", "the server failed to accept the stream")

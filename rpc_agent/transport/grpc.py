@@ -439,7 +439,7 @@ class GrpcTransport:
             set_blocking_hook(readers.hand_on)
             try:
                 task()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 logger.exception("An inline RPC task on %s raised", stream.describe())
             finally:
                 set_blocking_hook(None)
@@ -469,7 +469,7 @@ class GrpcTransport:
             return None
         try:
             return self._on_frames(stream, frames)
-        except Exception:  # noqa: BLE001  (one bad frame must not kill the stream)
+        except Exception:
             logger.exception("Handling frames from %s failed", stream.describe())
             return None
 

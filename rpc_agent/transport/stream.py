@@ -273,7 +273,7 @@ class Stream:
         if cancel is not None:
             try:
                 cancel()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 logger.debug("Cancelling the stream to %s failed", self.describe(), exc_info=True)
         if self.on_dead is not None:
             self.on_dead(self)

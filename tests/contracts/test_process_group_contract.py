@@ -110,7 +110,7 @@ class TestNCCLStandIn(_NCCL):
 def _gpu_count() -> int:
     if nccl_runtime.unavailable_reason() is not None:
         return 0
-    import cupy  # noqa: PLC0415  (present: unavailable_reason checked)
+    import cupy
 
     return cupy.cuda.runtime.getDeviceCount()
 
@@ -123,7 +123,7 @@ class TestNCCLOnGPUs(_NCCL):
     """The real runtime, one GPU per rank (rank r on cuda:r), numpy and Tensor inputs staged."""
 
     def device_array(self, x):
-        import cupy  # noqa: PLC0415  (present: the class is skipped without it)
+        import cupy
 
         if x.dtype == np_dtype("bfloat16"):
             return None  # cupy has no bfloat16 arrays; these stay on the host
@@ -131,7 +131,7 @@ class TestNCCLOnGPUs(_NCCL):
             return cupy.asarray(x)
 
     def from_device(self, arr):
-        import cupy  # noqa: PLC0415
+        import cupy
 
         cupy.cuda.Device(arr.device.id).synchronize()
         return cupy.asnumpy(arr)

@@ -14,7 +14,7 @@ _HERE = Path(__file__).resolve().parent
 def cuda_unavailable_reason() -> str | None:
     """None when a CUDA device is usable through cupy, else why not."""
     try:
-        import cupy  # noqa: PLC0415
+        import cupy
     except ImportError:
         return "cupy is not installed"
     try:

@@ -173,9 +173,9 @@ def test_fp16_kernels_match_reference(dtype):
 
 @pytest.mark.parametrize("kind", ["sgd", "adam", "adamw"])
 def test_optimizers_on_cuda_parameters_match_the_cpu_path(kind):
-    from shoal import core  # noqa: PLC0415
+    from shoal import core
     from shoal.core import nn
-    from shoal.core import optim  # noqa: PLC0415
+    from shoal.core import optim
 
     core.manual_seed(0)
     cpu_model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).double()

@@ -200,8 +200,8 @@ def test_init_process_group_nccl_at_world_one():
 # ----------------------------------------------------------------------------- world size 2
 
 def _catalogue(rank, world, port):
-    import cupy as cp  # noqa: F811
-    import numpy as np  # noqa: F811
+    import cupy as cp
+    import numpy as np
 
     from shoal.collectives.types import ReduceOp as Op
     from shoal.collectives.backends.nccl.group import ProcessGroupNCCL

@@ -34,7 +34,7 @@ def _report_and_exit(out, value):
 
 
 def _rank0(port, mode, out):
-    import cupy as cp  # noqa: F811
+    import cupy as cp
 
     from shoal.collectives.types import CollectiveTimeout
     from shoal.collectives.backends.nccl.group import ProcessGroupNCCL

@@ -19,9 +19,9 @@ def _device_count() -> int:
 
 def describe_and_double(x):
     """Runs on the callee: what arrived, and x * 2 on the same device."""
-    import cupy  # noqa: PLC0415
+    import cupy
 
-    from shoal.core.tensor import Tensor  # noqa: PLC0415
+    from shoal.core.tensor import Tensor
 
     data = x.data if isinstance(x, Tensor) else x
     kind = "cupy" if isinstance(data, cupy.ndarray) else type(data).__name__
@@ -36,7 +36,7 @@ def describe_and_double(x):
 
 
 def _worker(rank, world, port):
-    import cupy  # noqa: PLC0415
+    import cupy
 
     from shoal import rpc_agent
     from shoal.collectives.store.tcp import TCPStore

@@ -94,10 +94,10 @@ def _numpy(named) -> dict:
 
 def _torch_model_parallel(rank: int, steps: int, twins) -> dict:
     """Example 1 in torch (bench/dist_autograd_torch.py's loop, returning the parameters)."""
-    import torch  # noqa: PLC0415
-    import torch.distributed.autograd as tdist_autograd  # noqa: PLC0415
-    import torch.distributed.rpc as trpc  # noqa: PLC0415
-    from torch.distributed.optim import DistributedOptimizer  # noqa: PLC0415
+    import torch
+    import torch.distributed.autograd as tdist_autograd
+    import torch.distributed.rpc as trpc
+    from torch.distributed.optim import DistributedOptimizer
 
     if rank != 0:
         return {}
@@ -119,11 +119,11 @@ def _torch_model_parallel(rank: int, steps: int, twins) -> dict:
 
 def _torch_ddp_rpc(rank: int, steps: int, twins) -> dict:
     """Example 2 in torch: trainers 0 and 1 run DDP over gloo, rank 2 owns the embedding."""
-    import torch  # noqa: PLC0415
-    import torch.distributed as tdist  # noqa: PLC0415
-    import torch.distributed.autograd as tdist_autograd  # noqa: PLC0415
-    import torch.distributed.rpc as trpc  # noqa: PLC0415
-    from torch.distributed.optim import DistributedOptimizer  # noqa: PLC0415
+    import torch
+    import torch.distributed as tdist
+    import torch.distributed.autograd as tdist_autograd
+    import torch.distributed.rpc as trpc
+    from torch.distributed.optim import DistributedOptimizer
 
     ex2 = ddp_rpc
     if rank == 2:
@@ -153,15 +153,15 @@ def _torch_ddp_rpc(rank: int, steps: int, twins) -> dict:
 
 
 def _torch_worker(job: str, rank: int, world: int, steps: int, init_dir: str, results) -> None:
-    import os  # noqa: PLC0415
+    import os
 
     os.environ.update(TP_SOCKET_IFNAME="lo", GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
     try:
-        import torch  # noqa: PLC0415
-        import torch.distributed as tdist  # noqa: PLC0415
-        import torch.distributed.rpc as trpc  # noqa: PLC0415
+        import torch
+        import torch.distributed as tdist
+        import torch.distributed.rpc as trpc
 
-        from bench import dist_autograd_torch as twins  # noqa: PLC0415  (imports torch)
+        from bench import dist_autograd_torch as twins
 
         torch.set_num_threads(1)
         if job == "ddp_rpc" and rank != 2:
@@ -187,7 +187,7 @@ def _torch_worker(job: str, rank: int, world: int, steps: int, init_dir: str, re
                 tdist.destroy_process_group()
         results.put((rank, "ok", params))
     except BaseException as exc:  # noqa: BLE001  (sent to the test)
-        import traceback  # noqa: PLC0415
+        import traceback
 
         results.put((rank, "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
 

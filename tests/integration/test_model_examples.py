@@ -50,7 +50,7 @@ def _gpt(tmp_path, *args, timeout=120, env=None):
 
 def _require_matplotlib():
     try:
-        import matplotlib  # noqa: F401, PLC0415
+        import matplotlib  # noqa: F401
     except ImportError:
         missing("the loss-plot checks", "matplotlib is not installed (the test extra has it)")
 

@@ -54,9 +54,9 @@ def test_a_stopped_worker_is_blamed_by_rank_and_the_job_recovers(tmp_path):
     env = {"SHOAL_DUMP_DIR": str(tmp_path / "dumps")}
     run, code = _run_with_a_hang(args, env)
     assert code == 0, run.tail()
-    blame = re.search(rf"Round 0: rank 1 hung: Rank 0 timed out after 3s in all_reduce #\d+ of "
-                      rf"group 'default': rank 1 (never arrived|did not finish)[^\n]*\(rank 0 "
-                      rf"noticed and ended with exit code 75\)\. Watchdog dump: (\S+)",
+    blame = re.search(r"Round 0: rank 1 hung: Rank 0 timed out after 3s in all_reduce #\d+ of "
+                      r"group 'default': rank 1 (never arrived|did not finish)[^\n]*\(rank 0 "
+                      r"noticed and ended with exit code 75\)\. Watchdog dump: (\S+)",
                       run.output)
     assert blame, run.tail()
     _check_dump(blame.group(2), tmp_path / "dumps")

@@ -274,7 +274,7 @@ def test_a_worker_dead_without_an_error_file_gets_one_and_is_the_termination_mes
                                          "error_file", "round")} == {
         "rank": 1, "local_rank": 1, "pid": pid, "exitcode": exitcode, "exit": exit_text,
         "error_file": str(worker_file), "round": 0}
-    assert f"The failing worker: rank 1 (local rank 1 on node" in done.stderr
+    assert "The failing worker: rank 1 (local rank 1 on node" in done.stderr
     assert f"ended with {exit_text} in round 0." in done.stderr
 
 

@@ -103,7 +103,7 @@ def test_summary_names_the_rank_that_sleeps_as_the_straggler(profile_dir):
 
 def test_plot_draws_the_timelines(profile_dir, tmp_path):
     try:
-        import matplotlib  # noqa: F401, PLC0415
+        import matplotlib  # noqa: F401
     except ImportError:
         missing("the trace plot test", "matplotlib is not installed (the test extra has it)")
     out = tmp_path / "timeline.png"

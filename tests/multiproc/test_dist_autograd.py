@@ -12,7 +12,7 @@ import pytest
 from shoal import core, rpc_agent
 from shoal.rpc_agent import dist_autograd
 from shoal.rpc_agent.functions import async_execution
-from tests.support.rpc_workers import RpcWorkers, WorkerFailed
+from tests.support.rpc_workers import RpcWorkers
 
 # Each worker's own parameters (module globals live once per spawned process).
 _PARAMS: dict = {}
@@ -32,7 +32,7 @@ def init_params() -> None:
 def live_contexts(timeout: float = 10.0) -> int:
     """This worker's live contexts once the releases in flight have landed (contexts end on
     peers asynchronously, as in torch); polls the count, bounded by `timeout`."""
-    import time  # noqa: PLC0415
+    import time
 
     deadline = time.monotonic() + timeout
     while dist_autograd.live_context_count() and time.monotonic() < deadline:
@@ -267,7 +267,7 @@ def task_gradients_leave_before_a_later_node_runs():
     """A node that runs after a received tensor's gradient is finished (here a hook that
     waits, as DDP's finalize waits for its all-reduce) must not hold that gradient back: w1
     has it while the hook still runs."""
-    import time  # noqa: PLC0415
+    import time
 
     x = _x()
     seen = []
@@ -300,7 +300,7 @@ def task_gradient_of_a_parameter():
 
 def gradient_batches() -> dict:
     """This worker's gradient batch counters, and w1's (w0 asks it)."""
-    from shoal.rpc_agent import metrics  # noqa: PLC0415
+    from shoal.rpc_agent import metrics
 
     mine = {"w0 " + how: c._value.get() for how, c in
             (("message", metrics.DIST_BATCHES_AS_MESSAGE),
@@ -345,8 +345,8 @@ _METRIC_NAMES = ("shoal_rpc_dist_autograd_contexts", "shoal_rpc_dist_autograd_ba
 def scrape() -> tuple[str, dict]:
     """This worker's Prometheus exposition (the default registry, which the node agent serves
     beside the workers' files) and its distributed autograd samples, read back from the text."""
-    import prometheus_client  # noqa: PLC0415
-    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+    import prometheus_client
+    from prometheus_client.parser import text_string_to_metric_families
 
     text = prometheus_client.generate_latest(prometheus_client.REGISTRY).decode()
     samples = {}
@@ -373,7 +373,7 @@ def refusing_stage(x):
 def task_metrics():
     """The samples before a pass, after a good one (with its wall time) and after a failed
     one, the live-context gauge inside a context, and the exposition's text."""
-    import time  # noqa: PLC0415
+    import time
 
     _, before = scrape()
     x = _x()
@@ -615,8 +615,8 @@ def slow_stage(x, marker):
     """A stage whose backward announces itself (a file) and blocks until the test kills this
     worker."""
     def hang(g):
-        import pathlib  # noqa: PLC0415
-        import time  # noqa: PLC0415
+        import pathlib
+        import time
 
         pathlib.Path(marker).touch()
         time.sleep(60)
@@ -627,7 +627,7 @@ def slow_stage(x, marker):
 
 
 def task_backward_with_dying_peer(marker):
-    import time  # noqa: PLC0415
+    import time
 
     x = _x()
     with dist_autograd.context() as cid:
@@ -641,7 +641,7 @@ def task_backward_with_dying_peer(marker):
 
 
 def test_a_worker_killed_mid_backward_fails_the_pass_naming_it(tmp_path):
-    import time  # noqa: PLC0415
+    import time
 
     marker = tmp_path / "w1-in-backward"
     with RpcWorkers(2, rpc_timeout=20) as pool:
@@ -669,30 +669,30 @@ def torch_stage(x):
 
 
 def torch_stage_then_last(x):
-    import torch.distributed.rpc as trpc  # noqa: PLC0415
+    import torch.distributed.rpc as trpc
 
     return trpc.rpc_sync("w2", torch_stage_calling_back, (torch_stage(x),))
 
 
 def torch_stage_calling_back(x):
-    import torch.distributed.rpc as trpc  # noqa: PLC0415
+    import torch.distributed.rpc as trpc
 
     return trpc.rpc_sync("w0", torch_stage, (torch_stage(x),)) * 2.0
 
 
 def torch_my_grad(cid):
-    import torch.distributed.autograd as tdist  # noqa: PLC0415
+    import torch.distributed.autograd as tdist
 
     return tdist.get_gradients(cid)[_TORCH["w"]].numpy().copy()
 
 
 def _torch_worker(rank: int, init_file: str, results) -> None:
-    import os  # noqa: PLC0415
+    import os
 
     os.environ.update(TP_SOCKET_IFNAME="lo", GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
-    import torch  # noqa: PLC0415
-    import torch.distributed.autograd as tdist  # noqa: PLC0415
-    import torch.distributed.rpc as trpc  # noqa: PLC0415
+    import torch
+    import torch.distributed.autograd as tdist
+    import torch.distributed.rpc as trpc
 
     try:
         torch.set_num_threads(1)
@@ -721,7 +721,7 @@ def _torch_worker(rank: int, init_file: str, results) -> None:
 
 def test_torch_dist_autograd_over_tensorpipe_gives_the_same_gradients(workers, tmp_path):
     pytest.importorskip("torch")
-    import multiprocessing  # noqa: PLC0415
+    import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
@@ -750,8 +750,8 @@ def relay(x):
 
 
 def task_context_across_a_dying_worker(pool_kill_marker):
-    import pathlib  # noqa: PLC0415
-    import time  # noqa: PLC0415
+    import pathlib
+    import time
 
     x = _x()
     with dist_autograd.context() as cid:
@@ -772,7 +772,7 @@ def task_context_across_a_dying_worker(pool_kill_marker):
 
 
 def test_a_dead_worker_ends_the_contexts_that_involve_it(tmp_path):
-    import time  # noqa: PLC0415
+    import time
 
     marker = tmp_path / "kill-w2"
     with RpcWorkers(3, rpc_timeout=20) as pool:

@@ -16,15 +16,15 @@ from tests.support.rpc_workers import RpcWorkers
 
 
 def remote_work(n):
-    from shoal import core  # noqa: PLC0415
+    from shoal import core
 
     x = core.ones(n, n)
     return float(((x + x) * 3).sum().item())
 
 
 def profile_calls():
-    from shoal import rpc_agent  # noqa: PLC0415
-    from shoal.core import profiler  # noqa: PLC0415
+    from shoal import rpc_agent
+    from shoal.core import profiler
 
     with profiler.profile() as prof:
         a = rpc_agent.rpc_sync("w1", remote_work, (4,))
@@ -43,8 +43,8 @@ def fails(msg):
 
 
 def profile_failing_calls():
-    from shoal import rpc_agent  # noqa: PLC0415
-    from shoal.core import profiler  # noqa: PLC0415
+    from shoal import rpc_agent
+    from shoal.core import profiler
 
     seen = []
     with profiler.profile() as prof:
@@ -67,8 +67,8 @@ ASYNC_DELAY_S = 0.15
 @async_execution
 def async_work(n):
     """Runs ops at once, answers ASYNC_DELAY_S later from a timer thread (no ops there)."""
-    from shoal import core  # noqa: PLC0415
-    from shoal.rpc_agent import Future  # noqa: PLC0415
+    from shoal import core
+    from shoal.rpc_agent import Future
 
     total = float((core.ones(n, n) * 2).sum().item())
     fut = Future("async_work")
@@ -77,8 +77,8 @@ def async_work(n):
 
 
 def profile_remote_and_async():
-    from shoal import rpc_agent  # noqa: PLC0415
-    from shoal.core import profiler  # noqa: PLC0415
+    from shoal import rpc_agent
+    from shoal.core import profiler
 
     with profiler.profile() as prof:
         rref = rpc_agent.remote("w1", remote_work, (3,))
@@ -96,7 +96,7 @@ def profile_remote_and_async():
 
 def _continuation(tick):
     """Runs on the thread that completed `tick` (a timer's): ops of the callee all the same."""
-    from shoal import core  # noqa: PLC0415
+    from shoal import core
 
     n = tick.value()
     total = float((core.ones(n, n) - core.zeros(n, n)).sum().item())
@@ -104,7 +104,7 @@ def _continuation(tick):
 
 
 def _and_then(f):
-    from shoal import core  # noqa: PLC0415
+    from shoal import core
 
     total, on_timer = f.value()
     return float(core.tensor([total]).neg().item()), on_timer
@@ -114,7 +114,7 @@ def _and_then(f):
 def async_then_work(n):
     """Runs no ops itself: they run ASYNC_DELAY_S later in Future callbacks on a timer thread
     (two chained then()s), as an @async_execution function's continuation does."""
-    from shoal.rpc_agent import Future  # noqa: PLC0415
+    from shoal.rpc_agent import Future
 
     tick = Future("async_then_work's tick")
     threading.Timer(ASYNC_DELAY_S, tick.set_result, (n,)).start()
@@ -122,8 +122,8 @@ def async_then_work(n):
 
 
 def profile_continuations():
-    from shoal import rpc_agent  # noqa: PLC0415
-    from shoal.core import profiler  # noqa: PLC0415
+    from shoal import rpc_agent
+    from shoal.core import profiler
 
     with profiler.profile() as prof:
         a = rpc_agent.rpc_sync("w1", async_then_work, (3,))
@@ -134,7 +134,7 @@ def profile_continuations():
 
 def callee_left_unprofiled():
     """No thread-local recorder counted and no op wrapper left installed after the calls."""
-    from shoal.core.profiler import instrument, state  # noqa: PLC0415
+    from shoal.core.profiler import instrument, state
 
     return state.local_users, instrument._users, state.recorder
 
@@ -146,7 +146,7 @@ class Meter:
         self.calls = 0
 
     def work(self, n):
-        from shoal import core  # noqa: PLC0415
+        from shoal import core
 
         self.calls += 1
         x = core.ones(n, n)
@@ -160,8 +160,8 @@ class Meter:
 
 
 def profile_proxy_calls():
-    from shoal import rpc_agent  # noqa: PLC0415
-    from shoal.core import profiler  # noqa: PLC0415
+    from shoal import rpc_agent
+    from shoal.core import profiler
 
     meter = rpc_agent.remote("w1", Meter)
     meter._get_future().wait(30)
@@ -182,7 +182,7 @@ _OWN: list = []  # the callee's own profiler, between the two tasks below
 
 
 def start_own_profiler():
-    from shoal.core import profiler  # noqa: PLC0415
+    from shoal.core import profiler
 
     prof = profiler.profile(record_shapes=True)
     prof.start()
@@ -198,7 +198,7 @@ def stop_own_profiler():
 
 
 def calls_without_profiler():
-    from shoal import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent
 
     return rpc_agent.rpc_sync("w1", remote_work, (2,))
 

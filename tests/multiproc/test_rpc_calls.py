@@ -42,14 +42,14 @@ def add_kw(a, b=0, *, scale=1):
 
 
 def whoami():
-    from shoal import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent
 
     return rpc_agent.get_worker_info().name
 
 
 def nested(path):
     """Call along `path` (worker names); each hop appends its own name."""
-    from shoal import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent
 
     me = rpc_agent.get_worker_info().name
     if not path:
@@ -103,7 +103,7 @@ def wait_gate(timeout):
 # async_execution: each call returns at once with a Future another worker completes.
 @async_execution
 def async_chain(hops, value):
-    from shoal import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent
 
     if not hops:
         fut = rpc_agent.Future()
@@ -117,7 +117,7 @@ def async_chain(hops, value):
 @async_execution
 def async_wait_gate(timeout):
     """Frees its thread at once; completes when the gate opens (polled by a timer thread)."""
-    from shoal import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent
 
     fut = rpc_agent.Future()
 
@@ -136,14 +136,14 @@ def async_returns_int():
 # ----------------------------------------------------------------------------- caller side
 
 def call_sync(to, fn, args=(), kwargs=None, timeout=None):
-    from shoal import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent
 
     return rpc_agent.rpc_sync(to, fn, args, kwargs, timeout=timeout)
 
 
 def check_values():
-    from shoal import rpc_agent  # noqa: PLC0415
-    from shoal.core.tensor import Tensor  # noqa: PLC0415
+    from shoal import rpc_agent
+    from shoal.core.tensor import Tensor
 
     out = {}
     out["add"] = rpc_agent.rpc_sync("w1", operator.add, (2, 3))
@@ -193,7 +193,7 @@ def test_nested_calls_go_through_every_hop_and_back(workers):
 def check_blocked_inline_call_keeps_stream_read():
     """w1's reader runs the first call (blocked on a plain Event, not a Future) itself; the
     call that opens the gate comes behind it on the same stream and must still be read."""
-    from shoal import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent
 
     rpc_agent.rpc_sync("w1", reset_gate, timeout=30)
     start = time.monotonic()
@@ -212,8 +212,8 @@ def test_a_call_blocked_in_its_reader_does_not_stop_the_stream(workers):
 
 
 def check_futures():
-    from shoal import rpc_agent  # noqa: PLC0415
-    from shoal.rpc_agent import RpcError  # noqa: PLC0415
+    from shoal import rpc_agent
+    from shoal.rpc_agent import RpcError
 
     out = {}
     fut = rpc_agent.rpc_async("w1", slow, (0.3, "late"))
@@ -256,7 +256,7 @@ def test_futures_wait_then_callbacks_and_collections(workers):
 
 
 def check_async_chain():
-    from shoal import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent
 
     # w1 -> w2 -> w0: each hop adds one on the way out (5 -> 6 -> 7 -> 8 on w0) and each
     # forwarding hop multiplies by ten on the way back (w2: 80, w1: 800).
@@ -266,7 +266,7 @@ def check_async_chain():
 def check_async_frees_threads():
     """More async_execution calls than w1 has threads, all waiting on one gate: only works if
     none of them holds a thread while it waits."""
-    from shoal import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent
 
     rpc_agent.rpc_sync("w1", reset_gate)
     futs = [rpc_agent.rpc_async("w1", async_wait_gate, (20,)) for _ in range(12)]
@@ -285,7 +285,7 @@ def test_async_execution_chains_and_frees_server_threads(workers):
 
 
 def catch_remote(fn, args=()):
-    from shoal import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent
 
     try:
         rpc_agent.rpc_sync("w1", fn, args)
@@ -314,7 +314,7 @@ def test_remote_exceptions_keep_type_message_and_traceback(workers):
 
 
 def timed_call(to, fn, args, timeout):
-    from shoal import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent
 
     t = time.monotonic()
     try:
@@ -335,7 +335,7 @@ def test_timeouts_fail_the_future_naming_callee_and_function(workers):
 
 
 def check_bad_input():
-    from shoal import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent
 
     out = {}
     try:
@@ -367,8 +367,8 @@ def test_bad_calls_fail_clearly_before_sending(workers):
 
 def break_stream_mid_call(peer):
     """Kill this worker's live stream to `peer` with a call pending, then call again."""
-    from shoal import rpc_agent  # noqa: PLC0415
-    from shoal.rpc_agent import _current  # noqa: PLC0415
+    from shoal import rpc_agent
+    from shoal.rpc_agent import _current
 
     agent = _current.get()
     fut = rpc_agent.rpc_async(peer, slow, (3, "never"))
@@ -393,7 +393,7 @@ def test_a_dead_stream_fails_its_pending_calls_and_reconnects(workers):
 
 
 def read_metrics():
-    from prometheus_client import REGISTRY  # noqa: PLC0415
+    from prometheus_client import REGISTRY
 
     def value(name, **labels):
         return REGISTRY.get_sample_value(name, labels) or 0.0
@@ -410,7 +410,7 @@ def read_metrics():
 
 
 def burst(n):
-    from shoal import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent
 
     for i in range(n):
         rpc_agent.rpc_sync("w1", echo, (i,))
@@ -430,7 +430,7 @@ def test_metrics_count_requests_latency_inflight_and_bytes(workers):
 
 def context_seen(hops):
     """The context id this call runs under, and those of the calls it makes in turn."""
-    from shoal import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent
 
     here = rpc_agent.context.current_context_id()
     if not hops:
@@ -439,7 +439,7 @@ def context_seen(hops):
 
 
 def check_context_ids():
-    from shoal import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent
 
     with rpc_agent.context.context_id(77):
         inside = rpc_agent.rpc_sync("w1", context_seen, (["w2"],))
@@ -454,9 +454,9 @@ def test_the_autograd_context_id_travels_with_calls_and_nested_calls(workers):
 
 
 def dialed_stream_client():
-    import os  # noqa: PLC0415
+    import os
 
-    from shoal.rpc_agent import _current  # noqa: PLC0415
+    from shoal.rpc_agent import _current
 
     stream = _current.get()._streams[1]
     assert stream.outgoing
@@ -470,8 +470,8 @@ def test_dialed_streams_use_the_grpc_client_the_environment_names(workers):
 
 def check_coalescing_and_channels(n):
     """Frames queued together leave as one gRPC message; big buffers take the data channel."""
-    from shoal import rpc_agent  # noqa: PLC0415
-    from shoal.rpc_agent import _current  # noqa: PLC0415
+    from shoal import rpc_agent
+    from shoal.rpc_agent import _current
 
     agent = _current.get()
     stream = agent._streams[1]
@@ -494,8 +494,8 @@ def test_queued_frames_are_coalesced_and_big_buffers_use_the_data_channel(worker
 def check_coalescing_on_an_accepted_stream(n):
     """Worker 1 accepted the stream from worker 0: its frames leave through gRPC's server
     callback, written directly when the stream is idle, coalesced when they come in a burst."""
-    from shoal import rpc_agent  # noqa: PLC0415
-    from shoal.rpc_agent import _current  # noqa: PLC0415
+    from shoal import rpc_agent
+    from shoal.rpc_agent import _current
 
     stream = _current.get()._streams[0]
     assert not stream.outgoing
@@ -520,7 +520,7 @@ def test_an_accepted_stream_coalesces_bursts_and_sends_a_lone_call(workers):
 
 
 def many_small_arrays(n, size):
-    from shoal import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent
 
     arrays = [np.full(size, i % 256, dtype=np.uint8) for i in range(n)]
     back = rpc_agent.rpc_sync("w1", echo, (arrays,))
@@ -539,10 +539,10 @@ def filled(value, n):
 def check_received_memory_reuse(n):
     """Results the caller keeps stay intact while later transfers arrive; once dropped, their
     memory serves later transfers instead of fresh pages."""
-    from shoal import rpc_agent  # noqa: PLC0415
-    from shoal.rpc_agent import _current  # noqa: PLC0415
+    from shoal import rpc_agent
+    from shoal.rpc_agent import _current
 
-    from shoal.rpc_agent.transport.receive_buffers import ReceiveBuffers  # noqa: PLC0415
+    from shoal.rpc_agent.transport.receive_buffers import ReceiveBuffers
 
     # A cache of its own, so that blocks earlier tests left do not enter the counts below.
     data = _current.get()._data
@@ -574,9 +574,9 @@ def slow_filled(seconds, n):
 
 
 def check_late_bulk_reply_is_dropped(n):
-    from shoal import rpc_agent  # noqa: PLC0415
-    from shoal.rpc_agent import _current  # noqa: PLC0415
-    from shoal.rpc_agent.types import RpcTimeout  # noqa: PLC0415
+    from shoal import rpc_agent
+    from shoal.rpc_agent import _current
+    from shoal.rpc_agent.types import RpcTimeout
 
     assembler = _current.get()._assembler
     try:

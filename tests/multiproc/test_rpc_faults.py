@@ -24,7 +24,7 @@ def slow_with_marker(path, seconds):
 
 
 def call_and_report(to, fn, args, timeout=None):
-    from shoal import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent
 
     t = time.monotonic()
     try:
@@ -59,13 +59,13 @@ def test_a_killed_callee_fails_the_call_within_seconds_naming_it(tmp_path, layer
 
 
 def _shutdown_now():
-    from shoal import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent
 
     rpc_agent.shutdown(graceful=False)
 
 
 def call_then_shutdown():
-    from shoal import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent
 
     t = time.monotonic()
     fut = rpc_agent.rpc_async("w1", slow, (1.0, "done in flight"))
@@ -75,7 +75,7 @@ def call_then_shutdown():
 
 
 def test_shutdown_waits_for_calls_in_flight_on_every_worker():
-    from shoal import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent
 
     with RpcWorkers(3) as workers:
         caller = workers.submit(0, call_then_shutdown)
@@ -89,7 +89,7 @@ def test_shutdown_waits_for_calls_in_flight_on_every_worker():
 
 
 def shutdown_with_timeout(seconds):
-    from shoal import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent
 
     t = time.monotonic()
     try:
@@ -113,7 +113,7 @@ def test_shutdown_timeout_names_the_workers_still_pending():
 
 
 def own_work_pending():
-    from shoal import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent
 
     fut = rpc_agent.rpc_async("w1", slow, (5, None))
     result = shutdown_with_timeout(0.5)

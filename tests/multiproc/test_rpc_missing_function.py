@@ -78,8 +78,8 @@ def echo(x):
 
 
 def _shoal_caller():
-    from shoal import rpc_agent  # noqa: PLC0415
-    from shoal.core import profiler  # noqa: PLC0415
+    from shoal import rpc_agent
+    from shoal.core import profiler
 
     outcomes = _outcomes(rpc_agent, [(make, kind) for make, kind in SHOAL_CASES])
     # under the profiler the function travels wrapped; the error still names it
@@ -95,7 +95,7 @@ def _shoal_caller():
 
 
 def _torch_worker(rank: int, port: int, results) -> None:
-    import torch.distributed.rpc as rpc  # noqa: PLC0415
+    import torch.distributed.rpc as rpc
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     opts = rpc.TensorPipeRpcBackendOptions(num_worker_threads=4, rpc_timeout=30,

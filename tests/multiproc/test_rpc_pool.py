@@ -10,14 +10,14 @@ from tests.support.rpc_workers import RpcWorkers, expect_error
 
 
 def _info_of(name_or_rank):
-    from shoal import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent
 
     info = rpc_agent.get_worker_info(name_or_rank)
     return info.name, info.id
 
 
 def _init_again():
-    from shoal import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent
 
     rpc_agent.init_rpc("again", 0, 1)
 
@@ -25,8 +25,8 @@ def _init_again():
 def _init_as(name: str, rank: int, world_size: int, port: int, init_timeout: float,
              prefix: str):
     """init_rpc against the store at `port`; returns the error text (or "ok") and the time."""
-    from shoal import rpc_agent  # noqa: PLC0415
-    from shoal.collectives.store.tcp import TCPStore  # noqa: PLC0415
+    from shoal import rpc_agent
+    from shoal.collectives.store.tcp import TCPStore
 
     store = TCPStore("127.0.0.1", port, timeout=10)
     t = time.monotonic()
@@ -56,7 +56,7 @@ def test_init_names_every_worker_and_rejects_a_second_init():
 
 
 def test_init_timeout_names_the_ranks_that_never_joined_and_duplicate_names_fail():
-    from shoal.collectives.store.tcp import TCPStore  # noqa: PLC0415
+    from shoal.collectives.store.tcp import TCPStore
 
     store = TCPStore("127.0.0.1", 0, is_master=True, timeout=10, wait_for_workers=False)
     try:

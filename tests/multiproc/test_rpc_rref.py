@@ -44,7 +44,7 @@ class Counter:
 
     @async_execution
     def add_later(self, n):
-        from shoal import rpc_agent  # noqa: PLC0415
+        from shoal import rpc_agent
 
         fut = rpc_agent.Future()
         threading.Timer(0.05, lambda: fut.set_result(self.add(n))).start()
@@ -116,14 +116,14 @@ def fetch_held(key):
 
 
 def owned_count():
-    from shoal.rpc_agent import _current  # noqa: PLC0415
+    from shoal.rpc_agent import _current
 
     return _current.get().rrefs.owned_count()
 
 
 def my_own_rref(tag):
     """An RRef owned by this worker, returned to the caller (owner -> user fork)."""
-    from shoal import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent
 
     return rpc_agent.RRef(make_tracked(tag))
 
@@ -136,7 +136,7 @@ def value_through_owner_handle(rref):
 # ----------------------------------------------------------------------------- user side
 
 def basic_remote():
-    from shoal import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent
 
     rref = rpc_agent.remote("w1", Counter, (10,))
     out = {
@@ -178,7 +178,7 @@ def test_remote_to_here_and_the_proxy_helpers(workers):
 
 
 def to_here_waits():
-    from shoal import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent
 
     t = time.monotonic()
     rref = rpc_agent.remote("w2", slow_value, (0.5, "ready"))
@@ -187,7 +187,7 @@ def to_here_waits():
 
 
 def to_here_of_failed_remote():
-    from shoal import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent
 
     rref = rpc_agent.remote("w1", raise_in_remote)
     try:
@@ -198,7 +198,7 @@ def to_here_of_failed_remote():
 
 
 def to_here_timeout():
-    from shoal import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent
 
     rref = rpc_agent.remote("w2", slow_value, (3, "late"))
     try:
@@ -220,7 +220,7 @@ def keep_and_return(key):
 def remote_to_self_keeps_the_object():
     """remote() to this worker holds the object the function returned (torch's OwnerRRef
     holds the value itself), not a pickled copy; a failing one fails its RRef."""
-    from shoal import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent
 
     rref = rpc_agent.remote("w0", keep_and_return, ("self",))
     same = rref.to_here(timeout=10) is _KEPT["self"] and rref.local_value() is _KEPT["self"]
@@ -248,7 +248,7 @@ def test_to_here_waits_for_a_value_still_being_computed(workers):
 
 def lifetime_user_to_user(tag):
     """w0 creates the value on w1, hands the RRef to w2, then drops its own."""
-    from shoal import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent
 
     rref = rpc_agent.remote("w1", make_tracked, (tag,))
     held = rpc_agent.rpc_sync("w2", hold, (tag, rref))
@@ -273,7 +273,7 @@ def test_owner_keeps_the_value_until_every_user_dropped_it(workers):
 
 def lifetime_owner_to_user(tag):
     """w0 gets an RRef that w1 owns (w1 created it with RRef(value)) and sends it back to w1."""
-    from shoal import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent
 
     rref = rpc_agent.rpc_sync("w1", my_own_rref, (tag,))
     owner_view = rpc_agent.rpc_sync("w1", value_through_owner_handle, (rref,))
@@ -292,7 +292,7 @@ def test_owner_to_user_and_user_to_owner_forks_are_released(workers):
 
 def many_forks(tag, rounds):
     """Pass one RRef back and forth between users many times, then drop everything."""
-    from shoal import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent
 
     rref = rpc_agent.remote("w1", make_tracked, (tag,))
     for i in range(rounds):
@@ -316,9 +316,9 @@ def test_many_forks_from_two_users_all_count(workers):
 
 
 def pickle_rref_outside_rpc():
-    import pickle  # noqa: PLC0415
+    import pickle
 
-    from shoal import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent
 
     rref = rpc_agent.RRef(5)
     try:

@@ -42,7 +42,7 @@ def ports(workers):
 
 
 def _ports():
-    from shoal.rpc_agent import _current  # noqa: PLC0415
+    from shoal.rpc_agent import _current
 
     agent = _current.get()
     return agent.grpc_port, agent.data_port
@@ -53,7 +53,7 @@ def logs_with(text):
 
 
 def rejected():
-    from prometheus_client import REGISTRY  # noqa: PLC0415
+    from prometheus_client import REGISTRY
 
     return {port: REGISTRY.get_sample_value("shoal_rpc_rejected_total", {"port": port}) or 0.0
             for port in ("stream", "data")}
@@ -65,7 +65,7 @@ def echo(x):
 
 def still_serving():
     """A small call and a 1 MiB echo (data channel) from w0 to w1 and back."""
-    from shoal import rpc_agent  # noqa: PLC0415
+    from shoal import rpc_agent
 
     big = np.arange(256 * 1024, dtype=np.float32)
     ok = rpc_agent.rpc_sync("w1", echo, ("ping",), timeout=10) == "ping"
@@ -84,7 +84,7 @@ class _Touch:
 
 
 def _evil_batch(marker: str) -> bytes:
-    import pickle  # noqa: PLC0415
+    import pickle
 
     payload = pickle.dumps((_Touch(marker), (), None), protocol=5)
     frame = rpc_pb2.Frame(kind=rpc_pb2.CALL, request_id=1, function="x", payload=payload)
@@ -104,7 +104,7 @@ def _open_stream(port: int, metadata, batches, hold=None):
 
     With `hold`, the stream stays open (sending nothing more) until `hold()` is true.
     """
-    import threading  # noqa: PLC0415
+    import threading
 
     release = threading.Event()
 

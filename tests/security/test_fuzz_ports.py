@@ -146,7 +146,7 @@ def store_server():
 
 def test_store_port(store_server):
     server = store_server
-    gate = server._gate  # noqa: SLF001  (pending handshakes and rejection counts)
+    gate = server._gate
     target = Target("TCPStore", _tcp(server.port), TOKEN, "store", _store_payloads,
                     authed=_store_authed)
     with TCPStore("127.0.0.1", server.port, timeout=5, token=TOKEN) as client:
@@ -251,7 +251,7 @@ def pair():
 
 
 def _mesh_target(listener: str, pg: ProcessGroupTCP) -> Target:
-    mesh = pg._mesh  # noqa: SLF001  (the group id and the Unix address)
+    mesh = pg._mesh
     if listener == "unix":
         if mesh.unix_address is None:
             pytest.skip("this host gives the tcp backend no same-host Unix listener")
@@ -265,7 +265,7 @@ def _mesh_target(listener: str, pg: ProcessGroupTCP) -> Target:
         connect = _tcp(pg.address[1], pg.address[0])
 
     def hello(rng: random.Random) -> bytes:
-        return wire.HELLO.pack(wire.HELLO_MAGIC, mesh._group_id, 1, 0,  # noqa: SLF001
+        return wire.HELLO.pack(wire.HELLO_MAGIC, mesh._group_id, 1, 0,
                                rng.choice(wire.CHANNELS))
 
     def payloads(rng: random.Random) -> bytes:
@@ -280,7 +280,7 @@ def _mesh_target(listener: str, pg: ProcessGroupTCP) -> Target:
             lambda: hello(rng)[:rng.randrange(wire.HELLO.size)],
             lambda: hello(rng),
             lambda: wire.HELLO.pack(wire.HELLO_MAGIC, rng.randbytes(8), 1, 0, 0),
-            lambda: wire.HELLO.pack(wire.HELLO_MAGIC, mesh._group_id,  # noqa: SLF001
+            lambda: wire.HELLO.pack(wire.HELLO_MAGIC, mesh._group_id,
                                     rng.randint(-5, 5), rng.randint(-5, 5), rng.randrange(256)),
         ))()
         p.send(data)
@@ -296,7 +296,7 @@ def _mesh_target(listener: str, pg: ProcessGroupTCP) -> Target:
 def test_collectives_mesh_port(pair, listener):
     pgs, reduces = pair
     target = _mesh_target(listener, pgs[0])
-    gate = pgs[0]._mesh._gate  # noqa: SLF001
+    gate = pgs[0]._mesh._gate
     with Served("all_reduce on the 2-rank tcp group", reduces) as served:
         served.wait_ops(5)
         before = Usage.of()

@@ -11,8 +11,8 @@ import traceback
 def peer_main(store_port: int, token: bytes, stop, results) -> None:
     """Join the test process's RPC world as worker w1, then serve until `stop` is set."""
     try:
-        from shoal import rpc_agent  # noqa: PLC0415  (only the spawned process needs it at import)
-        from shoal.collectives.store.tcp import TCPStore  # noqa: PLC0415
+        from shoal import rpc_agent
+        from shoal.collectives.store.tcp import TCPStore
 
         store = TCPStore("127.0.0.1", store_port, timeout=30, token=token)
         rpc_agent.init_rpc("w1", 1, 2, rpc_agent.RpcBackendOptions(
@@ -33,7 +33,7 @@ def echo(value):
 
 def ports() -> tuple[int, int]:
     """This worker's gRPC and data-channel ports."""
-    from shoal.rpc_agent import _current  # noqa: PLC0415
+    from shoal.rpc_agent import _current
 
     agent = _current.get()
     return agent.grpc_port, agent.data_port
@@ -41,14 +41,14 @@ def ports() -> tuple[int, int]:
 
 def data_gate() -> tuple[int, int]:
     """The data channel's pending handshakes and how many connections it turned away."""
-    from shoal.rpc_agent import _current  # noqa: PLC0415
+    from shoal.rpc_agent import _current
 
-    gate = _current.get()._data._gate  # noqa: SLF001  (the test reads the gate's counters)
+    gate = _current.get()._data._gate
     return gate.num_pending, sum(gate.rejections.values())
 
 
 def rejected_streams() -> float:
     """RPC streams this worker dropped before reading them (its metric)."""
-    from prometheus_client import REGISTRY  # noqa: PLC0415
+    from prometheus_client import REGISTRY
 
     return REGISTRY.get_sample_value("shoal_rpc_rejected_total", {"port": "stream"}) or 0.0

@@ -43,7 +43,7 @@ def _worker_main(rank: int, world_size: int, env: dict, commands, results, init:
     logging.getLogger().setLevel(logging.INFO)
     try:
         if init:
-            from shoal import rpc_agent  # noqa: PLC0415
+            from shoal import rpc_agent
 
             rpc_agent.init_rpc(
                 f"w{rank}", rank, world_size,
@@ -74,7 +74,7 @@ class RpcWorkers:
 
     def __init__(self, world_size: int, *, init: bool = True, env: Optional[dict] = None,
                  ready_timeout: float = 60.0, **options: Any):
-        from shoal.collectives.store.tcp import TCPStore  # noqa: PLC0415
+        from shoal.collectives.store.tcp import TCPStore
 
         self.world_size = world_size
         self.store = TCPStore("127.0.0.1", 0, is_master=True, timeout=30, wait_for_workers=False)
@@ -176,7 +176,7 @@ class RpcWorkers:
 
     def shutdown(self, timeout: float = 60.0, ranks=None) -> None:
         """Graceful rpc shutdown on `ranks` (default all, at once), then let them exit."""
-        from shoal import rpc_agent  # noqa: PLC0415
+        from shoal import rpc_agent
 
         ranks = range(self.world_size) if ranks is None else ranks
         ids = [self.submit(r, rpc_agent.shutdown) for r in ranks]

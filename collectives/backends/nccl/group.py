@@ -213,7 +213,7 @@ class ProcessGroupNCCL(BackendGroup):
             self._device_selected = True
             try:
                 self._rt.use_device(self.device)
-            except Exception:  # noqa: BLE001  (the device is the caller's problem, not ours)
+            except Exception:
                 logger.debug("the watchdog could not select device %s", self.device,
                              exc_info=True)
         self._inflight.finish_fired()
@@ -282,7 +282,7 @@ class ProcessGroupNCCL(BackendGroup):
             got = wait_for_launch and self._launch_lock.acquire(timeout=_LAUNCH_GRACE_S)
             try:
                 comm.abort()
-            except Exception:  # noqa: BLE001  (an abort that fails still leaves us failed)
+            except Exception:
                 logger.exception("Rank %d: ncclCommAbort of group %r raised", self._rank, self.name)
             finally:
                 if got:
@@ -617,7 +617,7 @@ class ProcessGroupNCCL(BackendGroup):
             def run() -> None:
                 try:
                     comm.destroy()
-                except Exception:  # noqa: BLE001  (leaving anyway)
+                except Exception:
                     logger.debug("ncclCommDestroy of group %r raised", self.name, exc_info=True)
                 finally:
                     done.set()

@@ -64,7 +64,7 @@ def _install_step_counter() -> None:
 def _wrap_bucket_all_reduce(step: int, on_bucket) -> None:
     """Call on_bucket(flat, run) instead of the tcp backend's flat all_reduce for the first
     gradient bucket of `step`; `run()` runs the real one."""
-    from shoal.collectives.backends.tcp import collectives  # noqa: PLC0415
+    from shoal.collectives.backends.tcp import collectives
 
     real = collectives.allreduce_flat
     done = []
@@ -145,7 +145,7 @@ def _install_sockets(rank: int, step: int, fraction: float) -> None:
 
 
 def _install_shm(rank: int, step: int) -> None:
-    from shoal.collectives.backends.tcp import shm as _pg_shm  # noqa: PLC0415
+    from shoal.collectives.backends.tcp import shm as _pg_shm
 
     real = _pg_shm.all_reduce
 
@@ -187,7 +187,7 @@ def _graph_nodes(root) -> list:
 
 
 def _install_backward(rank: int, step: int) -> None:
-    from shoal import core  # noqa: PLC0415
+    from shoal import core
 
     real = core.Tensor.backward
 
@@ -222,7 +222,7 @@ def _install_stop(rank: int, step: int) -> None:
 
 def _say_path() -> None:
     """Print which path the default group's large all_reduces take, once it is made."""
-    from shoal import collectives  # noqa: PLC0415
+    from shoal import collectives
 
     real = collectives.init_process_group
 

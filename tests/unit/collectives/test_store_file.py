@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import fcntl
 import gc
-import logging
 import multiprocessing
 import os
 import struct

@@ -9,7 +9,6 @@ gradient of the whole batch in one process, which is what torch's DDP leaves on 
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 import numpy as np
 import pytest

@@ -245,7 +245,7 @@ def test_sequential_and_module_list_indexing():
     assert isinstance(head, nn.Sequential) and len(head) == 2 and head[0] is seq[0]
     assert [type(m).__name__ for m in seq] == ["Linear", "ReLU", "Linear"]
     with pytest.raises(IndexError, match="index 3 is out of range for a Sequential of length 3"):
-        seq[3]  # noqa: B018
+        seq[3]
     seq.append(nn.Sigmoid())
     assert list(dict(seq.named_children())) == ["0", "1", "2", "3"]
     ml = nn.ModuleList([nn.ReLU()])

@@ -291,7 +291,7 @@ def test_iterable_datasets_refuse_a_shuffle():
 
 
 def test_pin_memory_without_a_gpu_warns_and_keeps_the_batch(recwarn):
-    from shoal.core.data import pin  # noqa: PLC0415
+    from shoal.core.data import pin
 
     if pin.available():
         pytest.skip("this machine has a CUDA device (tests/gpu covers pinning)")

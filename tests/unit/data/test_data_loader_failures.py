@@ -145,7 +145,7 @@ def test_a_batch_that_cannot_be_pickled_is_reported_not_fatal():
             return 2
 
         def __getitem__(self, i):
-            import threading  # noqa: PLC0415
+            import threading
 
             return threading.Lock()
 

@@ -217,7 +217,7 @@ def test_merging_refuses_states_whose_generators_differ(monkeypatch):
 
 
 def test_gather_loader_state_has_its_short_public_name():
-    from shoal.collectives import data as collectives_data  # noqa: PLC0415
+    from shoal.collectives import data as collectives_data
 
     assert "gather_loader_state" in dir(collectives)
     assert collectives.gather_loader_state is collectives_data.gather_loader_state
