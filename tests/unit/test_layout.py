@@ -187,3 +187,51 @@ def test_no_late_import_dodges_a_cycle():
             if name in MODULES and name != module and _reaches(graph, name, module):
                 dodges.append(f"{path.relative_to(ROOT)}:{line}: {module} imports {name} late")
     assert not dodges, "\n".join(dodges)
+
+
+# Sizes a reader can hold in mind (STYLE.md): a module of a few hundred lines, a function that
+# fits a screen, a class whose methods one can list. Generated code is exempt.
+MAX_MODULE_LINES = 600
+MAX_FUNCTION_LINES = 80
+MAX_CLASS_METHODS = 30
+# Public surfaces whose width is the API they mirror, not an implementation's: torch's Tensor and
+# nn.Module methods, and the two seams' abstract classes (c10d's ProcessGroup and Store calls).
+API_CLASSES = {"core/tensor.py:Tensor", "core/nn/module.py:Module",
+               "collectives/api.py:ProcessGroup", "collectives/store/api.py:Store"}
+
+
+def _product_files():
+    for layer in LAYERS:
+        for path in sorted((ROOT / layer).rglob("*.py")):
+            if "_generated" not in path.parts:
+                yield path
+
+
+def test_no_product_module_is_over_the_size_limit():
+    big = [f"{p.relative_to(ROOT)}: {n} lines" for p in _product_files()
+           if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES]
+    assert not big, f"modules over {MAX_MODULE_LINES} lines:\n" + "\n".join(big)
+
+
+def test_no_function_is_over_the_size_limit():
+    long = []
+    for path in _product_files():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                # The signature's decorators are not body; the docstring is.
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.name} {n} lines")
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(long)
+
+
+def test_no_implementation_class_has_more_methods_than_the_limit():
+    wide = []
+    for path in _product_files():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef) and (
+                    f"{path.relative_to(ROOT)}:{node.name}" not in API_CLASSES):
+                n = sum(isinstance(b, (ast.FunctionDef, ast.AsyncFunctionDef)) for b in node.body)
+                if n > MAX_CLASS_METHODS:
+                    wide.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.name} {n} methods")
+    assert not wide, f"classes over {MAX_CLASS_METHODS} methods:\n" + "\n".join(wide)
