@@ -20,6 +20,17 @@ LOG_LEVEL = Setting(
 RUN_ID = Setting(
     "SHOAL_RUN_ID", "str", None,
     "The job's run id, written into traces, metrics and dumps.", set_by="shoal run")
+RESTART_COUNT = Setting(
+    "SHOAL_RESTART_COUNT", "int", 0,
+    "How many times the job has restarted (torchrun's TORCHELASTIC_RESTART_COUNT).",
+    minimum=0, set_by="shoal run")
+RDZV_ROUND = Setting(
+    "SHOAL_RDZV_ROUND", "int", None,
+    "The rendezvous round this worker was started in.", minimum=0, set_by="shoal run")
+CHECKPOINT_DIR = Setting(
+    "SHOAL_CHECKPOINT_DIR", "path", None,
+    "Where the job's checkpoints live (`shoal run --checkpoint-dir`, else a per-job "
+    "temporary directory).", set_by="shoal run")
 PROFILE_DIR = Setting(
     "SHOAL_PROFILE_DIR", "path", None,
     "Where each rank writes its profiler trace (`shoal run --profile DIR` sets it).",
@@ -36,5 +47,6 @@ PROFILE_MEMORY = Setting(
 
 TABLE = SettingsTable(
     "core", "Tensors, autograd, the profiler and the job's secret.",
-    (AUTH_TOKEN, AUTH_TOKEN_FILE, LOG_LEVEL, RUN_ID, PROFILE_DIR, PROFILE_SCHEDULE,
+    (AUTH_TOKEN, AUTH_TOKEN_FILE, LOG_LEVEL, RUN_ID, RESTART_COUNT, RDZV_ROUND, CHECKPOINT_DIR,
+     PROFILE_DIR, PROFILE_SCHEDULE,
      PROFILE_SHAPES, PROFILE_MEMORY))
