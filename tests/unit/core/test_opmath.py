@@ -8,7 +8,15 @@ must equal torch's bit for bit. Transcendental functions (exp, log, tanh, sigmoi
 each library's own float32 implementation, whose last bit may differ, and torch rounds some
 composite backward formulas (div's and pow's) after each step: there the values may be a
 step apart where that decides the rounding, so they are checked in units in the last place
-of the 16-bit type: at most 1 ulp (2 for the composite gradients) and on few elements.
+of the 16-bit type: at most 1 ulp (2 for the composite gradients).
+
+How many elements may differ from torch depends on the CPU: numpy and torch pick their float32
+exp, tanh and erf kernels by instruction set (AVX2, AVX-512), and a last-bit difference in float32
+changes the 16-bit rounding wherever the true value lies near a rounding boundary. So the libm
+ops are not held to a measured share of differing elements (6.4% on one AVX-512 Xeon, 0% on an
+AMD EPYC for the same gelu); each 16-bit result is instead checked against the property itself:
+it must be the rounding of some float32 value within this CPU's float32 error of the float64
+truth (`_ENVELOPE`). A 16-bit computation, or a second rounding, lands outside that envelope.
 """
 
 import numpy as np
@@ -58,14 +66,21 @@ def _inputs(kind: str, seed: int = 0):
 # A tolerance is (ulps, share, atol): elements at most `ulps` apart (or, beyond that, at most
 # `atol` apart), and at most `share` of them apart at all; a dict holds one per dtype; 0 is
 # bit for bit.
-_LIBM = (1, 0.01, 0)  # numpy's float32 exp/log/tanh and torch's (Sleef) differ in a last bit
+# numpy's float32 exp/log/tanh and torch's (Sleef) differ in a last bit: 1 ulp apart at most,
+# on as many elements as the CPU's kernels make (see the module docstring), each inside the
+# float32 envelope.
+_LIBM = (1, None, 0)
+# A gradient computed from the op's rounded 16-bit result (exp, tanh, sigmoid: g * out, ...) is
+# exact arithmetic on 16-bit values, so it equals torch's bit for bit wherever the two forward
+# results are equal, and is 1 ulp apart at most where they are not.
+_FROM_OUTPUT = (1, "forward", 0)
 _COMPOSITE = (2, 0.4, 0)  # torch rounds after each step of the formula, core once at its end
 # torch's pow backward uses x ** (1.3 - 1) with 0.3 rounded to the 16-bit type, and rounds
 # after each of its three products; core uses the rounded exponent 1.3 throughout.
 _POW_BACKWARD = (6, 0.8, 0)
 # gelu's float32 1 + erf(x/sqrt 2) (or 1 + tanh) cancels in the negative tail in both
 # libraries, each ~1e-6 from the truth there: the results agree to that absolute size.
-_GELU = (1, 0.05, 2e-5)
+_GELU = (1, None, 2e-5)
 
 # name: (shoal fn, torch fn, forward, x-gradient, y-gradient tolerance; None: no gradient).
 _ELEMENTWISE = {
@@ -88,21 +103,24 @@ _ELEMENTWISE = {
     "clamp": (lambda x, y: x.clamp(-0.1, 0.7), lambda x, y: x.clamp(-0.1, 0.7), 0, 0, None),
     "sqrt": (lambda x, y: (x.abs() + 0.1).sqrt(), lambda x, y: (x.abs() + 0.1).sqrt(), 0, 0,
              None),
-    "exp": (lambda x, y: x.exp(), lambda x, y: x.exp(), _LIBM, _LIBM, None),
-    "log": (lambda x, y: (x.abs() + 0.1).log(), lambda x, y: (x.abs() + 0.1).log(), _LIBM, 0,
-            None),
-    "tanh": (lambda x, y: x.tanh(), lambda x, y: x.tanh(), _LIBM, _LIBM, None),
-    # torch's float16 sigmoid_backward rounds after each product (c10::Half arithmetic).
+    "exp": (lambda x, y: x.exp(), lambda x, y: x.exp(), _LIBM, _FROM_OUTPUT, None),
+    # log of |y| (|y| >= 0.05, abs is exact), so the float32 envelope starts from the same input.
+    "log": (lambda x, y: y.abs().log(), lambda x, y: y.abs().log(), _LIBM, None, 0),
+    "tanh": (lambda x, y: x.tanh(), lambda x, y: x.tanh(), _LIBM, _FROM_OUTPUT, None),
+    # torch's float16 sigmoid_backward rounds after each product (c10::Half arithmetic), so
+    # its gradient may be up to 4 ulps from core's anywhere, whatever the forward results.
     "sigmoid": (lambda x, y: (x * 8).sigmoid(), lambda x, y: (x * 8).sigmoid(), _LIBM,
-                {"bf16": _LIBM, "f16": (4, 0.1, 0)}, None),
+                {"bf16": _FROM_OUTPUT, "f16": (4, 1.0, 0)}, None),
     "gelu": (lambda x, y: F.gelu(x), lambda x, y: tf.gelu(x), _GELU, _GELU, None),
     "gelu_tanh": (lambda x, y: F.gelu(x, approximate="tanh"),
                   lambda x, y: tf.gelu(x, approximate="tanh"), _GELU, _GELU, None),
 }
 
 
-def _check(ours, theirs, tolerance, kind: str, what: str) -> None:
-    """ours equals theirs within `tolerance` (see _LIBM), in the same 16-bit dtype."""
+def _check(ours, theirs, tolerance, kind: str, what: str, envelope=None, forwards=None) -> None:
+    """ours equals theirs within `tolerance` (see _LIBM), in the same 16-bit dtype; a share of
+    None (the libm ops) checks each element against `envelope` (see `_within_envelope`), and
+    "forward" checks equality wherever the `forwards` (ours, torch's) are equal."""
     assert ours.dtype == _DTYPES[kind][0], what  # computed in float32, rounded to its dtype
     if isinstance(tolerance, dict):
         tolerance = tolerance[kind]
@@ -111,7 +129,59 @@ def _check(ours, theirs, tolerance, kind: str, what: str) -> None:
     apart = np.abs(ours.detach().numpy().astype(np.float64) - theirs.detach().double().numpy())
     beyond = diff > ulps
     assert not beyond.any() or apart[beyond].max() <= atol, (what, int(diff.max()), apart.max())
-    assert (diff > 0).mean() <= share, (what, float((diff > 0).mean()))
+    if share == "forward":
+        same = _ulps(*forwards) == 0
+        assert (diff[same] == 0).all(), (what, int((diff[same] > 0).sum()), "differ where the "
+                                         "forward results are equal")
+    elif share is None:
+        outside = ~_within_envelope(ours.detach().numpy(), *envelope)
+        assert not outside.any(), (what, int(outside.sum()), "elements outside the envelope")
+    else:
+        assert (diff > 0).mean() <= share, (what, float((diff > 0).mean()))
+
+
+def _within_envelope(ours16: np.ndarray, truth: np.ndarray, err: np.ndarray) -> np.ndarray:
+    """Whether each 16-bit result is the rounding of some value within `err` of `truth`.
+
+    `err` is this CPU's float32 error of the op, measured: twice the larger of core's and
+    torch's float32 distance from the float64 truth, plus a float32 ulp of the truth. Rounding is
+    monotonic, so the roundings of [truth - err, truth + err] are exactly the 16-bit values from
+    round(truth - err) to round(truth + err).
+    """
+    dt = ours16.dtype
+    lo = (truth - err).astype(np.float32).astype(dt).astype(np.float64)
+    hi = (truth + err).astype(np.float32).astype(dt).astype(np.float64)
+    value = ours16.astype(np.float64)
+    return (value >= lo) & (value <= hi)
+
+
+def _run_at(fn_c, fn_t, x16, y16, g16, core_dt, torch_dt):
+    """The op and its input gradients at another precision, from the same 16-bit values."""
+    def widen(c, t, requires_grad=True):
+        values = t.detach().double().numpy()
+        return (core.tensor(values, dtype=core_dt).requires_grad_(requires_grad),
+                torch.tensor(values, dtype=torch_dt).requires_grad_(requires_grad))
+    (x, tx), (y, ty), (g, tg) = widen(*x16), widen(*y16), widen(*g16, requires_grad=False)
+    out, tout = fn_c(x, y), fn_t(tx, ty)
+    out.backward(g)
+    tout.backward(tg)
+    return {"forward": (out, tout), "x": (x.grad, tx.grad), "y": (y.grad, ty.grad)}
+
+
+def _envelopes(fn_c, fn_t, kind):
+    """(truth, err) for the forward and the x gradient: see `_within_envelope`."""
+    inputs = _inputs(kind)
+    exact = _run_at(fn_c, fn_t, *inputs, core.float64, torch.float64)
+    single = _run_at(fn_c, fn_t, *inputs, core.float32, torch.float32)
+    envelopes = {}
+    for key, (truth_c, _) in exact.items():
+        if truth_c is None:
+            continue
+        truth = truth_c.detach().numpy()
+        ours32, theirs32 = (t.detach().numpy().astype(np.float64) for t in single[key])
+        err = 2 * np.maximum(np.abs(ours32 - truth), np.abs(theirs32 - truth))
+        envelopes[key] = (truth, err + np.abs(np.spacing(truth.astype(np.float32))))
+    return envelopes
 
 
 @pytest.mark.parametrize("kind", sorted(_DTYPES))
@@ -119,15 +189,18 @@ def _check(ours, theirs, tolerance, kind: str, what: str) -> None:
 def test_forward_and_backward_match_torch_in_16_bits(name, kind):
     fn_c, fn_t, fwd, gx, gy = _ELEMENTWISE[name]
     (x, tx), (y, ty), (g, tg) = _inputs(kind)
+    libm = any(t in (_LIBM, _GELU) for t in (fwd, gx, gy))
+    envelopes = _envelopes(fn_c, fn_t, kind) if libm else {}
     out, tout = fn_c(x, y), fn_t(tx, ty)
-    _check(out, tout, fwd, kind, f"{name} forward")
+    _check(out, tout, fwd, kind, f"{name} forward", envelopes.get("forward"))
     out.backward(g)
     tout.backward(tg)
     for ours, theirs, tolerance, what in ((x.grad, tx.grad, gx, "x"), (y.grad, ty.grad, gy, "y")):
         if tolerance is None:
             assert ours is None and theirs is None
         else:
-            _check(ours, theirs, tolerance, kind, f"{name} gradient of {what}")
+            _check(ours, theirs, tolerance, kind, f"{name} gradient of {what}",
+                   envelopes.get(what), (out, tout))
 
 
 def test_sigmoid_is_accurate_in_both_tails_as_torch():
