@@ -1,4 +1,5 @@
-"""Every environment variable the process-group layer reads, read here and nowhere else."""
+"""The process-group layer's environment: its `SHOAL_*` settings (declared in
+`collectives.settings`) as the values callers use, and the names torchrun sets (RANK, MASTER_ADDR)."""
 
 from __future__ import annotations
 
@@ -6,21 +7,21 @@ import os
 import tempfile
 from typing import Optional
 
-from shoal.core.auth import is_loopback
-from shoal.core.netaddr import address_towards, is_local_address
+from shoal.collectives import settings
 from shoal.collectives.types import DistNetworkError
-
-_TRUE = {"1", "true", "yes", "on"}
+from shoal.core.auth import is_loopback
+from shoal.core.config import SettingError
+from shoal.core.netaddr import address_towards, is_local_address
 
 
 def async_error_handling() -> bool:
     """SHOAL_ASYNC_ERROR_HANDLING=1: a failed collective ends the process (the launcher sets it)."""
-    return os.environ.get("SHOAL_ASYNC_ERROR_HANDLING", "0").strip().lower() in _TRUE
+    return settings.ASYNC_ERROR_HANDLING.get()
 
 
 def dump_dir() -> str:
     """Where watchdog dumps go: SHOAL_DUMP_DIR, else the system's temporary directory."""
-    return os.environ.get("SHOAL_DUMP_DIR") or tempfile.gettempdir()
+    return settings.DUMP_DIR.get() or tempfile.gettempdir()
 
 
 def _int_var(name: str) -> Optional[int]:
@@ -35,19 +36,18 @@ def _int_var(name: str) -> Optional[int]:
 
 def collective_timeout() -> Optional[float]:
     """SHOAL_COLLECTIVE_TIMEOUT: seconds, the default timeout of a group and its collectives
-    when init_process_group is given none (`shoal run --collective-timeout` sets it)."""
-    raw = os.environ.get("SHOAL_COLLECTIVE_TIMEOUT", "").strip()
-    if not raw:
-        return None
+    when init_process_group is given none (`shoal run --collective-timeout` sets it).
+
+    Raises:
+        SettingError: the value is not a positive, finite number.
+    """
+    setting = settings.COLLECTIVE_TIMEOUT
     try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not 0 < value < float("inf"):
-        raise ValueError(
-            f"SHOAL_COLLECTIVE_TIMEOUT must be a positive, finite number of seconds, got {raw!r}."
-        )
-    return value
+        return setting.get()
+    except SettingError as exc:
+        raise SettingError(
+            f"{setting.name} must be a positive, finite number of seconds, got "
+            f"{setting.raw()!r}.") from exc
 
 
 def env_rank() -> Optional[int]:
@@ -77,38 +77,21 @@ def local_transport() -> str:
     above the small-message size when every rank of a group shares the host; "unix": the
     sockets only; "tcp": every link on TCP over loopback.
     """
-    value = os.environ.get("SHOAL_LOCAL_TRANSPORT", "shm").strip().lower()
-    if value not in ("shm", "unix", "tcp"):
-        raise ValueError(f"SHOAL_LOCAL_TRANSPORT must be 'shm', 'unix' or 'tcp', got {value!r}.")
-    return value
+    return settings.LOCAL_TRANSPORT.get()
 
 
 def hierarchical_collectives() -> bool:
     """SHOAL_HIERARCHICAL (default 1): whether tcp groups that span hosts run their large
     collectives in two levels (shared memory within a host, TCP between hosts); 0 runs the flat
     algorithms over sockets, for comparison."""
-    value = os.environ.get("SHOAL_HIERARCHICAL", "1").strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"SHOAL_HIERARCHICAL must be 0 or 1, got {value!r}.")
+    return settings.HIERARCHICAL.get()
 
 
 def hierarchical_leaders() -> Optional[int]:
     """SHOAL_HIER_LEADERS: at most this many ranks per host carry a share of the two-level
     collectives' traffic between hosts (default: every rank of the smallest host). Every rank
     must use the same value."""
-    raw = os.environ.get("SHOAL_HIER_LEADERS", "").strip()
-    if not raw:
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError(f"SHOAL_HIER_LEADERS must be a positive number of ranks, got {raw!r}.")
-    return value
+    return settings.HIER_LEADERS.get()
 
 
 def hierarchical_pipeline() -> Optional[bool]:
@@ -116,25 +99,19 @@ def hierarchical_pipeline() -> Optional[bool]:
     one piece overlaps its host's shared-memory work on the next), 0 runs the phases one after
     the other; unset, the group decides by cores per rank. Every rank must agree, or none
     pipelines."""
-    value = os.environ.get("SHOAL_HIER_PIPELINE", "").strip().lower()
-    if not value:
-        return None
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"SHOAL_HIER_PIPELINE must be 0 or 1, got {value!r}.")
+    return settings.HIER_PIPELINE.get()
 
 
 def spin_seconds(group_size: int, default: float) -> float:
     """How long small receives poll before blocking: SHOAL_SPIN_US if set, else `default` when
-    this process may use at least `group_size` CPUs (so ranks do not steal each other's core)."""
-    raw = os.environ.get("SHOAL_SPIN_US")
-    if raw:
-        try:
-            return max(0.0, float(raw) * 1e-6)
-        except ValueError as exc:
-            raise ValueError(f"SHOAL_SPIN_US must be a number of microseconds, got {raw!r}.") from exc
+    this process may use at least `group_size` CPUs (so ranks do not steal each other's core).
+
+    Raises:
+        SettingError: SHOAL_SPIN_US is not a number of microseconds of at least 0.
+    """
+    spin_us = settings.SPIN_US.get()
+    if spin_us is not None:
+        return spin_us * 1e-6
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -145,10 +122,7 @@ def spin_seconds(group_size: int, default: float) -> float:
 def use_agent_store() -> bool:
     """SHOAL_USE_AGENT_STORE=1 (or torch's TORCHELASTIC_USE_AGENT_STORE=True): the store at
     MASTER_ADDR:MASTER_PORT is hosted by the launcher's agent, so rank 0 connects as a client."""
-    for name in ("SHOAL_USE_AGENT_STORE", "TORCHELASTIC_USE_AGENT_STORE"):
-        if os.environ.get(name, "").strip().lower() in _TRUE:
-            return True
-    return False
+    return settings.USE_AGENT_STORE.get()
 
 
 def bind_host(master_addr: Optional[str]) -> str:
@@ -163,7 +137,7 @@ def bind_host(master_addr: Optional[str]) -> str:
             is on another host and no route leads there. Advertising loopback instead would
             only fail later, on every peer, as "could not connect to rank N at 127.0.0.1".
     """
-    explicit = os.environ.get("SHOAL_COLLECTIVES_HOST", "").strip()
+    explicit = settings.COLLECTIVES_HOST.get()
     if explicit:
         if not is_local_address(explicit):
             raise DistNetworkError(
@@ -197,6 +171,16 @@ def torchelastic_run_id() -> Optional[str]:
 
 
 def distributed_debug() -> str:
-    """SHOAL_DISTRIBUTED_DEBUG, else torch's TORCH_DISTRIBUTED_DEBUG (OFF, INFO, DETAIL)."""
-    return (os.environ.get("SHOAL_DISTRIBUTED_DEBUG")
-            or os.environ.get("TORCH_DISTRIBUTED_DEBUG") or "OFF").strip().upper()
+    """SHOAL_DISTRIBUTED_DEBUG, else torch's TORCH_DISTRIBUTED_DEBUG: OFF, INFO or DETAIL.
+
+    Raises:
+        SettingError: the level is none of those.
+    """
+    setting = settings.DISTRIBUTED_DEBUG
+    try:
+        return setting.get().upper()
+    except SettingError as exc:
+        raise SettingError(
+            f"The debug level must be one of OFF, INFO or DETAIL, got "
+            f"{setting.raw().strip().upper()!r} (from {setting.name} or "
+            f"{' or '.join(setting.aliases)}).") from exc

@@ -214,7 +214,8 @@ class FileStore(Store):
     def __del__(self):
         try:
             self.close()
-        except Exception:  # interpreter shutdown or a vanished file: nothing left to do
+        # Interpreter shutdown or a vanished file can raise anything; nothing is left to do.
+        except Exception:  # noqa: BLE001 - __del__ must not raise
             pass
 
     def clone(self) -> "FileStore":
