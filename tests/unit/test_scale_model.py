@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-_PATH = Path(__file__).resolve().parents[2] / "bench" / "scale_model.py"
-_spec = importlib.util.spec_from_file_location("scale_model", _PATH)
-sm = importlib.util.module_from_spec(_spec)
-sys.modules.setdefault("scale_model", sm)  # dataclasses look their module up by name
-_spec.loader.exec_module(sm)
+from bench import cost_model as sm
 
 MiB = 1024 * 1024
 KiB = 1024
@@ -395,12 +389,12 @@ def test_our_own_threads_are_not_other_works_load():
         while time.monotonic() < deadline:
             with open(f"/proc/{child.pid}/stat") as f:
                 main_state = f.read().rsplit(")", 1)[1].split()[0]
-            seen = (main_state, sm._runnable_threads(child.pid))
+            seen = (main_state, sm.runnable_threads(child.pid))
             if seen == ("S", 1):
                 break
             time.sleep(0.05)
         assert seen == ("S", 1), seen  # the main thread sleeps; the spinning thread runs
-        assert sm._runnable_threads(2 ** 22 + 7) == 0  # gone (or never was): nothing runs
+        assert sm.runnable_threads(2 ** 22 + 7) == 0  # gone (or never was): nothing runs
     finally:
         child.kill()
         child.wait(10)
