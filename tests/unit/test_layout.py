@@ -235,3 +235,12 @@ def test_no_implementation_class_has_more_methods_than_the_limit():
                 if n > MAX_CLASS_METHODS:
                     wide.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.name} {n} methods")
     assert not wide, f"classes over {MAX_CLASS_METHODS} methods:\n" + "\n".join(wide)
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_the_tree_resolves_shoal_imports_without_an_install(layer):
+    """shoal/<layer> links to the layer folder, so a type checker or a structure tool run on
+    the checkout finds `shoal.<layer>.x` where Python finds it once installed (setup.py)."""
+    link = ROOT / "shoal" / layer
+    assert link.is_symlink() and link.resolve() == (ROOT / layer).resolve()
+    assert (link / "__init__.py").is_file()
