@@ -1,12 +1,10 @@
 """Shared-memory all_reduce of the tcp backend (ranks as threads, real sockets and memfds):
 results against numpy, buffer rotation across calls, agreement on fallback, mismatches and
-aborts on the shared-memory path, and the region checks that keep a peer from hurting us."""
+aborts on the shared-memory path. The region checks that keep a peer from hurting us are in
+tests/unit/collectives/backends/tcp/test_shm_regions.py."""
 
 from __future__ import annotations
 
-import fcntl
-import os
-import socket
 import threading
 
 import numpy as np
@@ -274,64 +272,3 @@ def test_a_rank_that_never_arrives_times_out_on_the_shared_memory_path():
         assert run_all(pgs, fn, timeout=30) == ["timed out", "timed out", "idle"]
     finally:
         _shutdown(pgs)
-
-
-# ----------------------------------------------------------------------------- region checks
-
-def test_an_unsealed_region_is_refused():
-    fd = os.memfd_create("test-unsealed", os.MFD_CLOEXEC)
-    try:
-        os.ftruncate(fd, 4096)
-        with pytest.raises(ValueError, match="not sealed against shrinking"):
-            shm._map_peer_region(fd, 4096)
-    finally:
-        os.close(fd)
-
-
-def test_a_region_smaller_than_offered_is_refused():
-    fd = os.memfd_create("test-small", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-    try:
-        os.ftruncate(fd, 4096)
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
-        with pytest.raises(ValueError, match="has 4096 bytes, fewer than the 8192 offered"):
-            shm._map_peer_region(fd, 8192)
-    finally:
-        os.close(fd)
-
-
-def test_own_region_is_sealed_and_peers_map_it_read_only():
-    fd = shm._create_region(8192)
-    try:
-        seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
-        assert seals & fcntl.F_SEAL_SHRINK and seals & fcntl.F_SEAL_GROW and seals & fcntl.F_SEAL_SEAL
-        with pytest.raises(OSError):
-            os.ftruncate(fd, 100)  # sealed: nobody can shrink it under a reader
-        view = shm._map_peer_region(fd, 8192)
-        with pytest.raises(TypeError):
-            view[0] = 1  # read-only mapping: a rank writes only its own region
-        view.close()
-    finally:
-        os.close(fd)
-
-
-def test_a_garbled_offer_is_a_setup_error():
-    a_tx, b_rx = socket.socketpair(socket.AF_UNIX)
-    b_tx, a_rx = socket.socketpair(socket.AF_UNIX)
-    try:
-        b_tx.sendall(b"GARBAGE!" * 4)
-        with pytest.raises(shm.ShmSetupError, match="rank 1: sent b'GARBAGE!GARBA' where a shared-memory offer belongs"):
-            shm.SharedSlots.establish(0, 2, [None, a_tx], [None, a_rx], 4096, timeout=2.0)
-    finally:
-        for s in (a_tx, b_rx, b_tx, a_rx):
-            s.close()
-
-
-def test_a_silent_peer_is_a_setup_error_within_the_timeout():
-    a_tx, b_rx = socket.socketpair(socket.AF_UNIX)
-    b_tx, a_rx = socket.socketpair(socket.AF_UNIX)
-    try:
-        with pytest.raises(shm.ShmSetupError, match="rank 1: did not answer the shared-memory setup within 0.5s"):
-            shm.SharedSlots.establish(0, 2, [None, a_tx], [None, a_rx], 4096, timeout=0.5)
-    finally:
-        for s in (a_tx, b_rx, b_tx, a_rx):
-            s.close()

@@ -1,5 +1,6 @@
-"""Topology and the two-level and shared-memory collectives of the tcp backend, with ranks as
-threads of one process (real sockets and memfds).
+"""The two-level and shared-memory collectives of the tcp backend, with ranks as threads of one
+process (real sockets and memfds); `Topology` itself is tested in
+tests/unit/collectives/backends/tcp/test_topology.py.
 
 Hosts are simulated by giving each rank's thread a host identity of its own choosing (the
 identity `wire.host_identity` publishes): ranks "on" one host link by Unix sockets and share
@@ -18,35 +19,11 @@ import numpy as np
 import pytest
 
 from shoal.collectives.backends.tcp import hierarchical as hierarchical_mod
-from shoal.collectives.backends.tcp import topology as topo
 from shoal.collectives.backends.tcp import wire
 from shoal.collectives.backends.tcp.group import ProcessGroupTCP
 from shoal.collectives.store.hash import HashStore
 from shoal.collectives.types import CollectiveMismatch, ReduceOp
 from tests.support.threaded_ranks import form_groups, run_all
-
-# ----------------------------------------------------------------------------- topology
-
-
-def test_topology_groups_ranks_by_identity_in_rank_order():
-    t = topo.from_identities(["b", "a", "b", "", "a", None])
-    assert t.hosts == ((0, 2), (1, 4), (3,), (5,))
-    assert t.host_of(4) == 1 and t.local_ranks(4) == (1, 4) and t.local_index(4) == 1
-    assert t.leader(2) == 0
-    assert t.spans_hosts and t.hierarchical and not t.uniform
-    assert t.leaders_per_host == 1  # the smallest host has one rank
-    assert t.describe() == "0,2 | 1,4 | 3 | 5"
-
-
-def test_topology_of_equal_hosts_and_leader_limits():
-    t = topo.from_identities(["x", "x", "x", "y", "y", "y"])
-    assert t.uniform and t.leaders_per_host == 3 and t.every_rank_leads
-    assert t.cross_ranks(0) == (0, 3) and t.cross_ranks(2) == (2, 5)
-    limited = topo.from_identities(["x", "x", "x", "y", "y", "y"], max_leaders=2)
-    assert limited.leaders_per_host == 2 and not limited.every_rank_leads
-    assert not topo.from_identities(["x", "x"]).hierarchical  # one host
-    assert not topo.from_identities(["x", "y", "z"]).hierarchical  # one rank per host
-
 
 # ----------------------------------------------------------------------------- groups
 
