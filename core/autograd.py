@@ -1,4 +1,6 @@
-"""Reverse-mode autograd: grad mode, graph nodes, hooks and the backward engine.
+"""Reverse-mode autograd: graph nodes, hooks and the backward engine.
+
+Grad mode (no_grad and friends) lives in core/grad_mode.py; its names are re-exported here.
 
 Each op (in core/ops) computes its forward on raw arrays and hands `Node` a closure that maps
 the output's gradient to one gradient per input, reduced to that input's shape. The engine here
@@ -10,99 +12,37 @@ contribution arrives: DDP starts reducing a parameter's gradient while backward 
 Ownership contract for backward closures: each returned array is either fresh (nobody else
 holds it) or a view of the incoming gradient. The engine then knows which arrays it may adopt
 as `.grad` or add into in place, and copies only the rest.
+
+The engine is Tensor's friend: it reads the hook slots (`_hooks`, `_post_hooks`,
+`_retains_grad`) that Tensor's registration methods fill, directly, once per node, where a
+property call would tax every backward; those reads carry `noqa: SLF001` markers.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-import threading
 from typing import Any, Callable, Iterable, Optional
 
 from shoal.core.errors import ShoalError
+from shoal.core.grad_mode import (
+    enable_grad,
+    grad_mode,
+    is_grad_enabled,
+    no_grad,
+    set_grad_enabled,
+)
+
+
+__all__ = [
+    "AutogradError", "GraphTask", "Node", "RemovableHandle", "backward", "enable_grad", "grad",
+    "grad_mode", "is_grad_enabled", "no_grad", "post_accumulate_hooks", "run_backward",
+    "set_grad_enabled", "set_profile_hook", "zero_grads",
+]
 
 
 class AutogradError(ShoalError, RuntimeError):
     """Misuse of autograd: a freed graph, a missing grad, a non-scalar output without grad."""
-
-
-class _GradMode(threading.local):
-    # Thread-local like torch's: a backward running in an RPC thread must not see another
-    # thread's no_grad block.
-    enabled = True
-
-
-_mode = _GradMode()
-
-
-def is_grad_enabled() -> bool:
-    """Whether ops record the graph in this thread."""
-    return _mode.enabled
-
-
-class _GradModeContext:
-    """Base of no_grad/enable_grad: a context manager and a function decorator."""
-
-    _target = True
-
-    def __new__(cls, fn: Callable | None = None) -> Any:
-        self = super().__new__(cls)
-        if fn is not None and callable(fn):  # used bare, as @no_grad
-            return self(fn)
-        return self
-
-    def __enter__(self) -> None:
-        self._prev = _mode.enabled
-        _mode.enabled = self._target
-
-    def __exit__(self, *exc: object) -> None:
-        _mode.enabled = self._prev
-
-    def __call__(self, fn: Callable) -> Callable:
-        import functools  # noqa: PLC0415 - only decorators need it
-
-        target = self._target
-
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            prev = _mode.enabled
-            _mode.enabled = target
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                _mode.enabled = prev
-
-        return wrapper
-
-
-class no_grad(_GradModeContext):  # noqa: N801 - torch's name
-    """Context manager (or decorator) under which ops record no graph."""
-
-    _target = False
-
-
-class enable_grad(_GradModeContext):  # noqa: N801 - torch's name
-    """Context manager (or decorator) that turns graph recording back on."""
-
-    _target = True
-
-
-class set_grad_enabled(_GradModeContext):  # noqa: N801 - torch's name
-    """Turn graph recording on or off now; as a context manager, restore it on exit."""
-
-    def __new__(cls, mode: bool) -> "set_grad_enabled":
-        return object.__new__(cls)
-
-    def __init__(self, mode: bool) -> None:
-        self._prev = _mode.enabled
-        self._target = bool(mode)
-        _mode.enabled = self._target
-
-    def __enter__(self) -> None:
-        _mode.enabled = self._target
-
-    def __exit__(self, *exc: object) -> None:
-        _mode.enabled = self._prev
 
 
 _seq = itertools.count()
@@ -111,6 +51,12 @@ _seq = itertools.count()
 # The profiler's backward hook, set only while a profiler records (core/profiler/instrument.py):
 # the engine's one test per node when profiling is off.
 _profile_hook: Callable | None = None
+
+
+def set_profile_hook(hook: Callable | None) -> None:
+    """Install the profiler's backward hook, `hook(node, fn, grad) -> grads`; None removes it."""
+    global _profile_hook
+    _profile_hook = hook
 
 
 class Node:
@@ -135,17 +81,17 @@ class Node:
 class RemovableHandle:
     """Returned by hook registrations; `.remove()` unregisters the hook."""
 
-    __slots__ = ("_hooks", "_key")
+    __slots__ = ("_hooks", "id")
 
     _ids = itertools.count()
 
     def __init__(self, hooks: dict) -> None:
         self._hooks = hooks
-        self._key = next(RemovableHandle._ids)
+        self.id = next(RemovableHandle._ids)  # the hook's key in `hooks`, as torch's handle
 
     def remove(self) -> None:
         """Unregister the hook; removing twice is harmless."""
-        self._hooks.pop(self._key, None)
+        self._hooks.pop(self.id, None)
 
     def __enter__(self) -> "RemovableHandle":
         return self
@@ -179,7 +125,7 @@ def _contiguous_owned(arr: Any) -> bool:
 def _run_hooks(t: Any, g: Any, owned: bool) -> tuple[Any, bool]:
     """Apply a tensor's grad hooks in order; a hook that returns a tensor replaces the grad."""
     cls = _tensor_cls()
-    for hook in list(t._hooks.values()):
+    for hook in list(t._hooks.values()):  # noqa: SLF001 - the engine is Tensor's friend
         out = hook(cls(g))
         if out is not None:
             g = out.data if isinstance(out, cls) else out
@@ -201,7 +147,7 @@ def _tensor_cls() -> type:
 
 def _accumulate_leaf(leaf: Any, g: Any, owned: bool) -> None:
     """Add a finished gradient into a leaf's .grad, then fire its post-accumulate hooks."""
-    if leaf._hooks:
+    if leaf._hooks:  # noqa: SLF001 - the engine is Tensor's friend
         g, owned = _run_hooks(leaf, g, owned)
     data = leaf.data
     if g.shape != data.shape:
@@ -222,9 +168,16 @@ def _accumulate_leaf(leaf: Any, g: Any, owned: bool) -> None:
             gd += g
         else:
             grad.data = gd + g
-    if leaf._post_hooks:
-        for hook in list(leaf._post_hooks.values()):
+    if leaf._post_hooks:  # noqa: SLF001 - the engine is Tensor's friend
+        for hook in list(leaf._post_hooks.values()):  # noqa: SLF001 - the engine is Tensor's friend
             hook(leaf)
+
+
+def post_accumulate_hooks(leaf: Any) -> list:
+    """The post-accumulate-grad hooks registered on `leaf`, in order, for an engine elsewhere
+    (distributed autograd's) that accumulates leaves itself."""
+    hooks = leaf._post_hooks  # noqa: SLF001 - the engine is Tensor's friend
+    return list(hooks.values()) if hooks else []
 
 
 def _retain(t: Any, g: Any) -> None:
@@ -323,8 +276,8 @@ def run_backward(
         else:
             entry[0], entry[1] = entry[0] + g, True
     deps = _count_dependencies(roots)
-    prev_mode = _mode.enabled
-    _mode.enabled = False  # hooks and accumulation must not record a graph
+    prev_mode = grad_mode.enabled
+    grad_mode.enabled = False  # hooks and accumulation must not record a graph
     try:
         heap = []
         seen_roots: set[int] = set()
@@ -341,14 +294,14 @@ def run_backward(
         heapq.heapify(heap)
         _run(heap, pending, deps, retain_graph, capture)
     finally:
-        _mode.enabled = prev_mode
+        grad_mode.enabled = prev_mode
 
 
 def _finish_leaf(leaf: Any, g: Any, owned: bool, capture: dict | None) -> None:
     if capture is None:
         _accumulate_leaf(leaf, g, owned)
     elif id(leaf) in capture:
-        if leaf._hooks:
+        if leaf._hooks:  # noqa: SLF001 - the engine is Tensor's friend
             g, owned = _run_hooks(leaf, g, owned)
         capture[id(leaf)] = g if owned else g.copy()
 
@@ -366,7 +319,7 @@ def _count_dependencies(roots: list) -> dict:
         node = root.grad_fn
         if node is not None and id(root) not in expanded:
             if node.backward_fn is None:
-                raise _freed_error(node._name)
+                raise _freed_error(node.name())
             expanded.add(id(root))
             stack.append(root)
     while stack:
@@ -381,7 +334,7 @@ def _count_dependencies(roots: list) -> dict:
                 fn = inp.grad_fn
                 if fn is not None and k not in expanded:
                     if fn.backward_fn is None:
-                        raise _freed_error(fn._name)
+                        raise _freed_error(fn.name())
                     expanded.add(k)
                     stack.append(inp)
             else:
@@ -395,9 +348,9 @@ def _run(heap: list, pending: dict, deps: dict, retain_graph: bool, capture: dic
     while heap:
         _, t = heappop(heap)
         g, owned = pending.pop(id(t))
-        if t._hooks:
+        if t._hooks:  # noqa: SLF001 - the engine is Tensor's friend
             g, owned = _run_hooks(t, g, owned)
-        if t._retains_grad and capture is None:
+        if t._retains_grad and capture is None:  # noqa: SLF001 - the engine is Tensor's friend
             _retain(t, g)
         if capture is not None and id(t) in capture:
             capture[id(t)] = g.copy()
@@ -490,13 +443,13 @@ class GraphTask:
     def feed(self, t: Any, g: Any) -> None:
         """One source contribution for `t` (an array, or None), then run what became ready."""
         self._outstanding -= 1
-        prev_mode = _mode.enabled
-        _mode.enabled = False
+        prev_mode = grad_mode.enabled
+        grad_mode.enabled = False
         try:
             self._deliver(t, g, False)
             self._drain()
         finally:
-            _mode.enabled = prev_mode
+            grad_mode.enabled = prev_mode
 
     def _deliver(self, t: Any, g: Any, owned: bool) -> None:
         k = id(t)
@@ -519,7 +472,7 @@ class GraphTask:
                     self._sink(t, None, False)
                 else:
                     g, owned = entry
-                    if t._hooks:
+                    if t._hooks:  # noqa: SLF001 - the engine is Tensor's friend
                         g, owned = _run_hooks(t, g, owned)
                     self._sink(t, g, owned)
             else:
@@ -543,13 +496,13 @@ class GraphTask:
                 root_in = None
             else:
                 g, owned = entry
-                if t._hooks:
+                if t._hooks:  # noqa: SLF001 - the engine is Tensor's friend
                     g, owned = _run_hooks(t, g, owned)
-                if t._retains_grad:
+                if t._retains_grad:  # noqa: SLF001 - the engine is Tensor's friend
                     _retain(t, g)
                 fn = node.backward_fn
                 if fn is None:
-                    raise _freed_error(node._name)
+                    raise _freed_error(node.name())
                 grads = fn(g) if _profile_hook is None else _profile_hook(node, fn, g)
                 if not retain:
                     node.backward_fn = None
@@ -591,7 +544,7 @@ class GraphTask:
                             sink(inp, None, False)
                         else:
                             gl, ol = leaf_entry
-                            if inp._hooks:
+                            if inp._hooks:  # noqa: SLF001 - the engine is Tensor's friend
                                 gl, ol = _run_hooks(inp, gl, ol)
                             sink(inp, gl, ol)
             if not retain:

@@ -61,7 +61,7 @@ class Device:
 CPU = Device("cpu")
 
 
-def _import_cupy() -> Any:
+def import_cupy() -> Any:
     """Import cupy on first use, with an error that says what to install."""
     global _cupy
     if _cupy is None:
@@ -82,7 +82,7 @@ def device(spec: "str | Device | None") -> Device:
         return CPU
     dev = spec if isinstance(spec, Device) else Device(spec)
     if dev.type == "cuda":
-        cp = _import_cupy()
+        cp = import_cupy()
         count = cp.cuda.runtime.getDeviceCount()
         if dev.index is None:
             dev = Device("cuda", cp.cuda.Device().id)
@@ -93,7 +93,7 @@ def device(spec: "str | Device | None") -> Device:
 
 def xp_for(dev: Device) -> Any:
     """The array module for a parsed device."""
-    return np if dev.type == "cpu" else _import_cupy()
+    return np if dev.type == "cpu" else import_cupy()
 
 
 def array_module(arr: Any) -> Any:
@@ -124,7 +124,7 @@ def to_device(arr: Any, dev: Device) -> Any:
         return arr
     if dev.type == "cpu":
         return arr.get()
-    cp = _import_cupy()
+    cp = import_cupy()
     with cp.cuda.Device(dev.index):
         return cp.asarray(arr)
 
@@ -133,7 +133,7 @@ def device_context(dev: Device) -> Any:
     """A context manager that makes `dev` current for cupy allocations (a no-op on cpu)."""
     if dev.type == "cpu":
         return _NULL
-    return _import_cupy().cuda.Device(dev.index)
+    return import_cupy().cuda.Device(dev.index)
 
 
 class _Null:

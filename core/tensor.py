@@ -14,6 +14,7 @@ from shoal.core import autograd
 from shoal.core import backend
 from shoal.core import dtypes
 from shoal.core.autograd import AutogradError, RemovableHandle
+from shoal.core.grad_mode import grad_mode
 
 
 class Tensor:
@@ -298,7 +299,7 @@ class Tensor:
         if self._hooks is None:
             self._hooks = {}
         handle = RemovableHandle(self._hooks)
-        self._hooks[handle._key] = hook
+        self._hooks[handle.id] = hook
         return handle
 
     def register_post_accumulate_grad_hook(
@@ -317,32 +318,25 @@ class Tensor:
         if self._post_hooks is None:
             self._post_hooks = {}
         handle = RemovableHandle(self._post_hooks)
-        self._post_hooks[handle._key] = hook
+        self._post_hooks[handle.id] = hook
         return handle
 
     # -- in-place updates (for optimizers; refused where they would corrupt the graph) -----
-    def _check_inplace(self, op: str) -> None:
-        if self.requires_grad and autograd._mode.enabled:
-            raise AutogradError(
-                f"{op}: in-place update of a tensor that requires grad while grad mode is on; "
-                "wrap it in core.no_grad() (optimizers do)."
-            )
-
     def zero_(self) -> "Tensor":
         """Fill with zeros in place."""
-        self._check_inplace("zero_")
+        check_inplace(self, "zero_")
         self.data.fill(0)
         return self
 
     def fill_(self, value: Any) -> "Tensor":
         """Fill with a value in place."""
-        self._check_inplace("fill_")
+        check_inplace(self, "fill_")
         self.data.fill(_scalar(value))
         return self
 
     def add_(self, other: Any, alpha: Any = 1) -> "Tensor":
         """self += alpha * other, in place."""
-        self._check_inplace("add_")
+        check_inplace(self, "add_")
         o = _raw(other)
         if alpha != 1:
             o = o * _scalar(alpha)
@@ -351,7 +345,7 @@ class Tensor:
 
     def sub_(self, other: Any, alpha: Any = 1) -> "Tensor":
         """self -= alpha * other, in place."""
-        self._check_inplace("sub_")
+        check_inplace(self, "sub_")
         o = _raw(other)
         if alpha != 1:
             o = o * _scalar(alpha)
@@ -360,19 +354,19 @@ class Tensor:
 
     def mul_(self, other: Any) -> "Tensor":
         """self *= other, in place."""
-        self._check_inplace("mul_")
+        check_inplace(self, "mul_")
         self.data *= _raw(other)
         return self
 
     def div_(self, other: Any) -> "Tensor":
         """self /= other, in place."""
-        self._check_inplace("div_")
+        check_inplace(self, "div_")
         self.data /= _raw(other)
         return self
 
     def addcmul_(self, t1: Any, t2: Any, value: Any = 1) -> "Tensor":
         """self += value * t1 * t2, in place."""
-        self._check_inplace("addcmul_")
+        check_inplace(self, "addcmul_")
         prod = _raw(t1) * _raw(t2)
         if value != 1:
             prod *= _scalar(value)
@@ -381,7 +375,7 @@ class Tensor:
 
     def addcdiv_(self, t1: Any, t2: Any, value: Any = 1) -> "Tensor":
         """self += value * t1 / t2, in place."""
-        self._check_inplace("addcdiv_")
+        check_inplace(self, "addcdiv_")
         q = _raw(t1) / _raw(t2)
         if value != 1:
             q *= _scalar(value)
@@ -390,7 +384,7 @@ class Tensor:
 
     def copy_(self, src: Any) -> "Tensor":
         """Copy src's values into this tensor in place (broadcasting, casting, across devices)."""
-        self._check_inplace("copy_")
+        check_inplace(self, "copy_")
         s = _raw(src)
         if backend.is_array(s) and backend.device_of(s) != backend.device_of(self.data):
             s = backend.to_device(s, backend.device_of(self.data))
@@ -404,6 +398,38 @@ class Tensor:
     def __dlpack_device__(self) -> tuple:
         """The DLPack (device type, index) of the data."""
         return self.data.__dlpack_device__()
+
+
+_new = object.__new__
+_ndarray = np.ndarray
+
+
+def wrap(data: Any) -> Tensor:
+    """A new tensor around the array `data`, with no graph: Tensor(data) without its checks.
+
+    Every op's output goes through here, so it sets the slots itself rather than run __init__.
+    """
+    if data.__class__ is not _ndarray and isinstance(data, np.generic):
+        data = np.asarray(data)
+    out = _new(Tensor)
+    out.data = data
+    out.grad = None
+    out.requires_grad = False
+    out.grad_fn = None
+    # Tensor's own slots, set from its own module: this is its constructor's fast path.
+    out._hooks = None  # noqa: SLF001
+    out._post_hooks = None  # noqa: SLF001
+    out._retains_grad = False  # noqa: SLF001
+    return out
+
+
+def check_inplace(t: Tensor, op: str) -> None:
+    """Refuse an in-place update of a tensor that requires grad while grad mode is on."""
+    if t.requires_grad and grad_mode.enabled:
+        raise AutogradError(
+            f"{op}: in-place update of a tensor that requires grad while grad mode is on; "
+            "wrap it in core.no_grad() (optimizers do)."
+        )
 
 
 def _check_float(t: Tensor, what: str) -> None:

@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from shoal.core import autograd
 from shoal.core import backend
 from shoal.core.amp.autocast_mode import FP32, LOWER, STATE
+from shoal.core.grad_mode import grad_mode
 from shoal.core.ops import shape as _shape
 from shoal.core.tensor import Tensor
 
@@ -37,7 +37,7 @@ def _to(t: Any, target: np.dtype) -> Any:
         return t
     cacheable = (
         STATE.cache_enabled and dt == _F32 and t.requires_grad and t.grad_fn is None
-        and target != _F32 and autograd._mode.enabled
+        and target != _F32 and grad_mode.enabled
     )
     if not cacheable:
         return _shape.to(t, None, target)

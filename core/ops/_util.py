@@ -7,33 +7,15 @@ from typing import Any, Callable
 import ml_dtypes
 import numpy as np
 
-from shoal.core import autograd
 from shoal.core import backend
 from shoal.core.autograd import Node
+from shoal.core.grad_mode import grad_mode
 from shoal.core.errors import ShapeError
 from shoal.core.ops._promote import is_reduced_float
-from shoal.core.tensor import Tensor
+from shoal.core.tensor import Tensor, wrap
 
-_new = object.__new__
-_mode = autograd._mode
-_ndarray = np.ndarray
 _F32 = np.dtype(np.float32)
 _BF16 = np.dtype(ml_dtypes.bfloat16)
-
-
-def wrap(data: Any) -> Tensor:
-    """A new tensor around `data` with no graph (the fast path of Tensor(data))."""
-    if data.__class__ is not _ndarray and isinstance(data, np.generic):
-        data = np.asarray(data)
-    out = _new(Tensor)
-    out.data = data
-    out.grad = None
-    out.requires_grad = False
-    out.grad_fn = None
-    out._hooks = None
-    out._post_hooks = None
-    out._retains_grad = False
-    return out
 
 
 def result(
@@ -48,7 +30,7 @@ def result(
     out = wrap(data)  # numpy ufuncs turn 0-d results into scalars; wrap keeps arrays
     if out.data.dtype is _F32 and not exact_dtype:
         out.data = _keep_bfloat16(out.data, inputs)
-    if _mode.enabled:
+    if grad_mode.enabled:
         for t in inputs:
             if t.__class__ is not Tensor and not isinstance(t, Tensor):
                 continue

@@ -21,7 +21,7 @@ from shoal.core.ops._util import (
     wrap,
     xp_of,
 )
-from shoal.core.tensor import Tensor
+from shoal.core.tensor import Tensor, check_inplace
 
 
 def _shape_args(shape: Sequence) -> tuple:
@@ -238,7 +238,7 @@ def _scatter_add(xp: Any, target: Any, index: Any, values: Any) -> None:
 
 def setitem(x: Tensor, idx: Any, value: Any) -> None:
     """In-place assignment into the data (refused on tensors that are part of a graph)."""
-    x._check_inplace("__setitem__")
+    check_inplace(x, "__setitem__")
     index, basic = _norm_index(idx)
     x.data[index] = val(value)
 

@@ -23,7 +23,7 @@ CUDA_LANE = -1  # the trace lane of GPU kernels (no thread has a negative ident)
 def available() -> bool:
     """True when cupy imports and sees a CUDA device."""
     try:
-        cupy = backend._import_cupy()
+        cupy = backend.import_cupy()
         return cupy.cuda.runtime.getDeviceCount() > 0
     except Exception:  # noqa: BLE001 - no cupy, no driver, no device: all mean "no"
         return False
@@ -44,7 +44,7 @@ def array_on_gpu(a: Any) -> bool:
 
 def begin_window(rec: Recorder) -> None:
     """Record the reference event the window's GPU times are measured from."""
-    cupy = backend._import_cupy()
+    cupy = backend.import_cupy()
     ref = cupy.cuda.Event()
     ref.record()
     rec.cuda_ref = (ref, now_ns())
@@ -52,7 +52,7 @@ def begin_window(rec: Recorder) -> None:
 
 def mark() -> Any:
     """An event recorded now on the current stream."""
-    ev = backend._import_cupy().cuda.Event()
+    ev = backend.import_cupy().cuda.Event()
     ev.record()
     return ev
 
@@ -61,7 +61,7 @@ def resolve_window(rec: Recorder) -> None:
     """Turn the window's event pairs into GPU durations and kernel events (synchronises)."""
     if not rec.cuda_pending or rec.cuda_ref is None:
         return
-    cupy = backend._import_cupy()
+    cupy = backend.import_cupy()
     ref, ref_ns = rec.cuda_ref
     rec.thread_names[CUDA_LANE] = "cuda stream"
     for ev, start, end in rec.cuda_pending:

@@ -8,6 +8,7 @@ traces of different processes can be laid side by side.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from typing import Any, Optional
@@ -73,7 +74,7 @@ class Recorder:
         self.counted: set[int] = set()  # ids of the live arrays whose bytes were counted
         self.live_tensors: dict[int, int] = {}  # id of a live counted tensor -> its bytes
         self.mem_raw: list[tuple] = []  # (time, -bytes, tid) of frees
-        self._on_free = self._make_free_callback()  # one callback for every weak reference
+        self.free_callback = self._make_free_callback()  # one callback for every weak reference
         self.detailed_raw: list = []  # the detailed path's tuples (or Events, with CUDA)
         self.raw: list[tuple] = []  # (name, cat, start, dur, tid, flow) from the lean path
         self.closed = False  # set when the window ends: later frees are not this window's
@@ -109,7 +110,7 @@ class Recorder:
         self.live.clear()
         self.counted.clear()
         self.live_tensors.clear()
-        self._on_free = None
+        self.free_callback = None
         self.flush()
 
     def flush(self) -> None:
@@ -180,10 +181,9 @@ class Recorder:
 
 def user_stack(limit: int = 16) -> list:
     """The caller's stack, innermost first, without the profiler's and shoal.core's frames."""
-    import sys  # noqa: PLC0415 - only with with_stack=True
-
     frames = []
-    f: Any = sys._getframe(2)
+    # CPython's frame walk; inspect.stack() would read every frame's source lines, per op.
+    f: Any = sys._getframe(2)  # noqa: SLF001
     while f is not None and len(frames) < limit:
         fname = f.f_code.co_filename
         if not fname.startswith(_CORE_DIR):

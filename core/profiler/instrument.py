@@ -197,10 +197,10 @@ def _backward_hook(node: Any, fn: Callable, g: Any) -> Any:
     grads = fn(g)
     t1 = now_ns()
     if not rec.profile_memory:
-        rec.raw.append((node._name, "backward", t0, t1 - t0, threading.get_ident(),
+        rec.raw.append((node.name(), "backward", t0, t1 - t0, threading.get_ident(),
                         node.seq + 1))
         return grads
-    rec.detailed_raw.append((node._name, "backward", t0, t1 - t0, threading.get_ident(),
+    rec.detailed_raw.append((node.name(), "backward", t0, t1 - t0, threading.get_ident(),
                              node.seq + 1, _grad_bytes(grads, g, rec), None, None))
     return grads
 
@@ -213,7 +213,7 @@ def _backward_on_gpu(rec: Any, node: Any, fn: Callable, g: Any) -> Any:
     grads = fn(g)
     t1 = now_ns()
     mem = _grad_bytes(grads, g, rec) if rec.profile_memory else 0
-    ev = Event(node._name, "backward", t0, t1 - t0, threading.get_ident(), flow=node.seq + 1,
+    ev = Event(node.name(), "backward", t0, t1 - t0, threading.get_ident(), flow=node.seq + 1,
                mem=mem)
     rec.cuda_pending.append((ev, start, cuda.mark()))
     rec.detailed_raw.append(ev)  # kept as an Event: resolve_window fills in its CUDA time
@@ -246,7 +246,7 @@ def _grad_bytes(grads: Any, g: Any, rec: Any) -> int:
             first = r
         n = r.nbytes
         total += n
-        ref = _weakref(r, rec._on_free)
+        ref = _weakref(r, rec.free_callback)
         rec.counted.add(id(r))
         rec.live[id(ref)] = (ref, n, id(r))
     return total
@@ -375,7 +375,7 @@ def install() -> None:
             if nxt is not None:
                 _restore.append((cls, "__next__", nxt))
                 cls.__next__ = _wrap_next(nxt, cls.__name__)
-        autograd._profile_hook = _backward_hook
+        autograd.set_profile_hook(_backward_hook)
     _wrap_steps()
 
 
@@ -386,7 +386,7 @@ def uninstall() -> None:
         _users -= 1
         if _users > 0:
             return
-        autograd._profile_hook = None
+        autograd.set_profile_hook(None)
         while _restore:
             owner, attr, value = _restore.pop()
             setattr(owner, attr, value)
