@@ -44,70 +44,23 @@ import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 
-import numpy as np  # noqa: E402
+import allreduce_hosts  # noqa: E402
+from allreduce_cases import (  # noqa: E402
+    KiB,
+    MiB,
+    bus_factor,
+    fmt_size,
+    gloo_runner,
+    iterations,
+    shoal_runner,
+)
 
-KiB = 1024
-MiB = 1024 * 1024
 ALLREDUCE_SIZES = (4 * KiB, 256 * KiB, 4 * MiB, 64 * MiB)
 CASES = [("all_reduce", n) for n in ALLREDUCE_SIZES] + [("broadcast", 4 * MiB), ("all_gather", 4 * MiB)]
 CTX = multiprocessing.get_context("spawn")
 
 
-def iterations(nbytes: int, quick: bool) -> int:
-    if nbytes <= 4 * KiB:
-        n = 300
-    elif nbytes <= 256 * KiB:
-        n = 100
-    elif nbytes <= 4 * MiB:
-        n = 40
-    else:
-        n = 12
-    return max(3, n // 3) if quick else n
-
-
-def bus_factor(op: str, world: int) -> float:
-    return {"all_reduce": 2 * (world - 1) / world, "broadcast": 1.0,
-            "all_gather": (world - 1) / world}[op]
-
-
 # ----------------------------------------------------------------------------- workers
-
-def _shoal_runner(pg, op, n, world, backend="tcp"):
-    """(run, barrier) for one case on a shoal process group (cupy arrays for nccl)."""
-    xp, sync = np, None
-    if backend == "nccl":
-        import cupy as xp  # device arrays; each op is timed until the GPU finished it
-
-        sync = xp.cuda.get_current_stream().synchronize
-    if op == "all_reduce":
-        a = xp.zeros(n, np.float32)
-        run = lambda: pg.all_reduce(a)  # noqa: E731
-    elif op == "broadcast":
-        a = xp.zeros(n, np.float32)
-        run = lambda: pg.broadcast(a, src=0)  # noqa: E731
-    else:
-        x = xp.ones(n // world, np.float32)
-        outs = [xp.empty_like(x) for _ in range(world)]
-        run = lambda: pg.all_gather(outs, x)  # noqa: E731
-    if sync is not None:
-        run = (lambda f: lambda: (f(), sync()))(run)
-    return run, pg.barrier
-
-
-def _gloo_runner(dist, torch, op, n, world):
-    """(run, barrier) for one case on torch's default (gloo) group."""
-    if op == "all_reduce":
-        t = torch.zeros(n)
-        run = lambda: dist.all_reduce(t)  # noqa: E731
-    elif op == "broadcast":
-        t = torch.zeros(n)
-        run = lambda: dist.broadcast(t, src=0)  # noqa: E731
-    else:
-        x = torch.ones(n // world)
-        outs = [torch.empty_like(x) for _ in range(world)]
-        run = lambda: dist.all_gather(outs, x)  # noqa: E731
-    return run, dist.barrier
-
 
 def _worker(side, rank, world, port, backend, commands, out):
     """One rank of one side. It forms its group, then runs blocks of iterations when told, so
@@ -121,7 +74,7 @@ def _worker(side, rank, world, port, backend, commands, out):
             torch.set_num_threads(1)
             store = dist.TCPStore("127.0.0.1", port, world, False)
             dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
-            make = lambda op, n: _gloo_runner(dist, torch, op, n, world)  # noqa: E731
+            make = lambda op, n: gloo_runner(dist, torch, op, n, world)  # noqa: E731
         else:
             os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                               WORLD_SIZE=str(world), SHOAL_USE_AGENT_STORE="1")
@@ -132,7 +85,7 @@ def _worker(side, rank, world, port, backend, commands, out):
             import shoal.collectives as c
 
             pg = c.init_process_group(backend, init_method="env://", timeout=300)
-            make = lambda op, n: _shoal_runner(pg, op, n, world, backend)  # noqa: E731
+            make = lambda op, n: shoal_runner(pg, op, n, world, backend)  # noqa: E731
         out.put((side, rank, "ready", None))
         runners = {}
         while True:
@@ -289,11 +242,8 @@ def _print_targets(rows) -> None:
         print(f"  {what:<42} {got:>6.2f}x (paired {paired:.2f}x)  {verdict}")
 
 
-def _fmt_size(n: int) -> str:
-    return f"{n // MiB} MiB" if n >= MiB else f"{n // KiB} KiB"
-
-
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """bench/allreduce.py's flags."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer iterations and one round")
     parser.add_argument("--compare", dest="compare", action="store_true", default=None,
@@ -323,45 +273,12 @@ def main(argv=None) -> int:
                              "CPU the unshaped software links cost")
     parser.add_argument("--json", action="store_true",
                         help="with --hosts: print only the JSON rows")
-    args = parser.parse_args(argv)
-    ops = set(args.ops.split(","))
-    args.cases = [c for c in CASES if c[0] in ops and args.min_bytes <= c[1] <= args.max_bytes]
-    if args.backend != "tcp":
-        from shoal.collectives.types import BackendUnavailable
-        from shoal.collectives.backends.registry import backend_class
+    return parser
 
-        try:
-            backend_class(args.backend)  # "backend 'nccl' needs a CUDA device; none was found."
-        except BackendUnavailable as exc:
-            print(f"bench/allreduce.py: {exc}", file=sys.stderr)
-            return 2
-    if args.compare is None:
-        try:
-            import torch.distributed  # noqa: F401
-            args.compare = args.backend != "nccl"  # gloo is no peer for GPU collectives
-        except ImportError:
-            args.compare = False
-    if args.hosts:
-        import allreduce_hosts
 
-        return allreduce_hosts.main(args, args.cases)
-    rounds = args.rounds or (1 if args.quick else 2)
-    worlds = [int(w) for w in args.worlds.split(",")]
-    if args.backend == "nccl":
-        import cupy
-
-        gpus = cupy.cuda.runtime.getDeviceCount()
-        fitting = [w for w in worlds if w <= gpus] or [gpus]
-        if fitting != worlds:
-            print(f"nccl needs one GPU per rank and this machine has {gpus}: worlds {fitting}")
-        worlds = fitting
-
-    if not args.no_loopback:
-        limit = loopback_limit(args.quick)
-        print(f"raw loopback, one TCP stream: {limit:.2f} GB/s")
-        print(json.dumps({"bench": "allreduce", "row": "loopback", "gbps": round(limit, 3)}))
-
-    sides = ["shoal"] + (["shoal_tcp"] if args.tcp_too else []) + (["gloo"] if args.compare else [])
+def _measure(sides: list, worlds: list, rounds: int, args) -> list[dict]:
+    """One row per world and case: each side's median, busbw and spread, and the ratios to
+    gloo, over `rounds` sessions."""
     rows = []
     for world in worlds:
         samples = {side: {} for side in sides}
@@ -388,7 +305,11 @@ def main(argv=None) -> int:
                     pairs = [g / x for g, x in zip(samples["gloo"][case], samples[side][case])]
                     row[f"{side}_paired_ratio"] = round(statistics.median(pairs), 2)
             rows.append(row)
+    return rows
 
+
+def _print_table(rows: list[dict], sides: list) -> None:
+    """The human-readable table of `_measure`'s rows."""
     header = f"{'op':<11}{'W':>2} {'size':>7}"
     for side in sides:
         header += f" | {side + ' ms':>13} {'busbw':>6}"
@@ -401,13 +322,57 @@ def main(argv=None) -> int:
     print(header)
     print("-" * len(header))
     for row in rows:
-        line = f"{row['op']:<11}{row['world']:>2} {_fmt_size(row['bytes']):>7}"
+        line = f"{row['op']:<11}{row['world']:>2} {fmt_size(row['bytes']):>7}"
         for side in sides:
             line += f" | {row[side + '_ms']:>13.3f} {row[side + '_busbw_gbps']:>6.2f}"
         for side in sides:
             if side != "gloo" and "gloo" in sides:
                 line += f" | {row[side + '_speedup_vs_gloo']:>13.2f}x {row[side + '_paired_ratio']:>5.2f}x"
         print(line)
+
+
+def main(argv=None) -> int:
+    """bench/allreduce.py's entry point: parse, run the sessions, print the table and rows."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    ops = set(args.ops.split(","))
+    args.cases = [c for c in CASES if c[0] in ops and args.min_bytes <= c[1] <= args.max_bytes]
+    if args.backend != "tcp":
+        from shoal.collectives.types import BackendUnavailable
+        from shoal.collectives.backends.registry import backend_class
+
+        try:
+            backend_class(args.backend)  # "backend 'nccl' needs a CUDA device; none was found."
+        except BackendUnavailable as exc:
+            print(f"bench/allreduce.py: {exc}", file=sys.stderr)
+            return 2
+    if args.compare is None:
+        try:
+            import torch.distributed  # noqa: F401
+            args.compare = args.backend != "nccl"  # gloo is no peer for GPU collectives
+        except ImportError:
+            args.compare = False
+    if args.hosts:
+        return allreduce_hosts.main(args, args.cases)
+    rounds = args.rounds or (1 if args.quick else 2)
+    worlds = [int(w) for w in args.worlds.split(",")]
+    if args.backend == "nccl":
+        import cupy
+
+        gpus = cupy.cuda.runtime.getDeviceCount()
+        fitting = [w for w in worlds if w <= gpus] or [gpus]
+        if fitting != worlds:
+            print(f"nccl needs one GPU per rank and this machine has {gpus}: worlds {fitting}")
+        worlds = fitting
+
+    if not args.no_loopback:
+        limit = loopback_limit(args.quick)
+        print(f"raw loopback, one TCP stream: {limit:.2f} GB/s")
+        print(json.dumps({"bench": "allreduce", "row": "loopback", "gbps": round(limit, 3)}))
+
+    sides = ["shoal"] + (["shoal_tcp"] if args.tcp_too else []) + (["gloo"] if args.compare else [])
+    rows = _measure(sides, worlds, rounds, args)
+    _print_table(rows, sides)
     for row in rows:
         print(json.dumps(row))
     if "gloo" in sides:

@@ -51,8 +51,9 @@ import sys
 import time
 from pathlib import Path
 
+from allreduce_cases import bus_factor, fmt_size, gloo_runner, iterations, shoal_runner
+
 ROOT = Path(__file__).resolve().parent.parent
-MiB = 1024 * 1024
 PROTOCOL = "@@bench "  # stdout lines of the protocol; anything else is the rank's own output
 WAIT_S = 600.0
 BASE_PORT = 29400
@@ -61,8 +62,8 @@ BASE_PORT = 29400
 def parse_hosts(spec: str) -> tuple[int, int]:
     """'2x2' -> (2 hosts, 2 ranks per host)."""
     try:
-        h, _, l = spec.lower().partition("x")
-        hosts, per_host = int(h), int(l)
+        h, _, per = spec.lower().partition("x")
+        hosts, per_host = int(h), int(per)
     except ValueError:
         raise SystemExit(f"--hosts takes HOSTSxRANKS, e.g. 2x2, got {spec!r}") from None
     if hosts < 1 or per_host < 1:
@@ -164,9 +165,6 @@ class _PhaseClock:
 def worker(side: str, rank: int, world: int, master: str, port: int, per_host: int) -> None:
     """One rank: form the group, then run blocks of iterations as the parent asks."""
     os.environ["GLOO_SOCKET_IFNAME"] = "eth0"
-    sys.path.insert(0, str(ROOT / "bench"))
-    import allreduce as ar  # the runners and iteration counts of the single-host bench
-
     import numpy as np  # noqa: F401  (loaded before timing)
 
     if side == "gloo":
@@ -176,7 +174,7 @@ def worker(side: str, rank: int, world: int, master: str, port: int, per_host: i
         torch.set_num_threads(1)
         store = dist.TCPStore(master, port, world, rank == 0, timeout=__import__("datetime").timedelta(seconds=300))
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
-        make = lambda op, n: ar._gloo_runner(dist, torch, op, n, world)  # noqa: E731
+        make = lambda op, n: gloo_runner(dist, torch, op, n, world)  # noqa: E731
     else:
         os.environ.update(MASTER_ADDR=master, MASTER_PORT=str(port), RANK=str(rank),
                           WORLD_SIZE=str(world))
@@ -187,7 +185,7 @@ def worker(side: str, rank: int, world: int, master: str, port: int, per_host: i
         import shoal.collectives as c
 
         pg = c.init_process_group("tcp", init_method="env://", timeout=300)
-        make = lambda op, n: ar._shoal_runner(pg, op, n, world)  # noqa: E731
+        make = lambda op, n: shoal_runner(pg, op, n, world)  # noqa: E731
         if side == "wire":
             make = lambda op, n: _wire_runner(c, pg, rank, world, per_host, n)  # noqa: E731
         if rank == 0:
@@ -309,12 +307,10 @@ def session(hosts, per_host: int, sides: list, cases: list, args) -> dict:
                     raise SystemExit(f"shoal rank {rk.rank} reports hierarchical="
                                      f"{ready.get('hierarchical')} on {len(hosts)}x{per_host}; "
                                      f"expected {two_level}: the comparison would be void")
-        import allreduce as ar
-
         blocks = args.blocks or (2 if args.quick else 4)
         results = {}
         for case in cases:
-            per_block = max(1, ar.iterations(case[1], args.quick) // blocks)
+            per_block = max(1, iterations(case[1], args.quick) // blocks)
             here = sides_for(case, sides)
             results[case] = {side: _no_samples() for side in here}
             for block in range(blocks):
@@ -368,8 +364,6 @@ def _phase_summary(phases: list, per_host: int) -> dict:
 def main(args, cases: list) -> int:
     """Run the --hosts mode of bench/allreduce.py (its parsed `args` and `cases`)."""
     sys.path.insert(0, str(ROOT))
-    sys.path.insert(0, str(ROOT / "bench"))
-    import allreduce as ar
     from tests.support.netns import Hosts, netns_unavailable_reason
 
     reason = netns_unavailable_reason()
@@ -403,7 +397,7 @@ def main(args, cases: list) -> int:
             p10, p90 = _percentiles(ts)
             row[f"{side}_ms"] = round(med * 1e3, 4)
             row[f"{side}_p10_p90_ms"] = [round(p10 * 1e3, 3), round(p90 * 1e3, 3)]
-            row[f"{side}_busbw_gbps"] = round(nbytes / med * ar.bus_factor(op, world) / 1e9, 3)
+            row[f"{side}_busbw_gbps"] = round(nbytes / med * bus_factor(op, world) / 1e9, 3)
             row[f"{side}_cpu_ms"] = round(statistics.median(got[side]["cpu"]) * 1e3, 3)
             row[f"{side}_sleeps"] = round(statistics.median(got[side]["sleeps"]), 1)
         for other in here[1:]:
@@ -433,7 +427,7 @@ def main(args, cases: list) -> int:
     print(header)
     print("-" * len(header))
     for row in rows:
-        line = f"{row['op']:<11}{f'{n_hosts}x{per_host}':>6} {ar._fmt_size(row['bytes']):>7}"
+        line = f"{row['op']:<11}{f'{n_hosts}x{per_host}':>6} {fmt_size(row['bytes']):>7}"
         line += "".join(f" | {row[side + '_ms']:>14.3f} {row[side + '_busbw_gbps']:>6.2f}"
                         if side + "_ms" in row else f" | {'-':>14} {'-':>6}" for side in sides)
         for other in sides[1:]:
@@ -448,7 +442,7 @@ def main(args, cases: list) -> int:
         paired = ", ".join(f"{ratio_name(o)} "
                            f"{row['shoal_vs_' + o.replace('shoal_', '') + '_paired']:.2f}x"
                            for o in here[1:])
-        print(f"  {row['op']} {ar._fmt_size(row['bytes'])}: {spread}; {paired}")
+        print(f"  {row['op']} {fmt_size(row['bytes'])}: {spread}; {paired}")
     print(f"where the time goes: CPU per op, all ranks' processes together (core-ms; this "
           f"machine has {cores} cores, so a side that needs X core-ms takes at least X/{cores} ms;"
           f" sleeps: the times per op that their threads waited in the kernel, all ranks "
@@ -464,7 +458,7 @@ def main(args, cases: list) -> int:
         phases = "".join(
             f"; {who} " + " ".join(f"{k} {v:.1f}" for k, v in p.items())
             for who, p in row.get("shoal_phases_ms", {}).items())
-        print(f"  {row['op']} {ar._fmt_size(row['bytes'])}: {cpu}{phases}")
+        print(f"  {row['op']} {fmt_size(row['bytes'])}: {cpu}{phases}")
     for row in rows:
         print(json.dumps(row))
     return 0
