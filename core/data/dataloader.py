@@ -145,14 +145,20 @@ class DataLoader:
         if self._iterator is not None:
             self._iterator.close()
         if self.num_workers == 0:
-            it: _LoaderIter = _SingleProcessIter(self, base_seed, shape, plan.layout)
+            it: _LoaderIter = _SingleProcessIter(self, base_seed, shape, plan.layout,
+                                                 self._start_sampler())
         else:
-            it = _MultiProcessIter(self, base_seed, shape, plan.layout)
+            pool = self._worker_pool(base_seed)  # workers start before the sampler does
+            it = _MultiProcessIter(self, base_seed, shape, plan.layout, self._start_sampler(),
+                                   pool)
         it.generator_state = generator_state
         if plan.replay_batches:
             it.skip(plan.replay_batches)
         self._iterator = it
         return it
+
+    def _start_sampler(self) -> Optional[Iterator]:
+        return None if self.iterable else iter(self._index_sampler)
 
     def _at_loaded_position(self, resume: dict) -> bool:
         """False when set_epoch moved the sampler off the position `resume` loaded."""

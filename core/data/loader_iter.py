@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 import numpy as np
 
@@ -18,7 +18,7 @@ from shoal.core.data import pin as pinning
 from shoal.core.data import stream_state
 from shoal.core.data.datapipes import sharding
 from shoal.core.data.datapipes.iter import IterDataPipe
-from shoal.core.data.pool import FAILED_JOIN_S, JOIN_S, Failure
+from shoal.core.data.pool import FAILED_JOIN_S, JOIN_S, Failure, WorkerPool
 from shoal.core.data.worker import take_batch
 
 if TYPE_CHECKING:
@@ -70,13 +70,16 @@ class _LoaderIter:
 
 
 class _SingleProcessIter(_LoaderIter):
+    """`indices`: the loader's sampler, started (None for an iterable dataset)."""
+
     def __init__(self, loader: "DataLoader", base_seed: int,
-                 shape: Optional[stream_state.Shape], layout: Optional[tuple]) -> None:
+                 shape: Optional[stream_state.Shape], layout: Optional[tuple],
+                 indices: Optional[Iterator]) -> None:
         super().__init__(loader, base_seed, shape, layout)
         prepare = pipe_preparer(loader.dataset)
         if prepare is not None:
             prepare(loader.dataset, 0, 1, base_seed, layout)
-        self._indices = None if loader.iterable else iter(loader._index_sampler)
+        self._indices = indices
         self._items = iter(loader.dataset) if loader.iterable else None
 
     def __next__(self) -> Any:
@@ -111,13 +114,18 @@ class _SingleProcessIter(_LoaderIter):
 
 
 class _MultiProcessIter(_LoaderIter):
-    """Keeps prefetch_factor tasks in flight per worker and yields results in task order."""
+    """Keeps prefetch_factor tasks in flight per worker and yields results in task order.
+
+    `pool`: the loader's workers (kept by the loader across epochs when they persist);
+    `indices`: its sampler, started (None for an iterable dataset).
+    """
 
     def __init__(self, loader: "DataLoader", base_seed: int,
-                 shape: Optional[stream_state.Shape], layout: Optional[tuple]) -> None:
+                 shape: Optional[stream_state.Shape], layout: Optional[tuple],
+                 indices: Optional[Iterator], pool: WorkerPool) -> None:
         super().__init__(loader, base_seed, shape, layout)
-        self.pool = loader._worker_pool(base_seed)
-        self._indices = None if loader.iterable else iter(loader._index_sampler)
+        self.pool = pool
+        self._indices = indices
         self._tasks: dict[int, tuple[int, int]] = {}  # task -> (worker, samples)
         self._done: dict[int, tuple[Any, Any]] = {}  # task -> (batch, END or Failure; mark)
         self._exhausted = [False] * self.pool.size
@@ -231,9 +239,9 @@ class _MultiProcessIter(_LoaderIter):
 
     def close(self, error: bool = False) -> None:
         if error or not self.loader.persistent_workers:
+            # A persistent pool shut down here stays with the loader, closed: its next
+            # iteration starts a fresh one (DataLoader._worker_pool skips a closed pool).
             self.pool.shutdown(grace=FAILED_JOIN_S if error else JOIN_S)
-            if self.loader._pool is self.pool:
-                self.loader._pool = None
 
     def __del__(self) -> None:
         pool = getattr(self, "pool", None)  # absent when the pool failed to start
