@@ -16,6 +16,7 @@ rank, a digest of its parameters at the end (equal on every rank).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import os
 import sys
@@ -79,7 +80,7 @@ def main(argv=None) -> int:
             x, y = batch(rng, args.micro_batch_size)
             last = micro == args.micro_batches - 1
             # no_sync: accumulate locally; the last micro-batch's backward all-reduces the sum.
-            with (model.no_sync() if not last else _nothing()):
+            with (model.no_sync() if not last else contextlib.nullcontext()):
                 with core.autocast("cpu"):
                     loss = loss_fn(model(x), y) / args.micro_batches
                 scaler.scale(loss).backward()
@@ -99,14 +100,6 @@ def main(argv=None) -> int:
     print(f"rank {rank} params {digest(model.module)}", flush=True)
     collectives.destroy_process_group()
     return 0
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return None
 
 
 if __name__ == "__main__":

@@ -18,7 +18,8 @@ import time
 
 import numpy as np
 
-from shoal import core
+from shoal import collectives, core
+from shoal.collectives import DistributedDataParallel, DistributedSampler
 from shoal.core import nn
 from shoal.core.data import DataLoader, TensorDataset
 from shoal.core.nn import functional as F
@@ -75,8 +76,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def init_distributed():
     """The process group: from the torchrun environment `shoal run` sets, else a group of one."""
-    from shoal import collectives  # noqa: PLC0415
-
     if "WORLD_SIZE" in os.environ and "RANK" in os.environ:
         return collectives.init_process_group("tcp", init_method="env://")
     return collectives.init_process_group(
@@ -105,10 +104,6 @@ def main(argv=None) -> int:
     xtr, ytr, xte, yte = load_digits(seed=args.seed)
     group = init_distributed()
     rank, world = group.rank(), group.size()
-    from shoal import collectives  # noqa: PLC0415
-    from shoal.collectives import DistributedSampler  # noqa: PLC0415
-    from shoal.collectives import DistributedDataParallel  # noqa: PLC0415
-
     train_set = TensorDataset(xtr, ytr)
     sampler = DistributedSampler(train_set, shuffle=True, seed=args.seed)
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)

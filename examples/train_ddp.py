@@ -24,10 +24,11 @@ import time
 
 import numpy as np
 
-from shoal import core
-from shoal.collectives.data import DistributedSampler
+from shoal import collectives, core
 from shoal.collectives import DistributedDataParallel
+from shoal.collectives.data import DistributedSampler
 from shoal.core import nn
+from shoal.core import settings as core_settings
 from shoal.core.data import DataLoader, Dataset
 from shoal.elastic.checkpoint import Checkpointer
 
@@ -54,7 +55,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="save a checkpoint every N steps (0: never)")
     parser.add_argument("--checkpoint-dir", "--checkpoint_dir", default=None,
                         help="where checkpoints go (default: $SHOAL_CHECKPOINT_DIR; none: off)")
-    parser.add_argument("--backend", default=os.environ.get("SHOAL_BACKEND", "tcp"),
+    parser.add_argument("--backend", default="tcp",
                         help="process-group backend: tcp (default, CPU arrays) or nccl (each "
                              "rank's model and batches on GPU LOCAL_RANK)")
     parser.add_argument("--seed", type=int, default=0)
@@ -138,8 +139,6 @@ def make_checkpointer(directory: str | None):
 
 def init_distributed(backend: str = "tcp"):
     """The process group: from the torchrun environment `shoal run` sets, else a group of one."""
-    from shoal import collectives  # noqa: PLC0415
-
     if "WORLD_SIZE" in os.environ and "RANK" in os.environ:
         return collectives.init_process_group(backend, init_method="env://")
     # No launcher: a world of one (its store binds a free port itself).
@@ -159,9 +158,9 @@ def main(argv=None) -> int:
     rank, world = group.rank(), group.size()
     local_rank = int(os.environ.get("LOCAL_RANK", "0") or 0)
     device = f"cuda:{local_rank}" if args.backend == "nccl" else "cpu"
-    directory = args.checkpoint_dir or os.environ.get("SHOAL_CHECKPOINT_DIR")
+    directory = args.checkpoint_dir or core_settings.CHECKPOINT_DIR.get()
     checkpointer = make_checkpointer(directory)
-    restarts = int(os.environ.get("SHOAL_RESTART_COUNT", "0") or 0)
+    restarts = core_settings.RESTART_COUNT.get()
     print(f"rank {rank} of {world} (local rank {local_rank}), restart {restarts}", flush=True)
 
     core.manual_seed(args.seed)
@@ -213,8 +212,6 @@ def main(argv=None) -> int:
 
     if rank == 0:
         print(f"final step {args.steps} params_sha256 {params_sha256(model)}", flush=True)
-    from shoal import collectives  # noqa: PLC0415
-
     collectives.destroy_process_group()
     return 0
 

@@ -19,6 +19,7 @@ resumed run ends with the parameters of an unbroken one; with --deterministic
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import math
 import os
@@ -26,14 +27,17 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import numpy as np
 
-from shoal import core
+from shoal import collectives, core
+from shoal.collectives import DistributedDataParallel, DistributedSampler
 from shoal.core import nn
+from shoal.core import settings as core_settings
 from shoal.core.data import DataLoader, Dataset
 from shoal.core.nn import functional as F
+from shoal.elastic.checkpoint import Checkpointer
 
 LN2 = math.log(2.0)
 
@@ -186,8 +190,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def init_distributed():
     """The process group: from the torchrun environment `shoal run` sets, else a group of one."""
-    from shoal import collectives  # noqa: PLC0415
-
     if "WORLD_SIZE" in os.environ and "RANK" in os.environ:
         return collectives.init_process_group("tcp", init_method="env://")
     return collectives.init_process_group(
@@ -258,15 +260,32 @@ def write_plot(path: str, history: list, unigram: float) -> str:
     return f"loss curve written to {path}"
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    started = time.perf_counter()
-    core.retain_freed_memory()  # reuse freed activations instead of page-faulting anew
-    group = init_distributed()
-    rank, world = group.rank(), group.size()
-    from shoal.collectives import DistributedDataParallel, DistributedSampler  # noqa: PLC0415
-    from shoal.elastic.checkpoint import Checkpointer  # noqa: PLC0415
+@dataclasses.dataclass
+class Training:
+    """One rank's run: its group, data, model, optimizer and schedule, where checkpoints go,
+    and the loss history (step, mean train loss, held-out bits per character)."""
 
+    args: argparse.Namespace
+    group: Any
+    data: CharData
+    sampler: DistributedSampler
+    loader: DataLoader
+    model: GPT
+    net: DistributedDataParallel
+    opt: Any
+    sched: Any
+    checkpointer: Optional[Checkpointer]
+    history: list = dataclasses.field(default_factory=list)
+
+    @property
+    def rank(self) -> int:
+        """This process's rank in the group."""
+        return self.group.rank()
+
+
+def build(args: argparse.Namespace, group) -> Training:
+    """The data, the model wrapped in DDP, AdamW with warm-up and cosine decay, and the
+    checkpointer (--checkpoint-dir, else SHOAL_CHECKPOINT_DIR, else none)."""
     data = CharData(load_text())
     train_set = data.windows(args.context)
     # torch's recipe: each rank reads its share of one shuffled order of all training windows.
@@ -284,81 +303,121 @@ def main(argv=None) -> int:
     sched = core.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warm) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, total) / total)))
     )
-    n_params = sum(p.numel() for p in model.parameters())
-    if rank == 0:
-        print(f"GPT: {n_params / 1e6:.2f} M parameters, vocabulary {data.vocab_size}, "
-              f"{len(data.train)} training and {len(data.held_out)} held-out characters, "
-              f"unigram entropy {data.unigram_bits:.3f} bits/char; {world} rank(s) x batch "
-              f"{args.batch_size} x context {args.context}, dropout {args.dropout:g}, deterministic "
-              f"algorithms {'on' if args.deterministic else 'off'}", flush=True)
-
-    directory = args.checkpoint_dir or os.environ.get("SHOAL_CHECKPOINT_DIR")
+    directory = args.checkpoint_dir or core_settings.CHECKPOINT_DIR.get()
     checkpointer = Checkpointer(directory, keep=2) if directory else None
-    start, history, epoch = 0, [], 0
-    loaded = checkpointer.load_latest() if checkpointer is not None else None
-    if loaded is not None:
-        start, state = loaded
-        model.load_state_dict({k: core.Tensor(v) for k, v in state["model"].items()})
-        opt.load_state_dict(state["optim"])
-        sched.load_state_dict(state["sched"])
-        history = state["history"]
-        loader.load_state_dict(state["loader"])
-        epoch = int(state["loader"]["sampler"]["epoch"])
-        # Dropout continues the stream where the checkpoint left it, not from the seed.
-        core.set_rng_state(state["rng"])
-        if rank == 0:
-            print(f"resumed from step {start}", flush=True)
+    return Training(args, group, data, sampler, loader, model, net, opt, sched, checkpointer)
 
+
+def announce(run: Training) -> None:
+    """Rank 0's first line: the model's size, the data and the run's shape."""
+    if run.rank != 0:
+        return
+    args, data = run.args, run.data
+    n_params = sum(p.numel() for p in run.model.parameters())
+    print(f"GPT: {n_params / 1e6:.2f} M parameters, vocabulary {data.vocab_size}, "
+          f"{len(data.train)} training and {len(data.held_out)} held-out characters, "
+          f"unigram entropy {data.unigram_bits:.3f} bits/char; {run.group.size()} rank(s) x "
+          f"batch {args.batch_size} x context {args.context}, dropout {args.dropout:g}, "
+          f"deterministic algorithms {'on' if args.deterministic else 'off'}", flush=True)
+
+
+def resume(run: Training) -> tuple[int, int]:
+    """(first step, epoch) from the latest checkpoint, or (0, 0) without one; the model,
+    optimizer, schedule, history, loader and random state are restored in place."""
+    loaded = run.checkpointer.load_latest() if run.checkpointer is not None else None
+    if loaded is None:
+        return 0, 0
+    start, state = loaded
+    run.model.load_state_dict({k: core.Tensor(v) for k, v in state["model"].items()})
+    run.opt.load_state_dict(state["optim"])
+    run.sched.load_state_dict(state["sched"])
+    run.history = state["history"]
+    run.loader.load_state_dict(state["loader"])
+    # Dropout continues the stream where the checkpoint left it, not from the seed.
+    core.set_rng_state(state["rng"])
+    if run.rank == 0:
+        print(f"resumed from step {start}", flush=True)
+    return start, int(state["loader"]["sampler"]["epoch"])
+
+
+def save(run: Training, done: int) -> None:
+    """Rank 0's checkpoint after step `done`, every --checkpoint-every steps."""
+    every = run.args.checkpoint_every
+    if run.rank == 0 and run.checkpointer is not None and every and done % every == 0:
+        run.checkpointer.save(done, {
+            "model": {k: v.data.copy() for k, v in run.model.state_dict().items()},
+            "optim": run.opt.state_dict(), "sched": run.sched.state_dict(),
+            "history": run.history, "loader": run.loader.state_dict(),
+            "rng": core.get_rng_state(),
+        })
+
+
+def train(run: Training, start: int, epoch: int) -> Optional[int]:
+    """Steps `start` .. --steps, logging every --log-every; the exit code 3 when --stop-after
+    ends the run early, else None."""
+    args, data, world, total = run.args, run.data, run.group.size(), run.args.steps
     tick, seen, loss_sum, loss_n = time.perf_counter(), 0, 0.0, 0
-    stream = batches(loader, sampler, epoch)
+    stream = batches(run.loader, run.sampler, epoch)
     for step in range(start, total):
         x, y = next(stream)
-        logits = net(x)
+        logits = run.net(x)
         loss = F.cross_entropy(logits.reshape(-1, data.vocab_size), y.reshape(-1))
-        opt.zero_grad()
+        run.opt.zero_grad()
         loss.backward()
-        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
+        nn.utils.clip_grad_norm_(run.model.parameters(), 1.0)
+        run.opt.step()
+        run.sched.step()
         done = step + 1
         seen += args.batch_size * world
         loss_sum, loss_n = loss_sum + float(loss.item()), loss_n + 1
         if done % args.log_every == 0 or done == total:
             rate = seen / (time.perf_counter() - tick)
-            bits = held_out_bits(model, data, args, group)
-            history.append((done, loss_sum / loss_n, bits))
-            if rank == 0:
+            bits = held_out_bits(run.model, data, args, run.group)
+            run.history.append((done, loss_sum / loss_n, bits))
+            if run.rank == 0:
                 print(f"step {done}/{total} | {rate:.0f} samples/s | train loss "
                       f"{loss_sum / loss_n:.3f} | held-out {bits:.3f} bits/char", flush=True)
             tick, seen, loss_sum, loss_n = time.perf_counter(), 0, 0.0, 0
-        if (rank == 0 and checkpointer is not None and args.checkpoint_every
-                and done % args.checkpoint_every == 0):
-            checkpointer.save(done, {
-                "model": {k: v.data.copy() for k, v in model.state_dict().items()},
-                "optim": opt.state_dict(), "sched": sched.state_dict(), "history": history,
-                "loader": loader.state_dict(), "rng": core.get_rng_state(),
-            })
+        save(run, done)
         if args.stop_after is not None and done >= args.stop_after:
             # Wait for rank 0's checkpoint: a rank that exits first (with 3) makes the
             # launcher stop the others, possibly in the middle of the save.
-            group.barrier()
-            if rank == 0:
+            run.group.barrier()
+            if run.rank == 0:
                 print(f"stopping after step {done} as asked", flush=True)
             return 3
         if args.step_sleep:
             time.sleep(args.step_sleep)
+    return None
 
-    bits = history[-1][2] if history else held_out_bits(model, data, args, group)
-    if rank == 0:
+
+def finish(run: Training, started: float) -> None:
+    """Rank 0's last lines: a generated sample, the loss plot, the final held-out loss."""
+    args, data, model = run.args, run.data, run.model
+    history = run.history
+    bits = history[-1][2] if history else held_out_bits(model, data, args, run.group)
+    if run.rank == 0:
         print("sample: " + repr(generate(model, data, "The ", args.sample_chars, args.seed)),
               flush=True)
         print(write_plot(args.plot, history, data.unigram_bits), flush=True)
         print(f"final held-out {bits:.3f} bits/char = {bits / data.unigram_bits:.2f} x unigram "
-              f"entropy ({data.unigram_bits:.3f}) after {total} steps in "
+              f"entropy ({data.unigram_bits:.3f}) after {args.steps} steps in "
               f"{time.perf_counter() - started:.0f} s; params_sha256 {params_sha256(model)}",
               flush=True)
-    from shoal import collectives  # noqa: PLC0415
 
+
+def main(argv=None) -> int:
+    """Train, checkpointing and resuming, then print a sample and the final loss."""
+    args = parse_args(argv)
+    started = time.perf_counter()
+    core.retain_freed_memory()  # reuse freed activations instead of page-faulting anew
+    run = build(args, init_distributed())
+    announce(run)
+    start, epoch = resume(run)
+    stopped = train(run, start, epoch)
+    if stopped is not None:
+        return stopped
+    finish(run, started)
     collectives.destroy_process_group()
     return 0
 
