@@ -1,13 +1,25 @@
 """What the agent hands its workers and users: the worker environment, the worker command
-line, node ids, and the failure summary."""
+line, node ids, and the failure summary.
+
+A worker's environment is built here and nowhere else: `node_env` is what every worker of a
+node starts from (the launcher's environment and its flags), `worker_env` adds one worker's
+place in the round (docs/design.md, "Environment of a worker").
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import socket
 import sys
-from typing import Mapping, Optional, Sequence
+from typing import Collection, Mapping, Optional, Sequence
+
+from shoal.collectives import settings as collectives_settings
+from shoal.core import settings as core_settings
+from shoal.elastic.errors import ERROR_FILE_ENV
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,11 +35,33 @@ class WorkerPlace:
     round: int
 
 
+def node_env(environ: Mapping[str, str], *, nproc_per_node: int,
+             collective_timeout: Optional[float] = None, profile_dir: Optional[str] = None,
+             agent_only: Collection[str] = ()) -> dict[str, str]:
+    """The environment every worker of this node starts from: the launcher's `environ` without
+    what belongs to the agent alone (`agent_only`, and its own TORCHELASTIC_ERROR_FILE: each
+    worker gets one of its own), plus what the launcher's flags ask of every worker."""
+    env = {k: v for k, v in environ.items() if k not in agent_only and k != ERROR_FILE_ENV}
+    if collective_timeout is not None:
+        # init_process_group reads it as its default timeout (collectives.env).
+        env[collectives_settings.COLLECTIVE_TIMEOUT.name] = repr(collective_timeout)
+    if "OMP_NUM_THREADS" not in environ and nproc_per_node > 1:
+        # torchrun's rule: several workers per node and no OMP_NUM_THREADS -> 1 per worker.
+        env["OMP_NUM_THREADS"] = "1"
+        logger.warning("Setting OMP_NUM_THREADS=1 for each of the %d workers on this node, so "
+                       "they do not overload it; set OMP_NUM_THREADS yourself to tune it",
+                       nproc_per_node)
+    if profile_dir:  # every worker's job profiler (core.profiler.job)
+        env[core_settings.PROFILE_DIR.name] = os.path.abspath(profile_dir)
+    return env
+
+
 def worker_env(base: Mapping[str, str], place: WorkerPlace, *, master_addr: str,
                master_port: int, run_id: str, restarts: int, max_restarts: int,
-               checkpoint_dir: str, auth_token: str,
-               multiproc_dir: Optional[str], dump_dir: Optional[str] = None) -> dict[str, str]:
-    """`base` plus torchrun's variables and shoal's (DESIGN.md, "Environment of a worker")."""
+               checkpoint_dir: str, auth_token: str, multiproc_dir: Optional[str],
+               dump_dir: Optional[str] = None, role: str = "default",
+               error_file: Optional[str] = None) -> dict[str, str]:
+    """`base` plus torchrun's variables and shoal's for the worker at `place`."""
     env = dict(base)
     env.update({
         "RANK": str(place.rank),
@@ -38,17 +72,17 @@ def worker_env(base: Mapping[str, str], place: WorkerPlace, *, master_addr: str,
         "GROUP_WORLD_SIZE": str(place.num_nodes),
         "ROLE_RANK": str(place.rank),
         "ROLE_WORLD_SIZE": str(place.world_size),
-        "ROLE_NAME": "default",
+        "ROLE_NAME": role,
         "MASTER_ADDR": master_addr,
         "MASTER_PORT": str(master_port),
-        "SHOAL_RUN_ID": run_id,
-        "SHOAL_RESTART_COUNT": str(restarts),
-        "SHOAL_RDZV_ROUND": str(place.round),
-        "SHOAL_CHECKPOINT_DIR": checkpoint_dir,
-        "SHOAL_AUTH_TOKEN": auth_token,
-        "SHOAL_ASYNC_ERROR_HANDLING": "1",
+        core_settings.RUN_ID.name: run_id,
+        core_settings.RESTART_COUNT.name: str(restarts),
+        core_settings.RDZV_ROUND.name: str(place.round),
+        core_settings.CHECKPOINT_DIR.name: checkpoint_dir,
+        core_settings.AUTH_TOKEN.name: auth_token,
+        collectives_settings.ASYNC_ERROR_HANDLING.name: "1",
         # The agent hosts the workers' store: every rank connects as a client.
-        "SHOAL_USE_AGENT_STORE": "1",
+        collectives_settings.USE_AGENT_STORE.name: "1",
         # torchrun's names, so scripts written for torchrun run unchanged.
         "TORCHELASTIC_RUN_ID": run_id,
         "TORCHELASTIC_RESTART_COUNT": str(restarts),
@@ -60,7 +94,9 @@ def worker_env(base: Mapping[str, str], place: WorkerPlace, *, master_addr: str,
         env["PROMETHEUS_MULTIPROC_DIR"] = multiproc_dir
     if dump_dir:
         # Watchdog dumps go where the agent looks for them (to blame a hung rank).
-        env["SHOAL_DUMP_DIR"] = dump_dir
+        env[collectives_settings.DUMP_DIR.name] = dump_dir
+    if error_file:
+        env[ERROR_FILE_ENV] = error_file
     return env
 
 
