@@ -24,7 +24,7 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 
 from shoal import core  # noqa: E402
-from shoal.core import nn
+from shoal.core import nn  # noqa: E402
 from shoal.core import optim  # noqa: E402
 from shoal.core.nn import functional as F  # noqa: E402
 

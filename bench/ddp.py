@@ -83,7 +83,7 @@ def _rank(rank, world, port, init_file, cfg, out):
     """Time the four kinds of step in rotating blocks, under the same machine load."""
     try:
         out.put((rank, "ok", _rank_body(rank, world, port, init_file, cfg)))
-    except BaseException:
+    except BaseException:  # noqa: BLE001  (the parent must hear of any failure, an interrupt too)
         out.put((rank, "error", traceback.format_exc()))
 
 

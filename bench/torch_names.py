@@ -25,6 +25,7 @@ if not os.environ.get("SHOAL_AUTH_TOKEN"):
 
 import argparse  # noqa: E402
 import multiprocessing  # noqa: E402
+import queue  # noqa: E402
 import socket  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
@@ -125,7 +126,7 @@ def main() -> None:
         try:
             rank, times = results.get(timeout=5)
             per_rank[rank] = times
-        except Exception:  # queue.Empty: check that no rank died, and the deadline
+        except queue.Empty:  # check that no rank died, and the deadline
             dead = [p.name for p in procs if p.exitcode not in (None, 0)]
             if dead or time.monotonic() > deadline:
                 for p in procs:

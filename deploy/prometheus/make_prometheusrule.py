@@ -1,7 +1,7 @@
 """Writes deploy/kubernetes/base/prometheusrule.yaml from shoal-rules.yml (no arguments).
 
 The plain rules file is the one to edit; the Prometheus Operator's PrometheusRule carries the
-same groups (tests/unit/test_observability_rules.py checks they agree).
+same groups (tests/unit/test_observability_deploy.py checks they agree).
 """
 
 from pathlib import Path
