@@ -102,7 +102,7 @@ def _run_child(fn: Callable, i: int, args: tuple, error_file: str) -> None:
         fn(i, *args)
     except KeyboardInterrupt:
         pass  # the parent stopping us (SIGINT) is not this rank's failure
-    except Exception:
+    except Exception:  # noqa: BLE001 - whatever the user's fn raised is reported to the parent
         text = traceback.format_exc()
         tmp = error_file + ".tmp"
         with open(tmp, "w", encoding="utf-8") as fh:

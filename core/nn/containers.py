@@ -27,9 +27,10 @@ class Sequential(Module):
                 self.add_module(str(index), module)
 
     def forward(self, input: Any) -> Any:  # noqa: A002 - torch's name
+        x = input
         for module in self._modules.values():
-            input = module(input)
-        return input
+            x = module(x)
+        return x
 
     def __getitem__(self, idx: int | slice) -> Module:
         if isinstance(idx, slice):

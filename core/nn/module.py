@@ -347,15 +347,11 @@ class Module:
                     out = out.astype(np_dt)
             return out
 
-        for module in self.modules():
-            for table in (module._parameters, module._buffers):
-                for t in table.values():
-                    if t is None:
-                        continue
-                    # Keep each Parameter object (optimizers hold it); swap only its array.
-                    t.data = convert(t.data)
-                    if t.grad is not None:
-                        t.grad.data = convert(t.grad.data)
+        for t in itertools.chain(self.parameters(), self.buffers()):
+            # Keep each Parameter object (optimizers hold it); swap only its array.
+            t.data = convert(t.data)
+            if t.grad is not None:
+                t.grad.data = convert(t.grad.data)
         return self
 
     def cpu(self) -> "Module":

@@ -1,20 +1,27 @@
-"""Attach the ops to Tensor as methods and operators (called once from core/tensor.py)."""
+"""Attach the ops to Tensor as methods and operators (called once from core/tensor.py).
+
+Every op module imports Tensor from core/tensor.py, and tensor.py calls `bind_methods` at its
+end, once Tensor exists: so the functions here import the op modules late. That is core's one
+deliberate import cycle (tests/unit/test_layout.py allows exactly it).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 
 def bind_methods(cls: type) -> None:
     """Install operators and op methods on the Tensor class."""
-    from shoal.core.ops import arith
-    from shoal.core.ops import interop
-    from shoal.core.ops import linalg
-    from shoal.core.ops import logical
-    from shoal.core.ops import reduce
-    from shoal.core.ops import shape
-    from shoal.core.ops import unary  # noqa: PLC0415
-    from shoal.core.ops._util import UnsupportedOperand  # noqa: PLC0415
+    for name, fn in {**_operators(), **_methods()}.items():
+        setattr(cls, name, fn)
+    _bind_views(cls)
+
+
+def _operators() -> dict[str, Callable]:
+    """Python's operators: a binary one reflects, and answers NotImplemented to an operand that
+    no op takes, so that Python tries the other side."""
+    from shoal.core.ops import arith, linalg, shape, unary  # noqa: PLC0415 - the cycle above
+    from shoal.core.ops._util import UnsupportedOperand  # noqa: PLC0415 - the cycle above
 
     def swap(fn: Any) -> Any:
         def reflected(self: Any, other: Any) -> Any:
@@ -33,7 +40,7 @@ def bind_methods(cls: type) -> None:
         forward.__name__ = fn.__name__
         return forward
 
-    ops = {
+    return {
         "__add__": r_or_not(arith.add),
         "__radd__": swap(arith.add),
         "__sub__": r_or_not(arith.sub),
@@ -57,6 +64,16 @@ def bind_methods(cls: type) -> None:
         "__ge__": arith.ge,
         "__getitem__": shape.getitem,
         "__setitem__": shape.setitem,
+    }
+
+
+def _methods() -> dict[str, Callable]:
+    """The ops that are also Tensor methods, under torch's method names."""
+    from shoal.core.ops import (  # noqa: PLC0415 - the cycle above
+        arith, linalg, logical, reduce, shape, unary,
+    )
+
+    return {
         "add": arith.add,
         "sub": arith.sub,
         "mul": arith.mul,
@@ -114,8 +131,12 @@ def bind_methods(cls: type) -> None:
         "allclose": logical.allclose,
         "nonzero": logical.nonzero,
     }
-    for name, fn in ops.items():
-        setattr(cls, name, fn)
+
+
+def _bind_views(cls: type) -> None:
+    """The properties (T, mT) and the methods that adapt an op's arguments."""
+    from shoal.core.ops import interop, shape  # noqa: PLC0415 - the cycle above
+
     cls.T = property(shape.T, doc="All dims reversed (the matrix transpose for 2-D).")
     cls.mT = property(
         lambda self: shape.transpose(self, -2, -1), doc="The last two dims swapped."
