@@ -31,10 +31,13 @@ import os
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = "1"
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-if not os.environ.get("SHOAL_AUTH_TOKEN"):
-    import secrets
+import secrets  # noqa: E402
 
-    os.environ["SHOAL_AUTH_TOKEN"] = secrets.token_hex(16)  # the ranks inherit it
+from shoal.collectives import settings as collective_settings  # noqa: E402
+from shoal.core import settings as core_settings  # noqa: E402  (after the thread limits)
+
+if not core_settings.AUTH_TOKEN.is_set():
+    os.environ[core_settings.AUTH_TOKEN.name] = secrets.token_hex(16)  # the ranks inherit it
 
 import argparse  # noqa: E402
 import json  # noqa: E402
@@ -77,9 +80,10 @@ def _worker(side, rank, world, port, backend, commands, out):
             make = lambda op, n: gloo_runner(dist, torch, op, n, world)  # noqa: E731
         else:
             os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                              WORLD_SIZE=str(world), SHOAL_USE_AGENT_STORE="1")
+                              WORLD_SIZE=str(world))
+            os.environ[collective_settings.USE_AGENT_STORE.name] = "1"
             if side == "shoal_tcp":
-                os.environ["SHOAL_LOCAL_TRANSPORT"] = "tcp"
+                os.environ[collective_settings.LOCAL_TRANSPORT.name] = "tcp"
             if backend == "nccl":
                 os.environ["LOCAL_RANK"] = str(rank)  # one GPU per rank
             import shoal.collectives as c

@@ -53,6 +53,8 @@ from pathlib import Path
 
 from allreduce_cases import bus_factor, fmt_size, gloo_runner, iterations, shoal_runner
 
+from shoal.collectives import settings as collective_settings
+
 ROOT = Path(__file__).resolve().parent.parent
 PROTOCOL = "@@bench "  # stdout lines of the protocol; anything else is the rank's own output
 WAIT_S = 600.0
@@ -179,9 +181,9 @@ def worker(side: str, rank: int, world: int, master: str, port: int, per_host: i
         os.environ.update(MASTER_ADDR=master, MASTER_PORT=str(port), RANK=str(rank),
                           WORLD_SIZE=str(world))
         if side in ("shoal_flat", "shoal_flat_tcp", "wire"):
-            os.environ["SHOAL_HIERARCHICAL"] = "0"
+            os.environ[collective_settings.HIERARCHICAL.name] = "0"
         if side == "shoal_flat_tcp":
-            os.environ["SHOAL_LOCAL_TRANSPORT"] = "tcp"
+            os.environ[collective_settings.LOCAL_TRANSPORT.name] = "tcp"
         import shoal.collectives as c
 
         pg = c.init_process_group("tcp", init_method="env://", timeout=300)

@@ -27,7 +27,10 @@ import os
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = "1"
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-os.environ.setdefault("SHOAL_AUTH_TOKEN", "bench-ddp-token")
+
+from shoal.core import settings as core_settings  # noqa: E402  (after the thread limits)
+
+os.environ.setdefault(core_settings.AUTH_TOKEN.name, "bench-ddp-token")
 
 import argparse  # noqa: E402
 import json  # noqa: E402

@@ -28,10 +28,13 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = "1"
 os.environ.setdefault("TP_SOCKET_IFNAME", "lo")
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-if not os.environ.get("SHOAL_AUTH_TOKEN"):
-    import secrets
+import secrets  # noqa: E402
 
-    os.environ["SHOAL_AUTH_TOKEN"] = secrets.token_hex(16)  # the workers inherit it
+from shoal.collectives import settings as collective_settings  # noqa: E402
+from shoal.core import settings as core_settings  # noqa: E402  (after the thread limits)
+
+if not core_settings.AUTH_TOKEN.is_set():
+    os.environ[core_settings.AUTH_TOKEN.name] = secrets.token_hex(16)  # the workers inherit it
 
 import argparse  # noqa: E402
 import json  # noqa: E402
@@ -184,7 +187,7 @@ def run_job(impl: str, job: str, world: int, args: tuple, timeout: float = 600.0
         from shoal.collectives.store.tcp import TCPStore
 
         store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-        env = {"SHOAL_USE_AGENT_STORE": "1"}
+        env = {collective_settings.USE_AGENT_STORE.name: "1"}
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port), WORLD_SIZE=str(world),
                PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     if job == "ddp_rpc":

@@ -72,12 +72,13 @@ def shoal_worker(out: str) -> int:
     import numpy as np
 
     from shoal import collectives
+    from shoal.core import settings as core_settings
 
     imported = time.time()
     collectives.init_process_group("tcp", init_method="env://", timeout=ALLREDUCE_TIMEOUT_S)
     joined = time.time()
     rank = collectives.get_rank()
-    attempt = int(os.environ["SHOAL_RESTART_COUNT"])
+    attempt = core_settings.RESTART_COUNT.get()
     x = np.ones(1024, dtype=np.float32)
     collectives.all_reduce(x)
     _record(out, attempt, rank, first=time.time(), sum=float(x[0]), started=started,
@@ -148,9 +149,14 @@ def trial(peer: str) -> dict:
     """Run one job; return its timings (None where the job never got there) and outcome."""
     with tempfile.TemporaryDirectory(prefix="shoal-bench-elastic-") as out:
         argv, extra = PEERS[peer](out)
+        # Late, as in the workers: this module's own import stays free of shoal, whose import
+        # time the shoal worker measures.
+        from shoal.core import settings as core_settings
+
         env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo",
-                   TP_SOCKET_IFNAME="lo", SHOAL_LOG_LEVEL="WARNING", **extra)
-        env.setdefault("SHOAL_AUTH_TOKEN", "bench-elastic-token")
+                   TP_SOCKET_IFNAME="lo", **extra)
+        env[core_settings.LOG_LEVEL.name] = "WARNING"
+        env.setdefault(core_settings.AUTH_TOKEN.name, "bench-elastic-token")
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
         launched = time.time()
         proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,

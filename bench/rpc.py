@@ -27,10 +27,13 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = "1"
 os.environ.setdefault("TP_SOCKET_IFNAME", "lo")
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-if not os.environ.get("SHOAL_AUTH_TOKEN"):
-    import secrets
+import secrets  # noqa: E402
 
-    os.environ["SHOAL_AUTH_TOKEN"] = secrets.token_hex(16)  # the workers inherit it
+from shoal.collectives import settings as collective_settings  # noqa: E402
+from shoal.core import settings as core_settings  # noqa: E402  (after the thread limits)
+
+if not core_settings.AUTH_TOKEN.is_set():
+    os.environ[core_settings.AUTH_TOKEN.name] = secrets.token_hex(16)  # the workers inherit it
 
 import argparse  # noqa: E402
 import collections  # noqa: E402
@@ -234,7 +237,7 @@ class _Pair:
             from shoal.collectives.store.tcp import TCPStore
 
             self._store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-            env = {"SHOAL_USE_AGENT_STORE": "1"}
+            env = {collective_settings.USE_AGENT_STORE.name: "1"}
         env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(self._store.port), WORLD_SIZE="2")
         self.commands = CTX.Queue()
         self.results = CTX.Queue()

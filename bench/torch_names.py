@@ -18,10 +18,12 @@ import os
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = "1"
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-if not os.environ.get("SHOAL_AUTH_TOKEN"):
-    import secrets
+import secrets  # noqa: E402
 
-    os.environ["SHOAL_AUTH_TOKEN"] = secrets.token_hex(16)  # the ranks inherit it
+from shoal.core import settings as core_settings  # noqa: E402  (after the thread limits)
+
+if not core_settings.AUTH_TOKEN.is_set():
+    os.environ[core_settings.AUTH_TOKEN.name] = secrets.token_hex(16)  # the ranks inherit it
 
 import argparse  # noqa: E402
 import multiprocessing  # noqa: E402
