@@ -4,7 +4,8 @@ The handler only syncs. Each operation reads the state, asks its decision in `de
 (which holds the rules of a round), applies the decided changes to a copy (`transitions`) and
 writes the copy by compare-and-set; on a conflict it decides again on the newer state, and a
 backend error is retried until the operation's deadline. The heartbeat thread (`heartbeat`)
-and the timing of other nodes' heartbeats (`liveness`) live beside it.
+and the timing of other nodes' heartbeats (`liveness`) live beside it, as do the bounds of a
+join on an unreachable backend (`join_outage`) and the messages for operators (`reports`).
 
 - A participant calling `next_rendezvous()` on its own complete round opens the next round,
   which every other participant sees through `restart_requested()`; a node that arrives while
@@ -13,9 +14,8 @@ and the timing of other nodes' heartbeats (`liveness`) live beside it.
   one (`dead_nodes()`), which must then restart.
 - A joining node gives an unreachable backend `join_outage_timeout` seconds (counted from its
   last answer, or from the start of the join), then gives up with a
-  RendezvousUnreachableError: a dead etcd must read as an error, not as a join that hangs for
-  the whole join timeout. Its own calls are bounded by that budget where the backend can be
-  told (`bound_calls`, etcd). Outside a join nothing gives up on an unreachable backend.
+  RendezvousUnreachableError (see `join_outage`). Outside a join nothing gives up on an
+  unreachable backend.
 """
 
 from __future__ import annotations
@@ -37,12 +37,12 @@ from shoal.elastic.api import (
     RendezvousInfo,
     RendezvousSettings,
     RendezvousTimeoutError,
-    RendezvousUnreachableError,
     Token,
 )
-from shoal.elastic.rendezvous import decisions, transitions
+from shoal.elastic.rendezvous import decisions, reports, transitions
 from shoal.elastic.rendezvous.decisions import Action, ActionKind, Context
 from shoal.elastic.rendezvous.heartbeat import HeartbeatThread
+from shoal.elastic.rendezvous.join_outage import JoinOutage
 from shoal.elastic.rendezvous.liveness import LivenessTracker
 from shoal.elastic.rendezvous.state import RendezvousState
 
@@ -55,9 +55,6 @@ Decide = Callable[[Context], Action]
 # The longest a node spends trying to leave (after a timed-out join, or on shutdown) or to
 # write one heartbeat: leaving is a courtesy, and the next beat retries.
 _LEAVE_S = 5.0
-# A joining node's backend calls end within this long (less for a short join_outage_timeout),
-# so that an outage is reported soon after it began; a call cut short is simply retried.
-_OUTAGE_NOTICE_S = 5.0
 
 
 class RendezvousHandler:
@@ -102,7 +99,7 @@ class RendezvousHandler:
         self._participants: tuple[str, ...] = ()
         # The generation of the job this node joined (see RendezvousState.generation).
         self._generation: Optional[str] = None
-        self._waiting_logged_at: Optional[float] = None
+        self._waiting_log = reports.WaitingLog(node_id, settings)
         self._liveness = LivenessTracker(node_id, settings.heartbeat_timeout)
         self._stop = threading.Event()
         self._heartbeat_thread = HeartbeatThread(
@@ -111,14 +108,8 @@ class RendezvousHandler:
         self._shut = False
         self._aborted: Optional[RendezvousError] = None
         self._until: Optional[float] = None  # set by limit(): every retry loop ends by then
-        # When the backend last answered (time.monotonic(), any thread) and when the current
-        # join began (None outside next_rendezvous): a join's outage counts from the later.
-        # Only the joining thread gives up; other threads' calls (heartbeats) just fail.
-        self._contact = time.monotonic()
-        self._joining_since: Optional[float] = None
-        self._join_thread: Optional[threading.Thread] = None
+        self._outage = JoinOutage(backend, node_id, settings.join_outage_timeout)
         self._last_state: Optional[RendezvousState] = None  # the last state read, for messages
-        self._outage_warned_at: Optional[float] = None  # the _contact an outage was logged for
 
     # ------------------------------------------------------------------ public API
 
@@ -150,12 +141,11 @@ class RendezvousHandler:
         self._raise_if_aborted()
         self._start_heartbeats()
         started = time.monotonic()
-        self._joining_since, self._join_thread = started, threading.current_thread()
+        self._outage.begin_join()
         try:
             return self._join(started)
         finally:
-            self._joining_since, self._join_thread = None, None
-            self._bound_calls(None)
+            self._outage.end_join()
 
     def _join(self, started: float) -> RendezvousInfo:
         deadline = started + self.settings.join_timeout
@@ -179,7 +169,7 @@ class RendezvousHandler:
                 )
             if outcome.kind is ActionKind.FINISH:
                 return self._finish(state, time.monotonic() - started)
-            self._log_waiting(state, started)
+            self._waiting_log.note(state, started)
             self._raise_if_aborted()
             if outcome.kind is ActionKind.ERROR_TIMEOUT:
                 self._give_up(state)
@@ -187,9 +177,9 @@ class RendezvousHandler:
             left = deadline - now
             # Half the outage budget at most, so that a watch on a live backend always ends
             # by itself before its call is cut at the budget's end.
-            bound = self._join_call_bound()
+            bound = self._outage.call_bound()
             budget = (bound - now) / 2
-            self._bound_calls(bound)
+            self._outage.bound_calls(bound)
             try:
                 self.backend.watch(token, max(0.0, min(left, outcome.wait, budget)))
             except RendezvousError as exc:
@@ -313,7 +303,7 @@ class RendezvousHandler:
         except RendezvousError:
             self._liveness.backend_unreachable()
             raise
-        self._contact = time.monotonic()
+        self._outage.answered()
         if result is None:
             self._liveness.observe(None)
             return None, None
@@ -342,9 +332,9 @@ class RendezvousHandler:
         while True:
             attempt += 1
             self._raise_if_aborted()
-            joining = self._join_thread is threading.current_thread()
+            joining = self._outage.in_join()
             if joining:
-                self._bound_calls(self._join_call_bound())
+                self._outage.bound_calls(self._outage.call_bound())
             try:
                 if current is None:
                     current = self._read()
@@ -359,7 +349,8 @@ class RendezvousHandler:
                     raise
                 self._liveness.backend_unreachable()
                 if joining:
-                    self._check_outage(exc)
+                    self._outage.check(exc, reports.waiting_for(
+                        self._last_state, self.node_id, self.settings), self.abort)
                 if time.monotonic() >= deadline:
                     raise RendezvousError(
                         f"Node {self.node_id} could not update the rendezvous state of run "
@@ -368,10 +359,10 @@ class RendezvousHandler:
                     ) from exc
                 logger.debug("Rendezvous update failed (attempt %d), retrying: %s", attempt, exc)
                 current = None
-                until = min(deadline, self._outage_deadline()) if joining else deadline
+                until = min(deadline, self._outage.deadline()) if joining else deadline
                 time.sleep(min(0.05 * attempt, 0.5, max(0.0, until - time.monotonic())))
                 continue
-            self._contact = time.monotonic()
+            self._outage.answered()
             if result is None:
                 current = (None, None)
                 continue
@@ -380,7 +371,7 @@ class RendezvousHandler:
             self._liveness.observe(new_state)
             self._last_state = new_state
             if written:
-                self._log_changes(plan, ctx.lapsed)
+                reports.log_changes(plan, ctx.lapsed, self.node_id, self.settings)
                 return new_state, new_token, plan.outcome
             current = (new_state, new_token)  # lost the race: decide again on the winner's state
 
@@ -395,110 +386,9 @@ class RendezvousHandler:
         return RendezvousState(round=self._round + 1, opened_at=time.time(),
                                reason=self._vanished(), generation=self._generation or "")
 
-    def _log_waiting(self, state: RendezvousState, started: float) -> None:
-        """While a round forms, say every so often whom it waits for (joins can take minutes)."""
-        now = time.monotonic()
-        every = max(5.0, min(30.0, self.settings.join_timeout / 20))
-        if self._waiting_logged_at is not None and now - self._waiting_logged_at < every:
-            return
-        self._waiting_logged_at = now
-        have = list(state.participants)
-        if state.complete:
-            logger.info("Node %s waits for round %s of run %s to end before joining (it runs "
-                        "with %d nodes); waited %.0fs of %gs", self.node_id, state.round,
-                        self.settings.run_id, len(have), now - started,
-                        self.settings.join_timeout)
-            return
-        missing = max(0, self.settings.min_nodes - len(have))
-        if missing:
-            logger.info("Node %s: waiting for %d more node(s) (have %d of min %d: %s) in round %s "
-                        "of run %s; waited %.0fs of %gs", self.node_id, missing, len(have),
-                        self.settings.min_nodes, ", ".join(have) or "none", state.round,
-                        self.settings.run_id, now - started, self.settings.join_timeout)
-
     def _vanished(self) -> str:
         return (f"the rendezvous state of run {self.settings.run_id!r} vanished from the "
                 f"{self.backend.name} backend")
-
-    def _log_changes(self, plan: transitions.Plan, lapsed: dict) -> None:
-        """Say what a written step changed that an operator wants to know."""
-        for action, after in plan.changes:
-            kind = action.kind
-            if kind is ActionKind.MARK_DEAD and self.node_id not in action.nodes:
-                for node in action.nodes:
-                    logger.warning("%s; round %s must restart",
-                                   decisions.lapse_reason(node, lapsed[node], self.settings),
-                                   after.round)
-            elif kind is ActionKind.REMOVE_NODES and self.node_id not in action.nodes:
-                for node in action.nodes:
-                    logger.warning("%s; dropping it from round %s",
-                                   decisions.lapse_reason(node, lapsed[node], self.settings),
-                                   after.round)
-            elif kind is ActionKind.MARK_COMPLETE:
-                logger.info("Round %s of run %s completes with %d nodes (%s): %s", after.round,
-                            self.settings.run_id, len(after.participants), action.reason,
-                            list(after.participants))
-            elif kind is ActionKind.OPEN_ROUND:
-                logger.info("Node %s opens round %s of run %s: %s", self.node_id, after.round,
-                            self.settings.run_id, action.reason)
-
-    # ------------------------------------------------------------------ outages while joining
-
-    def _outage_deadline(self) -> float:
-        """When a join gives up on a backend that does not answer (time.monotonic())."""
-        since = max(self._contact, self._joining_since or self._contact)
-        return since + self.settings.join_outage_timeout
-
-    def _join_call_bound(self) -> float:
-        """When the joining thread's next backend call must end: by the outage deadline, and
-        within a few seconds, so that an outage is reported (and retried) soon after it began."""
-        grace = self.settings.join_outage_timeout
-        step = max(1.0, min(_OUTAGE_NOTICE_S, grace / 4))
-        return min(self._outage_deadline(), time.monotonic() + step)
-
-    def _bound_calls(self, until: Optional[float]) -> None:
-        """Bound this thread's backend calls by `until` where the backend supports it."""
-        bound = getattr(self.backend, "bound_calls", None)
-        if bound is not None:
-            bound(until)
-
-    def _check_outage(self, exc: RendezvousError) -> None:
-        """A joining call failed: warn once per outage, and give up once it outlasted
-        join_outage_timeout (the handler is aborted, so heartbeats stop and nobody retries)."""
-        since = max(self._contact, self._joining_since or self._contact)
-        away = time.monotonic() - since
-        grace = self.settings.join_outage_timeout
-        waiting = self._waiting_for()
-        if away < grace:
-            if self._outage_warned_at != since:
-                self._outage_warned_at = since
-                logger.warning("%s does not answer while node %s waits %s; giving up in %.0fs "
-                               "unless it comes back (join_outage_timeout=%gs): %s",
-                               self.backend.describe(), self.node_id, waiting, grace - away,
-                               grace, exc)
-            return
-        error = RendezvousUnreachableError(
-            f"{self.backend.describe()} was unreachable for {away:.0f}s "
-            f"(join_outage_timeout={grace:g}s) while node {self.node_id} waited {waiting}; "
-            "giving up the join."
-        )
-        logger.debug("The last failed call before giving up: %s", exc)
-        self.abort(error)
-        raise error from exc
-
-    def _waiting_for(self) -> str:
-        """What this joining node waits for, from the last state it read."""
-        state, run = self._last_state, repr(self.settings.run_id)
-        if state is None:
-            return f"for the first round of run {run} to form (no state read yet)"
-        if state.complete and self.node_id not in state.participants:
-            return (f"for round {state.round} of run {run} to end before joining (it runs "
-                    f"with {len(state.participants)} nodes)")
-        if state.complete:
-            return f"for round {state.round} of run {run} to start"
-        have = list(state.participants)
-        return (f"for round {state.round} of run {run} to form ({len(have)} of "
-                f"min_nodes={self.settings.min_nodes} joined: {', '.join(have) or 'none'})")
 
     # ------------------------------------------------------------------ deadlines
 
@@ -518,7 +408,7 @@ class RendezvousHandler:
         self._round = state.round
         self._participants = state.participants
         self._generation = state.generation
-        self._waiting_logged_at = None
+        self._waiting_log.reset()
         logger.info("Node %s joined round %s as node rank %d of %d after %.2fs", self.node_id,
                     state.round, rank, len(state.participants), took)
         return RendezvousInfo(
