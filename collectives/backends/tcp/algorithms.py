@@ -1,4 +1,4 @@
-"""The tcp backend's algorithms, written as plans for `_pg_pump` (and one tight direct path).
+"""The tcp backend's algorithms, written as plans for `pump` (and one tight direct path).
 
 Choice by size, as measured in bench/allreduce.py: direct exchange (every rank sends its whole
 array to every other, then reduces locally in rank order) while a message fits the socket
@@ -121,7 +121,7 @@ class Direct:
         self.spin_s = spin_s
         # Polling only pays while peers answer within the window; on a busy machine it steals
         # the CPU the peer needs. Misses switch it off for a while; the watchdog also turns it
-        # off while the machine's load exceeds its CPUs (see `pg_tcp`).
+        # off while the machine's load exceeds its CPUs (`ProcessGroupTCP.watchdog_tick`).
         self.spin_allowed = spin_s > 0
         self._spin_hits = 0
         self._spin_misses = 0

@@ -27,8 +27,8 @@ import numpy as np
 from shoal.collectives import arrays
 from shoal.collectives.backends.tcp import hierarchical, over_sockets, shm, shm_streams
 from shoal.collectives.backends.tcp.links import GroupFailed, Links, P2PMismatch
-from shoal.collectives.backends.tcp.mesh import FailureReason
 from shoal.collectives.backends.tcp.pump import LinkDown
+from shoal.collectives.backends.tcp.reasons import FailureReason
 from shoal.collectives.constants import SHM_SLOT_BYTES, SMALL_MAX_BYTES
 from shoal.collectives.types import ReduceOp
 
@@ -304,7 +304,7 @@ def _await_headers(links: Links, seq: int, fp: bytes, timeout: float) -> list[in
 def send(links: Links, fp: bytes, arr: np.ndarray, dst: int, tag: int) -> None:
     """Send `arr` to rank `dst` on the control channel."""
     try:
-        links.mesh.send_p2p(dst, tag, fp, arrays.as_bytes(arr))
+        links.control.send_p2p(dst, tag, fp, arrays.as_bytes(arr))
     except OSError as exc:
         raise LinkDown(dst, exc) from exc
 
@@ -316,7 +316,7 @@ def recv(links: Links, expected: bytes, arr: np.ndarray, src: Optional[int], tag
         P2PMismatch: the message does not fit `arr` (dropped; the group survives).
         GroupFailed: the group failed while waiting.
     """
-    got = links.mesh.take_p2p(src, tag, links.failed)
+    got = links.control.take_p2p(src, tag, links.failed)
     if got is None:
         raise GroupFailed()
     q, fp, payload = got

@@ -170,7 +170,7 @@ class InOrderExecutor:
         ledger.start(rec)
         try:
             result = self._runner(rec, job, arrays)
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - the caller's Work raises it, in its thread
             ledger.finish(rec, exc)
             work.finish(None, exc)
             return

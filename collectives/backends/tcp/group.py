@@ -1,53 +1,41 @@
 """The `tcp` backend: gloo-like collectives over persistent, authenticated TCP connections.
 
-The group owns a `Mesh` (sockets and control service), the `Links` its collectives run on
-(`collectives`), an `InOrderExecutor` (ordering and Work handles) and, through `BackendGroup`,
-the shared op ledger and watchdog. Each collective hook fingerprints the call, declares which
-arrays it reads and writes (cupy arrays are staged through host memory once around the job,
-`staging.HostStage.around`), and submits a job that runs one function of `collectives`.
+The group owns a `Mesh` (sockets and control channel), the `Links` its collectives run on
+(`collectives`), an `InOrderExecutor` (ordering and Work handles), a `GroupFailure` (how it
+fails) and, through `BackendGroup`, the shared op ledger and watchdog. Each collective hook
+fingerprints the call, declares which arrays it reads and writes (cupy arrays are staged
+through host memory once around the job, `staging.HostStage.around`), and submits a job that
+runs one function of `collectives`.
 
-Every failure (a mismatched header, a lost peer, a timeout) fails the whole group once: the
-first reason is sent to every peer, the connections are broken so blocked calls return, and
-every pending and later collective on every rank raises an error naming the same culprit.
+Every failure (a mismatched header, a lost peer, a timeout) fails the whole group once
+(`failure`): the first reason is sent to every peer, the connections are broken so blocked
+calls return, and every pending and later collective on every rank raises an error naming the
+same culprit.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
-import threading
-import time
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from shoal.collectives import env
-from shoal.collectives import metrics
 from shoal.collectives.api import Work
 from shoal.collectives.arrays import describe
 from shoal.collectives.backends.api import Verdict
 from shoal.collectives.backends.base import BackendGroup
-from shoal.collectives.backends.dump import write_dump
 from shoal.collectives.backends.ledger import OpRecord
 from shoal.collectives.backends.tcp import algorithms as algos
 from shoal.collectives.backends.tcp import collectives as ops
-from shoal.collectives.backends.tcp import shm
-from shoal.collectives.backends.tcp import staging
-from shoal.collectives.backends.tcp import hierarchical
+from shoal.collectives.backends.tcp import negotiation, staging
 from shoal.collectives.backends.tcp import topology as topo
-from shoal.collectives.backends.tcp.links import GroupFailed, Links, P2PMismatch
 from shoal.collectives.backends.tcp.executor import InOrderExecutor, Job
-from shoal.collectives.backends.tcp.mesh import ERROR_CLASSES, FailureReason, Mesh
-from shoal.collectives.backends.tcp.pump import LinkDown
-from shoal.collectives.backends.watchdog import exit_after_error
-from shoal.collectives.constants import (
-    DEFAULT_COLLECTIVE_TIMEOUT_S,
-    DEFAULT_GROUP_NAME,
-    LINK_REASON_GRACE_S,
-    SHM_SLOT_BYTES,
-    SPIN_S,
-)
+from shoal.collectives.backends.tcp.failure import GroupFailure
+from shoal.collectives.backends.tcp.links import Links
+from shoal.collectives.backends.tcp.mesh import Mesh
+from shoal.collectives.constants import DEFAULT_COLLECTIVE_TIMEOUT_S, DEFAULT_GROUP_NAME, SPIN_S
 from shoal.collectives.store.api import Store
-from shoal.collectives.types import CollectiveError, GroupDestroyed
+from shoal.collectives.types import GroupDestroyed
 from shoal.core.auth import load_token
 from shoal.core.timeouts import TimeoutLike
 
@@ -55,45 +43,21 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["ProcessGroupTCP"]
 
-# How long a collective in flight may keep running on the bytes of a peer that died (see
-# `_mesh_failure`) before the group fails anyway; a collective that needs more from it fails
-# as soon as its data connection ends.
-LOST_PEER_GRACE_S = 5.0
 # The watchdog ticks every WATCHDOG_TICK_S; the spin decision is revisited every this many.
 _ADAPT_EVERY_TICKS = 10
 _FIRST = (0,)
 _NONE = ()
-try:
-    _CPUS = len(os.sched_getaffinity(0))
-except (AttributeError, OSError):
-    _CPUS = os.cpu_count() or 1
 
 
-def _leaders_proposal(topology: topo.Topology, local_size: int) -> int:
-    """How many ranks per host this rank proposes to carry traffic between hosts.
-
-    SHOAL_HIER_LEADERS when set; else the host's cores per local rank, within 1 and the
-    smallest host's rank count: each leader's ring needs CPU for its socket copies on top of
-    what the host's ranks use. Measured on 2 cores, 2 hosts x 2 ranks, 64 MiB (quiet, under
-    SCHED_FIFO): one leader per host 62 ms, two 74 ms (their rings' copies compete for the
-    same cores).
-    """
-    configured = env.hierarchical_leaders()
-    if configured is not None:
-        return configured
-    return max(1, min(min(len(h) for h in topology.hosts), _CPUS // max(1, local_size)))
-
-
-def _pipeline_proposal(local_size: int) -> bool:
-    """Whether this rank proposes to pipeline two-level all_reduces: SHOAL_HIER_PIPELINE when
-    set, else when the host has two cores per local rank (a leader's courier thread then has a
-    core of its own). Overlap needs spare cores: on 2 cores with 2 ranks per host the pipeline
-    measured 79 ms against 62 ms unpipelined (2 hosts x 2 ranks, 64 MiB), since the leaders
-    already keep both cores busy and the pipeline adds barriers and thread hand-offs."""
-    configured = env.hierarchical_pipeline()
-    if configured is not None:
-        return configured
-    return _CPUS >= 2 * local_size
+def _adapt_to_load(links: Links) -> None:
+    """Poll small receives only while the machine has a spare CPU (about every second)."""
+    if links.direct.spin_s:
+        try:
+            # Our own ranks count towards the load; other work beyond that means no spare CPU.
+            busy = os.getloadavg()[0] > 1.5 * negotiation.CPUS
+        except OSError:
+            busy = False
+        links.allow_spin(not busy)
 
 
 class ProcessGroupTCP(BackendGroup):
@@ -124,105 +88,32 @@ class ProcessGroupTCP(BackendGroup):
         global_ranks: Optional[list[int]] = None,
     ):
         super().__init__(store, rank, size, timeout, name, global_ranks)
-        self._failure: Optional[FailureReason] = None
-        self._verdict: Optional[Verdict] = None  # the watchdog's, for the overdue op's caller
-        self._fail_lock = threading.Lock()
-        # A peer whose control connection closed without a goodbye while a collective was in
-        # flight: that collective may still finish on the bytes the peer sent before it died.
-        self._in_collective = False
-        self._lost: Optional[FailureReason] = None
-        self._lost_timer: Optional[threading.Timer] = None
         self._ticks = 0
         self._fp_cache: dict = {}
-        self._executor = InOrderExecutor(name, self._ledger, self._run, self._describe)
-        self._mesh = Mesh(
+        self._failures = failures = GroupFailure(self, rank, name)
+        self._executor = InOrderExecutor(name, self._ledger, failures.run, self._describe)
+        self._mesh = failures.mesh = Mesh(
             store=store, rank=rank, size=size, name=name,
             host=host or env.bind_host_for(store),
-            token=load_token(token), on_failure=self._mesh_failure,
+            token=load_token(token), on_failure=failures.on_mesh_failure,
         )
         try:
             self._mesh.connect(self._timeout)
             self._topology = topo.from_identities(
                 self._mesh.host_identities(min(self._timeout, 60.0)), env.hierarchical_leaders())
-            shared = self._setup_shared_memory() if self._topology.single_host else None
+            shared = (negotiation.shared_memory(self._mesh, name, self._timeout)
+                      if self._topology.single_host else None)
             direct = algos.Direct(rank, size, self._mesh.tx, self._mesh.rx,
                                   env.spin_seconds(size, SPIN_S))
-            self._links = Links(rank, size, self._mesh, direct, shared, name,
-                                lambda: self.failed)
+            self._links = Links(rank, size, self._mesh, direct, shared, name, failures.failed)
             if self._topology.hierarchical:
-                self._links.hier = self._setup_hierarchy()
+                self._topology, self._links.hier = negotiation.hierarchy(
+                    self._topology, self._links, name, self._timeout)
         except BaseException:
             self._mesh.close()
             raise
-        self._adapt_to_load()
+        _adapt_to_load(self._links)
         self._start_watchdog()
-
-    def _setup_shared_memory(self) -> Optional[shm.SharedSlots]:
-        """Shared memory for large all_reduces when every rank of the group shares our host."""
-        mesh = self._mesh
-        if self._size < 2 or any(t != "unix" for q, t in enumerate(mesh.transports)
-                                 if q != self._rank):
-            return None
-        # Every all-Unix group runs the setup, offering nothing unless this rank's mode is
-        # "shm": ranks started with different SHOAL_LOCAL_TRANSPORT values then agree on
-        # sockets instead of one side waiting for offers the other never sends.
-        try:
-            return shm.SharedSlots.establish(
-                self._rank, self._size, mesh.tx, mesh.rx, SHM_SLOT_BYTES, min(self._timeout, 60.0),
-                offer=env.local_transport() == "shm",
-            )
-        except shm.ShmSetupError as exc:
-            raise CollectiveError(
-                f"Rank {self._rank} of group '{self.name}' could not set up shared memory with "
-                f"{exc}; set SHOAL_LOCAL_TRANSPORT=unix to use sockets only."
-            ) from exc
-
-    def _setup_hierarchy(self) -> Optional[hierarchical.Plan]:
-        """The two-level plan for a group that spans hosts: shared memory among this host's
-        ranks, and links to the ranks with our local index on the other hosts. Every rank of
-        the group agrees on using it, or nobody does (a host whose shared memory failed, or a
-        rank run with SHOAL_LOCAL_TRANSPORT=unix or SHOAL_HIERARCHICAL=0, means flat
-        algorithms everywhere)."""
-        topology, links = self._topology, self._links
-        local_members = topology.local_ranks(self._rank)
-        index = local_members.index(self._rank)
-        willing = env.local_transport() == "shm" and env.hierarchical_collectives()
-        local = None
-        if len(local_members) > 1:
-            local = links.subset(list(local_members), label="host")
-            try:
-                local.shm = shm.SharedSlots.establish(
-                    local.rank, local.size, local.tx, local.rx, SHM_SLOT_BYTES,
-                    min(self._timeout, 60.0), offer=willing,
-                )
-            except shm.ShmSetupError as exc:
-                peer = local_members[exc.peer]
-                raise CollectiveError(
-                    f"Rank {self._rank} of group '{self.name}' could not set up shared memory "
-                    f"with rank {peer}: {exc.detail}; set SHOAL_LOCAL_TRANSPORT=unix to use "
-                    "sockets only."
-                ) from exc
-            willing = willing and local.shm is not None
-        # Every rank must take the same path with the same leaders: each says whether it can
-        # and how many leaders per host it proposes; the smallest proposal wins.
-        # Likewise whether all_reduce pipelines its pieces (every rank must cut the same).
-        ours = bytes([int(willing), min(255, _leaders_proposal(topology, len(local_members))),
-                      int(_pipeline_proposal(len(local_members)))])
-        verdicts = [ours] + [bytes(v) for v in links.direct.exchange(0, b"hierarchy", ours).values()]
-        topology = dataclasses.replace(topology, max_leaders=min(v[1] for v in verdicts))
-        pipelined = all(v[2] == 1 for v in verdicts)
-        self._topology = topology
-        if not all(v[0] == 1 for v in verdicts):
-            if local is not None:
-                local.shm = None
-            logger.info("Group %r spans hosts (%s) but runs flat collectives: a rank cannot use "
-                        "shared memory", self.name, topology.describe())
-            return None
-        k = topology.leaders_per_host
-        cross = (links.subset(list(topology.cross_ranks(index)), label=f"ring{index}")
-                 if index < k else None)
-        return hierarchical.Plan(topology, topology.host_of(self._rank), index, local, cross,
-                                 pipelined)
 
     # ------------------------------------------------------------------ introspection
 
@@ -255,197 +146,37 @@ class ProcessGroupTCP(BackendGroup):
 
     @property
     def store_prefix(self) -> str:
+        """The prefix of this incarnation of the group's keys in the store."""
         return self._mesh.prefix
 
     @property
     def failed(self) -> bool:
-        return self._failure is not None
+        """True once the group has failed."""
+        return self._failures.reason is not None
 
     @property
     def failure(self) -> Optional[str]:
         """Why the group failed (a sentence), or None while it is healthy."""
-        return None if self._failure is None else self._failure.cause
+        reason = self._failures.reason
+        return None if reason is None else reason.cause
 
     def __repr__(self) -> str:
         return f"ProcessGroupTCP(name={self.name!r}, rank={self._rank}, size={self._size})"
 
     def watchdog_tick(self) -> None:
+        """Revisit whether small receives may spin, about every second."""
         self._ticks += 1
         if self._ticks % _ADAPT_EVERY_TICKS == 0:
-            self._adapt_to_load()
+            _adapt_to_load(self._links)
 
-    def _adapt_to_load(self) -> None:
-        """Poll small receives only while the machine has a spare CPU (about every second)."""
-        d = self._links.direct
-        if d.spin_s:
-            try:
-                # Our own ranks count towards the load; other work beyond that means no spare CPU.
-                busy = os.getloadavg()[0] > 1.5 * _CPUS
-            except OSError:
-                busy = False
-            self._links.allow_spin(not busy)
+    def fail_from_watchdog(self, verdict: Verdict) -> None:
+        """Called by the watchdog for an overdue operation."""
+        self._failures.fail_from_watchdog(verdict)
 
     def _describe(self, rec: OpRecord) -> str:
         return f"Rank {self._rank}'s {rec.label} of group '{self.name}'"
 
-    # ------------------------------------------------------------------ failure handling
-
-    def _fail(self, reason: FailureReason) -> bool:
-        """Record the group's first failure, tell every peer, break the links. True if first."""
-        with self._fail_lock:
-            if self._failure is not None:
-                return False
-            self._failure = reason
-        logger.warning("Rank %d: group %r failed: %s", self._rank, self.name, reason.cause)
-        if reason.kind == "timeout" and reason.origin != self._rank and reason.dump_path is None:
-            # Leave a trace on every rank, not only on the one whose watchdog fired.
-            reason.dump_path = write_dump(self, f"Group '{self.name}' failed: {reason.cause}.",
-                                          self._ledger.current)
-        self._mesh.abort(reason)
-        return True
-
-    def _mesh_failure(self, reason: FailureReason) -> None:
-        """A failure the control service saw; a lost peer waits for the collective in flight.
-
-        A rank that finishes a collective and dies at once (SIGKILL, os._exit) has already
-        handed every byte its peers need to the kernel; failing the group on the closed control
-        connection would break collectives that are about to complete. Instead the collective in
-        flight runs on: if it needs more from the dead rank its data connection ends (PeerLost
-        naming it), and once it ends, or after LOST_PEER_GRACE_S, the group fails as before, so
-        the next collective fails naming the dead rank.
-        """
-        if reason.kind == "peer_lost" and reason.origin == self._rank:
-            with self._fail_lock:
-                if self._failure is None and self._in_collective:
-                    if self._lost is None:
-                        self._lost = reason
-                        timer = threading.Timer(LOST_PEER_GRACE_S, self._fail_lost)
-                        timer.daemon = True
-                        self._lost_timer = timer
-                        timer.start()
-                    return
-        self._fail(reason)
-
-    def _fail_lost(self) -> None:
-        with self._fail_lock:
-            reason, self._lost = self._lost, None
-            timer, self._lost_timer = self._lost_timer, None
-        if timer is not None:
-            timer.cancel()
-        if reason is not None:
-            self._fail(reason)
-
-    def fail_from_watchdog(self, verdict: Verdict) -> None:
-        """Called by the watchdog for an overdue operation."""
-        self._verdict = verdict
-        self._fail(FailureReason(verdict.kind, verdict.cause, self._rank, verdict.culprits,
-                                 verdict.dump_path))
-        if env.async_error_handling():
-            if verdict.record is not None:
-                metrics.count_error(verdict.record.op, verdict.kind)
-            exit_after_error(verdict.message)
-
-    def _error_for(self, rec: OpRecord) -> CollectiveError:
-        verdict = self._verdict
-        if verdict is not None and verdict.record is rec:
-            return ERROR_CLASSES[verdict.kind](verdict.message)
-        reason = self._failure
-        message = f"Rank {self._rank} failed {rec.label} of group '{self.name}': {reason.cause}."
-        if reason.dump_path:
-            message += f" Recent collectives of this rank are in {reason.dump_path}."
-        return reason.error_class(message)
-
-    def _link_reason(self, exc: LinkDown) -> FailureReason:
-        peer = exc.peer
-        end = time.monotonic() + LINK_REASON_GRACE_S
-        while True:
-            if self._failure is not None:
-                return self._failure
-            lost = self._lost
-            if lost is not None and peer in lost.culprits:
-                return lost
-            if self._mesh.departed[peer]:
-                return FailureReason(
-                    "peer_lost",
-                    f"rank {peer} left the group (it destroyed its process group) while this rank "
-                    "still expected data from it",
-                    self._rank, (peer,),
-                )
-            if time.monotonic() >= end:
-                break
-            time.sleep(0.01)
-        what = f"failed ({exc.exc})" if exc.exc is not None else "closed"
-        return FailureReason(
-            "peer_lost", f"rank {peer}'s data connection {what}; the process died or was killed",
-            self._rank, (peer,),
-        )
-
-    def _raise_failed(self, rec: OpRecord, cause: Optional[BaseException] = None):
-        err = self._error_for(rec)
-        metrics.count_error(rec.op, self._failure.kind)
-        if env.async_error_handling():
-            if self._failure is not None and self._failure.dump_path is None:
-                self._failure.dump_path = write_dump(self, str(err), rec)
-            exit_after_error(str(err))
-        if cause is not None:
-            raise err from cause
-        raise err
-
-    # ------------------------------------------------------------------ running one operation
-
-    def _run(self, rec: OpRecord, job: Job, arrays: Any) -> list:
-        """The executor's runner: `job` with this group's failure handling around it."""
-        if rec.p2p:
-            return self._run_op(rec, job, arrays)
-        with self._fail_lock:
-            self._in_collective = True
-        try:
-            return self._run_op(rec, job, arrays)
-        finally:
-            with self._fail_lock:
-                self._in_collective = False
-            if self._lost is not None:
-                self._fail_lost()
-
-    def _run_op(self, rec: OpRecord, job: Job, arrays: Any) -> list:
-        if self._failure is not None:
-            self._raise_failed(rec)
-        t0 = time.perf_counter()
-        try:
-            result = job(rec, arrays)
-        except (P2PMismatch, CollectiveError):  # already the caller's error (and counted)
-            raise
-        except LinkDown as exc:
-            self._fail(self._link_reason(exc))
-            self._raise_failed(rec, exc)
-        except algos.HeaderMismatch as exc:
-            self._fail(FailureReason(
-                "mismatch",
-                f"rank {self._rank} called {exc.ours} as collective #{rec.seq} but rank "
-                f"{exc.peer} called {exc.their_fp} as #{exc.their_seq}; every rank must call the "
-                "same collectives in the same order with the same shapes and dtypes",
-                self._rank, (self._rank, exc.peer),
-            ))
-            self._raise_failed(rec, exc)
-        except algos.ProtocolError as exc:
-            self._fail(FailureReason(
-                "error", f"rank {exc.peer} sent {exc.detail} (the connection is out of step)",
-                self._rank, (exc.peer,),
-            ))
-            self._raise_failed(rec, exc)
-        except GroupFailed as exc:
-            if exc.reason is not None:
-                self._fail(exc.reason)
-            self._raise_failed(rec, None)
-        except Exception as exc:
-            if self._failure is None:
-                self._fail(FailureReason(
-                    "error", f"rank {self._rank} hit {type(exc).__name__} in {rec.label}: {exc}",
-                    self._rank, (self._rank,),
-                ))
-            self._raise_failed(rec, exc)
-        metrics.observe(rec.op, "tcp", time.perf_counter() - t0, rec.nbytes)
-        return result
+    # ------------------------------------------------------------------ submitting one operation
 
     def _fingerprint(self, key, build: Callable[[], str]) -> tuple[bytes, str]:
         """(header fingerprint, description) of a call, cached by its shape."""
@@ -634,19 +365,16 @@ class ProcessGroupTCP(BackendGroup):
     # ------------------------------------------------------------------ lifecycle
 
     def abort(self) -> None:
-        self._fail(FailureReason(
-            "error", f"rank {self._rank} aborted the group (ProcessGroup.abort())", self._rank,
-            (self._rank,)
-        ))
+        """Fail the group now: every pending and later operation raises, peers learn why."""
+        self._failures.abort()
 
     def shutdown(self) -> None:
+        """Leave the group: fail what is queued, say goodbye to every peer, close the links."""
         if not self._leave():
             return
         self._executor.stop(GroupDestroyed(
             f"Process group '{self.name}' was destroyed before this queued collective ran."
         ))
         self._links.close()
-        timer = self._lost_timer
-        if timer is not None:
-            timer.cancel()
+        self._failures.close()
         self._mesh.close()

@@ -15,8 +15,9 @@ from typing import Callable, Optional, Sequence
 
 from shoal.collectives.backends.tcp import algorithms as algos
 from shoal.collectives.backends.tcp import shm
-from shoal.collectives.backends.tcp.mesh import FailureReason, Mesh
+from shoal.collectives.backends.tcp.mesh import Mesh
 from shoal.collectives.backends.tcp.pump import LinkDown, SenderThread
+from shoal.collectives.backends.tcp.reasons import FailureReason
 from shoal.collectives.types import CollectiveMismatch
 
 __all__ = ["Links", "GroupFailed", "P2PMismatch"]
@@ -39,7 +40,7 @@ class GroupFailed(Exception):
 
 class Links:
     """What a tcp collective runs on: this rank's place in the group, its connections to every
-    peer (`tx`/`rx` data sockets indexed by rank, `mesh` for the control channel, the
+    peer (`tx`/`rx` data sockets indexed by rank, `mesh` and its `control` channel, the
     small-message `direct` path), the shared-memory slots when every rank is on this host, the
     two-level plan when the ranks span hosts (`hier`), and reusable scratch space and sender
     thread."""
@@ -51,6 +52,7 @@ class Links:
         self.rank = rank
         self.size = size
         self.mesh = mesh
+        self.control = mesh.control  # the point-to-point messages' channel
         self.tx = mesh.tx if tx is None else tx
         self.rx = mesh.rx if rx is None else rx
         self.direct = direct

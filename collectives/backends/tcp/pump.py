@@ -141,16 +141,24 @@ def pump(plan: Plan, tx: list, rx: list) -> None:
             if i == n_items:
                 active_r.remove(p)
         if not progressed:
-            rl = [rx[p] for p in active_r]
-            wl = []
-            for p in active_s:
-                view, gp, gc = sends[p][s_idx[p]]
-                if gp < 0 or r_idx.get(gp, 0) >= gc:
-                    wl.append(tx[p])
-            try:
-                select.select(rl, wl, [], _TICK_S)
-            except (OSError, ValueError) as exc:
-                raise LinkDown((active_r or active_s)[0], exc) from exc
+            _wait_until_ready(plan, s_idx, r_idx, active_s, active_r, tx, rx)
+
+
+def _wait_until_ready(plan: Plan, s_idx: dict, r_idx: dict, active_s: list, active_r: list,
+                      tx: list, rx: list) -> None:
+    """Block until a socket `pump` waits on can move bytes: every active receive, and each
+    active send whose gate is open (a gated send waits for receives, not for its socket)."""
+    rl = [rx[p] for p in active_r]
+    wl = []
+    sends = plan.sends
+    for p in active_s:
+        _view, gp, gc = sends[p][s_idx[p]]
+        if gp < 0 or r_idx.get(gp, 0) >= gc:
+            wl.append(tx[p])
+    try:
+        select.select(rl, wl, [], _TICK_S)
+    except (OSError, ValueError) as exc:
+        raise LinkDown((active_r or active_s)[0], exc) from exc
 
 
 class _Job:
@@ -205,7 +213,7 @@ class SenderThread:
                     if job.cancelled:
                         break
                     job.sock.sendall(view)
-            except BaseException as exc:  # reported to the receiving thread
+            except BaseException as exc:  # noqa: BLE001 - the receiving thread raises it
                 job.error = exc
             finally:
                 job.done.set()

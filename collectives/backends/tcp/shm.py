@@ -32,6 +32,7 @@ copy out streams through the same regions (`shm_streams`). all_reduce:
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import mmap
@@ -109,6 +110,89 @@ def _recv_exact(sock: socket.socket, n: int, peer: int, want_fd: bool) -> tuple[
     return bytes(data), fds
 
 
+def _own_region(rank: int, region_bytes: int, maps: list) -> Optional[int]:
+    """Create and map (into `maps[rank]`) this rank's region; its descriptor, or None when
+    this machine cannot (the rank then offers nothing)."""
+    fd: Optional[int] = None
+    try:
+        fd = _create_region(region_bytes)
+        maps[rank] = mmap.mmap(fd, region_bytes, flags=mmap.MAP_SHARED,
+                               prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    except (OSError, AttributeError, ValueError) as exc:
+        logger.info("Rank %d cannot create shared memory for collectives (%s); using sockets", rank, exc)
+        if fd is not None:
+            os.close(fd)
+        return None
+    return fd
+
+
+@contextlib.contextmanager
+def _talking_to(peer: int, timeout: float):
+    """Socket errors of one setup step with `peer`, as the `ShmSetupError` that names it."""
+    try:
+        yield
+    except socket.timeout as exc:
+        raise ShmSetupError(peer, f"did not answer the shared-memory setup within {timeout:g}s") from exc
+    except OSError as exc:
+        raise ShmSetupError(peer, f"broke its data link during the shared-memory setup ({exc})") from exc
+
+
+def _timed(sock: socket.socket, deadline: float) -> socket.socket:
+    sock.settimeout(max(0.1, deadline - time.monotonic()))
+    return sock
+
+
+def _exchange_offers(rank: int, peers: list, tx: list, rx: list, own_fd: Optional[int],
+                     region_bytes: int, maps: list, deadline: float, timeout: float) -> bool:
+    """Round one: send every peer our offer (with our region's descriptor when we have one),
+    then map every peer's region into `maps`. True when this rank could map them all."""
+    message = _OFFER.pack(_OFFER_MAGIC, int(own_fd is not None), region_bytes)
+    for q in peers:
+        with _talking_to(q, timeout):
+            if own_fd is not None:
+                socket.send_fds(_timed(tx[q], deadline), [message], [own_fd])
+            else:
+                _timed(tx[q], deadline).sendall(message)
+    usable = own_fd is not None
+    for q in peers:
+        with _talking_to(q, timeout):
+            raw, fds = _recv_exact(_timed(rx[q], deadline), _OFFER.size, q, want_fd=True)
+            magic, offered, nbytes = _OFFER.unpack(raw)
+            if magic != _OFFER_MAGIC:
+                for fd in fds:
+                    os.close(fd)
+                raise ShmSetupError(q, f"sent {raw!r} where a shared-memory offer belongs")
+            try:
+                if usable and offered and len(fds) == 1 and nbytes == region_bytes:
+                    maps[q] = _map_peer_region(fds[0], region_bytes)
+                else:
+                    usable = False
+            except (OSError, ValueError) as exc:
+                logger.info("Rank %d cannot map rank %d's shared memory (%s); using sockets", rank, q, exc)
+                usable = False
+            finally:
+                for fd in fds:
+                    os.close(fd)
+    return usable
+
+
+def _exchange_verdicts(peers: list, tx: list, rx: list, usable: bool, deadline: float,
+                       timeout: float) -> bool:
+    """Round two: tell every peer whether we could map every region, and hear theirs. True
+    only when every rank could."""
+    for q in peers:
+        with _talking_to(q, timeout):
+            _timed(tx[q], deadline).sendall(_VERDICT.pack(_VERDICT_MAGIC, int(usable)))
+    for q in peers:
+        with _talking_to(q, timeout):
+            raw, _ = _recv_exact(_timed(rx[q], deadline), _VERDICT.size, q, want_fd=False)
+            magic, ok = _VERDICT.unpack(raw)
+            if magic != _VERDICT_MAGIC:
+                raise ShmSetupError(q, f"sent {raw!r} where a shared-memory verdict belongs")
+            usable = usable and bool(ok)
+    return usable
+
+
 class SharedSlots:
     """This rank's writable region and read-only views of every peer's, as uint8 arrays."""
 
@@ -137,69 +221,18 @@ class SharedSlots:
         """
         region_bytes = BUFFERS * slot_bytes
         peers = [q for q in range(size) if q != rank]
-        own_fd: Optional[int] = None
         maps: list[Optional[mmap.mmap]] = [None] * size
-        usable = offer
-        try:
-            if offer:
-                own_fd = _create_region(region_bytes)
-                maps[rank] = mmap.mmap(own_fd, region_bytes, flags=mmap.MAP_SHARED,
-                                       prot=mmap.PROT_READ | mmap.PROT_WRITE)
-        except (OSError, AttributeError, ValueError) as exc:
-            logger.info("Rank %d cannot create shared memory for collectives (%s); using sockets", rank, exc)
-            usable = False
+        own_fd = _own_region(rank, region_bytes, maps) if offer else None
         deadline = time.monotonic() + timeout
-        socks = {q: (tx[q], rx[q]) for q in peers}
         try:
-            for q in peers:
-                sock = socks[q][0]
-                sock.settimeout(max(0.1, deadline - time.monotonic()))
-                message = _OFFER.pack(_OFFER_MAGIC, int(own_fd is not None and usable), region_bytes)
-                if own_fd is not None and usable:
-                    socket.send_fds(sock, [message], [own_fd])
-                else:
-                    sock.sendall(message)
-            for q in peers:
-                sock = socks[q][1]
-                sock.settimeout(max(0.1, deadline - time.monotonic()))
-                raw, fds = _recv_exact(sock, _OFFER.size, q, want_fd=True)
-                magic, offered, nbytes = _OFFER.unpack(raw)
-                if magic != _OFFER_MAGIC:
-                    for fd in fds:
-                        os.close(fd)
-                    raise ShmSetupError(q, f"sent {raw!r} where a shared-memory offer belongs")
-                try:
-                    if usable and offered and len(fds) == 1 and nbytes == region_bytes:
-                        maps[q] = _map_peer_region(fds[0], region_bytes)
-                    else:
-                        usable = False
-                except (OSError, ValueError) as exc:
-                    logger.info("Rank %d cannot map rank %d's shared memory (%s); using sockets", rank, q, exc)
-                    usable = False
-                finally:
-                    for fd in fds:
-                        os.close(fd)
-            for q in peers:
-                sock = socks[q][0]
-                sock.settimeout(max(0.1, deadline - time.monotonic()))
-                sock.sendall(_VERDICT.pack(_VERDICT_MAGIC, int(usable)))
-            for q in peers:
-                sock = socks[q][1]
-                sock.settimeout(max(0.1, deadline - time.monotonic()))
-                raw, _ = _recv_exact(sock, _VERDICT.size, q, want_fd=False)
-                magic, ok = _VERDICT.unpack(raw)
-                if magic != _VERDICT_MAGIC:
-                    raise ShmSetupError(q, f"sent {raw!r} where a shared-memory verdict belongs")
-                usable = usable and bool(ok)
-        except socket.timeout as exc:
-            raise ShmSetupError(q, f"did not answer the shared-memory setup within {timeout:g}s") from exc
-        except OSError as exc:
-            raise ShmSetupError(q, f"broke its data link during the shared-memory setup ({exc})") from exc
+            usable = _exchange_offers(rank, peers, tx, rx, own_fd, region_bytes, maps,
+                                      deadline, timeout)
+            usable = _exchange_verdicts(peers, tx, rx, usable, deadline, timeout)
         finally:
             if own_fd is not None:
                 os.close(own_fd)
             for q in peers:
-                for sock in socks[q]:
+                for sock in (tx[q], rx[q]):
                     try:
                         sock.settimeout(None)
                     except OSError:

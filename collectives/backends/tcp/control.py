@@ -1,0 +1,301 @@
+"""The control channel of a tcp group: one connection per peer, served by one thread per group.
+
+It carries goodbyes, abort notices (with the reason, so every rank reports the same culprit) and
+point-to-point messages. A control connection that closes without a goodbye means the peer
+process died, which is how a SIGKILLed rank is noticed within milliseconds even when no
+collective is reading from it. The mesh (`mesh.Mesh`) makes the connections; this module reads
+and writes them once the mesh is complete.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import logging
+import os
+import selectors
+import socket
+import threading
+from typing import Callable, Optional
+
+from shoal.collectives.backends.tcp import wire
+from shoal.collectives.backends.tcp.reasons import FailureReason
+from shoal.collectives.constants import MAX_CONTROL_FRAME_BYTES
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ControlChannel", "drain"]
+
+
+def drain(sock: socket.socket, limit: int = 1 << 20) -> None:
+    """Read and drop what is already waiting on `sock` (never blocks), so closing it sends no reset."""
+    left = limit
+    try:
+        while left > 0:
+            chunk = sock.recv(min(left, 65536), socket.MSG_DONTWAIT)
+            if not chunk:
+                return
+            left -= len(chunk)
+    except OSError:  # nothing waiting (EAGAIN), or the connection is gone already
+        return
+
+
+class _ControlReader:
+    """Incremental frame parser for one non-blocking control connection."""
+
+    __slots__ = ("peer", "sock", "header", "got", "body", "body_got", "kind", "aux")
+
+    def __init__(self, peer: int, sock: socket.socket):
+        self.peer = peer
+        self.sock = sock
+        self.header = bytearray(wire.CONTROL_HEADER.size)
+        self.got = 0
+        self.body: Optional[bytearray] = None
+        self.body_got = 0
+        self.kind = 0
+        self.aux = 0
+
+
+class ControlChannel:
+    """This rank's control connections in one group (`socks`, by peer, filled by the mesh), the
+    thread that reads them, and the mailboxes of the point-to-point messages they bring.
+
+    Args:
+        rank, size, name: this rank, the group's size and name (for messages and threads).
+        on_failure: called with the reason when a peer aborts, dies or garbles a frame.
+    """
+
+    def __init__(self, rank: int, size: int, name: str,
+                 on_failure: Callable[[FailureReason], None]):
+        self.rank = rank
+        self.size = size
+        self.name = name
+        self._on_failure = on_failure
+        self.socks: list[Optional[socket.socket]] = [None] * size
+        self.departed = [False] * size  # peers that said goodbye (destroyed their group)
+        self._send_locks = [threading.Lock() for _ in range(size)]
+        self._cond = threading.Condition()
+        self._closing = False
+        self._mail: dict[tuple[int, int], collections.deque] = collections.defaultdict(
+            collections.deque)
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self._pending_register: list[_ControlReader] = []
+        self._service: Optional[threading.Thread] = None
+
+    # ------------------------------------------------------------------ service
+
+    def start(self) -> None:
+        """Start the service thread (it reads a peer's connection once `watch` names it)."""
+        self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self._service = threading.Thread(
+            target=self._serve, name=f"shoal-pg-{self.name}-r{self.rank}-control", daemon=True
+        )
+        self._service.start()
+
+    def watch(self, peer: int) -> None:
+        """Read `peer`'s control connection from now on."""
+        reader = _ControlReader(peer, self.socks[peer])
+        with self._cond:
+            self._pending_register.append(reader)
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+
+    def _serve(self) -> None:
+        sel = self._selector
+        while not self._closing:
+            with self._cond:
+                pending, self._pending_register = self._pending_register, []
+            for reader in pending:
+                try:
+                    sel.register(reader.sock, selectors.EVENT_READ, reader)
+                except (ValueError, KeyError, OSError):
+                    pass
+            try:
+                events = sel.select(timeout=1.0)
+            except (OSError, ValueError):
+                return
+            for key, _ in events:
+                if self._closing:
+                    return
+                if key.data == "wake":
+                    try:
+                        while os.read(self._wake_r, 4096):
+                            pass
+                    except OSError:
+                        pass
+                else:
+                    self._read(key.data)
+
+    def _drop_reader(self, reader: _ControlReader) -> None:
+        try:
+            self._selector.unregister(reader.sock)
+        except (KeyError, ValueError, OSError):
+            pass
+
+    def _read(self, r: _ControlReader) -> None:
+        try:
+            while True:
+                if r.body is None:
+                    view = memoryview(r.header)[r.got:]
+                    k = r.sock.recv_into(view, len(view), socket.MSG_DONTWAIT)
+                    if k == 0:
+                        return self._closed(r, None)
+                    r.got += k
+                    if r.got < len(r.header):
+                        continue
+                    magic, kind, aux, length = wire.CONTROL_HEADER.unpack(r.header)
+                    if (magic != wire.CONTROL_MAGIC or kind not in wire.KINDS
+                            or length > MAX_CONTROL_FRAME_BYTES):
+                        return self._garbled(r, f"header {bytes(r.header)!r}")
+                    r.kind, r.aux, r.got = kind, aux, 0
+                    r.body = bytearray(length)
+                    r.body_got = 0
+                    if length:
+                        continue
+                else:
+                    view = memoryview(r.body)[r.body_got:]
+                    k = r.sock.recv_into(view, len(view), socket.MSG_DONTWAIT)
+                    if k == 0:
+                        return self._closed(r, None)
+                    r.body_got += k
+                    if r.body_got < len(r.body):
+                        continue
+                body, r.body = r.body, None
+                self._frame(r, r.kind, r.aux, body)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            return self._closed(r, exc)
+
+    def _frame(self, r: _ControlReader, kind: int, aux: int, body: bytearray) -> None:
+        if kind == wire.KIND_BYE:
+            logger.debug("Rank %d of group %r: rank %d said goodbye", self.rank, self.name, r.peer)
+            with self._cond:
+                self.departed[r.peer] = True
+                self._cond.notify_all()
+        elif kind == wire.KIND_ABORT:
+            reason = FailureReason.from_bytes(bytes(body), r.peer)
+            self._on_failure(reason)
+        elif kind == wire.KIND_P2P:
+            if len(body) < wire.P2P_FP_LEN.size:
+                return self._garbled(r, "a point-to-point frame shorter than its header")
+            (fp_len,) = wire.P2P_FP_LEN.unpack_from(body)
+            start = wire.P2P_FP_LEN.size
+            fp = bytes(body[start:start + fp_len])
+            payload = memoryview(body)[start + fp_len:]
+            with self._cond:
+                self._mail[(r.peer, aux)].append((fp, payload))
+                self._cond.notify_all()
+
+    def _closed(self, r: _ControlReader, exc: Optional[BaseException]) -> None:
+        self._drop_reader(r)
+        with self._cond:
+            clean = self.departed[r.peer] or self._closing
+            self._cond.notify_all()
+        if clean:
+            return
+        how = f"its connection failed ({exc})" if exc else "its connection closed without a goodbye"
+        self._on_failure(FailureReason(
+            "peer_lost",
+            f"rank {r.peer} was lost: {how}; the process died or was killed",
+            origin=self.rank, culprits=(r.peer,),
+        ))
+
+    def _garbled(self, r: _ControlReader, what: str) -> None:
+        self._drop_reader(r)
+        logger.error("Rank %d of group %r got a malformed control frame from rank %d: %s",
+                     self.rank, self.name, r.peer, what)
+        self._on_failure(FailureReason(
+            "error", f"rank {r.peer} sent a malformed control frame ({what})",
+            origin=self.rank, culprits=(r.peer,),
+        ))
+
+    # ------------------------------------------------------------------ point to point
+
+    def send_p2p(self, dst: int, tag: int, fp: bytes, payload: memoryview) -> None:
+        """Send one tagged message to `dst` over the control connection (blocks on a full pipe)."""
+        body_len = wire.P2P_FP_LEN.size + len(fp) + len(payload)
+        head = wire.CONTROL_HEADER.pack(wire.CONTROL_MAGIC, wire.KIND_P2P, tag, body_len)
+        sock = self.socks[dst]
+        if sock is None:
+            raise OSError(errno.ENOTCONN, "no control connection")
+        with self._send_locks[dst]:
+            wire.send_all(sock, [head + wire.P2P_FP_LEN.pack(len(fp)) + fp, payload])
+
+    def take_p2p(self, src: Optional[int], tag: int, stop: Callable[[], bool], wait_s: float = 0.25):
+        """Wait for a message with `tag` from `src` (or anyone); returns (src, fp, payload).
+
+        `stop()` is polled between waits so a failed group ends the wait.
+        """
+        with self._cond:
+            while True:
+                sources = [src] if src is not None else range(self.size)
+                for q in sources:
+                    box = self._mail.get((q, tag))
+                    if box:
+                        fp, payload = box.popleft()
+                        return q, fp, payload
+                if stop():
+                    return None
+                self._cond.wait(wait_s)
+
+    def wake_waiters(self) -> None:
+        """Wake threads waiting for point-to-point messages (after a failure)."""
+        with self._cond:
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------------ teardown
+
+    def send_last_frame(self, frame: bytes) -> None:
+        """Send `frame` to every peer's control socket (best effort, bounded), then end it."""
+        for q, sock in enumerate(self.socks):
+            if sock is None or q == self.rank:
+                continue
+            lock = self._send_locks[q]
+            if lock.acquire(timeout=0.5):
+                try:
+                    sock.settimeout(1.0)
+                    sock.sendall(frame)
+                except OSError:
+                    pass
+                finally:
+                    lock.release()
+            try:
+                sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+
+    def say_goodbye(self) -> None:
+        """The first step of closing: from now on a closing connection is no failure, and every
+        peer hears that this rank leaves."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self.send_last_frame(wire.control_frame(wire.KIND_BYE, 0))
+
+    def close(self) -> None:
+        """Stop the service thread and release the connections (after `say_goodbye`)."""
+        self._closing = True
+        self._wake()
+        if self._service is not None and self._service is not threading.current_thread():
+            self._service.join(timeout=2.0)
+        for sock in self.socks:
+            if sock is not None:
+                drain(sock)
+                sock.close()
+        try:
+            self._selector.close()
+        except (OSError, RuntimeError):
+            pass
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
