@@ -1,0 +1,98 @@
+"""Point-to-point messages between ranks: send, recv, their non-blocking forms and
+batch_isend_irecv, as in `torch.distributed`; peers are world ranks (or group ranks via
+`group_dst` / `group_src`)."""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+from shoal.collectives.api import Work
+from shoal.collectives.world import get_process_group_ranks, group_peer, member_group
+from shoal.core.timeouts import TimeoutLike
+
+
+def isend(tensor, dst: Optional[int] = None, group=None, tag: int = 0,
+          timeout: TimeoutLike = None, group_dst: Optional[int] = None) -> Optional[Work]:
+    """Send to world rank `dst` (or group rank `group_dst`) without waiting; returns the Work."""
+    pg = member_group(group)
+    if pg is None:
+        return None
+    _need_peer(dst, group_dst, "dst")
+    return pg.send(tensor, group_peer(pg, dst, group_dst, "dst"), tag, async_op=True, timeout=timeout)
+
+
+def _need_peer(world_rank: Optional[int], group_rank: Optional[int], what: str) -> None:
+    # A send has no "any rank"; a receive may leave both out (see irecv).
+    if world_rank is None and group_rank is None:
+        raise ValueError(f"Pass {what} (a world rank) or group_{what} (a rank of the group).")
+
+
+def irecv(tensor, src: Optional[int] = None, group=None, tag: int = 0,
+          timeout: TimeoutLike = None, group_src: Optional[int] = None) -> Optional[Work]:
+    """Receive from world rank `src` (or group rank `group_src`; neither: any) without
+    waiting; returns the Work."""
+    pg = member_group(group)
+    if pg is None:
+        return None
+    local = None if src is None and group_src is None else group_peer(pg, src, group_src, "src")
+    return pg.recv(tensor, local, tag, async_op=True, timeout=timeout)
+
+
+def send(tensor, dst: Optional[int] = None, group=None, tag: int = 0,
+         timeout: TimeoutLike = None, group_dst: Optional[int] = None) -> None:
+    """Send `tensor` to world rank `dst` (or group rank `group_dst`)."""
+    work = isend(tensor, dst, group, tag, timeout, group_dst=group_dst)
+    if work is not None:
+        work.wait()
+
+
+def recv(tensor, src: Optional[int] = None, group=None, tag: int = 0,
+         timeout: TimeoutLike = None, group_src: Optional[int] = None) -> int:
+    """Receive into `tensor` from world rank `src` (or group rank `group_src`; neither: any);
+    returns the sender's world rank (-1 if not a member)."""
+    pg = member_group(group)
+    if pg is None:
+        return -1
+    work = irecv(tensor, src, pg, tag, timeout, group_src=group_src)
+    work.wait()
+    return get_process_group_ranks(pg)[work.source_rank]
+
+
+class P2POp:
+    """One point-to-point operation for batch_isend_irecv: `P2POp(isend, tensor, peer)`."""
+
+    def __init__(self, op: Callable, tensor, peer: Optional[int] = None, group=None, tag: int = 0,
+                 group_peer: Optional[int] = None):
+        if op not in (isend, irecv):
+            raise ValueError(
+                "Invalid op: P2POp expects collectives.isend or collectives.irecv, got "
+                f"{getattr(op, '__name__', op)!r}."
+            )
+        if (peer is None) == (group_peer is None):
+            raise ValueError("P2POp needs exactly one of peer (a world rank) and group_peer.")
+        self.op = op
+        self.tensor = tensor
+        self.group = group
+        self.tag = tag
+        if peer is None:
+            pg = member_group(group)
+            peer = get_process_group_ranks(pg)[group_peer] if pg is not None else -1
+        self.peer = peer
+
+    def __repr__(self) -> str:
+        return f"P2POp({self.op.__name__}, peer={self.peer}, tag={self.tag})"
+
+
+def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list:
+    """Start every P2POp and return their Works (wait on each), as torch's batch_isend_irecv."""
+    ops = list(p2p_op_list)
+    if not ops or not all(isinstance(p, P2POp) for p in ops):
+        raise ValueError("batch_isend_irecv needs a non-empty list of P2POp.")
+    if len({id(member_group(p.group)) for p in ops}) != 1:
+        raise ValueError("All P2POps of one batch_isend_irecv must use the same group.")
+    works = []
+    for p in ops:
+        work = p.op(p.tensor, p.peer, p.group, p.tag)
+        if work is not None:
+            works.append(work)
+    return works
