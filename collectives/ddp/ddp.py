@@ -1,7 +1,7 @@
 """DistributedDataParallel: data-parallel training of a core.nn.Module across a process group.
 
 Every rank holds a replica of the module and feeds it its own shard of the batch; during
-backward the reducer (collectives/_ddp_reducer.py) averages the gradients bucket by bucket, each
+backward the reducer (`collectives.ddp.reducer`) averages the gradients bucket by bucket, each
 bucket's all_reduce overlapping the rest of backward, so that after `loss.backward()` every
 replica holds the same averaged `.grad` and the optimizer steps keep the replicas identical.
 Behaviour and names follow torch.nn.parallel.DistributedDataParallel.
@@ -19,23 +19,22 @@ import numpy as np
 
 from shoal.collectives import amp
 from shoal.collectives.ddp import comm
-from shoal.collectives.ddp.buckets import DEFAULT_FIRST_BUCKET_BYTES, MIB
-
-DEFAULT_BUCKET_CAP_MB = 25  # torch's
-from shoal.collectives.ddp.future import Future
-from shoal.collectives.ddp.buckets import GradBucket
+from shoal.collectives.ddp.buckets import DEFAULT_FIRST_BUCKET_BYTES, MIB, GradBucket
 from shoal.collectives.ddp.comm_hooks import BuiltinCommHookType, builtin_hook
-from shoal.collectives.ddp.reducer import DDPError, Reducer
-from shoal.collectives.types import ReduceOp
+from shoal.collectives.ddp.errors import DDPError
+from shoal.collectives.ddp.future import Future
 from shoal.collectives.ddp.join import Join, JoinHook, Joinable
-from shoal.core import kernels
-from shoal.core import nn
+from shoal.collectives.ddp.reducer import Reducer
+from shoal.collectives.types import ReduceOp
+from shoal.core import kernels, nn
 from shoal.core.autograd import is_grad_enabled
 from shoal.core.tensor import Tensor
 
 log = logging.getLogger(__name__)
 
 __all__ = ["DistributedDataParallel", "DDPError", "GradBucket", "Future"]
+
+DEFAULT_BUCKET_CAP_MB = 25  # torch's
 
 
 class DistributedDataParallel(nn.Module, Joinable):
@@ -88,12 +87,7 @@ class DistributedDataParallel(nn.Module, Joinable):
             raise TypeError(
                 f"DistributedDataParallel wraps a core.nn.Module, got {type(module).__name__}."
             )
-        if bucket_cap_mb is None:
-            bucket_cap_mb = DEFAULT_BUCKET_CAP_MB
-        if isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (int, float)) or not (
-            bucket_cap_mb > 0
-        ):
-            raise ValueError(f"bucket_cap_mb must be a positive number of MiB, got {bucket_cap_mb!r}.")
+        bucket_cap_mb = _checked_bucket_cap(bucket_cap_mb)
         self.device_ids, self.output_device = _check_devices(module, device_ids, output_device)
         if isinstance(dim, bool) or not isinstance(dim, int):
             raise TypeError(f"dim must be an int, got {type(dim).__name__}.")
@@ -137,16 +131,21 @@ class DistributedDataParallel(nn.Module, Joinable):
             gradient_as_bucket_view=self.gradient_as_bucket_view,
         )
         object.__setattr__(self, "reducer", reducer)
-        # A GradScaler stepping these parameters agrees its inf/NaN verdict over the group, so
-        # every replica skips the same steps even when an overflow sits in a gradient DDP does
-        # not reduce. Inside a Join block it stays local (a rank that ran out of data no longer
-        # steps, so a collective there would wait for it). The registry must not keep this
-        # wrapper alive: it sees it through a weak reference, and its entries go with it.
+        self._agree_found_inf(group)
+
+    def _agree_found_inf(self, group: Any) -> None:
+        """Make a GradScaler stepping these parameters agree its inf/NaN verdict over `group`.
+
+        Every replica then skips the same steps even when an overflow sits in a gradient DDP
+        does not reduce. Inside a Join block it stays local (a rank that ran out of data no
+        longer steps, so a collective there would wait for it). The registry must not keep this
+        wrapper alive: it sees it through a weak reference, and its entries go with it.
+        """
         me = weakref.ref(self)
 
         def joining() -> bool:
             ddp = me()
-            return ddp is not None and ddp._join_config.enable
+            return ddp is not None and ddp.join_config.enable
 
         handle = amp.agree_for_replicas(self._params, group, paused=joining)
         object.__setattr__(self, "_found_inf_agreement", handle)
@@ -212,7 +211,7 @@ class DistributedDataParallel(nn.Module, Joinable):
             comm.all_reduce(self.process_group, flags, ReduceOp.MAX)
             authoritative = int(flags[1])  # the highest rank still training
         if sync_buffers:
-            self._broadcast_arrays([b.data for b in self._buffers_list], src=authoritative)
+            self._sync_buffers(authoritative)
         if sync:
             reducer.open_round(divide_by)
         outputs = self.module(*inputs, **kwargs)
@@ -237,7 +236,7 @@ class DistributedDataParallel(nn.Module, Joinable):
 
         The Future's value is the bucket's reduced flat buffer (averaged: the built-in
         all_reduce divides by the world size, a hook does its own division). Call it once,
-        before the first forward. See collectives/comm_hooks.py for the built-in hooks.
+        before the first forward. See `collectives.ddp.comm_hooks` for the built-in hooks.
         """
         if not callable(hook):
             raise TypeError(f"register_comm_hook needs a callable hook, got {type(hook).__name__}.")
@@ -283,7 +282,8 @@ class DistributedDataParallel(nn.Module, Joinable):
         """The hook a joined rank runs to shadow this module's collectives."""
         divide = kwargs.get("divide_by_initial_world_size", True)
         self._divide_by_initial_world_size = bool(divide)
-        return _DDPJoinHook(self)
+        return _DDPJoinHook(self.process_group, self.reducer, self._sync_buffers,
+                            self._sync_final_model)
 
     @property
     def join_device(self) -> Any:
@@ -295,6 +295,10 @@ class DistributedDataParallel(nn.Module, Joinable):
         """The process group gradients are reduced over."""
         return self.process_group
 
+    def _sync_buffers(self, src: int) -> None:
+        """Overwrite every buffer with rank `src`'s."""
+        self._broadcast_arrays([b.data for b in self._buffers_list], src=src)
+
     def _sync_final_model(self, is_last_joiner: bool) -> None:
         # The last rank to join trained longest and holds the final model; copy it everywhere.
         source = np.array([self._rank if is_last_joiner else -1], dtype=np.int64)
@@ -303,6 +307,21 @@ class DistributedDataParallel(nn.Module, Joinable):
             [p.data for p in self.module.parameters()] + [b.data for b in self._buffers_list],
             src=int(source[0]),
         )
+
+
+def _checked_bucket_cap(bucket_cap_mb: Optional[float]) -> float:
+    """`bucket_cap_mb`, None meaning torch's default.
+
+    Raises:
+        ValueError: not a positive number.
+    """
+    if bucket_cap_mb is None:
+        return DEFAULT_BUCKET_CAP_MB
+    if isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (int, float)) or not (
+        bucket_cap_mb > 0
+    ):
+        raise ValueError(f"bucket_cap_mb must be a positive number of MiB, got {bucket_cap_mb!r}.")
+    return bucket_cap_mb
 
 
 def _check_devices(module: nn.Module, device_ids: Optional[Sequence[Any]],
@@ -339,25 +358,32 @@ def _check_devices(module: nn.Module, device_ids: Optional[Sequence[Any]],
 
 
 class _DDPJoinHook(JoinHook):
-    """Shadows one DDP iteration on a rank that has run out of data."""
+    """Shadows one DDP iteration on a rank that has run out of data.
 
-    def __init__(self, ddp: DistributedDataParallel) -> None:
-        self._ddp = ddp
+    It is handed the wrapper's group, reducer and its two synchronising steps rather than the
+    wrapper, so it needs none of the wrapper's private state.
+    """
+
+    def __init__(self, group: Any, reducer: Reducer, sync_buffers: Callable[[int], None],
+                 sync_final_model: Callable[[bool], None]) -> None:
+        self._group = group
+        self._reducer = reducer
+        self._sync_buffers = sync_buffers
+        self._sync_final_model = sync_final_model
 
     def main_hook(self) -> None:
         """Match the forward's control all_reduce and buffer broadcast, then backward's."""
-        ddp = self._ddp
         flags = np.array([0, -1, 0], dtype=np.int64)
-        comm.all_reduce(ddp.process_group, flags, ReduceOp.MAX)
+        comm.all_reduce(self._group, flags, ReduceOp.MAX)
         sync, authoritative, sync_buffers = (int(x) for x in flags)
         if sync_buffers:
-            ddp._broadcast_arrays([b.data for b in ddp._buffers_list], src=authoritative)
+            self._sync_buffers(authoritative)
         if sync:
-            ddp.reducer.shadow_backward()
+            self._reducer.shadow_backward()
 
     def post_hook(self, is_last_joiner: bool) -> None:
         """Make every replica equal to the last joiner's."""
-        self._ddp._sync_final_model(is_last_joiner)
+        self._sync_final_model(is_last_joiner)
 
 
 def _first_difference(reference: list, other: list, other_rank: int) -> str:

@@ -54,6 +54,15 @@ class Joinable(abc.ABC):
     def __init__(self) -> None:
         self._join_config = _JoinConfig()
 
+    @property
+    def join_config(self) -> _JoinConfig:
+        """How the Join context this joinable is in runs it (disabled outside one)."""
+        return self._join_config
+
+    @join_config.setter
+    def join_config(self, config: _JoinConfig) -> None:
+        self._join_config = config
+
     @abc.abstractmethod
     def join_hook(self, **kwargs: Any) -> JoinHook:
         """The hook a joined rank runs for this joinable; kwargs come from `Join(...)`."""
@@ -114,7 +123,7 @@ class Join:
 
     def _set_configs(self, enable: bool) -> None:
         for position, joinable in enumerate(self._joinables):
-            joinable._join_config = _JoinConfig(
+            joinable.join_config = _JoinConfig(
                 enable=enable,
                 throw_on_early_termination=self._throw,
                 is_first_joinable=position == 0,

@@ -19,38 +19,26 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from shoal.collectives.ddp import comm
 from shoal.collectives import metrics
+from shoal.collectives.ddp import comm
 from shoal.collectives.ddp.buckets import Bucket, GradBucket, compute_bucket_assignment
+from shoal.collectives.ddp.errors import (
+    DDPError,
+    graph_changed_error,
+    ready_twice_error,
+    unfinished_error,
+    with_ddp_context,
+)
+from shoal.collectives.ddp.future import future_value, wait_bounded
 from shoal.collectives.ddp.graph import map_tensors, reachable_leaves, same_memory
-from shoal.collectives.ddp.future import future_value, missing_future_methods, wait_bounded
+from shoal.collectives.ddp.hook_contract import call_hook, take_hook_result
 from shoal.collectives.types import CollectiveError, ReduceOp
 from shoal.core import backend
-from shoal.core.profiler import state as _profiler
 from shoal.core.autograd import Node
-from shoal.core.errors import ShoalError
+from shoal.core.profiler import state as _profiler
 from shoal.core.tensor import Tensor
 
 log = logging.getLogger(__name__)
-
-
-class DDPError(ShoalError, RuntimeError):
-    """DistributedDataParallel was used in a way it cannot reduce correctly; the message says how."""
-
-
-def _with_ddp_context(exc: CollectiveError, rank: int, bucket: int, buckets: int,
-                      iteration: int) -> CollectiveError:
-    """The same error type, its message extended with what DDP was doing and the usual cause."""
-    message = (
-        f"{exc} DistributedDataParallel on rank {rank} was reducing gradient bucket {bucket} "
-        f"of {buckets} in its synchronised iteration {iteration}. If the ranks have different "
-        "numbers of batches, wrap the training loop in `with ddp.join():` so that ranks that "
-        "run out of data shadow the others' collectives."
-    )
-    try:
-        return type(exc)(message)
-    except TypeError:  # an error class with another signature: keep the original
-        return exc
 
 
 INLINE_LAST_BUCKET = True
@@ -72,6 +60,32 @@ class _FailedWork:
 def _stamp_done(bucket: Bucket, _work: Any) -> None:
     # Runs in the backend's thread when the bucket's collective ends (for the metric).
     bucket.done_at = time.perf_counter()
+
+
+def _profile_bucket(bucket: Bucket, done: float) -> None:
+    """The bucket's all-reduce as one profiler event: its index, bytes, and how long its
+    first gradient waited for its last (what a bucket order or size change would save)."""
+    recorder = _profiler.recorder
+    if recorder is None:
+        return
+    first = bucket.first_ready_at or bucket.launched_at
+    recorder.add_range(
+        f"DDP bucket {bucket.index} all_reduce", "ddp", int(bucket.launched_at * 1e9),
+        int(done * 1e9),
+        {"bucket": bucket.index, "bytes": int(bucket.buffer.nbytes),
+         "params": len(bucket.params), "is_last": bucket.is_last,
+         "waited_for_last_gradient_us": round(max(0.0, bucket.launched_at - first) * 1e6, 1)},
+    )
+
+
+def _adopt_as_grad(param: Tensor, view: Any) -> None:
+    # The view becomes the gradient: with gradient_as_bucket_view the bucket is reused (the
+    # next round reduces in place), otherwise the next round gets a fresh buffer.
+    grad = param.grad
+    if grad is None:
+        param.grad = Tensor(view)
+    elif not same_memory(grad.data, view):
+        grad.data = view
 
 
 # --------------------------------------------------------------------------------- Reducer
@@ -236,49 +250,12 @@ class Reducer:
         if not (self._open and self._fired):
             return
         self._close()
-        raise self._unfinished_error(at_end=False)
+        raise self._unfinished(at_end=False)
 
-    def _unfinished_error(self, at_end: bool) -> DDPError:
-        missing = [self._names[i] for i in range(len(self._params)) if not self._ready[i]]
-        got = len(self._params) - len(missing)
-        shown = ", ".join(repr(n) for n in missing[:20]) + (" ..." if len(missing) > 20 else "")
-        if self._static_counts is not None:
-            why = (
-                "With static_graph=True this means the training graph changed: a parameter "
-                "used in the first iteration was not used in this one, which static_graph does "
-                "not allow; construct DistributedDataParallel with find_unused_parameters=True "
-                "and static_graph=False instead."
-            )
-        elif self._find_unused:
-            why = (
-                "Since find_unused_parameters=True, this likely means that not every output of "
-                "forward participated in computing the loss; make every output part of the loss "
-                "(or return only the outputs that are)."
-            )
-        else:
-            why = (
-                "This means the module has parameters that were not used in producing the "
-                "loss. Pass find_unused_parameters=True to DistributedDataParallel (parameters "
-                "a forward does not reach are then reduced as zeros), and make sure every "
-                "output of forward participates in the loss."
-            )
-        if at_end:
-            head = (
-                f"Backward finished on rank {self._rank} but only {got} of "
-                f"{len(self._params)} parameters received gradients, so DDP cannot finish "
-                "reducing them."
-            )
-        else:
-            head = (
-                f"Expected to have finished reduction in the prior iteration before starting a "
-                f"new one (rank {self._rank}): {got} of {len(self._params)} parameters received "
-                "gradients, but that backward never finished (it ended before DDP's part of "
-                "the graph, or backward() was not called on a loss computed from every output)."
-            )
-        return DDPError(
-            f"{head} {why} Parameters that did not receive a gradient on rank {self._rank}: "
-            f"{shown}."
-        )
+    def _unfinished(self, at_end: bool) -> DDPError:
+        return unfinished_error(self._names, self._ready, self._rank,
+                                static_learned=self._static_counts is not None,
+                                find_unused=self._find_unused, at_end=at_end)
 
     def open_round(self, divide_by: float) -> None:
         """Expect gradients: called before the module's forward with grad sync on."""
@@ -359,16 +336,8 @@ class Reducer:
         if self._static_counts is not None:
             left = self._counts_left[index]
             if left == 0:
-                how = (
-                    "more often than in the first iteration" if self._static_counts[index]
-                    else "although it was unused in the first iteration"
-                )
-                raise DDPError(
-                    f"Your training graph has changed in this iteration (rank {self._rank}): "
-                    f"parameter {self._names[index]!r} received a gradient {how}, which "
-                    "static_graph=True does not allow; construct DistributedDataParallel with "
-                    "find_unused_parameters=True and static_graph=False instead."
-                )
+                raise graph_changed_error(self._names[index], self._rank,
+                                          used_in_first=bool(self._static_counts[index]))
             self._counts_left[index] = left - 1
             if left > 1:
                 return  # more reentrant backward passes will add to this gradient
@@ -380,7 +349,8 @@ class Reducer:
 
     def _mark_ready(self, index: int) -> None:
         if self._ready[index]:
-            raise DDPError(self._twice_message(index))
+            raise ready_twice_error(self._names[index], self._rank,
+                                    reduced_as_unused=index in self._unused)
         self._ready[index] = True
         self._n_ready += 1
         if self._deferring:
@@ -395,27 +365,6 @@ class Reducer:
         bucket.pending -= 1
         if bucket.pending == 0:
             self._launch_ready()
-
-    def _twice_message(self, index: int) -> str:
-        name = self._names[index]
-        unused_hint = ""
-        if index in self._unused:
-            unused_hint = (
-                f" Parameter {name!r} was not reachable from forward's outputs, so DDP reduced "
-                "it as unused, and then its gradient arrived anyway (for example through a "
-                "reentrant backward such as activation checkpointing); if every parameter takes "
-                "part in backward, construct DDP with find_unused_parameters=False, or use "
-                "static_graph=True if the graph is the same in every iteration."
-            )
-        return (
-            f"Expected to mark a variable ready only once (rank {self._rank}): parameter "
-            f"{name!r} has been marked as ready twice, meaning that several gradient hooks "
-            "fired for it in one iteration. Causes: the parameter is used outside forward or "
-            "in several concurrent forward/backward passes; or it is reused by several "
-            "reentrant backward passes (e.g. several checkpoint calls over the same layers), "
-            "which DDP supports only with static_graph=True when the graph does not change "
-            f"between iterations.{unused_hint}"
-        )
 
     def _fill(self, bucket: Bucket, slot: int, param: Tensor) -> None:
         view = bucket.views[slot]
@@ -459,17 +408,7 @@ class Reducer:
         elif self._hook is None:
             bucket.work = comm.all_reduce(self._group, bucket.buffer, ReduceOp.SUM, async_op=True)
         else:
-            fut = self._hook(self._hook_state, GradBucket(bucket, bucket.is_last))
-            missing = missing_future_methods(fut)
-            if missing:
-                raise DDPError(
-                    f"The communication hook {getattr(self._hook, '__name__', self._hook)!r} "
-                    f"returned {type(fut).__name__} for bucket {bucket.index}; it must return a "
-                    "Future (an object with wait() and value(), e.g. collectives.Future or "
-                    "Work.get_future()) whose value is the reduced buffer; it has no "
-                    f"{' and no '.join(missing)}."
-                )
-            bucket.work = fut
+            bucket.work = call_hook(self._hook, self._hook_state, bucket)
         on_done = getattr(bucket.work, "add_done_callback", None)
         if on_done is not None:
             on_done(functools.partial(_stamp_done, bucket))
@@ -488,7 +427,7 @@ class Reducer:
             needs_used_map = self.needs_used_map
             learning = self._static and self._static_counts is None
             if not learning and self._n_ready < len(self._params):
-                raise self._unfinished_error(at_end=True)
+                raise self._unfinished(at_end=True)
             if self._deferring:
                 self._adopt_layout()
             if learning:
@@ -522,21 +461,6 @@ class Reducer:
         self._n_ready = len(self._params)
         self._launch_ready()
 
-    def _profile_bucket(self, bucket: Bucket, done: float) -> None:
-        """The bucket's all-reduce as one profiler event: its index, bytes, and how long its
-        first gradient waited for its last (what a bucket order or size change would save)."""
-        recorder = _profiler.recorder
-        if recorder is None:
-            return
-        first = bucket.first_ready_at or bucket.launched_at
-        recorder.add_range(
-            f"DDP bucket {bucket.index} all_reduce", "ddp", int(bucket.launched_at * 1e9),
-            int(done * 1e9),
-            {"bucket": bucket.index, "bytes": int(bucket.buffer.nbytes),
-             "params": len(bucket.params), "is_last": bucket.is_last,
-             "waited_for_last_gradient_us": round(max(0.0, bucket.launched_at - first) * 1e6, 1)},
-        )
-
     def _launch_used_map(self, needed: bool) -> tuple[Any, Any]:
         if not needed:
             return None, None
@@ -552,16 +476,16 @@ class Reducer:
                 else:
                     result = wait_bounded(bucket.work, getattr(self._group, "timeout", None))
             except CollectiveError as exc:
-                raise _with_ddp_context(exc, self._rank, bucket.index, len(self._buckets),
-                                        self.rounds_synced + 1) from exc
+                raise with_ddp_context(exc, self._rank, bucket.index, len(self._buckets),
+                                       self.rounds_synced + 1) from exc
             done = bucket.done_at or time.perf_counter()
             metrics.DDP_BUCKET_ALLREDUCE_SECONDS.observe(max(0.0, done - bucket.launched_at))
             if _profiler.recorder is not None:
-                self._profile_bucket(bucket, done)
+                _profile_bucket(bucket, done)
             if self._hook is not None:
                 # Any future-like result counts, not only this package's Future: its value()
                 # (what torch.futures.Future.wait() returns) is the reduced buffer.
-                self._take_hook_result(bucket, future_value(bucket.work, result))
+                take_hook_result(bucket, future_value(bucket.work, result))
         if used_work is not None:
             used_work.wait()
             unused_everywhere = {i for i, n in enumerate(used.tolist()) if n == 0}
@@ -575,35 +499,7 @@ class Reducer:
             for slot, i in enumerate(bucket.param_indices):
                 if i in unused_everywhere:
                     continue  # no rank had a gradient: leave .grad as it was (None), as torch
-                self._unpack(self._params[i], bucket.views[slot])
-
-    def _take_hook_result(self, bucket: Bucket, result: Any) -> None:
-        if isinstance(result, (list, tuple)) and len(result) == 1:
-            result = result[0]
-        if isinstance(result, Tensor):
-            result = result.data
-        if result is None or not hasattr(result, "shape"):
-            raise DDPError(
-                f"The communication hook's Future for bucket {bucket.index} produced "
-                f"{type(result).__name__}; its value must be the reduced flat buffer."
-            )
-        if result.size != bucket.buffer.size:
-            raise DDPError(
-                f"The communication hook's result for bucket {bucket.index} has "
-                f"{result.size} elements but the bucket holds {bucket.buffer.size}."
-            )
-        if not same_memory(result.reshape(-1), bucket.buffer):
-            xp = backend.array_module(bucket.buffer)
-            xp.copyto(bucket.buffer, result.reshape(-1), casting="unsafe")
-
-    def _unpack(self, param: Tensor, view: Any) -> None:
-        # The view becomes the gradient: with gradient_as_bucket_view the bucket is reused (the
-        # next round reduces in place), otherwise the next round gets a fresh buffer.
-        grad = param.grad
-        if grad is None:
-            param.grad = Tensor(view)
-        elif not same_memory(grad.data, view):
-            grad.data = view
+                _adopt_as_grad(self._params[i], bucket.views[slot])
 
     # ------------------------------------------------------------------ join: shadow a round
 
