@@ -6,16 +6,18 @@ flight, so threads never wait on each other's blocking `get`. Waits are parked o
 answered when their keys are set, or with a timeout reply at their deadline; the client's socket
 timeout is that deadline plus a grace period, so a stopped server is also noticed.
 
-Serve one standalone with `shoal store --host 127.0.0.1 --port 0` (the launcher's command
-over `serve_forever`).
+Serve one standalone with `shoal store --host 127.0.0.1 --port 0` (the launcher's command over
+`serve_forever`), or without the launcher with `python -m shoal.collectives.store.tcp`.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from typing import Callable, Optional
@@ -51,7 +53,7 @@ REPLY_GRACE_S = 10.0
 MAX_SOCKET_TIMEOUT_S = 1e7
 _CONNECT_BACKOFF_S = (0.01, 0.5)
 
-__all__ = ["TCPStore", "TCPStoreServer", "serve_forever"]
+__all__ = ["TCPStore", "TCPStoreServer", "serve_forever", "main"]
 
 
 def _nodelay(sock: socket.socket) -> None:
@@ -427,3 +429,34 @@ def serve_forever(
         for signum, handler in previous.items():
             signal.signal(signum, handler)
 
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """`python -m shoal.collectives.store.tcp`: serve a store; the first stdout line names the
+    port. `shoal store` is the command for users; this entry point serves tests and scripts
+    that need no launcher."""
+    parser = argparse.ArgumentParser(
+        prog="python -m shoal.collectives.store.tcp",
+        description="Serve a shoal TCPStore until SIGTERM/SIGINT. The secret comes from "
+        "SHOAL_AUTH_TOKEN or SHOAL_AUTH_TOKEN_FILE.",
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--world-size", "--world_size", dest="world_size", type=int,
+                        default=None)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def announce(server: TCPStoreServer) -> None:
+        sys.stdout.write(f"shoal store listening on {server.host}:{server.port}\n")
+        sys.stdout.flush()
+
+    try:
+        serve_forever(args.host, args.port, world_size=args.world_size, on_ready=announce)
+    except OSError as exc:
+        sys.stderr.write(f"shoal store: {exc}\n")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
