@@ -100,7 +100,9 @@ class Watchdog:
                                 progress_.encode(state))
                 self._published = state
                 self._published_at = now
-            except Exception as exc:  # the store may be gone with its host rank; keep watching
+            # The store may be gone with its host rank, or fail in any way a store can: the
+            # watchdog must keep watching this group's operations whatever publishing hit.
+            except Exception as exc:  # noqa: BLE001 - logged; watching outlives the store
                 logger.debug("Rank %d could not publish progress: %s", group.rank(), exc)
                 self._stop.wait(1.0)
 

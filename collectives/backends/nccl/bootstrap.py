@@ -121,7 +121,7 @@ def init_communicator(create, rank: int, size: int, name: str, deadline: float) 
     def run() -> None:
         try:
             box["comm"] = create()
-        except BaseException as exc:  # reported to the caller below
+        except BaseException as exc:  # noqa: BLE001 - the caller raises it, in its thread
             box["error"] = exc
         finally:
             done.set()

@@ -1,6 +1,6 @@
 """The `nccl` backend: collectives on CUDA devices through NCCL (cupy.cuda.nccl).
 
-One communicator per group and device, formed through the store (`_nccl_bootstrap`). Every
+One communicator per group and device, formed through the store (`bootstrap`). Every
 collective runs on the group's own CUDA stream, which first waits for the caller's current
 stream (an event), and returns a `Work` backed by an event recorded after it (`work`).
 cupy arrays and CUDA `core.Tensor`s are used in place; numpy arrays are staged through pinned
@@ -23,15 +23,15 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from shoal.collectives import env
-from shoal.collectives import metrics
+from shoal.collectives import env, metrics
 from shoal.collectives.api import Work
 from shoal.collectives.arrays import describe
 from shoal.collectives.backends.api import Verdict
 from shoal.collectives.backends.base import BackendGroup
 from shoal.collectives.backends.ledger import OpRecord
-from shoal.collectives.backends.nccl import bootstrap
+from shoal.collectives.backends.nccl import bootstrap, store_barrier, teardown
 from shoal.collectives.backends.nccl import runtime as _nccl_runtime
+from shoal.collectives.backends.nccl.devices import check_arrays_on, pick_device
 from shoal.collectives.backends.nccl.staging import DeviceStage
 from shoal.collectives.backends.nccl.work import InFlight, NcclWork
 from shoal.collectives.backends.watchdog import exit_after_error
@@ -47,9 +47,8 @@ from shoal.collectives.types import (
     CollectiveTimeout,
     GroupDestroyed,
     ReduceOp,
-    StoreTimeout,
 )
-from shoal.core.errors import DeviceError, ShapeError
+from shoal.core.errors import ShapeError
 from shoal.core.timeouts import TimeoutLike
 
 logger = logging.getLogger(__name__)
@@ -59,29 +58,17 @@ __all__ = ["ProcessGroupNCCL", "ABORT_TIMEOUT_S"]
 # How long the watchdog waits for ncclCommAbort before giving up on it (it then leaves the
 # abort thread behind and fails the work anyway).
 ABORT_TIMEOUT_S = 10.0
-# How long an abort waits for a launch in progress to leave NCCL before aborting under it (a
-# launch can block inside NCCL, e.g. connecting to a point-to-point peer that never comes).
-_LAUNCH_GRACE_S = 1.0
 # Extra time synchronize() allows past an operation's timeout: the watchdog's diagnosis (a
 # store query) and its abort both fit in it, so the watchdog's error is what the caller sees.
 _SYNC_GRACE_S = 5.0
 
-def _device_index(device: Any) -> Optional[int]:
-    """An int device index from an int, 'cuda:N', or a core Device; None when not given."""
-    if device is None:
-        return None
-    if isinstance(device, bool):
-        raise DeviceError(f"device must be a CUDA device index or 'cuda:N', got {device!r}.")
-    if isinstance(device, int):
-        return device
-    index = getattr(device, "index", None)
-    kind = getattr(device, "type", None)
-    if kind is None and isinstance(device, str):
-        kind, _, idx = device.strip().lower().partition(":")
-        index = int(idx) if idx.isdigit() else None
-    if kind != "cuda" or index is None:
-        raise DeviceError(f"The nccl backend runs on a CUDA device such as 'cuda:0', got {device!r}.")
-    return int(index)
+
+def _reduce_spec(rt: Any, op: ReduceOp, dtype: Any, what: str):
+    """NCCL's operation for `op` on `dtype`; a TypeError names the collective `what`."""
+    try:
+        return _nccl_runtime.reduce_spec(dtype, op, rt.nccl_version)
+    except TypeError as exc:
+        raise TypeError(f"{what}: {exc}") from None
 
 
 class ProcessGroupNCCL(BackendGroup):
@@ -123,7 +110,7 @@ class ProcessGroupNCCL(BackendGroup):
         self._rt = runtime if runtime is not None else _nccl_runtime.load()
         self._abort_timeout = float(abort_timeout)
         self._grace_s = self._abort_timeout + _SYNC_GRACE_S
-        self.device = self._pick_device(device)
+        self.device = pick_device(self._rt, device, rank, name)
         self._inflight = InFlight()
         self._device_selected = False  # in the watchdog's thread, by its first tick
         self._launch_lock = threading.RLock()
@@ -151,26 +138,6 @@ class ProcessGroupNCCL(BackendGroup):
         logger.debug("Rank %d joined nccl group %r of %d ranks on cuda:%d", rank, name, size,
                      self.device)
 
-    def _pick_device(self, device: Any) -> int:
-        rt = self._rt
-        count = rt.device_count()
-        index = _device_index(device)
-        source = "device="
-        if index is None:
-            local = env.env_local_rank()
-            if local is not None:
-                index, source = local, "LOCAL_RANK"
-                if 0 <= index < count:
-                    rt.use_device(index)
-            else:
-                index, source = rt.current_device(), "the current device"
-        if not 0 <= index < count:
-            raise DeviceError(
-                f"Rank {self._rank} of nccl group '{self.name}' was given CUDA device {index} "
-                f"(from {source}), but this machine has {count} CUDA device(s)."
-            )
-        return index
-
     # ------------------------------------------------------------------ introspection
 
     def __repr__(self) -> str:
@@ -195,6 +162,7 @@ class ProcessGroupNCCL(BackendGroup):
 
     @property
     def store_prefix(self) -> str:
+        """The prefix of this incarnation of the group's keys in the store."""
         return self._prefix
 
     @property
@@ -219,12 +187,14 @@ class ProcessGroupNCCL(BackendGroup):
         self._inflight.finish_fired()
 
     def async_error(self) -> Optional[str]:
+        """NCCL's asynchronous error of the communicator (None while healthy or failed)."""
         comm = self._comm
         if comm is None or self._failure is not None:
             return None
         return comm.async_error()
 
     def fail_from_watchdog(self, verdict: Verdict) -> None:
+        """Fail the group for the watchdog's verdict: the overdue work gets its message."""
         overdue = None if verdict.kind == "error" else self._inflight.find(verdict.record)
         self._fail_group(verdict.kind, verdict.cause, overdue, verdict.message,
                          list(verdict.culprits), dump_path=verdict.dump_path)
@@ -275,53 +245,17 @@ class ProcessGroupNCCL(BackendGroup):
         comm, self._comm = self._comm, None
         if comm is None:
             return True
-        done = threading.Event()
-
-        def run() -> None:
-            # Not under a launch that is still inside NCCL, unless that launch hangs there.
-            got = wait_for_launch and self._launch_lock.acquire(timeout=_LAUNCH_GRACE_S)
-            try:
-                comm.abort()
-            except Exception:
-                logger.exception("Rank %d: ncclCommAbort of group %r raised", self._rank, self.name)
-            finally:
-                if got:
-                    self._launch_lock.release()
-                done.set()
-
-        threading.Thread(target=run, name=f"shoal-nccl-{self.name}-abort", daemon=True).start()
-        if done.wait(self._abort_timeout):
-            return True
-        logger.error(
-            "Rank %d: ncclCommAbort of group %r did not return within %gs; giving up on it (its "
-            "thread stays blocked and the communicator's resources leak).",
-            self._rank, self.name, self._abort_timeout,
-        )
-        return False
+        return teardown.abort(comm, self._launch_lock, wait_for_launch, self._rank, self.name,
+                              self._abort_timeout)
 
     # ------------------------------------------------------------------ launching
-
-    def _check_device_arrays(self, op: str, arrays: list) -> None:
-        rt = self._rt
-        for a in arrays:
-            if rt.is_device_array(a) and rt.array_device(a) != self.device:
-                raise DeviceError(
-                    f"{op} got an array on cuda:{rt.array_device(a)}, but rank {self._rank}'s "
-                    f"nccl group '{self.name}' runs on cuda:{self.device}; move it there first."
-                )
-
-    def _spec(self, op: ReduceOp, dtype: Any, what: str):
-        try:
-            return _nccl_runtime.reduce_spec(dtype, op, self._rt.nccl_version)
-        except TypeError as exc:
-            raise TypeError(f"{what}: {exc}") from None
 
     def _launch(self, op: str, desc: str, nbytes: int, timeout: float, async_op: bool,
                 outputs: list, arrays: list, body: Callable[[DeviceStage, Any], None],
                 p2p: bool = False, blocking: bool = False, work_hook=None) -> Work:
         """Run `body(stage, comm)` on the group's stream after the caller's, and return its Work."""
-        self._check_device_arrays(op, arrays)
         rt = self._rt
+        check_arrays_on(rt, self.device, op, arrays, self._rank, self.name)
         host = any(not rt.is_device_array(a) for a in arrays)
         with self._launch_lock:
             if self._destroyed:
@@ -360,7 +294,7 @@ class ProcessGroupNCCL(BackendGroup):
     # ------------------------------------------------------------------ collectives
 
     def _all_reduce(self, tensor, arr, op, async_op, timeout):
-        spec = self._spec(op, arr.dtype, "all_reduce")
+        spec = _reduce_spec(self._rt, op, arr.dtype, "all_reduce")
         size = self._size
 
         def body(st: DeviceStage, comm) -> None:
@@ -374,7 +308,7 @@ class ProcessGroupNCCL(BackendGroup):
                             timeout, async_op, [tensor], [arr], body)
 
     def _reduce(self, tensor, arr, dst, op, async_op, timeout):
-        spec = self._spec(op, arr.dtype, "reduce")
+        spec = _reduce_spec(self._rt, op, arr.dtype, "reduce")
         me, size = self._rank, self._size
 
         def body(st: DeviceStage, comm) -> None:
@@ -401,7 +335,7 @@ class ProcessGroupNCCL(BackendGroup):
                             timeout, async_op, [tensor], [arr], body)
 
     def _all_gather(self, outputs, outs, arr, async_op, timeout):
-        size, n = self._size, arr.size
+        n = arr.size
 
         def body(st: DeviceStage, comm) -> None:
             d = st.dev(arr)
@@ -419,7 +353,7 @@ class ProcessGroupNCCL(BackendGroup):
                             async_op, outputs, [arr, *outs], body)
 
     def _reduce_scatter(self, output, out, ins, op, async_op, timeout):
-        spec = self._spec(op, out.dtype, "reduce_scatter")
+        spec = _reduce_spec(self._rt, op, out.dtype, "reduce_scatter")
         size = self._size
 
         def body(st: DeviceStage, comm) -> None:
@@ -553,46 +487,9 @@ class ProcessGroupNCCL(BackendGroup):
             # names the missing ranks itself instead of the watchdog failing the group.
             rec = self._ledger.open("monitored_barrier", "monitored_barrier()", 0,
                                     timeout + 2 * _SYNC_GRACE_S, False)
-        base = f"{self._prefix}/monitored_barrier/{rec.seq}"
-        store, me = self._store, self._rank
-        error: Optional[BaseException] = None
-        try:
-            store.set(f"{base}/arrived/{me}", b"1")
-            if me == 0:
-                keys = [f"{base}/arrived/{q}" for q in range(1, self._size)]
-                try:
-                    store.wait(keys, timeout=timeout)
-                except StoreTimeout:
-                    missing = [q for q in range(1, self._size) if not store.check([keys[q - 1]])]
-                    shown = missing if wait_all_ranks else missing[:1]
-                    word = "rank" if len(shown) == 1 else "ranks"
-                    reason = (f"{word} {', '.join(map(str, shown))} did not reach "
-                              f"monitored_barrier #{rec.seq} within {timeout:g}s")
-                    store.set(f"{base}/result", "fail:" + reason)
-                    error = CollectiveTimeout(
-                        f"Rank 0 timed out in monitored_barrier #{rec.seq} of group "
-                        f"'{self.name}': {reason}."
-                    )
-                else:
-                    store.set(f"{base}/result", "ok")
-            else:
-                try:
-                    result = store.get(f"{base}/result", timeout=timeout + _SYNC_GRACE_S).decode()
-                except StoreTimeout:
-                    result = ("fail:rank 0 did not report the outcome within "
-                              f"{timeout + _SYNC_GRACE_S:g}s")
-                if result != "ok":
-                    error = CollectiveTimeout(
-                        f"Rank {me}'s monitored_barrier #{rec.seq} of group '{self.name}' failed: "
-                        f"{result[5:]}."
-                    )
-        except CollectiveError as exc:
-            error = exc
-        except Exception as exc:  # the store failed under us
-            error = CollectiveError(
-                f"Rank {me}'s monitored_barrier #{rec.seq} of group '{self.name}' failed: {exc}"
-            )
-            error.__cause__ = exc
+        error = store_barrier.monitored_barrier(
+            self._store, f"{self._prefix}/monitored_barrier/{rec.seq}", rec.seq, self._rank,
+            self._size, self.name, timeout, wait_all_ranks, _SYNC_GRACE_S)
         self._ledger.finish(rec, error)
         if error is not None:
             raise error
@@ -612,20 +509,7 @@ class ProcessGroupNCCL(BackendGroup):
         comm = self._comm
         if comm is not None and not pending:
             self._comm = None
-            done = threading.Event()
-
-            def run() -> None:
-                try:
-                    comm.destroy()
-                except Exception:
-                    logger.debug("ncclCommDestroy of group %r raised", self.name, exc_info=True)
-                finally:
-                    done.set()
-
-            threading.Thread(target=run, name=f"shoal-nccl-{self.name}-destroy", daemon=True).start()
-            if not done.wait(self._abort_timeout):
-                logger.error("Rank %d: ncclCommDestroy of group %r did not return within %gs.",
-                             self._rank, self.name, self._abort_timeout)
+            teardown.destroy(comm, self._rank, self.name, self._abort_timeout)
         elif comm is not None:
             self._abort_comm()
         error = GroupDestroyed(

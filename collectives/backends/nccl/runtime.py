@@ -4,7 +4,7 @@ The nccl group talks to a `runtime` object (streams, events, staging copies, com
 of to cupy directly, for two reasons: cupy is an optional dependency imported only here and only
 when a group is built, and the group's logic (ordering, staging, the watchdog, aborts) can be
 exercised on a machine without a GPU by handing it a stand-in runtime (see
-tests/unit/collectives/test_nccl_unavailable_fake_runtime.py).
+tests/support/nccl_standin.py).
 
 The NCCL type and operation tables are pure functions of numpy dtypes, so the rules about what
 NCCL can reduce are checked before anything is launched, the same way with or without a GPU.
