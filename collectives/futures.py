@@ -1,113 +1,270 @@
-"""The collectives layer's Future, in the shape of torch.futures.Future: what `Work.get_future()`
-returns and what DDP communication hooks return (as `collectives.Future`).
+"""shoal's one Future, in the shape of torch.futures.Future: what `Work.get_future()` and DDP
+communication hooks return (as `collectives.Future`) and, under the RPC agent's errors, what
+`rpc_async` returns (`rpc_agent.Future`, a subclass that only names those errors).
 
-A hook returns a Future whose value is the reduced bucket buffer. A Future made from a
-process group's `Work` is completed by whoever waits on it first (the reducer at the end of
-backward), or earlier by the work's own completion callback when the backend offers one;
+Completion wakes waiters through a lock that is held while pending, which costs far less than
+a Condition per call; callbacks run in the thread that completes the future (the RPC agent
+makes sure that is never its network thread when callbacks are attached). A Future made from a
+process group's `Work` carries a driver: the first wait() makes progress through it (the reducer
+at the end of backward), unless the work's own completion callback completed it earlier;
 `then()` chains a transformation (decompression, division) that runs once the parent is done.
+
+A callback added on a thread that profiles an RPC for its caller (a thread-local recorder, see
+rpc_agent/profiling.py) runs under that recorder on whichever thread completes the future, so
+the ops of an @async_execution function's continuation reach the caller's trace too.
 """
 
 from __future__ import annotations
 
 import inspect
+import logging
 import threading
-from typing import Any, Callable, Generic, Optional, TypeVar
+from typing import Any, Callable, Generic, Iterable, List, Optional, TypeVar
 
-from shoal.collectives.types import CollectiveTimeout
+from shoal.collectives.types import CollectiveTimeout, DistError
+from shoal.core.profiler import state as _profiler
 from shoal.core.timeouts import TimeoutLike, to_seconds
 
-_UNSET = object()
+logger = logging.getLogger(__name__)
+
 T = TypeVar("T")
+_PENDING = object()
+# One lock for every future's state change: held for a few bytecodes, never while waiting.
+_state_lock = threading.Lock()
+_marks = threading.local()
+
+
+def set_blocking_hook(hook: Optional[Callable[[], None]]) -> None:
+    """Have `before_blocking` on this thread call `hook` (None clears it).
+
+    An RPC stream reader that runs an incoming call itself sets one: when the call blocks on a
+    Future (a nested RPC), reading passes to another thread first, since the reply it waits for
+    may come on that very stream.
+    """
+    _marks.hook = hook
+
+
+def before_blocking() -> None:
+    """Called by `Future.wait` before it blocks: run this thread's blocking hook, if any."""
+    hook = getattr(_marks, "hook", None)
+    if hook is not None:
+        hook()
 
 
 class Future(Generic[T]):
-    """A value that becomes available later; `wait()` blocks (with a timeout) until it is."""
+    """A value that arrives later: `wait`, `value`, `done`, `then`, `add_done_callback`.
 
-    def __init__(self, driver: Optional[Callable[[Optional[float]], None]] = None) -> None:
-        # `driver(timeout)` is called by wait() to make progress (e.g. wait on a Work); without
-        # one, wait() blocks until another thread calls set_result or set_exception.
-        self._driver = driver
-        self._lock = threading.Lock()
-        self._event = threading.Event()
-        self._result: Any = _UNSET
+    `driver(seconds)`, when given, is called by a pending wait() to make progress (wait on a
+    Work); without one, wait() blocks until another thread calls set_result or set_exception.
+    """
+
+    __slots__ = ("_done_lock", "_result", "_exception", "_callbacks", "_driver", "description",
+                 "__weakref__")
+    # What wait() raises when time runs out, and value()/set_* on misuse. A subclass names its
+    # layer's errors (rpc_agent.Future: RpcTimeout and RpcError) without a method of its own.
+    timeout_error: type = CollectiveTimeout
+    state_error: type = DistError
+
+    def __init__(self, description: str = "a future", *,
+                 driver: Optional[Callable[[Optional[float]], None]] = None):
+        self._done_lock = threading.Lock()
+        self._done_lock.acquire()
+        self._result: Any = _PENDING
         self._exception: Optional[BaseException] = None
-        self._callbacks: list[Callable[["Future"], None]] = []
+        self._callbacks: Optional[list] = None
+        self._driver = driver
+        self.description = description
+
+    # -- state
 
     def done(self) -> bool:
         """True once a result or an exception is set."""
-        return self._event.is_set()
+        return self._result is not _PENDING
 
-    def set_result(self, result: Any) -> None:
-        """Complete the future with `result` and run the callbacks chained on it."""
-        self._complete(result, None)
+    def has_callbacks(self) -> bool:
+        """True if completing this future would run callbacks (the RPC agent routes those off
+        its network thread)."""
+        return bool(self._callbacks)
 
-    def set_exception(self, exc: BaseException) -> None:
-        """Complete the future with an error that wait() and value() raise."""
-        self._complete(_UNSET, exc)
+    def wait(self, timeout: TimeoutLike = None) -> T:
+        """Block until done and return the value, or raise the exception.
 
-    def _complete(self, result: Any, exc: Optional[BaseException]) -> None:
-        with self._lock:
-            if self._event.is_set():
-                raise RuntimeError("This Future was already completed; it cannot be set twice.")
-            self._result = result
-            self._exception = exc
-            self._event.set()
-            callbacks, self._callbacks = self._callbacks, []
-        for callback in callbacks:
-            callback(self)
-
-    def wait(self, timeout: TimeoutLike = None) -> Any:
-        """Block until done (up to `timeout` seconds) and return the value, or raise its error."""
-        seconds = to_seconds(timeout)
-        if not self._event.is_set() and self._driver is not None:
-            self._driver(seconds)
-        if not self._event.wait(seconds):
-            raise CollectiveTimeout(
-                f"A communication Future was not completed within {seconds:g}s; the collective "
-                "behind it never finished."
-            )
+        Raises:
+            timeout_error: still pending after `timeout` seconds (the future stays usable).
+        """
+        if self._result is _PENDING:
+            seconds = to_seconds(timeout)
+            if self._driver is not None:
+                self._driver(seconds)
+            if not self.wait_done(seconds):
+                raise self.timeout_error(
+                    f"Waited {seconds:g}s for {self.description}; it is still pending."
+                )
         return self.value()
 
-    def value(self) -> Any:
-        """The result of a completed future (raises its exception if it failed)."""
-        if not self._event.is_set():
-            raise RuntimeError("Future.value() called before the future completed; call wait().")
+    def wait_done(self, seconds: Optional[float]) -> bool:
+        """Block until done or `seconds` passed (None: no limit); True if done. Runs no driver."""
+        if self._result is _PENDING:
+            before_blocking()
+            if not self._done_lock.acquire(timeout=-1 if seconds is None else seconds):
+                return False
+            self._done_lock.release()
+        return True
+
+    def value(self) -> T:
+        """The value of a done future (raising its exception, if it failed).
+
+        Raises:
+            state_error: the future is not done yet.
+        """
+        result = self._result
+        if result is _PENDING:
+            raise self.state_error(f"value() called on {self.description}, which is not done "
+                                   "yet; use wait() to block for it.")
         if self._exception is not None:
             raise self._exception
-        return self._result
+        return result
 
-    def then(self, callback: Callable[["Future"], Any]) -> "Future":
-        """A new Future holding `callback(self)`, computed once this one completes."""
-        child = Future(driver=lambda seconds: self._drive(seconds))
+    def exception(self) -> Optional[BaseException]:
+        """The exception of a done future, or None."""
+        return self._exception
 
-        def run(parent: "Future") -> None:
+    # -- completion
+
+    def set_result(self, result: T) -> None:
+        """Complete with `result` and run the callbacks chained on it.
+
+        Raises:
+            state_error: the future was already completed.
+        """
+        if not self.try_complete(result, None):
+            raise self.state_error(f"set_result on {self.description}, which is already "
+                                   "completed.")
+
+    def set_exception(self, exception: BaseException) -> None:
+        """Complete with `exception`, which `wait` and `value` raise.
+
+        Raises:
+            state_error: the future was already completed.
+        """
+        if not isinstance(exception, BaseException):
+            raise TypeError(f"set_exception needs an exception, got {exception!r}.")
+        if not self.try_complete(None, exception):
+            raise self.state_error(f"set_exception on {self.description}, which is already "
+                                   "completed.")
+
+    def try_complete(self, result: Any, exception: Optional[BaseException] = None) -> bool:
+        """Set the outcome unless one is set already; False if it was (a timeout racing a
+        reply, or a work's two ways of finishing)."""
+        with _state_lock:
+            if self._result is not _PENDING:
+                return False
+            self._exception = exception
+            self._result = result
+            callbacks, self._callbacks = self._callbacks, None
+        self._done_lock.release()
+        if callbacks:
+            for callback in callbacks:
+                self._run_callback(callback)
+        return True
+
+    def _run_callback(self, callback: Callable) -> None:
+        try:
+            callback(self)
+        except Exception:  # a user's callback must not stop the others (it is logged)
+            logger.exception("A done-callback of %s raised; ignoring it.", self.description)
+
+    # -- chaining
+
+    def add_done_callback(self, callback: Callable[["Future[T]"], Any]) -> None:
+        """Run `callback(self)` once done (at once, in this thread, if already done)."""
+        if _profiler.local_users:  # the one check unprofiled code pays
+            callback = _following_this_threads_recorder(callback)
+        with _state_lock:
+            if self._result is _PENDING:
+                if self._callbacks is None:
+                    self._callbacks = [callback]
+                else:
+                    self._callbacks.append(callback)
+                return
+        self._run_callback(callback)
+
+    def then(self, callback: Callable[["Future[T]"], Any]) -> "Future":
+        """A new Future (of this one's class) completed with `callback(self)`'s return value
+        (or its exception); waiting on it drives this one, when this one has a driver."""
+        child: Future = type(self)(f"then() of {self.description}",
+                                   driver=None if self._driver is None else self._drive)
+
+        def run(fut: Future) -> None:
             try:
-                value = callback(parent)
-            except BaseException as exc:  # the child reports whatever the callback raised
+                child.set_result(callback(fut))
+            except BaseException as exc:  # noqa: BLE001  (the child carries it to its waiter)
                 child.set_exception(exc)
-            else:
-                child.set_result(value)
 
-        with self._lock:
-            if not self._event.is_set():
-                self._callbacks.append(run)
-                return child
-        run(self)
+        self.add_done_callback(run)
         return child
 
-    def add_done_callback(self, callback: Callable[["Future"], None]) -> None:
-        """Call `callback(self)` once done (right away if it already is)."""
-        with self._lock:
-            if not self._event.is_set():
-                self._callbacks.append(callback)
-                return
-        callback(self)
-
     def _drive(self, seconds: Optional[float]) -> None:
-        if not self._event.is_set() and self._driver is not None:
+        if self._result is _PENDING and self._driver is not None:
             self._driver(seconds)
-        self._event.wait(seconds)
+        self.wait_done(seconds)
 
+    def __repr__(self) -> str:
+        state = "pending" if not self.done() else ("failed" if self._exception else "done")
+        return f"<{type(self).__name__} {state}: {self.description}>"
+
+
+def _following_this_threads_recorder(callback: Callable) -> Callable:
+    """`callback`, run under this thread's own profiling recorder wherever it runs (as is when
+    this thread has none, or once that recorder's window closed: the reply is gone)."""
+    rec = getattr(_profiler.local, "recorder", None)
+    if rec is None:
+        return callback
+
+    def under_recorder(fut: "Future") -> Any:
+        if rec.closed:
+            return callback(fut)
+        previous = _profiler.push_local(rec)
+        try:
+            return callback(fut)
+        finally:
+            _profiler.pop_local(previous)
+
+    return under_recorder
+
+
+def collect_all(futures: Iterable[Future]) -> Future:
+    """A Future (of the first input's class) completed, once every input is done, with the list
+    of the input futures."""
+    futures = list(futures)
+    kind = type(futures[0]) if futures else Future
+    combined: Future[List[Future]] = kind(f"collect_all of {len(futures)} futures")
+    if not futures:
+        combined.set_result([])
+        return combined
+    remaining = [len(futures)]
+    lock = threading.Lock()
+
+    def one_done(_: Future) -> None:
+        with lock:
+            remaining[0] -= 1
+            last = remaining[0] == 0
+        if last:
+            combined.set_result(futures)
+
+    for fut in futures:
+        fut.add_done_callback(one_done)
+    return combined
+
+
+def wait_all(futures: Iterable[Future], timeout: TimeoutLike = None) -> list:
+    """Wait for every future and return their values; raises the first failure in list order."""
+    futures = list(futures)
+    collect_all(futures).wait(timeout)
+    return [fut.value() for fut in futures]
+
+
+# ----------------------------------------------------------------------------- from a Work
 
 def future_from_work(work: Any, result: Any) -> Future:
     """A Future that completes with `result` once the process-group `work` finishes.
@@ -116,29 +273,18 @@ def future_from_work(work: Any, result: Any) -> Future:
     on it) in the backend's thread as soon as the collective ends; otherwise the first wait()
     completes it.
     """
-    fut = Future()
-    claim = threading.Lock()
-    claimed = []
-
     def finish(exc: Optional[BaseException]) -> None:
-        with claim:
-            if claimed:
-                return
-            claimed.append(True)
-        if exc is None:
-            fut.set_result(result)
-        else:
-            fut.set_exception(exc)
+        fut.try_complete(result if exc is None else None, exc)
 
     def driver(seconds: Optional[float]) -> None:
         try:
             work.wait(seconds)
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001  (the Future's waiter gets it)
             finish(exc)
         else:
             finish(None)
 
-    fut._driver = driver
+    fut = Future("the Future of a collective", driver=driver)
     add_done_callback = getattr(work, "add_done_callback", None)
     if add_done_callback is not None:
         add_done_callback(lambda w: finish(w.exception()))
@@ -147,7 +293,7 @@ def future_from_work(work: Any, result: Any) -> Future:
 
 def completed_future(result: Any) -> Future:
     """A Future that is already done with `result`."""
-    fut = Future()
+    fut = Future("a completed future")
     fut.set_result(result)
     return fut
 
@@ -161,6 +307,7 @@ def missing_future_methods(fut: Any) -> list[str]:
     """
     return [m + "()" for m in ("wait", "value") if not callable(getattr(fut, m, None))]
 
+
 def future_value(fut: Any, waited: Any) -> Any:
     """The value of a future-like object that has been waited on (`waited`: what wait() gave)."""
     value = getattr(fut, "value", None)
@@ -170,19 +317,11 @@ def future_value(fut: Any, waited: Any) -> Any:
 def work_future(work: Any) -> Future:
     """`work.get_future()`: a Future completed with the work's result (its output arrays, as
     torch's is completed with its output tensors) or its error, when the work finishes."""
-    fut: Future = Future()
-
     def finish(done: Any) -> None:
         if fut.done():
             return
         exc = done.exception()
-        try:
-            if exc is None:
-                fut.set_result(done.result())
-            else:
-                fut.set_exception(exc)
-        except RuntimeError:  # completed by the other path in the meantime
-            pass
+        fut.try_complete(done.result() if exc is None else None, exc)
 
     def driver(seconds: Optional[float]) -> None:
         try:
@@ -192,7 +331,7 @@ def work_future(work: Any) -> Future:
                 raise  # still running after `seconds`: the caller's timeout
         finish(work)  # a failed work's error reaches the Future through finish
 
-    fut._driver = driver
+    fut = Future("the Future of a collective", driver=driver)
     work.add_done_callback(finish)
     return fut
 

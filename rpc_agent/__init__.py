@@ -1,10 +1,21 @@
 """RPC over gRPC with remote references, after torch.distributed.rpc (TensorPipe backend)."""
 
-from shoal.rpc_agent import context
-from shoal.rpc_agent import dist_autograd  # noqa: F401
-from shoal.rpc_agent import functions  # noqa: F401
-from shoal.rpc_agent import api  # noqa: F401  (torch's rpc.api)
-from shoal.rpc_agent import constants  # noqa: F401  (torch's rpc.constants)
+from shoal.rpc_agent import api  # torch's rpc.api
+from shoal.rpc_agent import constants  # torch's rpc.constants
+from shoal.rpc_agent import context, dist_autograd, functions
+from shoal.rpc_agent.futures import Future, collect_all, wait_all
+from shoal.rpc_agent.optim import DistributedOptimizer
+from shoal.rpc_agent.rpc import (
+    _set_rpc_timeout,
+    get_rpc_timeout,
+    get_worker_info,
+    init_rpc,
+    remote,
+    rpc_async,
+    rpc_sync,
+    shutdown,
+)
+from shoal.rpc_agent.rref import RRef
 from shoal.rpc_agent.types import (
     BackendType,
     RemoteException,
@@ -18,16 +29,17 @@ from shoal.rpc_agent.types import (
     WorkerInfo,
     WorkerNameError,
 )
-from shoal.rpc_agent.optim import DistributedOptimizer  # noqa: F401
-from shoal.rpc_agent.futures import Future, collect_all, wait_all  # noqa: F401
-from shoal.rpc_agent.rpc import (  # noqa: F401
-    _set_rpc_timeout,
-    get_rpc_timeout,
-    get_worker_info,
-    init_rpc,
-    remote,
-    rpc_async,
-    rpc_sync,
-    shutdown,
-)
-from shoal.rpc_agent.rref import RRef  # noqa: F401
+
+__all__ = [
+    # submodules torch's rpc package has too
+    "api", "constants", "context", "dist_autograd", "functions",
+    # the functions
+    "init_rpc", "shutdown", "rpc_sync", "rpc_async", "remote", "get_worker_info",
+    "get_rpc_timeout", "_set_rpc_timeout",
+    # the types
+    "Future", "collect_all", "wait_all", "RRef", "DistributedOptimizer", "BackendType",
+    "RpcBackendOptions", "TensorPipeRpcBackendOptions", "WorkerInfo",
+    # the errors
+    "RpcError", "RpcTimeout", "RpcPeerLost", "RpcAuthenticationError", "RpcFunctionNotFound",
+    "RemoteException", "WorkerNameError",
+]

@@ -194,19 +194,3 @@ def is_io_thread() -> bool:
     """True on threads marked by `mark_io_thread`."""
     return getattr(_marks, "io", False)
 
-
-def set_blocking_hook(hook: Optional[Callable[[], None]]) -> None:
-    """Have `before_blocking` on this thread call `hook` (None clears it).
-
-    A stream reader that runs an incoming call itself sets one: when the call blocks on a
-    Future (a nested RPC), reading passes to another thread first, since the reply it waits for
-    may come on that very stream.
-    """
-    _marks.hook = hook
-
-
-def before_blocking() -> None:
-    """Called by `Future.wait` before it blocks: run this thread's blocking hook, if any."""
-    hook = getattr(_marks, "hook", None)
-    if hook is not None:
-        hook()

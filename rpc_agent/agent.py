@@ -1,5 +1,8 @@
 """`RpcAgent`: calls out, serves calls in, over the gRPC streams and the data channels.
 
+Its parts: `workers` (the worker table), `frames` (encoding), `serving` (the callee's side);
+the agent keeps the pending calls, routes incoming frames, and owns streams and threads.
+
 Threads: per stream one reader (and a writer during bursts; rpc_agent/transport/); the worker
 pool (runs incoming calls, and the callbacks of Futures completed on a reader); one reader and
 one sender per data socket; the timer thread (call deadlines); the RRef delete thread. Readers
@@ -9,49 +12,46 @@ RRef forks in stream order, and hand everything else to the pool.
 
 from __future__ import annotations
 
-import functools
 import dataclasses
+import functools
 import itertools
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from shoal.core.auth import load_token, require_secret_for
 from shoal.core.timeouts import to_seconds
-from shoal.rpc_agent import _current
-from shoal.rpc_agent import metrics
-from shoal.rpc_agent.context import _local as _context_local
-from shoal.rpc_agent.context import context_id as _context_id
+from shoal.rpc_agent import _current, metrics
 from shoal.rpc_agent._generated import rpc_pb2
-from shoal.rpc_agent.dist_autograd import container as autograd_contexts
 from shoal.rpc_agent._threads import Deadlines, WorkerPool, is_io_thread
-from shoal.rpc_agent.types import RpcBackendOptions, RpcError, RpcPeerLost, RpcTimeout, WorkerInfo
+from shoal.rpc_agent.context import _local as _context_local
+from shoal.rpc_agent.dist_autograd import container as autograd_contexts
+from shoal.rpc_agent.frames import (
+    CALL,
+    ERROR,
+    HELLO,
+    REMOTE_CALL,
+    RESPONSE,
+    FrameEncoder,
+    needs_assembly,
+)
+from shoal.rpc_agent.futures import Future
+from shoal.rpc_agent.rref import RRef, RRefContext
+from shoal.rpc_agent.serialization import deserialize, rebuild_exception
+from shoal.rpc_agent.serving import CallServer
+from shoal.rpc_agent.transport import grpc_tuning
 from shoal.rpc_agent.transport.assembly import Assembler
 from shoal.rpc_agent.transport.data_channel import DataChannels
-from shoal.rpc_agent.functions import is_async_execution
-from shoal.rpc_agent.futures import Future
-from shoal.rpc_agent.missing_function import explain as explain_missing_function
-from shoal.rpc_agent.profiled_result import ProfiledResult
-from shoal.rpc_agent.rref import RRef, RRefContext
-from shoal.rpc_agent.serialization import (
-    deserialize,
-    rebuild_exception,
-    serialize,
-    serialize_exception,
-)
-from shoal.rpc_agent.transport import grpc_tuning
+from shoal.rpc_agent.types import RpcBackendOptions, RpcError, RpcPeerLost, RpcTimeout, WorkerInfo
+from shoal.rpc_agent.workers import WorkerRef, WorkerTable
 
 if TYPE_CHECKING:
     from shoal.rpc_agent.transport.stream import Stream
 
 logger = logging.getLogger(__name__)
 
-WorkerRef = Union[str, int, WorkerInfo]
-# Inline buffers of one frame stop here; the rest take the data channel whatever their size.
-_INLINE_BUDGET_BYTES = 4 * 1024 * 1024
-_CALL, _REMOTE_CALL = rpc_pb2.CALL, rpc_pb2.REMOTE_CALL
-_RESPONSE, _ERROR, _HELLO = rpc_pb2.RESPONSE, rpc_pb2.ERROR, rpc_pb2.HELLO
+__all__ = ["RpcAgent", "WorkerRef", "current", "qualified_name"]
 
 
 def qualified_name(func: Callable) -> str:
@@ -84,24 +84,28 @@ class _Call:
 
 
 class _LocalStream:
-    """Calls to this worker itself: frames go straight to the agent's own frame handler."""
+    """Calls to this worker itself: frames go straight to the agent's own frame handler
+    (`on_frames`), and the call it hands back runs on the pool (`submit`)."""
 
     alive = True
     outgoing = True
 
-    def __init__(self, agent: "RpcAgent"):
-        self._agent = agent
-        self.peer_id = agent.info.id
-        self.peer_name = agent.info.name
+    def __init__(self, me: WorkerInfo, on_frames: Callable, submit: Callable):
+        self._on_frames = on_frames
+        self._submit = submit
+        self.peer_id = me.id
+        self.peer_name = me.name
         self.pending_ids: set[int] = set()
 
     def describe(self) -> str:
+        """The stream's peer, for messages: this worker itself."""
         return f"worker {self.peer_name!r} (id {self.peer_id}, this worker)"
 
     def send(self, frame: bytes) -> None:
-        inline = self._agent._on_frames(self, [rpc_pb2.Frame.FromString(frame)])
+        """Hand one serialized frame to this worker's own frame handler."""
+        inline = self._on_frames(self, [rpc_pb2.Frame.FromString(frame)])
         if inline is not None:
-            self._agent._pool.submit(inline)
+            self._submit(inline)
 
 
 class RpcAgent:
@@ -116,10 +120,7 @@ class RpcAgent:
         self._token = load_token(options.token)
         # The gRPC port runs code for whoever holds the secret: never with the public one.
         require_secret_for(self._token, options.host, f"RPC worker {name!r} binding its ports")
-        self._workers: list[Optional[WorkerInfo]] = [None] * world_size
-        self._by_name: dict[str, WorkerInfo] = {}
-        self._grpc_address: dict[int, str] = {}
-        self._data_address: dict[int, tuple[str, int]] = {}
+        self.workers = WorkerTable(self.info, world_size)
         self._pending: dict[int, _Call] = {}
         self._ids = itertools.count(1)
         self._streams: dict[int, Stream] = {}
@@ -127,11 +128,10 @@ class RpcAgent:
         self._streams_lock = threading.Lock()
         self._closing = False
         self._closed = False
-        self._threshold = options.data_threshold
         self._default_timeout = options.rpc_timeout
-        self._local = _LocalStream(self)
         self._assembler = Assembler()
         self._pool = WorkerPool(options.num_worker_threads, name)
+        self._local = _LocalStream(self.info, self._on_frames, self._pool.submit)
         self._deadlines = Deadlines(self._on_deadline, name)
         self.rrefs = RRefContext(self)
         # The one place shoal loads grpc, and late on purpose: gRPC core reads its process-wide
@@ -139,20 +139,23 @@ class RpcAgent:
         # (transport/grpc_tuning.py). This is no cycle dodged: transport.grpc never imports
         # the agent.
         grpc_tuning.apply()
-        from shoal.rpc_agent.transport.grpc import GrpcTransport
+        from shoal.rpc_agent.transport.grpc import GrpcTransport  # noqa: PLC0415  (see above)
 
         self._transport = GrpcTransport(
             name=name, worker_id=rank, token=self._token, host=options.host,
             max_streams=2 * world_size, on_frames=self._on_frames,
             on_stream_open=self._on_stream_open,
-            on_stream_dead=self._on_stream_dead, peer_name=self._peer_name,
+            on_stream_dead=self._on_stream_dead, peer_name=self.workers.name_of,
             submit=self._pool.submit,
         )
         self._data = DataChannels(
             name=name, worker_id=rank, token=self._token, host=options.host,
             on_transfer=self._assembler.arrived, on_dead=self._on_data_dead,
-            peer_label=self._peer_label, receive_cache_bytes=options.receive_cache_bytes,
+            peer_label=self.workers.label_of, receive_cache_bytes=options.receive_cache_bytes,
         )
+        # Bound once: the per-call paths look up one attribute, as when these were methods.
+        self._encode = FrameEncoder(rank, options.data_threshold, self._data.new_transfer_id).encode
+        self._serve = CallServer(self.info, self._encode, self._data, self.workers).serve
         self.grpc_port: Optional[int] = None
         self.data_port: Optional[int] = None
 
@@ -165,14 +168,7 @@ class RpcAgent:
 
     def set_workers(self, infos: list[dict]) -> None:
         """Install the job's worker table (from the store)."""
-        for item in infos:
-            info = WorkerInfo(item["name"], int(item["id"]))
-            self._workers[info.id] = info
-            self._by_name[info.name] = info
-            self._grpc_address[info.id] = f"{item['host']}:{item['grpc_port']}"
-            self._data_address[info.id] = (item["host"], int(item["data_port"]))
-        self._workers[self.info.id] = self.info
-        self._by_name[self.info.name] = self.info
+        self.workers.install(infos)
 
     def connect_higher_peers(self, timeout: float) -> None:
         """Open the stream and data channel of every pair where this worker has the lower id,
@@ -180,7 +176,7 @@ class RpcAgent:
         streams = []
         for peer_id in range(self.info.id + 1, self.world_size):
             streams.append(self._stream_to(peer_id))
-            self._data.connect(peer_id, self._data_address[peer_id])
+            self._data.connect(peer_id, self.workers.data_addresses[peer_id])
         end = time.monotonic() + timeout
         for stream in streams:
             stream.opened.wait(max(0.0, end - time.monotonic()))
@@ -239,33 +235,11 @@ class RpcAgent:
         Raises:
             RpcError: no such worker in this job.
         """
-        if ref is None:
-            return self.info
-        if isinstance(ref, WorkerInfo):
-            ref = ref.id
-        if isinstance(ref, str):
-            info = self._by_name.get(ref)
-        elif isinstance(ref, int) and not isinstance(ref, bool):
-            info = self._workers[ref] if 0 <= ref < self.world_size else None
-        else:
-            raise TypeError(f"A worker is named by str, int or WorkerInfo, got {ref!r}.")
-        if info is None:
-            known = ", ".join(repr(w.name) for w in self._workers if w is not None)
-            raise RpcError(f"Unknown worker {ref!r}: this job has workers {known}.")
-        return info
+        return self.workers.info(ref)
 
     def all_workers(self) -> list[WorkerInfo]:
         """Every worker of the job, by id."""
-        return [w for w in self._workers if w is not None]
-
-    def _peer_name(self, peer_id: int) -> Optional[str]:
-        if 0 <= peer_id < self.world_size and self._workers[peer_id] is not None:
-            return self._workers[peer_id].name
-        return None
-
-    def _peer_label(self, peer_id: int) -> Optional[str]:
-        name = self._peer_name(peer_id)
-        return None if name is None else f"worker {name!r} (id {peer_id})"
+        return self.workers.all()
 
     # ------------------------------------------------------------------ timeouts
 
@@ -342,10 +316,10 @@ class RpcAgent:
 
             def settle(f: Future) -> None:
                 if f.exception() is not None:  # never served (say it timed out): the record fails
-                    record.future._complete(None, f.exception())
+                    record.future.try_complete(None, f.exception())
 
             fut.add_done_callback(settle)
-            rref._creation = fut
+            rref.set_creation_future(fut)
             return rref
         rref_id = self.rrefs.new_id()
         rref = self.rrefs.new_user(dst, rref_id, rref_id)
@@ -353,7 +327,7 @@ class RpcAgent:
         # Any outcome confirms the fork: the owner registered it on arrival, or never saw it
         # (then the delete it gets is ignored).
         fut.add_done_callback(lambda f: self.rrefs.confirm(rref_id))
-        rref._creation = fut
+        rref.set_creation_future(fut)
         return rref
 
     def _send_call(self, to, func, args, kwargs, timeout, kind, rref_id,
@@ -364,12 +338,12 @@ class RpcAgent:
             raise RpcError(f"The RPC agent of worker {self.info.name!r} is shut down.")
         if not callable(func):
             raise TypeError(f"RPC needs a callable, got {func!r}.")
-        dst = self.worker_info(to)
+        dst = self.workers.info(to)
         fname = qualified_name(func)
         seconds = self.timeout_or_none(timeout)
         future: Future = Future(f"the {kind} call of {fname} on worker {dst.name!r}")
         rid = next(self._ids)
-        frame_kind = _CALL if rref_id is None else _REMOTE_CALL
+        frame_kind = CALL if rref_id is None else REMOTE_CALL
         cid = getattr(_context_local, "context_id", None)
         accepts: list = []
         try:
@@ -398,7 +372,7 @@ class RpcAgent:
         try:
             stream.send(frame)
             if big:
-                self._data.send(dst.id, self._data_address[dst.id], big,
+                self._data.send(dst.id, self.workers.data_addresses[dst.id], big,
                                 lambda exc, rid=rid: self._fail(rid, exc))
         except RpcError as exc:
             self._fail(rid, RpcPeerLost(
@@ -406,44 +380,6 @@ class RpcAgent:
                 f"sent: {exc}"
             ))
         return future
-
-    def _encode(self, kind: int, rid: int, fname: str, obj: Any, dst_id: int,
-                rref_id=None, cid: Optional[int] = None,
-                accepts: Optional[list] = None) -> tuple[bytes, list]:
-        """One frame; `cid`, the call's distributed autograd context, rides on calls and
-        records the Tensors that require grad (on replies too); `accepts` collects the RRef
-        forks the call's reply accepts."""
-        payload, buffers = serialize(obj, dst_id, cid, accepts)
-        frame = rpc_pb2.Frame(kind=kind, request_id=rid, function=fname)
-        if kind != _RESPONSE and cid is not None:
-            frame.context_id = cid
-        if rref_id is not None:
-            frame.rref_id.created_on, frame.rref_id.local_id = rref_id
-            frame.fork_id.created_on, frame.fork_id.local_id = rref_id
-        local = dst_id == self.info.id
-        threshold = self._threshold if not local else float("inf")
-        # Many small buffers must not add up to a gRPC message above its bound either.
-        inline_left = _INLINE_BUDGET_BYTES if not local else float("inf")
-        big = []
-        for buf in buffers:
-            desc = frame.buffers.add()
-            desc.nbytes = buf.nbytes
-            if buf.nbytes >= threshold or buf.nbytes > inline_left:
-                desc.on_data_channel = True
-                desc.transfer_id = self._data.new_transfer_id()
-                big.append((desc.transfer_id, buf))
-            else:
-                desc.inline_data = buf.tobytes()
-                inline_left -= buf.nbytes
-        if len(payload) >= threshold:
-            ref = frame.payload_ref
-            ref.nbytes = len(payload)
-            ref.on_data_channel = True
-            ref.transfer_id = self._data.new_transfer_id()
-            big.append((ref.transfer_id, memoryview(payload)))
-        else:
-            frame.payload = payload
-        return frame.SerializeToString(), big
 
     def _stream_to(self, peer_id: int) -> Stream:
         stream = self._streams.get(peer_id)
@@ -454,8 +390,9 @@ class RpcAgent:
             if stream is None or not stream.alive:
                 if self._closed:
                     raise RpcError(f"The RPC agent of worker {self.info.name!r} is shut down.")
-                name = self._peer_name(peer_id)
-                stream = self._transport.connect(peer_id, name, self._grpc_address[peer_id])
+                name = self.workers.name_of(peer_id)
+                stream = self._transport.connect(peer_id, name,
+                                                 self.workers.grpc_addresses[peer_id])
                 self._streams[peer_id] = stream
                 self._all_streams.add(stream)
         return stream
@@ -477,9 +414,9 @@ class RpcAgent:
         metrics.LATENCY_CHILDREN[call.kind].observe(time.perf_counter() - call.start)
         if call.future.has_callbacks() and is_io_thread():
             # Callbacks may block or call out: never on the io thread.
-            self._pool.submit(call.future._complete, result, exc)
+            self._pool.submit(call.future.try_complete, result, exc)
         else:
-            call.future._complete(result, exc)
+            call.future.try_complete(result, exc)
 
     def _fail(self, rid: int, exc: BaseException, status: str = "error") -> None:
         self._complete(rid, None, exc, status)
@@ -502,28 +439,28 @@ class RpcAgent:
         inline = None
         for frame in frames:
             kind = frame.kind
-            if kind == _RESPONSE or kind == _ERROR:
+            if kind == RESPONSE or kind == ERROR:
                 if frame.request_id not in self._pending:
                     # A late reply to a call that timed out: its buffers are not wanted.
                     self._assembler.discard(stream.peer_id, frame)
                     continue
-                if _needs_assembly(frame):
+                if needs_assembly(frame):
                     self._assembler.expect(stream.peer_id, frame, stream, self._finish_reply)
                 else:
                     self._finish_reply(frame, frame.payload, None, None)
-            elif kind == _CALL or kind == _REMOTE_CALL:
+            elif kind == CALL or kind == REMOTE_CALL:
                 record = None
-                if kind == _REMOTE_CALL and stream is self._local:
+                if kind == REMOTE_CALL and stream is self._local:
                     # remote() to this worker: the caller's RRef is the owner's; no fork
                     record = self.rrefs.record((frame.rref_id.created_on, frame.rref_id.local_id))
-                elif kind == _REMOTE_CALL:
+                elif kind == REMOTE_CALL:
                     # Registered here, in stream order, before anything can delete this fork.
                     record = self.rrefs.add_fork(
                         (frame.rref_id.created_on, frame.rref_id.local_id),
                         (frame.fork_id.created_on, frame.fork_id.local_id),
                         confirmed=True,
                     )
-                if _needs_assembly(frame):
+                if needs_assembly(frame):
                     self._assembler.expect(
                         stream.peer_id, frame, stream,
                         lambda f, p, b, e, s=stream, r=record: self._pool.submit(
@@ -535,7 +472,7 @@ class RpcAgent:
                 else:
                     self._pool.submit(self._serve, stream, frame, frame.payload, None, None,
                                       record)
-            elif kind == _HELLO:
+            elif kind == HELLO:
                 logger.debug("Ignoring a repeated hello from %s", stream.describe())
             else:
                 metrics.REJECTED_STREAM.inc()
@@ -550,10 +487,10 @@ class RpcAgent:
         if error is not None:
             self._fail(rid, RpcError(f"The reply of {frame.function} is unusable: {error}."))
             return
-        if frame.kind == _ERROR:
+        if frame.kind == ERROR:
             try:
                 exc = rebuild_exception(payload, frame.function)
-            except Exception as exc2:  # noqa: BLE001
+            except Exception as exc2:  # noqa: BLE001  (an unreadable error still fails the call)
                 exc = RpcError(f"The remote error of {frame.function} cannot be read: {exc2}")
             self._complete(rid, None, exc, "error")
             return
@@ -563,102 +500,13 @@ class RpcAgent:
                 value = deserialize(payload, buffers, call.dst.id, call.context_id)
             else:
                 value = deserialize(payload, buffers)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001  (any unpickling failure fails the call)
             where = f" from worker {call.dst.name!r}" if call is not None else ""
             err = RpcError(f"The result of {frame.function}{where} cannot be unpickled: {exc}")
             err.__cause__ = exc
             self._complete(rid, None, err, "error")
             return
         self._complete(rid, value, None, "ok")
-
-    # ------------------------------------------------------------------ serving calls
-
-    def _serve(self, stream, frame, payload, buffers, error: Optional[str], record) -> None:
-        """Run one incoming call on a pool thread and reply."""
-        rid, fname = frame.request_id, frame.function
-        if buffers is None:
-            buffers = [bytearray(d.inline_data) for d in frame.buffers]
-        cid = frame.context_id if frame.HasField("context_id") else None
-        try:
-            if error is not None:
-                raise RpcError(f"The arguments of {fname} did not arrive whole: {error}.")
-            if cid is not None:
-                autograd_contexts.touch(cid, stream.peer_id)
-            try:
-                func, args, kwargs = deserialize(payload, buffers, stream.peer_id, cid)
-            except (AttributeError, ImportError) as exc:
-                # the function may be missing here: say so as torch does, naming it
-                missing = explain_missing_function(fname, exc, self.info)
-                if missing is None:
-                    raise
-                raise missing from exc
-            if cid is not None:
-                with _context_id(cid):
-                    result = func(*args, **kwargs) if kwargs else func(*args)
-            else:
-                result = func(*args, **kwargs) if kwargs else func(*args)
-            if is_async_execution(func):
-                if not isinstance(result, Future):
-                    raise RpcError(
-                        f"{fname} is marked @async_execution but returned "
-                        f"{type(result).__name__}, not a Future."
-                    )
-                result.add_done_callback(
-                    lambda f: self._reply_outcome(stream, rid, fname, f, record, cid)
-                )
-                return
-        except BaseException as exc:  # noqa: BLE001  (travels back to the caller)
-            self._reply(stream, rid, fname, None, exc, record)
-            return
-        self._reply(stream, rid, fname, result, None, record, cid)
-
-    def _reply_outcome(self, stream, rid: int, fname: str, fut: Future, record,
-                       cid: Optional[int]) -> None:
-        if fut.exception() is not None:
-            self._reply(stream, rid, fname, None, fut.exception(), record)
-        else:
-            self._reply(stream, rid, fname, fut.value(), None, record, cid)
-
-    def _reply(self, stream, rid: int, fname: str, value: Any,
-               exc: Optional[BaseException], record, cid: Optional[int] = None) -> None:
-        if record is not None:
-            # A remote(): the owner keeps the value; the caller only learns that it is set
-            # (and, when it profiles, gets the callee's events).
-            shipped = None
-            # (a record may have failed already: a remote() to this worker that timed out)
-            if exc is None:
-                if type(value) is ProfiledResult:
-                    value, shipped = value.value, value.without_value()
-                record.future._complete(value, None)
-            else:
-                record.future._complete(None, exc)
-            value = shipped
-        big = []
-        if exc is None:
-            try:
-                frame, big = self._encode(_RESPONSE, rid, fname, value, stream.peer_id,
-                                          cid=cid)
-            except Exception as pickle_exc:  # noqa: BLE001
-                exc = RpcError(
-                    f"The result of {fname} on worker {self.info.name!r} cannot be pickled: "
-                    f"{pickle_exc}"
-                )
-                exc.__cause__ = pickle_exc
-        if exc is not None:
-            frame = rpc_pb2.Frame(
-                kind=_ERROR, request_id=rid, function=fname,
-                payload=serialize_exception(exc, self.info.name),
-            ).SerializeToString()
-        try:
-            stream.send(frame)
-            if big:
-                self._data.send(stream.peer_id, self._data_address[stream.peer_id], big,
-                                lambda exc: logger.info("Worker %r could not send the result of "
-                                                        "%s: %s", self.info.name, fname, exc))
-        except RpcError as send_exc:
-            # The caller's side sees the same dead stream and fails the call itself.
-            logger.info("Worker %r could not reply to %s for %s: %s",
-                        self.info.name, stream.describe(), fname, send_exc)
 
     # ------------------------------------------------------------------ streams and channels
 
@@ -694,15 +542,6 @@ class RpcAgent:
 
     def _on_data_dead(self, peer_id: int, reason: str) -> None:
         self._assembler.drop_peer(peer_id, reason)
-
-
-def _needs_assembly(frame) -> bool:
-    if frame.HasField("payload_ref"):
-        return True
-    for desc in frame.buffers:
-        if desc.on_data_channel:
-            return True
-    return False
 
 
 def current() -> RpcAgent:

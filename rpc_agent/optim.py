@@ -78,7 +78,7 @@ class DistributedOptimizer:
                 else:
                     rref = agent.remote(owner, _new_local_optimizer,
                                         (optimizer_class, rrefs, args, kwargs), None, None)
-                    rref._get_future().wait()
+                    rref.creation_future().wait()
                     self.remote_optimizers.append(rref)
             except Exception as exc:
                 raise DistributedOptimizerError(

@@ -11,8 +11,9 @@ hosts' clocks (`shoal trace merge` aligns whole ranks, not these shipped events)
 RRef proxy calls (`rref.rpc_sync().m(...)` and the like) are profiled the same way; they reach
 this module through the hook `rref.profiled_proxy_call`, which this module fills at import:
 profiling imports rref (for RRef), so rref cannot import profiling back without a cycle.
-An @async_execution function's continuations are covered by rpc_agent/futures.py: a callback
-added on the profiled serving thread runs under its recorder on whichever thread fires it.
+An @async_execution function's continuations are covered by the Future (collectives.futures): a
+callback added on the profiled serving thread runs under its recorder on whichever thread fires
+it.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from shoal.rpc_agent import _current
 from shoal.rpc_agent import rref as _rref
 from shoal.rpc_agent.agent import qualified_name
 from shoal.rpc_agent.functions import ASYNC_ATTR, is_async_execution
-from shoal.rpc_agent.futures import Future
+from shoal.rpc_agent.futures import AnyFuture, Future
 from shoal.rpc_agent.rref import RRef
 from shoal.rpc_agent.profiled_result import ProfiledResult
 
@@ -37,8 +38,8 @@ class ProfiledCall:
     For an @async_execution `func` the wrapper is itself @async_execution: it returns a Future
     that completes with the events once `func`'s Future does, so the callee's event covers the
     function and its continuation until the reply. The continuation's ops (Future callbacks
-    added while `func` ran, on any thread) are recorded too: futures.py runs such callbacks
-    under this recorder, and the op wrappers stay installed until the reply."""
+    added while `func` ran, on any thread) are recorded too: the Future (collectives.futures)
+    runs such callbacks under this recorder, and the op wrappers stay installed until the reply."""
 
     def __init__(self, func: Callable, label: str, caller: str) -> None:
         self.func = func
@@ -68,7 +69,7 @@ class ProfiledCall:
         if not getattr(self, ASYNC_ATTR, False):
             instrument.uninstall()
             return self._result(rec, value, t0, t1, worker)
-        if not isinstance(value, Future):
+        if not isinstance(value, AnyFuture):
             self._finish(rec, t0, t1, worker)
             instrument.uninstall()
             return value  # the agent rejects it, naming its type, as without the profiler
@@ -181,8 +182,8 @@ def profiled_remote(rec: Recorder, to: Any, func: Callable, args: Optional[tuple
     ev = Event(f"remote#{fname}({caller} -> {callee})", "rpc", t0, 0, threading.get_ident(),
                {"caller": caller, "callee": callee, "function": fname})
     rref = _current.get().remote(to, ProfiledCall(func, fname, caller), args, kwargs, timeout)
-    rref._creation = _ending_with(rref._creation, rec, ev, callee,
-                                  f"the remote call of {fname} on worker {callee!r}")
+    rref.set_creation_future(_ending_with(rref.creation_future(), rec, ev, callee,
+                                          f"the remote call of {fname} on worker {callee!r}"))
     return rref
 
 

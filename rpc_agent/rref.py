@@ -98,7 +98,7 @@ class RRef:
     def _make(cls, agent, owner: WorkerInfo, rref_id: GUID, fork_id: Optional[GUID],
               record: Optional[OwnerRecord]) -> "RRef":
         rref = cls.__new__(cls)
-        rref._setup(agent, owner, rref_id, fork_id, record)
+        cls._setup(rref, agent, owner, rref_id, fork_id, record)
         return rref
 
     # -- identity
@@ -121,13 +121,23 @@ class RRef:
             return True
         return self._agent.rrefs.is_confirmed(self._fork_id)
 
-    def _get_future(self) -> Future:
-        """The Future of the remote() call that created this RRef (torch's private name)."""
+    def creation_future(self) -> Future:
+        """The Future of the remote() call that created this RRef (done at once for one made
+        by `RRef(value)` or received from another worker)."""
         if self._creation is not None:
             return self._creation
         fut: Future = Future("an RRef's creation")
         fut.set_result(None)
         return fut
+
+    def _get_future(self) -> Future:
+        """torch's private name of `creation_future()`, which scripts call."""
+        return self.creation_future()
+
+    def set_creation_future(self, fut: Future) -> None:
+        """Make `fut` this RRef's creation future: the agent sets the remote() call's, the
+        profiler one that also ends the call's event."""
+        self._creation = fut
 
     # -- value
 
@@ -143,6 +153,19 @@ class RRef:
                 f"{self._owner.name!r}; only the owner has the value (use to_here())."
             )
         return self._record.future.wait(self._agent.default_timeout_or_none())
+
+    def value_future(self) -> Future:
+        """On the owner, the Future of the value (done once remote() has computed it).
+
+        Raises:
+            RpcError: this worker is not the owner.
+        """
+        if self._record is None:
+            raise RpcError(
+                f"value_future() called on worker {self._agent.info.name!r} for an RRef owned "
+                f"by {self._owner.name!r}; only the owner has the value."
+            )
+        return self._record.future
 
     def to_here(self, timeout: TimeoutArg = None) -> Any:
         """A copy of the value, fetched from the owner (the value itself on the owner); waits
@@ -174,15 +197,15 @@ class RRef:
 
     def rpc_sync(self, timeout: TimeoutArg = None) -> "_Proxy":
         """`rref.rpc_sync().method(*args)` runs `method` on the owner's value, blocking."""
-        return _Proxy(self, "sync", timeout)
+        return _Proxy(self, self._agent, self._get_type, "sync", timeout)
 
     def rpc_async(self, timeout: TimeoutArg = None) -> "_Proxy":
         """`rref.rpc_async().method(*args)` returns a Future of the method's result."""
-        return _Proxy(self, "async", timeout)
+        return _Proxy(self, self._agent, self._get_type, "async", timeout)
 
     def remote(self, timeout: TimeoutArg = None) -> "_Proxy":
         """`rref.remote().method(*args)` returns an RRef to the method's result, on the owner."""
-        return _Proxy(self, "remote", timeout)
+        return _Proxy(self, self._agent, self._get_type, "remote", timeout)
 
     def backward(self, dist_autograd_ctx_id: int = -1, retain_graph: bool = False) -> None:
         """Run backward from this RRef's value (a scalar Tensor) on its owner: a distributed
@@ -206,7 +229,8 @@ class RRef:
                 "An RRef can only be pickled as an argument or result of an RPC; it cannot be "
                 "saved or sent any other way."
             )
-        return (_rebuild, self._agent.rrefs.fork(self, dst))
+        return (_rebuild, self._agent.rrefs.fork(self, self._owner, self._rref_id, self._record,
+                                                  dst))
 
     def __del__(self):
         fork_id = getattr(self, "_fork_id", None)
@@ -225,8 +249,11 @@ class RRef:
 class _Proxy:
     """What rref.rpc_sync() / rpc_async() / remote() return: attribute access makes the call."""
 
-    def __init__(self, rref: RRef, mode: str, timeout: TimeoutArg):
+    def __init__(self, rref: RRef, agent, get_type: Callable[[TimeoutArg], type], mode: str,
+                 timeout: TimeoutArg):
         self._rref = rref
+        self._agent = agent
+        self._get_type = get_type  # the RRef's _get_type (torch's name), cached on the RRef
         self._mode = mode
         self._timeout = timeout
 
@@ -237,9 +264,9 @@ class _Proxy:
 
     def _invoke(self, name: str, *args, **kwargs):
         # As torch: a name the value's type lacks fails here, before anything is sent.
-        value_type = self._rref._get_type(self._timeout)
+        value_type = self._get_type(self._timeout)
         getattr(value_type, name)
-        agent = self._rref._agent
+        agent = self._agent
         call_args = (self._rref, name, args, kwargs)
         owner = self._rref.owner()
         if _profiler.recorder is not None and profiled_proxy_call is not None:
@@ -384,23 +411,25 @@ class RRefContext:
 
     # -- pickling
 
-    def fork(self, rref: RRef, dst: int) -> tuple:
-        """Arguments of `_rebuild` for sending `rref` to worker `dst` (see the module doc)."""
+    def fork(self, rref: RRef, owner: WorkerInfo, rref_id: GUID, record: Optional[OwnerRecord],
+             dst: int) -> tuple:
+        """Arguments of `_rebuild` for sending `rref` (owned by `owner`, kept in `record` on
+        the owner) to worker `dst` (see the module doc)."""
         me = self._agent.info.id
         fork_id = self.new_id()
         with self._lock:
-            if rref._record is not None:
-                rref._record.forks[fork_id] = False
-                self._owned[rref._rref_id] = rref._record
+            if record is not None:
+                record.forks[fork_id] = False
+                self._owned[rref_id] = record
             else:
                 self._children[fork_id] = rref
                 accepts = serialization.reply_accepts()
-                if accepts is not None and dst == rref._owner.id:
+                if accepts is not None and dst == owner.id:
                     # Sent to its owner inside a call: the owner holds a handle once it has
                     # read the arguments, so the call's reply accepts the child (no message).
                     accepts.append(fork_id)
-                    return (rref._owner.id, rref._rref_id, fork_id, me, True)
-        return (rref._owner.id, rref._rref_id, fork_id, me)
+                    return (owner.id, rref_id, fork_id, me, True)
+        return (owner.id, rref_id, fork_id, me)
 
     def rebuild(self, owner_id: int, rref_id: GUID, fork_id: GUID, parent_id: int,
                 reply_accepts: bool = False) -> RRef:
@@ -520,7 +549,7 @@ def _fetch_type(rref_id: GUID) -> Future:
 def _invoke_method(rref: RRef, name: str, args: tuple, kwargs: Optional[dict]) -> Future:
     out: Future = Future(f"RRef method {name}")
     # The value may arrive on another thread: the method still runs in the caller's context
-    # (and, when the caller profiles, under this call's recorder: futures.py sees to that).
+    # (and, when the caller profiles, under this call's recorder: collectives.futures sees to that).
     cid = getattr(_context_local, "context_id", None)
 
     def run(value_future: Future) -> None:
@@ -535,7 +564,7 @@ def _invoke_method(rref: RRef, name: str, args: tuple, kwargs: Optional[dict]) -
         except BaseException as exc:  # noqa: BLE001  (travels back as the remote exception)
             out.set_exception(exc)
 
-    rref._record.future.add_done_callback(run)
+    rref.value_future().add_done_callback(run)
     return out
 
 

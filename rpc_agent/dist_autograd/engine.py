@@ -26,7 +26,7 @@ import threading
 import time
 from typing import Any, Optional
 
-from shoal.core.autograd import GraphTask
+from shoal.core.autograd import GraphTask, post_accumulate_hooks
 from shoal.core.tensor import Tensor
 from shoal.rpc_agent import _current, metrics
 from shoal.rpc_agent.types import RpcError
@@ -153,11 +153,12 @@ class _Pass:
         else:
             grad = entry[1]
             grad.data = grad.data + g
-        if leaf._post_hooks:
+        hooks = post_accumulate_hooks(leaf)
+        if hooks:
             if id(leaf) not in self.shown:
                 self.shown[id(leaf)] = (leaf, leaf.grad)
             leaf.grad = grad
-            for hook in list(leaf._post_hooks.values()):
+            for hook in hooks:
                 hook(leaf)
 
     def start(self, roots: list) -> None:

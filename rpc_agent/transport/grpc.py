@@ -37,10 +37,11 @@ from typing import Callable, Optional
 
 import grpc
 
+from shoal.collectives.futures import set_blocking_hook
 from shoal.core import auth
 from shoal.rpc_agent import metrics
 from shoal.rpc_agent._generated import rpc_pb2
-from shoal.rpc_agent._threads import mark_io_thread, set_blocking_hook, unmark_io_thread
+from shoal.rpc_agent._threads import mark_io_thread, unmark_io_thread
 from shoal.rpc_agent.types import (
     AUTH_WINDOW_S,
     CONNECT_TIMEOUT_S,
@@ -157,7 +158,7 @@ class GrpcTransport:
         return grpc.server(
             self._executor,
             handlers=[grpc.method_handlers_generic_handler(
-                SERVICE, {"Stream": grpc.stream_stream_rpc_method_handler(_NonBlocking(self))}
+                SERVICE, {"Stream": grpc.stream_stream_rpc_method_handler(_NonBlocking(self._serve_stream))}
             )],
             options=_SERVER_OPTIONS,
             maximum_concurrent_rpcs=self._max_accepted,
@@ -485,13 +486,14 @@ class _NonBlocking:
 
     experimental_non_blocking = True
 
-    def __init__(self, transport: "GrpcTransport"):
-        self._transport = transport
+    def __init__(self, serve: Callable[..., None]):
+        # GrpcTransport._serve_stream(request_iterator, context, send_response)
+        self._serve = serve
 
     def __call__(self, request_iterator, context, send_response_callback=None) -> None:
         if send_response_callback is None:  # a grpcio without the non-blocking form
             raise RpcError("this grpcio does not pass send_response_callback to the handler")
-        self._transport._serve_stream(request_iterator, context, send_response_callback)
+        self._serve(request_iterator, context, send_response_callback)
 
 
 def _end_call(call) -> None:
