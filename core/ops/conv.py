@@ -138,7 +138,8 @@ def conv2d(
 ) -> Tensor:
     """2-D convolution (cross-correlation, as torch) over an (N, C, H, W) or (C, H, W) input."""
     if _AMP.active:
-        input, weight, bias = _autocast.cast("conv2d", input, weight, bias)
+        input, weight, bias = _autocast.cast(  # noqa: A001 - torch's parameter name
+            "conv2d", input, weight, bias)
     return _conv(input, weight, bias, stride, padding, dilation, groups, "conv2d", spatial=2)
 
 
@@ -153,7 +154,8 @@ def conv1d(
 ) -> Tensor:
     """1-D convolution over an (N, C, L) or (C, L) input: a conv2d of height 1."""
     if _AMP.active:
-        input, weight, bias = _autocast.cast("conv1d", input, weight, bias)
+        input, weight, bias = _autocast.cast(  # noqa: A001 - torch's parameter name
+            "conv1d", input, weight, bias)
 
     def one(v: Any, name: str) -> Any:
         if isinstance(v, str):
@@ -175,60 +177,23 @@ def _conv(
     x: Tensor, weight: Tensor, bias: Tensor | None, stride: Any, padding: Any, dilation: Any,
     groups: int, op: str, spatial: int,
 ) -> Tensor:
-    xd, wd = x.data, weight.data
+    """The convolution conv1d and conv2d share (conv1d runs as a conv2d of height 1)."""
+    xd, wd, st, dil, pads, (ho, wo) = _conv_geometry(
+        x, weight, bias, stride, padding, dilation, groups, op, spatial)
     bd = None if bias is None else bias.data
-    batched = xd.ndim == spatial + 2
-    if xd.ndim not in (spatial + 1, spatial + 2) or wd.ndim != spatial + 2:
-        raise ShapeError(
-            f"{op}: expected a {spatial + 1}-d (unbatched) or {spatial + 2}-d input and a "
-            f"{spatial + 2}-d weight, got input {tuple(xd.shape)} and weight {tuple(wd.shape)}."
-        )
-    if not batched:
-        xd = xd[None]
-    if spatial == 1:
-        xd, wd = xd[:, :, None, :], wd[:, :, None, :]
+    batched = x.data.ndim == spatial + 2
     n, c, h, w = xd.shape
     o, cg, kh, kw = wd.shape
-    if not isinstance(groups, int) or groups < 1 or c % groups or o % groups:
-        raise ValueError(
-            f"{op}: groups={groups!r} must be a positive int dividing both in_channels ({c}) "
-            f"and out_channels ({o})."
-        )
-    if cg * groups != c:
-        raise ShapeError(
-            f"{op}: weight of shape {tuple(weight.shape)} expects {cg * groups} input channels "
-            f"(groups={groups}), but the input of shape {tuple(x.shape)} has {c}."
-        )
-    if bd is not None and tuple(bd.shape) != (o,):
-        raise ShapeError(f"{op}: bias of shape {tuple(bd.shape)} does not match {o} out channels.")
-    st = pair(stride, "stride", op)
-    dil = pair(dilation, "dilation", op)
-    if min(st) < 1 or min(dil) < 1:
-        raise ValueError(f"{op}: stride and dilation must be positive, got {stride!r}, {dilation!r}.")
-    (pt, pb), (pl, pr) = _padding(padding, (kh, kw), st, dil, op)
+    (pt, pb), (pl, pr) = pads
     xp = xp_of(xd)
     hp, wp = h + pt + pb, w + pl + pr
-    ho = (hp - dil[0] * (kh - 1) - 1) // st[0] + 1
-    wo = (wp - dil[1] * (kw - 1) - 1) // st[1] + 1
-    if ho < 1 or wo < 1:
-        raise ShapeError(
-            f"{op}: the kernel (dilated size {dil[0] * (kh - 1) + 1}x{dil[1] * (kw - 1) + 1}) "
-            f"is larger than the padded input ({hp}x{wp}) of shape {tuple(x.shape)}."
-        )
-    # Channels-last throughout: a window row is then kh*kw runs of C contiguous values (a fast
-    # gather), and the output, a (N*Ho*Wo, O) GEMM result, is returned as an NCHW view of that
-    # NHWC memory, so the next conv's channels-last view of it costs nothing.
-    x_nhwc = xd.transpose(0, 2, 3, 1)
-    if pt or pb or pl or pr:
-        xpad = xp.zeros((n, hp, wp, c), dtype=xd.dtype)
-        xpad[:, pt : pt + h, pl : pl + w, :] = x_nhwc
-    else:
-        xpad = x_nhwc
+    # Channels-last throughout: the output, a (N*Ho*Wo, O) GEMM result, is returned as an NCHW
+    # view of that NHWC memory, so the next conv's channels-last view of it costs nothing.
+    cols = _im2col(xd, pads, (hp, wp), (kh, kw), (ho, wo), st, dil)
     og = o // groups
     k = cg * kh * kw
     rows = n * ho * wo
     taps = kh * kw
-    cols = windows_nhwc(xpad, kh, kw, ho, wo, st, dil).reshape(rows, taps * c)
     if groups == 1:
         w2 = wd.transpose(0, 2, 3, 1).reshape(o, k)  # (O, kh, kw, C), matching the rows
         out2 = cols @ w2.T
@@ -286,3 +251,68 @@ def _conv(
         return gx, gw, gb
 
     return result(out, "ConvolutionBackward", backward, (x, weight, bias))
+
+
+def _im2col(
+    xd: Any, pads: tuple, padded: tuple, kernel: tuple, out_hw: tuple, st: tuple, dil: tuple
+) -> Any:
+    """The (N*Ho*Wo, kh*kw*C) matrix of every kernel window of NCHW `xd`, padded: a window row
+    is kh*kw runs of C contiguous values (a fast gather from channels-last memory)."""
+    (pt, pb), (pl, pr) = pads
+    n, c, h, w = xd.shape
+    x_nhwc = xd.transpose(0, 2, 3, 1)
+    if pt or pb or pl or pr:
+        xpad = xp_of(xd).zeros((n, padded[0], padded[1], c), dtype=xd.dtype)
+        xpad[:, pt : pt + h, pl : pl + w, :] = x_nhwc
+    else:
+        xpad = x_nhwc
+    ho, wo = out_hw
+    view = windows_nhwc(xpad, kernel[0], kernel[1], ho, wo, st, dil)
+    return view.reshape(n * ho * wo, kernel[0] * kernel[1] * c)
+
+
+def _conv_geometry(
+    x: Tensor, weight: Tensor, bias: Tensor | None, stride: Any, padding: Any, dilation: Any,
+    groups: int, op: str, spatial: int,
+) -> tuple:
+    """The checked arguments of a convolution: the input and weight as 4-d NCHW and OIHW views,
+    stride, dilation, ((top, bottom), (left, right)) padding and the output's (height, width)."""
+    xd, wd = x.data, weight.data
+    bd = None if bias is None else bias.data
+    if xd.ndim not in (spatial + 1, spatial + 2) or wd.ndim != spatial + 2:
+        raise ShapeError(
+            f"{op}: expected a {spatial + 1}-d (unbatched) or {spatial + 2}-d input and a "
+            f"{spatial + 2}-d weight, got input {tuple(xd.shape)} and weight {tuple(wd.shape)}."
+        )
+    if xd.ndim == spatial + 1:
+        xd = xd[None]
+    if spatial == 1:
+        xd, wd = xd[:, :, None, :], wd[:, :, None, :]
+    _, c, h, w = xd.shape
+    o, cg, kh, kw = wd.shape
+    if not isinstance(groups, int) or groups < 1 or c % groups or o % groups:
+        raise ValueError(
+            f"{op}: groups={groups!r} must be a positive int dividing both in_channels ({c}) "
+            f"and out_channels ({o})."
+        )
+    if cg * groups != c:
+        raise ShapeError(
+            f"{op}: weight of shape {tuple(weight.shape)} expects {cg * groups} input channels "
+            f"(groups={groups}), but the input of shape {tuple(x.shape)} has {c}."
+        )
+    if bd is not None and tuple(bd.shape) != (o,):
+        raise ShapeError(f"{op}: bias of shape {tuple(bd.shape)} does not match {o} out channels.")
+    st = pair(stride, "stride", op)
+    dil = pair(dilation, "dilation", op)
+    if min(st) < 1 or min(dil) < 1:
+        raise ValueError(f"{op}: stride and dilation must be positive, got {stride!r}, {dilation!r}.")
+    pads = _padding(padding, (kh, kw), st, dil, op)
+    hp, wp = h + sum(pads[0]), w + sum(pads[1])
+    ho = (hp - dil[0] * (kh - 1) - 1) // st[0] + 1
+    wo = (wp - dil[1] * (kw - 1) - 1) // st[1] + 1
+    if ho < 1 or wo < 1:
+        raise ShapeError(
+            f"{op}: the kernel (dilated size {dil[0] * (kh - 1) + 1}x{dil[1] * (kw - 1) + 1}) "
+            f"is larger than the padded input ({hp}x{wp}) of shape {tuple(x.shape)}."
+        )
+    return xd, wd, st, dil, pads, (ho, wo)

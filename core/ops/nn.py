@@ -188,7 +188,8 @@ def _check_reduction(reduction: str, op: str) -> None:
 def mse_loss(input: Tensor, target: Any, reduction: str = "mean") -> Tensor:  # noqa: A002
     """Mean (or sum, or elementwise) squared error."""
     if _AMP.active:
-        input, target = _autocast.cast("mse_loss", input, target)
+        input, target = _autocast.cast(  # noqa: A001 - torch's parameter name
+            "mse_loss", input, target)
     _check_reduction(reduction, "mse_loss")
     xd, td = val(input), val(target)
     dt = result_dtype(xd, td)
@@ -234,7 +235,8 @@ def cross_entropy(
 ) -> Tensor:
     """Softmax cross entropy over dim 1 (or the only dim) with class indices or probabilities."""
     if _AMP.active:
-        input, target, weight = _autocast.cast("cross_entropy", input, target, weight)
+        input, target, weight = _autocast.cast(  # noqa: A001 - torch's parameter name
+            "cross_entropy", input, target, weight)
     _check_reduction(reduction, "cross_entropy")
     if not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}.")
@@ -260,98 +262,138 @@ def cross_entropy(
         xp.moveaxis(td, 1, -1).reshape(-1, n_classes) if probs_target else td.reshape(-1)
     )
     if probs_target:
-        t2 = widen(t2)
-    rows = x2.shape[0]
-    # Probability targets promote with the logits, as torch's (bfloat16 logits, float32 targets).
-    dt = xp.result_type(xd.dtype, td.dtype) if probs_target else xd.dtype
-    if not probs_target and wv is None and not label_smoothing:
+        # Probability targets promote with the logits, as torch's (bfloat16 logits, float32
+        # targets).
+        dt = xp.result_type(xd.dtype, td.dtype)
+        return _soft_cross_entropy(input, target, x2, widen(t2), wv, label_smoothing, reduction,
+                                   dt)
+    if wv is None and not label_smoothing:
         return _plain_cross_entropy(input, target, x2, t2, ignore_index, reduction)
+    return _class_cross_entropy(input, target, x2, t2, wv, ignore_index, label_smoothing,
+                                reduction)
+
+
+def _soft_cross_entropy(
+    input: Tensor, target: Any, x2: Any, t2: Any, wv: Any, label_smoothing: float,  # noqa: A002
+    reduction: str, dt: Any,
+) -> Tensor:
+    """Probability targets: the loss of each row is logsumexp * (sum of weighted targets) minus
+    the weighted targets' dot product with the logits."""
+    xd = input.data
+    xp = xp_of(xd)
+    rows, n_classes = x2.shape
     e = x2 - x2.max(axis=1, keepdims=True)  # shifted logits; becomes exp() below
     eps = float(label_smoothing)
-    if probs_target:
-        tt = t2 * (1.0 - eps) + eps / n_classes if eps else t2
-        wt = tt * wv if wv is not None else tt
-        row_w = None
-        valid = None
-        shifted_dot = (e * wt).sum(axis=1)
-        xp.exp(e, out=e)
-        se = e.sum(axis=1)
-        lse = xp.log(se)
-        loss_rows = lse * wt.sum(axis=1) - shifted_dot
-        denom = float(rows) if reduction == "mean" else 1.0
-    else:
-        if td.dtype.kind not in "iu":
-            raise ShapeError(f"cross_entropy: class targets must be integers, got dtype {td.dtype}.")
-        valid = t2 != ignore_index
-        all_valid = bool(valid.all())
-        safe_t = t2 if all_valid else xp.where(valid, t2, 0)
-        _check_classes(t2 if all_valid else t2[valid], n_classes)
-        ar = xp.arange(rows)
-        picked = e[ar, safe_t]
-        smooth_sum = None
-        if eps:
-            smooth_sum = (e * wv).sum(axis=1) if wv is not None else e.sum(axis=1)
-        xp.exp(e, out=e)
-        se = e.sum(axis=1)
-        lse = xp.log(se)
-        if wv is not None:
-            row_w = wv[safe_t]
-            if not all_valid:
-                row_w = row_w * valid
-        else:
-            row_w = None if all_valid else valid.astype(compute_dtype(dt))
-        nll = lse - picked
-        loss_rows = nll * row_w if row_w is not None else nll
-        if eps:
-            wsum = float(wv.sum()) if wv is not None else float(n_classes)
-            smooth = (lse * wsum - smooth_sum) / n_classes
-            if not all_valid:
-                smooth = smooth * valid
-            loss_rows = loss_rows * (1.0 - eps) + smooth * eps
-        if reduction == "mean":
-            denom = float(row_w.sum()) if row_w is not None else float(rows)
-        else:
-            denom = 1.0
-    if reduction == "none":
-        out_shape = xd.shape[:1] + xd.shape[2:] if xd.ndim > 1 else ()
-        out = loss_rows.reshape(out_shape).astype(dt, copy=False)
-    else:
-        total = loss_rows.sum()
-        out = xp.asarray(total / denom if reduction == "mean" else total, dtype=dt)
+    tt = t2 * (1.0 - eps) + eps / n_classes if eps else t2
+    wt = tt * wv if wv is not None else tt
+    shifted_dot = (e * wt).sum(axis=1)
+    xp.exp(e, out=e)
+    se = e.sum(axis=1)
+    lse = xp.log(se)
+    loss_rows = lse * wt.sum(axis=1) - shifted_dot
+    denom = float(rows) if reduction == "mean" else 1.0
+    out = _reduce_loss(loss_rows, denom, reduction, xd, dt)
 
     def backward(g: Any) -> tuple:
         # d loss_row / d logits = softmax * (sum of target weights) - weighted target.
-        g = widen(g)
-        if reduction == "none":
-            r = g.reshape(-1).astype(compute_dtype(dt), copy=False)
-        else:
-            r = g / denom if reduction == "mean" else g
+        r = _row_scale(g, reduction, denom, dt)
         p = e * (1.0 / se)[:, None]  # softmax, in a fresh buffer
-        if probs_target:
-            p *= wt.sum(axis=1, keepdims=True)
-            p -= wt
-            grad = p * (r[:, None] if reduction == "none" else r)
-        else:
-            coef = row_w
-            if eps:
-                wvec = wv if wv is not None else 1.0
-                wsum = float(wv.sum()) if wv is not None else float(n_classes)
-                vmask = valid[:, None] if not all_valid else 1.0
-                base = p * ((1.0 - eps) * (coef[:, None] if coef is not None else 1.0))
-                base += (p * wsum - wvec) * (eps / n_classes) * vmask
-                base[ar, safe_t] -= (1.0 - eps) * (coef if coef is not None else 1.0)
-                grad = base
-            else:
-                if coef is not None:
-                    p *= coef[:, None]
-                    p[ar, safe_t] -= coef
-                else:
-                    p[ar, safe_t] -= 1.0
-                grad = p
-            grad *= r[:, None] if reduction == "none" else r
+        p *= wt.sum(axis=1, keepdims=True)
+        p -= wt
+        grad = p * (r[:, None] if reduction == "none" else r)
         return _to_input_layout(grad, xd, n_classes).astype(xd.dtype, copy=False), None
 
     return result(out, "CrossEntropyBackward", backward, (input, target))
+
+
+def _class_cross_entropy(
+    input: Tensor, target: Any, x2: Any, t2: Any, wv: Any, ignore_index: int,  # noqa: A002
+    label_smoothing: float, reduction: str,
+) -> Tensor:
+    """Class indices with class weights or label smoothing (without either, the fused kernels
+    of `_plain_cross_entropy` run instead)."""
+    xd = input.data
+    xp = xp_of(xd)
+    rows, n_classes = x2.shape
+    dt = xd.dtype
+    if t2.dtype.kind not in "iu":
+        raise ShapeError(f"cross_entropy: class targets must be integers, got dtype {t2.dtype}.")
+    e = x2 - x2.max(axis=1, keepdims=True)  # shifted logits; becomes exp() below
+    eps = float(label_smoothing)
+    valid = t2 != ignore_index
+    all_valid = bool(valid.all())
+    safe_t = t2 if all_valid else xp.where(valid, t2, 0)
+    _check_classes(t2 if all_valid else t2[valid], n_classes)
+    ar = xp.arange(rows)
+    picked = e[ar, safe_t]
+    smooth_sum = None
+    if eps:
+        smooth_sum = (e * wv).sum(axis=1) if wv is not None else e.sum(axis=1)
+    xp.exp(e, out=e)
+    se = e.sum(axis=1)
+    lse = xp.log(se)
+    if wv is not None:
+        row_w = wv[safe_t]
+        if not all_valid:
+            row_w = row_w * valid
+    else:
+        row_w = None if all_valid else valid.astype(compute_dtype(dt))
+    nll = lse - picked
+    loss_rows = nll * row_w if row_w is not None else nll
+    if eps:
+        wsum = float(wv.sum()) if wv is not None else float(n_classes)
+        smooth = (lse * wsum - smooth_sum) / n_classes
+        if not all_valid:
+            smooth = smooth * valid
+        loss_rows = loss_rows * (1.0 - eps) + smooth * eps
+    if reduction == "mean":
+        denom = float(row_w.sum()) if row_w is not None else float(rows)
+    else:
+        denom = 1.0
+    out = _reduce_loss(loss_rows, denom, reduction, xd, dt)
+
+    def backward(g: Any) -> tuple:
+        # d loss_row / d logits = softmax * (sum of target weights) - weighted target.
+        r = _row_scale(g, reduction, denom, dt)
+        p = e * (1.0 / se)[:, None]  # softmax, in a fresh buffer
+        coef = row_w
+        if eps:
+            wvec = wv if wv is not None else 1.0
+            wsum = float(wv.sum()) if wv is not None else float(n_classes)
+            vmask = valid[:, None] if not all_valid else 1.0
+            base = p * ((1.0 - eps) * (coef[:, None] if coef is not None else 1.0))
+            base += (p * wsum - wvec) * (eps / n_classes) * vmask
+            base[ar, safe_t] -= (1.0 - eps) * (coef if coef is not None else 1.0)
+            grad = base
+        else:
+            if coef is not None:
+                p *= coef[:, None]
+                p[ar, safe_t] -= coef
+            else:
+                p[ar, safe_t] -= 1.0
+            grad = p
+        grad *= r[:, None] if reduction == "none" else r
+        return _to_input_layout(grad, xd, n_classes).astype(xd.dtype, copy=False), None
+
+    return result(out, "CrossEntropyBackward", backward, (input, target))
+
+
+def _reduce_loss(loss_rows: Any, denom: float, reduction: str, xd: Any, dt: Any) -> Any:
+    """The per-row losses as `reduction` asks: in the target's shape, summed, or their mean
+    over `denom` (the rows, or their total class weight)."""
+    if reduction == "none":
+        out_shape = xd.shape[:1] + xd.shape[2:] if xd.ndim > 1 else ()
+        return loss_rows.reshape(out_shape).astype(dt, copy=False)
+    total = loss_rows.sum()
+    return xp_of(xd).asarray(total / denom if reduction == "mean" else total, dtype=dt)
+
+
+def _row_scale(g: Any, reduction: str, denom: float, dt: Any) -> Any:
+    """The output gradient as each row's factor: one per row for "none", else one scalar."""
+    g = widen(g)
+    if reduction == "none":
+        return g.reshape(-1).astype(compute_dtype(dt), copy=False)
+    return g / denom if reduction == "mean" else g
 
 
 def _to_input_layout(grad: Any, xd: Any, n_classes: int) -> Any:
@@ -409,7 +451,8 @@ def nll_loss(
 ) -> Tensor:
     """Negative log likelihood of log-probabilities over dim 1 (or the only dim), as torch's."""
     if _AMP.active:
-        input, target, weight = _autocast.cast("nll_loss", input, target, weight)
+        input, target, weight = _autocast.cast(  # noqa: A001 - torch's parameter name
+            "nll_loss", input, target, weight)
     _check_reduction(reduction, "nll_loss")
     xd, td = input.data, val(target)
     xp = xp_of(xd)

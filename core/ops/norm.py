@@ -41,19 +41,8 @@ def batch_norm(
     forward pass and [sum of dy, sum of dy * xhat] in the backward pass.
     """
     xd = input.data
-    if xd.ndim < 2:
-        raise ShapeError(f"batch_norm: expected at least 2 dims (N, C, ...), got {tuple(xd.shape)}.")
+    c = _check_shapes(xd, running_mean, running_var, weight, bias)
     xp = xp_of(xd)
-    c = xd.shape[1]
-    axes = (0,) + tuple(range(2, xd.ndim))
-    bshape = (1, c) + (1,) * (xd.ndim - 2)
-    for name, t in (("running_mean", running_mean), ("running_var", running_var),
-                    ("weight", weight), ("bias", bias)):
-        if t is not None and tuple(t.shape) != (c,):
-            raise ShapeError(
-                f"batch_norm: {name} of shape {tuple(t.shape)} does not match {c} channels of "
-                f"input {tuple(xd.shape)}."
-            )
     # Work on a (rows, C) channels-last matrix: contiguous per-channel reductions, and free
     # when the input already lives channels-last (a conv's output does); the output keeps it.
     shape = tuple(xd.shape)
@@ -63,32 +52,7 @@ def batch_norm(
     if is_reduced_float(xd.dtype):
         xd = xd.astype(xp.float32)
     if training:
-        count_local = xd.size // c
-        if reduce_sums is None:
-            if count_local <= 1:
-                raise ValueError(
-                    f"Expected more than 1 value per channel when training, got input size "
-                    f"{shape}"
-                )
-            count = count_local
-            mean = column_sums(xd) / count
-            xc = xd - mean
-            var = column_sums(xc * xc) / count
-        else:
-            # One reduction carries the count too: ranks may hold different batch sizes.
-            stats = xp.concatenate([
-                xp.full((1,), count_local, dtype=xd.dtype), column_sums(xd),
-                column_sums(xd * xd),
-            ])
-            stats = reduce_sums(stats)
-            count = int(round(float(stats[0])))
-            if count <= 1:
-                raise ValueError(
-                    f"Expected more than 1 value per channel when training, got {count} in all."
-                )
-            mean = stats[1 : c + 1] / count
-            var = xp.maximum(stats[c + 1 :] / count - mean * mean, 0)
-            xc = xd - mean
+        mean, var, xc, count = _batch_statistics(xd, shape, reduce_sums)
         if running_mean is not None or running_var is not None:
             _update_running(running_mean, running_var, mean, var, count, momentum, xd.dtype)
     else:
@@ -137,6 +101,53 @@ def batch_norm(
 
     return result(out, "NativeBatchNormBackward", backward,
                   (input, running_mean, running_var, weight, bias), exact_dtype=True)
+
+
+def _check_shapes(xd: Any, *params: Tensor | None) -> int:
+    """The channel count of input `xd`, once it has one and every parameter (running_mean,
+    running_var, weight, bias) holds one value per channel."""
+    if xd.ndim < 2:
+        raise ShapeError(f"batch_norm: expected at least 2 dims (N, C, ...), got {tuple(xd.shape)}.")
+    c = xd.shape[1]
+    for name, t in zip(("running_mean", "running_var", "weight", "bias"), params):
+        if t is not None and tuple(t.shape) != (c,):
+            raise ShapeError(
+                f"batch_norm: {name} of shape {tuple(t.shape)} does not match {c} channels of "
+                f"input {tuple(xd.shape)}."
+            )
+    return c
+
+
+def _batch_statistics(xd: Any, shape: tuple, reduce_sums: Reducer | None) -> tuple:
+    """Training's per-channel (mean, biased variance, centred input, count) of the (rows, C)
+    matrix `xd`, over every participant when `reduce_sums` is given."""
+    xp = xp_of(xd)
+    c = xd.shape[1]
+    count_local = xd.size // c
+    if reduce_sums is None:
+        if count_local <= 1:
+            raise ValueError(
+                f"Expected more than 1 value per channel when training, got input size "
+                f"{shape}"
+            )
+        mean = column_sums(xd) / count_local
+        xc = xd - mean
+        var = column_sums(xc * xc) / count_local
+        return mean, var, xc, count_local
+    # One reduction carries the count too: ranks may hold different batch sizes.
+    stats = xp.concatenate([
+        xp.full((1,), count_local, dtype=xd.dtype), column_sums(xd),
+        column_sums(xd * xd),
+    ])
+    stats = reduce_sums(stats)
+    count = int(round(float(stats[0])))
+    if count <= 1:
+        raise ValueError(
+            f"Expected more than 1 value per channel when training, got {count} in all."
+        )
+    mean = stats[1 : c + 1] / count
+    var = xp.maximum(stats[c + 1 :] / count - mean * mean, 0)
+    return mean, var, xd - mean, count
 
 
 def column_sums(a: Any) -> Any:
