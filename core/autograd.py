@@ -25,13 +25,7 @@ import itertools
 from typing import Any, Callable, Iterable, Optional
 
 from shoal.core.errors import ShoalError
-from shoal.core.grad_mode import (
-    enable_grad,
-    grad_mode,
-    is_grad_enabled,
-    no_grad,
-    set_grad_enabled,
-)
+from shoal.core.grad_mode import enable_grad, grad_mode, is_grad_enabled, no_grad, set_grad_enabled
 
 
 __all__ = [
