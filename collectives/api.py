@@ -9,6 +9,8 @@ from __future__ import annotations
 import abc
 from typing import Any, Callable, Optional, Sequence
 
+import numpy as np
+
 from shoal.collectives import arrays
 from shoal.collectives.composite import CompositeCollectives
 from shoal.collectives.futures import Future, work_future
@@ -210,7 +212,8 @@ class ProcessGroup(CompositeCollectives, abc.ABC):
         arrays.same_layout(outs, arr, "all_gather tensor_list", "the input tensor")
         return self._all_gather(list(tensor_list), outs, arr, async_op, self._t(timeout))
 
-    def all_gather_into_tensor(self, output, input, async_op: bool = False,
+    def all_gather_into_tensor(self, output, input,  # noqa: A002 - torch's parameter name
+                               async_op: bool = False,
                                timeout: TimeoutLike = None) -> Work:
         """Concatenate every rank's `input` along a new leading block into `output`."""
         arr = arrays.unwrap(input, "all_gather_into_tensor input")
@@ -337,8 +340,6 @@ class ProcessGroup(CompositeCollectives, abc.ABC):
 
     def all_gather_object(self, obj: Any, timeout: TimeoutLike = None) -> list:
         """Every rank's picklable `obj`, in rank order."""
-        import numpy as np
-
         data = arrays.pickle_to_array(obj)
         mine = np.array([data.size], dtype=np.int64)
         sizes = [np.zeros(1, dtype=np.int64) for _ in range(self._size)]
@@ -353,8 +354,6 @@ class ProcessGroup(CompositeCollectives, abc.ABC):
     def broadcast_object_list(self, object_list: list, src: int = 0,
                               timeout: TimeoutLike = None) -> None:
         """Replace every rank's `object_list` items with rank `src`'s (lists of equal length)."""
-        import numpy as np
-
         _rank_arg(src, self._size, "broadcast_object_list src")
         if self._rank == src:
             blobs = [arrays.pickle_to_array(o) for o in object_list]

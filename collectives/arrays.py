@@ -88,7 +88,7 @@ def describe(arr) -> str:
     return f"{arr.dtype.name}{list(arr.shape)}"
 
 
-def check_same_dtype(output, input, output_what: str, input_what: str,
+def check_same_dtype(output, input_array, output_what: str, input_what: str,
                      rule: str = "both must share one dtype") -> None:
     """Refuse an output and input (unwrapped arrays) of different dtypes: a collective that
     moves blocks copies bytes and never converts them, so a mismatch would garble the data.
@@ -97,10 +97,10 @@ def check_same_dtype(output, input, output_what: str, input_what: str,
         TypeError: naming both arrays, e.g. "all_to_all_single output is float32[6] but input
             is float64[6]; both must share one dtype."
     """
-    if output.dtype != input.dtype:
+    if output.dtype != input_array.dtype:
         raise TypeError(
             f"{output_what} is {describe(output)} but {input_what} is "
-            f"{describe(input)}; {rule}."
+            f"{describe(input_array)}; {rule}."
         )
 
 

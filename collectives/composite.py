@@ -104,7 +104,8 @@ class CollectivesHost(Protocol):
                    timeout: TimeoutLike = None) -> Any:
         """Fill `tensor_list[j]` with rank j's `tensor`."""
 
-    def all_gather_into_tensor(self, output, input, async_op: bool = False,
+    def all_gather_into_tensor(self, output, input,  # noqa: A002 - torch's parameter name
+                               async_op: bool = False,
                                timeout: TimeoutLike = None) -> Any:
         """Concatenate every rank's `input` into `output`."""
 
@@ -140,7 +141,8 @@ class CompositeCollectives:
 
     # -- single-tensor forms
 
-    def reduce_scatter_tensor(self, output, input, op: Any = ReduceOp.SUM, async_op: bool = False,
+    def reduce_scatter_tensor(self, output, input,  # noqa: A002 - torch's parameter name
+                              op: Any = ReduceOp.SUM, async_op: bool = False,
                               timeout: TimeoutLike = None):
         """`output` := the reduction over ranks of this rank's block of every rank's `input`
         (`input` holds world_size blocks of `output`'s size, end to end)."""
@@ -156,11 +158,13 @@ class CompositeCollectives:
         blocks = [flat[i * out.size:(i + 1) * out.size].reshape(out.shape) for i in range(world)]
         return self.reduce_scatter(output, blocks, op, async_op=async_op, timeout=timeout)
 
-    def all_gather_single(self, output, input, async_op: bool = False, timeout: TimeoutLike = None):
+    def all_gather_single(self, output, input,  # noqa: A002 - torch's parameter name
+                          async_op: bool = False, timeout: TimeoutLike = None):
         """`all_gather_into_tensor` by the name the issue used."""
         return self.all_gather_into_tensor(output, input, async_op=async_op, timeout=timeout)
 
-    def all_to_all_single(self, output, input, output_split_sizes: Optional[Sequence[int]] = None,
+    def all_to_all_single(self, output, input,  # noqa: A002 - torch's parameter name
+                          output_split_sizes: Optional[Sequence[int]] = None,
                           input_split_sizes: Optional[Sequence[int]] = None, async_op: bool = False,
                           timeout: TimeoutLike = None):
         """Rank j receives this rank's j-th block of rows of `input` into its i-th block of
@@ -306,7 +310,8 @@ class CompositeCollectives:
         return self.all_gather(outs, _one(input_tensors, "allgather input_tensors"),
                                async_op=True, timeout=_timeout_of(opts))
 
-    def _allgather_base(self, output, input, opts: Any = None):
+    def _allgather_base(self, output, input,  # noqa: A002 - torch's parameter name
+                        opts: Any = None):
         """`pg._allgather_base(out, in)`: all_gather_into_tensor, async."""
         return self.all_gather_into_tensor(output, input, async_op=True, timeout=_timeout_of(opts))
 
@@ -317,13 +322,14 @@ class CompositeCollectives:
             self.all_gather_into_tensor(out, inp, timeout=_timeout_of(opts))
         return self._completed_work(list(outputs))
 
-    def _reduce_scatter_base(self, output, input, opts: Any = None):
+    def _reduce_scatter_base(self, output, input,  # noqa: A002 - torch's parameter name
+                             opts: Any = None):
         """`pg._reduce_scatter_base(out, in, opts)`: reduce_scatter_tensor, async."""
         return self.reduce_scatter_tensor(output, input, _op_of(opts), async_op=True,
                                           timeout=_timeout_of(opts))
 
-    # torch's list forms of the methods shoal also has with one tensor: the public methods in
-    # api.py hand these over when their first argument is a list (always async, as torch's).
+    # torch's list forms of the methods shoal also has with one tensor: the public methods of
+    # collectives.api.ProcessGroup hand these over when their first argument is a list (always async, as torch's).
 
     def _torch_broadcast(self, tensors: Sequence, opts: Any):
         return self.broadcast(_one(tensors, "broadcast"), _root_of(opts), async_op=True,
@@ -353,7 +359,8 @@ class CompositeCollectives:
         return self.all_to_all(output_tensors, input_tensors, async_op=True,
                                timeout=_timeout_of(opts))
 
-    def alltoall_base(self, output, input, output_split_sizes: Sequence[int],
+    def alltoall_base(self, output, input,  # noqa: A002 - torch's parameter name
+                      output_split_sizes: Sequence[int],
                       input_split_sizes: Sequence[int], opts: Any = None):
         """`pg.alltoall_base(out, in, out_splits, in_splits, opts)`: all_to_all_single, async."""
         return self.all_to_all_single(output, input, output_split_sizes, input_split_sizes,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from shoal.collectives import world
 from shoal.core import nn
 from shoal.core.nn.normalization import _BatchNorm
 from shoal.core.nn import functional as F
@@ -35,11 +36,10 @@ class SyncBatchNorm(_BatchNorm):
     def _group(self) -> Any:
         if self.process_group is not None:
             return self.process_group
-        from shoal.collectives import distributed  # noqa: PLC0415 - the world may not exist yet
+        # Outside a process group (a single process) the statistics are this rank's alone.
+        return world.get_default_group() if world.is_initialized() else None
 
-        return distributed.get_default_group() if distributed.is_initialized() else None
-
-    def forward(self, input: Any) -> Any:  # noqa: A002
+    def forward(self, input: Any) -> Any:  # noqa: A002 - torch's name
         self._check_input_dim(input)
         factor, use_batch = self._momentum_and_mode()
         mean, var = self._running()

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from shoal.collectives import world
 from shoal.collectives.types import ReduceOp
 
 
 def default_group() -> Any:
     """The process group init_process_group created."""
-    from shoal.collectives import distributed  # noqa: PLC0415 - DDP must import without a group
-
-    return distributed.get_default_group()
+    return world.get_default_group()
 
 
 def resolve(group: Optional[Any]) -> Any:
