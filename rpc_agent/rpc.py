@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import threading
 import time
 import urllib.parse
@@ -25,6 +24,7 @@ from shoal.core import auth
 from shoal.core.errors import AuthenticationError, ShoalError
 from shoal.core.timeouts import Deadline, to_seconds
 from shoal.core.profiler import state as _profiler
+from shoal.core.settings import RESTART_COUNT
 from shoal.rpc_agent import _current
 from shoal.rpc_agent import profiling
 from shoal.rpc_agent.agent import RpcAgent, WorkerRef
@@ -164,8 +164,9 @@ def init_rpc(name: str, backend=None, rank: Optional[int] = None,
 
 def _prefix(options: RpcBackendOptions) -> str:
     # A restarted elastic group reuses the launcher's store: keep attempts apart.
-    restart = os.environ.get("SHOAL_RESTART_COUNT")
-    return options.store_prefix if not restart else f"{options.store_prefix}-r{restart}"
+    if not RESTART_COUNT.is_set():
+        return options.store_prefix
+    return f"{options.store_prefix}-r{RESTART_COUNT.get()}"
 
 
 def _make_store(options: RpcBackendOptions, rank: int, world_size: int,

@@ -16,8 +16,8 @@ nobody in between. rpc_sync of 64 bytes went from about 0.33 ms to 0.25 ms (benc
 
 What is used from `grpc._cython.cygrpc`: `Channel.segregated_call` (grpcio's single-threaded
 unary-stream calls are built on it) and `SegregatedCall.operate/next_event/cancel`;
-`Server`, `CompletionQueue`, `request_call` and `Call.start_server_batch/cancel/peer`; the
-operation classes. They are private to grpcio, so `available()` checks for them, and the
+`Server`, `CompletionQueue`, `request_call` and `Call.start_server_batch/cancel/peer` (the
+accepting server, transport/direct_server.py); the operation classes. They are private to grpcio, so `available()` checks for them, and the
 transport uses the public API when they are missing, when a client call cannot be made with
 them, or when SHOAL_RPC_GRPC=public.
 
@@ -42,15 +42,18 @@ Rules the code keeps (gRPC core's and cygrpc's):
 from __future__ import annotations
 
 import logging
-import os
-import queue as queue_module
 import threading
 import time
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import grpc
 
+from shoal.core.config import SettingError
+from shoal.rpc_agent import settings
 from shoal.rpc_agent._threads import BurstWriter
+
+if TYPE_CHECKING:
+    from shoal.rpc_agent.transport.direct_server import Accepted
 
 logger = logging.getLogger(__name__)
 
@@ -59,17 +62,13 @@ try:
 except ImportError:  # a grpcio laid out differently
     cygrpc = None
 
-# SHOAL_RPC_GRPC=public forces grpcio's public API at both ends (to rule this module out).
-ENV_LAYER = "SHOAL_RPC_GRPC"
-_NO_FLAGS = 0
-_START, _HEADERS, _STATUS, _RECEIVE, _SEND, _CLOSE = (
+# Its variable set to public forces grpcio's public API at both ends (to rule this module out).
+ENV_LAYER = settings.GRPC_LAYER.name
+NO_FLAGS = 0
+# Tags of a call's batches (a status sent or received is tagged STATUS at both ends).
+_START, _HEADERS, STATUS, _RECEIVE, _SEND, _CLOSE = (
     "start", "headers", "status", "receive", "send", "close")
-_SHUTDOWN = object()
-_CALL_OK = 0  # grpc_call_error GRPC_CALL_OK
-# A rejected client that does not take its status within this long is cut off.
-_REJECT_WAIT_S = 5.0
-# Rejected calls beyond this many waiting are cancelled at once (their status may not arrive).
-_MAX_REJECTIONS = 64
+CALL_OK = 0  # grpc_call_error GRPC_CALL_OK
 _STATUS_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
 _NEEDED = ("SendInitialMetadataOperation", "ReceiveInitialMetadataOperation",
            "ReceiveStatusOnClientOperation", "ReceiveMessageOperation", "SendMessageOperation",
@@ -82,9 +81,12 @@ def available() -> bool:
     """True when streams use this module (see the module docstring)."""
     if _disabled_reason is not None:
         return False
-    choice = os.environ.get(ENV_LAYER, "direct")
-    if choice not in ("direct", "public"):
-        raise ValueError(f"{ENV_LAYER} must be 'direct' or 'public', got {choice!r}.")
+    setting = settings.GRPC_LAYER
+    try:
+        choice = setting.get()
+    except SettingError as exc:
+        raise SettingError(f"{setting.name} must be 'direct' or 'public', got "
+                           f"{setting.raw()!r}.") from exc
     return choice == "direct" and cygrpc is not None and all(
         hasattr(cygrpc, name) for name in _NEEDED)
 
@@ -153,7 +155,7 @@ class Pump:
         raise NotImplementedError
 
     def _send_operations(self, data: bytes) -> tuple:
-        return (cygrpc.SendMessageOperation(data, _NO_FLAGS),)
+        return (cygrpc.SendMessageOperation(data, NO_FLAGS),)
 
     def _on_event(self, tag: str, event) -> None:
         """An event other than a receive or a send (under _lock)."""
@@ -272,7 +274,7 @@ class Pump:
                 if tag == _RECEIVE:
                     data = event.batch_operations[0].message() if event.success else None
                     if data is not None:
-                        if self._operate((cygrpc.ReceiveMessageOperation(_NO_FLAGS),),
+                        if self._operate((cygrpc.ReceiveMessageOperation(NO_FLAGS),),
                                          _RECEIVE):
                             self._outstanding += 1
                         return data
@@ -304,13 +306,14 @@ class DirectCall(Pump):
         """Start the call on `channel` (raises TypeError or AttributeError when this grpcio's
         private layer differs from what this module expects)."""
         operations = (
-            ((cygrpc.SendInitialMetadataOperation(metadata, _NO_FLAGS),), _START),
-            ((cygrpc.ReceiveInitialMetadataOperation(_NO_FLAGS),), _HEADERS),
-            ((cygrpc.ReceiveStatusOnClientOperation(_NO_FLAGS),), _STATUS),
-            ((cygrpc.ReceiveMessageOperation(_NO_FLAGS),), _RECEIVE),
+            ((cygrpc.SendInitialMetadataOperation(metadata, NO_FLAGS),), _START),
+            ((cygrpc.ReceiveInitialMetadataOperation(NO_FLAGS),), _HEADERS),
+            ((cygrpc.ReceiveStatusOnClientOperation(NO_FLAGS),), STATUS),
+            ((cygrpc.ReceiveMessageOperation(NO_FLAGS),), _RECEIVE),
         )
         with self._lock:
-            self._call = channel._channel.segregated_call(
+            # grpcio's Cython channel, behind its public one: what this module drives.
+            self._call = channel._channel.segregated_call(  # noqa: SLF001  (see above)
                 cygrpc.PropagationConstants.GRPC_PROPAGATE_DEFAULTS, method.encode(), None,
                 None, metadata, None, operations, None, None,
             )
@@ -339,7 +342,7 @@ class DirectCall(Pump):
         return self._call.next_event()
 
     def _on_event(self, tag: str, event) -> None:
-        if tag == _STATUS:
+        if tag == STATUS:
             operation = event.batch_operations[0]
             self._status = (operation.code(), operation.details() or "")
             self._over = True
@@ -360,7 +363,8 @@ class DirectCall(Pump):
 
 
 class ServerCall(Pump):
-    """The accepting end: a call StreamServer accepted onto its own completion queue, which
+    """The accepting end: a call `direct_server.StreamServer` accepted onto its own completion
+    queue, which
     only this call's reader polls (no server thread in between, and replies never wait for
     their write to complete)."""
 
@@ -374,29 +378,29 @@ class ServerCall(Pump):
         self._half_closed = False
         self._cancelled = False
         with self._lock:
-            for operation, tag in ((cygrpc.ReceiveCloseOnServerOperation(_NO_FLAGS), _CLOSE),
-                                   (cygrpc.ReceiveMessageOperation(_NO_FLAGS), _RECEIVE)):
+            for operation, tag in ((cygrpc.ReceiveCloseOnServerOperation(NO_FLAGS), _CLOSE),
+                                   (cygrpc.ReceiveMessageOperation(NO_FLAGS), _RECEIVE)):
                 if self._operate((operation,), tag):
                     self._outstanding += 1
 
     def _operate(self, operations: tuple, tag: str) -> bool:
-        return self._call.start_server_batch(operations, tag) == _CALL_OK
+        return self._call.start_server_batch(operations, tag) == CALL_OK
 
     def _next_event(self):
         return self._queue.poll()
 
     def _send_operations(self, data: bytes) -> tuple:
         if self._metadata_sent:
-            return (cygrpc.SendMessageOperation(data, _NO_FLAGS),)
+            return (cygrpc.SendMessageOperation(data, NO_FLAGS),)
         self._metadata_sent = True  # gRPC sends the response headers with the first message
-        return (cygrpc.SendInitialMetadataOperation(None, _NO_FLAGS),
-                cygrpc.SendMessageOperation(data, _NO_FLAGS))
+        return (cygrpc.SendInitialMetadataOperation(None, NO_FLAGS),
+                cygrpc.SendMessageOperation(data, NO_FLAGS))
 
     def _on_event(self, tag: str, event) -> None:
         if tag == _CLOSE:
             self._cancelled = bool(event.batch_operations[0].cancelled())
             self._over = True
-        # _STATUS: the status left; nothing to do.
+        # STATUS: the status left; nothing to do.
 
     def _on_end_of_messages(self) -> None:
         # The client half-closed: answer with OK so that the call can finish, once what was
@@ -415,11 +419,11 @@ class ServerCall(Pump):
         if self._status_sent:
             return
         self._status_sent = True
-        operations = (cygrpc.SendStatusFromServerOperation(None, code, details, _NO_FLAGS),)
+        operations = (cygrpc.SendStatusFromServerOperation(None, code, details, NO_FLAGS),)
         if not self._metadata_sent:
             self._metadata_sent = True
-            operations = (cygrpc.SendInitialMetadataOperation(None, _NO_FLAGS),) + operations
-        if self._operate(operations, _STATUS):
+            operations = (cygrpc.SendInitialMetadataOperation(None, NO_FLAGS),) + operations
+        if self._operate(operations, STATUS):
             self._outstanding += 1
 
     def _end(self) -> BaseException:
@@ -431,181 +435,6 @@ class ServerCall(Pump):
         """End the call (any thread); the reader then sees it end."""
         self._close()
         self._call.cancel()
-
-
-class Accepted:
-    """A call StreamServer accepted and has not read from: its metadata and its queue."""
-
-    __slots__ = ("call", "queue", "metadata", "peer")
-
-    def __init__(self, call, queue, metadata, peer: str):
-        self.call = call
-        self.queue = queue
-        self.metadata = metadata
-        self.peer = peer
-
-    def reject(self, code_name: str, details: str) -> bool:
-        """Answer with a status and read nothing. Only for a call nothing was started on;
-        True if the status is on its way (the server's rejection thread waits for it)."""
-        operations = (
-            cygrpc.SendInitialMetadataOperation(None, _NO_FLAGS),
-            cygrpc.SendStatusFromServerOperation(
-                None, getattr(cygrpc.StatusCode, code_name), details.encode(), _NO_FLAGS),
-        )
-        if self.call.start_server_batch(operations, _STATUS) == _CALL_OK:
-            return True
-        self.call.cancel()  # nothing outstanding: the queue may go
-        return False
-
-
-class _Rejections:
-    """One thread that waits for rejected calls' statuses to leave, in turn, each for at most
-    `_REJECT_WAIT_S` (then the call is cancelled): unauthenticated clients cost no thread of
-    their own. Past `_MAX_REJECTIONS` waiting, calls are cancelled at once."""
-
-    def __init__(self, name: str):
-        self._queue: queue_module.SimpleQueue = queue_module.SimpleQueue()
-        self._waiting = 0
-        self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, daemon=True,
-                                        name=f"shoal-rpc-reject-{name}")
-        self._thread.start()
-
-    def reject(self, accepted: "Accepted", code_name: str, details: str) -> None:
-        """Reject `accepted` (see Accepted.reject) and see its status out."""
-        if not accepted.reject(code_name, details):
-            return
-        with self._lock:
-            self._waiting += 1
-            hurry = self._waiting > _MAX_REJECTIONS
-        if hurry:
-            accepted.call.cancel()
-        self._queue.put(accepted)
-
-    def stop(self) -> None:
-        """End the thread once what is queued has been waited for."""
-        self._queue.put(None)
-
-    def _run(self) -> None:
-        while True:
-            accepted = self._queue.get()
-            if accepted is None:
-                return
-            # One batch is outstanding; a client that does not take it is cut off.
-            event = accepted.queue.poll(time.time() + _REJECT_WAIT_S)
-            if event.completion_type == cygrpc.CompletionType.queue_timeout:
-                accepted.call.cancel()
-                accepted.queue.poll()
-            with self._lock:
-                self._waiting -= 1
-            del accepted, event
-
-
-class StreamServer:
-    """A gRPC server for one streaming method, driven through cygrpc: each accepted call gets a
-    completion queue of its own (requested before the call arrives), which its reader polls.
-
-    Args:
-        host: the address to bind (port 0: any free port).
-        options: gRPC channel arguments of the server.
-        method: the one method served ("/package.Service/Method"); others get UNIMPLEMENTED.
-        on_call(accepted): called on the accept thread for every call of `method`; it must
-            reject it (StreamServer.reject) or hand it to a ServerCall whose reader reads it to
-            its end, quickly, and bound how many it keeps. If it raises, it must not have
-            started anything on the call (the server then rejects it).
-        name: for the accept thread's name.
-    """
-
-    def __init__(self, host: str, options: list, method: str,
-                 on_call: Callable[[Accepted], None], name: str):
-        self._host = host
-        self._method = method.encode()
-        self._on_call = on_call
-        self._name = name
-        self._queue = cygrpc.CompletionQueue()
-        self._server = cygrpc.Server(tuple(options), False)
-        self._server.register_completion_queue(self._queue)
-        self._thread: Optional[threading.Thread] = None
-        self._rejections: Optional[_Rejections] = None
-        # Held while deciding to request another call, while starting the shutdown (cygrpc
-        # refuses request_call once it began) and around destroy (stop's cancel_all_calls
-        # must not run on a destroyed server).
-        self._lock = threading.Lock()
-        self._stopping = False
-
-    def start(self) -> int:
-        """Bind and start; the port (0 if binding failed)."""
-        port = self._server.add_http2_port(f"{self._host}:0".encode())
-        if not port:
-            return 0
-        self._server.start()
-        self._rejections = _Rejections(self._name)
-        self._request()
-        self._thread = threading.Thread(target=self._accept_loop, daemon=True,
-                                        name=f"shoal-rpc-accept-{self._name}")
-        self._thread.start()
-        return port
-
-    @property
-    def running(self) -> bool:
-        """True until the accept thread ended (after stop)."""
-        return self._thread is not None and self._thread.is_alive()
-
-    def reject(self, accepted: Accepted, code_name: str, details: str) -> None:
-        """Answer a call nothing was started on with a status (see Accepted.reject)."""
-        self._rejections.reject(accepted, code_name, details)
-
-    def _request(self) -> None:
-        call_queue = cygrpc.CompletionQueue()
-        self._server.request_call(call_queue, self._queue, call_queue)
-
-    def _accept_loop(self) -> None:
-        while True:
-            event = self._queue.poll()
-            if event.tag is _SHUTDOWN:
-                self._rejections.stop()
-                with self._lock:  # not while stop() is still cancelling calls on it
-                    self._server.destroy()
-                return
-            if event.completion_type == cygrpc.CompletionType.operation_complete:
-                self._accepted(event)
-            # Hold nothing of a call past this point (a queue is freed only when unused).
-            event = None
-
-    def _accepted(self, event) -> None:
-        if not event.success:
-            return  # the server is shutting down
-        accepted = Accepted(event.call, event.tag, event.invocation_metadata,
-                            _text(event.call.peer()))
-        with self._lock:
-            stopping = self._stopping
-            if not stopping:
-                self._request()
-        if stopping:
-            self.reject(accepted, "unavailable", "the worker is shutting down")
-        elif event.call_details.method != self._method:
-            self.reject(accepted, "unimplemented", "unknown method")
-        else:
-            try:
-                self._on_call(accepted)
-            except Exception:
-                # on_call starts nothing on a call it fails on (see GrpcTransport._accept).
-                logger.exception("Accepting an RPC stream from %s failed", accepted.peer)
-                self.reject(accepted, "internal", "the server failed to accept the stream")
-
-    def stop(self, timeout: float) -> None:
-        """Stop accepting, cancel every call, and wait up to `timeout` for the accept thread."""
-        with self._lock:
-            if self._thread is None or self._stopping:
-                return
-            self._stopping = True
-            self._server.shutdown(self._queue, _SHUTDOWN)
-            self._server.cancel_all_calls()
-        self._thread.join(timeout)
-
-
-def _text(value) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def _status_name(code: int) -> str:

@@ -48,7 +48,7 @@ from shoal.rpc_agent.types import (
     MAX_GRPC_MESSAGE_BYTES,
     RpcError,
 )
-from shoal.rpc_agent.transport import direct
+from shoal.rpc_agent.transport import direct, direct_server
 from shoal.rpc_agent.transport.readers import InlineWatch
 from shoal.rpc_agent.transport.stream import Stream, encode_batch
 
@@ -132,13 +132,13 @@ class GrpcTransport:
         self._max_accepted = max_streams + 4
         self._accepted = 0
         self._executor: Optional[futures.ThreadPoolExecutor] = None
-        # True while _server is a direct.StreamServer (else grpcio's grpc.Server).
+        # True while _server is a direct_server.StreamServer (else grpcio's grpc.Server).
         self._serves_direct = False
         self._server = None
         if direct.available():
             try:
                 # Accepted calls go straight to their stream's reader (see transport/direct.py).
-                self._server = direct.StreamServer(
+                self._server = direct_server.StreamServer(
                     host, _SERVER_OPTIONS, METHOD, self._accept, name)
                 self._serves_direct = True
             except direct.PRIVATE_LAYER_ERRORS as exc:
@@ -286,7 +286,7 @@ class GrpcTransport:
 
     # -- server side
 
-    def _accept(self, accepted: direct.Accepted) -> None:
+    def _accept(self, accepted: direct_server.Accepted) -> None:
         """A call StreamServer accepted (on its accept thread): check the hello before
         reading anything, prove ourselves first, then read on a thread of the stream's own."""
         hello, reason = self._check_hello(accepted.metadata)

@@ -31,14 +31,17 @@ import logging
 import os
 import sys
 
+from shoal.core.config import SettingError
+from shoal.rpc_agent import settings
+
 logger = logging.getLogger(__name__)
 
 GRPC_ENVIRONMENT = {
     "GRPC_EXPERIMENTS": "-event_engine_client,-event_engine_listener",
     "GRPC_POLL_STRATEGY": "poll",
 }
-# SHOAL_RPC_GRPC_TUNING=0 opts out (1, the default, applies GRPC_ENVIRONMENT).
-ENV_TUNING = "SHOAL_RPC_GRPC_TUNING"
+# Its variable opts out with 0 (1, the default, applies GRPC_ENVIRONMENT).
+ENV_TUNING = settings.GRPC_TUNING.name
 # The module whose loading starts gRPC's C core and makes it read its configuration.
 GRPC_CORE_MODULE = "grpc._cython.cygrpc"
 
@@ -52,12 +55,14 @@ def apply() -> dict[str, str]:
     earlier call in this process).
 
     Raises:
-        ValueError: SHOAL_RPC_GRPC_TUNING is neither 0 nor 1.
+        SettingError: SHOAL_RPC_GRPC_TUNING is neither 0 nor 1 (a ValueError).
     """
     global _decided
-    choice = os.environ.get(ENV_TUNING, "1")
-    if choice not in ("0", "1"):
-        raise ValueError(f"{ENV_TUNING} must be 0 or 1, got {choice!r}.")
+    setting = settings.GRPC_TUNING
+    try:
+        choice = setting.get()
+    except SettingError as exc:
+        raise SettingError(f"{setting.name} must be 0 or 1, got {setting.raw()!r}.") from exc
     if _decided or choice == "0":
         return {}
     _decided = True

@@ -29,7 +29,7 @@ from typing import Callable, Iterator, Optional
 from shoal.rpc_agent import metrics
 from shoal.rpc_agent._threads import BurstWriter
 from shoal.rpc_agent.types import CONNECT_TIMEOUT_S, RpcPeerLost
-from shoal.rpc_agent.transport import direct
+from shoal.rpc_agent.transport import direct, direct_server
 from shoal.rpc_agent.transport.readers import StreamReaders
 
 logger = logging.getLogger(__name__)
@@ -241,7 +241,7 @@ class Stream:
         one message and returns once gRPC took it, False once the RPC is over."""
         self._write = write
 
-    def attach_server_call(self, accepted: direct.Accepted) -> direct.ServerCall:
+    def attach_server_call(self, accepted: direct_server.Accepted) -> direct.ServerCall:
         """Carry this accepted stream over grpcio's private layer; the transport reads the
         returned call."""
         self.pump = direct.ServerCall(accepted, self.encode_message, MAX_BATCH_BYTES,

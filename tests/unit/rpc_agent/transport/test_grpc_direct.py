@@ -12,6 +12,7 @@ import grpc
 import pytest
 
 from shoal.rpc_agent.transport import direct as _grpc_direct
+from shoal.rpc_agent.transport import direct_server as _grpc_direct_server
 from shoal.rpc_agent._generated import rpc_pb2
 from shoal.rpc_agent.transport.direct import DirectCall, StreamEnded
 from shoal.rpc_agent.transport.grpc import METHOD, SERVICE, GrpcTransport
@@ -249,7 +250,7 @@ class _DirectServer:
         self.ended = threading.Event()
         self.calls: list[_grpc_direct.ServerCall] = []
         self._accept = accept
-        self.server = _grpc_direct.StreamServer("127.0.0.1", [], METHOD, self._on_call, "test")
+        self.server = _grpc_direct_server.StreamServer("127.0.0.1", [], METHOD, self._on_call, "test")
         self.port = self.server.start()
 
     def _on_call(self, accepted):
@@ -412,7 +413,7 @@ def test_a_transport_serves_through_grpc_server_when_the_private_server_differs(
     def differs(*args, **kwargs):
         raise AttributeError("module 'cygrpc' has no attribute 'Server'")
 
-    monkeypatch.setattr(_grpc_direct, "StreamServer", differs)
+    monkeypatch.setattr(_grpc_direct_server, "StreamServer", differs)
     opened = []
     server = _transport(1, 2, opened.append)
     assert isinstance(server._server, grpc.Server)
