@@ -39,6 +39,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from shoal.collectives.types import ASYNC_ERROR_EXIT_CODE
 from shoal.core.telemetry import counter, gauge, histogram
+from shoal.elastic import settings
 from shoal.elastic.metrics_http import HardenedHTTPServer
 
 logger = logging.getLogger(__name__)
@@ -300,8 +301,8 @@ class _AgentAndWorkers:
         yield from _worker_families()
 
 
-DEFAULT_LINGER_S = 30.0
-WEB_CONFIG_ENV = "SHOAL_METRICS_WEB_CONFIG"
+DEFAULT_LINGER_S = settings.METRICS_LINGER_S.default
+WEB_CONFIG_ENV = settings.METRICS_WEB_CONFIG.name
 _TLS_KEYS = {"cert_file", "key_file", "client_ca_file", "client_auth_type"}
 _CLIENT_AUTH_TYPES = ("NoClientCert", "RequireAndVerifyClientCert")
 
@@ -463,7 +464,7 @@ class MetricsServer:
         registry.register(_AgentAndWorkers(multiproc_dir))
         self._scrapes = _ScrapeClock()
         app = self._scrapes.wrap(prometheus_client.make_wsgi_app(registry))
-        web_config = web_config or os.environ.get(WEB_CONFIG_ENV) or None
+        web_config = web_config or settings.METRICS_WEB_CONFIG.get()
         web = WebConfig.load(web_config) if web_config else WebConfig(None, {})
         if web.users:
             app = _basic_auth(app, web.users)
@@ -489,7 +490,7 @@ class MetricsServer:
         never scraped or scraped once: it stops at once.
         """
         if linger is None:
-            linger = float(os.environ.get("SHOAL_METRICS_LINGER_S", DEFAULT_LINGER_S))
+            linger = settings.METRICS_LINGER_S.get()
         self._scrapes.wait_for_next(linger)
         self._httpd.stop()
 

@@ -27,7 +27,7 @@ def gpu_count() -> int:
         _why = "CUDA_VISIBLE_DEVICES hides every device"
         return 0
     try:
-        import cupy
+        import cupy  # noqa: PLC0415  (optional dependency: the cuda extras)
     except ImportError:
         _why = "cupy is not installed; install shoal[cuda12] or shoal[cuda13]"
         return 0

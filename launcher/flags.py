@@ -18,10 +18,12 @@ import argparse
 import dataclasses
 import os
 import re
+import shutil
 import signal
 import uuid
 from typing import Mapping, Optional, Sequence
 
+from shoal import __version__
 from shoal.elastic.api import SETTINGS_CONF_KEYS, RendezvousSettings
 from shoal.elastic.rendezvous.registry import BACKENDS, backend_options, check_endpoints
 from shoal.launcher.converters import (  # noqa: F401  (DEFAULT_* and RDZV_CONF_KEYS re-exported)
@@ -228,6 +230,7 @@ class RunSettings:
         return number == 0 or self.node_rank == 0 or bool(self.rdzv_conf.get("is_host", False))
 
 
+_RDZV_ID_FLAG = next(f for f in RUN_GROUPS["rendezvous"] if f.name == "rdzv-id")
 _SPEC_TOKEN = re.compile(r"^(\d|\d+:\d(,\d+:\d)*)$")
 
 
@@ -264,7 +267,7 @@ def run_parser() -> argparse.ArgumentParser:
                     "meaning.",
         allow_abbrev=False,
     )
-    parser.add_argument("--version", action="version", version=f"shoal {_version()}")
+    parser.add_argument("--version", action="version", version=f"shoal {__version__}")
     for title, flags in RUN_GROUPS.items():
         group = parser.add_argument_group(title)
         for flag in flags:
@@ -275,52 +278,26 @@ def run_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _version() -> str:
-    from shoal import __version__
-
-    return __version__
-
-
 def parse_run(argv: Sequence[str], environ: Optional[Mapping[str, str]] = None) -> RunSettings:
     """Parse `shoal run` arguments; exits with status 2 and a message on a bad value."""
     environ = os.environ if environ is None else environ
     parser = run_parser()
     ns = parser.parse_args(_bare_tee(argv))
-    flags = [flag for group in RUN_GROUPS.values() for flag in group]
-    apply_env(parser, flags, ns, environ)
+    apply_env(parser, [flag for group in RUN_GROUPS.values() for flag in group], ns, environ)
     if ns.rdzv_backend is None:
         # torchrun's default is static at --master-addr:--master-port; shoal's is an embedded
         # store. A master address or port (flag or PET_ variable) asks for torchrun's.
         ns.rdzv_backend = ("static" if ns.master_addr is not None or ns.master_port is not None
                            else "store")
-
     min_nodes, max_nodes = ns.nnodes
     if ns.standalone:
-        if ns.rdzv_backend not in ("store", "c10d", "static") or ns.rdzv_endpoint:
-            parser.error("argument --standalone: it runs an embedded store on this machine; "
-                         "do not combine it with --rdzv-backend etcd or --rdzv-endpoint")
-        if (min_nodes, max_nodes) != (1, 1):
-            parser.error(f"argument --standalone: it runs one node, but --nnodes asks for "
-                         f"{min_nodes}:{max_nodes}")
+        _check_standalone(parser, ns, min_nodes, max_nodes)
         ns.rdzv_backend = "store"
     requested = ns.rdzv_backend
-    backend, endpoint_list, node_rank, try_host, conf = torch_conf.rendezvous_target(parser, ns)
-    # No store endpoint: this node hosts an embedded store on 127.0.0.1 (see embedded_store).
-    embedded = backend == "store" and (ns.standalone or not endpoint_list)
-    private = embedded or (backend == "store" and endpoint_list[0][1] == 0)  # a port of its own
-    if not embedded:
-        try:
-            check_endpoints(backend, endpoint_list)
-        except ValueError as exc:
-            parser.error(f"argument --rdzv-endpoint/--rdzv_endpoint: {exc}")
-    notices: list[str] = []
-    if ns.rdzv_id is None or (ns.rdzv_id == "none" and requested in TORCHRUN_BACKENDS):
-        if backend == "etcd":
-            notices.append(_shared_run_id(parser, ns, environ))
-        # torchrun's default id is the word "none"; one job per endpoint makes it harmless.
-        ns.rdzv_id = uuid.uuid4().hex[:12] if private else (ns.rdzv_id or "default")
+    target = _Target(*torch_conf.rendezvous_target(parser, ns), requested=requested)
+    notices = target.name_run(parser, ns, environ)
     try:
-        conf, conf_notices = torch_conf.translate(conf)
+        conf, conf_notices = torch_conf.translate(target.conf)
     except ValueError as exc:
         parser.error(f"argument --rdzv-conf/--rdzv_conf: {exc}")
     notices += conf_notices + torch_conf.ignored_flags(ns)
@@ -330,45 +307,18 @@ def parse_run(argv: Sequence[str], environ: Optional[Mapping[str, str]] = None) 
             parser.error(f"argument --virtual-local-rank/--virtual_local_rank: {problem}")
     try:
         rendezvous = RendezvousSettings.from_conf(ns.rdzv_id, min_nodes, max_nodes, conf)
-        options = backend_options(backend, {
+        options = backend_options(target.backend, {
             k: v for k, v in conf.items()
             if k not in SETTINGS_CONF_KEYS and k not in LAUNCHER_CONF_KEYS})
     except ValueError as exc:
         parser.error(f"argument --rdzv-conf/--rdzv_conf: {exc}")
-    if ns.no_python and ns.module and not ns.run_path:
-        parser.error("argument --no-python/--no_python: do not combine it with -m/--module "
-                     "(a module needs python)")
-    if ns.run_path:
-        if not os.path.isfile(ns.script):
-            parser.error(f"argument --run-path/--run_path: {ns.script!r} is not a file "
-                         f"(from {os.getcwd()!r})")
-    elif ns.no_python:
-        import shutil
-
-        if shutil.which(ns.script) is None:
-            parser.error(f"argument script: {ns.script!r} is not an executable program (with "
-                         "--no-python it runs as it is: give a path or a name on PATH)")
-    elif not ns.module and not os.path.isfile(ns.script):
-        # Caught here, not as the same crash in every worker and every restart.
-        parser.error(f"argument script: {ns.script!r} is not a file (from {os.getcwd()!r}); "
-                     "give a script path, or -m with a module name")
-    for flag, directory in (("--log-dir/--log_dir", ns.log_dir),
-                            ("--checkpoint-dir/--checkpoint_dir", ns.checkpoint_dir)):
-        # Made here so that an unusable directory is a usage error before any worker starts.
-        if directory:
-            try:
-                os.makedirs(directory, exist_ok=True)
-            except OSError as exc:
-                parser.error(f"argument {flag}: cannot create directory {directory!r}: "
-                             f"{exc.strerror or exc}")
-            if not os.access(directory, os.W_OK):
-                parser.error(f"argument {flag}: directory {directory!r} is not writable")
-
+    _check_script(parser, ns)
+    _check_directories(parser, ns)
     return RunSettings(
         min_nodes=min_nodes, max_nodes=max_nodes, nproc_per_node=ns.nproc_per_node,
-        node_rank=node_rank, local_addr=ns.local_addr,
-        collective_timeout=ns.collective_timeout, rdzv_backend=backend,
-        rdzv_endpoints=tuple(endpoint_list), rdzv_id=ns.rdzv_id,
+        node_rank=target.node_rank, local_addr=ns.local_addr,
+        collective_timeout=ns.collective_timeout, rdzv_backend=target.backend,
+        rdzv_endpoints=tuple(target.endpoints), rdzv_id=ns.rdzv_id,
         rdzv_conf=conf, rendezvous=rendezvous, backend_options=options,
         standalone=ns.standalone, max_restarts=ns.max_restarts,
         monitor_interval=ns.monitor_interval,
@@ -379,10 +329,84 @@ def parse_run(argv: Sequence[str], environ: Optional[Mapping[str, str]] = None) 
         local_ranks_filter=ns.local_ranks_filter, signals=ns.signals_to_handle,
         auth_token_file=ns.auth_token_file, module=ns.module, no_python=ns.no_python,
         run_path=ns.run_path, role=ns.role, script=ns.script,
-        script_args=tuple(ns.script_args), requested_backend=requested, try_host=try_host,
-        profile_dir=ns.profile_dir, virtual_local_rank=ns.virtual_local_rank,
-        notices=tuple(notices),
+        script_args=tuple(ns.script_args), requested_backend=requested,
+        try_host=target.try_host, profile_dir=ns.profile_dir,
+        virtual_local_rank=ns.virtual_local_rank, notices=tuple(notices),
     )
+
+
+def _check_standalone(parser: argparse.ArgumentParser, ns: argparse.Namespace,
+                      min_nodes: int, max_nodes: int) -> None:
+    if ns.rdzv_backend not in ("store", "c10d", "static") or ns.rdzv_endpoint:
+        parser.error("argument --standalone: it runs an embedded store on this machine; "
+                     "do not combine it with --rdzv-backend etcd or --rdzv-endpoint")
+    if (min_nodes, max_nodes) != (1, 1):
+        parser.error(f"argument --standalone: it runs one node, but --nnodes asks for "
+                     f"{min_nodes}:{max_nodes}")
+
+
+@dataclasses.dataclass
+class _Target:
+    """Where the rendezvous is, once torchrun's backends are mapped onto shoal's."""
+
+    backend: str
+    endpoints: tuple[tuple[str, int], ...]
+    node_rank: Optional[int]
+    try_host: bool
+    conf: dict
+    requested: str
+
+    def name_run(self, parser: argparse.ArgumentParser, ns: argparse.Namespace,
+                 environ: Mapping[str, str]) -> list[str]:
+        """Check the endpoints and give the run its id when none was given; returns notices."""
+        # No store endpoint: this node hosts an embedded store on 127.0.0.1 (embedded_store).
+        embedded = self.backend == "store" and (ns.standalone or not self.endpoints)
+        private = embedded or (self.backend == "store" and self.endpoints[0][1] == 0)
+        if not embedded:
+            try:
+                check_endpoints(self.backend, self.endpoints)
+            except ValueError as exc:
+                parser.error(f"argument --rdzv-endpoint/--rdzv_endpoint: {exc}")
+        notices: list[str] = []
+        if ns.rdzv_id is None or (ns.rdzv_id == "none" and self.requested in TORCHRUN_BACKENDS):
+            if self.backend == "etcd":
+                notices.append(_shared_run_id(parser, ns, environ))
+            # torchrun's default id is the word "none"; one job per endpoint makes it harmless.
+            ns.rdzv_id = uuid.uuid4().hex[:12] if private else (ns.rdzv_id or "default")
+        return notices
+
+
+def _check_script(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
+    """The script must exist (caught here, not as the same crash in every worker and every
+    restart)."""
+    if ns.no_python and ns.module and not ns.run_path:
+        parser.error("argument --no-python/--no_python: do not combine it with -m/--module "
+                     "(a module needs python)")
+    if ns.run_path:
+        if not os.path.isfile(ns.script):
+            parser.error(f"argument --run-path/--run_path: {ns.script!r} is not a file "
+                         f"(from {os.getcwd()!r})")
+    elif ns.no_python:
+        if shutil.which(ns.script) is None:
+            parser.error(f"argument script: {ns.script!r} is not an executable program (with "
+                         "--no-python it runs as it is: give a path or a name on PATH)")
+    elif not ns.module and not os.path.isfile(ns.script):
+        parser.error(f"argument script: {ns.script!r} is not a file (from {os.getcwd()!r}); "
+                     "give a script path, or -m with a module name")
+
+
+def _check_directories(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
+    """Made here so that an unusable directory is a usage error before any worker starts."""
+    for flag, path in (("--log-dir/--log_dir", ns.log_dir),
+                       ("--checkpoint-dir/--checkpoint_dir", ns.checkpoint_dir)):
+        if path:
+            try:
+                os.makedirs(path, exist_ok=True)
+            except OSError as exc:
+                parser.error(f"argument {flag}: cannot create directory {path!r}: "
+                             f"{exc.strerror or exc}")
+            if not os.access(path, os.W_OK):
+                parser.error(f"argument {flag}: directory {path!r} is not writable")
 
 
 def _shared_run_id(parser, ns, environ: Mapping[str, str]) -> str:
@@ -394,7 +418,7 @@ def _shared_run_id(parser, ns, environ: Mapping[str, str]) -> str:
     pods of every Job would share one rendezvous. No id at all is torchrun's default and only
     warned about (the returned notice).
     """
-    for name in ("SHOAL_RDZV_ID", "PET_RDZV_ID"):
+    for name in _RDZV_ID_FLAG.envs:
         if name in environ and not environ[name].strip():
             parser.error(
                 f"argument --rdzv-id/--rdzv_id: {name} is set but empty, so this job would "
@@ -402,7 +426,7 @@ def _shared_run_id(parser, ns, environ: Mapping[str, str]) -> str:
                 "label batch.kubernetes.io/controller-uid it is read from exists from 1.27 on: "
                 "upgrade, or set the run id another way (--rdzv-id, a unique value per job)")
     where = ",".join(f"{h}:{p}" for h, p in ns.rdzv_endpoint) or "the etcd endpoint"
-    return (f"No run id was given (--rdzv-id or SHOAL_RDZV_ID): this job uses "
+    return (f"No run id was given (--rdzv-id or {_RDZV_ID_FLAG.env}): this job uses "
             f"'{ns.rdzv_id or 'default'}' on {where}, and so would any other job there "
             "without one, meeting in one rendezvous. Give each job its own --rdzv-id.")
 

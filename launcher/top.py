@@ -37,9 +37,11 @@ from typing import Optional, Sequence
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from shoal.launcher import settings
+
 DEFAULT_TARGET = "127.0.0.1:9400"
 FETCH_TIMEOUT_S = 5.0
-PASSWORD_ENV = "SHOAL_METRICS_PASSWORD"
+PASSWORD_ENV = settings.METRICS_PASSWORD.name
 
 
 class TopError(Exception):
@@ -114,8 +116,8 @@ def access_from(cacert: Optional[str], cert: Optional[str], key: Optional[str],
             raise ValueError(f"Cannot read --password-file {password_file!r}: {exc}") from exc
         if not password:
             raise ValueError(f"--password-file {password_file!r} is empty.")
-    elif environ.get(PASSWORD_ENV):
-        password = environ[PASSWORD_ENV]
+    elif settings.METRICS_PASSWORD.is_set(environ):
+        password = settings.METRICS_PASSWORD.get(environ)
     if user is None:
         if password_file:
             raise ValueError("--password-file needs --user (the basic auth user name).")

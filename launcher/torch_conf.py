@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 from typing import Mapping, Optional
 
+from shoal.core import netaddr
 from shoal.elastic.api import DEFAULT_HEARTBEAT_INTERVAL_S
 from shoal.launcher.converters import (
     DEFAULT_MASTER_PORT,
@@ -145,10 +146,8 @@ def rendezvous_target(parser: argparse.ArgumentParser, ns: argparse.Namespace
     elif requested == "c10d" and endpoints_ and "is_host" not in conf and node_rank is None:
         host, number = endpoints_[0]
         if number != 0:
-            from shoal.core.netaddr import is_local_address
-
             # torchrun hosts the store where the endpoint names this machine.
-            try_host = host == "localhost" or is_local_address(host)
+            try_host = host == "localhost" or netaddr.is_local_address(host)
     return TORCHRUN_BACKENDS.get(requested, requested), endpoints_, node_rank, try_host, conf
 
 

@@ -108,11 +108,11 @@ def test_shutdown_timeout_is_the_grace_period():
 
 def test_a_static_master_listens_on_every_interface_when_its_name_is_not_local_yet(monkeypatch):
     from shoal.core import netaddr
-    from shoal.launcher import cli
+    from shoal.launcher import rendezvous_setup
 
-    assert cli._static_bind(("127.0.0.1", 29500)) == "127.0.0.1:29500"
+    assert rendezvous_setup.static_bind(("127.0.0.1", 29500)) == "127.0.0.1:29500"
     monkeypatch.setattr(netaddr, "is_local_address", lambda host: False)
-    assert cli._static_bind(("shoal-train-master-0", 23456)) == "0.0.0.0:23456"
+    assert rendezvous_setup.static_bind(("shoal-train-master-0", 23456)) == "0.0.0.0:23456"
 
 
 # ----------------------------------------------------------------------------- torch's rdzv keys

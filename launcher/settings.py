@@ -1,0 +1,65 @@
+"""The `SHOAL_*` variables the launcher reads besides its flags (see `core.config`; each flag's
+own `SHOAL_<FLAG>` variable is in the flag table, `launcher.flags`), and the check of every
+layer's table that `shoal run` and `shoal store` make before anything starts."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+from typing import Mapping, Optional
+
+from shoal.core import settings as core_settings
+from shoal.core.config import Setting, SettingError, SettingsTable, check_all
+
+METRICS_PASSWORD = Setting(
+    "SHOAL_METRICS_PASSWORD", "secret", None,
+    "The basic auth password `shoal top --user` sends to an agent's /metrics when no "
+    "--password-file is given (never on the command line).")
+
+TABLE = SettingsTable(
+    "launcher", "`shoal run`, `shoal store` and `shoal top`, besides their flags.",
+    (METRICS_PASSWORD,))
+
+# Every layer's table, bottom layer first. Imported when checked, not with this module: the
+# upper layers' packages are costly to import, and `shoal --help` should stay quick.
+LAYER_TABLES = ("shoal.core.settings", "shoal.collectives.settings", "shoal.rpc_agent.settings",
+                "shoal.elastic.settings", "shoal.launcher.settings")
+
+
+def layer_tables() -> list[SettingsTable]:
+    """The settings table of every layer that has one, bottom layer first."""
+    tables = []
+    for name in LAYER_TABLES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise  # the table exists but something it imports does not
+            continue  # a layer without a table yet declares nothing to check
+        tables.append(module.TABLE)
+    return tables
+
+
+def check_every_layer(environ: Optional[Mapping[str, str]] = None) -> None:
+    """Parse every `SHOAL_*` variable that is set, so that a bad value stops the command before
+    any worker starts instead of failing inside one.
+
+    SHOAL_LOG_LEVEL is left out: the launcher warns about a bad one and goes on with its own
+    defaults (see `cli`).
+
+    Raises:
+        SettingError: the first bad value, bottom layer first.
+    """
+    env = dict(os.environ if environ is None else environ)
+    env.pop(core_settings.LOG_LEVEL.name, None)
+    check_all(layer_tables(), env)
+
+
+def check_or_exit(parser: argparse.ArgumentParser) -> None:
+    """`check_every_layer`, where a bad value ends in `parser`'s usage error (exit status 2)
+    naming the variable, the rule and the value."""
+    try:
+        check_every_layer()
+    except SettingError as exc:
+        parser.error(str(exc))
