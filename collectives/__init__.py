@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import importlib
 
-from shoal.collectives.api import ProcessGroup, Work  # noqa: F401  (re-exports)
-from shoal.collectives.store.api import Store  # noqa: F401  (re-exports)
-from shoal.collectives.types import (  # noqa: F401  (re-exports)
+from shoal.collectives.api import ProcessGroup, Work
+from shoal.collectives.store.api import Store
+from shoal.collectives.types import (
     ASYNC_ERROR_EXIT_CODE,
     AllgatherOptions,
     AllreduceCoalescedOptions,
@@ -40,7 +40,17 @@ from shoal.collectives.types import (  # noqa: F401  (re-exports)
     StoreUnreachable,
     make_premul_sum,
 )
-from shoal.collectives.futures import Future  # noqa: F401  (re-export: torch.futures.Future)
+from shoal.collectives.futures import Future  # torch.futures.Future
+
+__all__ = [
+    "ProcessGroup", "Work", "Store", "Future", "ASYNC_ERROR_EXIT_CODE", "AllgatherOptions",
+    "AllreduceCoalescedOptions", "AllreduceOptions", "AllToAllOptions", "BarrierOptions",
+    "BroadcastOptions", "GatherOptions", "ReduceOptions", "ReduceScatterOptions", "ScatterOptions",
+    "BackendUnavailable", "CollectiveError", "CollectiveMismatch", "CollectiveTimeout",
+    "DistBackendError", "DistError", "DistNetworkError", "DistStoreError", "GroupDestroyed",
+    "PeerLost", "PremulSum", "ReduceOp", "StoreError", "StoreBindError", "StoreTimeout",
+    "StoreUnreachable", "make_premul_sum",
+]
 
 # public name -> module that defines it
 _LAZY = {
@@ -87,6 +97,8 @@ _LAZY.update({"Backend": "shoal.collectives.backends.registry"})
 _LAZY.update({name: "shoal.collectives.debug" for name in (
     "DebugLevel", "get_debug_level", "set_debug_level", "set_debug_level_from_env",
 )})
+# The lazy names are public too; `from shoal.collectives import *` imports their modules.
+__all__ += sorted(name for name in _LAZY if not name.startswith("_"))
 
 
 def __getattr__(name: str):
