@@ -1,6 +1,7 @@
 """Elastic training: rendezvous (etcd, store), node agent, checkpoints and resumable state.
 
-Names are imported lazily so that `import elastic` does not load aetcd or the agent.
+The rendezvous, checkpoint, state and agent names are imported lazily, on first use, so that
+`import shoal.elastic` does not load aetcd or the agent.
 """
 
 from __future__ import annotations
@@ -32,11 +33,15 @@ _LAZY = {
     "Agent": "shoal.elastic.agent.agent",
 }
 
+__all__ = ["CheckpointError", "RendezvousBackend", "RendezvousClosedError", "RendezvousError",
+           "RendezvousInfo", "RendezvousSettings", "RendezvousStateError",
+           "RendezvousTimeoutError", "StoreHostLostError", *_LAZY]
+
 
 def __getattr__(name: str):
     module = _LAZY.get(name)
     if module is None:
-        raise AttributeError(f"module 'elastic' has no attribute {name!r}")
+        raise AttributeError(f"module 'shoal.elastic' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value

@@ -333,7 +333,7 @@ class WebConfig:
             return WebConfigError(f"Metrics web config {path}: {why}")
 
         try:
-            import yaml
+            import yaml  # noqa: PLC0415  (optional dependency, only for a web config)
         except ImportError as exc:
             raise fail("reading it needs the PyYAML package (pip install pyyaml)") from exc
 
@@ -378,7 +378,7 @@ class WebConfig:
         users = doc.get("basic_auth_users") or {}
         if users:
             try:
-                import bcrypt  # noqa: F401  (the format's hashes are bcrypt)
+                import bcrypt  # noqa: F401, PLC0415  (optional: checked here, used by _basic_auth)
             except ImportError as exc:
                 raise fail("basic_auth_users needs the bcrypt package (pip install bcrypt)") \
                     from exc
@@ -388,7 +388,7 @@ class WebConfig:
 def _basic_auth(app, users: dict):
     """`app` behind HTTP basic auth; a checked password is remembered (as a SHA-256) so that
     bcrypt's deliberate slowness is paid once per credential, not per scrape."""
-    import bcrypt
+    import bcrypt  # noqa: PLC0415  (optional dependency, only for basic auth)
 
     good: set = set()
 

@@ -53,6 +53,11 @@ class Tally:
         self._last_line = float("-inf")
         self.totals: collections.Counter = collections.Counter()
 
+    @property
+    def interval(self) -> float:
+        """Seconds between two summary lines."""
+        return self._interval
+
     def add(self, kind: str) -> None:
         self._counts[kind] += 1
         self.totals[kind] += 1
@@ -160,7 +165,7 @@ class HardenedHTTPServer:
 
     async def _flush_tally(self) -> None:
         while True:
-            await asyncio.sleep(self.tally._interval)
+            await asyncio.sleep(self.tally.interval)
             self.tally.flush()
 
     def _admit(self, writer: asyncio.StreamWriter) -> None:

@@ -26,6 +26,8 @@ from typing import Any, Optional
 
 import numpy as np
 
+from shoal import collectives
+from shoal.core.ops import random as core_random
 from shoal.core.timeouts import TimeoutLike
 from shoal.elastic.checkpoint import Checkpointer
 
@@ -38,22 +40,14 @@ _STEP_KEY = "step"
 
 
 def _capture_rng() -> dict:
-    states = {"python": random.getstate(), "numpy": np.random.get_state()}
-    try:
-        from shoal.core.ops import random as core_random
-
-        states["core"] = core_random.get_state()
-    except ImportError:  # pragma: no cover  (core without its random module)
-        pass
-    return states
+    return {"python": random.getstate(), "numpy": np.random.get_state(),
+            "core": core_random.get_state()}
 
 
 def _apply_rng(states: dict) -> None:
     random.setstate(states["python"])
     np.random.set_state(states["numpy"])
-    if "core" in states:
-        from shoal.core.ops import random as core_random
-
+    if "core" in states:  # a snapshot taken by an older shoal may lack it
         core_random.set_state(states["core"])
 
 
@@ -115,13 +109,8 @@ class State:
         """This process's rank, used to decide who writes checkpoints."""
         if self._rank is not None:
             return self._rank
-        try:
-            from shoal import collectives
-
-            if collectives.is_initialized():
-                return collectives.get_rank()
-        except (ImportError, AttributeError):
-            pass
+        if collectives.is_initialized():
+            return collectives.get_rank()
         return int(os.environ.get("RANK", "0") or 0)
 
     # ------------------------------------------------------------------ capture / apply
@@ -175,8 +164,6 @@ class State:
 
         Needs an initialized default process group (collectives.init_process_group).
         """
-        from shoal import collectives
-
         box = [self._capture() if self.rank() == root else None]
         collectives.broadcast_object_list(box, src=root, group=group, timeout=timeout)
         snap = box[0]

@@ -105,7 +105,7 @@ class Agent:
         return scoped if scoped is not None else self.handler.store
 
     def store_host_lost(self, error: StoreHostLostError) -> None:
-        """The run's store is gone with its host (see elastic.store_host): end this agent.
+        """The run's store is gone with its host (see elastic.agent.store_host): end this agent.
 
         Called from the watch's thread; the main loop notices at once and stops the workers.
         """

@@ -5,7 +5,7 @@ close, leave) has a decision function here. It reads a `Context` (the state as l
 node, the settings, the time, whose heartbeats lapsed) and returns one `Action`: either a change
 to make (`transitions.apply` makes it) or an outcome (wait, finish, done, an error). Nothing
 here does I/O, reads a clock or takes a lock, so the rules are tested as a table
-(tests/unit/elastic/test_rdzv_decisions.py), and the handler only syncs: read the state,
+(tests/unit/elastic/rendezvous/test_rdzv_decisions.py), and the handler only syncs: read the state,
 decide, apply, compare-and-set, and decide again on a conflict.
 
 The shape is torch.distributed.elastic's dynamic_rendezvous (`_RendezvousJoinOp` returns an

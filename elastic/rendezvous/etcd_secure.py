@@ -11,6 +11,7 @@ client certificates and authentication.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from typing import Optional
 
@@ -91,8 +92,6 @@ class SecureClient(aetcd.Client):
         if self._connected.is_set():
             return
         if self._is_connecting:
-            import asyncio
-
             await asyncio.wait_for(self._connected.wait(), self._connect_wait_timeout)
             return
         try:

@@ -3,7 +3,7 @@
 Every key lives under a prefix (`/shoal/<run_id>/store/` for a run). `get` and `wait` watch a
 missing key from the revision at which it was seen missing, so a set in between is never lost;
 `add` and `compare_set` are transactions on the key's mod_revision, retried on conflict. Calls
-fail over between endpoints and ride out short etcd outages (see `elastic._etcd_client`).
+fail over between endpoints and ride out short etcd outages (see `elastic.rendezvous.etcd_client`).
 """
 
 from __future__ import annotations

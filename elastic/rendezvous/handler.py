@@ -430,7 +430,8 @@ class RendezvousHandler:
             self._update(decisions.decide_leave,
                          time.monotonic() + min(self._backend_timeout, _LEAVE_S))
         except RendezvousError as exc:
-            logger.warning("Node %s could not leave after its join timed out: %s", self.node_id, exc)
+            logger.warning("Node %s could not leave after its join timed out: %s", self.node_id,
+                           exc)
         where = "waiting for the running round to end" if state.complete else (
             f"with {len(state.participants)} of min_nodes={self.settings.min_nodes} joined "
             f"({', '.join(state.participants) or 'none'})"

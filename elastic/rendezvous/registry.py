@@ -159,7 +159,9 @@ def backend_options(name: str, options: Mapping[str, object]) -> dict[str, objec
         kwargs["prefix"] = check_etcd_prefix(options.get("etcd_prefix", options.get("prefix")))
     security = {k: str(options[k]) for k in ETCD_SECURITY_KEYS if k in options}
     if security:
-        from shoal.elastic.rendezvous.etcd_secure import EtcdSecurity
+        from shoal.elastic.rendezvous.etcd_secure import (  # noqa: PLC0415  (loads aetcd)
+            EtcdSecurity,
+        )
 
         kwargs["security"] = EtcdSecurity(**security)  # ValueError names the missing half
     elif options.get("security") is not None:
@@ -229,21 +231,27 @@ def create_backend(
     seconds = to_seconds(timeout, DEFAULT_BACKEND_TIMEOUT_S)
     kwargs = backend_options(name, options)
     texts = _split_endpoints(endpoints)
+    # Each backend is imported only when one is built: the launcher's flags import this
+    # registry for its rules, and the etcd backend loads aetcd and grpc.
     if name == "store":
-        from shoal.elastic.rendezvous.store_backend import StoreRendezvousBackend
+        from shoal.elastic.rendezvous.store_backend import (  # noqa: PLC0415  (import cost)
+            StoreRendezvousBackend,
+        )
 
         if store is None:
             parsed = [parse_endpoint(e) for e in texts]
             check_endpoints(name, parsed)
-            from shoal.collectives.store.tcp import TCPStore
+            from shoal.collectives.store.tcp import TCPStore  # noqa: PLC0415  (import cost)
 
             host, port = parsed[0]
             store = TCPStore(host, port, is_master=is_host, timeout=seconds)
         return StoreRendezvousBackend(store, run_id, timeout=seconds), store
     # etcd: endpoints may name a scheme ("http://h:2379"); the client takes them as given.
     check_endpoints(name, [parse_endpoint(e.split("://", 1)[-1]) for e in texts])
-    from shoal.elastic.rendezvous.etcd_backend import EtcdRendezvousBackend
-    from shoal.elastic.rendezvous.etcd_store import EtcdStore
+    from shoal.elastic.rendezvous.etcd_backend import (  # noqa: PLC0415  (import cost)
+        EtcdRendezvousBackend,
+    )
+    from shoal.elastic.rendezvous.etcd_store import EtcdStore  # noqa: PLC0415  (import cost)
 
     backend = EtcdRendezvousBackend(texts, run_id, timeout=seconds, **kwargs)
     if store is None:  # the job's store keys sit under the run's own keys
