@@ -194,7 +194,7 @@ class Tensor:
                 target_dt = a
             else:
                 target_dev = a
-        from shoal.core.ops import shape as _shape_ops  # noqa: PLC0415
+        from shoal.core.ops import shape as _shape_ops  # noqa: PLC0415 - the ops import Tensor
 
         return _shape_ops.to(self, target_dev, target_dt, copy)
 
@@ -453,6 +453,6 @@ def _scalar(x: Any) -> Any:
 
 
 # Bind the ops as methods (ops import Tensor from this module, which is complete by now).
-from shoal.core.ops import bind as _bind  # noqa: E402
+from shoal.core.ops import bind as _bind  # noqa: E402 - needs Tensor defined
 
 _bind.bind_methods(Tensor)

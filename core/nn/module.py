@@ -11,6 +11,8 @@ import itertools
 from collections import OrderedDict, namedtuple
 from typing import Any, Callable, Iterator
 
+import numpy as np
+
 from shoal.core import autograd
 from shoal.core import backend
 from shoal.core import dtypes
@@ -421,8 +423,6 @@ class Module:
             data = value.data if isinstance(value, Tensor) else value
             if not backend.is_array(data):
                 try:
-                    import numpy as np  # noqa: PLC0415
-
                     data = np.asarray(data)
                 except Exception:  # noqa: BLE001 - reported as a sentence below
                     data = None

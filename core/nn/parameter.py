@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from shoal.core.tensor import Tensor
 
 
@@ -14,8 +16,6 @@ class Parameter(Tensor):
 
     def __init__(self, data: Any = None, requires_grad: bool = True) -> None:
         if data is None:
-            import numpy as np  # noqa: PLC0415
-
             data = np.empty((0,), dtype=np.float32)
         if isinstance(data, Tensor):
             data = data.data

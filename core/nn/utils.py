@@ -5,8 +5,10 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable
 
-from shoal.core.ops._util import wrap, xp_of
-from shoal.core.tensor import Tensor
+import numpy as np
+
+from shoal.core.ops._util import xp_of
+from shoal.core.tensor import Tensor, wrap
 
 
 def _grads(parameters: Any) -> list:
@@ -20,8 +22,6 @@ def clip_grad_norm_(
     error_if_nonfinite: bool = False, foreach: Any = None,
 ) -> Tensor:
     """Scale gradients in place so their joint norm is at most max_norm; return the norm before."""
-    import numpy as np  # noqa: PLC0415 - only for the empty case's dtype
-
     grads = _grads(parameters)
     norm_type = float(norm_type)
     if not grads:

@@ -8,8 +8,8 @@ import numpy as np
 
 from shoal.core import dtypes
 from shoal.core.errors import ShapeError
-from shoal.core.ops._util import norm_dims, val, wrap, xp_of
-from shoal.core.tensor import Tensor
+from shoal.core.ops._util import norm_dims, val, xp_of
+from shoal.core.tensor import Tensor, wrap
 
 _UINT8 = np.dtype(np.uint8)
 

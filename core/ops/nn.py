@@ -17,9 +17,10 @@ from shoal.core.ops._promote import (
     as_dtype, is_reduced_float, norm_output_dtype, result_dtype,
 )
 from shoal.core.ops._util import (
-    broadcast_error, needs_grad, result, unbroadcast, val, wrap, xp_of,
+    broadcast_error, needs_grad, result, unbroadcast, val, xp_of,
 )
-from shoal.core.tensor import Tensor
+from shoal.core.ops.shape import _scatter_add
+from shoal.core.tensor import Tensor, wrap
 
 _REDUCTIONS = ("mean", "sum", "none")
 
@@ -87,8 +88,6 @@ def embedding(input: Any, weight: Tensor, padding_idx: int | None = None) -> Ten
 
     def backward(g: Any) -> tuple:
         gw = xp.zeros(wd.shape, dtype=g.dtype)
-        from shoal.core.ops.shape import _scatter_add  # noqa: PLC0415
-
         _scatter_add(xp, gw, idx.reshape(-1), g.reshape(-1, wd.shape[1]))
         if padding_idx is not None:
             gw[padding_idx] = 0

@@ -10,9 +10,12 @@ import builtins
 import ml_dtypes
 import numpy as np
 
+from shoal.core import dtypes
 from shoal.core.amp.autocast_mode import STATE as _AMP
 from shoal.core.ops import _autocast
-from shoal.core.ops._util import norm_dims, result, wrap, xp_of
+from shoal.core.ops._util import norm_dims, result, xp_of
+from shoal.core.ops.shape import maximum
+from shoal.core.tensor import Tensor, wrap
 
 _HALF = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 
@@ -35,8 +38,6 @@ def sum(x: Any, dim: Any = None, keepdim: bool = False, dtype: Any = None) -> An
     dims = norm_dims(dim, xd.ndim, "sum")
     np_dtype = None
     if dtype is not None:
-        from shoal.core import dtypes  # noqa: PLC0415
-
         np_dtype = dtypes.get(dtype).np
     elif xd.dtype.kind in "biu":
         np_dtype = np.int64  # torch sums every integer and bool dtype to int64 (numpy: uint64)
@@ -109,11 +110,7 @@ def _extreme(x: Any, dim: Any, keepdim: bool, largest: bool) -> Any:
 
 def max(x: Any, dim: Any = None, keepdim: bool = False) -> Any:  # noqa: A001
     """The maximum; with dim, a (values, indices) pair as in torch."""
-    from shoal.core.tensor import Tensor  # noqa: PLC0415
-
     if isinstance(dim, Tensor):
-        from shoal.core.ops.shape import maximum  # noqa: PLC0415
-
         return maximum(x, dim)
     return _extreme(x, dim, keepdim, True)
 
