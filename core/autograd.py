@@ -168,8 +168,7 @@ def _accumulate_leaf(leaf: Any, g: Any, owned: bool) -> None:
 
 
 def post_accumulate_hooks(leaf: Any) -> list:
-    """The post-accumulate-grad hooks registered on `leaf`, in order, for an engine elsewhere
-    (distributed autograd's) that accumulates leaves itself."""
+    """`leaf`'s post-accumulate-grad hooks, in order, for an engine that accumulates leaves."""
     hooks = leaf._post_hooks  # noqa: SLF001 - the engine is Tensor's friend
     return list(hooks.values()) if hooks else []
 
