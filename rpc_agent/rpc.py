@@ -86,37 +86,8 @@ def init_rpc(name: str, backend=None, rank: Optional[int] = None,
             init is an RpcError.
         ValueError: a bad name, backend, rank or world size.
     """
-    if isinstance(backend, int) and not isinstance(backend, bool):
-        # shoal's older init_rpc(name, rank, world_size, rpc_backend_options): shift them.
-        if world_size is not None and not isinstance(world_size, int) \
-                and rpc_backend_options is None:
-            rpc_backend_options, world_size = world_size, None
-        backend, rank, world_size = None, backend, (rank if rank is not None else world_size)
-    if backend is not None and not isinstance(backend, BackendType):
-        raise ValueError(
-            f"init_rpc's backend must be None or a BackendType (TENSORPIPE or GRPC), got "
-            f"{backend!r}."
-        )
-    options = rpc_backend_options or RpcBackendOptions()
-    if not isinstance(options, RpcBackendOptions):
-        raise TypeError(
-            f"rpc_backend_options must be an RpcBackendOptions, got {type(options).__name__}."
-        )
-    # Options are mutable (as torch's): check what they hold now, on a copy the agent keeps.
-    options = dataclasses.replace(options)
-    check_worker_name(name)
-    if rank == -1:
-        rank = None  # torch's "from the environment"
-    rank = collectives_env.env_rank() if rank is None else rank
-    world_size = collectives_env.env_world_size() if world_size is None else world_size
-    if world_size is None or isinstance(world_size, bool) or not isinstance(world_size, int) \
-            or world_size < 1:
-        raise ValueError(
-            f"init_rpc needs a positive world_size (or WORLD_SIZE), got {world_size!r}."
-        )
-    if rank is None or isinstance(rank, bool) or not isinstance(rank, int) \
-            or not 0 <= rank < world_size:
-        raise ValueError(f"init_rpc needs a rank in 0..{world_size - 1} (or RANK), got {rank!r}.")
+    options, rank, world_size = _init_arguments(name, backend, rank, world_size,
+                                                rpc_backend_options)
     me = f"RPC: worker {name!r} (rank {rank}) could not finish init_rpc"
     with _lock:
         if _current.peek() is not None:
@@ -160,6 +131,45 @@ def init_rpc(name: str, backend=None, rank: Optional[int] = None,
         _store_state.update(store=store, raw_store=raw_store, owns_store=owns_store)
     logger.info("RPC worker %r (rank %d of %d) is up on ports %d (stream) and %d (data).",
                 name, rank, world_size, agent.grpc_port, agent.data_port)
+
+
+def _init_arguments(name: str, backend, rank: Optional[int], world_size: Optional[int],
+                    rpc_backend_options: Optional[RpcBackendOptions],
+                    ) -> tuple[RpcBackendOptions, int, int]:
+    """init_rpc's arguments checked: (a copy of the options, the rank, the world size), with
+    shoal's older positional form and the environment's RANK and WORLD_SIZE resolved."""
+    if isinstance(backend, int) and not isinstance(backend, bool):
+        # shoal's older init_rpc(name, rank, world_size, rpc_backend_options): shift them.
+        if world_size is not None and not isinstance(world_size, int) \
+                and rpc_backend_options is None:
+            rpc_backend_options, world_size = world_size, None
+        backend, rank, world_size = None, backend, (rank if rank is not None else world_size)
+    if backend is not None and not isinstance(backend, BackendType):
+        raise ValueError(
+            f"init_rpc's backend must be None or a BackendType (TENSORPIPE or GRPC), got "
+            f"{backend!r}."
+        )
+    options = rpc_backend_options or RpcBackendOptions()
+    if not isinstance(options, RpcBackendOptions):
+        raise TypeError(
+            f"rpc_backend_options must be an RpcBackendOptions, got {type(options).__name__}."
+        )
+    # Options are mutable (as torch's): check what they hold now, on a copy the agent keeps.
+    options = dataclasses.replace(options)
+    check_worker_name(name)
+    if rank == -1:
+        rank = None  # torch's "from the environment"
+    rank = collectives_env.env_rank() if rank is None else rank
+    world_size = collectives_env.env_world_size() if world_size is None else world_size
+    if world_size is None or isinstance(world_size, bool) or not isinstance(world_size, int) \
+            or world_size < 1:
+        raise ValueError(
+            f"init_rpc needs a positive world_size (or WORLD_SIZE), got {world_size!r}."
+        )
+    if rank is None or isinstance(rank, bool) or not isinstance(rank, int) \
+            or not 0 <= rank < world_size:
+        raise ValueError(f"init_rpc needs a rank in 0..{world_size - 1} (or RANK), got {rank!r}.")
+    return options, rank, world_size
 
 
 def _prefix(options: RpcBackendOptions) -> str:

@@ -16,7 +16,8 @@ from shoal.core.backend import Device
 from shoal.core.errors import AuthenticationError, DeviceError, ShoalError
 from shoal.core.timeouts import to_seconds
 
-# Defaults, in one table (DESIGN.md: "defaults live in one constants table per package").
+# Defaults, in one table (docs/design.md: "defaults live in one constants table per
+# package").
 DEFAULT_RPC_TIMEOUT_S = 60.0
 DEFAULT_INIT_TIMEOUT_S = 120.0
 DEFAULT_SHUTDOWN_TIMEOUT_S = 60.0
@@ -24,7 +25,7 @@ DEFAULT_NUM_WORKER_THREADS = 16
 # Out-of-band buffers (and pickles) at least this large travel on the data channel; smaller
 # ones ride inline in the frame, where one gRPC message carries many of them.
 DEFAULT_DATA_THRESHOLD_BYTES = 64 * 1024
-# Memory kept for reuse by large received buffers (rpc_agent/receive_buffers.py says why).
+# Memory kept for reuse by large received buffers (transport/receive_buffers.py says why).
 DEFAULT_RECEIVE_CACHE_BYTES = 256 * 1024 * 1024
 # Bounds on what a peer may send, even an authenticated one.
 MAX_GRPC_MESSAGE_BYTES = 64 * 1024 * 1024

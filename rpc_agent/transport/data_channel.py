@@ -5,7 +5,7 @@ sends straight from the array's memory and receives straight into a preallocated
 16 MiB buffer costs one kernel copy per side. The control frame that refers to a buffer travels
 on the gRPC stream; a buffer is matched to it by (sender, transfer id) (transport/assembly.py),
 so neither has to arrive first, and small calls never queue behind a bulk transfer. Received
-buffers land in reused memory (rpc_agent/receive_buffers.py).
+buffers land in reused memory (transport/receive_buffers.py).
 
 Wire, after core.auth's handshake (purpose "rpc-data"):
     dialer -> acceptor   the dialer's worker id (4 bytes, network order), once

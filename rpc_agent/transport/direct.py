@@ -17,9 +17,9 @@ nobody in between. rpc_sync of 64 bytes went from about 0.33 ms to 0.25 ms (benc
 What is used from `grpc._cython.cygrpc`: `Channel.segregated_call` (grpcio's single-threaded
 unary-stream calls are built on it) and `SegregatedCall.operate/next_event/cancel`;
 `Server`, `CompletionQueue`, `request_call` and `Call.start_server_batch/cancel/peer` (the
-accepting server, transport/direct_server.py); the operation classes. They are private to grpcio, so `available()` checks for them, and the
-transport uses the public API when they are missing, when a client call cannot be made with
-them, or when SHOAL_RPC_GRPC=public.
+accepting server, transport/direct_server.py); the operation classes. They are private to
+grpcio, so `available()` checks for them, and the transport uses the public API when they are
+missing, when a client call cannot be made with them, or when SHOAL_RPC_GRPC=public.
 
 Rules the code keeps (gRPC core's and cygrpc's):
 - one send operation at a time per call: frames that come while one is in flight wait in the

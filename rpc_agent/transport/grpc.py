@@ -158,7 +158,8 @@ class GrpcTransport:
         return grpc.server(
             self._executor,
             handlers=[grpc.method_handlers_generic_handler(
-                SERVICE, {"Stream": grpc.stream_stream_rpc_method_handler(_NonBlocking(self._serve_stream))}
+                SERVICE,
+                {"Stream": grpc.stream_stream_rpc_method_handler(_NonBlocking(self._serve_stream))},
             )],
             options=_SERVER_OPTIONS,
             maximum_concurrent_rpcs=self._max_accepted,
