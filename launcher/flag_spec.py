@@ -14,6 +14,9 @@ from typing import Callable, Mapping, Optional, Sequence
 
 from shoal.launcher.converters import boolean
 
+# A flag such as --max-restarts reads SHOAL_MAX_RESTARTS (see Flag.env).
+ENV_PREFIX = "SHOAL_"
+
 
 @dataclasses.dataclass(frozen=True)
 class Flag:
@@ -25,7 +28,7 @@ class Flag:
     help: str
     switch: bool = False
     short: Optional[str] = None
-    env_prefix: str = "SHOAL_"
+    env_prefix: str = ENV_PREFIX
 
     @property
     def dest(self) -> str:
@@ -41,7 +44,7 @@ class Flag:
     def envs(self) -> tuple[str, ...]:
         """The variables that back this flag, first found wins: shoal's, then torchrun's
         `PET_<FLAG>` (what Kubeflow's PyTorchJob and Trainer inject)."""
-        if self.env_prefix != "SHOAL_":
+        if self.env_prefix != ENV_PREFIX:
             return (self.env,)
         return (self.env, "PET_" + self.dest.upper())
 

@@ -58,7 +58,7 @@ from shoal.launcher.converters import (  # noqa: F401  (DEFAULT_* and RDZV_CONF_
     _int_at_least,
 )
 from shoal.launcher import torch_conf
-from shoal.launcher.flag_spec import Flag, add_flag, apply_env
+from shoal.launcher.flag_spec import ENV_PREFIX, Flag, add_flag, apply_env
 from shoal.launcher.streams import StdSpec
 
 # ----------------------------------------------------------------------------- flag table
@@ -159,12 +159,14 @@ RUN_GROUPS: dict[str, list[Flag]] = {
     ],
 }
 
+# `shoal store`'s --host and --port read SHOAL_STORE_HOST and SHOAL_STORE_PORT.
+STORE_ENV_PREFIX = ENV_PREFIX + "STORE_"
 STORE_FLAGS: list[Flag] = [
     Flag("host", text_value, "127.0.0.1", "address to bind (default 127.0.0.1)",
-         env_prefix="SHOAL_STORE_"),
+         env_prefix=STORE_ENV_PREFIX),
     Flag("port", port, DEFAULT_STORE_PORT,
          f"port to bind, 0 for any free one (default {DEFAULT_STORE_PORT})",
-         env_prefix="SHOAL_STORE_"),
+         env_prefix=STORE_ENV_PREFIX),
     Flag("auth-token-file", readable_file, None, "file holding the job's secret"),
 ]
 
@@ -458,7 +460,7 @@ def parse_store(argv: Sequence[str], environ: Optional[Mapping[str, str]] = None
     environ = os.environ if environ is None else environ
     parser = store_parser()
     ns = parser.parse_args(list(argv))
-    # --host and --port read SHOAL_STORE_HOST and SHOAL_STORE_PORT: bare SHOAL_HOST would be
-    # too easy to set by accident.
+    # --host and --port read STORE_ENV_PREFIX's variables: a bare host or port variable would
+    # be too easy to set by accident.
     apply_env(parser, STORE_FLAGS, ns, environ)
     return StoreSettings(host=ns.host, port=ns.port, auth_token_file=ns.auth_token_file)
