@@ -59,11 +59,13 @@ class Tally:
         return self._interval
 
     def add(self, kind: str) -> None:
+        """Count one occurrence of `kind` (and log the summary if one is due)."""
         self._counts[kind] += 1
         self.totals[kind] += 1
         self.flush()
 
     def flush(self, force: bool = False) -> None:
+        """Log the counts since the last line, if an interval has passed or `force`."""
         now = time.monotonic()
         if not self._counts or (not force and now - self._last_line < self._interval):
             return

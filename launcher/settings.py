@@ -22,23 +22,15 @@ TABLE = SettingsTable(
     (METRICS_PASSWORD,))
 
 # Every layer's table, bottom layer first. Imported when checked, not with this module: the
-# upper layers' packages are costly to import, and `shoal --help` should stay quick.
+# rpc_agent package loads grpc and prometheus_client, and `shoal run` must take
+# PROMETHEUS_MULTIPROC_DIR out of its environment before prometheus_client is imported.
 LAYER_TABLES = ("shoal.core.settings", "shoal.collectives.settings", "shoal.rpc_agent.settings",
                 "shoal.elastic.settings", "shoal.launcher.settings")
 
 
 def layer_tables() -> list[SettingsTable]:
-    """The settings table of every layer that has one, bottom layer first."""
-    tables = []
-    for name in LAYER_TABLES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise  # the table exists but something it imports does not
-            continue  # a layer without a table yet declares nothing to check
-        tables.append(module.TABLE)
-    return tables
+    """Every layer's settings table, bottom layer first."""
+    return [importlib.import_module(name).TABLE for name in LAYER_TABLES]
 
 
 def check_every_layer(environ: Optional[Mapping[str, str]] = None) -> None:

@@ -62,6 +62,7 @@ class Reading:
         return sum(found) if found else None
 
     def label_values(self, name: str, label: str) -> set:
+        """The values `label` takes in the samples of metric `name`."""
         return {dict(ls)[label] for (n, ls) in self.samples if n == name and label in dict(ls)}
 
 
@@ -210,6 +211,7 @@ def rank_rows(prev: Optional[Reading], cur: Reading) -> list[dict]:
 
 
 def job_line(cur: Reading) -> str:
+    """The header line: the job's run id, size and restarts."""
     info = [dict(ls) for (n, ls) in cur.samples if n == "shoal_job_info"]
     # Every sample an agent serves carries run_id; before its first round only the job info
     # is missing.

@@ -15,7 +15,7 @@ from shoal.launcher.settings import check_every_layer, layer_tables
 def test_every_layer_with_a_table_is_checked():
     layers = [table.layer for table in layer_tables()]
     assert layers[0] == "core" and layers[-1] == "launcher"
-    assert {"collectives", "elastic"} <= set(layers)
+    assert {"collectives", "rpc_agent", "elastic"} <= set(layers)
 
 
 @pytest.mark.parametrize("name, value", [("SHOAL_SPIN_US", "-5"),
