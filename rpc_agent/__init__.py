@@ -3,9 +3,19 @@
 from shoal.rpc_agent import api  # torch's rpc.api
 from shoal.rpc_agent import constants  # torch's rpc.constants
 from shoal.rpc_agent import context, dist_autograd, functions
-from shoal.rpc_agent.futures import Future, collect_all, wait_all
-from shoal.rpc_agent.optim import DistributedOptimizer
-from shoal.rpc_agent.rpc import (
+# The functions and the types they take, as torch's rpc package re-exports its rpc.api.
+from shoal.rpc_agent.api import (
+    BackendType,
+    RemoteException,
+    RpcAuthenticationError,
+    RpcBackendOptions,
+    RpcError,
+    RpcPeerLost,
+    RpcTimeout,
+    RRef,
+    TensorPipeRpcBackendOptions,
+    WorkerInfo,
+    WorkerNameError,
     _set_rpc_timeout,
     get_rpc_timeout,
     get_worker_info,
@@ -15,20 +25,9 @@ from shoal.rpc_agent.rpc import (
     rpc_sync,
     shutdown,
 )
-from shoal.rpc_agent.rref import RRef
-from shoal.rpc_agent.types import (
-    BackendType,
-    RemoteException,
-    RpcAuthenticationError,
-    RpcBackendOptions,
-    RpcError,
-    RpcFunctionNotFound,
-    RpcPeerLost,
-    RpcTimeout,
-    TensorPipeRpcBackendOptions,
-    WorkerInfo,
-    WorkerNameError,
-)
+from shoal.rpc_agent.futures import Future, collect_all, wait_all
+from shoal.rpc_agent.optim import DistributedOptimizer
+from shoal.rpc_agent.types import RpcFunctionNotFound
 
 __all__ = [
     # submodules torch's rpc package has too

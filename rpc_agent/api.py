@@ -1,7 +1,7 @@
 """torch.distributed.rpc.api's names: the functions of the RPC layer, beside the types they
 take (`types`), so that scripts written against `rpc.api` run unchanged."""
 
-from shoal.rpc_agent.rpc import (  # noqa: F401
+from shoal.rpc_agent.rpc import (
     _set_rpc_timeout,
     get_rpc_timeout,
     get_worker_info,
@@ -27,7 +27,7 @@ from shoal.rpc_agent.types import (
 
 __all__ = [
     "init_rpc", "shutdown", "rpc_sync", "rpc_async", "remote", "get_worker_info",
-    "get_rpc_timeout", "RRef", "WorkerInfo", "BackendType", "RpcBackendOptions",
+    "get_rpc_timeout", "_set_rpc_timeout", "RRef", "WorkerInfo", "BackendType", "RpcBackendOptions",
     "TensorPipeRpcBackendOptions", "RpcError", "RpcTimeout", "RpcPeerLost", "RemoteException",
     "RpcAuthenticationError", "WorkerNameError",
 ]

@@ -147,12 +147,8 @@ class RRef:
         Raises:
             RpcError: this worker is not the owner.
         """
-        if self._record is None:
-            raise RpcError(
-                f"local_value() called on worker {self._agent.info.name!r} for an RRef owned by "
-                f"{self._owner.name!r}; only the owner has the value (use to_here())."
-            )
-        return self._record.future.wait(self._agent.default_timeout_or_none())
+        record = self._owned_record("local_value", " (use to_here())")
+        return record.future.wait(self._agent.default_timeout_or_none())
 
     def value_future(self) -> Future:
         """On the owner, the Future of the value (done once remote() has computed it).
@@ -160,12 +156,15 @@ class RRef:
         Raises:
             RpcError: this worker is not the owner.
         """
+        return self._owned_record("value_future", "").future
+
+    def _owned_record(self, method: str, hint: str) -> OwnerRecord:
         if self._record is None:
             raise RpcError(
-                f"value_future() called on worker {self._agent.info.name!r} for an RRef owned "
-                f"by {self._owner.name!r}; only the owner has the value."
+                f"{method}() called on worker {self._agent.info.name!r} for an RRef owned by "
+                f"{self._owner.name!r}; only the owner has the value{hint}."
             )
-        return self._record.future
+        return self._record
 
     def to_here(self, timeout: TimeoutArg = None) -> Any:
         """A copy of the value, fetched from the owner (the value itself on the owner); waits
