@@ -31,6 +31,10 @@ CHECKPOINT_DIR = Setting(
     "SHOAL_CHECKPOINT_DIR", "path", None,
     "Where the job's checkpoints live (`shoal run --checkpoint-dir`, else a per-job "
     "temporary directory).", set_by="shoal run")
+ENCRYPT = Setting(
+    "SHOAL_ENCRYPT", "bool", False,
+    "Encrypt every connection's frames (AES-256-GCM) as well as checking their integrity, which "
+    "is always on; costs a copy each way.")
 PROFILE_DIR = Setting(
     "SHOAL_PROFILE_DIR", "path", None,
     "Where each rank writes its profiler trace (`shoal run --profile DIR` sets it).",
@@ -48,5 +52,5 @@ PROFILE_MEMORY = Setting(
 TABLE = SettingsTable(
     "core", "Tensors, autograd, the profiler and the job's secret.",
     (AUTH_TOKEN, AUTH_TOKEN_FILE, LOG_LEVEL, RUN_ID, RESTART_COUNT, RDZV_ROUND, CHECKPOINT_DIR,
-     PROFILE_DIR, PROFILE_SCHEDULE,
+     ENCRYPT, PROFILE_DIR, PROFILE_SCHEDULE,
      PROFILE_SHAPES, PROFILE_MEMORY))

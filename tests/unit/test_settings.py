@@ -135,9 +135,9 @@ def test_a_bad_value_is_refused_naming_the_variable_the_rule_and_the_value(setti
 def test_a_secret_is_never_shown_in_an_error():
     token = Setting("SHOAL_T_TOKEN", "secret", None, "Token.")
     assert token.get({"SHOAL_T_TOKEN": " s3cret "}) == " s3cret "  # kept byte for byte
-    with pytest.raises(SettingError) as info:
-        token._refuse("s3cret", "must be something")
-    assert "s3cret" not in str(info.value) and "(hidden)" in str(info.value)
+    refusal = token._refuse("s3cret", "must be something")
+    assert isinstance(refusal, SettingError)
+    assert "s3cret" not in str(refusal) and "(hidden)" in str(refusal)
 
 
 def test_an_alias_is_read_when_the_name_is_unset():
