@@ -60,6 +60,8 @@ SLOW_TESTS = {
         "waits out a connect timeout",
     "unit/collectives/test_torch_compat_errors.py::test_a_real_collective_timeout_is_caught_where_torchs_gloo_timeout_is":
         "waits out a collective timeout",
+    "unit/collectives/test_torch_compat_stores.py::test_append_and_delete_key_on_etcd":
+        "starts a real etcd server",
     "contracts/test_process_group_contract.py::TestNCCLStandIn::test_mismatched_calls_raise_collective_mismatch_naming_both":
         "the stand-in finds a mismatch only at its one-second timeout",
     # core
