@@ -150,7 +150,7 @@ class RpcAgent:
         )
         self._data = DataChannels(
             name=name, worker_id=rank, token=self._token, host=options.host,
-            on_transfer=self._assembler.arrived, on_dead=self._on_data_dead,
+            on_transfer=self._assembler.arrived, on_dead=self._assembler.drop_peer,
             peer_label=self.workers.label_of, receive_cache_bytes=options.receive_cache_bytes,
         )
         # Bound once: the per-call paths look up one attribute, as when these were methods.
@@ -539,9 +539,6 @@ class RpcAgent:
                 f"The {call.kind} call of {call.function} on worker {call.dst.name!r} "
                 f"(id {call.dst.id}) failed: the RPC stream to it died ({stream.dead_reason})."
             ))
-
-    def _on_data_dead(self, peer_id: int, reason: str) -> None:
-        self._assembler.drop_peer(peer_id, reason)
 
 
 def current() -> RpcAgent:
