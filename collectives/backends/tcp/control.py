@@ -40,18 +40,29 @@ def drain(sock: socket.socket, limit: int = 1 << 20) -> None:
         return
 
 
-class _ControlReader:
-    """Incremental frame parser for one non-blocking control connection."""
+def _recv_some(sock: socket.socket, buf: bytearray, start: int) -> int:
+    """Read what is waiting into `buf[start:]` without blocking; 0 means the peer closed.
 
-    __slots__ = ("peer", "sock", "header", "got", "body", "body_got", "kind", "aux")
+    Raises:
+        BlockingIOError: nothing is waiting.
+    """
+    view = memoryview(buf)[start:]
+    return sock.recv_into(view, len(view), socket.MSG_DONTWAIT)
+
+
+class _ControlReader:
+    """Incremental frame parser for one non-blocking control connection: it fills `buf` (the
+    header, then the frame's `body`) up to `got` bytes."""
+
+    __slots__ = ("peer", "sock", "header", "body", "buf", "got", "kind", "aux")
 
     def __init__(self, peer: int, sock: socket.socket):
         self.peer = peer
         self.sock = sock
         self.header = bytearray(wire.CONTROL_HEADER.size)
+        self.body: Optional[bytearray] = None  # None while the header is being read
+        self.buf = self.header
         self.got = 0
-        self.body: Optional[bytearray] = None
-        self.body_got = 0
         self.kind = 0
         self.aux = 0
 
@@ -142,33 +153,25 @@ class ControlChannel:
     def _read(self, r: _ControlReader) -> None:
         try:
             while True:
-                if r.body is None:
-                    view = memoryview(r.header)[r.got:]
-                    k = r.sock.recv_into(view, len(view), socket.MSG_DONTWAIT)
+                if r.got < len(r.buf):
+                    k = _recv_some(r.sock, r.buf, r.got)
                     if k == 0:
                         return self._closed(r, None)
                     r.got += k
-                    if r.got < len(r.header):
+                    if r.got < len(r.buf):
                         continue
+                if r.body is None:  # a whole header: its body comes next
                     magic, kind, aux, length = wire.CONTROL_HEADER.unpack(r.header)
                     if (magic != wire.CONTROL_MAGIC or kind not in wire.KINDS
                             or length > MAX_CONTROL_FRAME_BYTES):
                         return self._garbled(r, f"header {bytes(r.header)!r}")
-                    r.kind, r.aux, r.got = kind, aux, 0
-                    r.body = bytearray(length)
-                    r.body_got = 0
-                    if length:
-                        continue
-                else:
-                    view = memoryview(r.body)[r.body_got:]
-                    k = r.sock.recv_into(view, len(view), socket.MSG_DONTWAIT)
-                    if k == 0:
-                        return self._closed(r, None)
-                    r.body_got += k
-                    if r.body_got < len(r.body):
-                        continue
-                body, r.body = r.body, None
-                self._frame(r, r.kind, r.aux, body)
+                    r.kind, r.aux = kind, aux
+                    r.body = r.buf = bytearray(length)
+                    r.got = 0
+                else:  # a whole frame: the next header comes next
+                    body, r.body = r.body, None
+                    r.buf, r.got = r.header, 0
+                    self._frame(r, r.kind, r.aux, body)
         except BlockingIOError:
             return
         except OSError as exc:
