@@ -2,12 +2,18 @@
 
 Protocol (fixed sizes, so nothing variable is parsed before the peer is trusted):
 
-    server -> client   MAGIC (4 bytes) + server nonce (32 bytes)
-    client -> server   client nonce (32) + HMAC(secret, b"c" + purpose + s_nonce + c_nonce) (32)
-    server -> client   HMAC(secret, b"s" + purpose + c_nonce + s_nonce) (32), or REFUSED (32)
+    server -> client   MAGIC (4 bytes) + mode (1) + server nonce (32 bytes)
+    client -> server   client nonce (32) + HMAC(secret, b"c" + purpose + mode + s_nonce + c_nonce)
+    server -> client   HMAC(secret, b"s" + purpose + mode + c_nonce + s_nonce) (32), or REFUSED
 
 Both sides prove they hold the secret (mutual), the nonces stop replays, and `purpose` binds a
 proof to one kind of port (store, collectives, rpc-data) so a proof for one cannot open another.
+`mode` says whether the connection's frames are encrypted (SHOAL_ENCRYPT) as well as tagged;
+both ends must agree, and a client that does not is told so before it proves anything.
+
+A handshake ends in a `core.channel.Link`: keys derived from the secret and both nonces that
+tag (or encrypt) every later frame, so a relay that forwarded the handshake cannot speak on the
+connection afterwards (SHL3; SHL2 proved the secret but bound nothing after it).
 
 The explicit REFUSED verdict (new in SHL2) lets a client tell "wrong secret" apart from "the
 server dropped me before judging": a server under a flood of idle connections sheds the oldest
@@ -29,17 +35,19 @@ import threading
 import time
 from typing import Callable, Optional
 
-from shoal.core import settings
+from shoal.core import channel, settings
 from shoal.core.errors import AuthenticationError, HandshakeInterrupted
 
 logger = logging.getLogger(__name__)
 
-MAGIC = b"SHL2"
+MAGIC = b"SHL3"
 NONCE_BYTES = 32
 DIGEST_BYTES = 32
-GREETING_BYTES = len(MAGIC) + NONCE_BYTES
+MODE_TAGGED = b"t"  # every frame carries an integrity tag
+MODE_ENCRYPTED = b"e"  # every frame is encrypted (and so authenticated)
+GREETING_BYTES = len(MAGIC) + 1 + NONCE_BYTES
 REPLY_BYTES = NONCE_BYTES + DIGEST_BYTES
-REFUSED = b"SHL2 refused: wrong secret......"
+REFUSED = b"SHL3 refused: wrong secret......"
 assert len(REFUSED) == DIGEST_BYTES
 HANDSHAKE_TIMEOUT_S = 10.0
 # How long a server waits for a client's proof after greeting it. A shoal client answers in
@@ -158,6 +166,17 @@ def _mac(token: bytes, tag: bytes, purpose: bytes, a: bytes, b: bytes) -> bytes:
     return hmac.new(token, tag + purpose + a + b, hashlib.sha256).digest()
 
 
+def local_mode(encrypt: Optional[bool] = None) -> bytes:
+    """This process's channel mode: `encrypt`, else the SHOAL_ENCRYPT setting."""
+    if encrypt is None:
+        encrypt = settings.ENCRYPT.get()
+    return MODE_ENCRYPTED if encrypt else MODE_TAGGED
+
+
+def _describe(mode: bytes) -> str:
+    return "encrypts its connections" if mode == MODE_ENCRYPTED else "does not encrypt"
+
+
 class ServerChallenge:
     """The server's side of one handshake, split in steps so a non-blocking loop can drive it.
 
@@ -165,26 +184,39 @@ class ServerChallenge:
     server's proof when the client proved the secret, else REFUSED (and `admitted` stays False).
     """
 
-    def __init__(self, token: bytes, purpose: str):
+    def __init__(self, token: bytes, purpose: str, encrypt: Optional[bool] = None):
         self._token = token
-        self._purpose = purpose.encode()
+        self._purpose = purpose
+        self._mode = local_mode(encrypt)
         self._nonce = secrets.token_bytes(NONCE_BYTES)
-        self.greeting = MAGIC + self._nonce
+        self._c_nonce = b""
+        self.greeting = MAGIC + self._mode + self._nonce
         self.admitted = False
 
     def verdict(self, reply: bytes) -> bytes:
         c_nonce, proof = reply[:NONCE_BYTES], reply[NONCE_BYTES:REPLY_BYTES]
-        expected = _mac(self._token, b"c", self._purpose, self._nonce, c_nonce)
+        bound = self._purpose.encode() + self._mode
+        expected = _mac(self._token, b"c", bound, self._nonce, c_nonce)
         if not hmac.compare_digest(proof, expected):
             return REFUSED
         self.admitted = True
-        return _mac(self._token, b"s", self._purpose, c_nonce, self._nonce)
+        self._c_nonce = c_nonce
+        return _mac(self._token, b"s", bound, c_nonce, self._nonce)
+
+    def link(self, peer: str = "the peer") -> channel.Link:
+        """The admitted connection's keys (call after a verdict that admitted the client)."""
+        if not self.admitted:
+            raise AuthenticationError("no link: the client has not proved the secret")
+        return channel.pair(self._token, self._purpose, self._nonce, self._c_nonce, server=True,
+                            encrypt=self._mode == MODE_ENCRYPTED, peer=peer)
 
 
 def server_handshake(
-    sock: socket.socket, token: bytes, purpose: str, timeout: float = HANDSHAKE_TIMEOUT_S
-) -> None:
-    """Challenge a freshly accepted peer on a blocking socket; return only if it holds `token`.
+    sock: socket.socket, token: bytes, purpose: str, timeout: float = HANDSHAKE_TIMEOUT_S,
+    *, encrypt: Optional[bool] = None, peer: str = "the client",
+) -> channel.Link:
+    """Challenge a freshly accepted peer on a blocking socket; return the connection's keys,
+    only if the peer holds `token`.
 
     Listening ports use `core.admission.Gatekeeper`, which runs the same steps for many peers
     at once; this blocking form serves tests and one-off tools. The socket's previous timeout
@@ -195,7 +227,7 @@ def server_handshake(
     """
     old_timeout = sock.gettimeout()
     sock.settimeout(timeout)
-    challenge = ServerChallenge(token, purpose)
+    challenge = ServerChallenge(token, purpose, encrypt)
     try:
         sock.sendall(challenge.greeting)
         reply = _recv_exact(sock, REPLY_BYTES, "its auth proof")
@@ -211,12 +243,15 @@ def server_handshake(
             f"The peer's proof for {purpose!r} does not match this job's secret."
         )
     sock.settimeout(old_timeout)
+    return challenge.link(peer)
 
 
 def client_handshake(
-    sock: socket.socket, token: bytes, purpose: str, timeout: float = HANDSHAKE_TIMEOUT_S
-) -> None:
-    """Answer a server's challenge and check the server's own proof.
+    sock: socket.socket, token: bytes, purpose: str, timeout: float = HANDSHAKE_TIMEOUT_S,
+    *, encrypt: Optional[bool] = None, peer: str = "the server",
+) -> channel.Link:
+    """Answer a server's challenge, check the server's own proof, and return the keys of the
+    connection.
 
     Raises:
         AuthenticationError: the server is not a shoal port, refused this secret, or holds
@@ -235,10 +270,16 @@ def client_handshake(
                 f"(it sent {hello[:len(MAGIC)]!r}); is this the right port, and the same shoal "
                 "version?"
             )
-        s_nonce = hello[len(MAGIC):]
+        mode, s_nonce = hello[len(MAGIC):len(MAGIC) + 1], hello[len(MAGIC) + 1:]
+        mine = local_mode(encrypt)
+        if mode != mine:
+            raise AuthenticationError(
+                f"The server for {purpose!r} {_describe(mode)} and this process "
+                f"{_describe(mine)}: set SHOAL_ENCRYPT to the same value on every process.")
         c_nonce = secrets.token_bytes(NONCE_BYTES)
         step = "verdict"
-        sock.sendall(c_nonce + _mac(token, b"c", purpose.encode(), s_nonce, c_nonce))
+        bound = purpose.encode() + mode
+        sock.sendall(c_nonce + _mac(token, b"c", bound, s_nonce, c_nonce))
         verdict = _recv_exact(sock, DIGEST_BYTES, "its verdict")
     except socket.timeout as exc:
         raise HandshakeInterrupted(
@@ -258,23 +299,27 @@ def client_handshake(
             f"The server for {purpose!r} refused this process's secret; check that every "
             "process uses the same SHOAL_AUTH_TOKEN."
         )
-    if not hmac.compare_digest(verdict, _mac(token, b"s", purpose.encode(), c_nonce, s_nonce)):
+    if not hmac.compare_digest(verdict, _mac(token, b"s", bound, c_nonce, s_nonce)):
         raise AuthenticationError(
             f"The server for {purpose!r} does not hold this job's secret."
         )
     sock.settimeout(old_timeout)
+    return channel.pair(token, purpose, s_nonce, c_nonce, server=False,
+                        encrypt=mode == MODE_ENCRYPTED, peer=peer)
 
 
-def dial(
+def dial_link(
     connect: Callable[[float], socket.socket],
     token: bytes,
     purpose: str,
     timeout: float,
     *,
     prepare: Optional[Callable[[socket.socket], None]] = None,
-) -> socket.socket:
+    peer: str = "the server",
+) -> tuple[socket.socket, channel.Link]:
     """Connect with `connect(timeout_left)` and run the client handshake, retrying a server that
-    dropped the connection before its verdict (it sheds load) until `timeout` runs out.
+    dropped the connection before its verdict (it sheds load) until `timeout` runs out; return
+    the socket and the keys its frames must carry.
 
     Connection errors (refused, unreachable) are raised at once: callers that expect a server
     that is not up yet retry those themselves.
@@ -292,8 +337,9 @@ def dial(
         try:
             if prepare is not None:
                 prepare(sock)
-            client_handshake(sock, token, purpose, timeout=max(0.01, min(left, HANDSHAKE_TIMEOUT_S)))
-            return sock
+            link = client_handshake(sock, token, purpose,
+                                    timeout=max(0.01, min(left, HANDSHAKE_TIMEOUT_S)), peer=peer)
+            return sock, link
         except HandshakeInterrupted:
             sock.close()
             left = end - time.monotonic()
@@ -304,6 +350,15 @@ def dial(
         except BaseException:
             sock.close()
             raise
+
+
+def dial(connect: Callable[[float], socket.socket], token: bytes, purpose: str, timeout: float,
+         *, prepare: Optional[Callable[[socket.socket], None]] = None) -> socket.socket:
+    """`dial_link` for a transport that does not tag its frames yet: the socket alone.
+
+    Transitional: every raw transport moves to `dial_link` (issue 34), then this goes.
+    """
+    return dial_link(connect, token, purpose, timeout, prepare=prepare)[0]
 
 
 def sign(token: bytes, purpose: str, payload: bytes) -> bytes:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import struct
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -138,8 +138,21 @@ def _tag(aead: AESGCM, seq: int, parts: Sequence) -> bytes:
     return aead.encrypt(_NONCE.pack(seq, _WHOLE), b"", tags)
 
 
+class Link(NamedTuple):
+    """One end of an authenticated connection: how it seals what it sends and opens what it
+    receives."""
+
+    sealer: Sealer
+    opener: Opener
+
+    @property
+    def encrypt(self) -> bool:
+        """Whether frames are encrypted (else tagged)."""
+        return self.sealer.encrypt
+
+
 def pair(secret: bytes, purpose: str, server_nonce: bytes, client_nonce: bytes, *, server: bool,
-         encrypt: bool = False, peer: str = "the peer") -> tuple[Sealer, Opener]:
-    """The (Sealer, Opener) of one end of a connection whose handshake used these nonces."""
+         encrypt: bool = False, peer: str = "the peer") -> Link:
+    """The `Link` of one end of a connection whose handshake used these nonces."""
     send, recv = session_keys(secret, purpose, server_nonce, client_nonce, server=server)
-    return Sealer(send, encrypt), Opener(recv, encrypt, peer)
+    return Link(Sealer(send, encrypt), Opener(recv, encrypt, peer))

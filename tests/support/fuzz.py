@@ -57,18 +57,25 @@ SILENT_HOLDERS = 4
 # ----------------------------------------------------------------------------- the handshake
 
 
+# The channel mode a server greets with when SHOAL_ENCRYPT is off: frames tagged, not encrypted.
+MODE = b"t"
+
+
 def client_reply(token: bytes, purpose: str, s_nonce: bytes,
-                 c_nonce: Optional[bytes] = None) -> bytes:
+                 c_nonce: Optional[bytes] = None, mode: bytes = MODE) -> bytes:
     """The 64-byte answer to a greeting (written from the protocol in core/auth.py, not by
     calling it, so that the test checks the protocol rather than the code against itself)."""
     c_nonce = secrets.token_bytes(NONCE_BYTES) if c_nonce is None else c_nonce
-    mac = hmac.new(token, b"c" + purpose.encode() + s_nonce + c_nonce, hashlib.sha256).digest()
+    mac = hmac.new(token, b"c" + purpose.encode() + mode + s_nonce + c_nonce,
+                   hashlib.sha256).digest()
     return c_nonce + mac
 
 
-def server_proof(token: bytes, purpose: str, s_nonce: bytes, c_nonce: bytes) -> bytes:
+def server_proof(token: bytes, purpose: str, s_nonce: bytes, c_nonce: bytes,
+                 mode: bytes = MODE) -> bytes:
     """The verdict a server holding `token` sends a client that proved it."""
-    return hmac.new(token, b"s" + purpose.encode() + c_nonce + s_nonce, hashlib.sha256).digest()
+    return hmac.new(token, b"s" + purpose.encode() + mode + c_nonce + s_nonce,
+                    hashlib.sha256).digest()
 
 
 def flip_bits(data: bytes, rng: random.Random, count: int) -> bytes:
@@ -121,7 +128,7 @@ class Probe:
     def s_nonce(self) -> bytes:
         """The server's nonce (zeros if the greeting never came)."""
         if len(self.greeting) == GREETING_BYTES:
-            return self.greeting[len(MAGIC):]
+            return self.greeting[len(MAGIC) + 1:]
         return bytes(NONCE_BYTES)
 
     def send(self, data: bytes, pieces: int = 1, pause: float = 0.0) -> None:

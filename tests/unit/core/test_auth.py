@@ -61,7 +61,7 @@ def test_garbage_and_silence_are_rejected_without_parsing():
     out = []
     t = threading.Thread(target=_run_server, args=(server, b"k", "store", out))
     t.start()
-    client.recv(36)
+    client.recv(auth.GREETING_BYTES)
     client.sendall(b"\x00" * 10)
     client.close()
     t.join(5)
@@ -70,6 +70,41 @@ def test_garbage_and_silence_are_rejected_without_parsing():
     server, client = _pair()
     with pytest.raises(AuthenticationError, match="sent no auth proof for 'store' within 0.2s"):
         auth.server_handshake(server, b"k", "store", timeout=0.2)
+
+
+def _handshake_both(server_kwargs, client_kwargs):
+    server, client = _pair()
+    out = []
+
+    def serve():
+        try:
+            out.append(auth.server_handshake(server, b"k", "store", timeout=5, **server_kwargs))
+        except AuthenticationError as exc:
+            out.append(exc)
+
+    t = threading.Thread(target=serve)
+    t.start()
+    try:
+        return auth.client_handshake(client, b"k", "store", timeout=5, **client_kwargs), out
+    finally:
+        t.join(5)
+        client.close()
+        server.close()
+
+
+@pytest.mark.parametrize("encrypt", [False, True])
+def test_a_handshake_ends_in_keys_both_ends_share(encrypt):
+    client_link, out = _handshake_both(dict(encrypt=encrypt), dict(encrypt=encrypt))
+    server_link = out[0]
+    assert client_link.encrypt is encrypt and server_link.encrypt is encrypt
+    server_link.opener.check([b"frame"], client_link.sealer.tag([b"frame"]))
+    client_link.opener.check([b"reply"], server_link.sealer.tag([b"reply"]))
+
+
+def test_ends_that_disagree_on_encryption_are_told_so_before_any_proof():
+    with pytest.raises(AuthenticationError, match="The server for 'store' encrypts its "
+                       "connections and this process does not encrypt: set SHOAL_ENCRYPT"):
+        _handshake_both(dict(encrypt=True), dict(encrypt=False))
 
 
 def test_client_refuses_a_server_that_is_not_shoal():
@@ -103,7 +138,7 @@ def test_a_server_that_closes_before_its_verdict_is_not_blamed_on_the_secret():
     # What a client sees when a loaded server sheds its pending handshake: retry, not "check
     # your secret".
     server, client = _pair()
-    server.sendall(auth.MAGIC + b"n" * auth.NONCE_BYTES)
+    server.sendall(auth.MAGIC + auth.MODE_TAGGED + b"n" * auth.NONCE_BYTES)
     server.close()
     with pytest.raises(HandshakeInterrupted, match="before its verdict"):
         auth.client_handshake(client, b"k", "store", timeout=2)

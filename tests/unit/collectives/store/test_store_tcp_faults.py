@@ -132,7 +132,7 @@ def test_oversized_length_prefix_is_refused_before_reading(server, client, caplo
 
 
 def read_challenge(sock):
-    """The server's 36-byte challenge (magic and nonce), which a silent peer never answers."""
+    """The server's 37-byte challenge (magic, mode and nonce), which a silent peer never answers."""
     got = b""
     while len(got) < 36:
         chunk = sock.recv(36 - len(got))
