@@ -25,6 +25,7 @@ def cuda_unavailable_reason() -> str | None:
 
 
 def pytest_collection_modifyitems(config, items):
+    """Mark every test here `gpu`, and skip it, saying why, where no CUDA device is usable."""
     reason = cuda_unavailable_reason()
     for item in items:
         if _HERE in Path(str(item.fspath)).resolve().parents:
