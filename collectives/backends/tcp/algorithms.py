@@ -130,6 +130,7 @@ class Direct:
         self._bufs: dict[int, bytearray] = {}
 
     def buffer(self, peer: int, n: int) -> memoryview:
+        """A reusable receive buffer of `n` bytes for `peer` (grown as needed)."""
         buf = self._bufs.get(peer)
         if buf is None or len(buf) < n:
             buf = bytearray(max(n, 4096))
@@ -220,6 +221,7 @@ class Direct:
             return got
 
     def send_to(self, q: int, seq: int, fp: bytes, body=b"") -> None:
+        """Send rank `q` this op's header, then `body`."""
         hdr = wire.data_header(seq, fp)
         try:
             if len(body):
@@ -230,6 +232,7 @@ class Direct:
             raise LinkDown(q, exc) from exc
 
     def recv_from(self, q: int, seq: int, fp: bytes, nbytes: int = 0) -> memoryview:
+        """Receive rank `q`'s header (checked against ours) and its `nbytes` of payload."""
         hdr = wire.data_header(seq, fp)
         return self._receive(q, self.rx[q], hdr, seq, fp, len(hdr), len(hdr) + nbytes)
 

@@ -55,15 +55,18 @@ class Plan:
     courier: Any = field(default=None, repr=False)  # a leader's `_Courier`, started on first use
 
     def close(self) -> None:
+        """Stop the leader's courier thread, if it started."""
         if self.courier is not None:
             self.courier.close()
 
     @property
     def leaders(self) -> int:
+        """How many ranks per host carry traffic between hosts."""
         return self.topology.leaders_per_host
 
     @property
     def local_size(self) -> int:
+        """How many ranks share this rank's host."""
         return len(self.topology.hosts[self.host])
 
 

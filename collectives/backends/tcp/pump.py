@@ -185,6 +185,7 @@ class SenderThread:
         self._thread.start()
 
     def submit(self, items, sock, progress, cond) -> _Job:
+        """Send `items` on `sock`, each once `progress[0]` reaches its gate (`cond` signals)."""
         job = _Job(items, sock, progress, cond)
         with self._cond:
             self._job = job
@@ -192,6 +193,7 @@ class SenderThread:
         return job
 
     def stop(self) -> None:
+        """End the thread (after the job it is running, if any)."""
         with self._cond:
             self._stop = True
             self._cond.notify()

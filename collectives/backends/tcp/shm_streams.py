@@ -32,6 +32,7 @@ def step_bytes(nbytes: int) -> int:
 
 
 def stream_length(parts: Sequence[np.ndarray]) -> int:
+    """Elements in the stream that `parts` make end to end."""
     return sum(p.size for p in parts)
 
 

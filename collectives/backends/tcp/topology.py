@@ -28,9 +28,11 @@ class Topology:
 
     @property
     def size(self) -> int:
+        """How many ranks the hosts hold."""
         return sum(len(h) for h in self.hosts)
 
     def host_of(self, rank: int) -> int:
+        """The index of `rank`'s host."""
         for h, members in enumerate(self.hosts):
             if rank in members:
                 return h
@@ -41,6 +43,7 @@ class Topology:
         return self.hosts[self.host_of(rank)]
 
     def local_index(self, rank: int) -> int:
+        """`rank`'s place among its host's ranks (0 for the leader)."""
         return self.local_ranks(rank).index(rank)
 
     def leader(self, rank: int) -> int:
@@ -49,10 +52,12 @@ class Topology:
 
     @property
     def spans_hosts(self) -> bool:
+        """The group has ranks on more than one host."""
         return len(self.hosts) > 1
 
     @property
     def single_host(self) -> bool:
+        """Every rank of the group is on one host."""
         return len(self.hosts) == 1
 
     @property
@@ -84,6 +89,7 @@ class Topology:
         return tuple(h[index] for h in self.hosts)
 
     def describe(self) -> str:
+        """The hosts' ranks for a message: "0,1 | 2,3"."""
         return " | ".join(",".join(map(str, h)) for h in self.hosts)
 
 

@@ -74,6 +74,7 @@ def tune_socket(sock: socket.socket, same_host: bool) -> None:
 
 
 def is_loopback_address(address: str) -> bool:
+    """Whether `address` is a loopback IP address (a host name is not)."""
     try:
         return ipaddress.ip_address(address).is_loopback
     except ValueError:
