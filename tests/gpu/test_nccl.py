@@ -30,7 +30,7 @@ def _device_count() -> int:
 def _child(target, rank, world, port, args, out):
     try:
         out.put((rank, "ok", target(rank, world, port, *args)))
-    except BaseException as exc:  # the parent reports it with the rank
+    except BaseException as exc:  # noqa: BLE001  (the parent reports it with the rank)
         out.put((rank, "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
 
 

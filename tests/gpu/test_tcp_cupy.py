@@ -29,7 +29,7 @@ def groups():
     def join(r):
         try:
             pgs[r] = ProcessGroupTCP(store, r, W, timeout=30)
-        except Exception as exc:  # reported below
+        except Exception as exc:  # noqa: BLE001  (reported below)
             errors.append(exc)
 
     threads = [threading.Thread(target=join, args=(r,)) for r in range(W)]
@@ -49,7 +49,7 @@ def run_all(pgs, fn):
     def body(r):
         try:
             out[r] = fn(pgs[r], r)
-        except BaseException as exc:  # reported below with the rank
+        except BaseException as exc:  # noqa: BLE001  (reported below with the rank)
             out[r] = exc
 
     threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(len(pgs))]

@@ -98,7 +98,7 @@ def test_a_host_joining_late_is_admitted_at_the_next_round(tmp_path):
     # ... and the new host's worker took part, as rank 2 of 3 (its only round).
     assert re.search(r"runs ranks \[2\] of 3 \(restart 0\)", late.output), late.tail()
     assert "[rank 2] rank 2 of 3 (local rank 0), restart 0" in late.output, late.tail()
-    assert "of 2" not in "\n".join(l for l in late.lines() if "runs ranks" in l), late.tail()
+    assert "of 2" not in "\n".join(ln for ln in late.lines() if "runs ranks" in ln), late.tail()
 
     # Resumed once, from a checkpoint of the two-host round, then every later step exactly once.
     lines = first.lines()

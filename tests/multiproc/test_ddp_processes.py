@@ -111,13 +111,13 @@ def _child(rank, world, port, scenario, arg, timeout, results):
         group = _init(rank, world, port, timeout)
         out = globals()[f"_scenario_{scenario}"](group, arg)
         results.put((rank, "ok", out))
-    except BaseException:
+    except BaseException:  # noqa: BLE001  (handed to the test, which reports it)
         results.put((rank, "error", traceback.format_exc()))
     finally:
         if group is not None:
             try:
                 group.shutdown()
-            except BaseException:
+            except BaseException:  # noqa: BLE001  (best-effort cleanup after the rank's own report)
                 pass
 
 

@@ -26,7 +26,6 @@ def slow_with_marker(path, seconds):
 def call_and_report(to, fn, args, timeout=None):
     from shoal import rpc_agent
 
-    t = time.monotonic()
     try:
         value = rpc_agent.rpc_sync(to, fn, args, timeout=timeout)
         return "ok", value, time.monotonic()

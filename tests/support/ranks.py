@@ -35,7 +35,7 @@ def _child(target, rank, world_size, args, env, results, events) -> None:
             args = tuple(events if isinstance(a, _EventsMarker) else a for a in args)
         value = target(rank, world_size, *args)
         results.put((rank, "ok", value))
-    except BaseException as exc:  # the parent reports it with the rank
+    except BaseException as exc:  # noqa: BLE001  (the parent reports it with the rank)
         results.put((rank, "error", (type(exc).__name__, str(exc), traceback.format_exc())))
 
 

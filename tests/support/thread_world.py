@@ -45,7 +45,7 @@ def on_threads(fn: Callable[[int], Any], ranks: Iterable[int], timeout: float) -
         _local.rank = r
         try:
             out[r] = fn(r)
-        except BaseException as exc:  # the caller decides whether an exception is a failure
+        except BaseException as exc:  # noqa: BLE001  (the caller decides whether an exception is a failure)
             exc.__rank_traceback__ = traceback.format_exc()
             out[r] = exc
 

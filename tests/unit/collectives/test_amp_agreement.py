@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import numpy as np
@@ -94,7 +95,7 @@ def _ddp_amp_run(pg, rank, micro_batches=2, steps=4, hook=None):
             x = core.tensor(rng.standard_normal((6, 4)).astype(np.float32))
             y = core.tensor(rng.integers(0, 2, 6))
             last = micro == micro_batches - 1
-            with (model.no_sync() if not last else _null()):
+            with (model.no_sync() if not last else contextlib.nullcontext()):
                 with core.autocast("cpu"):
                     loss = core.nn.CrossEntropyLoss()(model(x), y) / micro_batches
                 scaler.scale(loss).backward()
@@ -104,14 +105,6 @@ def _ddp_amp_run(pg, rank, micro_batches=2, steps=4, hook=None):
         scaler.step(opt)
         scaler.update()
     return [p.detach().numpy().copy() for p in model.parameters()], scaler.get_scale()
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return None
 
 
 def test_ddp_with_autocast_scaler_and_accumulation_is_bitwise_repeatable_and_in_step():
@@ -211,7 +204,7 @@ def _overflow_run(pg, rank, case, agreement=None, steps=6):
             y = core.tensor(rng.integers(0, 2, 6))
             if hit and case in ("synced", "no_sync") and step == _BAD_STEPS[0]:
                 x[0, 0] = np.inf  # a bad sample: NaN loss and gradients on this rank
-            with (_null() if synced else model.no_sync()):
+            with (contextlib.nullcontext() if synced else model.no_sync()):
                 with core.autocast("cpu"):
                     boost = _HUGE if hit and case == "unused_branch" else None
                     loss = core.nn.CrossEntropyLoss()(model(core.tensor(x), boost), y) / 2

@@ -155,7 +155,7 @@ def run_ranks(world: int, fn: Callable[[FakeGroup], Any], timeout: float = 10.0)
     def body(rank: int) -> None:
         try:
             results[rank] = fn(FakeGroup(hub, rank))
-        except BaseException as exc:  # reported to the test below
+        except BaseException as exc:  # noqa: BLE001  (reported to the test below)
             errors[rank] = exc
             errors[rank].__traceback_text__ = traceback.format_exc()
 
@@ -398,7 +398,6 @@ class Checkpointed(nn.Module):
 def test_static_graph_allows_reentrant_backward():
     def train(group=None):
         model = make_model(cls=Checkpointed)
-        world = 2 if group is not None else 1
         net = DistributedDataParallel(model, process_group=group, static_graph=True) if group else model
         opt = core.optim.SGD(net.parameters(), lr=0.1)
         for step in range(STEPS):
