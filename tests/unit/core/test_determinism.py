@@ -101,7 +101,7 @@ def test_deterministic_flag_raises_or_warns_for_ops_without_a_deterministic_form
         with pytest.warns(UserWarning, match="scatter_add on cuda"):
             try:
                 _scatter_add(not_numpy, target, index, values)
-            except Exception:  # noqa: BLE001  (after warning it goes on to cupy (absent, or given host arrays))
+            except Exception:  # noqa: BLE001  (after warning it goes on to cupy: absent, or given host arrays)
                 pass
     finally:
         core.use_deterministic_algorithms(False)
