@@ -11,24 +11,17 @@ it cannot drift from the code (tests/unit/test_settings.py checks it is current)
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from pathlib import Path
 from typing import Iterable
 
-from shoal.core.config import Setting, SettingsTable
+from shoal.core.config import Setting
 from shoal.launcher.flag_spec import Flag
 from shoal.launcher.flags import RUN_GROUPS, STORE_FLAGS
+from shoal.launcher.settings import layer_tables
 
-# Bottom layer first, as docs/design.md orders them.
-TABLE_MODULES = ("shoal.core.settings", "shoal.collectives.settings", "shoal.rpc_agent.settings",
-                 "shoal.elastic.settings", "shoal.launcher.settings")
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
-
-
-def tables() -> list[SettingsTable]:
-    """Every layer's settings table, bottom layer first."""
-    return [importlib.import_module(name).TABLE for name in TABLE_MODULES]
+tables = layer_tables
 
 
 def _cell(text: object) -> str:

@@ -15,6 +15,7 @@ import pytest
 from shoal.core.config import Setting, SettingError, SettingsTable
 from shoal.launcher import config_doc
 from shoal.launcher.flags import RUN_GROUPS, STORE_FLAGS
+from shoal.launcher.settings import LAYER_TABLES
 
 ROOT = Path(__file__).resolve().parents[2]
 LAYERS = ("core", "collectives", "rpc_agent", "elastic", "launcher", "examples", "shoal")
@@ -22,7 +23,7 @@ LAYERS = ("core", "collectives", "rpc_agent", "elastic", "launcher", "examples",
 CUDA_MACROS = {"SHOAL_AMSGRAD", "SHOAL_GELU_TANH", "SHOAL_INF", "SHOAL_NAN"}
 NAME = re.compile(r"\bSHOAL_[A-Z0-9][A-Z0-9_]*\b")
 TABLE_FILES = {"core/config.py", *(m.split(".", 1)[1].replace(".", "/") + ".py"
-                                   for m in config_doc.TABLE_MODULES)}
+                                   for m in LAYER_TABLES)}
 
 
 def _product_files():
