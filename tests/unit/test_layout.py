@@ -1,10 +1,12 @@
-"""The layout rules of DESIGN.md, checked on the source: one `shoal` import namespace, imports
+"""The layout rules of docs/design.md, checked on the source: one `shoal` import namespace, imports
 that point down the layers only, and no import cycles (core's binding of ops onto Tensor is
 the one deliberate exception)."""
 
 from __future__ import annotations
 
 import ast
+import importlib
+import re
 from pathlib import Path
 
 import pytest
@@ -244,3 +246,33 @@ def test_the_tree_resolves_shoal_imports_without_an_install(layer):
     link = ROOT / "shoal" / layer
     assert link.is_symlink() and link.resolve() == (ROOT / layer).resolve()
     assert (link / "__init__.py").is_file()
+
+
+# Dotted names that are not Python modules: the gRPC service and the launcher's logger.
+NOT_MODULES = {"shoal.rpc.Agent", "shoal.run"}
+_DOTTED = re.compile(r"\bshoal(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
+
+
+def _resolves(name: str) -> bool:
+    parts = name.split(".")
+    for k in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:k]))
+        except ImportError:
+            continue
+        for attr in parts[k:]:
+            if not hasattr(obj, attr):
+                return False
+            obj = getattr(obj, attr)
+        return True
+    return False
+
+
+def test_every_shoal_name_the_code_and_docs_cite_exists():
+    """A docstring or page that names `shoal.x.y` names a module or attribute that exists (the
+    0.2 move left ten that did not)."""
+    texts = [*_product_files(), *sorted((ROOT / "docs").rglob("*.md")), ROOT / "README.md"]
+    stale = sorted({f"{path.relative_to(ROOT)}: {name}" for path in texts
+                    for name in _DOTTED.findall(path.read_text())
+                    if name not in NOT_MODULES and not _resolves(name.rstrip("."))})
+    assert not stale, "\n".join(stale)
