@@ -7,9 +7,16 @@ on the gRPC stream; a buffer is matched to it by (sender, transfer id) (transpor
 so neither has to arrive first, and small calls never queue behind a bulk transfer. Received
 buffers land in reused memory (transport/receive_buffers.py).
 
-Wire, after core.auth's handshake (purpose "rpc-data"):
+Wire, after core.auth's handshake (purpose "rpc-data"), in frames that each carry the
+connection's 16-byte tag (core.channel; or are sealed, 16 bytes longer, with SHOAL_ENCRYPT):
     dialer -> acceptor   the dialer's worker id (4 bytes, network order), once
-    either way           repeated: transfer id (8) + nbytes (8), then nbytes of data
+    either way           repeated: transfer id (8) + nbytes (8), then the nbytes of data in
+                         frames of up to 1 MiB
+Every frame is checked before it is acted on: a header before its buffer is allocated, each
+slice of data (received in place, into the array the call gets) before the array is handed on.
+A frame that fails drops the connection, naming the peer: a relay that forwarded an honest
+handshake can neither inject nor alter nor replay a byte. Tagging costs no copy; encryption
+costs one each way.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import numpy as np
 
 from shoal.core import auth
 from shoal.core.admission import Gatekeeper
+from shoal.core.channel import TAG_BYTES, IntegrityError, Link
 from shoal.core.errors import AuthenticationError
 from shoal.rpc_agent import metrics
 from shoal.rpc_agent._threads import mark_io_thread
@@ -56,12 +64,96 @@ def _recv_exact_into(sock: socket.socket, view: memoryview) -> None:
         got += k
 
 
+def _advance(views: list, n: int) -> None:
+    """Drop the first `n` bytes of `views` (what one sendmsg or recvmsg_into moved)."""
+    while n:
+        if n >= len(views[0]):
+            n -= len(views.pop(0))
+        else:
+            views[0] = views[0][n:]
+            n = 0
+    while views and not len(views[0]):
+        views.pop(0)
+
+
+def _recv_parts_into(sock: socket.socket, parts: list) -> None:
+    """Fill every view of `parts` in order, in as few system calls as the kernel allows."""
+    views = [v for v in parts if len(v)]
+    while views:
+        k = sock.recvmsg_into(views, 0, socket.MSG_WAITALL)[0]
+        if k == 0:
+            raise ConnectionError("the peer closed the data channel in the middle of a frame")
+        _advance(views, k)
+
+
+def _send_parts(sock: socket.socket, parts: list) -> None:
+    views = [v for v in parts if len(v)]
+    while views:
+        _advance(views, sock.sendmsg(views))
+
+
+def _bytes_view(buf) -> memoryview:
+    view = memoryview(buf)
+    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
+
+
+class _Frames:
+    """One connection's framing: each frame goes out with its tag (or sealed) and is checked
+    (or opened) on arrival, in order. Senders hold the connection's send lock; one reader."""
+
+    def __init__(self, link: Link):
+        self._sealer = link.sealer
+        self._opener = link.opener
+        self.encrypt = link.encrypt
+        # Encrypt mode only: where a sealed slice lands before it is opened into the array.
+        self._sealed = bytearray(_SLICE_BYTES + TAG_BYTES) if link.encrypt else None
+        self._tag = bytearray(TAG_BYTES)
+
+    def name_peer(self, label: str) -> None:
+        """How integrity errors name the peer from now on."""
+        self._opener.peer = label
+
+    def pack(self, data) -> list:
+        """The wire parts of one frame of `data` (at most _SLICE_BYTES)."""
+        if self.encrypt:
+            return [self._sealer.seal(data)]
+        return [data, self._sealer.tag((data,))]
+
+    def send(self, sock: socket.socket, buf) -> None:
+        """Send `buf` as frames of up to _SLICE_BYTES, yielding the CPU between slices."""
+        view = _bytes_view(buf)
+        for start in range(0, view.nbytes, _SLICE_BYTES):
+            _send_parts(sock, self.pack(view[start:start + _SLICE_BYTES]))
+            if view.nbytes > _SLICE_BYTES:
+                os.sched_yield()
+
+    def receive_into(self, sock: socket.socket, view: memoryview) -> None:
+        """Receive the frames of `view`'s bytes into it, each checked before the next is read.
+
+        Raises:
+            IntegrityError: a frame is not the next one the peer sent with this connection's
+                keys (the caller drops the connection).
+        """
+        for start in range(0, len(view), _SLICE_BYTES):
+            self._receive_one(sock, view[start:start + _SLICE_BYTES])
+
+    def _receive_one(self, sock: socket.socket, view: memoryview) -> None:
+        if self.encrypt:
+            sealed = memoryview(self._sealed)[:len(view) + TAG_BYTES]
+            _recv_exact_into(sock, sealed)
+            view[:] = self._opener.open(sealed)
+        else:
+            _recv_parts_into(sock, [view, memoryview(self._tag)])
+            self._opener.check((view,), self._tag)
+
+
 class _Conn:
     """One data socket, its sender thread (jobs go out whole and in order) and a reader."""
 
-    def __init__(self, sock: socket.socket, peer_id: int):
+    def __init__(self, sock: socket.socket, peer_id: int, frames: _Frames):
         self.sock = sock
         self.peer_id = peer_id
+        self.frames = frames
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
         # Held while sending; a sender that finds it free and no job queued sends itself.
         self.send_lock = threading.Lock()
@@ -104,6 +196,7 @@ class DataChannels:
         self._gate = Gatekeeper(
             what=f"Worker {name!r}'s data channel", token=token, purpose=PURPOSE,
             on_admit=self._admitted, on_reject=lambda reason: metrics.REJECTED_DATA.inc(),
+            with_link=True,
         )
         try:
             self._gate.add_listener(self._listener)
@@ -184,16 +277,15 @@ class DataChannels:
                 "its buffers were sent."
             ))
             return
+        frames = conn.frames
         try:
             for transfer_id, buf in buffers:
-                conn.sock.sendall(_HEADER.pack(transfer_id, buf.nbytes))
-                if buf.nbytes > _SLICE_BYTES:
-                    view = buf.cast("B") if buf.format != "B" else buf
-                    for start in range(0, buf.nbytes, _SLICE_BYTES):
-                        conn.sock.sendall(view[start:start + _SLICE_BYTES])
-                        os.sched_yield()
+                header = frames.pack(_HEADER.pack(transfer_id, buf.nbytes))
+                if 0 < buf.nbytes <= _SLICE_BYTES:  # header and data in one system call
+                    _send_parts(conn.sock, header + frames.pack(_bytes_view(buf)))
                 else:
-                    conn.sock.sendall(buf)
+                    _send_parts(conn.sock, header)
+                    frames.send(conn.sock, buf)
                 metrics.BYTES_SENT.inc(buf.nbytes + _HEADER.size)
         except OSError as exc:
             self._drop(conn, f"sending failed: {exc}")
@@ -218,34 +310,40 @@ class DataChannels:
                 if conn is not None and conn.alive:
                     return conn
             try:
-                sock = auth.dial(lambda left: socket.create_connection(address, timeout=left),
-                                 self._token, PURPOSE, CONNECT_TIMEOUT_S, prepare=_tune)
-                sock.sendall(_ID.pack(self.worker_id))
+                sock, link = auth.dial_link(
+                    lambda left: socket.create_connection(address, timeout=left), self._token,
+                    PURPOSE, CONNECT_TIMEOUT_S, prepare=_tune,
+                    peer=self._peer_label(peer_id) or f"worker id {peer_id}")
+                frames = _Frames(link)
+                _send_parts(sock, frames.pack(_ID.pack(self.worker_id)))
                 sock.settimeout(None)
             except (OSError, AuthenticationError) as exc:
                 raise RpcPeerLost(
                     f"Worker {self.name!r} could not open its data channel to "
                     f"{self._peer_label(peer_id)} at {address[0]}:{address[1]}: {exc}"
                 ) from exc
-            conn = _Conn(sock, peer_id)
+            conn = _Conn(sock, peer_id, frames)
             self._register(conn, replace=True)
             return conn
 
     # -- receiving
 
-    def _admitted(self, sock: socket.socket, peer: str) -> None:
+    def _admitted(self, sock: socket.socket, peer: str, link: Link) -> None:
         """Gatekeeper callback: serve an authenticated connection on a thread of its own."""
-        threading.Thread(target=self._serve, args=(sock, peer), daemon=True,
+        threading.Thread(target=self._serve, args=(sock, peer, link), daemon=True,
                          name=f"shoal-rpc-data-{self.name}").start()
 
-    def _serve(self, sock: socket.socket, peer: str) -> None:
+    def _serve(self, sock: socket.socket, peer: str, link: Link) -> None:
+        frames = _Frames(link)
         try:
             sock.settimeout(CONNECT_TIMEOUT_S)
             raw = bytearray(_ID.size)
-            _recv_exact_into(sock, memoryview(raw))
+            frames.receive_into(sock, memoryview(raw))
             (peer_id,) = _ID.unpack(raw)
-            if self._peer_label(peer_id) is None:
+            label = self._peer_label(peer_id)
+            if label is None:
                 raise AuthenticationError(f"it claims worker id {peer_id}, which this job lacks")
+            frames.name_peer(f"{label} at {peer}")
             sock.settimeout(None)
             _tune(sock)
         except (OSError, AuthenticationError) as exc:
@@ -256,7 +354,7 @@ class DataChannels:
             )
             sock.close()
             return
-        conn = _Conn(sock, peer_id)
+        conn = _Conn(sock, peer_id, frames)
         self._register(conn, replace=False)
         self._read_loop(conn)
 
@@ -285,9 +383,10 @@ class DataChannels:
         mark_io_thread()
         header = bytearray(_HEADER.size)
         header_view = memoryview(header)
+        frames = conn.frames
         try:
             while True:
-                _recv_exact_into(conn.sock, header_view)
+                frames.receive_into(conn.sock, header_view)
                 transfer_id, nbytes = _HEADER.unpack(header)
                 if nbytes > MAX_TRANSFER_BYTES:
                     raise ConnectionError(
@@ -300,10 +399,14 @@ class DataChannels:
                     raise ConnectionError(
                         f"no memory for its transfer of {nbytes} bytes"
                     ) from exc
-                if nbytes:
-                    _recv_exact_into(conn.sock, memoryview(array))
+                frames.receive_into(conn.sock, memoryview(array).cast("B"))
                 metrics.BYTES_RECEIVED.inc(nbytes + _HEADER.size)
                 self._on_transfer(conn.peer_id, transfer_id, array)
+        except IntegrityError as exc:
+            metrics.REJECTED_DATA.inc()
+            logger.warning("Worker %r: %s", self.name, exc)
+            if conn.alive:
+                self._drop(conn, str(exc))
         except (OSError, ValueError) as exc:
             if conn.alive:
                 self._drop(conn, str(exc))

@@ -216,7 +216,7 @@ def test_the_data_port_drops_garbage_wrong_secrets_and_unknown_workers(workers, 
     before = workers.run(1, rejected)["data"]
     # Garbage instead of the handshake answer.
     with socket.create_connection(("127.0.0.1", data_port), timeout=5) as sock:
-        sock.recv(36)
+        sock.recv(auth.GREETING_BYTES)
         sock.sendall(os.urandom(64))
         assert _closed_by_peer(sock)  # closed without a proof
     # The wrong secret fails the mutual handshake.
@@ -225,8 +225,9 @@ def test_the_data_port_drops_garbage_wrong_secrets_and_unknown_workers(workers, 
             auth.client_handshake(sock, b"not the job's secret", "rpc-data")
     # The right secret but a worker id the job does not have.
     with socket.create_connection(("127.0.0.1", data_port), timeout=5) as sock:
-        auth.client_handshake(sock, TOKEN, "rpc-data")
-        sock.sendall((99).to_bytes(4, "big") + os.urandom(32))
+        link = auth.client_handshake(sock, TOKEN, "rpc-data")
+        claim = (99).to_bytes(4, "big")
+        sock.sendall(claim + link.sealer.tag((claim,)))
         assert _closed_by_peer(sock)
     deadline = time.monotonic() + 10
     while workers.run(1, rejected)["data"] < before + 3:
