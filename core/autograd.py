@@ -104,7 +104,7 @@ def zero_grads(tensors: Iterable[Any], set_to_none: bool = True) -> None:
         else:
             t.grad.grad_fn = None
             t.grad.requires_grad = False
-            t.grad.data[...] = 0
+            t.grad.array[...] = 0
 
 
 def _root(arr: Any) -> Any:
@@ -122,7 +122,7 @@ def _run_hooks(t: Any, g: Any, owned: bool) -> tuple[Any, bool]:
     for hook in list(t._hooks.values()):  # noqa: SLF001 - the engine is Tensor's friend
         out = hook(cls(g))
         if out is not None:
-            g = out.data if isinstance(out, cls) else out
+            g = out.array if isinstance(out, cls) else out
             owned = False
     return g, owned
 
@@ -143,7 +143,7 @@ def _accumulate_leaf(leaf: Any, g: Any, owned: bool) -> None:
     """Add a finished gradient into a leaf's .grad, then fire its post-accumulate hooks."""
     if leaf._hooks:  # noqa: SLF001 - the engine is Tensor's friend
         g, owned = _run_hooks(leaf, g, owned)
-    data = leaf.data
+    data = leaf.array
     if g.shape != data.shape:
         raise AutogradError(
             f"Gradient of shape {tuple(g.shape)} does not match its tensor's shape "
@@ -157,11 +157,11 @@ def _accumulate_leaf(leaf: Any, g: Any, owned: bool) -> None:
             g = g.copy()
         leaf.grad = _tensor_cls()(g)
     else:
-        gd = grad.data
+        gd = grad.array
         if _contiguous_owned(gd) and gd.shape == g.shape:
             gd += g
         else:
-            grad.data = gd + g
+            grad.array = gd + g
     if leaf._post_hooks:  # noqa: SLF001 - the engine is Tensor's friend
         for hook in list(leaf._post_hooks.values()):  # noqa: SLF001 - the engine is Tensor's friend
             hook(leaf)
@@ -177,7 +177,7 @@ def _retain(t: Any, g: Any) -> None:
     if t.grad is None:
         t.grad = _tensor_cls()(g.copy())
     else:
-        t.grad.data = t.grad.data + g
+        t.grad.array = t.grad.array + g
 
 
 def _freed_error(name: str) -> AutogradError:
@@ -196,18 +196,18 @@ def _seed(root: Any, grad: Any) -> tuple[Any, bool]:
             "requires_grad=True?)."
         )
     if grad is None:
-        if root.data.size != 1:
+        if root.array.size != 1:
             raise AutogradError(
                 f"backward() without a gradient needs a scalar output, got shape "
-                f"{tuple(root.data.shape)}; pass grad= with that shape."
+                f"{tuple(root.array.shape)}; pass grad= with that shape."
             )
-        g = root.data.copy()
+        g = root.array.copy()
         g[...] = 1
         return g, True
-    if grad.shape != root.data.shape:
+    if grad.shape != root.array.shape:
         raise AutogradError(
             f"backward(): grad has shape {tuple(grad.shape)} but the output has shape "
-            f"{tuple(root.data.shape)}."
+            f"{tuple(root.array.shape)}."
         )
     return grad, False
 
@@ -235,7 +235,7 @@ def grad(
         gouts = [None] * len(outs)
     else:
         gouts = [grad_outputs] if single_out else list(grad_outputs)
-    gouts = [None if g is None else getattr(g, "data", g) for g in gouts]
+    gouts = [None if g is None else getattr(g, "array", g) for g in gouts]
     ins = [inputs] if not isinstance(inputs, (list, tuple)) else list(inputs)
     capture = {id(t): None for t in ins}
     run_backward(outs, gouts, bool(retain_graph), capture)

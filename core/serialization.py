@@ -103,7 +103,7 @@ class _Writer:
             return ["bytes", base64.b64encode(bytes(obj)).decode("ascii")]
         if isinstance(obj, Tensor):
             tag = "parameter" if isinstance(obj, Parameter) else "tensor"
-            index = self._add(obj.data, where, key=obj)
+            index = self._add(obj.array, where, key=obj)
             return [tag, index, bool(obj.requires_grad), str(obj.device)]
         if isinstance(obj, np.ndarray):
             return ["ndarray", self._add(obj, where)]

@@ -1,4 +1,4 @@
-"""`Tensor`: an ndarray (numpy or cupy) in `.data`, plus the autograd state torch users expect.
+"""`Tensor`: an ndarray (numpy or cupy) in `.array`, plus the autograd state torch users expect.
 
 Ops live in core/ops (forward and backward side by side) and are bound as methods at the end
 of this module.
@@ -18,12 +18,12 @@ from shoal.core.grad_mode import grad_mode
 
 
 class Tensor:
-    """An n-dimensional array with autograd; `.data` is the numpy/cupy array it wraps."""
+    """An n-dimensional array with autograd; `.array` is the numpy/cupy array it wraps."""
 
     # Slots keep attribute access fast on the hot path; __dict__ stays so that callers (DDP,
     # nn) may attach their own attributes as they can on torch tensors.
     __slots__ = (
-        "data",
+        "array",
         "grad",
         "requires_grad",
         "grad_fn",
@@ -38,10 +38,10 @@ class Tensor:
 
     def __init__(self, data: Any, requires_grad: bool = False) -> None:
         if isinstance(data, Tensor):
-            data = data.data
+            data = data.array
         elif not backend.is_array(data):
             data = np.asarray(data)
-        self.data = data
+        self.array = data
         self.grad: Tensor | None = None
         self.requires_grad = bool(requires_grad)
         self.grad_fn: autograd.Node | None = None
@@ -52,25 +52,36 @@ class Tensor:
             _check_float(self, "requires_grad=True")
 
     # -- metadata ---------------------------------------------------------------------------
+    # `.data` is still the array, as `.array` is, until the layers outside core read `.array`;
+    # then it becomes torch's detached tensor sharing storage (issue 35).
+    @property
+    def data(self) -> Any:
+        """The numpy/cupy array (for now the same as `.array`; `.array` is shoal's own name)."""
+        return self.array
+
+    @data.setter
+    def data(self, value: Any) -> None:
+        self.array = value.array if isinstance(value, Tensor) else value
+
     @property
     def shape(self) -> tuple:
         """The shape as a tuple of ints."""
-        return self.data.shape
+        return self.array.shape
 
     @property
     def dtype(self) -> dtypes.DType:
         """The element type (a core dtype such as core.float32)."""
-        return dtypes.from_np(self.data.dtype)
+        return dtypes.from_np(self.array.dtype)
 
     @property
     def device(self) -> backend.Device:
         """Where the data lives: device('cpu') or device('cuda:N')."""
-        return backend.device_of(self.data)
+        return backend.device_of(self.array)
 
     @property
     def ndim(self) -> int:
         """The number of dimensions."""
-        return self.data.ndim
+        return self.array.ndim
 
     @property
     def is_leaf(self) -> bool:
@@ -80,54 +91,54 @@ class Tensor:
     @property
     def is_cuda(self) -> bool:
         """True when the data is a cupy array."""
-        return not isinstance(self.data, np.ndarray)
+        return not isinstance(self.array, np.ndarray)
 
     def dim(self) -> int:
         """The number of dimensions."""
-        return self.data.ndim
+        return self.array.ndim
 
     def size(self, dim: int | None = None) -> Any:
         """The shape, or one dimension's length."""
-        return self.data.shape if dim is None else self.data.shape[dim]
+        return self.array.shape if dim is None else self.array.shape[dim]
 
     def numel(self) -> int:
         """The number of elements."""
-        return int(self.data.size)
+        return int(self.array.size)
 
     def element_size(self) -> int:
         """Bytes per element."""
-        return self.data.dtype.itemsize
+        return self.array.dtype.itemsize
 
     @property
     def nbytes(self) -> int:
         """Bytes of data."""
-        return int(self.data.nbytes)
+        return int(self.array.nbytes)
 
     def is_floating_point(self) -> bool:
         """True for float16/bfloat16/float32/float64."""
         return self.dtype.is_floating_point
 
     def __len__(self) -> int:
-        if self.data.ndim == 0:
+        if self.array.ndim == 0:
             raise TypeError("len() of a 0-d tensor")
-        return self.data.shape[0]
+        return self.array.shape[0]
 
     def __iter__(self) -> Any:
-        if self.data.ndim == 0:
+        if self.array.ndim == 0:
             raise TypeError("iteration over a 0-d tensor")
-        return (self[i] for i in range(self.data.shape[0]))
+        return (self[i] for i in range(self.array.shape[0]))
 
     __hash__ = object.__hash__  # tensors hash by identity, as in torch (== is elementwise)
 
     # -- conversion -------------------------------------------------------------------------
     def item(self) -> Any:
         """The single element as a Python number."""
-        if self.data.size != 1:
+        if self.array.size != 1:
             raise ValueError(
                 f"item(): only one-element tensors can be converted to a Python number, "
-                f"got shape {tuple(self.data.shape)}."
+                f"got shape {tuple(self.array.shape)}."
             )
-        return self.data.item() if isinstance(self.data, np.ndarray) else self.data.get().item()
+        return self.array.item() if isinstance(self.array, np.ndarray) else self.array.get().item()
 
     def tolist(self) -> Any:
         """The data as nested Python lists."""
@@ -139,7 +150,7 @@ class Tensor:
             raise AutogradError(
                 "numpy(): the tensor requires grad; call tensor.detach().numpy() instead."
             )
-        data = self.data
+        data = self.array
         return data if isinstance(data, np.ndarray) else data.get()
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
@@ -153,14 +164,14 @@ class Tensor:
         return int(self.item())
 
     def __index__(self) -> int:
-        if self.dtype.is_floating_point or self.data.size != 1:
+        if self.dtype.is_floating_point or self.array.size != 1:
             raise TypeError("only integer tensors of a single element can be used as an index")
         return int(self.item())
 
     def __bool__(self) -> bool:
-        if self.data.size != 1:
+        if self.array.size != 1:
             raise ValueError(
-                f"The truth value of a tensor with {self.data.size} elements is ambiguous."
+                f"The truth value of a tensor with {self.array.size} elements is ambiguous."
             )
         return bool(self.item())
 
@@ -169,7 +180,7 @@ class Tensor:
         extras = []
         if self.device.type != "cpu":
             extras.append(f"device='{self.device}'")
-        if self.data.dtype not in (np.float32, np.int64, np.bool_):
+        if self.array.dtype not in (np.float32, np.int64, np.bool_):
             extras.append(f"dtype={self.dtype!r}")
         if self.grad_fn is not None:
             extras.append(f"grad_fn=<{self.grad_fn.name()}>")
@@ -245,7 +256,7 @@ class Tensor:
     # -- autograd ---------------------------------------------------------------------------
     def detach(self) -> "Tensor":
         """A tensor sharing this data, cut from the graph."""
-        return Tensor(self.data)
+        return Tensor(self.array)
 
     def detach_(self) -> "Tensor":
         """Cut this tensor from the graph in place."""
@@ -285,9 +296,9 @@ class Tensor:
             raise AutogradError("backward(create_graph=True): higher-order gradients are not supported.")
         g = None
         if gradient is not None:
-            g = gradient.data if isinstance(gradient, Tensor) else gradient
+            g = gradient.array if isinstance(gradient, Tensor) else gradient
             if not backend.is_array(g):
-                g = np.asarray(g, dtype=self.data.dtype)
+                g = np.asarray(g, dtype=self.array.dtype)
         autograd.backward(self, g, bool(retain_graph))
 
     def register_hook(self, hook: Callable[["Tensor"], "Tensor | None"]) -> RemovableHandle:
@@ -325,13 +336,13 @@ class Tensor:
     def zero_(self) -> "Tensor":
         """Fill with zeros in place."""
         check_inplace(self, "zero_")
-        self.data.fill(0)
+        self.array.fill(0)
         return self
 
     def fill_(self, value: Any) -> "Tensor":
         """Fill with a value in place."""
         check_inplace(self, "fill_")
-        self.data.fill(_scalar(value))
+        self.array.fill(_scalar(value))
         return self
 
     def add_(self, other: Any, alpha: Any = 1) -> "Tensor":
@@ -340,7 +351,7 @@ class Tensor:
         o = _raw(other)
         if alpha != 1:
             o = o * _scalar(alpha)
-        self.data += o
+        self.array += o
         return self
 
     def sub_(self, other: Any, alpha: Any = 1) -> "Tensor":
@@ -349,19 +360,19 @@ class Tensor:
         o = _raw(other)
         if alpha != 1:
             o = o * _scalar(alpha)
-        self.data -= o
+        self.array -= o
         return self
 
     def mul_(self, other: Any) -> "Tensor":
         """self *= other, in place."""
         check_inplace(self, "mul_")
-        self.data *= _raw(other)
+        self.array *= _raw(other)
         return self
 
     def div_(self, other: Any) -> "Tensor":
         """self /= other, in place."""
         check_inplace(self, "div_")
-        self.data /= _raw(other)
+        self.array /= _raw(other)
         return self
 
     def addcmul_(self, t1: Any, t2: Any, value: Any = 1) -> "Tensor":
@@ -370,7 +381,7 @@ class Tensor:
         prod = _raw(t1) * _raw(t2)
         if value != 1:
             prod *= _scalar(value)
-        self.data += prod
+        self.array += prod
         return self
 
     def addcdiv_(self, t1: Any, t2: Any, value: Any = 1) -> "Tensor":
@@ -379,17 +390,17 @@ class Tensor:
         q = _raw(t1) / _raw(t2)
         if value != 1:
             q *= _scalar(value)
-        self.data += q
+        self.array += q
         return self
 
     def copy_(self, src: Any) -> "Tensor":
         """Copy src's values into this tensor in place (broadcasting, casting, across devices)."""
         check_inplace(self, "copy_")
         s = _raw(src)
-        if backend.is_array(s) and backend.device_of(s) != backend.device_of(self.data):
-            s = backend.to_device(s, backend.device_of(self.data))
-        xp = backend.array_module(self.data)
-        xp.copyto(self.data, s, casting="unsafe")
+        if backend.is_array(s) and backend.device_of(s) != backend.device_of(self.array):
+            s = backend.to_device(s, backend.device_of(self.array))
+        xp = backend.array_module(self.array)
+        xp.copyto(self.array, s, casting="unsafe")
         return self
 
     # -- DLPack -----------------------------------------------------------------------------
@@ -397,7 +408,7 @@ class Tensor:
 
     def __dlpack_device__(self) -> tuple:
         """The DLPack (device type, index) of the data."""
-        return self.data.__dlpack_device__()
+        return self.array.__dlpack_device__()
 
 
 _new = object.__new__
@@ -412,7 +423,7 @@ def wrap(data: Any) -> Tensor:
     if data.__class__ is not _ndarray and isinstance(data, np.generic):
         data = np.asarray(data)
     out = _new(Tensor)
-    out.data = data
+    out.array = data
     out.grad = None
     out.requires_grad = False
     out.grad_fn = None
@@ -433,7 +444,7 @@ def check_inplace(t: Tensor, op: str) -> None:
 
 
 def _check_float(t: Tensor, what: str) -> None:
-    if t.data.dtype.kind not in "fV" and t.data.dtype != dtypes.bfloat16.np:
+    if t.array.dtype.kind not in "fV" and t.array.dtype != dtypes.bfloat16.np:
         raise AutogradError(
             f"{what}: only floating point tensors can require gradients, got dtype {t.dtype!r}."
         )
@@ -442,7 +453,7 @@ def _check_float(t: Tensor, what: str) -> None:
 def _raw(x: Any) -> Any:
     """A Tensor's array, or a Python scalar as it is (so float32 arrays stay float32)."""
     if isinstance(x, Tensor):
-        return x.data
+        return x.array
     return x
 
 

@@ -155,7 +155,7 @@ class GradScaler:
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                g = p.grad.data
+                g = p.grad.array
                 if g.dtype == _F16:
                     raise ValueError("Attempting to unscale FP16 gradients.")
                 # Checked before scaling: inv_scale cannot turn a finite gradient non-finite.

@@ -48,7 +48,7 @@ def _is_string_array(a: np.ndarray) -> bool:
 def _collate(batch: list, path: str) -> Any:
     elem = batch[0]
     if isinstance(elem, Tensor):
-        return Tensor(_stack([_host(t.data) for t in batch], path))
+        return Tensor(_stack([_host(t.array) for t in batch], path))
     if isinstance(elem, (np.ndarray, np.generic)) and not isinstance(elem, (np.str_, np.bytes_)):
         if _is_string_array(np.asarray(elem)):
             raise CollateError(_BAD_TYPE.format(np.asarray(elem).dtype) + _where(path))

@@ -49,8 +49,8 @@ def pin(data: Any) -> Any:
 
 
 def _pin(data: Any) -> Any:
-    if isinstance(data, Tensor) and isinstance(data.data, np.ndarray):
-        return Tensor(_pinned_copy(data.data))
+    if isinstance(data, Tensor) and isinstance(data.array, np.ndarray):
+        return Tensor(_pinned_copy(data.array))
     if isinstance(data, np.ndarray):
         return _pinned_copy(data)
     if isinstance(data, Mapping):

@@ -142,9 +142,9 @@ class MultiheadAttention(Module):
         k = k.reshape(source, batch, h, d).permute(1, 2, 0, 3)
         v = v.reshape(source, batch, h, d).permute(1, 2, 0, 3)
         mask = merge_masks(attn_mask, key_padding_mask, batch, h, length, source,
-                           q.data.dtype, is_causal)
+                           q.array.dtype, is_causal)
         if mask is not None:
-            mask = backend.to_device(mask, backend.device_of(q.data))
+            mask = backend.to_device(mask, backend.device_of(q.array))
         p = self.dropout if self.training else 0.0
         weights = None
         if need_weights:

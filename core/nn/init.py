@@ -1,6 +1,6 @@
 """In-place initialisers for parameters, with torch.nn.init's names and formulas.
 
-They write into `tensor.data` from core's global generator (core.manual_seed), so they record
+They write into `tensor.array` from core's global generator (core.manual_seed), so they record
 nothing for autograd.
 """
 
@@ -16,7 +16,7 @@ from shoal.core.tensor import Tensor
 
 
 def _draw(tensor: Tensor, kind: str, a: float, b: float) -> Tensor:
-    data = tensor.data
+    data = tensor.array
     xp = backend.array_module(data)
     gen = _random.generator(xp, backend.device_of(data).index)
     # Generators draw float32 or float64; half types draw float32 and round once.
@@ -45,7 +45,7 @@ def normal_(tensor: Tensor, mean: float = 0.0, std: float = 1.0) -> Tensor:
 
 def constant_(tensor: Tensor, val: float) -> Tensor:
     """Fill with `val`."""
-    tensor.data[...] = val
+    tensor.array[...] = val
     return tensor
 
 

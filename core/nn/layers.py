@@ -74,7 +74,7 @@ class Embedding(Module):
         """N(0, 1), with the padding row zeroed."""
         init.normal_(self.weight)
         if self.padding_idx is not None:
-            self.weight.data[self.padding_idx] = 0
+            self.weight.array[self.padding_idx] = 0
 
     def forward(self, input: Any) -> Any:  # noqa: A002
         return F.embedding(input, self.weight, self.padding_idx)

@@ -351,9 +351,9 @@ class Module:
 
         for t in itertools.chain(self.parameters(), self.buffers()):
             # Keep each Parameter object (optimizers hold it); swap only its array.
-            t.data = convert(t.data)
+            t.array = convert(t.array)
             if t.grad is not None:
-                t.grad.data = convert(t.grad.data)
+                t.grad.array = convert(t.grad.array)
         return self
 
     def cpu(self) -> "Module":
@@ -385,10 +385,10 @@ class Module:
             destination = OrderedDict()
         for name, p in self._parameters.items():
             if p is not None:
-                destination[prefix + name] = p if keep_vars else Tensor(p.data)
+                destination[prefix + name] = p if keep_vars else Tensor(p.array)
         for name, b in self._buffers.items():
             if b is not None and name not in self._non_persistent_buffers:
-                destination[prefix + name] = b if keep_vars else Tensor(b.data)
+                destination[prefix + name] = b if keep_vars else Tensor(b.array)
         for name, module in self._modules.items():
             if module is not None:
                 module.state_dict(destination, prefix + name + ".", keep_vars)
@@ -420,7 +420,7 @@ class Module:
             if key not in state_dict:
                 continue
             value = state_dict[key]
-            data = value.data if isinstance(value, Tensor) else value
+            data = value.array if isinstance(value, Tensor) else value
             if not backend.is_array(data):
                 try:
                     data = np.asarray(data)
@@ -443,7 +443,7 @@ class Module:
             )
         for key, data in sources.items():
             target = targets[key]
-            target.data[...] = backend.to_device(data, backend.device_of(target.data))
+            target.array[...] = backend.to_device(data, backend.device_of(target.array))
         return IncompatibleKeys(missing, unexpected)
 
     # -- printing --------------------------------------------------------------------------

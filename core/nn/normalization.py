@@ -49,9 +49,9 @@ class _BatchNorm(Module):
     def reset_running_stats(self) -> None:
         """Running mean 0, running variance 1, no batches tracked."""
         if self.track_running_stats:
-            self.running_mean.data[...] = 0
-            self.running_var.data[...] = 1
-            self.num_batches_tracked.data[...] = 0
+            self.running_mean.array[...] = 0
+            self.running_var.array[...] = 1
+            self.num_batches_tracked.array[...] = 0
 
     def reset_parameters(self) -> None:
         """Reset the running statistics, then weight = 1 and bias = 0."""
@@ -69,9 +69,9 @@ class _BatchNorm(Module):
         """torch's rule: momentum None is a cumulative average over the batches tracked."""
         factor = 0.0 if self.momentum is None else self.momentum
         if self.training and self.track_running_stats and self.num_batches_tracked is not None:
-            self.num_batches_tracked.data[...] += 1
+            self.num_batches_tracked.array[...] += 1
             if self.momentum is None:
-                factor = 1.0 / float(self.num_batches_tracked.data)
+                factor = 1.0 / float(self.num_batches_tracked.array)
         use_batch = self.training or self.running_mean is None
         return factor, use_batch
 

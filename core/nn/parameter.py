@@ -18,18 +18,18 @@ class Parameter(Tensor):
         if data is None:
             data = np.empty((0,), dtype=np.float32)
         if isinstance(data, Tensor):
-            data = data.data
+            data = data.array
         super().__init__(data, requires_grad=requires_grad)
 
     def __repr__(self) -> str:
         return "Parameter containing:\n" + super().__repr__()
 
     def __deepcopy__(self, memo: dict) -> "Parameter":
-        copied = Parameter(self.data.copy(), requires_grad=self.requires_grad)
+        copied = Parameter(self.array.copy(), requires_grad=self.requires_grad)
         if self.grad is not None:
-            copied.grad = Tensor(self.grad.data.copy())
+            copied.grad = Tensor(self.grad.array.copy())
         memo[id(self)] = copied
         return copied
 
     def __reduce_ex__(self, protocol: Any) -> Any:
-        return (Parameter, (self.data, self.requires_grad))
+        return (Parameter, (self.array, self.requires_grad))

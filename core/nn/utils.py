@@ -26,14 +26,14 @@ def clip_grad_norm_(
     norm_type = float(norm_type)
     if not grads:
         return wrap(np.asarray(0.0, dtype=np.float32))
-    xp = xp_of(grads[0].data)
+    xp = xp_of(grads[0].array)
     if math.isinf(norm_type):
-        norms = [xp.abs(g.data).max() for g in grads]
+        norms = [xp.abs(g.array).max() for g in grads]
         total = xp.max(xp.stack([xp.asarray(n, dtype=xp.float64) for n in norms]))
     else:
         acc = 0.0
         for g in grads:
-            gd = (g.data.astype(xp.float64) if g.data.dtype.itemsize < 4 else g.data).ravel()
+            gd = (g.array.astype(xp.float64) if g.array.dtype.itemsize < 4 else g.array).ravel()
             acc += float(xp.vdot(gd, gd)) if norm_type == 2.0 else float((xp.abs(gd) ** norm_type).sum())
         total = acc ** (1.0 / norm_type)
     total_f = float(total)
@@ -46,11 +46,11 @@ def clip_grad_norm_(
     coef = float(max_norm) / (total_f + 1e-6)
     if coef < 1.0:
         for g in grads:
-            g.data *= g.data.dtype.type(coef)
-    return wrap(xp.asarray(total_f, dtype=grads[0].data.dtype))
+            g.array *= g.array.dtype.type(coef)
+    return wrap(xp.asarray(total_f, dtype=grads[0].array.dtype))
 
 
 def clip_grad_value_(parameters: Iterable[Tensor] | Tensor, clip_value: float) -> None:
     """Clamp every gradient element into [-clip_value, clip_value] in place."""
     for g in _grads(parameters):
-        xp_of(g.data).clip(g.data, -clip_value, clip_value, out=g.data)
+        xp_of(g.array).clip(g.array, -clip_value, clip_value, out=g.array)

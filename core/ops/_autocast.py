@@ -23,14 +23,14 @@ _F64 = np.dtype(np.float64)
 def _device_type(inputs: tuple) -> str | None:
     for t in inputs:
         if isinstance(t, Tensor):
-            return "cpu" if isinstance(t.data, np.ndarray) else backend.device_of(t.data).type
+            return "cpu" if isinstance(t.array, np.ndarray) else backend.device_of(t.array).type
     return None
 
 
 def _to(t: Any, target: np.dtype) -> Any:
     if not isinstance(t, Tensor):
         return t
-    dt = t.data.dtype
+    dt = t.array.dtype
     # torch casts every floating input except float64; integer and bool inputs pass as they are.
     # (ml_dtypes' bfloat16 has numpy kind "V".)
     if dt == target or dt == _F64 or dt.kind not in "fV":
@@ -42,7 +42,7 @@ def _to(t: Any, target: np.dtype) -> Any:
     if not cacheable:
         return _shape.to(t, None, target)
     hit = STATE.cache.get(id(t))
-    if hit is not None and hit[0] is t and hit[1].data.dtype == target:
+    if hit is not None and hit[0] is t and hit[1].array.dtype == target:
         return hit[1]
     low = _shape.to(t, None, target)
     STATE.cache[id(t)] = (t, low)  # holding t keeps its id from being reused while cached

@@ -28,8 +28,8 @@ def result(
     `exact_dtype`: the op chose its output dtype on purpose (a cast), so keep it as it is.
     """
     out = wrap(data)  # numpy ufuncs turn 0-d results into scalars; wrap keeps arrays
-    if out.data.dtype is _F32 and not exact_dtype:
-        out.data = _keep_bfloat16(out.data, inputs)
+    if out.array.dtype is _F32 and not exact_dtype:
+        out.array = _keep_bfloat16(out.array, inputs)
     if grad_mode.enabled:
         for t in inputs:
             if t.__class__ is not Tensor and not isinstance(t, Tensor):
@@ -59,7 +59,7 @@ def _keep_bfloat16(data: Any, inputs: tuple) -> Any:
     saw_bf16 = False
     for t in inputs:
         if isinstance(t, Tensor):
-            dt = t.data.dtype
+            dt = t.array.dtype
             if dt is _BF16:
                 saw_bf16 = True
             elif dt.kind == "f" and dt.itemsize >= 4:
@@ -79,7 +79,7 @@ def val(x: Any) -> Any:
     tensor to float64 (numpy treats np.float64(2.0) as a strong type, 2.0 as a weak one).
     """
     if isinstance(x, Tensor):
-        return x.data
+        return x.array
     if isinstance(x, np.generic):  # before float: np.float64 subclasses float
         return x.item()
     if isinstance(x, (int, float, bool)):

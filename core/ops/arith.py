@@ -178,7 +178,7 @@ def rpow(x: Any, y: Any) -> Any:
 
 def _grad_for(operand: Any, g: Any) -> Any:
     """A gradient in its operand's dtype: the op may have computed in a promoted one."""
-    return as_dtype(g, operand.data.dtype)
+    return as_dtype(g, operand.array.dtype)
 
 
 def _as_float(d: Any) -> Any:
@@ -195,7 +195,7 @@ def _xp_log(a: Any) -> Any:
 
 def neg(x: Any) -> Any:
     """-x."""
-    out = -x.data
+    out = -x.array
 
     def backward(g: Any) -> tuple:
         return (-g,)

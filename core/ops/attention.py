@@ -32,7 +32,7 @@ def scaled_dot_product_attention(
         query, key, value, attn_mask = _autocast.cast(
             "scaled_dot_product_attention", query, key, value, attn_mask
         )
-    qd, kd, vd = query.data, key.data, value.data
+    qd, kd, vd = query.array, key.array, value.array
     _check_arguments(qd, kd, vd, attn_mask, dropout_p, is_causal)
     xp = xp_of(qd)
     sc = 1.0 / math.sqrt(qd.shape[-1]) if scale is None else float(scale)

@@ -180,8 +180,8 @@ def _conv(
     """The convolution conv1d and conv2d share (conv1d runs as a conv2d of height 1)."""
     xd, wd, st, dil, pads, (ho, wo) = _conv_geometry(
         x, weight, bias, stride, padding, dilation, groups, op, spatial)
-    bd = None if bias is None else bias.data
-    batched = x.data.ndim == spatial + 2
+    bd = None if bias is None else bias.array
+    batched = x.array.ndim == spatial + 2
     n, c, h, w = xd.shape
     o, cg, kh, kw = wd.shape
     (pt, pb), (pl, pr) = pads
@@ -277,8 +277,8 @@ def _conv_geometry(
 ) -> tuple:
     """The checked arguments of a convolution: the input and weight as 4-d NCHW and OIHW views,
     stride, dilation, ((top, bottom), (left, right)) padding and the output's (height, width)."""
-    xd, wd = x.data, weight.data
-    bd = None if bias is None else bias.data
+    xd, wd = x.array, weight.array
+    bd = None if bias is None else bias.array
     if xd.ndim not in (spatial + 1, spatial + 2) or wd.ndim != spatial + 2:
         raise ShapeError(
             f"{op}: expected a {spatial + 1}-d (unbatched) or {spatial + 2}-d input and a "

@@ -34,7 +34,7 @@ def tensor(data: Any, dtype: Any = None, device: Any = None, requires_grad: bool
     Python floats become float32 and ints int64, as in torch; arrays keep their dtype.
     """
     if isinstance(data, Tensor):
-        data = data.data
+        data = data.array
     if backend.is_array(data):
         src = data
         dev = backend.device(device) if device is not None else backend.device_of(data)
@@ -116,8 +116,8 @@ def full(
 
 
 def _like(x: Tensor, dtype: Any, device: Any) -> tuple:
-    dev = backend.device(device) if device is not None else backend.device_of(x.data)
-    dt = dtypes.to_np(dtype, dev.type) if dtype is not None else x.data.dtype
+    dev = backend.device(device) if device is not None else backend.device_of(x.array)
+    dt = dtypes.to_np(dtype, dev.type) if dtype is not None else x.array.dtype
     return dev, dt, backend.xp_for(dev)
 
 
@@ -125,28 +125,28 @@ def zeros_like(x: Tensor, dtype: Any = None, device: Any = None, requires_grad: 
     """Zeros with x's shape (and dtype/device unless given)."""
     dev, dt, xp = _like(x, dtype, device)
     with backend.device_context(dev):
-        return _finish(xp.zeros(x.data.shape, dtype=dt), requires_grad)
+        return _finish(xp.zeros(x.array.shape, dtype=dt), requires_grad)
 
 
 def ones_like(x: Tensor, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
     """Ones with x's shape (and dtype/device unless given)."""
     dev, dt, xp = _like(x, dtype, device)
     with backend.device_context(dev):
-        return _finish(xp.ones(x.data.shape, dtype=dt), requires_grad)
+        return _finish(xp.ones(x.array.shape, dtype=dt), requires_grad)
 
 
 def empty_like(x: Tensor, dtype: Any = None, device: Any = None) -> Tensor:
     """Uninitialised with x's shape (and dtype/device unless given)."""
     dev, dt, xp = _like(x, dtype, device)
     with backend.device_context(dev):
-        return _finish(xp.empty(x.data.shape, dtype=dt), False)
+        return _finish(xp.empty(x.array.shape, dtype=dt), False)
 
 
 def full_like(x: Tensor, fill_value: Any, dtype: Any = None, device: Any = None) -> Tensor:
     """fill_value with x's shape (and dtype/device unless given)."""
     dev, dt, xp = _like(x, dtype, device)
     with backend.device_context(dev):
-        return _finish(xp.full(x.data.shape, fill_value, dtype=dt), False)
+        return _finish(xp.full(x.array.shape, fill_value, dtype=dt), False)
 
 
 def _random_float(kind: str, size: tuple, dtype: Any, device: Any, requires_grad: bool) -> Tensor:

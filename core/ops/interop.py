@@ -23,7 +23,7 @@ class DLPackError(ShoalError, BufferError):
 def from_dlpack(obj: Any) -> Tensor:
     """A tensor sharing the memory of any DLPack producer (numpy, cupy, torch, a Tensor)."""
     if isinstance(obj, Tensor):
-        return Tensor(obj.data)
+        return Tensor(obj.array)
     if isinstance(obj, np.ndarray):
         return Tensor(obj)
     if not hasattr(obj, "__dlpack_device__"):
@@ -55,7 +55,7 @@ def from_dlpack(obj: Any) -> Tensor:
 def to_dlpack(t: Tensor, *args: Any, **kwargs: Any) -> Any:
     """Export a tensor's data as a DLPack capsule."""
     try:
-        return t.data.__dlpack__(*args, **kwargs)
+        return t.array.__dlpack__(*args, **kwargs)
     except BufferError as exc:
         raise DLPackError(
             f"to_dlpack: a tensor of dtype {t.dtype!r} cannot be exported through DLPack: {exc}"

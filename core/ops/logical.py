@@ -15,7 +15,7 @@ _UINT8 = np.dtype(np.uint8)
 
 
 def _truth(x: Tensor, dim: Any, keepdim: bool, op: str) -> Tensor:
-    xd = x.data
+    xd = x.array
     dims = norm_dims(dim, xd.ndim, op)
     fn = np.all if op == "all" else np.any
     if xd.ndim == 0:
@@ -47,7 +47,7 @@ def equal(x: Tensor, y: Tensor) -> bool:
 
 def _same_dtype(x: Tensor, y: Tensor, op: str) -> None:
     # torch refuses to compare tolerances across dtypes rather than silently promoting.
-    if x.data.dtype != y.data.dtype:
+    if x.array.dtype != y.array.dtype:
         raise dtypes.DTypeError(
             f"{op}: both tensors must have the same dtype, got {x.dtype!r} and {y.dtype!r}."
         )
@@ -58,7 +58,7 @@ def isclose(
 ) -> Tensor:
     """Elementwise |x - y| <= atol + rtol * |y| (broadcasting), as a bool tensor."""
     _same_dtype(x, y, "isclose")
-    xd, yd = x.data, y.data
+    xd, yd = x.array, y.array
     try:
         out = xp_of(xd).isclose(xd, yd, rtol=rtol, atol=atol, equal_nan=equal_nan)
     except ValueError as exc:
@@ -73,12 +73,12 @@ def allclose(
 ) -> bool:
     """True when isclose holds everywhere (shapes broadcast, dtypes must match)."""
     _same_dtype(x, y, "allclose")
-    return bool(isclose(x, y, rtol, atol, equal_nan).data.all())
+    return bool(isclose(x, y, rtol, atol, equal_nan).array.all())
 
 
 def nonzero(x: Tensor, *, as_tuple: bool = False) -> Any:
     """Indices of non-zero elements: an int64 (n, ndim) tensor, or a tuple of 1-D index tensors."""
-    xd = x.data
+    xd = x.array
     xp = xp_of(xd)
     # numpy's nonzero of a 0-d array is deprecated; torch treats it as a 1-element vector for
     # as_tuple and as a (n, 0) matrix otherwise.

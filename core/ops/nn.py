@@ -29,8 +29,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """x @ weight.T + bias as one node; weight has shape (out_features, in_features)."""
     if _AMP.active:
         x, weight, bias = _autocast.cast("linear", x, weight, bias)
-    xd, wd = x.data, weight.data
-    bd = None if bias is None else bias.data
+    xd, wd = x.array, weight.array
+    bd = None if bias is None else bias.array
     if wd.ndim != 2 or xd.ndim == 0 or xd.shape[-1] != wd.shape[1]:
         raise ShapeError(
             f"linear: input of shape {tuple(xd.shape)} does not fit weight of shape "
@@ -73,7 +73,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 def embedding(input: Any, weight: Tensor, padding_idx: int | None = None) -> Tensor:  # noqa: A002
     """Rows of weight picked by integer indices; the padding row gets no gradient."""
     idx = val(input)
-    wd = weight.data
+    wd = weight.array
     xp = xp_of(wd)
     if not backend.is_array(idx):
         idx = xp.asarray(idx)
@@ -110,7 +110,7 @@ def layer_norm(
     """
     if _AMP.active:
         x, weight, bias = _autocast.cast("layer_norm", x, weight, bias)
-    xd = x.data
+    xd = x.array
     xp = xp_of(xd)
     out_dtype = norm_output_dtype(xd.dtype, weight, bias)
     if is_reduced_float(xd.dtype):
@@ -129,10 +129,10 @@ def layer_norm(
     var = (xc * xc).mean(axis=axes, keepdims=True)
     rstd = 1.0 / xp.sqrt(var + eps)
     xhat = xc * rstd
-    wd = None if weight is None else weight.data
+    wd = None if weight is None else weight.array
     out = xhat * wd if wd is not None else xhat.copy()
     if bias is not None:
-        out += bias.data
+        out += bias.array
     out = as_dtype(out, out_dtype)
 
     def backward(g: Any) -> tuple:
@@ -143,11 +143,11 @@ def layer_norm(
         if needs_grad(x):
             m1 = gxhat.mean(axis=axes, keepdims=True)
             m2 = (gxhat * xhat).mean(axis=axes, keepdims=True)
-            gx = as_dtype((gxhat - m1 - xhat * m2) * rstd, x.data.dtype)
+            gx = as_dtype((gxhat - m1 - xhat * m2) * rstd, x.array.dtype)
         if needs_grad(weight):
-            gw = as_dtype((g * xhat).sum(axis=lead) if lead else g * xhat, weight.data.dtype)
+            gw = as_dtype((g * xhat).sum(axis=lead) if lead else g * xhat, weight.array.dtype)
         if needs_grad(bias):
-            gb = as_dtype(g.sum(axis=lead) if lead else g.copy(), bias.data.dtype)
+            gb = as_dtype(g.sum(axis=lead) if lead else g.copy(), bias.array.dtype)
         return gx, gw, gb
 
     return result(out, "LayerNormBackward", backward, (x, weight, bias), exact_dtype=True)
@@ -159,7 +159,7 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
         raise ValueError(f"dropout: probability must be in [0, 1], got {p}.")
     if not training or p == 0.0:
         return x
-    xd = x.data
+    xd = x.array
     xp = xp_of(xd)
     if p == 1.0:
         mask = xp.zeros(xd.shape, dtype=xd.dtype)
@@ -239,7 +239,7 @@ def cross_entropy(
     _check_reduction(reduction, "cross_entropy")
     if not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}.")
-    xd, td = input.data, val(target)
+    xd, td = input.array, val(target)
     xp = xp_of(xd)
     if not backend.is_array(td):
         td = xp.asarray(td)
@@ -278,7 +278,7 @@ def _soft_cross_entropy(
 ) -> Tensor:
     """Probability targets: the loss of each row is logsumexp * (sum of weighted targets) minus
     the weighted targets' dot product with the logits."""
-    xd = input.data
+    xd = input.array
     xp = xp_of(xd)
     rows, n_classes = x2.shape
     e = x2 - x2.max(axis=1, keepdims=True)  # shifted logits; becomes exp() below
@@ -311,7 +311,7 @@ def _class_cross_entropy(
 ) -> Tensor:
     """Class indices with class weights or label smoothing (without either, the fused kernels
     of `_plain_cross_entropy` run instead)."""
-    xd = input.data
+    xd = input.array
     xp = xp_of(xd)
     rows, n_classes = x2.shape
     dt = xd.dtype
@@ -418,7 +418,7 @@ def _plain_cross_entropy(
     input: Tensor, target: Any, x2: Any, t2: Any, ignore_index: int, reduction: str  # noqa: A002
 ) -> Tensor:
     """Class indices without weights or smoothing: the fused kernels (numpy reference on cpu)."""
-    xd = input.data
+    xd = input.array
     xp = xp_of(xd)
     n_classes = x2.shape[1]
     if t2.dtype.kind not in "iu":
@@ -453,7 +453,7 @@ def nll_loss(
         input, target, weight = _autocast.cast(  # noqa: A001 - torch's parameter name
             "nll_loss", input, target, weight)
     _check_reduction(reduction, "nll_loss")
-    xd, td = input.data, val(target)
+    xd, td = input.array, val(target)
     xp = xp_of(xd)
     if not backend.is_array(td):
         td = xp.asarray(td)

@@ -40,7 +40,7 @@ def batch_norm(
     `reduce_sums`, when given, sums [count, sum, sum of squares] over participants in the
     forward pass and [sum of dy, sum of dy * xhat] in the backward pass.
     """
-    xd = input.data
+    xd = input.array
     c = _check_shapes(xd, running_mean, running_var, weight, bias)
     xp = xp_of(xd)
     # Work on a (rows, C) channels-last matrix: contiguous per-channel reductions, and free
@@ -58,16 +58,16 @@ def batch_norm(
     else:
         if running_mean is None or running_var is None:
             raise ValueError("batch_norm: evaluation needs running_mean and running_var.")
-        mean, var = running_mean.data, running_var.data
+        mean, var = running_mean.array, running_var.array
         xc = xd - mean
     rstd = 1.0 / xp.sqrt(var + eps)
-    wd = None if weight is None else weight.data
+    wd = None if weight is None else weight.array
     # xhat = xc * rstd is never materialised: the output scales xc once by rstd * weight, and
     # the backward pass folds rstd into its per-channel coefficients (fewer full-size passes).
     scale = rstd if wd is None else rstd * wd
     out = xc * scale
     if bias is not None:
-        out += bias.data
+        out += bias.array
     out = as_dtype(xp.moveaxis(out.reshape(moved.shape), -1, 1), out_dtype)
 
     def backward(g: Any) -> tuple:
@@ -92,11 +92,11 @@ def batch_norm(
                 # dx = scale * (dy - mean(dy) - xhat * mean(dy * xhat)), xhat = xc * rstd.
                 gx -= xc * (scale * rstd * tot_gxhat / count)
                 gx -= scale * tot_g / count
-            gx = as_dtype(xp.moveaxis(gx.reshape(moved.shape), -1, 1), input.data.dtype)
+            gx = as_dtype(xp.moveaxis(gx.reshape(moved.shape), -1, 1), input.array.dtype)
         if gw is not None:
-            gw = as_dtype(gw, weight.data.dtype)
+            gw = as_dtype(gw, weight.array.dtype)
         if gb is not None:
-            gb = as_dtype(gb, bias.data.dtype)
+            gb = as_dtype(gb, bias.array.dtype)
         return gx, None, None, gw, gb
 
     return result(out, "NativeBatchNormBackward", backward,
@@ -171,10 +171,10 @@ def _update_running(
     factor = 0.0 if momentum is None else momentum
     unbiased = var * (count / (count - 1))
     if running_mean is not None:
-        rm = running_mean.data
+        rm = running_mean.array
         rm *= 1.0 - factor
         rm += factor * mean.astype(rm.dtype, copy=False)
     if running_var is not None:
-        rv = running_var.data
+        rv = running_var.array
         rv *= 1.0 - factor
         rv += factor * unbiased.astype(rv.dtype, copy=False)

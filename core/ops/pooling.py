@@ -39,7 +39,7 @@ def max_pool2d(
     maximum in the window's row-major order, as torch's."""
     if ceil_mode or return_indices:
         raise NotImplementedError("max_pool2d: ceil_mode and return_indices are not supported.")
-    xd = input.data
+    xd = input.array
     k, st, pd, dil, ho, wo = _geometry(xd, kernel_size, stride, padding, dilation, "max_pool2d")
     xp = xp_of(xd)
     x4 = xd if xd.ndim == 4 else xd[None]
@@ -97,7 +97,7 @@ def avg_pool2d(
     """The mean of each window; padded zeros count unless count_include_pad=False."""
     if ceil_mode:
         raise NotImplementedError("avg_pool2d: ceil_mode is not supported.")
-    xd = input.data
+    xd = input.array
     k, st, pd, dil, ho, wo = _geometry(xd, kernel_size, stride, padding, 1, "avg_pool2d")
     xp = xp_of(xd)
     x4 = xd if xd.ndim == 4 else xd[None]
@@ -127,7 +127,7 @@ def avg_pool2d(
 
 def adaptive_avg_pool2d(input: Tensor, output_size: Any) -> Tensor:  # noqa: A002
     """Average over the bins torch uses: rows floor(i*H/oh) to ceil((i+1)*H/oh)."""
-    xd = input.data
+    xd = input.array
     if xd.ndim not in (3, 4):
         raise ShapeError(f"adaptive_avg_pool2d: expected a 3-d or 4-d input, got {tuple(xd.shape)}.")
     h, w = xd.shape[-2:]

@@ -34,7 +34,7 @@ def sum(x: Any, dim: Any = None, keepdim: bool = False, dtype: Any = None) -> An
     """Sum over `dim` (all dims when None)."""
     if _AMP.active:
         (x,) = _autocast.cast("sum", x)
-    xd = x.data
+    xd = x.array
     dims = norm_dims(dim, xd.ndim, "sum")
     np_dtype = None
     if dtype is not None:
@@ -55,7 +55,7 @@ def sum(x: Any, dim: Any = None, keepdim: bool = False, dtype: Any = None) -> An
 
 def mean(x: Any, dim: Any = None, keepdim: bool = False) -> Any:
     """Arithmetic mean over `dim` (all dims when None)."""
-    xd = x.data
+    xd = x.array
     dims = norm_dims(dim, xd.ndim, "mean")
     if xd.dtype in _HALF:
         out = _as_array(xd.mean(axis=dims, keepdims=keepdim, dtype=np.float32), xd).astype(xd.dtype)
@@ -78,7 +78,7 @@ def _as_array(out: Any, like: Any) -> Any:
 
 def _extreme(x: Any, dim: Any, keepdim: bool, largest: bool) -> Any:
     op = "max" if largest else "min"
-    xd = x.data
+    xd = x.array
     xp = xp_of(xd)
     if dim is None:
         out = _as_array(xd.max() if largest else xd.min(), xd)
@@ -121,7 +121,7 @@ def min(x: Any, dim: Any = None, keepdim: bool = False) -> Any:  # noqa: A001
 
 
 def _amax(x: Any, dim: Any, keepdim: bool, largest: bool) -> Any:
-    xd = x.data
+    xd = x.array
     dims = norm_dims(dim, xd.ndim, "amax" if largest else "amin")
     fn = xd.max if largest else xd.min
     out = _as_array(fn(axis=dims, keepdims=keepdim), xd)
@@ -148,7 +148,7 @@ def amin(x: Any, dim: Any = None, keepdim: bool = False) -> Any:
 
 def argmax(x: Any, dim: Any = None, keepdim: bool = False) -> Any:
     """Indices of the maxima (int64, no grad)."""
-    xd = x.data
+    xd = x.array
     if dim is None:
         return wrap(_as_array(xd.argmax(), xd))
     (axis,) = norm_dims(dim, xd.ndim, "argmax")
@@ -157,7 +157,7 @@ def argmax(x: Any, dim: Any = None, keepdim: bool = False) -> Any:
 
 def argmin(x: Any, dim: Any = None, keepdim: bool = False) -> Any:
     """Indices of the minima (int64, no grad)."""
-    xd = x.data
+    xd = x.array
     if dim is None:
         return wrap(_as_array(xd.argmin(), xd))
     (axis,) = norm_dims(dim, xd.ndim, "argmin")
@@ -168,7 +168,7 @@ def var(x: Any, dim: Any = None, keepdim: bool = False, correction: int = 1) -> 
     """Variance with Bessel's correction by default (as torch)."""
     mu = mean(x, dim, keepdim=True)
     d = x - mu
-    n = x.data.size // mu.data.size
+    n = x.array.size // mu.array.size
     return sum(d * d, dim, keepdim) / (n - correction)
 
 
@@ -176,7 +176,7 @@ def softmax(x: Any, dim: int = -1) -> Any:
     """exp(x) / sum(exp(x)) along dim, shifted by the max for stability."""
     if _AMP.active:
         (x,) = _autocast.cast("softmax", x)
-    xd = x.data
+    xd = x.array
     xp = xp_of(xd)
     (axis,) = norm_dims(dim, xd.ndim, "softmax")
     out = xd - xd.max(axis=axis, keepdims=True)
@@ -195,7 +195,7 @@ def log_softmax(x: Any, dim: int = -1) -> Any:
     """x - logsumexp(x) along dim."""
     if _AMP.active:
         (x,) = _autocast.cast("log_softmax", x)
-    xd = x.data
+    xd = x.array
     xp = xp_of(xd)
     (axis,) = norm_dims(dim, xd.ndim, "log_softmax")
     out = xd - xd.max(axis=axis, keepdims=True)
@@ -211,7 +211,7 @@ def logsumexp(x: Any, dim: Any, keepdim: bool = False) -> Any:
     """log(sum(exp(x))) along dim, stably."""
     if _AMP.active:
         (x,) = _autocast.cast("logsumexp", x)
-    xd = x.data
+    xd = x.array
     xp = xp_of(xd)
     dims = norm_dims(dim, xd.ndim, "logsumexp")
     m = xd.max(axis=dims, keepdims=True)

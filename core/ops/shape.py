@@ -32,7 +32,7 @@ def _shape_args(shape: Sequence) -> tuple:
 
 def reshape(x: Tensor, *shape: Any) -> Tensor:
     """The same elements in a new shape (a view when the layout allows, as numpy reshape)."""
-    xd = x.data
+    xd = x.array
     new = _shape_args(shape)
     try:
         out = xd.reshape(new)
@@ -53,7 +53,7 @@ view = reshape
 
 def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
     """Merge dims start_dim..end_dim into one."""
-    shp = x.data.shape
+    shp = x.array.shape
     if not shp:
         return reshape(x, (1,))
     s, e = norm_dims((start_dim, end_dim), len(shp), "flatten")
@@ -65,14 +65,14 @@ def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
 
 def unsqueeze(x: Tensor, dim: int) -> Tensor:
     """Insert a dim of size 1 at `dim`."""
-    shp = x.data.shape
+    shp = x.array.shape
     (d,) = norm_dims(dim, len(shp) + 1, "unsqueeze")
     return reshape(x, shp[:d] + (1,) + shp[d:])
 
 
 def squeeze(x: Tensor, dim: Any = None) -> Tensor:
     """Drop dims of size 1 (only `dim` when given)."""
-    shp = x.data.shape
+    shp = x.array.shape
     if dim is None:
         return reshape(x, tuple(n for n in shp if n != 1))
     dims = norm_dims(dim, len(shp), "squeeze")
@@ -81,7 +81,7 @@ def squeeze(x: Tensor, dim: Any = None) -> Tensor:
 
 def transpose(x: Tensor, dim0: int, dim1: int) -> Tensor:
     """Swap two dims (a view)."""
-    xd = x.data
+    xd = x.array
     if xd.ndim < 2 and dim0 in (0, -1) and dim1 in (0, -1):
         return reshape(x, xd.shape)
     a, b = norm_dims((dim0, dim1), xd.ndim, "transpose")
@@ -95,7 +95,7 @@ def transpose(x: Tensor, dim0: int, dim1: int) -> Tensor:
 
 def permute(x: Tensor, *dims: Any) -> Tensor:
     """Reorder dims (a view)."""
-    xd = x.data
+    xd = x.array
     order = norm_dims(_shape_args(dims), xd.ndim, "permute")
     if sorted(order) != list(range(xd.ndim)):
         raise ShapeError(
@@ -115,7 +115,7 @@ def permute(x: Tensor, *dims: Any) -> Tensor:
 
 def T(x: Tensor) -> Tensor:  # noqa: N802 - torch's name
     """All dims reversed (the matrix transpose for 2-D)."""
-    xd = x.data
+    xd = x.array
     if xd.ndim < 2:
         return x
     if xd.ndim == 2:
@@ -125,17 +125,17 @@ def T(x: Tensor) -> Tensor:  # noqa: N802 - torch's name
 
 def t(x: Tensor) -> Tensor:
     """The transpose of a matrix; vectors and scalars unchanged; more than 2 dims refused."""
-    if x.data.ndim > 2:
+    if x.array.ndim > 2:
         raise ShapeError(
-            f"t: expects a tensor with <= 2 dimensions, got {x.data.ndim} (shape "
-            f"{tuple(x.data.shape)}); use transpose(dim0, dim1) or permute."
+            f"t: expects a tensor with <= 2 dimensions, got {x.array.ndim} (shape "
+            f"{tuple(x.array.shape)}); use transpose(dim0, dim1) or permute."
         )
     return T(x)
 
 
 def expand(x: Tensor, *sizes: Any) -> Tensor:
     """Broadcast to a larger shape (-1 keeps a dim), as a read-only view."""
-    xd = x.data
+    xd = x.array
     new = list(_shape_args(sizes))
     lead = len(new) - xd.ndim
     for i in range(lead, len(new)):
@@ -154,7 +154,7 @@ def expand(x: Tensor, *sizes: Any) -> Tensor:
 
 def contiguous(x: Tensor) -> Tensor:
     """A C-contiguous tensor (self when already contiguous)."""
-    xd = x.data
+    xd = x.array
     if xd.flags.c_contiguous:
         return x
     out = xp_of(xd).ascontiguousarray(xd)
@@ -167,7 +167,7 @@ def contiguous(x: Tensor) -> Tensor:
 
 def clone(x: Tensor) -> Tensor:
     """A copy of the data that stays in the graph."""
-    out = x.data.copy()
+    out = x.array.copy()
 
     def backward(g: Any) -> tuple:
         return (g,)
@@ -182,7 +182,7 @@ def _norm_index(idx: Any) -> tuple[Any, bool]:
     basic = True
     for it in items:
         if isinstance(it, Tensor):
-            it = it.data
+            it = it.array
         elif isinstance(it, list):
             it = np.asarray(it)
         if backend.is_array(it):
@@ -193,7 +193,7 @@ def _norm_index(idx: Any) -> tuple[Any, bool]:
 
 def getitem(x: Tensor, idx: Any) -> Tensor:
     """Indexing and slicing as numpy: ints, slices, None, Ellipsis, int arrays, bool masks."""
-    xd = x.data
+    xd = x.array
     index, basic = _norm_index(idx)
     if not basic and not isinstance(xd, np.ndarray):
         index = _index_to_device(index, xd)
@@ -240,7 +240,7 @@ def setitem(x: Tensor, idx: Any, value: Any) -> None:
     """In-place assignment into the data (refused on tensors that are part of a graph)."""
     check_inplace(x, "__setitem__")
     index, basic = _norm_index(idx)
-    x.data[index] = val(value)
+    x.array[index] = val(value)
 
 
 def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
@@ -248,7 +248,7 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     tensors = list(tensors)
     if not tensors:
         raise ShapeError("cat: expected a non-empty sequence of tensors.")
-    dt, *datas = promote(*(t.data for t in tensors))
+    dt, *datas = promote(*(t.array for t in tensors))
     (axis,) = norm_dims(dim, datas[0].ndim, "cat")
     xp = xp_of(datas[0])
     try:
@@ -265,7 +265,7 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
 
     def backward(g: Any) -> tuple:
         lead = (slice(None),) * axis
-        return tuple(as_dtype(g[lead + (slice(a, b),)], t.data.dtype)
+        return tuple(as_dtype(g[lead + (slice(a, b),)], t.array.dtype)
                      for (a, b), t in zip(bounds, tensors))
 
     return result(out, "CatBackward", backward, tuple(tensors), exact_dtype=True)
@@ -276,7 +276,7 @@ def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     tensors = list(tensors)
     if not tensors:
         raise ShapeError("stack: expected a non-empty sequence of tensors.")
-    dt, *datas = promote(*(t.data for t in tensors))
+    dt, *datas = promote(*(t.array for t in tensors))
     (axis,) = norm_dims(dim, datas[0].ndim + 1, "stack")
     xp = xp_of(datas[0])
     try:
@@ -288,7 +288,7 @@ def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
 
     def backward(g: Any) -> tuple:
         lead = (slice(None),) * axis
-        return tuple(as_dtype(g[lead + (i,)], t.data.dtype) for i, t in enumerate(tensors))
+        return tuple(as_dtype(g[lead + (i,)], t.array.dtype) for i, t in enumerate(tensors))
 
     return result(out, "StackBackward", backward, tuple(tensors), exact_dtype=True)
 
@@ -310,9 +310,9 @@ def where(cond: Any, x: Any, y: Any) -> Tensor:
     def backward(g: Any) -> tuple:
         return (
             None,
-            as_dtype(unbroadcast(xp.where(cd, g, 0), xd.shape), x.data.dtype)
+            as_dtype(unbroadcast(xp.where(cd, g, 0), xd.shape), x.array.dtype)
             if needs_grad(x) else None,
-            as_dtype(unbroadcast(xp.where(cd, 0, g), yd.shape), y.data.dtype)
+            as_dtype(unbroadcast(xp.where(cd, 0, g), yd.shape), y.array.dtype)
             if needs_grad(y) else None,
         )
 
@@ -342,8 +342,8 @@ def _pairwise_extreme(x: Any, y: Any, largest: bool) -> Tensor:
         wx = (xd > yd) if largest else (xd < yd)
         wx = wx + 0.5 * (xd == yd)
         return (
-            as_dtype(unbroadcast(g * wx, xd.shape), x.data.dtype) if needs_grad(x) else None,
-            as_dtype(unbroadcast(g * (1 - wx), yd.shape), y.data.dtype)
+            as_dtype(unbroadcast(g * wx, xd.shape), x.array.dtype) if needs_grad(x) else None,
+            as_dtype(unbroadcast(g * (1 - wx), yd.shape), y.array.dtype)
             if needs_grad(y) else None,
         )
 
@@ -352,14 +352,14 @@ def _pairwise_extreme(x: Any, y: Any, largest: bool) -> Tensor:
 
 def split(x: Tensor, split_size: Any, dim: int = 0) -> tuple:
     """Split into chunks of split_size (or the listed sizes) along dim; each is a view."""
-    n = x.data.shape[dim]
+    n = x.array.shape[dim]
     if isinstance(split_size, int):
         sizes = [split_size] * (n // split_size) + ([n % split_size] if n % split_size else [])
     else:
         sizes = list(split_size)
         if sum(sizes) != n:
             raise ShapeError(f"split: sizes {sizes} do not add up to dim {dim} of length {n}.")
-    (axis,) = norm_dims(dim, x.data.ndim, "split")
+    (axis,) = norm_dims(dim, x.array.ndim, "split")
     out = []
     pos = 0
     for s in sizes:
@@ -370,13 +370,13 @@ def split(x: Tensor, split_size: Any, dim: int = 0) -> tuple:
 
 def chunk(x: Tensor, chunks: int, dim: int = 0) -> tuple:
     """Split into `chunks` nearly equal pieces along dim."""
-    n = x.data.shape[dim]
+    n = x.array.shape[dim]
     return split(x, -(-n // chunks), dim)
 
 
 def to(x: Tensor, device: Any, dtype: Any, copy: bool = False) -> Tensor:
     """Move and/or cast; returns x itself when nothing changes (unless copy)."""
-    xd = x.data
+    xd = x.array
     out = xd
     src_dev = backend.device_of(xd)
     if device is not None:
@@ -411,4 +411,4 @@ def to(x: Tensor, device: Any, dtype: Any, copy: bool = False) -> Tensor:
 
 def detach_like(x: Tensor) -> Tensor:
     """A graph-free tensor sharing x's data."""
-    return wrap(x.data)
+    return wrap(x.array)

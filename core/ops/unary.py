@@ -29,7 +29,7 @@ def exp(x: Any) -> Any:
     """e ** x."""
     if _AMP.active:
         (x,) = _autocast.cast("exp", x)
-    xd = x.data
+    xd = x.array
     dt = xd.dtype
     out = narrow(xp_of(xd).exp(widen_bf16(xd)), dt)
 
@@ -43,7 +43,7 @@ def log(x: Any) -> Any:
     """Natural logarithm."""
     if _AMP.active:
         (x,) = _autocast.cast("log", x)
-    xd = x.data
+    xd = x.array
     dt = xd.dtype
     out = narrow(xp_of(xd).log(widen_bf16(xd)), dt)
 
@@ -55,7 +55,7 @@ def log(x: Any) -> Any:
 
 def sqrt(x: Any) -> Any:
     """Square root."""
-    xd = x.data
+    xd = x.array
     dt = xd.dtype
     out = narrow(xp_of(xd).sqrt(widen_bf16(xd)), dt)
 
@@ -67,7 +67,7 @@ def sqrt(x: Any) -> Any:
 
 def tanh(x: Any) -> Any:
     """Hyperbolic tangent."""
-    xd = x.data
+    xd = x.array
     dt = xd.dtype
     out = narrow(xp_of(xd).tanh(widen_bf16(xd)), dt)
 
@@ -82,7 +82,7 @@ def tanh(x: Any) -> Any:
 def sigmoid(x: Any) -> Any:
     """1 / (1 + e ** -x), torch's formula: accurate in both tails (a far negative x gives a
     huge e ** -x, so a tiny result, and one past float32's range an inf, so 0, as torch)."""
-    xd = x.data
+    xd = x.array
     dt = xd.dtype
     xp = xp_of(xd)
     with np.errstate(over="ignore"):
@@ -98,7 +98,7 @@ def sigmoid(x: Any) -> Any:
 
 def relu(x: Any) -> Any:
     """max(x, 0)."""
-    xd = x.data
+    xd = x.array
     dt = xd.dtype
     out = narrow(xp_of(xd).maximum(widen_bf16(xd), 0), dt)
 
@@ -112,7 +112,7 @@ def relu(x: Any) -> Any:
 
 def gelu(x: Any, approximate: str = "none") -> Any:
     """Gaussian error linear unit: x * Phi(x); approximate='tanh' uses the tanh formula."""
-    xd = x.data
+    xd = x.array
     xp = xp_of(xd)
     if xp is not np:  # cupy: one fused CUDA kernel each way (core/kernels/gelu.py)
         out = _kernels.gelu_forward_cuda(xd, approximate)
@@ -152,7 +152,7 @@ def gelu(x: Any, approximate: str = "none") -> Any:
 
 def abs(x: Any) -> Any:  # noqa: A001 - torch's name
     """|x|; the gradient at 0 is 0, as in torch."""
-    xd = x.data
+    xd = x.array
     xp = xp_of(xd)
     dt = xd.dtype
     out = xp.abs(xd)  # exact in every dtype: no widening needed
@@ -172,7 +172,7 @@ def clamp(x: Any, min: Any = None, max: Any = None) -> Any:  # noqa: A002 - torc
     """
     if min is None and max is None:
         raise ValueError("clamp: at least one of min and max must be given, got both None.")
-    dt, xd, lo, hi = promote(x.data, _bound(min), _bound(max))
+    dt, xd, lo, hi = promote(x.array, _bound(min), _bound(max))
     # Exact in any dtype, but ml_dtypes' bfloat16 loops are slow.
     xd, lo, hi = widen_bf16(xd), widen_bf16(lo), widen_bf16(hi)
     out = as_dtype(xp_of(xd).clip(xd, lo, hi), dt)
@@ -184,17 +184,17 @@ def clamp(x: Any, min: Any = None, max: Any = None) -> Any:  # noqa: A002 - torc
             inside = (xd >= lo) if lo is not None else None
             if hi is not None:
                 inside = (xd <= hi) if inside is None else inside & (xd <= hi)
-            gx = as_dtype(unbroadcast(g * inside, xd.shape), x.data.dtype)
+            gx = as_dtype(unbroadcast(g * inside, xd.shape), x.array.dtype)
         if needs_grad(min):
             below = xd < lo
             if hi is not None:
                 below &= lo < hi
-            gmin = as_dtype(unbroadcast(g * below, lo.shape), min.data.dtype)
+            gmin = as_dtype(unbroadcast(g * below, lo.shape), min.array.dtype)
         if needs_grad(max):
             above = xd > hi
             if lo is not None:
                 above |= hi < lo
-            gmax = as_dtype(unbroadcast(g * above, hi.shape), max.data.dtype)
+            gmax = as_dtype(unbroadcast(g * above, hi.shape), max.array.dtype)
         return gx, gmin, gmax
 
     return result(out, "ClampBackward", backward, (x, min, max), exact_dtype=True)

@@ -57,7 +57,7 @@ class Adam(Optimizer):
             if p.grad is None:
                 continue
             grad = self._checked_grad(p)
-            data = p.data
+            data = p.array
             state = self.state[p]
             if not state:
                 state["step"] = 0
@@ -69,9 +69,9 @@ class Adam(Optimizer):
                 # amsgrad switched on later (e.g. by a loaded group): start its maximum at zero.
                 state["max_exp_avg_sq"] = Tensor(_zeros_like(data))
             state["step"] += 1
-            max_sq = state["max_exp_avg_sq"].data if amsgrad else None
+            max_sq = state["max_exp_avg_sq"].array if amsgrad else None
             adam_step(
-                data, grad, state["exp_avg"].data, state["exp_avg_sq"].data, max_sq,
+                data, grad, state["exp_avg"].array, state["exp_avg_sq"].array, max_sq,
                 step=state["step"], scratch=self._scratch(data, 2), **kwargs,
             )
 

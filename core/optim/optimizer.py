@@ -1,6 +1,6 @@
 """`Optimizer`: parameter groups, per-parameter state, zero_grad and state_dict, as torch.optim.
 
-Subclasses implement `_step_group(group)`; updates run on the raw arrays in `.data` through the
+Subclasses implement `_step_group(group)`; updates run on the raw arrays in `.array` through the
 fused kernels of core.kernels (CUDA for cupy arrays, their numpy references on the CPU).
 """
 
@@ -148,10 +148,10 @@ class Optimizer:
 
     @staticmethod
     def _checked_grad(p: Tensor) -> Any:
-        grad = p.grad.data
-        if grad.shape != p.data.shape:
+        grad = p.grad.array
+        if grad.shape != p.array.shape:
             raise ShapeError(
-                f"Optimizer step: parameter of shape {tuple(p.data.shape)} has a gradient of "
+                f"Optimizer step: parameter of shape {tuple(p.array.shape)} has a gradient of "
                 f"shape {tuple(grad.shape)}."
             )
         return grad
@@ -215,7 +215,7 @@ class Optimizer:
     def _load_value(p: Tensor, index: int, key: str, value: Any) -> Any:
         """A deep copy of one saved state value, on p's device and in p's dtype if an array."""
         if isinstance(value, Tensor):
-            data = value.data
+            data = value.array
         elif isinstance(value, np.ndarray) or type(value).__module__.startswith("cupy"):
             data = value
         else:
@@ -226,4 +226,4 @@ class Optimizer:
                 f"{tuple(data.shape)} but the parameter has shape {tuple(p.shape)}."
             )
         data = backend.to_device(data, p.device)
-        return Tensor(data.astype(p.data.dtype, copy=True))
+        return Tensor(data.astype(p.array.dtype, copy=True))

@@ -50,7 +50,7 @@ class SGD(Optimizer):
             if p.grad is None:
                 continue
             grad = self._checked_grad(p)
-            data = p.data
+            data = p.array
             buf = None
             first = False
             if momentum != 0.0:
@@ -59,7 +59,7 @@ class SGD(Optimizer):
                 if buf_tensor is None:
                     first = True
                     buf_tensor = state["momentum_buffer"] = Tensor(data.copy())
-                buf = buf_tensor.data
+                buf = buf_tensor.array
             sgd_step(
                 data, grad, buf, lr=lr, momentum=momentum, dampening=dampening,
                 nesterov=nesterov, weight_decay=weight_decay, maximize=maximize, first=first,

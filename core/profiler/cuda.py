@@ -32,7 +32,7 @@ def available() -> bool:
 def on_gpu(args: tuple) -> bool:
     """True when an argument is a tensor on a GPU (its array is not numpy's)."""
     for a in args:
-        if isinstance(a, Tensor) and a.data.__class__ is not np.ndarray:
+        if isinstance(a, Tensor) and a.array.__class__ is not np.ndarray:
             return True
     return False
 

@@ -72,13 +72,13 @@ def _count_tensor(o: Any, args: tuple, rec: Any) -> int:
     key = id(o)
     if key in rec.live_tensors:
         return 0
-    d = o.data
+    d = o.array
     base = d.base
     if base is None:
         base = d
     for a in args:
         if a.__class__ is Tensor or isinstance(a, Tensor):
-            ad = a.data
+            ad = a.array
             if ad is base or ad.base is base:
                 return 0  # a view of (or the very array of) an input
     n = d.nbytes
