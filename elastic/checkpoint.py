@@ -12,7 +12,11 @@ token keys the MAC: it then detects damage only, and the allow-list is the only 
 A save writes a temporary file in the same directory, fsyncs it, renames it over the final name
 and fsyncs the directory, so a crash leaves either the old set of checkpoints or the new one,
 never a half-written file under a checkpoint's name. `load_latest` verifies each file and falls
-back to the one before when a file is truncated, damaged, foreign or refused.
+back to the one before when a file is truncated, damaged, foreign or refused, when it claims
+more memory than can be had, and when what sits under its name is not a regular file (opened
+without blocking or following links: `elastic.checkpoint_files`). A save moves a non-file in
+its way aside; a disk that refuses it (full, read-only) raises `CheckpointDiskError`, which
+says which checkpoints are left and which the agent does not restart into.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import pickle
 import re
 import secrets
 import socket
+import stat
 import time
 from typing import Iterable, Optional
 
@@ -31,6 +36,17 @@ from shoal.core.auth import load_token
 from shoal.core.errors import ShoalError
 from shoal.elastic import training_metrics
 from shoal.elastic.api import CheckpointError
+from shoal.elastic.checkpoint_files import (
+    DISK_ERRNOS,
+    CheckpointDiskError,
+    fsync_dir,
+    kind_of,
+    move_aside,
+    open_regular,
+    pid_alive,
+    report_not_retryable,
+    what_is_left,
+)
 from shoal.elastic.checkpoint_format import (
     CheckpointCorrupt,
     CheckpointRefused,
@@ -42,30 +58,11 @@ from shoal.elastic.checkpoint_format import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Checkpointer", "CheckpointCorrupt", "CheckpointRefused", "CheckpointUnauthenticated"]
+__all__ = ["Checkpointer", "CheckpointCorrupt", "CheckpointDiskError", "CheckpointRefused",
+           "CheckpointUnauthenticated"]
 
 _NAME = re.compile(r"ckpt-(\d{12})\.shoal")
 _TMP = re.compile(r"\.ckpt-\d+\.(?P<host>[^.]+)\.(?P<pid>\d+)\.[0-9a-f]+\.tmp")
-
-
-# ----------------------------------------------------------------------------- file helpers
-
-def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class Checkpointer:
@@ -129,8 +126,15 @@ class Checkpointer:
     def save(self, step: int, state: dict) -> str:
         """Write `state` as the checkpoint of `step` atomically; return the file's path.
 
+        Whatever else sits under the file's name (a directory, a FIFO) is moved aside, never
+        deleted, with a warning that says where it went. A checkpoint directory deleted while
+        the job ran is made again (its old checkpoints are gone; this one holds the whole state).
+
         Raises:
             ValueError: a negative or non-integer step, or a state that is not a dict.
+            CheckpointDiskError: the disk refuses the write (full, read-only, over quota, not
+                writable); its message says which checkpoints are left. The agent does not
+                restart into it: a restart would fail the same save.
             CheckpointError: the state cannot be pickled or the file cannot be written.
         """
         if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 10 ** 12:
@@ -138,10 +142,35 @@ class Checkpointer:
         if not isinstance(state, dict):
             raise ValueError(f"Checkpoint state must be a dict, got {type(state).__name__}.")
         final = self.path(step)
+        started = time.perf_counter()
+        try:
+            try:
+                self._write(step, state, final)
+            except FileNotFoundError:
+                if os.path.isdir(self.directory):
+                    raise
+                logger.warning("The checkpoint directory %s is gone (deleted while the job ran): "
+                               "the checkpoints it held are lost. Making it again to save step %d.",
+                               self.directory, step)
+                os.makedirs(self.directory, exist_ok=True)
+                self._write(step, state, final)
+        except OSError as exc:
+            raise self._write_failed(step, final, exc) from exc
+        logger.info("Saved checkpoint of step %d to %s", step, final)
+        # Duration, bytes, last step and time: what a failure now would throw away.
+        training_metrics.record_checkpoint_save(step, time.perf_counter() - started,
+                                                os.path.getsize(final))
+        try:
+            self._prune()
+        except OSError as exc:  # the checkpoint is saved; an old one lingers
+            logger.warning("Removing old checkpoints from %s failed: %s", self.directory, exc)
+        return final
+
+    def _write(self, step: int, state: dict, final: str) -> None:
         host = socket.gethostname().replace(".", "_") or "host"
         tmp = os.path.join(self.directory,
                            f".ckpt-{step}.{host}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-        started = time.perf_counter()
+        self._clear_the_way(final, step)
         try:
             # The temporary file exists before the state is serialized, so a save killed at
             # any point leaves a file the next save recognises and removes (see _prune).
@@ -150,42 +179,64 @@ class Checkpointer:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, final)
-            _fsync_dir(self.directory)
+            fsync_dir(self.directory)
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
             self._discard(tmp)
             raise CheckpointError(f"The state of step {step} cannot be pickled: {exc}") from exc
-        except OSError as exc:
-            self._discard(tmp)
-            raise CheckpointError(
-                f"Writing checkpoint {final!r} failed: {exc}; the previous checkpoints are intact."
-            ) from exc
         except BaseException:
             self._discard(tmp)
             raise
-        logger.info("Saved checkpoint of step %d to %s", step, final)
-        # Duration, bytes, last step and time: what a failure now would throw away.
-        training_metrics.record_checkpoint_save(step, time.perf_counter() - started,
-                                                os.path.getsize(final))
-        self._prune(step)
-        return final
+
+    def _write_failed(self, step: int, final: str, exc: OSError) -> CheckpointError:
+        """The error a failed save raises: what failed and which checkpoints are left; a disk
+        fault (full, read-only, not writable) is not retryable and the agent is told so."""
+        left = what_is_left(self.directory, self.steps)
+        if exc.errno not in DISK_ERRNOS:
+            return CheckpointError(f"Writing checkpoint {final!r} failed: {exc}. {left}")
+        error = CheckpointDiskError(
+            f"Saving the checkpoint of step {step} to {final!r} failed: {exc}. {left} This is "
+            "the disk's fault and a restart would fail the same save, so the job is not "
+            "restarted: free space or make the directory writable (or give another "
+            "--checkpoint-dir), then start the job again.")
+        report_not_retryable(error)
+        return error
+
+    def _clear_the_way(self, path: str, step: int) -> None:
+        """Move aside whatever non-file sits under a checkpoint's name (a rename cannot replace
+        a directory, and a user's entry is never deleted)."""
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            return
+        if stat.S_ISREG(mode) or stat.S_ISLNK(mode):
+            return  # a rename replaces it (a link, not what it points to)
+        aside = move_aside(path)
+        if aside is not None:
+            logger.warning("%s was in the way of the checkpoint of step %d (%s, not a checkpoint "
+                           "file): moved it aside to %s", path, step, kind_of(mode),
+                           os.path.basename(aside))
 
     def _discard(self, tmp: str) -> None:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        except OSError as exc:
+            logger.warning("Cannot remove the temporary file %s: %s", tmp, exc)
 
-    def _prune(self, newest: int) -> None:
+    def _prune(self) -> None:
         for old in self.steps()[:-self.keep]:
+            path = self.path(old)
+            self._clear_the_way(path, old)
             try:
-                os.unlink(self.path(old))
+                os.unlink(path)
             except FileNotFoundError:
                 pass
         # Temporary files of saves whose process died (on this host) are garbage.
         host = socket.gethostname().replace(".", "_") or "host"
         for name in os.listdir(self.directory):
             m = _TMP.fullmatch(name)
-            if m and m.group("host") == host and not _pid_alive(int(m.group("pid"))):
+            if m and m.group("host") == host and not pid_alive(int(m.group("pid"))):
                 logger.info("Removing %s, left by a save that was killed", name)
                 self._discard(os.path.join(self.directory, name))
 
@@ -197,13 +248,15 @@ class Checkpointer:
         Raises:
             CheckpointUnauthenticated: its MAC does not match this job's secret.
             CheckpointRefused: it names a global outside the allow-list.
-            CheckpointCorrupt: it is truncated, damaged or of another format.
+            CheckpointCorrupt: it is truncated, damaged, of another format, too big to be held
+                in memory here, or not a regular file (a FIFO, a directory, a symbolic link:
+                refused without blocking).
             CheckpointError: it is missing.
         """
         path = self.path(step)
         started = time.perf_counter()
         try:
-            with open(path, "rb") as f:
+            with open_regular(path) as f:
                 state = read_checkpoint(f, path, step, self._key, trusted=self.trusted,
                                         allow=self._allow)
                 training_metrics.record_checkpoint_load(time.perf_counter() - started,

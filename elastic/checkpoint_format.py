@@ -18,8 +18,12 @@ ctypes.CDLL and ("shoal.core.auth", "logging.FileHandler") opened any path: whoe
 shared checkpoint directory could run code in every worker that resumed. Format 2 closes both:
 
 - The MAC is keyed by the job's secret (`derive_key`) and checked, in constant time, over the
-  whole file before anything but the fixed-size framing is parsed. A file written under another
-  secret, or changed by one byte, is refused without being read further.
+  whole file before anything but the framing is acted on. A file written under another secret,
+  or changed by one byte, is refused without being read further. The framing includes the
+  header's JSON, parsed once before the MAC only to check that its sizes account for exactly
+  the file's size (at most MAX_HEADER_BYTES read): the whole file is read into memory for the
+  MAC, so a sparse file of many gigabytes behind a valid magic must be refused before that, and
+  a real one too big for this machine's memory (MemoryError) is refused as damaged.
 - Arrays never pass through pickle: numpy arrays (ml_dtypes' bfloat16 and friends included),
   numpy scalars and core Tensors/Parameters (their data and requires_grad; not grad, hooks or
   the device: a cuda tensor loads on the host) become entries of the header's array table (a
@@ -76,6 +80,9 @@ TRAILER_BYTES = MAC_BYTES + len(END)
 MIN_FILE_BYTES = PREFIX_BYTES + TRAILER_BYTES
 ALIGN = 64
 _MAX_NDIM = 32  # numpy's own limit is 64; no training state comes near either
+# A header holds one short JSON entry per array: a million arrays stay far below this. Anything
+# longer is refused before it is read, since the header is parsed before the MAC is checked.
+MAX_HEADER_BYTES = 256 << 20
 
 # Every global a real training state's skeleton needs: Module.state_dict() returns an
 # OrderedDict. Everything else a state holds (dicts, lists, tuples, sets, str, bytes, ints,
@@ -257,6 +264,31 @@ def _read_framing(f: BinaryIO, path: str, size: int) -> None:
             f"Checkpoint {path!r} has no end marker: it is truncated or was cut off mid-save.")
 
 
+def _header_json(raw: bytes, path: str) -> dict:
+    """The header's JSON object, of format 2."""
+    try:
+        header = json.loads(raw)
+    except ValueError as exc:
+        raise CheckpointCorrupt(f"Checkpoint {path!r} has an unreadable header: {exc}") from exc
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise CheckpointCorrupt(f"Checkpoint {path!r} has a header of an unknown format.")
+    return header
+
+
+def _check_claimed_size(f: BinaryIO, path: str, size: int) -> None:
+    """Refuse a file whose header does not account for exactly its size, before anything the
+    size of the file is allocated: a sparse file of many gigabytes with a valid magic costs a
+    small read, not an allocation. Only JSON is parsed from these unverified bytes; nothing in
+    them is acted on until the MAC matches (`_parse_header` parses the verified copy)."""
+    f.seek(len(MAGIC))
+    (length,) = _LENGTH.unpack(f.read(_LENGTH.size))
+    _int(length, "header length", path, high=min(MAX_HEADER_BYTES, size - MIN_FILE_BYTES))
+    raw = f.read(length)
+    header = _header_json(raw, path)
+    payload = size - PREFIX_BYTES - length - TRAILER_BYTES
+    _int(header.get("payload_bytes"), "payload length", path, low=payload, high=payload)
+
+
 def _aligned_empty(nbytes: int) -> np.ndarray:
     """A uint8 buffer starting on an ALIGN boundary, so the file's aligned arrays stay aligned."""
     raw = np.empty(nbytes + ALIGN, dtype=np.uint8)
@@ -299,12 +331,7 @@ def _parse_header(body: np.ndarray, path: str, step: int) -> tuple[dict, int]:
     """The header and the payload's offset in `body`, every field checked."""
     (length,) = _LENGTH.unpack(body[len(MAGIC):PREFIX_BYTES].tobytes())
     _int(length, "header length", path, high=body.nbytes - PREFIX_BYTES)
-    try:
-        header = json.loads(body[PREFIX_BYTES:PREFIX_BYTES + length].tobytes())
-    except ValueError as exc:
-        raise CheckpointCorrupt(f"Checkpoint {path!r} has an unreadable header: {exc}") from exc
-    if not isinstance(header, dict) or header.get("format") != FORMAT:
-        raise CheckpointCorrupt(f"Checkpoint {path!r} has a header of an unknown format.")
+    header = _header_json(body[PREFIX_BYTES:PREFIX_BYTES + length].tobytes(), path)
     payload_start = PREFIX_BYTES + length
     payload = body.nbytes - payload_start
     _int(header.get("payload_bytes"), "payload length", path, low=payload, high=payload)
@@ -395,7 +422,14 @@ def read_checkpoint(f: BinaryIO, path: str, step: int, key: bytes, *, trusted: b
     size = f.seek(0, io.SEEK_END)
     f.seek(0)
     _read_framing(f, path, size)
-    body = _read_verified(f, path, size, key)
+    _check_claimed_size(f, path, size)
+    try:
+        body = _read_verified(f, path, size, key)
+    except MemoryError as exc:
+        raise CheckpointCorrupt(
+            f"Checkpoint {path!r} needs {size - TRAILER_BYTES} bytes of memory to be verified, "
+            "which cannot be allocated here: treated as damaged and skipped (if it is real, it "
+            "was written on a machine with more memory; load it there).") from exc
     # Everything below reads bytes this job's key vouched for; it is still checked field by
     # field, so that a bug or a leaked key yields an error, never code execution.
     header, payload_start = _parse_header(body, path, step)
