@@ -59,6 +59,27 @@ def settle(group: WorkerGroup, *, wait: float, interval: float, single_node: boo
     return ordered(failures)
 
 
+# Worker errors a restart would only repeat (elastic.checkpoint_files.CheckpointDiskError: a
+# checkpoint save the disk refused), by the class name an error file's message starts with.
+NOT_RETRYABLE_ERRORS = ("CheckpointDiskError",)
+
+
+def not_retryable(record: Mapping) -> bool:
+    """The failure record is of a fault a restart would only repeat (a full or read-only
+    checkpoint disk): the job should fail at once rather than spend its restarts on it."""
+    return record.get("retryable") is False
+
+
+def _retryable_field(doc: Mapping, failure: WorkerExit) -> dict:
+    """{"retryable": False} when the worker exited (not by a signal) after reporting a fault a
+    restart would repeat: marked so in its error file, or named by its error's class."""
+    if failure.exitcode is None or failure.exitcode <= 0:
+        return {}
+    marked = isinstance(doc.get("shoal"), dict) and doc["shoal"].get("retryable") is False
+    named = doc["message"]["message"].startswith(tuple(f"{n}: " for n in NOT_RETRYABLE_ERRORS))
+    return {"retryable": False} if marked or named else {}
+
+
 def failure_record(round_: int, node_id: str, first: WorkerExit) -> dict:
     """The record of the failure that ends a round, as the store and the summary carry it."""
     return {
@@ -88,7 +109,8 @@ def error_file_fields(path: Optional[str], failure: WorkerExit) -> dict:
         return {"error_file": path}
     message = doc["message"]
     return {"error_file": path, "error": message["message"],
-            "traceback": message.get("extraInfo", {}).get("py_callstack", "")}
+            "traceback": message.get("extraInfo", {}).get("py_callstack", ""),
+            **_retryable_field(doc, failure)}
 
 
 def hang_behind(failures: Sequence[WorkerExit],
