@@ -166,6 +166,12 @@ class RpcAgent:
         self.grpc_port = self._transport.start()
         self.data_port = self._data.start()
 
+    @property
+    def grpc_incarnation(self) -> bytes:
+        """This process's gRPC incarnation nonce, published beside its address (hellos to it
+        must name it)."""
+        return self._transport.incarnation
+
     def set_workers(self, infos: list[dict]) -> None:
         """Install the job's worker table (from the store)."""
         self.workers.install(infos)
@@ -392,7 +398,8 @@ class RpcAgent:
                     raise RpcError(f"The RPC agent of worker {self.info.name!r} is shut down.")
                 name = self.workers.name_of(peer_id)
                 stream = self._transport.connect(peer_id, name,
-                                                 self.workers.grpc_addresses[peer_id])
+                                                 self.workers.grpc_addresses[peer_id],
+                                                 self.workers.grpc_incarnations[peer_id])
                 self._streams[peer_id] = stream
                 self._all_streams.add(stream)
         return stream

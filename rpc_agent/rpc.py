@@ -293,6 +293,7 @@ def _rendezvous(agent: RpcAgent, store: Store, deadline: Deadline) -> None:
     store.set(f"worker/{info.id}", json.dumps({
         "name": info.name, "id": info.id, "host": agent.options.host,
         "grpc_port": agent.grpc_port, "data_port": agent.data_port,
+        "grpc_incarnation": agent.grpc_incarnation.hex(),
     }))
     keys = [f"worker/{i}" for i in range(agent.world_size)]
     _wait_keys(store, keys, deadline, f"worker {info.name!r} waited in init_rpc", "joined")

@@ -20,15 +20,19 @@ class WorkerTable:
         self._by_name: dict[str, WorkerInfo] = {}
         self.grpc_addresses: dict[int, str] = {}
         self.data_addresses: dict[int, tuple[str, int]] = {}
+        # Each worker's incarnation nonce (a hello to it must name it; transport/grpc.py).
+        self.grpc_incarnations: dict[int, bytes] = {}
 
     def install(self, infos: list[dict]) -> None:
-        """Record the job's workers as the store lists them (name, id, host and two ports)."""
+        """Record the job's workers as the store lists them (name, id, host, two ports and the
+        gRPC incarnation)."""
         for item in infos:
             info = WorkerInfo(item["name"], int(item["id"]))
             self._by_id[info.id] = info
             self._by_name[info.name] = info
             self.grpc_addresses[info.id] = f"{item['host']}:{item['grpc_port']}"
             self.data_addresses[info.id] = (item["host"], int(item["data_port"]))
+            self.grpc_incarnations[info.id] = _incarnation(item.get("grpc_incarnation"))
         self._by_id[self.me.id] = self.me
         self._by_name[self.me.name] = self.me
 
@@ -67,3 +71,11 @@ class WorkerTable:
         """"worker 'name' (id N)" for log and error messages, None while it is unknown."""
         name = self.name_of(peer_id)
         return None if name is None else f"worker {name!r} (id {peer_id})"
+
+
+def _incarnation(value) -> bytes:
+    # Unreadable (a store entry nobody honest wrote) gives none: hellos then fail, naming why.
+    try:
+        return bytes.fromhex(value) if isinstance(value, str) else b""
+    except ValueError:
+        return b""

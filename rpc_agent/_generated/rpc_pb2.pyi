@@ -71,17 +71,21 @@ class Batch(_message.Message):
     def __init__(self, frames: _Optional[_Iterable[_Union[Frame, _Mapping]]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("name", "id", "to_id", "timestamp", "nonce", "proof")
+    __slots__ = ("name", "id", "to_id", "timestamp", "nonce", "proof", "server_nonce", "encrypt")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
     TO_ID_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
     NONCE_FIELD_NUMBER: _ClassVar[int]
     PROOF_FIELD_NUMBER: _ClassVar[int]
+    SERVER_NONCE_FIELD_NUMBER: _ClassVar[int]
+    ENCRYPT_FIELD_NUMBER: _ClassVar[int]
     name: str
     id: int
     to_id: int
     timestamp: float
     nonce: bytes
     proof: bytes
-    def __init__(self, name: _Optional[str] = ..., id: _Optional[int] = ..., to_id: _Optional[int] = ..., timestamp: _Optional[float] = ..., nonce: _Optional[bytes] = ..., proof: _Optional[bytes] = ...) -> None: ...
+    server_nonce: bytes
+    encrypt: bool
+    def __init__(self, name: _Optional[str] = ..., id: _Optional[int] = ..., to_id: _Optional[int] = ..., timestamp: _Optional[float] = ..., nonce: _Optional[bytes] = ..., proof: _Optional[bytes] = ..., server_nonce: _Optional[bytes] = ..., encrypt: _Optional[bool] = ...) -> None: ...

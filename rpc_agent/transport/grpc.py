@@ -19,15 +19,28 @@ Importing this module imports grpc, whose C core reads its process-wide settings
 the agent applies shoal's choice of them first (transport/grpc_tuning.py).
 
 Authentication comes before anything is read: a client sends a signed `Hello` as metadata of
-the call (timestamped, with a nonce the server remembers, bound to the target worker), the
-server checks it before reading a single message, and answers with its own proof over the
-client's nonce as the first frame, which the client checks before reading any other frame and
-before it sends any of its own.
+the call (timestamped, with a nonce the server remembers, bound to the target worker and to its
+incarnation: a random nonce each worker draws when it starts and publishes beside its address,
+so a hello captured off the wire opens nothing once that worker restarted), the server checks it
+before reading a single message, and answers with a fresh stream nonce and its own proof over
+the nonces as the first frame, which the client checks before reading any other frame and
+before it sends any of its own. Every later message, both ways, carries the stream's tag (or is
+sealed, SHOAL_ENCRYPT) under keys derived from the secret and the three nonces
+(`core.channel`), checked before anything in it is parsed: a relay that forwarded an honest
+hello can neither speak on the stream nor alter a byte of it, and the stream is dropped when
+one fails.
+
+A connection's bounds are gRPC core's own (see `server_options`): an HTTP/2 handshake within
+3 s, a connection with no call for 3 s closed, and at most so many connections in total. gRPC
+has no per-source bound, so none is kept here (a front accept loop would cost a relay of every
+byte).
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
+import resource
 import secrets
 import struct
 import threading
@@ -39,6 +52,7 @@ import grpc
 
 from shoal.collectives.futures import set_blocking_hook
 from shoal.core import auth
+from shoal.core.channel import IntegrityError, Link, pair
 from shoal.rpc_agent import metrics
 from shoal.rpc_agent._generated import rpc_pb2
 from shoal.rpc_agent._threads import mark_io_thread, unmark_io_thread
@@ -76,26 +90,88 @@ _CHANNEL_OPTIONS = [
     # One channel per stream: never share a TCP connection with another agent in the process.
     ("grpc.use_local_subchannel_pool", 1),
 ]
-_SERVER_OPTIONS = [
-    ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
-    ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_BYTES),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
-    ("grpc.so_reuseport", 0),
-]
+NONCE_BYTES = 32
+# A connection that has not finished its HTTP/2 handshake, or holds no call, this long is closed:
+# a shoal peer opens its stream at once, and a stream without a valid hello is refused at once.
+IDLE_CONNECTION_MS = 3_000
+# Connections beyond the streams served that strangers may hold at once, at most this many and
+# at most an eighth of the process's descriptor limit (its own files must keep opening).
+SPARE_CONNECTIONS = 64
+_DESCRIPTOR_SHARE = 8
+
+
+def server_options(max_streams: int) -> list:
+    """The server's gRPC channel arguments, bounding connections for `max_streams` streams."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    share = SPARE_CONNECTIONS if soft == resource.RLIM_INFINITY else soft // _DESCRIPTOR_SHARE
+    return [
+        ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_BYTES),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+        ("grpc.so_reuseport", 0),
+        ("grpc.server_handshake_timeout_ms", IDLE_CONNECTION_MS),
+        ("grpc.max_connection_idle_ms", IDLE_CONNECTION_MS),
+        ("grpc.max_allowed_incoming_connections",
+         max_streams + max(8, min(SPARE_CONNECTIONS, share))),
+    ]
 
 
 def _hello_signing_bytes(hello: rpc_pb2.Hello) -> bytes:
     # A fixed layout rather than the protobuf encoding, which is not guaranteed canonical.
     return (
         hello.name.encode() + b"\0"
-        + struct.pack("!iid", hello.id, hello.to_id, hello.timestamp)
-        + hello.nonce
+        + struct.pack("!iid?", hello.id, hello.to_id, hello.timestamp, hello.encrypt)
+        + hello.nonce + b"\0" + hello.server_nonce
     )
 
 
-def _server_proof(token: bytes, server_id: int, nonce: bytes) -> bytes:
-    return auth.sign(token, PURPOSE_SERVER, struct.pack("!i", server_id) + nonce)
+def client_hello(token: bytes, name: str, worker_id: int, to_id: int, incarnation: bytes,
+                 encrypt: bool) -> rpc_pb2.Hello:
+    """The signed hello with which worker `worker_id` opens a stream to `to_id`, whose
+    published incarnation is `incarnation`."""
+    hello = rpc_pb2.Hello(name=name, id=worker_id, to_id=to_id, timestamp=time.time(),
+                          nonce=secrets.token_bytes(NONCE_BYTES), server_nonce=incarnation,
+                          encrypt=encrypt)
+    hello.proof = auth.sign(token, PURPOSE_CLIENT, _hello_signing_bytes(hello))
+    return hello
+
+
+def _server_proof(token: bytes, server_id: int, hello: rpc_pb2.Hello, stream_nonce: bytes) -> bytes:
+    return auth.sign(token, PURPOSE_SERVER, struct.pack("!i?", server_id, hello.encrypt)
+                     + hello.nonce + hello.server_nonce + stream_nonce)
+
+
+def stream_link(token: bytes, hello: rpc_pb2.Hello, stream_nonce: bytes, *, server: bool,
+                peer: str) -> Link:
+    """One end's keys for the stream opened by `hello` and answered with `stream_nonce`."""
+    return pair(token, PURPOSE_CLIENT, hello.server_nonce + stream_nonce, hello.nonce,
+                        server=server, encrypt=hello.encrypt, peer=peer)
+
+
+def server_answer(token: bytes, server_id: int, hello: rpc_pb2.Hello) -> tuple[bytes, bytes]:
+    """The payload of a server's first (HELLO) frame for `hello`, and its stream nonce."""
+    stream_nonce = secrets.token_bytes(NONCE_BYTES)
+    return stream_nonce + _server_proof(token, server_id, hello, stream_nonce), stream_nonce
+
+
+def check_server_answer(token: bytes, hello: rpc_pb2.Hello, first: bytes, peer: str
+                        ) -> Link:
+    """The client's keys, once the server's first message `first` proves the secret.
+
+    Raises:
+        RpcError: it is not a valid proof of this job's secret for `hello`.
+    """
+    batch = rpc_pb2.Batch.FromString(first)
+    payload = bytes(batch.frames[0].payload) if len(batch.frames) == 1 else b""
+    if (len(batch.frames) != 1 or batch.frames[0].kind != rpc_pb2.HELLO
+            or len(payload) != 2 * NONCE_BYTES):
+        raise RpcError("its first frame is not a valid proof of this job's secret")
+    stream_nonce, proof = payload[:NONCE_BYTES], payload[NONCE_BYTES:]
+    if not auth.verify(token, PURPOSE_SERVER, struct.pack("!i?", hello.to_id, hello.encrypt)
+                       + hello.nonce + hello.server_nonce + stream_nonce, proof):
+        raise RpcError("its first frame is not a valid proof of this job's secret")
+    return stream_link(token, hello, stream_nonce, server=False, peer=peer)
 
 
 class GrpcTransport:
@@ -131,6 +207,10 @@ class GrpcTransport:
         self._channels: list[grpc.Channel] = []
         self._max_accepted = max_streams + 4
         self._accepted = 0
+        # This process's incarnation, published beside the address: hellos must name it.
+        self.incarnation = secrets.token_bytes(NONCE_BYTES)
+        self._encrypt = auth.local_mode() == auth.MODE_ENCRYPTED
+        self._options = server_options(self._max_accepted)
         self._executor: Optional[futures.ThreadPoolExecutor] = None
         # True while _server is a direct_server.StreamServer (else grpcio's grpc.Server).
         self._serves_direct = False
@@ -139,7 +219,7 @@ class GrpcTransport:
             try:
                 # Accepted calls go straight to their stream's reader (see transport/direct.py).
                 self._server = direct_server.StreamServer(
-                    host, _SERVER_OPTIONS, METHOD, self._accept, name)
+                    host, self._options, METHOD, self._accept, name)
                 self._serves_direct = True
             except direct.PRIVATE_LAYER_ERRORS as exc:
                 direct.disable(exc)
@@ -161,7 +241,7 @@ class GrpcTransport:
                 SERVICE,
                 {"Stream": grpc.stream_stream_rpc_method_handler(_NonBlocking(self._serve_stream))},
             )],
-            options=_SERVER_OPTIONS,
+            options=self._options,
             maximum_concurrent_rpcs=self._max_accepted,
         )
 
@@ -203,11 +283,12 @@ class GrpcTransport:
 
     # -- client side
 
-    def connect(self, peer_id: int, peer_name: str, address: str) -> Stream:
-        """A new outgoing stream to `address`; it connects in the background (frames queue)."""
+    def connect(self, peer_id: int, peer_name: str, address: str, incarnation: bytes) -> Stream:
+        """A new outgoing stream to `address`, whose worker published `incarnation`; it
+        connects in the background (frames queue)."""
         stream = Stream(peer_id, peer_name, outgoing=True)
         stream.on_dead = self._on_stream_dead
-        self._start_reader(self._dial, stream, address)
+        self._start_reader(self._dial, stream, address, incarnation)
         return stream
 
     def _start_reader(self, target: Callable, stream: Stream, *args) -> None:
@@ -217,14 +298,10 @@ class GrpcTransport:
             name=f"shoal-rpc-read-{self.name}-{stream.peer_name}",
         ).start()
 
-    def _dial(self, stream: Stream, address: str) -> None:
+    def _dial(self, stream: Stream, address: str, incarnation: bytes) -> None:
         mark_io_thread()
-        nonce = secrets.token_bytes(32)
-        hello = rpc_pb2.Hello(
-            name=self.name, id=self.worker_id, to_id=stream.peer_id,
-            timestamp=time.time(), nonce=nonce,
-        )
-        hello.proof = auth.sign(self._token, PURPOSE_CLIENT, _hello_signing_bytes(hello))
+        hello = client_hello(self._token, self.name, self.worker_id, stream.peer_id,
+                             incarnation, self._encrypt)
         with self._lock:
             if self._stopped:
                 stream.fail("the agent is shutting down")
@@ -242,16 +319,7 @@ class GrpcTransport:
                 first = next(call)
             finally:
                 timer.cancel()
-            batch = rpc_pb2.Batch.FromString(first)
-            if (
-                len(batch.frames) != 1
-                or batch.frames[0].kind != rpc_pb2.HELLO
-                or not auth.verify(
-                    self._token, PURPOSE_SERVER, struct.pack("!i", stream.peer_id) + nonce,
-                    bytes(batch.frames[0].payload),
-                )
-            ):
-                raise RpcError("its first frame is not a valid proof of this job's secret")
+            stream.attach_link(check_server_answer(self._token, hello, first, stream.describe()))
         except Exception as exc:  # noqa: BLE001  (any failure is this stream's death)
             if call is not None:
                 _end_call(call)
@@ -306,15 +374,19 @@ class GrpcTransport:
             return
         stream = Stream(hello.id, hello.name, outgoing=False)
         stream.on_dead = self._on_stream_dead
-        proof = _server_proof(self._token, self.worker_id, hello.nonce)
+        answer, stream_nonce = server_answer(self._token, self.worker_id, hello)
         call = stream.attach_server_call(accepted)
         # From here on the call has operations outstanding: whatever happens, it is read to
         # its end (a server call's queue dropped with operations outstanding hangs the
         # process), so nothing may escape to the accept loop.
         try:
-            call.send(rpc_pb2.Frame(kind=rpc_pb2.HELLO, payload=proof).SerializeToString())
+            call.send(rpc_pb2.Frame(kind=rpc_pb2.HELLO, payload=answer).SerializeToString())
+            # The answer is encoded (untagged: it carries its own proof) as it is released;
+            # nobody else holds the stream yet, so every later message is tagged.
             if not call.release():
                 raise RpcError("the stream ended before the proof left")
+            stream.attach_link(stream_link(self._token, hello, stream_nonce, server=True,
+                                           peer=stream.describe()))
             stream.mark_open(call.cancel)
             self._on_stream_open(stream)
             self._start_reader(self._read_accepted, stream, call)
@@ -347,7 +419,7 @@ class GrpcTransport:
             context.abort(grpc.StatusCode.UNAUTHENTICATED, reason)
         stream = Stream(hello.id, hello.name, outgoing=False)
         stream.on_dead = self._on_stream_dead
-        proof = _server_proof(self._token, self.worker_id, hello.nonce)
+        answer, stream_nonce = server_answer(self._token, self.worker_id, hello)
 
         def write(data: bytes) -> bool:
             send_response(data)  # returns once gRPC took the message (or the RPC ended)
@@ -355,9 +427,11 @@ class GrpcTransport:
 
         # The proof goes first, before the stream is open for anyone else's frames.
         if not write(encode_batch(
-            [rpc_pb2.Frame(kind=rpc_pb2.HELLO, payload=proof).SerializeToString()]
+            [rpc_pb2.Frame(kind=rpc_pb2.HELLO, payload=answer).SerializeToString()]
         )):
             return
+        stream.attach_link(stream_link(self._token, hello, stream_nonce, server=True,
+                                       peer=stream.describe()))
         stream.attach_writer(write)
         stream.mark_open(context.cancel)
         context.add_callback(lambda: stream.fail("the RPC ended"))
@@ -380,6 +454,16 @@ class GrpcTransport:
         if hello.to_id != self.worker_id:
             return None, (
                 f"its proof is for worker id {hello.to_id}, not this one ({self.worker_id})"
+            )
+        if not hmac.compare_digest(hello.server_nonce, self.incarnation):
+            return None, (
+                "its proof is for another incarnation of this worker (a hello from before a "
+                "restart, replayed, or an address table that is not this run's)"
+            )
+        if hello.encrypt != self._encrypt:
+            return None, (
+                f"it {'encrypts' if hello.encrypt else 'does not encrypt'} its stream and this "
+                "worker does not: set SHOAL_ENCRYPT to the same value on every process"
             )
         now = time.time()
         # Written so that NaN fails: every comparison with NaN is False, and a NaN timestamp
@@ -429,7 +513,9 @@ class GrpcTransport:
                 break
             task = self._handle(stream, data)
             if task is None:
-                continue
+                if stream.alive:
+                    continue
+                break  # dropped (a message failed its integrity check)
             now = time.monotonic()
             if not readers.begin_inline(now, start_next_leader):
                 self._submit(task)  # a call of this stream runs inline already: the pool runs it
@@ -461,12 +547,20 @@ class GrpcTransport:
     def _handle(self, stream: Stream, data: bytes):
         metrics.BYTES_RECEIVED.inc(len(data))
         try:
-            frames = rpc_pb2.Batch.FromString(data).frames
+            body = stream.open_message(data)
+        except IntegrityError as exc:
+            metrics.REJECTED_STREAM.inc()
+            logger.warning("Worker %r dropped its RPC stream with %s: %s Nothing in that "
+                           "message was read.", self.name, stream.describe(), exc)
+            stream.fail(str(exc))
+            return None
+        try:
+            frames = rpc_pb2.Batch.FromString(body).frames
         except Exception:  # noqa: BLE001  (an authenticated peer sent garbage)
             metrics.REJECTED_STREAM.inc()
             logger.warning(
                 "Worker %r dropped a malformed message of %d bytes from %s.",
-                self.name, len(data), stream.describe(),
+                self.name, len(body), stream.describe(),
             )
             return None
         try:

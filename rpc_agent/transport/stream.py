@@ -16,6 +16,12 @@ transport/grpc.py):
   frame when the stream is idle and by the stream's writer thread during a write or a burst.
 
 Who reads the stream is `readers` (transport/readers.py).
+
+Every message after the server's first carries the stream's 16-byte tag after its bytes, or is
+sealed whole (SHOAL_ENCRYPT), under the stream's `core.channel.Link` (`attach_link`):
+`encode_message` adds it, so messages are tagged in the order they go out (each path has one
+writer at a time), and `open_message` checks it in the order they arrive (one reader at a time),
+before anything in the message is parsed.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import threading
 import time
 from typing import Callable, Iterator, Optional
 
+from shoal.core.channel import TAG_BYTES, IntegrityError, Link
 from shoal.rpc_agent import metrics
 from shoal.rpc_agent._threads import BurstWriter
 from shoal.rpc_agent.types import CONNECT_TIMEOUT_S, RpcPeerLost
@@ -101,6 +108,8 @@ class Stream:
             if outgoing and direct.available() else None
         )
         self._cancel: Optional[Callable[[], None]] = None
+        # The stream's keys, once its hello was answered; messages before that are not tagged.
+        self._link: Optional[Link] = None
         self.readers = StreamReaders()
         # Called once, after the stream is marked dead (the agent fails its pending calls).
         self.on_dead: Optional[Callable[["Stream"], None]] = None
@@ -192,13 +201,46 @@ class Stream:
         if start < len(frames):
             yield self.encode_message(frames[start:])
 
+    def attach_link(self, link: Link) -> None:
+        """Tag (or seal) every message from now on, and check every one received, with the
+        keys of this stream's handshake."""
+        self._link = link
+
+    def open_message(self, data: bytes):
+        """The Batch bytes of a received message, once its tag checks out (or it decrypts).
+
+        Raises:
+            IntegrityError: it is not the next message the peer sent with this stream's keys,
+                or the stream has no keys (the caller drops the stream).
+        """
+        link = self._link
+        if link is None:
+            raise IntegrityError(f"A message arrived from {self.describe()} before the "
+                                 f"stream's keys were agreed. The stream is dropped.")
+        if link.encrypt:
+            return link.opener.open(data)
+        if len(data) < TAG_BYTES:
+            raise IntegrityError(f"A message of {len(data)} bytes from {self.describe()} is "
+                                 f"too short to carry its tag. The stream is dropped.")
+        view = memoryview(data)
+        body = view[:-TAG_BYTES]
+        link.opener.check((body,), view[-TAG_BYTES:])
+        return body
+
     def encode_message(self, frames: list[bytes]) -> bytes:
-        """One gRPC message carrying `frames`, counted as sent."""
+        """One gRPC message carrying `frames`, tagged or sealed once the stream has keys,
+        counted as sent."""
         if len(frames) == 1:
             frame = frames[0]
             data = b"\x0a" + _varint(len(frame)) + frame
         else:
             data = encode_batch(frames)
+        link = self._link
+        if link is not None:
+            if link.encrypt:
+                data = link.sealer.seal(data)
+            else:
+                data += link.sealer.tag((data,))
         metrics.BYTES_SENT.inc(len(data))
         self.frames_sent += len(frames)
         self.messages_sent += 1

@@ -1,7 +1,8 @@
 """Hostile traffic against a live worker's two ports: garbage bytes, gRPC streams without a
-valid proof (missing, wrong secret, replayed, stale, for another worker, unknown name), a
-malformed message from an authenticated peer, and bad data-channel connections. Each is
-dropped and logged before anything is unpickled, and the worker keeps serving."""
+valid proof (missing, wrong secret, replayed, stale, for another worker or another incarnation
+of it, unknown name), a malformed message from an authenticated peer, and bad data-channel
+connections. Each is dropped and logged before anything is unpickled, and the worker keeps
+serving. (tests/multiproc/test_rpc_stream_integrity.py covers what follows a valid hello.)"""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from shoal.rpc_agent.transport.grpc import (
     METHOD,
     PURPOSE_CLIENT,
     _hello_signing_bytes,
+    check_server_answer,
 )
 from shoal.rpc_agent.transport.stream import encode_batch
 from tests.support.rpc_workers import LOGS, RpcWorkers
@@ -36,16 +38,21 @@ def workers():
         pool.shutdown()
 
 
+# w1's incarnation nonce, which every hello to it must name (set by the `ports` fixture).
+_INCARNATION: dict[str, bytes] = {}
+
+
 @pytest.fixture(scope="module")
 def ports(workers):
-    return workers.run(1, _ports)
+    grpc_port, data_port, _INCARNATION["w1"] = workers.run(1, _ports)
+    return grpc_port, data_port
 
 
 def _ports():
     from shoal.rpc_agent import _current
 
     agent = _current.get()
-    return agent.grpc_port, agent.data_port
+    return agent.grpc_port, agent.data_port, agent.grpc_incarnation
 
 
 def logs_with(text):
@@ -91,12 +98,14 @@ def _evil_batch(marker: str) -> bytes:
     return encode_batch([frame.SerializeToString()])
 
 
-def _hello(token=TOKEN, name="w0", worker_id=0, to_id=1, timestamp=None, nonce=None) -> bytes:
+def _hello(token=TOKEN, name="w0", worker_id=0, to_id=1, timestamp=None, nonce=None,
+           incarnation=None, message=False):
     hello = rpc_pb2.Hello(name=name, id=worker_id, to_id=to_id,
                           timestamp=time.time() if timestamp is None else timestamp,
-                          nonce=nonce or secrets.token_bytes(32))
+                          nonce=nonce or secrets.token_bytes(32),
+                          server_nonce=_INCARNATION["w1"] if incarnation is None else incarnation)
     hello.proof = auth.sign(token, PURPOSE_CLIENT, _hello_signing_bytes(hello))
-    return hello.SerializeToString()
+    return hello if message else hello.SerializeToString()
 
 
 def _open_stream(port: int, metadata, batches, hold=None):
@@ -155,6 +164,8 @@ def test_garbage_bytes_to_the_grpc_port_leave_the_worker_serving(workers, ports)
      "outside the 120s window"),
     ("other worker", lambda: ((HELLO_METADATA, _hello(to_id=0)),),
      "its proof is for worker id 0, not this one (1)"),
+    ("other incarnation", lambda: ((HELLO_METADATA, _hello(incarnation=b"\x07" * 32)),),
+     "its proof is for another incarnation of this worker"),
     ("unknown name", lambda: ((HELLO_METADATA, _hello(name="mallory")),),
      "it claims to be worker 'mallory' (id 0), which this job does not have"),
 ])
@@ -188,12 +199,24 @@ def test_a_replayed_proof_is_rejected(workers, ports, tmp_path):
 
 
 def test_a_malformed_message_from_an_authenticated_peer_is_dropped(workers, ports):
+    import queue
+
     grpc_port, _ = ports
     garbage = b"\xff\xff\xff\xff not a batch"
     before = workers.run(1, rejected)["stream"]
-    reply = _open_stream(grpc_port, ((HELLO_METADATA, _hello()),), [garbage],
-                         hold=lambda: workers.run(1, logs_with, "a malformed message of 16"))
-    assert reply[0] == "answered"
+    hello = _hello(message=True)
+    out = queue.SimpleQueue()
+    with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+        call = channel.stream_stream(METHOD)(iter(out.get, None), timeout=20,
+                                             metadata=((HELLO_METADATA, hello.SerializeToString()),))
+        link = check_server_answer(TOKEN, hello, next(call), "w1")
+        out.put(garbage + link.sealer.tag((garbage,)))  # a genuine peer's garbage
+        deadline = time.monotonic() + 10
+        while not workers.run(1, logs_with, "a malformed message of 16"):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        out.put(None)
+        call.cancel()
     assert workers.run(1, logs_with, "dropped a malformed message of 16 bytes from worker 'w0'")
     assert workers.run(1, rejected)["stream"] >= before + 1
     assert workers.run(0, still_serving) is True
