@@ -48,6 +48,7 @@ from shoal.elastic.api import (
     RendezvousTimeoutError,
     StoreHostLostError,
 )
+from shoal.elastic.rendezvous.sealing import ForgedValueError
 
 logger = logging.getLogger(__name__)
 
@@ -178,6 +179,8 @@ class Agent:
             try:
                 outcome = self._run_round(info)
             except (StoreError, RendezvousError) as exc:
+                if isinstance(exc, ForgedValueError):
+                    return self._forged_result(exc)
                 if self._host_lost is not None or isinstance(exc, StoreHostLostError):
                     self._host_lost = self._host_lost or exc
                     return self._host_lost_result()
@@ -207,8 +210,10 @@ class Agent:
         try:
             plan = self._prepare(info)
         except (StoreError, RendezvousError) as exc:
+            if isinstance(exc, ForgedValueError):
+                return self._forged_result(exc)
             if self.handler.is_closed():
-                return self._closed_result()
+                return self._closed_result(f"round {info.round} was starting here")
             logger.warning("Round %s could not start (%s); meeting again", info.round, exc)
             self._signal_restart(f"node {self.node_id} could not start round {info.round}: {exc}")
             return "peer_request"
@@ -263,6 +268,8 @@ class Agent:
             if event.kind is EventKind.HOST_LOST:
                 self._host_lost = self._host_lost or event.error
                 return self._host_lost_result()
+            if event.kind is EventKind.FORGED:
+                return self._forged_result(event.error)
             if event.kind is EventKind.FAILED:
                 return self._on_failure(info)
             if event.kind is EventKind.SUCCEEDED:
@@ -276,7 +283,8 @@ class Agent:
                 continue
             if self.handler.is_closed():
                 self._stop_workers("the rendezvous was closed")
-                return self._closed_result()
+                return self._closed_result(
+                    f"this node's workers were still running round {info.round}")
             logger.warning("Round %s ends: %s", info.round, event.reason)
             self._stop_workers(f"round {info.round} ends")
             return self._lost_or_requested()
@@ -333,7 +341,7 @@ class Agent:
         summary = summary_text(self.spec.run_id, record, used - 1, self.spec.max_restarts)
         final = {**record, "summary": summary}
         self._safe(lambda: ledger.record_final_failure(self.store, final))
-        self._safe(self.handler.set_closed)
+        self._safe(lambda: self.handler.set_closed("failed"))
         return AgentResult(1, summary, self._rounds, failure=final)
 
     def _settle_failures(self, info: RendezvousInfo):
@@ -401,7 +409,10 @@ class Agent:
         logger.info("All workers succeeded after %d round(s)", self._rounds)
         return AgentResult(0, None, self._rounds)
 
-    def _closed_result(self) -> AgentResult:
+    def _closed_result(self, unfinished: Optional[str] = None) -> AgentResult:
+        """The result once the rendezvous is closed. `unfinished` says what this node was
+        doing when a close it did not expect arrived: unless the job failed for good (the
+        final failure), that is never a success, whoever closed it."""
         try:
             final = ledger.read_final_failure(self.store, _FINAL_FAILURE_READ_S)
         except (StoreError, RendezvousError):
@@ -414,7 +425,17 @@ class Agent:
                 1, f"shoal run: run id {self.spec.run_id!r} belongs to a job that already ended "
                    "(its rendezvous is closed), so this node cannot join it; give a new job its "
                    "own --rdzv-id.", self._rounds)
+        if unfinished is not None:
+            closer = getattr(self.handler, "closed_by", lambda: "")()  # stand-ins lack it
+            return AgentResult(
+                1, f"shoal run: the rendezvous of run {self.spec.run_id!r} was closed{closer} "
+                   f"while {unfinished}: this node's work is unfinished, so it does not report "
+                   "success.", self._rounds)
         return AgentResult(0, None, self._rounds)
+
+    def _forged_result(self, error: RendezvousError) -> AgentResult:
+        self._stop_workers("a forged rendezvous value was read")
+        return AgentResult(1, f"shoal run: {error}", self._rounds)
 
     def _host_lost_result(self) -> AgentResult:
         self._stop_workers("the store host is gone")

@@ -14,7 +14,8 @@ from typing import Callable, Optional
 
 from shoal.elastic.agent.round_poll import RoundPoller
 from shoal.elastic.agent.workers import WorkerGroup
-from shoal.elastic.api import StoreHostLostError
+from shoal.elastic.api import RendezvousError, StoreHostLostError
+from shoal.elastic.rendezvous.sealing import ForgedValueError
 
 logger = logging.getLogger(__name__)
 
@@ -24,6 +25,7 @@ class EventKind(enum.Enum):
 
     INTERRUPTED = "interrupted"  # a signal reached the agent
     HOST_LOST = "host_lost"      # the run's store went with its host
+    FORGED = "forged"            # the rendezvous holds a value that fails the job's MAC
     FAILED = "failed"            # a local worker failed
     SUCCEEDED = "succeeded"      # every local worker succeeded
     WAITING = "waiting"          # a node waits to join (scale up)
@@ -32,11 +34,12 @@ class EventKind(enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class RoundEvent:
-    """One thing the agent must act on; `reason` for ENDED, `error` for a HOST_LOST read."""
+    """One thing the agent must act on; `reason` for ENDED, `error` for a HOST_LOST or FORGED
+    read."""
 
     kind: EventKind
     reason: Optional[str] = None
-    error: Optional[StoreHostLostError] = None
+    error: Optional[RendezvousError] = None
 
 
 class RoundWatch:
@@ -89,6 +92,8 @@ class RoundWatch:
         if poll.error is not None:
             if isinstance(poll.error, StoreHostLostError):
                 return RoundEvent(EventKind.HOST_LOST, error=poll.error)
+            if isinstance(poll.error, ForgedValueError):
+                return RoundEvent(EventKind.FORGED, error=poll.error)
             if self._unreachable_since is None:
                 self._unreachable_since = now
                 logger.warning("Cannot read the rendezvous; the workers go on while it "

@@ -38,7 +38,7 @@ from shoal.elastic.rendezvous.state import RendezvousState
 __all__ = [
     "Action", "ActionKind", "Context", "decide_close", "decide_join", "decide_keep_alive",
     "decide_leave", "decide_liveness", "decide_restart", "dead_nodes", "lapse_reason",
-    "restart_reason", "waiting_count",
+    "closer", "restart_reason", "waiting_count",
 ]
 
 # A joiner re-checks a deadline this long after it passed, so that the check sees it over.
@@ -84,7 +84,8 @@ class Action:
     kind: ActionKind
     # MARK_DEAD, REMOVE_NODES: whom.
     nodes: tuple[str, ...] = ()
-    # MARK_COMPLETE, OPEN_ROUND, MARK_DEAD, REQUEST_RESTART: why (stored, or logged).
+    # MARK_COMPLETE, OPEN_ROUND, MARK_DEAD, REQUEST_RESTART: why (stored, or logged);
+    # MARK_CLOSED: how the job ended (CLOSED_AS).
     reason: Optional[str] = None
     # WAIT: seconds to wait at most before deciding again although nothing changed.
     wait: Optional[float] = None
@@ -198,9 +199,21 @@ def decide_restart(ctx: Context, reason: str) -> Action:
     return Action(ActionKind.REQUEST_RESTART, reason=reason)
 
 
-def decide_close(ctx: Context) -> Action:
-    """Close the rendezvous once."""
-    return DONE if ctx.state.closed else Action(ActionKind.MARK_CLOSED)
+CLOSED_AS = ("finished", "failed")
+
+
+def closer(state: RendezvousState) -> str:
+    """' by node X (its job finished)' for a closed state, or '' when nobody is named."""
+    if not state.closed_by:
+        return ""
+    how = {"finished": "its job finished", "failed": "its job failed"}.get(
+        state.closed_as or "", f"as {state.closed_as!r}")
+    return f" by node {state.closed_by} ({how})"
+
+
+def decide_close(ctx: Context, how: str = "finished") -> Action:
+    """Close the rendezvous once, saying how the job ended ("finished" or "failed")."""
+    return DONE if ctx.state.closed else Action(ActionKind.MARK_CLOSED, reason=how)
 
 
 def decide_leave(ctx: Context) -> Action:
@@ -231,7 +244,7 @@ def restart_reason(ctx: Context) -> Optional[str]:
     """Why the round this node runs in (`ctx.last_round`) must end, or None."""
     state = ctx.state
     if state.closed:
-        return f"the rendezvous of run {ctx.settings.run_id!r} was closed"
+        return f"the rendezvous of run {ctx.settings.run_id!r} was closed{closer(state)}"
     if state.round != ctx.last_round:
         return state.reason or f"round {state.round} of the rendezvous started"
     return state.restart

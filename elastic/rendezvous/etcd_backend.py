@@ -88,6 +88,11 @@ class EtcdRendezvousBackend(RendezvousBackend):
         return "etcd"
 
     @property
+    def state_key(self) -> str:
+        """Where the state lives, for messages."""
+        return f"etcd key {self.key.decode()!r}"
+
+    @property
     def lease_id(self) -> Optional[int]:
         """The lease this node attaches its writes to."""
         return self._lease_id

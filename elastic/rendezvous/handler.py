@@ -27,7 +27,6 @@ import time
 from typing import Callable, Optional
 
 from shoal.collectives.store.api import Store
-from shoal.collectives.store.prefix import PrefixStore
 from shoal.core.timeouts import TimeoutLike, to_seconds
 from shoal.elastic.api import (
     DEFAULT_BACKEND_TIMEOUT_S,
@@ -44,6 +43,7 @@ from shoal.elastic.rendezvous.decisions import Action, ActionKind, Context
 from shoal.elastic.rendezvous.heartbeat import HeartbeatThread
 from shoal.elastic.rendezvous.join_outage import JoinOutage
 from shoal.elastic.rendezvous.liveness import LivenessTracker
+from shoal.elastic.rendezvous.sealing import ForgedValueError, Seal, SignedStore, job_secret
 from shoal.elastic.rendezvous.state import RendezvousState
 
 logger = logging.getLogger(__name__)
@@ -67,6 +67,8 @@ class RendezvousHandler:
         store: the run's key-value store; each round gets a PrefixStore inside it.
         owns: close `backend` and `store` on `shutdown()`.
         backend_timeout: how long one operation retries an unreachable backend.
+        secret: the job's secret, which MACs the state and the job's store values (see
+            `sealing`); default: the process's (SHOAL_AUTH_TOKEN, set by `shoal run`).
     """
 
     def __init__(
@@ -78,6 +80,7 @@ class RendezvousHandler:
         *,
         owns: bool = False,
         backend_timeout: TimeoutLike = DEFAULT_BACKEND_TIMEOUT_S,
+        secret: Optional[bytes] = None,
     ):
         if not isinstance(backend, RendezvousBackend):
             raise TypeError(f"RendezvousHandler needs a RendezvousBackend, got {backend!r}.")
@@ -110,6 +113,8 @@ class RendezvousHandler:
         self._until: Optional[float] = None  # set by limit(): every retry loop ends by then
         self._outage = JoinOutage(backend, node_id, settings.join_outage_timeout)
         self._last_state: Optional[RendezvousState] = None  # the last state read, for messages
+        self._seal = Seal(job_secret(secret), settings.run_id)
+        self._where = getattr(backend, "state_key", None) or f"the {backend.name} backend"
 
     # ------------------------------------------------------------------ public API
 
@@ -124,7 +129,7 @@ class RendezvousHandler:
         an earlier job under the same run id are never seen; the whole store before a join."""
         if not self._generation:
             return self.store
-        return PrefixStore(f"job/{self._generation}", self.store)
+        return self._signed(f"job/{self._generation}")
 
     def next_rendezvous(self) -> RendezvousInfo:
         """Join the next round and wait until it completes; return this node's place in it.
@@ -237,14 +242,24 @@ class RendezvousHandler:
         return decisions.dead_nodes(self._context(state), self._participants)
 
     def is_closed(self) -> bool:
-        """True once any node closed the rendezvous."""
+        """True once any node of the job closed the rendezvous."""
         state, _ = self._read()
         return state is not None and state.closed
 
-    def set_closed(self) -> None:
-        """Close the rendezvous: every node's next_rendezvous raises RendezvousClosedError."""
-        logger.info("Node %s closes the rendezvous of run %s", self.node_id, self.settings.run_id)
-        self._update(decisions.decide_close)
+    def closed_by(self) -> str:
+        """' by node X (its job finished)' after a close was read, else ''."""
+        state = self._last_state
+        return decisions.closer(state) if state is not None and state.closed else ""
+
+    def set_closed(self, how: str = "finished") -> None:
+        """Close the rendezvous, saying how the job ended ("finished": every node's workers
+        succeeded; "failed": restarts ran out): every node's next_rendezvous raises
+        RendezvousClosedError, and a node whose workers still run sees who closed it."""
+        if how not in decisions.CLOSED_AS:
+            raise ValueError(f"set_closed how={how!r}; choose one of {decisions.CLOSED_AS}.")
+        logger.info("Node %s closes the rendezvous of run %s (%s)", self.node_id,
+                    self.settings.run_id, how)
+        self._update(lambda ctx: decisions.decide_close(ctx, how))
 
     def abort(self, error: RendezvousError) -> None:
         """Give up on the backend for good (e.g. the store's host died): stop heartbeats, and
@@ -308,7 +323,7 @@ class RendezvousHandler:
             self._liveness.observe(None)
             return None, None
         raw, token = result
-        state = RendezvousState.decode(raw)
+        state = self._decode(raw)
         self._liveness.observe(state)
         self._last_state = state
         return state, token
@@ -343,7 +358,7 @@ class RendezvousHandler:
                 plan = transitions.settle(ctx, decide)
                 if not plan.changes:
                     return plan.state, token, plan.outcome
-                result = self.backend.set_state(plan.state.encode(), token)
+                result = self.backend.set_state(plan.state.encode(self._seal), token)
             except RendezvousError as exc:
                 if isinstance(exc, (RendezvousClosedError, RendezvousTimeoutError)):
                     raise
@@ -367,13 +382,29 @@ class RendezvousHandler:
                 current = (None, None)
                 continue
             raw, new_token, written = result
-            new_state = RendezvousState.decode(raw)
+            new_state = self._decode(raw)
             self._liveness.observe(new_state)
             self._last_state = new_state
             if written:
                 reports.log_changes(plan, ctx.lapsed, self.node_id, self.settings)
                 return new_state, new_token, plan.outcome
             current = (new_state, new_token)  # lost the race: decide again on the winner's state
+
+    def _decode(self, raw: bytes) -> RendezvousState:
+        """The stored state, its MAC checked first; a forgery aborts the handler for good."""
+        try:
+            return RendezvousState.decode(raw, self._seal, self._where)
+        except ForgedValueError as exc:
+            self._forged(exc)
+            raise
+
+    def _forged(self, error: ForgedValueError) -> None:
+        if self._aborted is None:
+            logger.error("Node %s: %s", self.node_id, error)
+        self.abort(error)
+
+    def _signed(self, prefix: str) -> SignedStore:
+        return SignedStore(self.store, prefix, self._seal, on_forged=self._forged)
 
     def _fresh_state(self) -> RendezvousState:
         """The state to create when none is stored: round 0 of a new job (a new generation),
@@ -416,7 +447,7 @@ class RendezvousHandler:
             group_rank=rank,
             num_nodes=len(state.participants),
             participants=list(state.participants),
-            store=PrefixStore(self._round_prefix(state), self.store),
+            store=self._signed(self._round_prefix(state)),
         )
 
     def _round_prefix(self, state: RendezvousState) -> str:

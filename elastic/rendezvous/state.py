@@ -1,7 +1,9 @@
 """The rendezvous state that backends store: a small JSON document, validated on every read.
 
 JSON rather than pickle because the state comes from a shared server (etcd, a store) and
-nothing is unpickled from there. The state is an immutable value: decisions read it, and a
+nothing is unpickled from there. For the same reason the handler seals the state: a "mac" field
+holds the job's MAC over the canonical JSON of every other field (`sealing.Seal`), checked
+before any field is acted on; who closed the rendezvous and how is part of what it covers. The state is an immutable value: decisions read it, and a
 change is a new state (`dataclasses.replace`), so nothing can edit the copy another thread or a
 retried compare-and-set still holds.
 """
@@ -14,8 +16,9 @@ import types
 from typing import Mapping, Optional
 
 from shoal.elastic.api import RendezvousStateError
+from shoal.elastic.rendezvous.sealing import Seal
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 
 _NODE_LISTS = ("participants", "wait_list", "expected", "dead", "lost")
@@ -50,6 +53,11 @@ class RendezvousState:
     # a new job under a used run id (after the old state expired or was wiped) never reads the
     # old job's restart count or round keys.
     generation: str = ""
+    # Who closed the rendezvous ("node id") and how: "finished" (every node's workers
+    # succeeded) or "failed" (restarts ran out). A node whose workers still run when it sees a
+    # close exits non-zero naming the closer unless the job failed for good.
+    closed_by: Optional[str] = None
+    closed_as: Optional[str] = None
 
     def __post_init__(self):
         # Lists in, tuples kept: callers may pass lists, and nobody can append to a snapshot.
@@ -57,18 +65,22 @@ class RendezvousState:
             object.__setattr__(self, name, tuple(getattr(self, name)))
         object.__setattr__(self, "heartbeats", types.MappingProxyType(dict(self.heartbeats)))
 
-    def encode(self) -> bytes:
-        """The state as canonical JSON bytes."""
+    def encode(self, seal: Optional[Seal] = None) -> bytes:
+        """The state as canonical JSON bytes, with its MAC when `seal` is given."""
         doc = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         doc["heartbeats"] = dict(self.heartbeats)
         doc["format"] = FORMAT_VERSION
-        return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+        if seal is not None:
+            doc["mac"] = seal.state_mac(_canonical(doc))
+        return _canonical(doc)
 
     @classmethod
-    def decode(cls, raw: bytes) -> "RendezvousState":
-        """Parse and validate stored bytes.
+    def decode(cls, raw: bytes, seal: Optional[Seal] = None,
+               where: str = "the backend") -> "RendezvousState":
+        """Parse and validate stored bytes; with `seal`, check the MAC before anything else.
 
         Raises:
+            ForgedValueError: `seal` is given and the MAC is missing or wrong (names `where`).
             RendezvousStateError: not JSON, another format version, or fields of the wrong type.
         """
         try:
@@ -77,6 +89,9 @@ class RendezvousState:
             raise RendezvousStateError(
                 f"The stored rendezvous state is not JSON (it begins {bytes(raw[:40])!r})."
             ) from exc
+        mac = doc.pop("mac", None) if isinstance(doc, dict) else None
+        if seal is not None:
+            seal.check_state(_canonical(doc) if isinstance(doc, dict) else b"", mac, where)
         if not isinstance(doc, dict) or doc.get("format") != FORMAT_VERSION:
             found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
             raise RendezvousStateError(
@@ -92,6 +107,10 @@ class RendezvousState:
             )
         _validate(doc)
         return cls(**doc)
+
+
+def _canonical(doc: dict) -> bytes:
+    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
 
 def _validate(doc: dict) -> None:
@@ -117,7 +136,7 @@ def _validate(doc: dict) -> None:
     for name in present("generation"):
         if not isinstance(doc[name], str) or "/" in doc[name]:
             raise bad(name, "a string without '/'")
-    for name in present("restart", "reason"):
+    for name in present("restart", "reason", "closed_by", "closed_as"):
         if doc[name] is not None and not isinstance(doc[name], str):
             raise bad(name, "a string or null")
     for name in present("opened_at", "min_reached_at"):

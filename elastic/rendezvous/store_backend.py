@@ -59,6 +59,11 @@ class StoreRendezvousBackend(RendezvousBackend):
         return "store"
 
     @property
+    def state_key(self) -> str:
+        """Where the state lives, for messages."""
+        return f"store key {self._key!r}"
+
+    @property
     def store(self) -> Store:
         """The store the state lives in."""
         return self._store

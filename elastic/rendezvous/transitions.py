@@ -87,7 +87,8 @@ def _request_restart(ctx: Context, action: Action) -> RendezvousState:
 
 
 def _mark_closed(ctx: Context, action: Action) -> RendezvousState:
-    return dataclasses.replace(ctx.state, closed=True)
+    return dataclasses.replace(ctx.state, closed=True, closed_by=ctx.node,
+                               closed_as=action.reason or "finished")
 
 
 _APPLY: dict[ActionKind, Callable[[Context, Action], RendezvousState]] = {

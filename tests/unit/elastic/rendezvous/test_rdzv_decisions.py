@@ -59,6 +59,7 @@ OPERATIONS = {
     "liveness": decide_liveness,
     "restart": lambda ctx: decide_restart(ctx, "worker 1 failed"),
     "close": decide_close,
+    "close-failed": lambda ctx: decide_close(ctx, "failed"),
     "leave": decide_leave,
 }
 
@@ -181,7 +182,9 @@ ROWS = {
             last_round=3),
     # ---------------------------------------------------------------- close
     "close: once":
-        Row("close", running("a", "b"), act(K.MARK_CLOSED)),
+        Row("close", running("a", "b"), act(K.MARK_CLOSED, reason="finished")),
+    "close: says the job failed when it did":
+        Row("close-failed", running("a", "b"), act(K.MARK_CLOSED, reason="failed")),
     "close: already closed":
         Row("close", running("a", "b", closed=True), act(K.DONE)),
     # ---------------------------------------------------------------- leave
@@ -286,7 +289,8 @@ def test_each_change_of_the_state():
                 act(K.REMOVE_NODES, nodes=("b",)))
     assert (s.participants, s.expected, dict(s.heartbeats)) == (("a",), (), {"a": BEAT})
     assert applied(running("a"), act(K.REQUEST_RESTART, reason="why")).restart == "why"
-    assert applied(running("a"), act(K.MARK_CLOSED)).closed
+    s = applied(running("a"), act(K.MARK_CLOSED, reason="failed"))
+    assert (s.closed, s.closed_by, s.closed_as) == (True, ME, "failed")
 
 
 def test_an_outcome_is_no_change():

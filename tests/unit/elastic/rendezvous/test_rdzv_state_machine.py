@@ -148,7 +148,8 @@ def test_round_store_is_scoped_and_master_address_is_shared(cluster):
     generation = RendezvousState.decode(c.store.get("shoal/rdzv/job/state").split(b"\n", 1)[1]
                                         ).generation
     assert len(generation) == 16  # made by the first node: the job's keys live under it
-    assert c.store.get(f"rdzv/job/{generation}/round_0/master_addr_port") == b"127.0.0.1:29500"
+    stored = c.store.get(f"rdzv/job/{generation}/round_0/master_addr_port")
+    assert stored.startswith(b"SHV1") and stored.endswith(b"127.0.0.1:29500")  # sealed
 
 
 def test_dead_node_requests_restart_and_survivors_form_the_next_round(cluster):
