@@ -18,11 +18,13 @@ from typing import Optional
 
 from shoal.collectives import settings as collectives_settings
 from shoal.core import settings as core_settings
+from shoal.core.auth import is_loopback
 from shoal.core.errors import ShoalError
 from shoal.elastic.agent.agent import Agent, AgentResult, WorkerSpec, default_node_id
 from shoal.elastic.agent.env import node_env, python_argv
 from shoal.elastic.agent.spec import DEFAULT_EXIT_BARRIER_TIMEOUT_S
 from shoal.elastic.agent.store_host import announce_host
+from shoal.elastic import settings as elastic_settings
 from shoal.elastic.errors import (
     ERROR_FILE_ENV,
     TERMINATION_MESSAGE_LIMIT,
@@ -137,6 +139,14 @@ def _start_metrics(run_settings: flags.RunSettings,
     except OSError as exc:
         raise LaunchError(metrics_port_message(run_settings, exc), 2) from exc
     logger.info("Metrics of this node's agent and workers at %s", server.url)
+    web_config = elastic_settings.METRICS_WEB_CONFIG
+    if not is_loopback(run_settings.metrics_host) and web_config.get() is None:
+        logger.warning(
+            "The metrics endpoint %s is served on %s without TLS or authentication: anyone "
+            "who can reach this machine on the network can read the job's metrics (run id, "
+            "hosts, ranks, losses). Set %s to a web config file (TLS, basic auth) or bind "
+            "--metrics-host 127.0.0.1 behind a scraper on this machine.", server.url,
+            run_settings.metrics_host or "every interface", web_config.name)
     return server
 
 

@@ -66,6 +66,11 @@ def make_handler(settings: flags.RunSettings, node_id: str) -> tuple[RendezvousH
     hosted = settings.rdzv_backend == "store" and settings.embedded_store
     if settings.rdzv_backend == "store":
         kwargs["is_host"] = hosted
+    if not hosted:
+        # Said before the dial: a master port that accepts but never answers otherwise leaves
+        # the console silent until the store timeout (the error then names the address too).
+        logger.info("Joining the %s rendezvous at %s (run id %s); its store has %gs to answer",
+                    settings.requested_backend, endpoint, settings.rdzv_id, timeout)
     if settings.try_host and not hosted:
         # torchrun's c10d: the endpoint names this machine, so host the store there; if another
         # agent on this machine already does, its port is taken and we are its client.

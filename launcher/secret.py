@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from shoal.core import settings as core_settings
 from shoal.core.auth import generate_token, load_token
+from shoal.core.errors import AuthenticationError
 from shoal.launcher import flags
 
 _FILE_FLAG = "argument --auth-token-file/--auth_token_file"
@@ -13,16 +14,19 @@ _FILE_FLAG = "argument --auth-token-file/--auth_token_file"
 
 def run_token(settings: flags.RunSettings) -> str:
     """`shoal run`'s secret: --auth-token-file, else SHOAL_AUTH_TOKEN, else a fresh one (a
-    usage error when several nodes must share it)."""
+    usage error when several nodes must share it, or for a placeholder secret)."""
     if settings.auth_token_file is not None:
         token = _read(settings.auth_token_file)
         if not token:
             flags.run_parser().error(
                 f"{_FILE_FLAG}: {settings.auth_token_file!r} is empty; put the job's secret "
                 "in it")
+        _check(token, _FILE_FLAG, flags.run_parser())
         return token.decode("utf-8", errors="surrogateescape")
     if core_settings.AUTH_TOKEN.is_set():
-        return core_settings.AUTH_TOKEN.get()
+        token = core_settings.AUTH_TOKEN.get()
+        _check(token, core_settings.AUTH_TOKEN.name, flags.run_parser())
+        return token
     if settings.max_nodes > 1:
         flags.run_parser().error(
             f"{_FILE_FLAG}: a job of several nodes needs one shared secret; give "
@@ -43,7 +47,17 @@ def store_token(settings: flags.StoreSettings) -> bytes:
         flags.store_parser().error(
             f"{_FILE_FLAG}: the store needs the job's secret; give --auth-token-file or "
             f"set {core_settings.AUTH_TOKEN.name}")
+    _check(token, "the job's secret", flags.store_parser())
     return token
+
+
+def _check(token: bytes | str, source: str, parser) -> None:
+    """A usage error now for a secret core.auth refuses (a manifest's placeholder), instead of
+    the store dial refusing it later, which reads as an unreachable store."""
+    try:
+        load_token(token)
+    except AuthenticationError as exc:
+        parser.error(f"{source}: {exc}")
 
 
 def _read(path: str) -> bytes:
