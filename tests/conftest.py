@@ -99,6 +99,8 @@ SLOW_TESTS = {
         "the outage lasts over a second",
     "unit/elastic/rendezvous/test_rdzv_join_outage.py::test_a_waiting_node_gives_up_after_the_outage_grace_with_one_clear_line":
         "waits out the outage grace",
+    "unit/elastic/test_elastic_state.py::test_sync_gives_every_rank_rank_0s_state":
+        "spawns two rank processes over a TCPStore",
     "unit/elastic/test_metrics_observability.py::test_ranks_this_node_no_longer_runs_leave_the_scrape":
         "waits for scrapes a scrape interval apart",
     "unit/elastic/test_metrics_observability.py::test_stop_waits_for_the_next_scrape_of_a_steady_scraper":
