@@ -2,10 +2,13 @@
 
 A `core.admission.Gatekeeper` accepts connections and runs the auth handshake (bounded pending
 handshakes, a short deadline for the proof, rate-limited rejection logs, survives descriptor
-exhaustion); only authenticated sockets reach the loop. The loop reads
-length-prefixed frames without blocking, checks each length before allocating, and hands whole
-requests to `StoreState` (the keys and parked waits), which it alone touches, so nothing needs
-a lock. A connection that breaks the protocol is logged with its address and dropped.
+exhaustion); only authenticated sockets reach the loop, each with its connection's keys. The
+loop reads length-prefixed frames without blocking (`frames.FrameReader`: bodies allocated as
+their bytes arrive, bytes in flight capped per connection and in total), checks every frame's
+tag before it parses it, and hands whole requests to `StoreState` (the keys and parked waits),
+which it alone touches, so nothing needs a lock. Every reply is tagged (or sealed) in turn. A
+connection that breaks the protocol, fails a frame's check or runs the server out of memory is
+logged with its address and dropped; the server and the other connections carry on.
 """
 
 from __future__ import annotations
@@ -19,35 +22,39 @@ import threading
 import time
 from typing import Optional
 
+from shoal.collectives.store.frames import RECV_CHUNK, Budget, FrameReader, OverBudget
 from shoal.collectives.store.state import StoreState
-from shoal.collectives.store.wire import LENGTH, FrameError, Status, check_length, decode, encode
+from shoal.collectives.store.wire import MAX_PAYLOAD, FrameError, Status, decode, encode, seal
 from shoal.collectives.types import StoreBindError
 from shoal.core.admission import MAX_PENDING, MAX_PENDING_PER_SOURCE, Gatekeeper
 from shoal.core.auth import GREETING_TIMEOUT_S, load_token
+from shoal.core.channel import IntegrityError, Link
 
 logger = logging.getLogger(__name__)
 
 # An authenticated client sends one request at a time; a few queued behind a parked wait are
 # tolerated, a flood is a broken client.
 MAX_QUEUED_FRAMES = 16
-RECV_CHUNK = 256 * 1024
+# Bytes of unserved frames one connection may hold (one maximal frame and a few small ones
+# queued behind a parked wait), and all connections together: a peer must send the bytes it
+# holds, and past either cap its connection is dropped.
+MAX_HELD_PER_CONNECTION = MAX_PAYLOAD + 4 * RECV_CHUNK
+MAX_HELD_BYTES = 1 << 30
 # The loop wakes at least this often even when idle, so a missed wakeup cannot stall a stop.
 _MAX_SELECT_S = 1.0
 
 
 class _Conn:
-    """One authenticated client connection and its read/write state."""
+    """One authenticated client connection: its keys, its frames in, its replies out."""
 
-    __slots__ = ("sock", "peer", "inbuf", "body", "body_got", "frames", "out")
+    __slots__ = ("sock", "peer", "link", "reader", "out")
 
-    def __init__(self, sock: socket.socket, peer: str):
+    def __init__(self, sock: socket.socket, peer: str, link: Link, reader: FrameReader):
         self.sock = sock
         self.peer = peer
-        self.inbuf = bytearray()
-        self.body: Optional[bytearray] = None  # a large frame being received in place
-        self.body_got = 0
-        self.frames: collections.deque = collections.deque()
-        self.out: collections.deque = collections.deque()
+        self.link = link
+        self.reader = reader
+        self.out: collections.deque = collections.deque()  # memoryviews still to send
 
 
 class TCPStoreServer:
@@ -68,8 +75,13 @@ class TCPStoreServer:
         handshake_timeout: float = GREETING_TIMEOUT_S,
         max_pending_handshakes: int = MAX_PENDING,
         max_pending_per_source: int = MAX_PENDING_PER_SOURCE,
+        max_held_bytes: int = MAX_HELD_BYTES,
+        max_held_per_connection: int = MAX_HELD_PER_CONNECTION,
     ):
         self._token = load_token(token)
+        self._budget = Budget(max_held_bytes)
+        self._max_held_per_connection = max_held_per_connection
+        self._scratch = memoryview(bytearray(RECV_CHUNK))
         self.world_size = world_size
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._lsock = socket.socket(family, socket.SOCK_STREAM)
@@ -85,7 +97,7 @@ class TCPStoreServer:
         self.port = self._lsock.getsockname()[1]
         self._gate = Gatekeeper(
             what=f"TCPStore server on {self.address}", token=self._token, purpose="store",
-            on_admit=self._hand_over, greeting_timeout=handshake_timeout,
+            on_admit=self._hand_over, with_link=True, greeting_timeout=handshake_timeout,
             max_pending=max_pending_handshakes,
             max_pending_per_source=min(max_pending_per_source, max_pending_handshakes),
         )
@@ -99,7 +111,7 @@ class TCPStoreServer:
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
         self._sel.register(self._wake_r, selectors.EVENT_READ, None)
-        self._handed_over: collections.deque = collections.deque()  # (sock, peer) after auth
+        self._handed_over: collections.deque = collections.deque()  # (sock, peer, link)
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -119,6 +131,11 @@ class TCPStoreServer:
     def joined(self) -> int:
         """How many TCPStore clients have joined (each store object counts once)."""
         return self._state.joined
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of frames received and not yet served, over all connections (any thread)."""
+        return self._budget.held
 
     @property
     def address(self) -> str:
@@ -153,23 +170,24 @@ class TCPStoreServer:
             previous_wakeup = signal.set_wakeup_fd(self._wake_w.fileno(), warn_on_full_buffer=False)
         try:
             while not self._stopping.is_set():
-                for key, events in self._sel.select(self._select_timeout()):
-                    sock = key.fileobj
-                    if sock is self._wake_r:
-                        self._drain_wake()
-                    else:
-                        conn = self._conns.get(sock)
-                        if conn is None:
-                            continue
-                        if events & selectors.EVENT_WRITE:
-                            self._flush(conn)
-                        if events & selectors.EVENT_READ and conn.sock in self._conns:
-                            self._read(conn)
-                self._state.expire(time.monotonic())
+                try:
+                    self._turn()
+                except MemoryError:  # outside any one connection's work (see _serve)
+                    logger.warning("TCPStore server on %s ran out of memory; it keeps serving",
+                                   self.address)
         finally:
             if previous_wakeup is not None:
                 signal.set_wakeup_fd(previous_wakeup)
             self._shutdown()
+
+    def _turn(self) -> None:
+        for key, events in self._sel.select(self._select_timeout()):
+            sock = key.fileobj
+            if sock is self._wake_r:
+                self._drain_wake()
+            elif sock in self._conns:
+                self._serve(self._conns[sock], events)
+        self._state.expire(time.monotonic())
 
     def _shutdown(self) -> None:
         self._gate.close()
@@ -177,6 +195,7 @@ class TCPStoreServer:
             self._drop(conn, None)
         while self._handed_over:
             self._handed_over.popleft()[0].close()
+        self._scratch.release()
         self._sel.close()
         self._lsock.close()
         self._wake_r.close()
@@ -197,75 +216,69 @@ class TCPStoreServer:
         except BlockingIOError:
             pass
         while self._handed_over:
-            sock, peer = self._handed_over.popleft()
+            sock, peer, link = self._handed_over.popleft()
             sock.setblocking(False)
-            conn = _Conn(sock, peer)
+            reader = FrameReader(link.opener, self._budget, self._max_held_per_connection)
+            conn = _Conn(sock, peer, link, reader)
             self._conns[sock] = conn
             self._sel.register(sock, selectors.EVENT_READ, None)
             self.num_connections = len(self._conns)
 
     # ------------------------------------------------------------------ authenticated clients
 
-    def _hand_over(self, sock: socket.socket, peer: str) -> None:
+    def _hand_over(self, sock: socket.socket, peer: str, link: Link) -> None:
         """Gatekeeper callback: queue an authenticated socket for the loop (on the gate thread)."""
         if self._stopping.is_set():
             sock.close()
             return
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._handed_over.append((sock, peer))
+        self._handed_over.append((sock, peer, link))
         self._wake()
 
     # ------------------------------------------------------------------ reading frames
 
+    def _serve(self, conn: _Conn, events: int) -> None:
+        try:
+            if events & selectors.EVENT_WRITE:
+                self._flush(conn)
+            if events & selectors.EVENT_READ and conn.sock in self._conns:
+                self._read(conn)
+        except MemoryError:
+            # A failed allocation (a body growing, a value stored, a reply) costs this
+            # connection, never the server: what it held is given back.
+            if conn.sock in self._conns:
+                self._drop(conn, f"ran the server out of memory ({conn.reader.pending} bytes "
+                                 f"of a frame in progress)")
+
     def _read(self, conn: _Conn) -> None:
         try:
-            if conn.body is not None:
-                view = memoryview(conn.body)[conn.body_got:]
-                n = conn.sock.recv_into(view)
-                if n == 0:
-                    return self._drop_truncated(conn, len(conn.body) - conn.body_got)
-                conn.body_got += n
-                if conn.body_got == len(conn.body):
-                    conn.frames.append(conn.body)
-                    conn.body = None
-            else:
-                data = conn.sock.recv(RECV_CHUNK)
-                if not data:
-                    return self._drop_truncated(conn, len(conn.inbuf))
-                conn.inbuf += data
-                self._split_frames(conn)
+            if not conn.reader.receive(conn.sock, self._scratch):
+                return self._drop_truncated(conn, conn.reader.pending)
         except (BlockingIOError, InterruptedError):
             return
+        except IntegrityError as exc:
+            return self._refuse(conn, exc)
+        except OverBudget as exc:
+            return self._drop(conn, str(exc))
         except FrameError as exc:
             return self._drop(conn, f"sent a malformed frame ({exc})")
         except OSError as exc:
             return self._drop(conn, None if _is_disconnect(exc) else f"failed: {exc}")
-        if len(conn.frames) > MAX_QUEUED_FRAMES:
+        if len(conn.reader) > MAX_QUEUED_FRAMES:
             return self._drop(
-                conn, f"sent {len(conn.frames)} requests without waiting for the replies"
+                conn, f"sent {len(conn.reader)} requests without waiting for the replies"
             )
         self._process(conn)
 
-    def _split_frames(self, conn: _Conn) -> None:
-        buf = conn.inbuf
-        pos = 0
-        while len(buf) - pos >= LENGTH.size:
-            (length,) = LENGTH.unpack_from(buf, pos)
-            check_length(length)
-            start = pos + LENGTH.size
-            if len(buf) - start >= length:
-                conn.frames.append(bytes(buf[start:start + length]))
-                pos = start + length
-                continue
-            if length > RECV_CHUNK:
-                # receive the rest of a large frame in place instead of growing inbuf
-                body = bytearray(length)
-                have = len(buf) - start
-                body[:have] = buf[start:]
-                conn.body, conn.body_got = body, have
-                pos = len(buf)
-            break
-        del buf[:pos]
+    def _refuse(self, conn: _Conn, exc: IntegrityError) -> None:
+        """A frame failed its check: serve the frames that passed before it, tell the client
+        why (best effort: it may be a relay's victim), and drop the connection."""
+        self._process(conn)
+        if conn.sock not in self._conns:
+            return
+        self._reply(conn, Status.DROPPED, [str(exc).encode()])
+        if conn.sock in self._conns:
+            self._drop(conn, f"sent a frame that failed its integrity check ({exc})")
 
     def _drop_truncated(self, conn: _Conn, pending: int) -> None:
         if pending:
@@ -281,6 +294,8 @@ class TCPStoreServer:
                 self.address, conn.peer, why,
             )
         self._state.forget(conn)
+        conn.reader.release()
+        conn.out.clear()
         self._conns.pop(conn.sock, None)
         self.num_connections = len(self._conns)
         try:
@@ -292,20 +307,26 @@ class TCPStoreServer:
     # ------------------------------------------------------------------ writing replies
 
     def _reply(self, conn: _Conn, status: Status, args: list[bytes]) -> None:
-        frame = encode(status, args)
-        if not conn.out:
-            try:
-                sent = conn.sock.send(frame)
-            except (BlockingIOError, InterruptedError):
-                sent = 0
-            except OSError as exc:
-                return self._drop(conn, None if _is_disconnect(exc) else f"failed: {exc}")
-            if sent == len(frame):
-                return
-            conn.out.append(memoryview(frame)[sent:])
+        """Tag (or seal) the reply, the next frame of this connection, and send what the socket
+        takes now; the rest waits for EVENT_WRITE."""
+        parts = [memoryview(part) for part in seal(conn.link.sealer, encode(status, args))]
+        if conn.out:
+            conn.out.extend(parts)
+            return
+        try:
+            sent = conn.sock.sendmsg(parts)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError as exc:
+            return self._drop(conn, None if _is_disconnect(exc) else f"failed: {exc}")
+        for part in parts:
+            if sent >= len(part):
+                sent -= len(part)
+                continue
+            conn.out.append(part[sent:])
+            sent = 0
+        if conn.out:
             self._sel.modify(conn.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, None)
-        else:
-            conn.out.append(memoryview(frame))
 
     def _flush(self, conn: _Conn) -> None:
         while conn.out:
@@ -320,14 +341,18 @@ class TCPStoreServer:
             else:
                 conn.out[0] = conn.out[0][sent:]
         self._sel.modify(conn.sock, selectors.EVENT_READ, None)
+        self._process(conn)  # requests that arrived while the reply was on its way
 
     # ------------------------------------------------------------------ requests
 
     def _process(self, conn: _Conn) -> None:
-        """Serve the connection's queued requests until one parks (one at a time per client)."""
-        while conn.frames and not self._state.is_parked(conn) and conn.sock in self._conns:
+        """Serve the connection's queued requests until one parks (one at a time per client),
+        or until a reply waits for the client to read it: a client that does not read its
+        replies gets no more served, so what it makes the server hold stays bounded."""
+        while (conn.reader and not conn.out and not self._state.is_parked(conn)
+               and conn.sock in self._conns):
             try:
-                code, args = decode(conn.frames.popleft())
+                code, args = decode(conn.reader.pop())
                 self._state.handle(conn, code, args)
             except FrameError as exc:
                 return self._drop(conn, f"sent a malformed request ({exc})")

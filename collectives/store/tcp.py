@@ -2,7 +2,10 @@
 
 The master hosts a `TCPStoreServer` in a background thread; every `TCPStore` (the master's
 included) is a client. A client keeps a small pool of authenticated connections, one per call in
-flight, so threads never wait on each other's blocking `get`. Waits are parked on the server and
+flight, so threads never wait on each other's blocking `get`. Every request and reply carries a
+tag under its connection's keys (see `wire`), checked before it is parsed; a reply that fails
+its check, or the server's word that it dropped the connection for a request that failed its
+own, ends that connection with a StoreError that says so. Waits are parked on the server and
 answered when their keys are set, or with a timeout reply at their deadline; the client's socket
 timeout is that deadline plus a grace period, so a stopped server is also noticed.
 
@@ -32,6 +35,8 @@ from shoal.collectives.store.wire import (
     decode,
     encode,
     encode_number,
+    open_payload,
+    seal,
 )
 from shoal.collectives.store.api import Store, missing_keys_message
 from shoal.collectives.types import (
@@ -42,6 +47,7 @@ from shoal.collectives.types import (
 )
 from shoal.core import auth
 from shoal.core.auth import load_token
+from shoal.core.channel import IntegrityError, Link
 from shoal.core.errors import AuthenticationError
 from shoal.core.timeouts import TimeoutLike
 
@@ -61,17 +67,24 @@ def _nodelay(sock: socket.socket) -> None:
 
 
 class _Connection:
-    """One authenticated socket to the server; used by one call at a time."""
+    """One authenticated socket to the server and its keys; used by one call at a time."""
 
-    def __init__(self, sock: socket.socket):
+    def __init__(self, sock: socket.socket, link: Link):
         self.sock = sock
+        self.link = link
 
     def call(self, frame: bytes, timeout: float) -> tuple[int, list[bytes]]:
+        """Send `frame` (from `encode`) tagged, and return the checked reply.
+
+        Raises:
+            IntegrityError: the reply failed its check.
+            OSError, FrameError: the connection broke, or the reply is malformed.
+        """
         self.sock.settimeout(min(timeout, MAX_SOCKET_TIMEOUT_S))
-        self.sock.sendall(frame)
+        _send_all(self.sock, seal(self.link.sealer, frame))
         (length,) = LENGTH.unpack(self._recv_exact(LENGTH.size))
         check_length(length)
-        return decode(self._recv_exact(length))
+        return decode(open_payload(self.link.opener, self._recv_exact(length)))
 
     def _recv_exact(self, n: int) -> bytearray:
         buf = bytearray(n)
@@ -89,6 +102,17 @@ class _Connection:
             self.sock.close()
         except OSError:
             pass
+
+
+def _send_all(sock: socket.socket, parts: list) -> None:
+    """Send every buffer of `parts` in order, with as few system calls as the socket allows."""
+    views = [memoryview(part) for part in parts]
+    while views:
+        sent = sock.sendmsg(views)
+        while views and sent >= len(views[0]):
+            sent -= len(views.pop(0))
+        if sent:
+            views[0] = views[0][sent:]
 
 
 # Servers that master stores of this process run, by (host, port, pid: a forked child has no
@@ -248,12 +272,13 @@ class TCPStore(Store):
                                             timeout=min(timeout, MAX_SOCKET_TIMEOUT_S))
 
         try:
-            sock = auth.dial(connect, self._token, "store", left, prepare=_nodelay)
+            sock, link = auth.dial_link(connect, self._token, "store", left, prepare=_nodelay,
+                                        peer=f"the TCPStore server at {self.address}")
         except AuthenticationError as exc:
             raise AuthenticationError(
                 f"TCPStore could not authenticate to the server at {self.address}: {exc}"
             ) from exc
-        return _Connection(sock)
+        return _Connection(sock, link)
 
     def _checkout(self) -> _Connection:
         with self._lock:
@@ -289,16 +314,25 @@ class TCPStore(Store):
             raise StoreError(
                 f"TCPStore {what}: the server at {self.address} did not answer within {timeout:g}s."
             ) from exc
+        except IntegrityError as exc:
+            conn.close()
+            raise StoreError(f"TCPStore {what}: {exc}") from exc
         except (OSError, FrameError) as exc:
             conn.close()
             raise StoreError(f"TCPStore {what}: lost the server at {self.address}: {exc}") from exc
         except BaseException:
             conn.close()  # e.g. KeyboardInterrupt mid-reply: the stream position is unknown
             raise
-        self._checkin(conn)
+        if status == Status.DROPPED:
+            conn.close()
+        else:
+            self._checkin(conn)
         if status == Status.OK or status == Status.TIMEOUT:
             return status, reply
         message = reply[0].decode(errors="replace") if reply else "no detail"
+        if status == Status.DROPPED:
+            raise StoreError(f"TCPStore {what}: the server at {self.address} dropped this "
+                             f"connection: {message}")
         if status == Status.BAD_INPUT:
             raise ValueError(message)
         raise StoreError(f"TCPStore {what} failed on the server at {self.address}: {message}")

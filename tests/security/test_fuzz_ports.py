@@ -32,12 +32,13 @@ from tests.support import fuzz_rpc_peer
 from shoal import rpc_agent
 from shoal.collectives.backends.tcp import wire
 from shoal.collectives.store.server import TCPStoreServer
-from shoal.collectives.store.wire import HEAD, LENGTH, MAX_FRAME_BYTES, Op, encode
+from shoal.collectives.store.wire import LENGTH, MAX_PAYLOAD, MIN_PAYLOAD, Op, encode, seal
 from shoal.collectives.backends.tcp.group import ProcessGroupTCP
 from shoal.collectives.store.hash import HashStore
 from shoal.collectives.store.tcp import TCPStore
 from shoal.core import auth
 from shoal.core.auth import GREETING_TIMEOUT_S
+from shoal.core.channel import TAG_BYTES
 from shoal.elastic.metrics import MetricsServer
 from tests.support.fuzz import (
     CONCURRENCY,
@@ -99,29 +100,55 @@ def _store_payloads(rng: random.Random) -> bytes:
     return b"".join(rng.choices(frames, k=rng.randint(1, 3)))
 
 
-def _malformed_store_request(rng: random.Random) -> tuple[bytes, bool]:
-    """What a right-secret client with a broken encoder might send, and whether the server
-    must drop the connection for it at once (the rest need our EOF: a frame cut short, or a
-    request parked on a key nobody sets)."""
+def _tagged(link, frame: bytes) -> bytes:
+    """`frame` (a length prefix and a body) with its tag, the connection's next."""
+    return b"".join(bytes(part) for part in seal(link.sealer, frame))
+
+
+def _body(link, body: bytes) -> bytes:
+    """A hand-made body, framed and tagged as a right-secret client frames and tags one."""
+    return _tagged(link, LENGTH.pack(len(body) + TAG_BYTES) + body)
+
+
+def _altered(frame: bytes, rng: random.Random) -> bytes:
+    """`frame` with a bit flipped after its length prefix (body or tag)."""
+    return frame[:LENGTH.size] + flip_bits(frame[LENGTH.size:], rng, 1)
+
+
+def _malformed_store_request(rng: random.Random, link) -> tuple[bytes, bool]:
+    """What a right-secret client with a broken encoder might send, every frame tagged under
+    its connection's keys unless the case is about the tag, and whether the server must drop
+    the connection for it at once (the rest need our EOF: a frame cut short, or a request
+    parked on a key nobody sets)."""
     key = b"authed/%d" % rng.randrange(1000)
-    frame = encode(Op.SET, [key, b"v"])
+    body = encode(Op.SET, [key, b"v"])[LENGTH.size:]
+
+    def replayed() -> bytes:
+        frame = _tagged(link, encode(Op.PING, []))
+        return frame + frame
+
     kinds = [
         (lambda: rng.randbytes(fuzz_length(rng)), False),
-        (lambda: LENGTH.pack(rng.randint(0, HEAD.size - 1)) + rng.randbytes(8), True),
-        (lambda: LENGTH.pack(MAX_FRAME_BYTES + rng.randint(1, 1 << 20)) + rng.randbytes(64),
-         True),
+        (lambda: LENGTH.pack(rng.randint(0, MIN_PAYLOAD - 1)) + rng.randbytes(8), True),
+        (lambda: LENGTH.pack(MAX_PAYLOAD + rng.randint(1, 1 << 20)) + rng.randbytes(64), True),
         (lambda: LENGTH.pack(0xFFFFFFFF), True),
-        (lambda: encode(rng.choice((0, 14, 99, 255)), [key]), True),  # unknown request codes
-        (lambda: encode(Op.SET, [key]), True),  # too few arguments
-        (lambda: encode(Op.GET, [rng.choice((b"nan", b"-1", b"soon", b"")), key]), True),
-        (lambda: encode(Op.ADD, [key, rng.choice((b"one", b"1e3", b"\xff"))]), True),
-        (lambda: encode(Op.SET, [b"", b"v"]), True),  # an empty key
-        (lambda: frame[:-1], False),  # cut short
-        (lambda: LENGTH.pack(len(frame) - 3) + frame[4:] + b"\x00", True),  # trailing byte
-        (lambda: frame[:9] + (1 << 30).to_bytes(4, "big") + frame[13:], True),  # overrun
+        (lambda: _tagged(link, encode(rng.choice((0, 14, 99, 255)), [key])), True),  # unknown
+        (lambda: _tagged(link, encode(Op.SET, [key])), True),  # too few arguments
+        (lambda: _tagged(link, encode(Op.GET, [rng.choice((b"nan", b"-1", b"soon", b"")), key])),
+         True),
+        (lambda: _tagged(link, encode(Op.ADD, [key, rng.choice((b"one", b"1e3", b"\xff"))])),
+         True),
+        (lambda: _tagged(link, encode(Op.SET, [b"", b"v"])), True),  # an empty key
+        (lambda: _tagged(link, encode(Op.SET, [key, b"v"]))[:-1], False),  # cut short
+        (lambda: _body(link, body + b"\x00"), True),  # a trailing byte
+        (lambda: _body(link, body[:5] + (1 << 30).to_bytes(4, "big") + body[9:]), True),  # overrun
+        (lambda: _altered(_tagged(link, encode(Op.SET, [key, b"v"])), rng), True),
+        (lambda: encode(Op.SET, [key, b"v"]) + rng.randbytes(TAG_BYTES), True),  # a guessed tag
+        (replayed, True),
         # a parked wait, then more requests than the server queues behind it
-        (lambda: encode(Op.WAIT, [b"30", b"authed/never"]) + encode(Op.PING, []) * 20, False),
-        (lambda: encode(Op.GET, [b"30", b"authed/never"]), False),  # parked
+        (lambda: _tagged(link, encode(Op.WAIT, [b"30", b"authed/never"]))
+         + b"".join(_tagged(link, encode(Op.PING, [])) for _ in range(20)), False),
+        (lambda: _tagged(link, encode(Op.GET, [b"30", b"authed/never"])), False),  # parked
     ]
     first, must_drop = rng.choice(kinds)
     data = first() + b"".join(rng.choice(kinds)[0]() for _ in range(rng.randint(0, 2)))
@@ -129,7 +156,7 @@ def _malformed_store_request(rng: random.Random) -> tuple[bytes, bool]:
 
 
 def _store_authed(p: Probe, rng: random.Random) -> None:
-    data, must_drop = _malformed_store_request(rng)
+    data, must_drop = _malformed_store_request(rng, p.link)
     p.send(data, pieces=rng.choice((1, 1, 3)))
     if not must_drop:
         p.half_close()

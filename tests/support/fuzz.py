@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from shoal.core import channel
 from shoal.core.auth import DIGEST_BYTES, GREETING_BYTES, MAGIC, NONCE_BYTES, REFUSED, REPLY_BYTES
 
 
@@ -107,6 +108,7 @@ class Probe:
         self.greeted = False  # greet() ran; else the greeting sits at the start of `after`
         self.after = bytearray()
         self.broken: Optional[str] = None  # the first socket error seen (reset, broken pipe)
+        self.link: Optional[channel.Link] = None  # the connection's keys, once authenticated
         self.sock.settimeout(IO_TIMEOUT_S)
 
     def greet(self) -> bytes:
@@ -329,7 +331,8 @@ def _unauthenticated_cases(t: Target) -> dict:
 
 
 def authenticate(p: Probe, t: Target) -> None:
-    """Run the handshake with the right secret; the server must admit and prove itself."""
+    """Run the handshake with the right secret; the server must admit and prove itself. The
+    probe then holds the connection's keys (`p.link`), which every later frame must carry."""
     greeting = p.greet()
     assert greeting[:len(MAGIC)] == MAGIC, f"greeting {greeting!r}"
     reply = client_reply(t.token, t.purpose, p.s_nonce)
@@ -338,6 +341,8 @@ def authenticate(p: Probe, t: Target) -> None:
     expected = server_proof(t.token, t.purpose, p.s_nonce, reply[:NONCE_BYTES])
     assert verdict == expected, f"a right-secret client got the verdict {verdict!r}"
     del p.after[:]
+    p.link = channel.pair(t.token, t.purpose, p.s_nonce, reply[:NONCE_BYTES], server=False,
+                          peer=t.name)
 
 
 # ----------------------------------------------------------------------------- the driver

@@ -11,10 +11,11 @@ import time
 import pytest
 
 from shoal.collectives.store.server import TCPStoreServer
-from shoal.collectives.store.wire import LENGTH, MAX_FRAME_BYTES, Op, encode
+from shoal.collectives.store.wire import LENGTH, MAX_PAYLOAD, Op, encode, seal
 from shoal.collectives.types import StoreError
 from shoal.collectives.store.tcp import TCPStore
 from shoal.core.auth import MAGIC, client_handshake, load_token
+from shoal.core.channel import TAG_BYTES
 from shoal.core.errors import AuthenticationError
 
 LOGGER = "shoal.collectives.store.server"
@@ -53,11 +54,26 @@ def wait_for_log(caplog, pattern):
     return next(r for r in caplog.records if pattern in r.getMessage())
 
 
-def raw_connection(server, authenticate=True):
+def raw_connection(server):
+    """A connection that has not authenticated (the server greets it and waits for a proof)."""
+    return socket.create_connection(("127.0.0.1", server.port), timeout=WAIT_S)
+
+
+def authed_connection(server):
+    """A socket that passed the handshake, and its keys (every frame must carry a tag)."""
     sock = socket.create_connection(("127.0.0.1", server.port), timeout=WAIT_S)
-    if authenticate:
-        client_handshake(sock, load_token(), "store")
-    return sock
+    return sock, client_handshake(sock, load_token(), "store")
+
+
+def sealed(link, *frames):
+    """The bytes of `frames` (from `encode`, or a hand-made prefix and body), each tagged in
+    turn as a right-secret client tags them."""
+    return b"".join(bytes(part) for frame in frames for part in seal(link.sealer, frame))
+
+
+def framed(body):
+    """A hand-made body with its length prefix (which counts the tag)."""
+    return LENGTH.pack(len(body) + TAG_BYTES) + body
 
 
 def assert_dropped(sock):
@@ -81,7 +97,7 @@ def assert_serving(client, tag):
 
 def test_garbage_instead_of_the_handshake(server, client, caplog):
     caplog.set_level(logging.WARNING, LOGGER)
-    sock = raw_connection(server, authenticate=False)
+    sock = raw_connection(server)
     sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + b"\xff" * 64)
     port = sock.getsockname()[1]
     wait_for_log(caplog, f"TCPStore server on {server.address} turned away a connection from "
@@ -92,7 +108,7 @@ def test_garbage_instead_of_the_handshake(server, client, caplog):
 
 def test_garbage_after_authenticating(server, client, caplog):
     caplog.set_level(logging.WARNING, LOGGER)
-    sock = raw_connection(server)
+    sock, _ = authed_connection(server)
     sock.sendall(LENGTH.pack(9) + b"\x77garbage!")
     record = wait_for_log(caplog, "sent a malformed")
     assert f"from 127.0.0.1:{sock.getsockname()[1]}" in record.getMessage()
@@ -102,9 +118,9 @@ def test_garbage_after_authenticating(server, client, caplog):
 
 def test_arguments_that_overrun_the_frame(server, client, caplog):
     caplog.set_level(logging.WARNING, LOGGER)
-    sock = raw_connection(server)
+    sock, link = authed_connection(server)
     body = bytes([Op.SET]) + (2).to_bytes(4, "big") + (1000).to_bytes(4, "big") + b"k"
-    sock.sendall(LENGTH.pack(len(body)) + body)
+    sock.sendall(sealed(link, framed(body)))
     record = wait_for_log(caplog, "argument 0 claims 1000 bytes but only 1 remain")
     assert "malformed frame" in record.getMessage() or "malformed request" in record.getMessage()
     assert_dropped(sock)
@@ -113,7 +129,7 @@ def test_arguments_that_overrun_the_frame(server, client, caplog):
 
 def test_truncated_frame_then_close(server, client, caplog):
     caplog.set_level(logging.WARNING, LOGGER)
-    sock = raw_connection(server)
+    sock, _ = authed_connection(server)
     frame = encode(Op.SET, [b"truncated", b"x" * 100])
     sock.sendall(frame[:40])
     sock.close()
@@ -124,9 +140,9 @@ def test_truncated_frame_then_close(server, client, caplog):
 
 def test_oversized_length_prefix_is_refused_before_reading(server, client, caplog):
     caplog.set_level(logging.WARNING, LOGGER)
-    sock = raw_connection(server)
-    sock.sendall(LENGTH.pack(MAX_FRAME_BYTES + 1))  # and no body at all
-    wait_for_log(caplog, f"frame length {MAX_FRAME_BYTES + 1} exceeds the {MAX_FRAME_BYTES}-byte")
+    sock, _ = authed_connection(server)
+    sock.sendall(LENGTH.pack(MAX_PAYLOAD + 1))  # and no body at all
+    wait_for_log(caplog, f"frame length {MAX_PAYLOAD + 1} exceeds the {MAX_PAYLOAD}-byte")
     assert_dropped(sock)
     assert_serving(client, "oversized")
 
@@ -145,7 +161,7 @@ def test_silent_connection_stalls_nobody_and_is_dropped(caplog):
     caplog.set_level(logging.WARNING, LOGGER)
     server = TCPStoreServer("127.0.0.1", 0, handshake_timeout=1.5).start()
     try:
-        silent = raw_connection(server, authenticate=False)
+        silent = raw_connection(server)
         read_challenge(silent)
         with TCPStore("127.0.0.1", server.port, timeout=5) as client:
             assert_serving(client, "silent")
@@ -162,7 +178,7 @@ def test_silent_connection_stalls_nobody_and_is_dropped(caplog):
 
 def test_a_full_handshake_table_sheds_its_oldest_entry_not_the_newcomer(server, client, caplog):
     caplog.set_level(logging.WARNING, GATE_LOGGER)
-    silent = [raw_connection(server, authenticate=False) for _ in range(4)]
+    silent = [raw_connection(server) for _ in range(4)]
     for s in silent:
         read_challenge(s)
     wait_until(lambda: server._gate.num_pending == 4, "four handshakes are pending")
@@ -189,9 +205,9 @@ def test_wrong_token_is_refused_with_a_clear_error(server, caplog):
 
 def test_flood_of_requests_behind_a_parked_wait_is_dropped(server, client, caplog):
     caplog.set_level(logging.WARNING, LOGGER)
-    sock = raw_connection(server)
+    sock, link = authed_connection(server)
     get = encode(Op.GET, [b"30.0", b"flood/never"])
-    sock.sendall(get * 40)
+    sock.sendall(sealed(link, *[get] * 40))
     wait_for_log(caplog, "requests without waiting for the replies")
     assert_dropped(sock)
     wait_until(lambda: server.num_parked == 0, "the flooder's parked wait is gone")
@@ -199,8 +215,8 @@ def test_flood_of_requests_behind_a_parked_wait_is_dropped(server, client, caplo
 
 
 def test_client_that_disconnects_while_waiting_disturbs_no_one(server, client):
-    sock = raw_connection(server)
-    sock.sendall(encode(Op.GET, [b"30.0", b"gone/key"]))
+    sock, link = authed_connection(server)
+    sock.sendall(sealed(link, encode(Op.GET, [b"30.0", b"gone/key"])))
     wait_until(lambda: server.num_parked == 1, "the raw client's get is parked")
     result = {}
     waiter = threading.Thread(target=lambda: result.setdefault("v", client.get("gone/key", 10)))
