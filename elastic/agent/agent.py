@@ -26,6 +26,7 @@ from shoal.collectives.types import StoreError, StoreTimeout
 from shoal.elastic import metrics
 from shoal.elastic.agent import failures, ledger
 from shoal.elastic.agent.env import default_node_id, python_argv, summary_text
+from shoal.elastic.agent.logs import RepeatLimiter
 from shoal.elastic.agent.monitor import EventKind, RoundWatch
 from shoal.elastic.agent.round_poll import RoundPoller
 from shoal.elastic.agent.round_setup import RoundPlan, log_path, open_master_store, plan_round
@@ -95,6 +96,8 @@ class Agent:
         self._dump_dir = (spec.dump_dir or collectives_settings.DUMP_DIR.get(spec.base_env)
                           or tempfile.gettempdir())
         self._plan: Optional[RoundPlan] = None
+        # The best-effort calls' failures (_safe): a dead store fails ten a second.
+        self._quiet = RepeatLimiter(logger)
         metrics.set_run_id(spec.run_id)
         metrics.set_dump_dir(self._dump_dir)
 
@@ -509,5 +512,5 @@ class Agent:
         try:
             return call()
         except (StoreError, RendezvousError) as exc:
-            logger.warning("%s", exc)
+            self._quiet.warning(str(exc))
             return default

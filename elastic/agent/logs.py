@@ -7,6 +7,7 @@ import dataclasses
 import logging
 import os
 import threading
+import time
 from typing import IO, Optional, TextIO, Union
 
 logger = logging.getLogger(__name__)
@@ -109,3 +110,29 @@ class LogTee:
         """The last lines the worker wrote (stdout and stderr together)."""
         with self._tail_lock:
             return list(self._tail)
+
+
+class RepeatLimiter:
+    """Warn at most once per `every` seconds; a line says how many were held back since.
+
+    A store whose host died fails every call the agent makes while it settles a failure (ten
+    a second); one line with a count tells the operator as much as a hundred.
+    """
+
+    def __init__(self, log: logging.Logger, every: float = 5.0):
+        self._log = log
+        self._every = every
+        self._last: Optional[float] = None
+        self._held = 0
+
+    def warning(self, text: str) -> None:
+        """Log `text` now, or count it when a warning went out less than `every` s ago."""
+        now = time.monotonic()
+        if self._last is not None and now - self._last < self._every:
+            self._held += 1
+            return
+        held = (f" ({self._held} more like it in the last {now - self._last:.0f}s)"
+                if self._held and self._last is not None else "")
+        self._log.warning("%s%s", text, held)
+        self._last, self._held = now, 0
+

@@ -1,14 +1,16 @@
 """Pieces of the node agent that need no rendezvous: the log tee, worker groups, exit texts."""
 
 import io
+import logging
 import os
+import re
 import signal
 import sys
 import time
 
 import pytest
 
-from shoal.elastic.agent.logs import TAIL_LINES, LogTee
+from shoal.elastic.agent.logs import TAIL_LINES, LogTee, RepeatLimiter
 from shoal.elastic.agent.workers import WorkerGroup, describe_exit
 from shoal.elastic.agent.agent import WorkerSpec, default_node_id, python_argv
 from shoal.elastic.agent.env import summary_text as _summary_text
@@ -83,3 +85,17 @@ def test_worker_spec_and_argv():
     assert python_argv("pkg.mod", [], module=True)[-2:] == ("-m", "pkg.mod")
     # Node ranks order node ids, and so the group ranks the rendezvous assigns.
     assert sorted([default_node_id(10), default_node_id(2)])[0].startswith("n00002-")
+
+
+def test_repeated_warnings_are_held_back_and_counted(caplog):
+    log = logging.getLogger("test.repeat")
+    limiter = RepeatLimiter(log, every=0.2)
+    with caplog.at_level(logging.WARNING, logger="test.repeat"):
+        for _ in range(50):
+            limiter.warning("the store does not answer")
+        time.sleep(0.25)
+        limiter.warning("the store does not answer")
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0] == "the store does not answer"
+    assert re.fullmatch(r"the store does not answer \(49 more like it in the last 0s\)", lines[1])
+    assert len(lines) == 2
