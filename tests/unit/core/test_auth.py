@@ -87,8 +87,8 @@ def _handshake_both(server_kwargs, client_kwargs):
     try:
         return auth.client_handshake(client, b"k", "store", timeout=5, **client_kwargs), out
     finally:
+        client.close()  # a client that gave up must not leave the server waiting for its proof
         t.join(5)
-        client.close()
         server.close()
 
 
