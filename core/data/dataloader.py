@@ -20,6 +20,7 @@ instead of starting the generator's sequence over.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
@@ -285,11 +286,9 @@ class DataLoader:
         pool = WorkerPool(specs, self.prefetch_factor, self.multiprocessing_context)
         if self.persistent_workers:
             self._pool = pool
+            # Not __del__: see _MultiProcessIter (the loader sits in a cycle with its iterator).
+            weakref.finalize(self, pool.shutdown)
         return pool
-
-    def __del__(self) -> None:
-        if getattr(self, "_pool", None) is not None:
-            self._pool.shutdown()
 
 
 def _copy(array: Optional[np.ndarray]) -> Optional[np.ndarray]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import time
+import weakref
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 import numpy as np
@@ -18,6 +19,7 @@ from shoal.core.data import pin as pinning
 from shoal.core.data import stream_state
 from shoal.core.data.datapipes import sharding
 from shoal.core.data.datapipes.iter import IterDataPipe
+from shoal.core.data.errors import DataLoaderError
 from shoal.core.data.pool import FAILED_JOIN_S, JOIN_S, Failure, WorkerPool
 from shoal.core.data.worker import take_batch
 
@@ -107,10 +109,16 @@ class _SingleProcessIter(_LoaderIter):
     def _next_indexed(self) -> Any:
         loader = self.loader
         indices = next(self._indices)
-        if loader.auto_collation:
-            return self._hand_out(loader.collate_fn([loader.dataset[i] for i in indices]),
-                                  len(indices))
-        return self._hand_out(loader.collate_fn(loader.dataset[indices]), 1)
+        samples = len(indices) if loader.auto_collation else 1
+        try:
+            if loader.auto_collation:
+                batch = loader.collate_fn([loader.dataset[i] for i in indices])
+            else:
+                batch = loader.collate_fn(loader.dataset[indices])
+        except Exception:
+            self.samples += samples  # the loop is past this batch: a resume starts after it
+            raise
+        return self._hand_out(batch, samples)
 
 
 class _MultiProcessIter(_LoaderIter):
@@ -125,6 +133,12 @@ class _MultiProcessIter(_LoaderIter):
                  indices: Optional[Iterator], pool: WorkerPool) -> None:
         super().__init__(loader, base_seed, shape, layout)
         self.pool = pool
+        if not loader.persistent_workers:
+            # A finalizer rather than __del__: the loader and this iterator refer to each other,
+            # and when the garbage collector frees such a cycle it may run the pool's
+            # Connections' __del__ first, which closes their descriptors without marking them
+            # closed; a finalizer keeps the pool out of the cycle, so it shuts down intact.
+            weakref.finalize(self, pool.shutdown)
         self._indices = indices
         self._tasks: dict[int, tuple[int, int]] = {}  # task -> (worker, samples)
         self._done: dict[int, tuple[Any, Any]] = {}  # task -> (batch, END or Failure; mark)
@@ -132,6 +146,8 @@ class _MultiProcessIter(_LoaderIter):
         self._held = [0] * self.pool.size  # received from each worker, not yet handed out
         self._send, self._next, self._turn = 0, 0, 0
         self._sampler_done = False
+        self._fatal: Optional[BaseException] = None  # what ended the workers mid-iteration
+        self._fatal_text = ""
         self._epoch = next(_iterations)  # tags this iteration's tasks (a reused pool's stale ones)
         if loader.iterable:
             for w in range(self.pool.size):
@@ -180,17 +196,31 @@ class _MultiProcessIter(_LoaderIter):
         return all(self._exhausted)
 
     def __next__(self) -> Any:
+        if self._fatal is not None:
+            raise DataLoaderError(
+                f"this DataLoader iterator stopped at an earlier error ({self._fatal_text}); "
+                "iter(loader) starts a new iteration") from self._fatal
         try:
-            return self._next_batch()
+            item, samples = self._next_batch()
         except StopIteration:
             self.finished = True
             self.close()
             raise
-        except BaseException:
+        except BaseException as exc:  # the workers cannot go on (died, timed out, Ctrl-C)
+            self._fatal = exc
+            self._fatal_text = ": ".join([type(exc).__name__, *str(exc).splitlines()[:1]])
             self.close(error=True)
             raise
+        if isinstance(item, Failure):
+            # The dataset's error in this one batch: as torch, it is raised here and the
+            # workers go on with the next batches.
+            if self._indices is not None:
+                self.samples += samples  # the loop is past this batch: a resume starts after it
+            raise item.exception()
+        return self._hand_out(item, samples)
 
-    def _next_batch(self) -> Any:
+    def _next_batch(self) -> tuple[Any, int]:
+        """The next batch (or the Failure in its place) and its sample count."""
         timeout = self.loader.timeout
         # One deadline per batch asked for, however many other batches arrive meanwhile.
         deadline = time.monotonic() + timeout if timeout > 0 else None
@@ -205,9 +235,7 @@ class _MultiProcessIter(_LoaderIter):
                 self._dispatch()
                 if item is _END:
                     continue
-                if isinstance(item, Failure):
-                    raise item.exception()
-                return self._hand_out(item, samples)
+                return item, samples
             if self._next >= self._send and not self._dispatch():
                 if self._finished():
                     raise StopIteration
@@ -242,8 +270,3 @@ class _MultiProcessIter(_LoaderIter):
             # A persistent pool shut down here stays with the loader, closed: its next
             # iteration starts a fresh one (DataLoader._worker_pool skips a closed pool).
             self.pool.shutdown(grace=FAILED_JOIN_S if error else JOIN_S)
-
-    def __del__(self) -> None:
-        pool = getattr(self, "pool", None)  # absent when the pool failed to start
-        if pool is not None and not self.loader.persistent_workers:
-            pool.shutdown()

@@ -82,10 +82,23 @@ class Failure:
         try:
             cls = pickle.loads(self.exc_type) if self.exc_type is not None else None
             if cls is not None and issubclass(cls, BaseException):
+                # torch's ExceptionWrapper.reraise: a KeyError's message is not repr'd, and a
+                # type with a `message` field takes the text by that name.
+                if cls is KeyError:
+                    return cls(_KeyErrorMessage(text))
+                if getattr(cls, "message", None):
+                    return cls(message=text)
                 return cls(text)
         except Exception:  # noqa: BLE001 - an exception type that takes other arguments
             pass
         return WorkerError(text)
+
+
+class _KeyErrorMessage(str):
+    """A KeyError's text shown as is (KeyError repr()s its argument), as torch's."""
+
+    def __repr__(self) -> str:
+        return str(self)
 
 
 class WorkerPool:

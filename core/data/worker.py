@@ -14,7 +14,7 @@ import random
 import signal
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
@@ -113,6 +113,12 @@ def _error_message(exc: BaseException, task_id: Optional[int], where: str) -> tu
     return ("error", task_id, exc_type, type(exc).__name__, where, text)
 
 
+def _raising(exc: Exception) -> Iterator:
+    """An iterator whose first item raises `exc` and which is exhausted after it."""
+    raise exc
+    yield  # a generator: the raise waits for the first next()
+
+
 class _Fetcher:
     """Turns a task into a batch: indices for map-style datasets, the next items for iterables."""
 
@@ -124,10 +130,15 @@ class _Fetcher:
         """Start the stream afresh (a DataPipe re-prepared with the iteration's seed and, for
         a resumed epoch, the layout that passes over what earlier attempts consumed)."""
         spec = self.spec
-        if seed is not None and spec.prepare is not None:
-            spec.prepare(spec.dataset, spec.worker_id, spec.num_workers, seed, layout)
-        if spec.iterable:
-            self._iterator = iter(spec.dataset)
+        try:
+            if seed is not None and spec.prepare is not None:
+                spec.prepare(spec.dataset, spec.worker_id, spec.num_workers, seed, layout)
+            if spec.iterable:
+                self._iterator = iter(spec.dataset)
+        except Exception as exc:  # noqa: BLE001 - the next batch re-raises it in the loader
+            # As torch: the worker lives on, its next batch is this error, and its stream ends
+            # after it (torch's later batches fail with UnboundLocalError: it never made them).
+            self._iterator = _raising(exc)
 
     def fetch(self, indices: Optional[list]) -> Any:
         spec = self.spec
