@@ -364,6 +364,7 @@ def rpc_world():
         status, detail = results.get(timeout=30)
         assert status == "ready", f"RPC worker w1 failed to start:\n{detail}"
         grpc_port, data_port = rpc_agent.rpc_sync("w1", fuzz_rpc_peer.ports, timeout=10)
+        _W1_INCARNATION[:] = [rpc_agent.rpc_sync("w1", fuzz_rpc_peer.incarnation, timeout=10)]
         yield {"pid": detail, "grpc_port": grpc_port, "data_port": data_port}
     finally:
         stop.set()  # both workers shut down together: a graceful shutdown waits for the other
@@ -404,9 +405,15 @@ def _data_channel_target(port: int) -> Target:
                                                                     len(body)) + body)
 
     def authed(p: Probe, rng: random.Random) -> None:
-        """A right-secret peer claiming a worker id the job lacks: dropped before any data."""
+        """A right-secret peer claiming a worker id the job lacks (its claim tagged with the
+        connection's keys), or sending untagged bytes: dropped before any data."""
         worker_id = rng.choice((2, 3, 99, -1, 2**31 - 1, -2**31))
-        p.send(worker_id.to_bytes(4, "big", signed=True) + rng.randbytes(fuzz_length(rng, 256)))
+        claim = worker_id.to_bytes(4, "big", signed=True)
+        if rng.random() < 0.5:
+            claim += p.link.sealer.tag((claim,))
+        else:  # untagged: at least a whole frame's bytes, so the check runs at once
+            claim += rng.randbytes(16)
+        p.send(claim + rng.randbytes(fuzz_length(rng, 256)))
         p.drain()
 
     return Target("RPC data channel", _tcp(port), TOKEN, "rpc-data", payloads, authed=authed,
@@ -445,12 +452,17 @@ class _Touch:
         return (os.mkdir, (self.path,))
 
 
+# w1's incarnation nonce (rpc_world sets it): a hello to w1 must name it.
+_W1_INCARNATION: list = []
+
+
 def _hello(token: bytes = TOKEN, name: str = "w0", worker_id: int = 0, to_id: int = 1,
            timestamp: float | None = None, nonce: bytes | None = None,
-           purpose: str = PURPOSE_CLIENT) -> bytes:
+           purpose: str = PURPOSE_CLIENT, incarnation: bytes | None = None) -> bytes:
     hello = rpc_pb2.Hello(name=name, id=worker_id, to_id=to_id,
                           timestamp=time.time() if timestamp is None else timestamp,
-                          nonce=secrets.token_bytes(32) if nonce is None else nonce)
+                          nonce=secrets.token_bytes(32) if nonce is None else nonce,
+                          server_nonce=_W1_INCARNATION[0] if incarnation is None else incarnation)
     hello.proof = auth.sign(token, purpose, _hello_signing_bytes(hello))
     return hello.SerializeToString()
 
@@ -468,6 +480,8 @@ def _hello_variant(rng: random.Random, replayed: bytes) -> tuple[str, tuple]:
         "a hello from the future": lambda: _hello(timestamp=time.time() + window),
         "a replayed hello": lambda: replayed,
         "a hello for another worker": lambda: _hello(to_id=rng.choice((0, 2, -1, 7))),
+        "a hello for another incarnation of the worker": lambda: _hello(
+            incarnation=rng.randbytes(rng.choice((0, 32)))),
         "a hello naming a worker the job lacks": lambda: _hello(
             **rng.choice(({"name": "mallory"}, {"name": "w1", "worker_id": 0},
                           {"name": "w0", "worker_id": 1}, {"name": "", "worker_id": 5}))),

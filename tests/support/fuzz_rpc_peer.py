@@ -39,6 +39,13 @@ def ports() -> tuple[int, int]:
     return agent.grpc_port, agent.data_port
 
 
+def incarnation() -> bytes:
+    """This worker's gRPC incarnation nonce (hellos to it must name it)."""
+    from shoal.rpc_agent import _current
+
+    return _current.get().grpc_incarnation
+
+
 def data_gate() -> tuple[int, int]:
     """The data channel's pending handshakes and how many connections it turned away."""
     from shoal.rpc_agent import _current

@@ -393,7 +393,7 @@ def test_a_transport_refuses_streams_beyond_its_bound(monkeypatch):
     server, client = _transport(1, 0, opened.append), _transport(0, 0, opened.append)
     port = server.start()
     try:
-        streams = [client.connect(1, "w1", f"127.0.0.1:{port}") for _ in range(5)]
+        streams = [client.connect(1, "w1", f"127.0.0.1:{port}", server.incarnation) for _ in range(5)]
         for stream in streams:
             stream.opened.wait(TIMEOUT_S)
         states = sorted(stream.state for stream in streams)
@@ -421,7 +421,7 @@ def test_a_transport_serves_through_grpc_server_when_the_private_server_differs(
     client = _transport(0, 2, opened.append)
     port = server.start()
     try:
-        stream = client.connect(1, "w1", f"127.0.0.1:{port}")
+        stream = client.connect(1, "w1", f"127.0.0.1:{port}", server.incarnation)
         assert stream.opened.wait(TIMEOUT_S) and stream.state == Stream.OPEN
         _wait_for(lambda: opened)
         assert len(opened) == 1 and not opened[0].outgoing
@@ -446,11 +446,11 @@ def test_a_stream_that_fails_while_being_accepted_is_read_to_its_end(monkeypatch
     server, client = _transport(1, 0, on_open), _transport(0, 0, lambda stream: None)
     port = server.start()
     try:
-        first = client.connect(1, "w1", f"127.0.0.1:{port}")
+        first = client.connect(1, "w1", f"127.0.0.1:{port}", server.incarnation)
         _wait_for(lambda: first.state == Stream.DEAD)
         assert first.state == Stream.DEAD
         assert server._accepted == 0
-        second = client.connect(1, "w1", f"127.0.0.1:{port}")
+        second = client.connect(1, "w1", f"127.0.0.1:{port}", server.incarnation)
         assert second.opened.wait(TIMEOUT_S) and second.state == Stream.OPEN
         _wait_for(lambda: opened)
         assert len(opened) == 1 and server._accepted == 1
