@@ -6,8 +6,9 @@ import time
 
 import pytest
 
-from shoal.collectives.types import StoreError, StoreTimeout
+from shoal.collectives.types import StoreError, StoreTimeout, StoreUnreachable
 from shoal.collectives.store.tcp import TCPStore
+from shoal.core.errors import AuthenticationError
 
 
 def test_master_picks_a_port_and_a_client_reaches_it():
@@ -57,6 +58,22 @@ def test_client_without_server_fails_naming_the_address():
     placeholder, port = _bound_not_listening()
     with placeholder, pytest.raises(StoreError, match=rf"could not reach the server at 127\.0\.0\.1:{port} within 0\.3s"):
         TCPStore("127.0.0.1", port, timeout=0.3)
+
+
+@pytest.mark.parametrize("is_master", [False, True], ids=["client", "master"])
+def test_a_placeholder_secret_is_named_at_once_not_reported_as_an_unreachable_store(
+        is_master, monkeypatch):
+    """The store never dials with a manifest's placeholder: it says what the secret is, at once
+    (a 30 s timeout is not spent retrying), and the error is no StoreUnreachable."""
+    monkeypatch.setenv("SHOAL_AUTH_TOKEN", "change-me")
+    placeholder, port = _bound_not_listening()
+    start = time.monotonic()
+    with placeholder, pytest.raises(AuthenticationError, match=(
+            r"The auth token is the placeholder 'change-me' from shoal's manifests")) as info:
+        TCPStore("127.0.0.1", 0 if is_master else port, is_master=is_master, timeout=30)
+    assert time.monotonic() - start < 5
+    assert not isinstance(info.value, StoreUnreachable)
+    assert "could not reach" not in str(info.value)
 
 
 def test_client_retries_until_the_server_comes_up():
