@@ -330,7 +330,9 @@ class Agent:
             return self._lost_or_requested()
         used = ledger.count_restart(self.store)
         metrics.JOB_RESTARTS.set(used)
-        if used > self.spec.max_restarts:
+        if used > self.spec.max_restarts or failures.not_retryable(record):
+            # A fault a restart would only repeat (a full or read-only checkpoint disk) ends
+            # the job now instead of spending every restart on the same failing save.
             return self._fail_for_good(record, used)
         self._signal_restart(failures.restart_reason(hang, noticer, first, self.node_id))
         self._stop_workers("restarting after a worker failure")

@@ -233,10 +233,11 @@ class WorkerGroup:
                     w.stopped = True
         if self._sent != signum:  # a second SIGINT would cut a worker's own clean-up short
             self.send_signal(signum)
-            # A stopped (SIGSTOPped, hung in a debugger) worker holds `signum` pending until it
-            # runs again: continue it so it can act on it instead of costing the whole grace.
-            self.send_signal(signal.SIGCONT)
-            self._sent = signum
+        # A stopped (SIGSTOPped, hung in a debugger) worker holds `signum` pending until it
+        # runs again, also when the agent forwarded it before stopping: continue it so it can
+        # act on it instead of costing the whole grace.
+        self.send_signal(signal.SIGCONT)
+        self._sent = signum
         deadline = time.monotonic() + grace
         for w in self._workers:
             try:

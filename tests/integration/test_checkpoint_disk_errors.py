@@ -120,9 +120,6 @@ _FILLING_WORKER = f"""
 """
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 34: elastic/agent/agent.py's restart policy must read failures.not_retryable(record) "
-    "(another helper's file); until then the agent restarts into the same full disk"))
 def test_shoal_run_does_not_restart_into_a_full_checkpoint_disk(tmp_path):
     """A worker dies of a save the full disk refused: with restarts to spare, the job still
     ends after that one round, and the summary names the disk error and what is left."""

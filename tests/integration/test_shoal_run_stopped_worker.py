@@ -6,7 +6,6 @@ import os
 import signal
 import time
 
-import pytest
 
 from tests.support.shoal_run import WORKERS, ShoalRun, pid_alive
 
@@ -14,10 +13,6 @@ ENV_WORKER = str(WORKERS / "env_worker.py")
 GRACE_S = 30
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 34: elastic/agent/workers.py WorkerGroup.stop skips SIGCONT when the signal was "
-    "already forwarded (self._sent == signum), so a stopped worker costs the whole grace "
-    "period; the fix (always SIGCONT in stop) is in another helper's file"))
 def test_a_stopped_worker_does_not_cost_the_grace_period():
     run = ShoalRun(["--nproc-per-node", "1", "--grace-period", str(GRACE_S), ENV_WORKER,
                     "--wait", "120"], name="stopped")
