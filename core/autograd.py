@@ -56,13 +56,16 @@ def set_profile_hook(hook: Callable | None) -> None:
 class Node:
     """One recorded op: its inputs and the closure that maps its output grad to input grads."""
 
-    __slots__ = ("_name", "backward_fn", "inputs", "seq")
+    __slots__ = ("_name", "backward_fn", "inputs", "seq", "versions")
 
     def __init__(self, name: str, backward_fn: Callable, inputs: tuple) -> None:
         self._name = name
         self.backward_fn = backward_fn
         self.inputs = inputs
         self.seq = next(_seq)
+        # (version counter, its value when recorded) for each tensor the closure saved: an
+        # in-place update since then would make the gradient silently wrong (torch's check).
+        self.versions: tuple = ()
 
     def name(self) -> str:
         """The op's name, e.g. 'MatmulBackward'."""
@@ -178,6 +181,18 @@ def _retain(t: Any, g: Any) -> None:
         t.grad = _tensor_cls()(g.copy())
     else:
         t.grad.array = t.grad.array + g
+
+
+def check_versions(node: Node) -> None:
+    """Raise torch's error when a tensor `node` saved was updated in place after it was saved."""
+    for counter, seen in node.versions:
+        if counter[0] != seen:
+            raise AutogradError(
+                "one of the variables needed for gradient computation has been modified by an "
+                f"inplace operation: a tensor saved by {node.name()} is at version {counter[0]}; "
+                f"expected version {seen} instead. Hint: update a clone, or do the in-place "
+                "update after backward()."
+            )
 
 
 def _freed_error(name: str) -> AutogradError:
@@ -349,6 +364,8 @@ def _run(heap: list, pending: dict, deps: dict, retain_graph: bool, capture: dic
             capture[id(t)] = g.copy()
         node = t.grad_fn
         fn = node.backward_fn
+        if node.versions:
+            check_versions(node)
         grads = fn(g) if _profile_hook is None else _profile_hook(node, fn, g)
         if not retain_graph:
             node.backward_fn = None  # frees the arrays the closure saved
@@ -496,6 +513,8 @@ class GraphTask:
                 fn = node.backward_fn
                 if fn is None:
                     raise _freed_error(node.name())
+                if node.versions:
+                    check_versions(node)
                 grads = fn(g) if _profile_hook is None else _profile_hook(node, fn, g)
                 if not retain:
                     node.backward_fn = None

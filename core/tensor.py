@@ -30,6 +30,7 @@ class Tensor:
         "_hooks",
         "_post_hooks",
         "_retains_grad",
+        "_vc",
         "__dict__",
         "__weakref__",
     )
@@ -48,6 +49,7 @@ class Tensor:
         self._hooks: dict | None = None
         self._post_hooks: dict | None = None
         self._retains_grad = False
+        self._vc: list | None = None
         if requires_grad:
             _check_float(self, "requires_grad=True")
 
@@ -82,6 +84,12 @@ class Tensor:
     def ndim(self) -> int:
         """The number of dimensions."""
         return self.array.ndim
+
+    @property
+    def _version(self) -> int:
+        """How many in-place updates this tensor's storage has had (torch's version counter)."""
+        vc = self._vc
+        return 0 if vc is None else vc[0]
 
     @property
     def is_leaf(self) -> bool:
@@ -255,8 +263,12 @@ class Tensor:
 
     # -- autograd ---------------------------------------------------------------------------
     def detach(self) -> "Tensor":
-        """A tensor sharing this data, cut from the graph."""
-        return Tensor(self.array)
+        """A tensor sharing this data and its version counter, cut from the graph."""
+        out = Tensor(self.array)
+        if self._vc is None:
+            self._vc = [0]
+        out._vc = self._vc
+        return out
 
     def detach_(self) -> "Tensor":
         """Cut this tensor from the graph in place."""
@@ -332,7 +344,7 @@ class Tensor:
         self._post_hooks[handle.id] = hook
         return handle
 
-    # -- in-place updates (for optimizers; refused where they would corrupt the graph) -----
+    # -- in-place updates: torch's rules (core/ops/inplace.py has +=, add_, sub_, mul_, div_) ----
     def zero_(self) -> "Tensor":
         """Fill with zeros in place."""
         check_inplace(self, "zero_")
@@ -340,39 +352,10 @@ class Tensor:
         return self
 
     def fill_(self, value: Any) -> "Tensor":
-        """Fill with a value in place."""
+        """Fill with a value in place; an integer out of the dtype's range wraps, as in torch."""
         check_inplace(self, "fill_")
-        self.array.fill(_scalar(value))
-        return self
-
-    def add_(self, other: Any, alpha: Any = 1) -> "Tensor":
-        """self += alpha * other, in place."""
-        check_inplace(self, "add_")
-        o = _raw(other)
-        if alpha != 1:
-            o = o * _scalar(alpha)
-        self.array += o
-        return self
-
-    def sub_(self, other: Any, alpha: Any = 1) -> "Tensor":
-        """self -= alpha * other, in place."""
-        check_inplace(self, "sub_")
-        o = _raw(other)
-        if alpha != 1:
-            o = o * _scalar(alpha)
-        self.array -= o
-        return self
-
-    def mul_(self, other: Any) -> "Tensor":
-        """self *= other, in place."""
-        check_inplace(self, "mul_")
-        self.array *= _raw(other)
-        return self
-
-    def div_(self, other: Any) -> "Tensor":
-        """self /= other, in place."""
-        check_inplace(self, "div_")
-        self.array /= _raw(other)
+        arr = self.array
+        arr.fill(_fill_value(_scalar(value), arr.dtype))
         return self
 
     def addcmul_(self, t1: Any, t2: Any, value: Any = 1) -> "Tensor":
@@ -431,16 +414,36 @@ def wrap(data: Any) -> Tensor:
     out._hooks = None  # noqa: SLF001
     out._post_hooks = None  # noqa: SLF001
     out._retains_grad = False  # noqa: SLF001
+    out._vc = None  # noqa: SLF001
     return out
 
 
+LEAF_INPLACE = "a leaf Variable that requires grad is being used in an in-place operation."
+
+
 def check_inplace(t: Tensor, op: str) -> None:
-    """Refuse an in-place update of a tensor that requires grad while grad mode is on."""
+    """Refuse what torch refuses, then count the update in t's version counter.
+
+    torch's refusal: a leaf that requires grad, in grad mode. A tensor inside a graph is
+    refused too, by the ops that do not record themselves (core/ops/inplace.py's do).
+    """
     if t.requires_grad and grad_mode.enabled:
+        if t.grad_fn is None:
+            raise AutogradError(f"{LEAF_INPLACE} ({op}: wrap it in core.no_grad(), as optimizers do)")
         raise AutogradError(
-            f"{op}: in-place update of a tensor that requires grad while grad mode is on; "
-            "wrap it in core.no_grad() (optimizers do)."
+            f"{op}: this in-place update is not recorded in the autograd graph, and the tensor "
+            f"was produced by {t.grad_fn.name()}; use the out-of-place op or clone() first."
         )
+    bump_version(t)
+
+
+def bump_version(t: Tensor) -> None:
+    """Count one in-place update of t (autograd compares it with what its nodes saw)."""
+    counter = t._vc  # noqa: SLF001 - Tensor's own slot, from its own module
+    if counter is None:
+        t._vc = [1]  # noqa: SLF001
+    else:
+        counter[0] += 1
 
 
 def _check_float(t: Tensor, what: str) -> None:
@@ -448,6 +451,17 @@ def _check_float(t: Tensor, what: str) -> None:
         raise AutogradError(
             f"{what}: only floating point tensors can require gradients, got dtype {t.dtype!r}."
         )
+
+
+def _fill_value(value: Any, dt: np.dtype) -> Any:
+    """value as a dt scalar, by torch's rule: a negative int wraps into an unsigned dtype, any
+    other value outside the integer dtype's range is refused."""
+    if dt.kind in "iu" and not isinstance(value, bool):
+        info = np.iinfo(dt)
+        wraps = dt.kind == "u" and isinstance(value, (int, np.integer)) and value < 0
+        if not wraps and not info.min <= value <= info.max:
+            raise RuntimeError(f"value cannot be converted to type {dt.name}_t without overflow")
+    return np.asarray(value).astype(dt)[()]
 
 
 def _raw(x: Any) -> Any:

@@ -36,13 +36,44 @@ def result(
                 continue
             if t.requires_grad:
                 out.requires_grad = True
-                out.grad_fn = Node(
+                node = out.grad_fn = Node(
                     name,
                     backward,
                     tuple(i if isinstance(i, Tensor) else None for i in inputs),
                 )
+                if name not in _SAVES_NO_TENSOR:
+                    node.versions = _saved_versions(name, inputs, out)
                 break
     return out
+
+
+# Nodes whose backward needs no tensor's values (shapes at most): an in-place update of their
+# inputs or output is harmless, as in torch, so they record no versions.
+_SAVES_NO_TENSOR = frozenset((
+    "AddBackward", "SubBackward", "NegBackward", "SumBackward", "MeanBackward", "ReshapeBackward",
+    "TransposeBackward", "PermuteBackward", "ExpandBackward", "CloneBackward", "IndexBackward",
+    "CatBackward", "StackBackward", "ToCopyBackward",
+))
+# Nodes whose backward reads their output, not their input (torch saves `result` for these).
+_SAVES_RESULT = frozenset((
+    "ExpBackward", "SqrtBackward", "TanhBackward", "SigmoidBackward", "ReluBackward",
+    "SoftmaxBackward", "LogSoftmaxBackward",
+))
+
+
+def _saved_versions(name: str, inputs: tuple, out: Tensor) -> tuple:
+    """(counter, value) pairs for the tensors a node's closure saved (core/autograd.py checks)."""
+    if name in _SAVES_RESULT:
+        counter = out._vc = [0]  # noqa: SLF001 - the version counter is ops' business
+        return ((counter, 0),)
+    saved = []
+    for t in inputs:
+        if isinstance(t, Tensor):
+            counter = t._vc  # noqa: SLF001
+            if counter is None:
+                counter = t._vc = [0]  # noqa: SLF001
+            saved.append((counter, counter[0]))
+    return tuple(saved)
 
 
 class UnsupportedOperand(TypeError):

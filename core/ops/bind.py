@@ -12,7 +12,9 @@ from typing import Any, Callable
 
 def bind_methods(cls: type) -> None:
     """Install operators and op methods on the Tensor class."""
-    for name, fn in {**_operators(), **_methods()}.items():
+    from shoal.core.ops import inplace  # noqa: PLC0415 - the cycle below
+
+    for name, fn in {**_operators(), **_methods(), **inplace.OPERATORS, **inplace.METHODS}.items():
         setattr(cls, name, fn)
     _bind_views(cls)
 
