@@ -42,7 +42,6 @@ import hmac
 import logging
 import resource
 import secrets
-import struct
 import threading
 import time
 from concurrent import futures
@@ -52,7 +51,7 @@ import grpc
 
 from shoal.collectives.futures import set_blocking_hook
 from shoal.core import auth
-from shoal.core.channel import IntegrityError, Link, pair
+from shoal.core.channel import IntegrityError
 from shoal.rpc_agent import metrics
 from shoal.rpc_agent._generated import rpc_pb2
 from shoal.rpc_agent._threads import mark_io_thread, unmark_io_thread
@@ -63,6 +62,16 @@ from shoal.rpc_agent.types import (
     RpcError,
 )
 from shoal.rpc_agent.transport import direct, direct_server
+from shoal.rpc_agent.transport.hello import (
+    HELLO_METADATA,
+    NONCE_BYTES,
+    PURPOSE_CLIENT,
+    check_server_answer,
+    client_hello,
+    hello_signing_bytes,
+    server_answer,
+    stream_link,
+)
 from shoal.rpc_agent.transport.readers import InlineWatch
 from shoal.rpc_agent.transport.stream import Stream, encode_batch
 
@@ -70,9 +79,6 @@ logger = logging.getLogger(__name__)
 
 SERVICE = "shoal.rpc.Agent"
 METHOD = f"/{SERVICE}/Stream"
-HELLO_METADATA = "shoal-hello-bin"
-PURPOSE_CLIENT = "rpc-stream"
-PURPOSE_SERVER = "rpc-stream-server"
 
 _CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
@@ -90,7 +96,6 @@ _CHANNEL_OPTIONS = [
     # One channel per stream: never share a TCP connection with another agent in the process.
     ("grpc.use_local_subchannel_pool", 1),
 ]
-NONCE_BYTES = 32
 # A connection that has not finished its HTTP/2 handshake, or holds no call, this long is closed:
 # a shoal peer opens its stream at once, and a stream without a valid hello is refused at once.
 IDLE_CONNECTION_MS = 3_000
@@ -115,63 +120,6 @@ def server_options(max_streams: int) -> list:
         ("grpc.max_allowed_incoming_connections",
          max_streams + max(8, min(SPARE_CONNECTIONS, share))),
     ]
-
-
-def _hello_signing_bytes(hello: rpc_pb2.Hello) -> bytes:
-    # A fixed layout rather than the protobuf encoding, which is not guaranteed canonical.
-    return (
-        hello.name.encode() + b"\0"
-        + struct.pack("!iid?", hello.id, hello.to_id, hello.timestamp, hello.encrypt)
-        + hello.nonce + b"\0" + hello.server_nonce
-    )
-
-
-def client_hello(token: bytes, name: str, worker_id: int, to_id: int, incarnation: bytes,
-                 encrypt: bool) -> rpc_pb2.Hello:
-    """The signed hello with which worker `worker_id` opens a stream to `to_id`, whose
-    published incarnation is `incarnation`."""
-    hello = rpc_pb2.Hello(name=name, id=worker_id, to_id=to_id, timestamp=time.time(),
-                          nonce=secrets.token_bytes(NONCE_BYTES), server_nonce=incarnation,
-                          encrypt=encrypt)
-    hello.proof = auth.sign(token, PURPOSE_CLIENT, _hello_signing_bytes(hello))
-    return hello
-
-
-def _server_proof(token: bytes, server_id: int, hello: rpc_pb2.Hello, stream_nonce: bytes) -> bytes:
-    return auth.sign(token, PURPOSE_SERVER, struct.pack("!i?", server_id, hello.encrypt)
-                     + hello.nonce + hello.server_nonce + stream_nonce)
-
-
-def stream_link(token: bytes, hello: rpc_pb2.Hello, stream_nonce: bytes, *, server: bool,
-                peer: str) -> Link:
-    """One end's keys for the stream opened by `hello` and answered with `stream_nonce`."""
-    return pair(token, PURPOSE_CLIENT, hello.server_nonce + stream_nonce, hello.nonce,
-                        server=server, encrypt=hello.encrypt, peer=peer)
-
-
-def server_answer(token: bytes, server_id: int, hello: rpc_pb2.Hello) -> tuple[bytes, bytes]:
-    """The payload of a server's first (HELLO) frame for `hello`, and its stream nonce."""
-    stream_nonce = secrets.token_bytes(NONCE_BYTES)
-    return stream_nonce + _server_proof(token, server_id, hello, stream_nonce), stream_nonce
-
-
-def check_server_answer(token: bytes, hello: rpc_pb2.Hello, first: bytes, peer: str
-                        ) -> Link:
-    """The client's keys, once the server's first message `first` proves the secret.
-
-    Raises:
-        RpcError: it is not a valid proof of this job's secret for `hello`.
-    """
-    batch = rpc_pb2.Batch.FromString(first)
-    payload = bytes(batch.frames[0].payload) if len(batch.frames) == 1 else b""
-    if (len(batch.frames) != 1 or batch.frames[0].kind != rpc_pb2.HELLO
-            or len(payload) != 2 * NONCE_BYTES):
-        raise RpcError("its first frame is not a valid proof of this job's secret")
-    stream_nonce, proof = payload[:NONCE_BYTES], payload[NONCE_BYTES:]
-    if not auth.verify(token, PURPOSE_SERVER, struct.pack("!i?", hello.to_id, hello.encrypt)
-                       + hello.nonce + hello.server_nonce + stream_nonce, proof):
-        raise RpcError("its first frame is not a valid proof of this job's secret")
-    return stream_link(token, hello, stream_nonce, server=False, peer=peer)
 
 
 class GrpcTransport:
@@ -449,7 +397,7 @@ class GrpcTransport:
             hello = rpc_pb2.Hello.FromString(raw)
         except Exception:  # noqa: BLE001  (garbage in the metadata)
             return None, "its hello metadata is not a Hello message"
-        if not auth.verify(self._token, PURPOSE_CLIENT, _hello_signing_bytes(hello), hello.proof):
+        if not auth.verify(self._token, PURPOSE_CLIENT, hello_signing_bytes(hello), hello.proof):
             return None, "its proof does not match this job's secret"
         if hello.to_id != self.worker_id:
             return None, (

@@ -18,12 +18,12 @@ import pytest
 from shoal.core import auth
 from shoal.core.errors import AuthenticationError
 from shoal.rpc_agent._generated import rpc_pb2
-from shoal.rpc_agent.transport.grpc import (
+from shoal.rpc_agent.transport.grpc import METHOD
+from shoal.rpc_agent.transport.hello import (
     HELLO_METADATA,
-    METHOD,
     PURPOSE_CLIENT,
-    _hello_signing_bytes,
     check_server_answer,
+    hello_signing_bytes,
 )
 from shoal.rpc_agent.transport.stream import encode_batch
 from tests.support.rpc_workers import LOGS, RpcWorkers
@@ -104,7 +104,7 @@ def _hello(token=TOKEN, name="w0", worker_id=0, to_id=1, timestamp=None, nonce=N
                           timestamp=time.time() if timestamp is None else timestamp,
                           nonce=nonce or secrets.token_bytes(32),
                           server_nonce=_INCARNATION["w1"] if incarnation is None else incarnation)
-    hello.proof = auth.sign(token, PURPOSE_CLIENT, _hello_signing_bytes(hello))
+    hello.proof = auth.sign(token, PURPOSE_CLIENT, hello_signing_bytes(hello))
     return hello if message else hello.SerializeToString()
 
 

@@ -23,9 +23,9 @@ import grpc
 import pytest
 
 from shoal.rpc_agent._generated import rpc_pb2
-from shoal.rpc_agent.transport.grpc import (
+from shoal.rpc_agent.transport.grpc import METHOD
+from shoal.rpc_agent.transport.hello import (
     HELLO_METADATA,
-    METHOD,
     check_server_answer,
     client_hello,
 )

@@ -58,12 +58,12 @@ from tests.support.fuzz import (
 )
 from shoal.rpc_agent._generated import rpc_pb2
 from shoal.rpc_agent.types import AUTH_WINDOW_S
-from shoal.rpc_agent.transport.grpc import (
+from shoal.rpc_agent.transport.grpc import METHOD
+from shoal.rpc_agent.transport.hello import (
     HELLO_METADATA,
-    METHOD,
     PURPOSE_CLIENT,
     PURPOSE_SERVER,
-    _hello_signing_bytes,
+    hello_signing_bytes,
 )
 from shoal.rpc_agent.transport.stream import encode_batch
 
@@ -463,7 +463,7 @@ def _hello(token: bytes = TOKEN, name: str = "w0", worker_id: int = 0, to_id: in
                           timestamp=time.time() if timestamp is None else timestamp,
                           nonce=secrets.token_bytes(32) if nonce is None else nonce,
                           server_nonce=_W1_INCARNATION[0] if incarnation is None else incarnation)
-    hello.proof = auth.sign(token, purpose, _hello_signing_bytes(hello))
+    hello.proof = auth.sign(token, purpose, hello_signing_bytes(hello))
     return hello.SerializeToString()
 
 
