@@ -73,6 +73,10 @@ def get_autocast_dtype(device_type: str) -> dtypes.DType:
 
 
 def _check_device(device_type: str) -> str:
+    if not isinstance(device_type, str):  # torch's check and wording: a device object is refused
+        raise ValueError(
+            f"Expected `device_type` of type `str`, got: `{type(device_type)}`"
+        )
     if device_type not in _DEVICE_TYPES:
         raise ValueError(
             f"autocast: device_type must be one of {_DEVICE_TYPES}, got {device_type!r}."

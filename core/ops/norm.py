@@ -47,6 +47,8 @@ def batch_norm(
     # when the input already lives channels-last (a conv's output does); the output keeps it.
     shape = tuple(xd.shape)
     out_dtype = norm_output_dtype(xd.dtype, running_mean, running_var, weight, bias)
+    if xd.size == 0:
+        return _empty_batch(input, weight, bias, out_dtype)
     moved = xp.moveaxis(xd, 1, -1)
     xd = moved.reshape(-1, c)
     if is_reduced_float(xd.dtype):
@@ -101,6 +103,20 @@ def batch_norm(
 
     return result(out, "NativeBatchNormBackward", backward,
                   (input, running_mean, running_var, weight, bias), exact_dtype=True)
+
+
+def _empty_batch(input: Tensor, weight: Tensor | None, bias: Tensor | None, dt: Any) -> Tensor:  # noqa: A002
+    """An empty input gives an empty output and leaves the running statistics alone (torch)."""
+    xd = input.array
+    xp = xp_of(xd)
+
+    def backward(g: Any) -> tuple:
+        gw = None if weight is None else xp.zeros_like(weight.array)
+        gb = None if bias is None else xp.zeros_like(bias.array)
+        return xp.zeros_like(xd), gw, gb
+
+    return result(xp.empty(xd.shape, dt), "NativeBatchNormBackward", backward,
+                  (input, weight, bias), exact_dtype=True)
 
 
 def _check_shapes(xd: Any, *params: Tensor | None) -> int:
