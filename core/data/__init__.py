@@ -10,9 +10,11 @@ from shoal.core.data import datapipes
 from shoal.core.data.collate import default_collate, default_convert
 from shoal.core.data.dataloader import DataLoader
 from shoal.core.data.dataset import (
+    ChainDataset,
     ConcatDataset,
     Dataset,
     IterableDataset,
+    StackDataset,
     Subset,
     TensorDataset,
     random_split,
@@ -31,14 +33,16 @@ from shoal.core.data.sampler import (
     Sampler,
     SequentialSampler,
     SubsetRandomSampler,
+    WeightedRandomSampler,
 )
 from shoal.core.data.stream_state import merge_states as merge_loader_states
 from shoal.core.data.worker import WorkerInfo, get_worker_info
 
 __all__ = [
-    "BatchSampler", "CollateError", "ConcatDataset", "DataLoader", "DataLoaderError",
-    "DataLoaderTimeout", "Dataset", "Generator", "IterableDataset", "RandomSampler", "Sampler",
-    "SequentialSampler", "Subset", "SubsetRandomSampler", "TensorDataset", "WorkerDied",
-    "WorkerError", "WorkerInfo", "datapipes", "default_collate", "default_convert",
-    "get_worker_info", "merge_loader_states", "random_split",
+    "BatchSampler", "ChainDataset", "CollateError", "ConcatDataset", "DataLoader",
+    "DataLoaderError", "DataLoaderTimeout", "Dataset", "Generator", "IterableDataset",
+    "RandomSampler", "Sampler", "SequentialSampler", "StackDataset", "Subset",
+    "SubsetRandomSampler", "TensorDataset", "WeightedRandomSampler", "WorkerDied", "WorkerError",
+    "WorkerInfo", "datapipes", "default_collate", "default_convert", "get_worker_info",
+    "merge_loader_states", "random_split",
 ]

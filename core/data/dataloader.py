@@ -20,6 +20,7 @@ instead of starting the generator's sequence over.
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from typing import Any, Callable, Iterator, Optional
 
@@ -29,6 +30,7 @@ from shoal.core.data import stream_state
 from shoal.core.data.collate import default_collate, default_convert
 from shoal.core.data.dataset import IterableDataset
 from shoal.core.data.datapipes import sharding
+from shoal.core.data.datapipes.iter import IterDataPipe, Shuffler, apply_shuffle_settings
 from shoal.core.data.errors import DataLoaderError
 from shoal.core.data.loader_iter import (
     _LoaderIter,
@@ -80,8 +82,12 @@ class DataLoader:
         self.dataset = dataset
         self.iterable = isinstance(dataset, IterableDataset)
         if self.iterable:
-            for name, value in (("shuffle", shuffle), ("sampler", sampler),
-                                ("batch_sampler", batch_sampler)):
+            checked = (("sampler", sampler), ("batch_sampler", batch_sampler))
+            if isinstance(dataset, IterDataPipe):
+                _shuffle_pipe(dataset, shuffle)
+            else:
+                checked = (("shuffle", shuffle),) + checked
+            for name, value in checked:
                 _check(value in (None, False), "DataLoader with IterableDataset: expected "
                                                f"unspecified {name} option, but got {name}={value}")
         _check(sampler is None or not shuffle, "sampler option is mutually exclusive with shuffle")
@@ -289,6 +295,20 @@ class DataLoader:
             # Not __del__: see _MultiProcessIter (the loader sits in a cycle with its iterator).
             weakref.finalize(self, pool.shutdown)
         return pool
+
+
+def _shuffle_pipe(pipe: IterDataPipe, shuffle: Optional[bool]) -> None:
+    """shuffle=True/False turns the pipe's Shufflers on/off, as torch's DataLoader does.
+
+    torch 2.13 also builds a shuffled copy of a pipe that has no Shuffler, but goes on with the
+    pipe it was given, so its items come in order: shoal yields what torch yields, and says so.
+    """
+    if shuffle and not any(isinstance(p, Shuffler) for p in pipe.graph()):
+        warnings.warn("`shuffle=True` was set, but the datapipe does not contain a `Shuffler`, "
+                      "so its items come in order (as torch 2.13's DataLoader yields them); "
+                      "add .shuffle() to the pipe to shuffle it.", UserWarning, stacklevel=3)
+        return
+    apply_shuffle_settings(pipe, shuffle)
 
 
 def _copy(array: Optional[np.ndarray]) -> Optional[np.ndarray]:

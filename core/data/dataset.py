@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from typing import Any, Generic, Iterator, Optional, Sequence, TypeVar
+from typing import Any, Generic, Iterable, Iterator, Optional, Sequence, TypeVar, Union
 
 import numpy as np
 
@@ -91,6 +91,74 @@ class ConcatDataset(Dataset):
         which = bisect.bisect_right(self.cumulative_sizes, index)
         before = self.cumulative_sizes[which - 1] if which else 0
         return self.datasets[which][index - before]
+
+
+class ChainDataset(IterableDataset):
+    """Several IterableDatasets read one after the other, chained as they are iterated."""
+
+    def __init__(self, datasets: Iterable[Dataset]) -> None:
+        self.datasets = datasets
+
+    def __iter__(self) -> Iterator:
+        for d in self.datasets:
+            _check_iterable(d)
+            yield from d
+
+    def __len__(self) -> int:
+        total = 0
+        for d in self.datasets:
+            _check_iterable(d)
+            total += len(d)  # type: ignore[arg-type]
+        return total
+
+
+def _check_iterable(dataset: Any) -> None:
+    if not isinstance(dataset, IterableDataset):
+        # torch's type and text, so code that catches it behaves alike.
+        raise AssertionError("ChainDataset only supports IterableDataset")
+
+
+class StackDataset(Dataset):
+    """Sample i is (a[i], b[i], ...) of datasets given by position, or {name: d[i]} by name."""
+
+    def __init__(self, *args: Dataset, **kwargs: Dataset) -> None:
+        if args and kwargs:
+            raise ValueError("Supported either ``tuple``- (via ``args``) or``dict``- (via "
+                             "``kwargs``) like input/output, but both types are given.")
+        parts = list(args) or list(kwargs.values())
+        if not parts:
+            raise ValueError("At least one dataset should be passed")
+        self._length = len(parts[0])
+        if any(self._length != len(d) for d in parts):
+            raise ValueError("Size mismatch between datasets")
+        self.datasets: Union[tuple, dict] = args if args else kwargs
+
+    def __getitem__(self, index: int) -> Union[tuple, dict]:
+        if isinstance(self.datasets, dict):
+            return {k: d[index] for k, d in self.datasets.items()}
+        return tuple(d[index] for d in self.datasets)
+
+    def __getitems__(self, indices: list) -> list:
+        """The samples at `indices`, each part read in one batch where it has __getitems__."""
+        named = isinstance(self.datasets, dict)
+        keys = list(self.datasets) if named else range(len(self.datasets))
+        columns = [_column(self.datasets[k], indices) for k in keys]
+        if named:
+            return [dict(zip(keys, row)) for row in zip(*columns)]
+        return [tuple(row) for row in zip(*columns)]
+
+    def __len__(self) -> int:
+        return self._length
+
+
+def _column(dataset: Any, indices: list) -> list:
+    if callable(getattr(dataset, "__getitems__", None)):
+        items = dataset.__getitems__(indices)
+        if len(items) != len(indices):
+            raise ValueError(f"Nested dataset's output size mismatch. Expected {len(indices)}, "
+                             f"got {len(items)}")
+        return list(items)
+    return [dataset[i] for i in indices]
 
 
 def random_split(dataset: Dataset[T], lengths: Sequence[float],

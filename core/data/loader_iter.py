@@ -21,7 +21,7 @@ from shoal.core.data.datapipes import sharding
 from shoal.core.data.datapipes.iter import IterDataPipe
 from shoal.core.data.errors import DataLoaderError
 from shoal.core.data.pool import FAILED_JOIN_S, JOIN_S, Failure, WorkerPool
-from shoal.core.data.worker import take_batch
+from shoal.core.data.worker import fetch_indexed, take_batch
 
 if TYPE_CHECKING:
     from shoal.core.data.dataloader import DataLoader
@@ -111,10 +111,8 @@ class _SingleProcessIter(_LoaderIter):
         indices = next(self._indices)
         samples = len(indices) if loader.auto_collation else 1
         try:
-            if loader.auto_collation:
-                batch = loader.collate_fn([loader.dataset[i] for i in indices])
-            else:
-                batch = loader.collate_fn(loader.dataset[indices])
+            batch = fetch_indexed(loader.dataset, indices, loader.auto_collation,
+                                  loader.collate_fn)
         except Exception:
             self.samples += samples  # the loop is past this batch: a resume starts after it
             raise

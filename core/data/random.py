@@ -69,6 +69,13 @@ class Generator:
         hi, lo = (int(w) for w in self.words(2))
         return ((hi << 32) | lo) % (1 << 63)
 
+    def uniform(self, count: int) -> np.ndarray:
+        """The next `count` doubles in [0, 1) as torch's uniform_real_distribution<double>
+        draws them: the low 53 bits of (hi << 32 | lo) from two words, times 2**-53."""
+        pairs = self.words(2 * count).reshape(count, 2)
+        bits = ((pairs[:, 0] << np.uint64(32)) | pairs[:, 1]) & np.uint64((1 << 53) - 1)
+        return bits.astype(np.float64) * 2.0 ** -53
+
     def randperm(self, n: int) -> np.ndarray:
         """`torch.randperm(n, generator=g)` (int64), drawing exactly the words torch draws."""
         if n < 0:

@@ -186,6 +186,66 @@ class SubsetRandomSampler(Sampler):
         return len(self.indices)
 
 
+class WeightedRandomSampler(Sampler):
+    """Indices drawn with probabilities proportional to `weights` (torch.multinomial's draws,
+    so the same stream as torch's for a Generator of the same seed)."""
+
+    def __init__(self, weights: Sequence[float], num_samples: int, replacement: bool = True,
+                 generator: Optional[Generator] = None) -> None:
+        if (not isinstance(num_samples, int) or isinstance(num_samples, bool)
+                or num_samples <= 0):
+            raise ValueError("num_samples should be a positive integer value, but got "
+                             f"num_samples={num_samples}")
+        if not isinstance(replacement, bool):
+            raise ValueError("replacement should be a boolean value, but got "
+                             f"replacement={replacement}")
+        weights = np.asarray(weights, dtype=np.float64)
+        if weights.ndim != 1:
+            raise ValueError("weights should be a 1d sequence but given weights have shape "
+                             f"{tuple(weights.shape)}")
+        self.weights, self.num_samples = weights, num_samples
+        self.replacement, self.generator = replacement, generator
+
+    def __iter__(self) -> Iterator[int]:
+        gen = self.generator or Generator(default_seed())
+        yield from multinomial(self.weights, self.num_samples, self.replacement, gen).tolist()
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+
+def multinomial(weights: np.ndarray, n: int, replacement: bool, gen: Generator) -> np.ndarray:
+    """torch.multinomial over a 1-d float64 `weights` on the CPU, drawing what torch draws.
+
+    Without replacement, or for one sample, torch takes the top n of weights / q with q ~ Exp(1)
+    (q = -log1p(-u)); with replacement, a binary search of each uniform in the normalized
+    running sum. Errors are torch's RuntimeErrors, with its texts.
+    """
+    if not replacement and n > len(weights):
+        raise RuntimeError("cannot sample n_sample > prob_dist.size(-1) samples without "
+                           "replacement")
+    if not replacement or n == 1:
+        if len(weights) == 0 or not (np.all(weights >= 0) and np.all(weights < np.inf)):
+            raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+        if weights.sum() == 0:
+            raise RuntimeError("invalid multinomial distribution (sum of probabilities <= 0)")
+        keys = weights / -np.log1p(-gen.uniform(len(weights)))
+        return np.argsort(-keys, kind="stable")[:n]
+    for w in weights:  # torch checks in order, so the first bad entry names the error
+        if not w >= 0:
+            raise RuntimeError("invalid multinomial distribution (encountering probability "
+                               "entry < 0)")
+        if not np.isfinite(w):
+            raise RuntimeError("invalid multinomial distribution (encountering probability "
+                               "entry = infinity or NaN)")
+    cumulative = np.cumsum(weights)  # sequential sums, as torch's loop adds them
+    if not len(weights) or cumulative[-1] <= 0:
+        raise RuntimeError("invalid multinomial distribution (sum of probabilities <= 0)")
+    cumulative = cumulative / cumulative[-1]
+    cumulative[-1] = 1.0
+    return np.searchsorted(cumulative, gen.uniform(n), side="left")
+
+
 class BatchSampler(Sampler):
     """Groups another sampler's indices into lists of `batch_size`."""
 

@@ -42,6 +42,15 @@ def take_batch(items: Any, batch_size: int, drop_last: bool) -> list:
     return batch
 
 
+def fetch_indexed(dataset: Any, indices: Any, auto_collation: bool, collate_fn: Callable) -> Any:
+    """A map-style dataset's batch for a sampler's `indices`, as torch's _MapDatasetFetcher:
+    a dataset with `__getitems__` reads the batch's samples in one call."""
+    if not auto_collation:
+        return collate_fn(dataset[indices])
+    getitems = getattr(dataset, "__getitems__", None)
+    return collate_fn(getitems(indices) if getitems else [dataset[i] for i in indices])
+
+
 @dataclass(frozen=True)
 class WorkerInfo:
     """What `get_worker_info()` returns inside a worker."""
@@ -143,9 +152,7 @@ class _Fetcher:
     def fetch(self, indices: Optional[list]) -> Any:
         spec = self.spec
         if not spec.iterable:
-            if spec.auto_collation:
-                return spec.collate_fn([spec.dataset[i] for i in indices])
-            return spec.collate_fn(spec.dataset[indices])
+            return fetch_indexed(spec.dataset, indices, spec.auto_collation, spec.collate_fn)
         if self._iterator is None:
             self.reset()
         if not spec.auto_collation:

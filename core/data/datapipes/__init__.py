@@ -1,5 +1,6 @@
 """DataPipes in the torchdata style: composable iterable and map-style pipes."""
 
+from shoal.core.data.datapipes.combine import Demultiplexer, Forker, Multiplexer
 from shoal.core.data.datapipes.files import FileLister, FileOpener, LineReader
 from shoal.core.data.datapipes.iter import (
     Batcher,
@@ -15,6 +16,7 @@ from shoal.core.data.datapipes.iter import (
     Shuffler,
     UnBatcher,
     Zipper,
+    apply_shuffle_settings,
 )
 from shoal.core.data.datapipes.map import MapDataPipe, SequenceWrapper
 from shoal.core.data.datapipes.sharding import (
@@ -24,8 +26,9 @@ from shoal.core.data.datapipes.sharding import (
 )
 
 __all__ = [
-    "Batcher", "Collator", "Concater", "Cycler", "FileLister", "FileOpener", "Filter", "Header",
-    "IterDataPipe", "IterableWrapper", "LineReader", "MapDataPipe", "Mapper", "SequenceWrapper",
-    "ShardingFilter", "Shuffler", "UnBatcher", "Zipper", "apply_sharding", "distributed_info",
+    "Batcher", "Collator", "Concater", "Cycler", "Demultiplexer", "FileLister", "FileOpener",
+    "Filter", "Forker", "Header", "IterDataPipe", "IterableWrapper", "LineReader", "MapDataPipe",
+    "Mapper", "Multiplexer", "SequenceWrapper", "ShardingFilter", "Shuffler", "UnBatcher",
+    "Zipper", "apply_sharding", "apply_shuffle_settings", "distributed_info",
     "set_distributed_info",
 ]

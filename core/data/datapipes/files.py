@@ -11,35 +11,56 @@ from shoal.core.data.datapipes.iter import IterDataPipe, _OneSource, functional
 
 @functional("list_files")
 class FileLister(IterDataPipe):
-    """Paths under `root` (a directory, a file, or a pipe of them) matching `masks`, sorted."""
+    """Paths under `root` (a directory, a file, or a pipe of them) whose names match `masks`,
+    each directory's files sorted, as torch's FileLister lists them."""
 
     def __init__(self, root: Union[str, Sequence[str], IterDataPipe] = ".",
-                 masks: Union[str, list[str]] = "", *, recursive: bool = False) -> None:
+                 masks: Union[str, list[str]] = "", *, recursive: bool = False,
+                 abspath: bool = False, non_deterministic: bool = False,
+                 length: int = -1) -> None:
         self.root = [root] if isinstance(root, str) else root
-        self.masks = [masks] if isinstance(masks, str) else list(masks)
-        self.recursive = recursive
+        self.masks = masks
+        self.recursive, self.abspath = recursive, abspath
+        self.non_deterministic, self.length = non_deterministic, length
 
     def sources(self) -> list[IterDataPipe]:
         return [self.root] if isinstance(self.root, IterDataPipe) else []
 
     def _match(self, name: str) -> bool:
-        return not any(self.masks) or any(fnmatch.fnmatch(name, m) for m in self.masks)
+        masks = self.masks
+        if not masks:
+            return True
+        masks = [masks] if isinstance(masks, str) else masks
+        return any(fnmatch.fnmatch(name, m) for m in masks)
 
     def __iter__(self) -> Iterator[str]:
         for root in self.root:
-            if os.path.isfile(root):
-                if self._match(os.path.basename(root)):
-                    yield root
-                continue
-            if not os.path.isdir(root):
-                raise FileNotFoundError(f"FileLister: {root!r} is neither a file nor a directory")
-            for dirpath, dirnames, filenames in os.walk(root):
-                dirnames.sort()
-                for name in sorted(filenames):
-                    if self._match(name):
-                        yield os.path.join(dirpath, name)
-                if not self.recursive:
-                    break
+            yield from self._under(root)
+
+    def _under(self, root: str) -> Iterator[str]:
+        if os.path.isfile(root):
+            path = os.path.abspath(root) if self.abspath else root
+            if self._match(os.path.basename(path)):
+                yield path
+            return
+        if not os.path.isdir(root):
+            raise FileNotFoundError(f"FileLister: {root!r} is neither a file nor a directory")
+        for dirpath, dirnames, filenames in os.walk(root):
+            if self.abspath:
+                dirpath = os.path.abspath(dirpath)
+            if not self.non_deterministic:
+                filenames.sort()
+                dirnames.sort()  # in place: os.walk descends in this order
+            for name in filenames:
+                if self._match(name):
+                    yield os.path.join(dirpath, name)
+            if not self.recursive:
+                break
+
+    def __len__(self) -> int:
+        if self.length == -1:
+            raise TypeError(f"{type(self).__name__} instance doesn't have valid length")
+        return self.length
 
 
 @functional("open_files")

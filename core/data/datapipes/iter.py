@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import functools
 import random
+import warnings
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 from shoal.core.data.collate import default_collate
@@ -251,6 +252,24 @@ class Shuffler(_OneSource):
 
     def __len__(self) -> int:
         return len(self.source)
+
+
+def apply_shuffle_settings(datapipe: IterDataPipe,
+                           shuffle: Optional[bool] = None) -> IterDataPipe:
+    """Turn every Shuffler of the graph on or off (torch's graph_settings function): with
+    shuffle=True and none in the graph, returns the pipe with one added at the end."""
+    if shuffle is None:
+        return datapipe
+    shufflers = [p for p in datapipe.graph() if isinstance(p, Shuffler)]
+    if not shufflers and shuffle:
+        warnings.warn("`shuffle=True` was set, but the datapipe does not contain a `Shuffler`. "
+                      "Adding one at the end. Be aware that the default buffer size might not "
+                      "be sufficient for your task.", UserWarning, stacklevel=2)
+        datapipe = Shuffler(datapipe)
+        shufflers = [datapipe]
+    for shuffler in shufflers:
+        shuffler.set_shuffle(shuffle)
+    return datapipe
 
 
 @functional("sharding_filter")
