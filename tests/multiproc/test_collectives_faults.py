@@ -185,13 +185,22 @@ class _LateReader:
         self._delay = delay
         self._read = 0
 
-    def recv_into(self, *args):
+    def _pause(self) -> None:
         if self._delay and self._read >= self._after:
             time.sleep(self._delay)
             self._delay = 0.0
+
+    def recv_into(self, *args):
+        self._pause()
         k = self._sock.recv_into(*args)
         self._read += k
         return k
+
+    def recvmsg_into(self, *args):
+        self._pause()
+        got = self._sock.recvmsg_into(*args)
+        self._read += got[0]
+        return got
 
     def __getattr__(self, name):
         return getattr(self._sock, name)
@@ -210,8 +219,8 @@ def _dies_after_its_allreduce(rank, world, how, events):
         # Ring 0 -> 1 -> 2 -> 0. Rank 2 stops reading from rank 1 before the last segment of the
         # all-gather, which rank 1 can still send and finish without; rank 2 then still has to
         # read it and forward rank 1's segment to rank 0, long after rank 1 is dead.
-        rx = pg._mesh.rx  # the receiving sockets by peer, shared by every algorithm
-        rx[1] = _LateReader(rx[1], 3 * 4 * _SEGMENT, 1.5)
+        rx = pg._mesh.rx  # the receiving connections by peer, shared by every algorithm
+        rx[1].sock = _LateReader(rx[1].sock, 3 * 4 * _SEGMENT, 1.5)
     c.all_reduce(x)
     if rank == 1:
         events.put(("done", os.getpid()))

@@ -92,7 +92,8 @@ def forged_abort() -> bytes:
     """An abort notice the relay makes up, blaming rank 0, with a tag it cannot compute."""
     body = json.dumps({"kind": "error", "cause": "forged by the relay", "origin": 1,
                        "culprits": [0]}).encode()
-    return wire.control_frame(wire.KIND_ABORT, 0, body)
+    head = wire.CONTROL_HEADER.pack(wire.CONTROL_MAGIC, wire.KIND_ABORT, 0, 0, len(body))
+    return head + bytes(16) + body + bytes(16)
 
 
 def _relay_one(target, family: int, mode: str, client: socket.socket) -> None:
@@ -186,7 +187,10 @@ def _rank(rank, world, store_port, relay):
 
     store = (_Redirected(store_port, relay) if rank == 1
              else TCPStore("127.0.0.1", store_port, timeout=30))
-    c.init_process_group("tcp", store=store, rank=rank, world_size=world, timeout=30)
+    try:
+        c.init_process_group("tcp", store=store, rank=rank, world_size=world, timeout=30)
+    except c.CollectiveError as exc:  # the relay may strike while the group sets up
+        return ("error", type(exc).__name__, str(exc))
     expected = np.arange(ELEMENTS, dtype=np.float32) * 3
     for _ in range(5):
         a = np.arange(ELEMENTS, dtype=np.float32) * (rank + 1)

@@ -18,6 +18,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from shoal.collectives.backends.tcp import wire
+from shoal.collectives.backends.tcp.framing import TAG
 from shoal.collectives.backends.tcp.pump import LinkDown, Plan
 
 HEADER_SIZE = wire.DATA_HEADER.size
@@ -66,36 +67,51 @@ def _read_more(sock: socket.socket, n: int, timeout: float = 1.0) -> bytes:
     return bytes(out)
 
 
-def check_header(peer: int, sock, raw: memoryview, got: int, seq: int, fp: bytes) -> None:
-    """Raise HeaderMismatch/ProtocolError unless `raw[:got]` opens with our own header."""
-    magic, their_seq, fp_len = wire.DATA_HEADER.unpack_from(raw)
+def verify_header(peer: int, inb, have: bytes) -> tuple[int, bytes]:
+    """(sequence number, fingerprint) of the header frame `have` begins (read the rest of it,
+    and its tag, from `inb` when `have` stops short), after checking its tag.
+
+    Raises:
+        ProtocolError: no header can begin with these bytes.
+        framing.Tampered: the header failed its integrity check.
+    """
+    magic, their_seq, fp_len = wire.DATA_HEADER.unpack_from(have)
     if magic != wire.DATA_MAGIC or not wire.fingerprint_ok(fp_len):
-        raise ProtocolError(peer, f"bytes {bytes(raw[:HEADER_SIZE])!r} where a collective header belongs")
-    have = bytes(raw[HEADER_SIZE:min(got, HEADER_SIZE + fp_len)])
-    if len(have) < fp_len:
-        have += _read_more(sock, fp_len - len(have))
-    their_fp = have.decode(errors="replace")
-    if their_seq != seq or have != fp:
-        raise HeaderMismatch(peer, their_seq, their_fp, fp)
+        raise ProtocolError(peer, f"bytes {bytes(have[:HEADER_SIZE])!r} where a collective header belongs")
+    end = HEADER_SIZE + fp_len
+    have = bytes(have[:end + TAG])
+    if len(have) < end + TAG:
+        have += _read_more(inb.sock, end + TAG - len(have))
+    if len(have) < end + TAG:
+        raise ProtocolError(peer, "a collective header cut short")
+    inb.verify(peer, have[:end], have[end:], "a collective header")
+    return their_seq, have[HEADER_SIZE:end]
 
 
-def expect_header(plan: Plan, peer: int, sock, seq: int, fp: bytes) -> None:
-    """Queue the receive and check of a peer's header for this collective."""
+def check_header(peer: int, seq: int, fp: bytes, their_seq: int, their_fp: bytes) -> None:
+    """Raise HeaderMismatch unless a peer's checked header is our own."""
+    if their_seq != seq or their_fp != fp:
+        raise HeaderMismatch(peer, their_seq, their_fp.decode(errors="replace"), fp)
+
+
+def expect_header(plan: Plan, peer: int, inb, seq: int, fp: bytes) -> None:
+    """Queue the receive and check of a peer's header for this collective: its fixed part
+    (which says how long the header is), then the rest and its tag, checked before the
+    header is compared with ours."""
     buf = bytearray(HEADER_SIZE + len(fp))
     view = memoryview(buf)
 
     def check_fixed():
-        magic, their_seq, fp_len = wire.DATA_HEADER.unpack_from(view)
-        if magic != wire.DATA_MAGIC or not wire.fingerprint_ok(fp_len):
-            raise ProtocolError(peer, f"bytes {bytes(view[:HEADER_SIZE])!r} where a collective header belongs")
-        if fp_len != len(fp):
-            raise HeaderMismatch(peer, their_seq, _read_more(sock, fp_len).decode(errors="replace"), fp)
+        _magic, _seq, fp_len = wire.DATA_HEADER.unpack_from(view)
+        if fp_len != len(fp) or _magic != wire.DATA_MAGIC:
+            check_header(peer, seq, fp, *verify_header(peer, inb, bytes(view[:HEADER_SIZE])))
 
     def check_fp():
-        check_header(peer, sock, view, len(view), seq, fp)
+        their_seq = wire.DATA_HEADER.unpack_from(view)[1]
+        check_header(peer, seq, fp, their_seq, bytes(view[HEADER_SIZE:]))
 
-    plan.recv(peer, view[:HEADER_SIZE], check_fixed)
-    plan.recv(peer, view[HEADER_SIZE:], check_fp)
+    plan.recv(peer, view[:HEADER_SIZE], check_fixed, cover=None)
+    plan.recv(peer, view[HEADER_SIZE:], check_fp, cover=view)
 
 
 def chunks(lo: int, hi: int, step: int):
@@ -144,59 +160,53 @@ class Direct:
         expected payload size per peer (default: the same as ours).
         """
         hdr = wire.data_header(seq, fp)
-        hl = len(hdr)
-        tx = self.tx
         for q in self.peers:
-            body = payload[q] if isinstance(payload, dict) else payload
-            try:
-                if len(body):
-                    wire.send_all(tx[q], [hdr, body])
-                else:
-                    tx[q].sendall(hdr)
-            except OSError as exc:
-                raise LinkDown(q, exc) from exc
+            self._send(q, hdr, payload[q] if isinstance(payload, dict) else payload)
         out = {}
         for q in self.peers:
             if sizes is not None:
                 nb = sizes[q]
             else:
                 nb = len(payload[q]) if isinstance(payload, dict) else len(payload)
-            out[q] = self._receive(q, self.rx[q], hdr, seq, fp, hl, hl + nb)
+            out[q] = self._receive(q, self.rx[q], hdr, seq, fp, nb)
         return out
 
-    def _receive(self, q, sock, hdr, seq, fp, hl, need):
+    def _send(self, q: int, hdr: bytes, body) -> None:
+        try:
+            self.tx[q].send_header(hdr, body)
+        except OSError as exc:
+            raise LinkDown(q, exc) from exc
+
+    def _receive(self, q, inb, hdr, seq, fp, nb):
+        """Rank `q`'s header frame (checked, then compared with ours) and its payload frame
+        of `nb` bytes (checked); one buffer receives both, as many at once as have arrived."""
+        hl = len(hdr)
+        body_at = hl + TAG
+        need = body_at + (nb + TAG if nb else 0)
         view = self.buffer(q, need)
         got = 0
         if self.spin_allowed:
             if self._spin_pause:
                 self._spin_pause -= 1
             else:
-                got = self._spin(q, sock, view, need)
+                got = self._spin(q, inb.sock, view, need)
+        sock = inb.sock
         try:
             # Fixed header first: with a shorter fingerprint and no payload, waiting for our
             # full header length would hang.
-            while got < HEADER_SIZE:
-                k = sock.recv_into(view[got:], need - got)
-                if k == 0:
-                    raise LinkDown(q, None)
-                got += k
+            got = _fill(q, sock, view, got, HEADER_SIZE, need)
             if view[_FP_LEN_AT:HEADER_SIZE] != hdr[_FP_LEN_AT:HEADER_SIZE]:
-                check_header(q, sock, view, got, seq, fp)
-            while got < hl:
-                k = sock.recv_into(view[got:], need - got)
-                if k == 0:
-                    raise LinkDown(q, None)
-                got += k
+                check_header(q, seq, fp, *verify_header(q, inb, bytes(view[:got])))
+            got = _fill(q, sock, view, got, body_at, need)
+            inb.verify(q, view[:hl], view[hl:body_at], "a collective header")
             if view[:hl] != hdr:
-                check_header(q, sock, view, got, seq, fp)
-            while got < need:
-                k = sock.recv_into(view[got:], need - got)
-                if k == 0:
-                    raise LinkDown(q, None)
-                got += k
+                check_header(q, seq, fp, *verify_header_fields(view[:hl]))
+            if not nb:
+                return view[hl:hl]
+            _fill(q, sock, view, got, need, need)
         except OSError as exc:
             raise LinkDown(q, exc) from exc
-        return view[hl:]
+        return inb.accept(q, view[body_at:need])
 
     def _spin(self, q, sock, view, need) -> int:
         end = time.perf_counter() + self.spin_s
@@ -222,19 +232,27 @@ class Direct:
 
     def send_to(self, q: int, seq: int, fp: bytes, body=b"") -> None:
         """Send rank `q` this op's header, then `body`."""
-        hdr = wire.data_header(seq, fp)
-        try:
-            if len(body):
-                wire.send_all(self.tx[q], [hdr, body])
-            else:
-                self.tx[q].sendall(hdr)
-        except OSError as exc:
-            raise LinkDown(q, exc) from exc
+        self._send(q, wire.data_header(seq, fp), body)
 
     def recv_from(self, q: int, seq: int, fp: bytes, nbytes: int = 0) -> memoryview:
         """Receive rank `q`'s header (checked against ours) and its `nbytes` of payload."""
-        hdr = wire.data_header(seq, fp)
-        return self._receive(q, self.rx[q], hdr, seq, fp, len(hdr), len(hdr) + nbytes)
+        return self._receive(q, self.rx[q], wire.data_header(seq, fp), seq, fp, nbytes)
+
+
+def _fill(q: int, sock, view, got: int, upto: int, need: int) -> int:
+    """Receive into `view` until it holds `upto` bytes (taking up to `need` at once)."""
+    while got < upto:
+        k = sock.recv_into(view[got:], need - got)
+        if k == 0:
+            raise LinkDown(q, None)
+        got += k
+    return got
+
+
+def verify_header_fields(raw) -> tuple[int, bytes]:
+    """(sequence number, fingerprint) of a whole header already checked."""
+    _magic, seq, fp_len = wire.DATA_HEADER.unpack_from(raw)
+    return seq, bytes(raw[HEADER_SIZE:HEADER_SIZE + fp_len])
 
 
 def combine_pair(mine: np.ndarray, theirs: np.ndarray, rank: int, uf) -> None:
@@ -280,7 +298,7 @@ def ring_allreduce_plan(
     nxt = (rank + 1) % size
     prv = (rank - 1) % size
     plan = Plan()
-    plan.send(nxt, wire.data_header(seq, fp))
+    plan.send(nxt, wire.data_header(seq, fp), header=True)
     expect_header(plan, prv, rx[prv], seq, fp)
     b = bounds(flat.size, size)
     item = flat.itemsize
@@ -327,7 +345,7 @@ def ring_allgather_plan(
     nxt = (rank + 1) % size
     prv = (rank - 1) % size
     plan = Plan()
-    plan.send(nxt, wire.data_header(seq, fp))
+    plan.send(nxt, wire.data_header(seq, fp), header=True)
     expect_header(plan, prv, rx[prv], seq, fp)
     prev_counts: Optional[list[int]] = None
     for s in range(size - 1):
@@ -355,7 +373,7 @@ def chain_broadcast_plan(
     plan = Plan()
     pieces = chunks(0, len(raw), chunk_bytes)
     if rel == 0:
-        plan.send(nxt, wire.data_header(seq, fp))
+        plan.send(nxt, wire.data_header(seq, fp), header=True)
         for lo, hi in pieces:
             plan.send(nxt, raw[lo:hi])
         expect_header(plan, last, rx[last], seq, fp)
@@ -364,11 +382,11 @@ def chain_broadcast_plan(
     counts = [plan.recv(prv, raw[lo:hi]) for lo, hi in pieces]
     done = plan.recv_count(prv)
     if rank != last:
-        plan.send(nxt, wire.data_header(seq, fp))
+        plan.send(nxt, wire.data_header(seq, fp), header=True)
         for (lo, hi), c in zip(pieces, counts):
             plan.send(nxt, raw[lo:hi], (prv, c))
     else:
-        plan.send(root, wire.data_header(seq, fp), (prv, done))
+        plan.send(root, wire.data_header(seq, fp), (prv, done), header=True)
     return plan
 
 
@@ -383,7 +401,7 @@ def star_plan(
     arrived; `ack_from` peers are expected to ack us."""
     plan = Plan()
     for q, body in sends.items():
-        plan.send(q, wire.data_header(seq, fps_out[q]))
+        plan.send(q, wire.data_header(seq, fps_out[q]), header=True)
         for lo, hi in chunks(0, len(body), chunk_bytes):
             plan.send(q, body[lo:hi])
     for q, body in recvs.items():
@@ -395,7 +413,7 @@ def star_plan(
         if not pieces and cb_last is not None:
             plan.recv(q, body[0:0], cb_last)
     for q in acks:
-        plan.send(q, wire.data_header(seq, ack_fp), (q, plan.recv_count(q)))
+        plan.send(q, wire.data_header(seq, ack_fp), (q, plan.recv_count(q)), header=True)
     for q in ack_from:
         expect_header(plan, q, rx[q], seq, ack_fp)
     return plan

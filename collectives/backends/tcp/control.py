@@ -5,6 +5,12 @@ point-to-point messages. A control connection that closes without a goodbye mean
 process died, which is how a SIGKILLed rank is noticed within milliseconds even when no
 collective is reading from it. The mesh (`mesh.Mesh`) makes the connections; this module reads
 and writes them once the mesh is complete.
+
+Every message is a header frame, then its fingerprint and its payload as a frame each, each
+ending in the connection's tag (`framing`; an abort's reason and a point-to-point payload are
+sealed with SHOAL_ENCRYPT). The reader checks each frame's tag before it reads on: a header
+before it sizes the next frame by it, a message before it is obeyed. A frame that fails drops
+the connection and fails the group naming the peer.
 """
 
 from __future__ import annotations
@@ -19,8 +25,10 @@ import threading
 from typing import Callable, Optional
 
 from shoal.collectives.backends.tcp import wire
+from shoal.collectives.backends.tcp.framing import TAG
 from shoal.collectives.backends.tcp.reasons import FailureReason
-from shoal.collectives.constants import MAX_CONTROL_FRAME_BYTES
+from shoal.collectives.constants import MAX_CONTROL_FRAME_BYTES, MAX_FINGERPRINT_BYTES
+from shoal.core.channel import IntegrityError, Link
 
 logger = logging.getLogger(__name__)
 
@@ -51,20 +59,45 @@ def _recv_some(sock: socket.socket, buf: bytearray, start: int) -> int:
 
 
 class _ControlReader:
-    """Incremental frame parser for one non-blocking control connection: it fills `buf` (the
-    header, then the frame's `body`) up to `got` bytes."""
+    """Incremental reader of one non-blocking control connection: it fills `buf` (the frame
+    being read, then its tag) up to `got` bytes; `stage` says which frame of a message that is
+    (0 the header, 1 the fingerprint, 2 the payload)."""
 
-    __slots__ = ("peer", "sock", "header", "body", "buf", "got", "kind", "aux")
+    __slots__ = ("peer", "sock", "link", "buf", "got", "stage", "kind", "aux", "fp", "length")
 
-    def __init__(self, peer: int, sock: socket.socket):
+    def __init__(self, peer: int, sock: socket.socket, link: Link):
         self.peer = peer
         self.sock = sock
-        self.header = bytearray(wire.CONTROL_HEADER.size)
-        self.body: Optional[bytearray] = None  # None while the header is being read
-        self.buf = self.header
+        self.link = link
         self.got = 0
-        self.kind = 0
-        self.aux = 0
+        self.kind = self.aux = self.length = 0
+        self.fp = b""
+        self.next_header()
+
+    def next_header(self) -> None:
+        """Read a message's header next."""
+        self.stage = 0
+        self.buf = bytearray(wire.CONTROL_HEADER.size + TAG)
+        self.got = 0
+
+    def expect(self, stage: int, nbytes: int) -> None:
+        """Read the message's frame `stage` of `nbytes` (and its tag) next."""
+        self.stage = stage
+        self.buf = bytearray(nbytes + TAG)
+        self.got = 0
+
+    def contents(self):
+        """The frame just read, checked (decrypted if sealed).
+
+        Raises:
+            IntegrityError: its tag does not verify.
+        """
+        opener = self.link.opener
+        if self.stage == 2 and opener.encrypt:
+            return opener.open(self.buf)
+        view = memoryview(self.buf)
+        opener.check((view[:-TAG],), view[-TAG:])
+        return view[:-TAG]
 
 
 class ControlChannel:
@@ -83,6 +116,7 @@ class ControlChannel:
         self.name = name
         self._on_failure = on_failure
         self.socks: list[Optional[socket.socket]] = [None] * size
+        self.links: list[Optional[Link]] = [None] * size  # each connection's keys
         self.departed = [False] * size  # peers that said goodbye (destroyed their group)
         self._send_locks = [threading.Lock() for _ in range(size)]
         self._cond = threading.Condition()
@@ -107,7 +141,7 @@ class ControlChannel:
 
     def watch(self, peer: int) -> None:
         """Read `peer`'s control connection from now on."""
-        reader = _ControlReader(peer, self.socks[peer])
+        reader = _ControlReader(peer, self.socks[peer], self.links[peer])
         with self._cond:
             self._pending_register.append(reader)
         self._wake()
@@ -160,42 +194,53 @@ class ControlChannel:
                     r.got += k
                     if r.got < len(r.buf):
                         continue
-                if r.body is None:  # a whole header: its body comes next
-                    magic, kind, aux, length = wire.CONTROL_HEADER.unpack(r.header)
-                    if (magic != wire.CONTROL_MAGIC or kind not in wire.KINDS
-                            or length > MAX_CONTROL_FRAME_BYTES):
-                        return self._garbled(r, f"header {bytes(r.header)!r}")
-                    r.kind, r.aux = kind, aux
-                    r.body = r.buf = bytearray(length)
-                    r.got = 0
-                else:  # a whole frame: the next header comes next
-                    body, r.body = r.body, None
-                    r.buf, r.got = r.header, 0
-                    self._frame(r, r.kind, r.aux, body)
+                try:
+                    data = r.contents()
+                except IntegrityError:
+                    return self._tampered(r)
+                if not self._advance(r, data):
+                    return None
         except BlockingIOError:
-            return
+            return None
         except OSError as exc:
             return self._closed(r, exc)
 
-    def _frame(self, r: _ControlReader, kind: int, aux: int, body: bytearray) -> None:
+    def _advance(self, r: _ControlReader, data) -> bool:
+        """Take one checked frame of a message: size the next one, or act on a whole message.
+        False when the connection was dropped."""
+        if r.stage == 0:
+            magic, kind, aux, fp_len, length = wire.CONTROL_HEADER.unpack(data)
+            if (magic != wire.CONTROL_MAGIC or kind not in wire.KINDS
+                    or fp_len > MAX_FINGERPRINT_BYTES or length > MAX_CONTROL_FRAME_BYTES):
+                self._garbled(r, f"header {bytes(data)!r}")
+                return False
+            r.kind, r.aux, r.fp, r.length = kind, aux, b"", length
+            if fp_len:
+                r.expect(1, fp_len)
+                return True
+        elif r.stage == 1:
+            r.fp = bytes(data)
+        if r.stage < 2 and r.length:
+            r.expect(2, r.length)
+            return True
+        payload = data if r.stage == 2 else memoryview(b"")
+        r.next_header()
+        return self._frame(r, r.kind, r.aux, r.fp, payload)
+
+    def _frame(self, r: _ControlReader, kind: int, aux: int, fp: bytes, payload) -> bool:
         if kind == wire.KIND_BYE:
             logger.debug("Rank %d of group %r: rank %d said goodbye", self.rank, self.name, r.peer)
             with self._cond:
                 self.departed[r.peer] = True
                 self._cond.notify_all()
         elif kind == wire.KIND_ABORT:
-            reason = FailureReason.from_bytes(bytes(body), r.peer)
+            reason = FailureReason.from_bytes(bytes(payload), r.peer)
             self._on_failure(reason)
         elif kind == wire.KIND_P2P:
-            if len(body) < wire.P2P_FP_LEN.size:
-                return self._garbled(r, "a point-to-point frame shorter than its header")
-            (fp_len,) = wire.P2P_FP_LEN.unpack_from(body)
-            start = wire.P2P_FP_LEN.size
-            fp = bytes(body[start:start + fp_len])
-            payload = memoryview(body)[start + fp_len:]
             with self._cond:
                 self._mail[(r.peer, aux)].append((fp, payload))
                 self._cond.notify_all()
+        return True
 
     def _closed(self, r: _ControlReader, exc: Optional[BaseException]) -> None:
         self._drop_reader(r)
@@ -211,6 +256,18 @@ class ControlChannel:
             origin=self.rank, culprits=(r.peer,),
         ))
 
+    def _tampered(self, r: _ControlReader) -> None:
+        self._drop_reader(r)
+        what = ("a control message header", "a point-to-point fingerprint",
+                "a control message")[r.stage]
+        logger.error("Rank %d of group %r dropped its control connection from rank %d: %s "
+                     "failed its integrity check", self.rank, self.name, r.peer, what)
+        self._on_failure(FailureReason(
+            "error", f"{what} from rank {r.peer} failed its integrity check (it was altered, "
+                     "injected or replayed between the ranks); the connection was dropped",
+            origin=self.rank, culprits=(r.peer,),
+        ))
+
     def _garbled(self, r: _ControlReader, what: str) -> None:
         self._drop_reader(r)
         logger.error("Rank %d of group %r got a malformed control frame from rank %d: %s",
@@ -222,15 +279,25 @@ class ControlChannel:
 
     # ------------------------------------------------------------------ point to point
 
+    def _message(self, dst: int, kind: int, aux: int = 0, fp: bytes = b"", payload=b"") -> list:
+        """The frames of one message to `dst`, tagged now (call under its send lock)."""
+        sealer = self.links[dst].sealer
+        head = wire.CONTROL_HEADER.pack(wire.CONTROL_MAGIC, kind, aux, len(fp), len(payload))
+        parts = [head, sealer.tag((head,))]
+        if fp:
+            parts += [fp, sealer.tag((fp,))]
+        if len(payload):
+            parts += ([sealer.seal(payload)] if sealer.encrypt
+                      else [payload, sealer.tag((payload,))])
+        return parts
+
     def send_p2p(self, dst: int, tag: int, fp: bytes, payload: memoryview) -> None:
         """Send one tagged message to `dst` over the control connection (blocks on a full pipe)."""
-        body_len = wire.P2P_FP_LEN.size + len(fp) + len(payload)
-        head = wire.CONTROL_HEADER.pack(wire.CONTROL_MAGIC, wire.KIND_P2P, tag, body_len)
         sock = self.socks[dst]
         if sock is None:
             raise OSError(errno.ENOTCONN, "no control connection")
         with self._send_locks[dst]:
-            wire.send_all(sock, [head + wire.P2P_FP_LEN.pack(len(fp)) + fp, payload])
+            wire.send_all(sock, self._message(dst, wire.KIND_P2P, tag, fp, payload))
 
     def take_p2p(self, src: Optional[int], tag: int, stop: Callable[[], bool], wait_s: float = 0.25):
         """Wait for a message with `tag` from `src` (or anyone); returns (src, fp, payload).
@@ -256,8 +323,9 @@ class ControlChannel:
 
     # ------------------------------------------------------------------ teardown
 
-    def send_last_frame(self, frame: bytes) -> None:
-        """Send `frame` to every peer's control socket (best effort, bounded), then end it."""
+    def send_last_message(self, kind: int, payload: bytes = b"") -> None:
+        """Send a message of `kind` to every peer's control socket (best effort, bounded),
+        then end it."""
         for q, sock in enumerate(self.socks):
             if sock is None or q == self.rank:
                 continue
@@ -265,7 +333,7 @@ class ControlChannel:
             if lock.acquire(timeout=0.5):
                 try:
                     sock.settimeout(1.0)
-                    sock.sendall(frame)
+                    sock.sendall(b"".join(self._message(q, kind, payload=payload)))
                 except OSError:
                     pass
                 finally:
@@ -281,7 +349,7 @@ class ControlChannel:
         with self._cond:
             self._closing = True
             self._cond.notify_all()
-        self.send_last_frame(wire.control_frame(wire.KIND_BYE, 0))
+        self.send_last_message(wire.KIND_BYE)
 
     def close(self) -> None:
         """Stop the service thread and release the connections (after `say_goodbye`)."""

@@ -19,6 +19,7 @@ from shoal.collectives.backends.dump import write_dump
 from shoal.collectives.backends.ledger import OpRecord
 from shoal.collectives.backends.tcp import algorithms as algos
 from shoal.collectives.backends.tcp.executor import Job
+from shoal.collectives.backends.tcp.framing import Tampered
 from shoal.collectives.backends.tcp.links import GroupFailed, P2PMismatch
 from shoal.collectives.backends.tcp.mesh import Mesh
 from shoal.collectives.backends.tcp.pump import LinkDown
@@ -218,6 +219,14 @@ class GroupFailure:
                 f"{exc.peer} called {exc.their_fp} as #{exc.their_seq}; every rank must call the "
                 "same collectives in the same order with the same shapes and dtypes",
                 self._rank, (self._rank, exc.peer),
+            ))
+            self._raise_failed(rec, exc)
+        except Tampered as exc:
+            self.fail(FailureReason(
+                "error", f"{exc.what} from rank {exc.peer} failed its integrity check (it was "
+                         "altered, injected or replayed between the ranks); the connection "
+                         "was dropped",
+                self._rank, (exc.peer,),
             ))
             self._raise_failed(rec, exc)
         except algos.ProtocolError as exc:

@@ -35,7 +35,7 @@ from shoal.collectives.backends.tcp.links import Links
 from shoal.collectives.backends.tcp.mesh import Mesh
 from shoal.collectives.constants import DEFAULT_COLLECTIVE_TIMEOUT_S, DEFAULT_GROUP_NAME, SPIN_S
 from shoal.collectives.store.api import Store
-from shoal.collectives.types import GroupDestroyed
+from shoal.collectives.types import CollectiveError, GroupDestroyed
 from shoal.core.auth import load_token
 from shoal.core.timeouts import TimeoutLike
 
@@ -109,8 +109,13 @@ class ProcessGroupTCP(BackendGroup):
             if self._topology.hierarchical:
                 self._topology, self._links.hier = negotiation.hierarchy(
                     self._topology, self._links, name, self._timeout)
-        except BaseException:
+        except BaseException as exc:
             self._mesh.close()
+            reason = failures.reason
+            if isinstance(exc, CollectiveError) and reason is not None and reason.cause not in str(exc):
+                # The setup broke because the group had failed (a peer aborted, or a frame
+                # failed its integrity check): say why.
+                raise type(exc)(f"{exc} (the group had failed: {reason.cause})") from exc
             raise
         _adapt_to_load(self._links)
         self._start_watchdog()

@@ -15,6 +15,7 @@ from typing import Callable, Optional, Sequence
 
 from shoal.collectives.backends.tcp import algorithms as algos
 from shoal.collectives.backends.tcp import shm
+from shoal.collectives.backends.tcp.framing import Tampered
 from shoal.collectives.backends.tcp.mesh import Mesh
 from shoal.collectives.backends.tcp.pump import LinkDown, SenderThread
 from shoal.collectives.backends.tcp.reasons import FailureReason
@@ -40,7 +41,7 @@ class GroupFailed(Exception):
 
 class Links:
     """What a tcp collective runs on: this rank's place in the group, its connections to every
-    peer (`tx`/`rx` data sockets indexed by rank, `mesh` and its `control` channel, the
+    peer (`tx`/`rx` data connections indexed by rank, `framing.Outbound`/`Inbound`, `mesh` and its `control` channel, the
     small-message `direct` path), the shared-memory slots when every rank is on this host, the
     two-level plan when the ranks span hosts (`hier`), and reusable scratch space and sender
     thread."""
@@ -85,7 +86,7 @@ class Links:
         to the group's ranks."""
         try:
             yield
-        except (LinkDown, algos.HeaderMismatch, algos.ProtocolError) as exc:
+        except (LinkDown, Tampered, algos.HeaderMismatch, algos.ProtocolError) as exc:
             if self.members is not None and 0 <= exc.peer < len(self.members):
                 exc.peer = self.members[exc.peer]
             raise

@@ -6,14 +6,18 @@ stream arrays over (one per direction, see `wire`), and a control connection tha
 
 Bootstrap: each rank listens on `host:0`, publishes `host:port` under the group's prefix, and
 connects to every lower rank; the higher rank always dials, so each pair connects once. Each
-new connection runs `core.auth`'s handshake (purpose "collectives") before a hello naming the
-group, both ranks and the channel is read; anything else is logged and dropped.
+new connection runs `core.auth`'s handshake (purpose "collectives"), which gives it keys of its
+own; then the dialer's hello naming the group, both ranks and the channel, and the acceptor's
+acknowledgement, are the connection's first frames, tagged like every later one (`framing`).
+A connection whose hello is not what it should be, or fails its tag, is logged and dropped.
 
 Ranks on the same host (same kernel and network namespace) link over abstract Unix-domain
-sockets instead of loopback TCP: the same handshake and framing, at about half the CPU per
-byte, which on a small machine is the difference between a copy-bound and a fast ring.
+sockets instead of loopback TCP: the same handshake and framing (tags included: an abstract
+socket is reachable by any process of the network namespace), at about half the CPU per byte,
+which on a small machine is the difference between a copy-bound and a fast ring.
 SHOAL_LOCAL_TRANSPORT=tcp keeps every link on TCP. When every peer is linked over Unix
-sockets, `shm` adds shared memory for large all_reduces on top of these links.
+sockets, `shm` adds shared memory for large all_reduces on top of these links: not a
+connection, and not tagged (see `framing`).
 """
 
 from __future__ import annotations
@@ -29,12 +33,14 @@ from typing import Callable, Optional
 from shoal.collectives import env
 from shoal.collectives.backends.tcp import wire
 from shoal.collectives.backends.tcp.control import ControlChannel, drain
+from shoal.collectives.backends.tcp.framing import TAG, Inbound, Outbound
 from shoal.collectives.backends.tcp.reasons import FailureReason
 from shoal.collectives.constants import CONNECT_HANDSHAKE_TIMEOUT_S
 from shoal.collectives.store.api import Store
 from shoal.collectives.types import CollectiveError, CollectiveTimeout, StoreError, StoreTimeout
 from shoal.core import auth
 from shoal.core.admission import Gatekeeper
+from shoal.core.channel import IntegrityError, Link
 from shoal.core.errors import AuthenticationError
 
 logger = logging.getLogger(__name__)
@@ -72,8 +78,8 @@ class Mesh:
         self.name = name
         self.host = host
         self._token = token
-        self.tx: list[Optional[socket.socket]] = [None] * size  # data we send to each peer
-        self.rx: list[Optional[socket.socket]] = [None] * size  # data we receive from each peer
+        self.tx: list[Optional[Outbound]] = [None] * size  # data we send to each peer
+        self.rx: list[Optional[Inbound]] = [None] * size  # data we receive from each peer
         # Goodbyes, abort notices and point-to-point messages; its sockets are ours to make.
         self.control = ControlChannel(rank, size, name, on_failure)
         self.ctrl = self.control.socks
@@ -116,7 +122,7 @@ class Mesh:
 
         self._gate = Gatekeeper(
             what=f"Rank {self.rank} of group '{self.name}'", token=self._token,
-            purpose="collectives", on_admit=self._admitted,
+            purpose="collectives", on_admit=self._admitted, with_link=True,
         )
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.listener = listener
@@ -236,16 +242,19 @@ class Mesh:
             sock = None
             try:
                 left = max(0.1, deadline - time.monotonic())
-                sock = auth.dial(connect, self._token, "collectives", left)
+                sock, link = auth.dial_link(connect, self._token, "collectives", left,
+                                            peer=f"rank {peer}")
                 sock.settimeout(min(left, CONNECT_HANDSHAKE_TIMEOUT_S))
-                sock.sendall(wire.HELLO.pack(wire.HELLO_MAGIC, self._group_id, self.rank, peer, channel))
-                ack = sock.recv(1)
-                if ack != wire.HELLO_ACK:
+                hello = wire.HELLO.pack(wire.HELLO_MAGIC, self._group_id, self.rank, peer, channel)
+                wire.send_all(sock, [hello, link.sealer.tag((hello,))])
+                ack = bytearray(len(wire.HELLO_ACK) + TAG)
+                if not wire.recv_exact(sock, memoryview(ack)) or ack[:1] != wire.HELLO_ACK:
                     raise CollectiveError(
                         f"Rank {peer} of group '{self.name}' at {host}:{port} refused rank "
                         f"{self.rank}'s connection (is an older incarnation of the group still "
                         "running there?)."
                     )
+                link.opener.check((ack[:1],), ack[1:])
                 sock.settimeout(None)
                 wire.set_nodelay(sock)
             except (OSError, AuthenticationError) as exc:
@@ -254,16 +263,29 @@ class Mesh:
                 if isinstance(exc, CollectiveError):
                     raise
                 where = f"{host}:{port}" + (" (over its local Unix socket)" if unix_address else "")
+                what = ("its acknowledgement failed its integrity check"
+                        if isinstance(exc, IntegrityError) else str(exc))
                 raise CollectiveError(
                     f"Rank {self.rank} of group '{self.name}' could not connect to rank {peer} at "
-                    f"{where}: {exc}"
+                    f"{where}: {what}"
                 ) from exc
             except BaseException:
                 if sock is not None:
                     sock.close()
                 raise
             with self._lock:
-                self._slots_for(channel, dialer=True)[peer] = sock
+                self._attach(channel, True, peer, sock, link)
+
+    def _attach(self, channel: int, dialer: bool, peer: int, sock: socket.socket,
+                link: Link) -> None:
+        """Put a connection in its slot (under the lock)."""
+        if channel == wire.CHANNEL_CONTROL:
+            self.ctrl[peer] = sock
+            self.control.links[peer] = link
+        elif (channel == wire.CHANNEL_UP) == dialer:
+            self.tx[peer] = Outbound(sock, link)
+        else:
+            self.rx[peer] = Inbound(sock, link)
 
     def _slots_for(self, channel: int, dialer: bool) -> list:
         if channel == wire.CHANNEL_CONTROL:
@@ -271,20 +293,25 @@ class Mesh:
         sends = (channel == wire.CHANNEL_UP) == dialer
         return self.tx if sends else self.rx
 
-    def _admitted(self, sock: socket.socket, peer: str) -> None:
+    def _admitted(self, sock: socket.socket, peer: str, link: Link) -> None:
         """Gatekeeper callback: read the authenticated peer's hello on a thread of its own."""
-        threading.Thread(target=self._place, args=(sock, peer), daemon=True,
+        threading.Thread(target=self._place, args=(sock, peer, link), daemon=True,
                          name=f"shoal-pg-{self.name}-admit").start()
 
-    def _place(self, sock: socket.socket, peer: str) -> None:
+    def _place(self, sock: socket.socket, peer: str, link: Link) -> None:
         """Place one authenticated connection by its hello, or log and drop it."""
         where = "its local Unix socket" if peer == "local" else peer
         try:
             sock.settimeout(CONNECT_HANDSHAKE_TIMEOUT_S)
-            raw = bytearray(wire.HELLO.size)
+            raw = bytearray(wire.HELLO.size + TAG)
             if not wire.recv_exact(sock, memoryview(raw)):
                 raise ValueError("it closed the connection before its hello")
-            magic, gid, src, dst, channel = wire.HELLO.unpack(raw)
+            try:
+                link.opener.check((raw[:wire.HELLO.size],), raw[wire.HELLO.size:])
+            except IntegrityError:
+                raise ValueError("its hello failed its integrity check (altered or injected "
+                                 "after the handshake)") from None
+            magic, gid, src, dst, channel = wire.HELLO.unpack_from(raw)
             if magic != wire.HELLO_MAGIC or gid != self._group_id:
                 raise ValueError("its hello names another group or generation")
             if dst != self.rank or not self.rank < src < self.size or channel not in wire.CHANNELS:
@@ -295,14 +322,14 @@ class Mesh:
             with self._lock:
                 if self._complete or self._closing or slots[src] is not None:
                     raise ValueError(f"rank {src} is already connected on that channel")
-                sock.sendall(wire.HELLO_ACK)
+                sock.sendall(wire.HELLO_ACK + link.sealer.tag((wire.HELLO_ACK,)))
                 sock.settimeout(None)
                 wire.set_nodelay(sock)
                 # An accepted Unix socket inherits nothing from its listener, and a TCP one
                 # from a peer on this host has the listener's autotuned receive buffer.
                 if same_host:
                     wire.tune_socket(sock, same_host=True)
-                slots[src] = sock
+                self._attach(channel, False, src, sock, link)
                 self.transports[src] = "unix" if sock.family == socket.AF_UNIX else "tcp"
                 self.remote[src] = not same_host
                 self._lock.notify_all()
@@ -327,11 +354,11 @@ class Mesh:
 
     def abort(self, reason: FailureReason) -> None:
         """Tell every peer why, then break the data connections so blocked calls return."""
-        self.control.send_last_frame(wire.control_frame(wire.KIND_ABORT, 0, reason.to_bytes()))
-        for sock in self.tx + self.rx:
-            if sock is not None:
+        self.control.send_last_message(wire.KIND_ABORT, reason.to_bytes())
+        for end in self.tx + self.rx:
+            if end is not None:
                 try:
-                    sock.shutdown(socket.SHUT_RDWR)
+                    end.sock.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
         self.control.wake_waiters()
@@ -348,16 +375,16 @@ class Mesh:
         # discards what the peer has not read yet (its last collective's data, our goodbye).
         # So: end what we send with a FIN (queued data still goes first), read away whatever
         # is waiting, and only then close.
-        for sock in self.tx:
-            if sock is not None:
+        for end in self.tx:
+            if end is not None:
                 try:
-                    sock.shutdown(socket.SHUT_WR)
+                    end.sock.shutdown(socket.SHUT_WR)
                 except OSError:
                     pass
-        for sock in self.tx + self.rx:
-            if sock is not None:
-                drain(sock)
-                sock.close()
+        for end in self.tx + self.rx:
+            if end is not None:
+                drain(end.sock)
+                end.sock.close()
         self.control.close()
         if self._gate is not None:
             self._gate.close()

@@ -4,7 +4,11 @@ Sockets move every byte twice (into the kernel and out again) and pay per-packet
 on a small machine that copy work, not the wire, bounds a ring all_reduce. Here each rank owns
 a region of anonymous shared memory (a sealed memfd, handed to its peers over the already
 authenticated Unix data links with SCM_RIGHTS), writes its chunk of the array there, and the
-ranks reduce straight out of each other's regions. Only a few-byte header crosses the sockets
+ranks reduce straight out of each other's regions. The offer that carries a descriptor is a
+tagged frame like any other (`framing`) and names the memfd's inode, so nobody between the
+ranks can swap the descriptor for one of their own. The regions themselves are not a
+connection and carry no tags: they are reachable only through descriptors the ranks hand each
+other, by processes of the same user, and a peer's region is mapped read-only. Only a few-byte header crosses the sockets
 per phase, as a barrier that also carries the collective's sequence number and fingerprint,
 so mismatched calls are still caught, a dead peer still shows as a closed link and the
 watchdog's abort still unblocks a waiting rank.
@@ -45,11 +49,13 @@ from typing import Callable, Optional
 import numpy as np
 
 from shoal.collectives.backends.tcp.algorithms import bounds, chunks, combine_pair
+from shoal.collectives.backends.tcp.framing import TAG, Tampered
 
 logger = logging.getLogger(__name__)
 
-_OFFER = struct.Struct("!4sBQ")  # magic, offered (0/1), region size in bytes
-_OFFER_MAGIC = b"SHM1"
+# magic, offered (0/1), region size in bytes, the region's memfd (st_dev, st_ino)
+_OFFER = struct.Struct("!4sBQQQ")
+_OFFER_MAGIC = b"SHM3"
 _VERDICT = struct.Struct("!4sB")  # magic, usable (0/1)
 _VERDICT_MAGIC = b"SHM2"
 BUFFERS = 3  # per region, used in turn (see the module docstring)
@@ -77,8 +83,11 @@ def _create_region(nbytes: int) -> int:
     return fd
 
 
-def _map_peer_region(fd: int, nbytes: int) -> mmap.mmap:
-    """Map a peer's region read-only after checking it can never shrink under us."""
+def _map_peer_region(fd: int, nbytes: int, identity: Optional[tuple[int, int]] = None) -> mmap.mmap:
+    """Map a peer's region read-only after checking it can never shrink under us (and that it
+    is the memfd the peer's checked offer names, `identity`: its st_dev and st_ino)."""
+    if identity is not None and _identity(fd) != identity:
+        raise ValueError("the descriptor that came with its offer is not the memfd it names")
     seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
     if not seals & fcntl.F_SEAL_SHRINK:
         raise ValueError("its region is not sealed against shrinking")
@@ -108,6 +117,21 @@ def _recv_exact(sock: socket.socket, n: int, peer: int, want_fd: bool) -> tuple[
             os.close(fd)
         raise
     return bytes(data), fds
+
+
+def _identity(fd: int) -> tuple[int, int]:
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
+
+
+def _checked(rx, peer: int, raw: bytes, what: str) -> bytes:
+    """A setup message received with its tag, checked: the message."""
+    try:
+        rx.verify(peer, raw[:-TAG], raw[-TAG:], what)
+    except Tampered as exc:
+        raise ShmSetupError(peer, f"sent {what} that failed its integrity check (altered or "
+                                  "injected between the ranks)") from exc
+    return raw[:-TAG]
 
 
 def _own_region(rank: int, region_bytes: int, maps: list) -> Optional[int]:
@@ -146,25 +170,33 @@ def _exchange_offers(rank: int, peers: list, tx: list, rx: list, own_fd: Optiona
                      region_bytes: int, maps: list, deadline: float, timeout: float) -> bool:
     """Round one: send every peer our offer (with our region's descriptor when we have one),
     then map every peer's region into `maps`. True when this rank could map them all."""
-    message = _OFFER.pack(_OFFER_MAGIC, int(own_fd is not None), region_bytes)
+    dev, ino = _identity(own_fd) if own_fd is not None else (0, 0)
+    message = _OFFER.pack(_OFFER_MAGIC, int(own_fd is not None), region_bytes, dev, ino)
     for q in peers:
         with _talking_to(q, timeout):
+            parts = tx[q].header(message)
             if own_fd is not None:
-                socket.send_fds(_timed(tx[q], deadline), [message], [own_fd])
+                socket.send_fds(_timed(tx[q].sock, deadline), parts, [own_fd])
             else:
-                _timed(tx[q], deadline).sendall(message)
+                _timed(tx[q].sock, deadline).sendall(b"".join(parts))
     usable = own_fd is not None
     for q in peers:
         with _talking_to(q, timeout):
-            raw, fds = _recv_exact(_timed(rx[q], deadline), _OFFER.size, q, want_fd=True)
-            magic, offered, nbytes = _OFFER.unpack(raw)
+            raw, fds = _recv_exact(_timed(rx[q].sock, deadline), _OFFER.size + TAG, q, want_fd=True)
+            try:
+                raw = _checked(rx[q], q, raw, "a shared-memory offer")
+            except ShmSetupError:
+                for fd in fds:
+                    os.close(fd)
+                raise
+            magic, offered, nbytes, dev, ino = _OFFER.unpack(raw)
             if magic != _OFFER_MAGIC:
                 for fd in fds:
                     os.close(fd)
                 raise ShmSetupError(q, f"sent {raw!r} where a shared-memory offer belongs")
             try:
                 if usable and offered and len(fds) == 1 and nbytes == region_bytes:
-                    maps[q] = _map_peer_region(fds[0], region_bytes)
+                    maps[q] = _map_peer_region(fds[0], region_bytes, (dev, ino))
                 else:
                     usable = False
             except (OSError, ValueError) as exc:
@@ -182,10 +214,12 @@ def _exchange_verdicts(peers: list, tx: list, rx: list, usable: bool, deadline: 
     only when every rank could."""
     for q in peers:
         with _talking_to(q, timeout):
-            _timed(tx[q], deadline).sendall(_VERDICT.pack(_VERDICT_MAGIC, int(usable)))
+            _timed(tx[q].sock, deadline).sendall(
+                b"".join(tx[q].header(_VERDICT.pack(_VERDICT_MAGIC, int(usable)))))
     for q in peers:
         with _talking_to(q, timeout):
-            raw, _ = _recv_exact(_timed(rx[q], deadline), _VERDICT.size, q, want_fd=False)
+            raw, _ = _recv_exact(_timed(rx[q].sock, deadline), _VERDICT.size + TAG, q, want_fd=False)
+            raw = _checked(rx[q], q, raw, "a shared-memory verdict")
             magic, ok = _VERDICT.unpack(raw)
             if magic != _VERDICT_MAGIC:
                 raise ShmSetupError(q, f"sent {raw!r} where a shared-memory verdict belongs")
@@ -232,9 +266,9 @@ class SharedSlots:
             if own_fd is not None:
                 os.close(own_fd)
             for q in peers:
-                for sock in (tx[q], rx[q]):
+                for end in (tx[q], rx[q]):
                     try:
-                        sock.settimeout(None)
+                        end.sock.settimeout(None)
                     except OSError:
                         pass
         if not usable:

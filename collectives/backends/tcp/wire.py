@@ -2,8 +2,10 @@
 
 Every collective begins, on every link it uses, with a data header: a magic, the group's
 sequence number and the sender's fingerprint of the call ("all_reduce(float32[1024], op=SUM)").
-The receiver compares it with its own before a single payload byte lands in a user buffer, so
-ranks that disagree get `CollectiveMismatch` instead of corrupt results.
+The receiver checks its tag and compares it with its own before a single payload byte lands in
+a user buffer, so ranks that disagree get `CollectiveMismatch` instead of corrupt results.
+Every byte after the handshake travels in frames that end in a tag (`framing`), the hello
+included.
 """
 
 from __future__ import annotations
@@ -30,24 +32,20 @@ CHANNEL_DOWN = 1  # the accepting (lower) rank sends on it
 CHANNEL_CONTROL = 2
 CHANNELS = (CHANNEL_UP, CHANNEL_DOWN, CHANNEL_CONTROL)
 
-CONTROL_MAGIC = b"SHk1"
-# magic, kind, aux (a tag for point-to-point), payload length.
-CONTROL_HEADER = struct.Struct("<4sBiQ")
+CONTROL_MAGIC = b"SHk2"
+# magic, kind, aux (a tag for point-to-point), fingerprint length, payload length. A control
+# message is this header as one frame, then the fingerprint (point-to-point) and the payload
+# as a frame each (`framing`): each length is known, and checked, before its frame is read.
+CONTROL_HEADER = struct.Struct("<4sBiHQ")
 KIND_BYE = 1
 KIND_ABORT = 2
 KIND_P2P = 3
 KINDS = {KIND_BYE: "bye", KIND_ABORT: "abort", KIND_P2P: "p2p"}
-P2P_FP_LEN = struct.Struct("<H")
 
 
 def data_header(seq: int, fingerprint: bytes) -> bytes:
     """The header that opens a collective on one link."""
     return DATA_HEADER.pack(DATA_MAGIC, seq, len(fingerprint)) + fingerprint
-
-
-def control_frame(kind: int, aux: int, payload: bytes = b"") -> bytes:
-    """A control-channel frame header followed by `payload`."""
-    return CONTROL_HEADER.pack(CONTROL_MAGIC, kind, aux, len(payload)) + payload
 
 
 def fingerprint_ok(length: int) -> bool:

@@ -71,8 +71,8 @@ def test_links_within_a_host_keep_fixed_buffers_on_both_ends(transport, link, mo
                     continue
                 assert mesh.transports[peer] == link
                 assert mesh.remote[peer] is False
-                for sock in (mesh.tx[peer], mesh.rx[peer]):
-                    assert _buffers(sock) == (FIXED, FIXED), (rank, peer, sock)
+                for end in (mesh.tx[peer], mesh.rx[peer]):
+                    assert _buffers(end.sock) == (FIXED, FIXED), (rank, peer, end.sock)
     finally:
         for pg in pgs:
             pg.shutdown()
@@ -90,10 +90,10 @@ for rank, pg in enumerate(pgs):
     mesh = pg._mesh
     for peer in range(world):
         if peer != rank:
-            for sock in (mesh.tx[peer], mesh.rx[peer]):
+            for end in (mesh.tx[peer], mesh.rx[peer]):
                 print(mesh.host, mesh.transports[peer], mesh.remote[peer],
-                      sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF),
-                      sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF))
+                      end.sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF),
+                      end.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF))
 for pg in pgs:
     pg.shutdown()
 """

@@ -17,6 +17,7 @@ from shoal.collectives.backends.tcp.group import ProcessGroupTCP
 from shoal.collectives.store.hash import HashStore
 from shoal.core.admission import CLOSED, WRONG_SECRET
 from shoal.core.auth import client_handshake, load_token
+from shoal.core.channel import TAG_BYTES
 from shoal.core.errors import AuthenticationError
 from tests.support.threaded_ranks import form_groups, run_all
 
@@ -83,16 +84,23 @@ def test_garbage_and_unauthenticated_connections_are_dropped_and_logged(pair, ca
     with pytest.raises(AuthenticationError):
         client_handshake(w, b"not-the-job-secret", "collectives", timeout=5)
     w.close()
-    # 3. authenticated, but the hello is garbage
+    # 3. authenticated, and the hello carries its tag, but it is garbage
     h = socket.create_connection(addr)
-    client_handshake(h, load_token(), "collectives", timeout=5)
-    h.sendall(b"\x00" * wire.HELLO.size)
+    link = client_handshake(h, load_token(), "collectives", timeout=5)
+    garbage = b"\x00" * wire.HELLO.size
+    h.sendall(garbage + link.sealer.tag((garbage,)))
     assert _closed_by_server(h)
     # 4. authenticated and well-formed, impersonating rank 1, which is already connected
     d = socket.create_connection(addr)
-    client_handshake(d, load_token(), "collectives", timeout=5)
-    d.sendall(wire.HELLO.pack(wire.HELLO_MAGIC, pair[0]._mesh._group_id, 1, 0, wire.CHANNEL_UP))
+    link = client_handshake(d, load_token(), "collectives", timeout=5)
+    hello = wire.HELLO.pack(wire.HELLO_MAGIC, pair[0]._mesh._group_id, 1, 0, wire.CHANNEL_UP)
+    d.sendall(hello + link.sealer.tag((hello,)))
     assert _closed_by_server(d)
+    # 4b. authenticated, a well-formed hello, but not tagged with this connection's keys
+    f = socket.create_connection(addr)
+    client_handshake(f, load_token(), "collectives", timeout=5)
+    f.sendall(hello + bytes(TAG_BYTES))
+    assert _closed_by_server(f)
     # 5. connects and says nothing, then goes away
     socket.create_connection(addr).close()
     expected = {WRONG_SECRET: 2, CLOSED: 1}
@@ -110,7 +118,8 @@ def test_garbage_and_unauthenticated_connections_are_dropped_and_logged(pair, ca
         time.sleep(0.05)
     assert dict(gate.rejections) == expected
     dropped = [r for r in caplog.records if "dropped a connection" in r.getMessage()]
-    assert len(dropped) == 2, [r.getMessage() for r in caplog.records]
+    assert len(dropped) == 3, [r.getMessage() for r in caplog.records]
+    assert "its hello failed its integrity check" in dropped[-1].getMessage()
     # The group never noticed.
     out = run_all(pair, lambda pg, r: (a := np.full(5, r + 1.0), pg.all_reduce(a), a)[2])
     for a in out:

@@ -10,7 +10,8 @@ import socket
 
 import pytest
 
-from shoal.collectives.backends.tcp import shm
+from shoal.collectives.backends.tcp import framing, shm
+from shoal.core import channel
 
 
 def test_an_unsealed_region_is_refused():
@@ -49,24 +50,64 @@ def test_own_region_is_sealed_and_peers_map_it_read_only():
         os.close(fd)
 
 
+def _one_way(secret: bytes = b"s" * 32):
+    """A connection from a sender to a receiver, as the mesh makes them: (Outbound, Inbound)."""
+    send_sock, recv_sock = socket.socketpair(socket.AF_UNIX)
+    nonces = (os.urandom(32), os.urandom(32))
+    client = channel.pair(secret, "collectives", *nonces, server=False)
+    server = channel.pair(secret, "collectives", *nonces, server=True)
+    return framing.Outbound(send_sock, client), framing.Inbound(recv_sock, server)
+
+
+def _links():
+    """Rank 0's ends of its two connections with rank 1, and rank 1's."""
+    a_tx, b_rx = _one_way()
+    b_tx, a_rx = _one_way()
+    return (a_tx, a_rx), (b_tx, b_rx)
+
+
+def _close(*ends):
+    for end in ends:
+        end.sock.close()
+
+
 def test_a_garbled_offer_is_a_setup_error():
-    a_tx, b_rx = socket.socketpair(socket.AF_UNIX)
-    b_tx, a_rx = socket.socketpair(socket.AF_UNIX)
+    (a_tx, a_rx), (b_tx, b_rx) = _links()
     try:
-        b_tx.sendall(b"GARBAGE!" * 4)
-        with pytest.raises(shm.ShmSetupError, match="rank 1: sent b'GARBAGE!GARBA' where a shared-memory offer belongs"):
+        b_tx.send_header((b"GARBAGE!" * 4)[:shm._OFFER.size])
+        with pytest.raises(shm.ShmSetupError, match="rank 1: sent b'GARBAGE!GARBAGE!GARBAGE!GARBA' where a shared-memory offer belongs"):
             shm.SharedSlots.establish(0, 2, [None, a_tx], [None, a_rx], 4096, timeout=2.0)
     finally:
-        for s in (a_tx, b_rx, b_tx, a_rx):
-            s.close()
+        _close(a_tx, b_rx, b_tx, a_rx)
+
+
+def test_an_offer_without_the_connections_tag_is_a_setup_error():
+    (a_tx, a_rx), (b_tx, b_rx) = _links()
+    try:
+        # What a relay could send: a well-formed offer, with a tag it cannot compute.
+        b_tx.sock.sendall(shm._OFFER.pack(shm._OFFER_MAGIC, 0, 3 * 4096, 0, 0) + bytes(16))
+        with pytest.raises(shm.ShmSetupError, match="rank 1: sent a shared-memory offer that failed its integrity check"):
+            shm.SharedSlots.establish(0, 2, [None, a_tx], [None, a_rx], 4096, timeout=2.0)
+    finally:
+        _close(a_tx, b_rx, b_tx, a_rx)
+
+
+def test_a_descriptor_other_than_the_offered_memfd_is_refused():
+    own = shm._create_region(8192)
+    other = shm._create_region(8192)
+    try:
+        with pytest.raises(ValueError, match="not the memfd it names"):
+            shm._map_peer_region(other, 8192, shm._identity(own))
+        shm._map_peer_region(own, 8192, shm._identity(own)).close()
+    finally:
+        os.close(own)
+        os.close(other)
 
 
 def test_a_silent_peer_is_a_setup_error_within_the_timeout():
-    a_tx, b_rx = socket.socketpair(socket.AF_UNIX)
-    b_tx, a_rx = socket.socketpair(socket.AF_UNIX)
+    (a_tx, a_rx), (b_tx, b_rx) = _links()
     try:
         with pytest.raises(shm.ShmSetupError, match="rank 1: did not answer the shared-memory setup within 0.5s"):
             shm.SharedSlots.establish(0, 2, [None, a_tx], [None, a_rx], 4096, timeout=0.5)
     finally:
-        for s in (a_tx, b_rx, b_tx, a_rx):
-            s.close()
+        _close(a_tx, b_rx, b_tx, a_rx)
