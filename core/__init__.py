@@ -37,6 +37,9 @@ from shoal.core.ops.creation import (
     zeros,
     zeros_like,
 )
+from shoal.core.ops.creation import DoubleTensor, FloatTensor, IntTensor, LongTensor, Size
+from shoal.core.ops.conv import conv1d, conv2d
+from shoal.core.ops.derived import bmm, cos, mm, narrow, norm, sin, tan
 from shoal.core.ops.interop import DLPackError, from_dlpack, to_dlpack
 from shoal.core.ops.alloc import retain_freed_memory
 from shoal.core.ops.linalg import matmul
@@ -88,6 +91,7 @@ from shoal.core import multiprocessing  # torch.multiprocessing.spawn
 from shoal.core import amp
 from shoal.core.amp import autocast, get_autocast_dtype, is_autocast_enabled
 from shoal.core import profiler  # torch.profiler: wraps ops and optimizers
+from shoal.core import backends, cuda, linalg, testing  # torch.backends, .cuda, .linalg, .testing
 
 # torch's dtype aliases (core.float is float32, as torch.float), below the imports so that every
 # import stays at the top of the module.
@@ -96,7 +100,8 @@ short = int16
 
 __all__ = [
     # modules
-    "dtypes", "nn", "optim", "data", "multiprocessing", "amp", "profiler",
+    "dtypes", "nn", "optim", "data", "multiprocessing", "amp", "profiler", "backends", "cuda",
+    "linalg", "testing",
     # tensors, autograd and devices
     "Tensor", "AutogradError", "RemovableHandle", "enable_grad", "is_grad_enabled", "no_grad",
     "set_grad_enabled", "Device", "device",
@@ -114,7 +119,8 @@ __all__ = [
     "argmin", "log_softmax", "logsumexp", "max", "mean", "min", "softmax", "sum", "cat", "chunk",
     "clone", "flatten", "maximum", "minimum", "permute", "reshape", "split", "squeeze", "stack",
     "transpose", "unsqueeze", "where", "abs", "clamp", "exp", "gelu", "log", "relu", "sigmoid",
-    "sqrt", "tanh",
+    "sqrt", "tanh", "bmm", "cos", "mm", "narrow", "norm", "sin", "tan", "conv1d", "conv2d",
+    "Size", "FloatTensor", "DoubleTensor", "LongTensor", "IntTensor",
     # random numbers, determinism, serialization, autocast
     "get_rng_state", "initial_seed", "manual_seed", "set_rng_state",
     "are_deterministic_algorithms_enabled", "is_deterministic_algorithms_warn_only_enabled",

@@ -101,6 +101,15 @@ class Tensor:
         """True when the data is a cupy array."""
         return not isinstance(self.array, np.ndarray)
 
+    @property
+    def is_sparse(self) -> bool:
+        """Always False: shoal's tensors are dense."""
+        return False
+
+    def is_pinned(self) -> bool:
+        """Whether the data sits in page-locked host memory (shoal's cpu arrays never do)."""
+        return False
+
     def dim(self) -> int:
         """The number of dimensions."""
         return self.array.ndim

@@ -12,11 +12,17 @@ from typing import Any, Callable
 
 def bind_methods(cls: type) -> None:
     """Install operators and op methods on the Tensor class."""
-    from shoal.core.ops import inplace  # noqa: PLC0415 - the cycle below
+    from shoal.core.ops import derived, inplace  # noqa: PLC0415 - the cycle below
 
-    for name, fn in {**_operators(), **_methods(), **inplace.OPERATORS, **inplace.METHODS}.items():
+    more = {name: getattr(derived, name) for name in _DERIVED}
+    for name, fn in {**_operators(), **_methods(), **inplace.OPERATORS, **inplace.METHODS,
+                     **more}.items():
         setattr(cls, name, fn)
     _bind_views(cls)
+
+
+# core/ops/derived.py's ops, bound under their own names.
+_DERIVED = ("sin", "cos", "tan", "mm", "bmm", "norm", "narrow", "repeat")
 
 
 def _operators() -> dict[str, Callable]:

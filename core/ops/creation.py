@@ -225,3 +225,40 @@ def eye(n: int, m: int | None = None, dtype: Any = None, device: Any = None) -> 
     dev, dt, xp = _target(dtype, device)
     with backend.device_context(dev):
         return _finish(xp.eye(n, m, dtype=dt), False)
+
+
+class Size(tuple):
+    """torch.Size: a tuple of dimension lengths."""
+
+    def numel(self) -> int:
+        """The number of elements a tensor of this shape holds."""
+        n = 1
+        for d in self:
+            n *= int(d)
+        return n
+
+    def __repr__(self) -> str:
+        return f"core.Size({list(self)})"
+
+
+def _typed_constructor(dtype: Any, name: str) -> Any:
+    """torch's legacy constructors: T(sizes...) is uninitialised, T(data) copies the data."""
+
+    def construct(*args: Any) -> Tensor:
+        if not args:
+            return empty(0, dtype=dtype)
+        if all(isinstance(a, int) and not isinstance(a, bool) for a in args):
+            return empty(*args, dtype=dtype)
+        if len(args) == 1:
+            return tensor(args[0], dtype=dtype)
+        raise TypeError(f"{name}(): pass sizes (ints) or one sequence of data, got {args!r}.")
+
+    construct.__name__ = construct.__qualname__ = name
+    construct.__doc__ = f"torch.{name}: a {dtype!r} tensor from sizes or data."
+    return construct
+
+
+FloatTensor = _typed_constructor(dtypes.float32, "FloatTensor")
+DoubleTensor = _typed_constructor(dtypes.float64, "DoubleTensor")
+LongTensor = _typed_constructor(dtypes.int64, "LongTensor")
+IntTensor = _typed_constructor(dtypes.int32, "IntTensor")
