@@ -1,7 +1,9 @@
 """torch.profiler's names over shoal: profile, schedule, record_function, trace handlers."""
 
 from shoal.core.profiler.schedule import ProfilerAction, ProfilerError, schedule
-from shoal.core.profiler.profile import ProfilerActivity, profile, record_function
+from shoal.core.profiler.profile import (
+    ProfilerActivity, kineto_available, profile, record_function, supported_activities,
+)
 from shoal.core.profiler.handlers import tensorboard_trace_handler
 from shoal.core.profiler import job as _job
 
@@ -11,8 +13,10 @@ __all__ = [
     "ProfilerAction",
     "ProfilerActivity",
     "ProfilerError",
+    "kineto_available",
     "profile",
     "record_function",
     "schedule",
+    "supported_activities",
     "tensorboard_trace_handler",
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from shoal.core.profiler.chrome import export_chrome_trace
 from shoal.core.profiler.events import Event, Recorder
 from shoal.core.profiler.schedule import ProfilerError
 
@@ -31,6 +32,56 @@ class FunctionEvent:
     def name(self) -> str:
         """The event's name."""
         return self.ev.name
+
+    key = name
+
+    @property
+    def cpu_time_total(self) -> float:
+        """The event's duration (us), children included."""
+        return self.ev.dur / 1e3
+
+    cpu_time = cpu_time_total
+
+    @property
+    def self_cpu_time_total(self) -> float:
+        """The event's duration (us) less its children's."""
+        return self.self_ns / 1e3
+
+    @property
+    def cpu_memory_usage(self) -> int:
+        """Bytes allocated by the event, children included."""
+        return self.total_mem
+
+    @property
+    def self_cpu_memory_usage(self) -> int:
+        """Bytes allocated by the event itself."""
+        return self.self_mem
+
+    @property
+    def input_shapes(self) -> list:
+        """The shapes of the op's arguments (record_shapes), else []."""
+        return self.ev.shapes or []
+
+    @property
+    def stack(self) -> list:
+        """The user's frames at the call (with_stack), innermost first."""
+        return self.ev.stack or []
+
+    @property
+    def thread(self) -> int:
+        """The recording thread's identifier."""
+        return self.ev.tid
+
+    @property
+    def sequence_nr(self) -> int:
+        """The autograd node's sequence number linking forward and backward (-1: none)."""
+        return self.ev.flow - 1 if self.ev.flow else -1
+
+    count = 1
+
+    def __repr__(self) -> str:
+        return (f"<FunctionEvent name={self.name} cpu_time={self.cpu_time_total:.3f}us "
+                f"self_cpu_time={self.self_cpu_time_total:.3f}us>")
 
 
 def resolve(rec: Recorder) -> list[FunctionEvent]:
@@ -138,6 +189,22 @@ class EventList(list):
         """The ungrouped events as a table (key_averages().table is the usual view)."""
         return self.key_averages().table(**kwargs)
 
+    @property
+    def self_cpu_time_total(self) -> float:
+        """The sum of the events' self CPU times (us)."""
+        return sum(fe.self_ns for fe in self) / 1e3
+
+    def total_average(self) -> "FunctionEventAvg":
+        """Every event folded into one average keyed "Total", as torch's."""
+        total = FunctionEventAvg("Total", None, None)
+        for fe in self:
+            total.add(fe)
+        return total
+
+    def export_chrome_trace(self, path: str) -> None:
+        """Write the events as a Chrome/Perfetto trace-event JSON file."""
+        export_chrome_trace(self.recorder, path)
+
     def peak_memory(self) -> int:
         """The most bytes live at once during the window (allocations minus frees)."""
         deltas = sorted([(fe.ev.end, fe.ev.mem) for fe in self if fe.ev.mem > 0]
@@ -149,7 +216,13 @@ class EventList(list):
         return peak
 
 
-def _fmt_time(us: float) -> str:
+_UNITS = {"s": 1e6, "ms": 1e3, "us": 1.0}
+
+
+def _fmt_time(us: float, unit: Optional[str] = None) -> str:
+    """torch's time cell: `unit` (s, ms, us) when given, else the largest that reads >= 1."""
+    if unit in _UNITS:
+        return f"{us / _UNITS[unit]:.3f}{unit}"
     if us >= 1e6:
         return f"{us / 1e6:.3f}s"
     if us >= 1e3:
@@ -172,9 +245,12 @@ class KeyAverages(list):
         self.recorder = rec
 
     def table(self, sort_by: Optional[str] = None, row_limit: int = 100,
-              max_name_column_width: int = 55, top_level_events_only: bool = False) -> str:
+              max_src_column_width: int = 75, max_name_column_width: int = 55,
+              max_shapes_column_width: int = 80, header: Optional[str] = None,
+              top_level_events_only: bool = False, time_unit: Optional[str] = None) -> str:
         """torch's table: Name, Self CPU %, Self CPU, CPU total %, CPU total, CPU time avg,
-        (CPU Mem, Self CPU Mem,) # of Calls, (Input Shapes, Source Location)."""
+        (CPU Mem, Self CPU Mem,) # of Calls, (Input Shapes, Source Location); every time in
+        `time_unit` (s, ms or us) when given (another value: each time's own unit, as torch's)."""
         if sort_by is not None and sort_by not in SORT_KEYS:
             raise ProfilerError(
                 f"table(): unknown sort_by {sort_by!r}; allowed: {', '.join(SORT_KEYS)}."
@@ -204,21 +280,21 @@ class KeyAverages(list):
             cells = [
                 r.key[:max_name_column_width],
                 f"{100 * r.self_cpu_time_total / total_self:.2f}%",
-                _fmt_time(r.self_cpu_time_total),
+                _fmt_time(r.self_cpu_time_total, time_unit),
                 f"{100 * r.cpu_time_total / total_self:.2f}%",
-                _fmt_time(r.cpu_time_total),
-                _fmt_time(r.cpu_time),
+                _fmt_time(r.cpu_time_total, time_unit),
+                _fmt_time(r.cpu_time, time_unit),
             ]
             if gpu:
-                cells += [_fmt_time(r.self_cuda_time_total), _fmt_time(r.cuda_time_total),
-                          _fmt_time(r.cuda_time)]
+                cells += [_fmt_time(r.self_cuda_time_total, time_unit), _fmt_time(r.cuda_time_total, time_unit),
+                          _fmt_time(r.cuda_time, time_unit)]
             if mem:
                 cells += [_fmt_mem(r.cpu_memory_usage), _fmt_mem(r.self_cpu_memory_usage)]
             cells += [str(r.count)]
             if shapes:
-                cells += [r.input_shapes or "[]"]
+                cells += [(r.input_shapes or "[]")[:max_shapes_column_width]]
             if stacks:
-                cells += [r.stack[0] if r.stack else ""]
+                cells += [r.stack[0][:max_src_column_width] if r.stack else ""]
             lines.append(cells)
         widths = [max(len(h), *(len(c[i]) for c in lines)) if lines else len(h)
                   for i, h in enumerate(headers)]
@@ -228,6 +304,7 @@ class KeyAverages(list):
             first = cells[0].ljust(widths[0])
             return "  ".join([first] + [c.rjust(w) for c, w in zip(cells[1:], widths[1:])])
 
-        out = [sep, fmt(headers), sep] + [fmt(c) for c in lines] + [sep]
-        out.append(f"Self CPU time total: {_fmt_time(sum(r.self_cpu_time_total for r in self))}")
+        out = ["=" * len(sep), header] if header is not None else []
+        out += [sep, fmt(headers), sep] + [fmt(c) for c in lines] + [sep]
+        out.append(f"Self CPU time total: {_fmt_time(sum(r.self_cpu_time_total for r in self), time_unit)}")
         return "\n".join(out) + "\n"

@@ -81,6 +81,8 @@ def trace_dict(rec: Recorder, extra: dict | None = None) -> dict:
     }
     if extra:
         doc["shoal"].update(extra)
+    for key, value in rec.metadata.items():
+        doc.setdefault(key, value)  # torch's add_metadata: top-level, never over the format's
     return doc
 
 

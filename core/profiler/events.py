@@ -82,6 +82,7 @@ class Recorder:
         self.pid = os.getpid()
         self.started_ns = now_ns()
         self.window = (0, 0)  # (first step, last step), set when the window ends
+        self.metadata: dict[str, Any] = {}  # add_metadata's keys, top-level in the trace file
 
     @property
     def detailed(self) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import json
 import logging
 import os
 import threading
@@ -103,6 +104,8 @@ class profile:  # noqa: N801 - torch's name
     ) -> None:
         self.activities = _check_activities(activities)
         self.schedule = schedule or _always_record
+        # torch marks steps (ProfilerStep#N ranges) only under a schedule
+        self.record_steps = schedule is not None
         self.on_trace_ready = on_trace_ready
         self.record_shapes = record_shapes
         self.profile_memory = profile_memory
@@ -115,6 +118,7 @@ class profile:  # noqa: N801 - torch's name
         self._step_t0: Optional[int] = None
         self._step_id = 0
         self._running = False
+        self._metadata: dict[str, Any] = {}
 
     # ---- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> "profile":
@@ -174,6 +178,7 @@ class profile:  # noqa: N801 - torch's name
         if rec.cuda:
             cuda.begin_window(rec)
         self._rec = rec
+        rec.metadata.update(self._metadata)
         self.window_start_step = self.step_num
         instrument.install()
         if rec.profile_memory:
@@ -205,11 +210,25 @@ class profile:  # noqa: N801 - torch's name
 
     def _close_step(self) -> None:
         rec = self._rec
-        if rec is not None and self._step_t0 is not None:
+        if rec is not None and self._step_t0 is not None and self.record_steps:
             t1 = now_ns()
             rec.add(Event(f"ProfilerStep#{self._step_id}", "step",
                           self._step_t0, t1 - self._step_t0, threading.get_ident()))
         self._step_t0 = None
+
+    def add_metadata(self, key: str, value: str) -> None:
+        """A string under `key` at the top level of the trace file, as torch's."""
+        self._set_metadata(key, str(value))
+
+    def add_metadata_json(self, key: str, value: str) -> None:
+        """A JSON document (given as text) under `key` at the top level of the trace file."""
+        self._set_metadata(key, json.loads(value))
+
+    def _set_metadata(self, key: str, value: Any) -> None:
+        self._metadata[key] = value
+        rec = self._rec or self._finished
+        if rec is not None:
+            rec.metadata[key] = value
 
     # ---- results ---------------------------------------------------------------------------
     def _window(self) -> Recorder:
@@ -235,6 +254,18 @@ class profile:  # noqa: N801 - torch's name
     def window(self) -> tuple:
         """(first step, last step) of the last window."""
         return getattr(self._window(), "window", (0, 0))
+
+
+def supported_activities() -> set:
+    """The activities this process can profile: CPU, and CUDA where cupy sees a device."""
+    return {ProfilerActivity.CPU, ProfilerActivity.CUDA} if cuda.available() \
+        else {ProfilerActivity.CPU}
+
+
+def kineto_available() -> bool:
+    """False: shoal records with its own profiler, not torch's Kineto library (profile()
+    takes use_kineto all the same)."""
+    return False
 
 
 def rank_from_env() -> Optional[int]:

@@ -22,20 +22,23 @@ class ProfilerAction(enum.Enum):
 
 
 def schedule(
-    *, wait: int, warmup: int, active: int, repeat: int = 0, skip_first: int = 0
+    *, wait: int, warmup: int, active: int, repeat: int = 0, skip_first: int = 0,
+    skip_first_wait: int = 0,
 ) -> Callable[[int], ProfilerAction]:
     """A step -> action function: skip `skip_first` steps, then cycles of wait/warmup/active.
 
     `repeat` bounds the number of cycles (0: cycle until the profiler stops). The last active
-    step of each cycle is RECORD_AND_SAVE: its end hands the window to on_trace_ready.
+    step of each cycle is RECORD_AND_SAVE: its end hands the window to on_trace_ready. A
+    non-zero `skip_first_wait` skips the first cycle's wait, as torch's.
     """
     for field, value, low in (("wait", wait, 0), ("warmup", warmup, 0), ("active", active, 1),
-                              ("repeat", repeat, 0), ("skip_first", skip_first, 0)):
+                              ("repeat", repeat, 0), ("skip_first", skip_first, 0),
+                              ("skip_first_wait", skip_first_wait, 0)):
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             raise ProfilerError(
                 f"schedule(): {field}={value!r} is not allowed; {field} must be an integer "
                 f">= {low} (allowed: wait >= 0, warmup >= 0, active >= 1, repeat >= 0, "
-                f"skip_first >= 0)."
+                f"skip_first >= 0, skip_first_wait >= 0)."
             )
     cycle = wait + warmup + active
 
@@ -43,6 +46,8 @@ def schedule(
         if step < skip_first:
             return ProfilerAction.NONE
         step -= skip_first
+        if skip_first_wait:
+            step += wait  # as torch's: the cycles shift left by one wait, so repeat counts it
         if repeat > 0 and step >= repeat * cycle:
             return ProfilerAction.NONE
         pos = step % cycle
