@@ -27,10 +27,7 @@ class Normal(Distribution):
         """loc."""
         return self.loc
 
-    @property
-    def mode(self) -> Tensor:
-        """loc."""
-        return self.loc
+    mode = mean
 
     @property
     def stddev(self) -> Tensor:
