@@ -11,7 +11,7 @@ import numpy as np
 from shoal.core.distributions import constraints
 from shoal.core.grad_mode import no_grad
 from shoal.core.ops import reduce, shape as shape_ops
-from shoal.core.ops.creation import tensor
+from shoal.core.ops.creation import Size, tensor
 from shoal.core.tensor import Tensor
 
 
@@ -66,8 +66,8 @@ class Distribution:
 
     def __init__(self, batch_shape: Sequence[int] = (), event_shape: Sequence[int] = (),
                  validate_args: Optional[bool] = None) -> None:
-        self._batch_shape = tuple(batch_shape)
-        self._event_shape = tuple(event_shape)
+        self._batch_shape = Size(batch_shape)
+        self._event_shape = Size(event_shape)
         if validate_args is not None:
             self._validate_args = validate_args
         if not self._validate_args:
@@ -83,12 +83,12 @@ class Distribution:
                     f"constraint {constraint!r}, but found invalid values:\n{value}")
 
     @property
-    def batch_shape(self) -> tuple:
+    def batch_shape(self) -> Size:
         """The shape over which parameters are batched."""
         return self._batch_shape
 
     @property
-    def event_shape(self) -> tuple:
+    def event_shape(self) -> Size:
         """The shape of a single sample (without batching)."""
         return self._event_shape
 
@@ -151,25 +151,25 @@ class Distribution:
         """exp(entropy)."""
         return self.entropy().exp()
 
-    def _extended_shape(self, sample_shape: Sequence[int] = ()) -> tuple:
-        return tuple(sample_shape) + self._batch_shape + self._event_shape
+    def _extended_shape(self, sample_shape: Sequence[int] = ()) -> Size:
+        return Size(tuple(sample_shape) + self._batch_shape + self._event_shape)
 
     def _validate_sample(self, value: Any) -> None:
         if not isinstance(value, Tensor):
             raise ValueError("The value argument to log_prob must be a Tensor")
-        shape = tuple(value.shape)
+        shape = Size(value.shape)
         start = len(shape) - len(self._event_shape)
         if shape[start:] != self._event_shape:
             raise ValueError(f"The right-most size of value must match event_shape: {shape} vs "
                              f"{self._event_shape}.")
-        expected = self._batch_shape + self._event_shape
+        expected = Size(self._batch_shape + self._event_shape)
         for i, j in zip(reversed(shape), reversed(expected)):
             if i != 1 and j != 1 and i != j:
                 raise ValueError(f"Value is not broadcastable with batch_shape+event_shape: "
                                  f"{shape} vs {expected}.")
         if not bool(self.support.check(value).all()):
             raise ValueError(
-                f"Expected value argument ({type(value).__name__} of shape {shape}) to be "
+                f"Expected value argument ({type(value).__name__} of shape {tuple(shape)}) to be "
                 f"within the support ({self.support!r}) of the distribution {self!r}, but "
                 f"found invalid values:\n{value}")
 
@@ -178,7 +178,7 @@ class Distribution:
         parts = []
         for p in names:
             v = self.__dict__[p]
-            parts.append(f"{p}: {v.item() if v.numel() == 1 and v.ndim == 0 else tuple(v.shape)}")
+            parts.append(f"{p}: {v.item() if v.numel() == 1 and v.ndim == 0 else Size(v.shape)}")
         return f"{type(self).__name__}({', '.join(parts)})"
 
 
