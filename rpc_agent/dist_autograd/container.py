@@ -20,7 +20,7 @@ import itertools
 import threading
 from typing import Any, Optional
 
-from shoal.rpc_agent import metrics
+from shoal.rpc_agent import _current, metrics
 from shoal.rpc_agent.types import RpcPeerLost
 from shoal.rpc_agent.dist_autograd.types import DistAutogradError
 
@@ -66,6 +66,33 @@ class DistAutogradContext:
     def creator_id(self) -> int:
         """The id of the worker whose `context()` made this context."""
         return self.context_id >> _WORKER_SHIFT
+
+    # torch's DistAutogradContext methods, which its tests and debugging scripts call. shoal
+    # keeps no send or recv node objects: the values are the tensors sent and received. Keys
+    # follow torch's autograd message ids (the sending worker's id in the top 16 bits), so a
+    # send here and its recv on the peer have the same key, as in torch.
+
+    def _context_id(self) -> int:
+        """This context's id (torch's accessor)."""
+        return self.context_id
+
+    def _send_functions(self) -> dict:
+        """{message id: tensor} for each tensor that left this worker requiring grad."""
+        agent = _current.peek()
+        me = agent.info.id if agent is not None else self.creator_id
+        with self.lock:
+            return {(me << _WORKER_SHIFT) | send_id: tensor
+                    for send_id, tensor in self.sends.items()}
+
+    def _recv_functions(self) -> dict:
+        """{message id: tensor} for each tensor that arrived here requiring grad."""
+        with self.lock:
+            return {(src << _WORKER_SHIFT) | send_id: tensor
+                    for tensor, src, send_id in self.recvs.values()}
+
+    def _known_worker_ids(self) -> set:
+        """The ids of the workers this context has sent calls to or received calls from."""
+        return set(self.peer_ids())
 
     def __repr__(self) -> str:
         return (f"DistAutogradContext(id={self.context_id}, sends={len(self.sends)}, "
@@ -170,6 +197,13 @@ def release(context_id: int) -> Optional[DistAutogradContext]:
 def live_count() -> int:
     """How many contexts are live on this worker."""
     return len(_contexts)
+
+
+def current_pass_count() -> int:
+    """How many backward passes are under way on this worker, over every live context."""
+    with _lock:
+        live = list(_contexts.values())
+    return sum(len(ctx.passes) for ctx in live)
 
 
 def live_ids() -> list[int]:

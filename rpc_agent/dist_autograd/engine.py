@@ -33,7 +33,7 @@ from shoal.rpc_agent.types import RpcError
 from shoal.rpc_agent.context import _local as _context_local
 from shoal.rpc_agent.context import context_id as _context_id
 from shoal.rpc_agent.dist_autograd import container, release
-from shoal.rpc_agent.dist_autograd.types import DistAutogradError
+from shoal.rpc_agent.dist_autograd.types import ContextIdTypeError, DistAutogradError
 from shoal.rpc_agent.functions import async_execution
 from shoal.rpc_agent.futures import Future
 
@@ -73,7 +73,7 @@ class context:  # noqa: N801  (torch's name)
 
 def _check_id(context_id: Any) -> int:
     if isinstance(context_id, bool) or not isinstance(context_id, int):
-        raise DistAutogradError(
+        raise ContextIdTypeError(
             f"A distributed autograd context id is an int, got {context_id!r}."
         )
     return context_id
