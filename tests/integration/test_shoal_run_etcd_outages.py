@@ -2,6 +2,7 @@
 nothing, a dead one keeps a finished agent for a few seconds at most, and SIGTERM ends an agent
 (and its workers) within its grace period whatever etcd call it is waiting on."""
 
+import os
 import signal
 import time
 import uuid
@@ -78,3 +79,36 @@ def test_sigterm_ends_the_agent_in_time_while_etcd_is_away_after_a_failure(
     assert code == 128 + signal.SIGTERM, run.tail()
     assert took < SIGTERM_BOUND_S, f"SIGTERM took {took:.1f}s:\n{run.tail()}"
     assert not any(pid_alive(p) for p in pids)
+
+
+# A worker lost while etcd is already dead: the failure path (settling, claiming the round,
+# counting the restart, signalling it) and the join after it share one join_outage_timeout,
+# counted from the first call etcd did not answer. The margin covers the agent's own exit
+# (stopping the workers, EXIT_BUDGET_S = 8 s of capped calls to leave) and a loaded machine.
+OUTAGE_S = 10.0
+OUTAGE_MARGIN_S = 12.0
+
+
+@pytest.mark.slow
+def test_a_lost_worker_while_etcd_is_dead_ends_the_agent_within_the_outage_budget(etcd, tmp_path):
+    conf = f"{RDZV_CONF},join_outage_timeout={OUTAGE_S:g}"
+    run = ShoalRun(["--nproc-per-node", "1", "--max-restarts", "3", "--rdzv-backend", "etcd",
+                    "--rdzv-endpoint", etcd.endpoint, "--rdzv-id",
+                    f"outage-{uuid.uuid4().hex[:8]}", "--rdzv-conf", conf,
+                    ENV_WORKER, "--wait", "60"], name="node")
+    with run:
+        pids = run.worker_pids(30)
+        run.wait_for(r"rank 0 ready", 30)
+        run.wait_for(r"joined round 0 ", 5)
+        etcd.kill()
+        time.sleep(1.0)  # etcd is gone before the worker is
+        os.kill(pids[0], signal.SIGKILL)
+        lost = time.monotonic()
+        code = run.wait(OUTAGE_S + OUTAGE_MARGIN_S + 120)
+        took = time.monotonic() - lost
+    assert code == 1, run.tail()
+    assert took < OUTAGE_S + OUTAGE_MARGIN_S, f"the agent needed {took:.1f}s:\n{run.tail()}"
+    gave_up = [line for line in run.lines() if "unreachable for" in line]
+    assert gave_up, run.tail()
+    # The node ran round 0 and then waited to meet again: round 0 is the one to name.
+    assert "round 0" in gave_up[-1] and "round 1" not in gave_up[-1], run.tail()
