@@ -6,11 +6,12 @@ from shoal.core.nn import utils
 from shoal.core.nn.attention import MultiheadAttention
 from shoal.core.nn.containers import ModuleList, Sequential
 from shoal.core.nn.conv import Conv1d, Conv2d
-from shoal.core.nn.loss import CrossEntropyLoss, MSELoss, NLLLoss
+from shoal.core.nn.loss import CrossEntropyLoss, L1Loss, MSELoss, NLLLoss, SmoothL1Loss
 from shoal.core.nn.layers import (
     GELU,
     Dropout,
     Embedding,
+    EmbeddingBag,
     Identity,
     LayerNorm,
     Linear,
@@ -21,6 +22,8 @@ from shoal.core.nn.layers import (
 from shoal.core.nn.module import IncompatibleKeys, Module, RemovableHandle, StateDictError
 from shoal.core.nn.normalization import BatchNorm1d, BatchNorm2d
 from shoal.core.nn.parameter import Parameter
+from shoal.core.nn.rnn import GRU, LSTM, RNN, RNNBase
+from shoal.core.nn.rnn_cells import GRUCell, LSTMCell, RNNCell, RNNCellBase
 from shoal.core.nn.pooling import AdaptiveAvgPool2d, AvgPool2d, Flatten, MaxPool2d
 from shoal.core.nn.transformer import TransformerEncoder, TransformerEncoderLayer
 
@@ -30,5 +33,6 @@ __all__ = [
     "MaxPool2d", "Module", "ModuleList", "MultiheadAttention", "Parameter", "ReLU",
     "RemovableHandle", "Sequential", "Sigmoid", "StateDictError", "Tanh", "TransformerEncoder",
     "TransformerEncoderLayer", "functional", "init", "utils",
-    "CrossEntropyLoss", "MSELoss", "NLLLoss",
+    "CrossEntropyLoss", "MSELoss", "NLLLoss", "L1Loss", "SmoothL1Loss", "EmbeddingBag",
+    "GRU", "LSTM", "RNN", "RNNBase", "GRUCell", "LSTMCell", "RNNCell", "RNNCellBase",
 ]

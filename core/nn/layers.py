@@ -8,6 +8,7 @@ from typing import Any, Sequence
 from shoal.core import ops as _ops  # noqa: F401 - ensures Tensor's methods are bound
 from shoal.core.nn import functional as F
 from shoal.core.nn import init
+from shoal.core.nn import losses_functional as _losses
 from shoal.core.nn.module import Module
 from shoal.core.nn.parameter import Parameter
 from shoal.core.ops import creation
@@ -82,6 +83,52 @@ class Embedding(Module):
     def extra_repr(self) -> str:
         pad = "" if self.padding_idx is None else f", padding_idx={self.padding_idx}"
         return f"{self.num_embeddings}, {self.embedding_dim}{pad}"
+
+
+class EmbeddingBag(Module):
+    """Sums, means or maxima of bags of embeddings, without building the (N, L, D) lookup."""
+
+    def __init__(
+        self, num_embeddings: int, embedding_dim: int, max_norm: float | None = None,
+        norm_type: float = 2.0, scale_grad_by_freq: bool = False, mode: str = "mean",
+        sparse: bool = False, _weight: Any = None, include_last_offset: bool = False,
+        padding_idx: int | None = None, device: Any = None, dtype: Any = None,
+    ) -> None:
+        super().__init__()
+        if padding_idx is not None:
+            if not -num_embeddings <= padding_idx < num_embeddings:
+                raise ValueError("padding_idx must be within num_embeddings")
+            padding_idx = padding_idx % num_embeddings
+        self.num_embeddings = num_embeddings
+        self.embedding_dim = embedding_dim
+        self.max_norm = max_norm
+        self.norm_type = norm_type
+        self.scale_grad_by_freq = scale_grad_by_freq
+        self.mode = mode
+        self.sparse = sparse
+        self.include_last_offset = include_last_offset
+        self.padding_idx = padding_idx
+        if _weight is None:
+            self.weight = _empty((num_embeddings, embedding_dim), device, dtype)
+            self.reset_parameters()
+        else:
+            self.weight = Parameter(_weight)
+
+    def reset_parameters(self) -> None:
+        """N(0, 1), with the padding row zeroed."""
+        init.normal_(self.weight)
+        if self.padding_idx is not None:
+            self.weight.array[self.padding_idx] = 0
+
+    def forward(self, input: Any, offsets: Any = None, per_sample_weights: Any = None) -> Any:  # noqa: A002
+        return _losses.embedding_bag(
+            input, self.weight, offsets, self.max_norm, self.norm_type,
+            self.scale_grad_by_freq, self.mode, self.sparse, per_sample_weights,
+            self.include_last_offset, self.padding_idx,
+        )
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, mode={self.mode!r}"
 
 
 class LayerNorm(Module):

@@ -1,10 +1,12 @@
-"""Loss modules with torch.nn's names: MSELoss, CrossEntropyLoss, NLLLoss over the functionals."""
+"""Loss modules with torch.nn's names (MSELoss, CrossEntropyLoss, NLLLoss, L1Loss, SmoothL1Loss)
+over the functionals."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from shoal.core.nn import functional as F
+from shoal.core.nn import losses_functional as _losses
 from shoal.core.nn.module import Module
 from shoal.core.tensor import Tensor
 
@@ -77,3 +79,21 @@ class CrossEntropyLoss(_WeightedLoss):
             input, target, weight=self.weight, ignore_index=self.ignore_index,
             reduction=self.reduction, label_smoothing=self.label_smoothing,
         )
+
+
+class L1Loss(_Loss):
+    """Mean (or summed, or elementwise) absolute error between input and target."""
+
+    def forward(self, input: Tensor, target: Any) -> Tensor:  # noqa: A002
+        return _losses.l1_loss(input, target, reduction=self.reduction)
+
+
+class SmoothL1Loss(_Loss):
+    """Squared error below beta, absolute error above it (torch's SmoothL1Loss)."""
+
+    def __init__(self, reduction: str = "mean", beta: float = 1.0) -> None:
+        super().__init__(reduction)
+        self.beta = beta
+
+    def forward(self, input: Tensor, target: Any) -> Tensor:  # noqa: A002
+        return _losses.smooth_l1_loss(input, target, reduction=self.reduction, beta=self.beta)
