@@ -1,0 +1,1 @@
+"""torch.distributed.nn.api's place in shoal: `remote_module`."""
