@@ -14,6 +14,7 @@ from shoal.core.nn.layers import Linear
 from shoal.core.nn.module import Module
 from shoal.core.nn.parameter import Parameter
 from shoal.core.ops import creation
+from shoal.core.ops.shape import cat
 from shoal.core.ops._util import val, xp_of
 from shoal.core.tensor import Tensor
 
@@ -75,10 +76,9 @@ class MultiheadAttention(Module):
         vdim: int | None = None, batch_first: bool = False, device: Any = None, dtype: Any = None,
     ) -> None:
         super().__init__()
-        if add_bias_kv or add_zero_attn or (kdim not in (None, embed_dim)) or (vdim not in (None, embed_dim)):
+        if (kdim not in (None, embed_dim)) or (vdim not in (None, embed_dim)):
             raise NotImplementedError(
-                "MultiheadAttention: add_bias_kv, add_zero_attn and kdim/vdim other than "
-                "embed_dim are not supported."
+                "MultiheadAttention: kdim/vdim other than embed_dim are not supported."
             )
         if embed_dim % num_heads:
             raise ValueError(
@@ -94,6 +94,12 @@ class MultiheadAttention(Module):
             self.in_proj_bias = Parameter(creation.empty(3 * embed_dim, dtype=dtype, device=device))
         else:
             self.register_parameter("in_proj_bias", None)
+        if add_bias_kv:
+            self.bias_k = Parameter(creation.empty(1, 1, embed_dim, dtype=dtype, device=device))
+            self.bias_v = Parameter(creation.empty(1, 1, embed_dim, dtype=dtype, device=device))
+        else:
+            self.bias_k = self.bias_v = None
+        self.add_zero_attn = add_zero_attn
         self.out_proj = Linear(embed_dim, embed_dim, bias=bias, device=device, dtype=dtype)
         self._reset_parameters()
 
@@ -102,6 +108,9 @@ class MultiheadAttention(Module):
         if self.in_proj_bias is not None:
             init.zeros_(self.in_proj_bias)
             init.zeros_(self.out_proj.bias)
+        if self.bias_k is not None:
+            init.xavier_normal_(self.bias_k)
+            init.xavier_normal_(self.bias_v)
 
     def _project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple:
         w, b = self.in_proj_weight, self.in_proj_bias
@@ -138,13 +147,28 @@ class MultiheadAttention(Module):
             )
         q, k, v = self._project(query, key, value)
         h, d = self.num_heads, self.head_dim
+        if self.bias_k is not None:
+            # One more key and value, learned, that every query may attend to (torch's order:
+            # after the projection, before the heads split).
+            k = cat([k, self.bias_k.expand(1, batch, e)], dim=0)
+            v = cat([v, self.bias_v.expand(1, batch, e)], dim=0)
+        extra = k.shape[0] - source
         q = q.reshape(length, batch, h, d).permute(1, 2, 0, 3)
-        k = k.reshape(source, batch, h, d).permute(1, 2, 0, 3)
-        v = v.reshape(source, batch, h, d).permute(1, 2, 0, 3)
+        k = k.reshape(source + extra, batch, h, d).permute(1, 2, 0, 3)
+        v = v.reshape(source + extra, batch, h, d).permute(1, 2, 0, 3)
+        if self.add_zero_attn:
+            zeros = creation.zeros(batch, h, 1, d, dtype=k.dtype, device=k.device)
+            k, v = cat([k, zeros], dim=2), cat([v, zeros], dim=2)
+            extra += 1
         mask = merge_masks(attn_mask, key_padding_mask, batch, h, length, source,
                            q.array.dtype, is_causal)
         if mask is not None:
             mask = backend.to_device(mask, backend.device_of(q.array))
+            if extra:
+                # The added keys are never masked: extend the additive mask with zeros.
+                xp = xp_of(mask)
+                mask = xp.concatenate(
+                    [mask, xp.zeros(mask.shape[:-1] + (extra,), dtype=mask.dtype)], axis=-1)
         p = self.dropout if self.training else 0.0
         weights = None
         if need_weights:
