@@ -151,10 +151,11 @@ def solo():
 def test_forward_and_forward_async_run_the_module_on_its_owner(solo):
     rm = RemoteModule("solo/cpu", Affine, (7,))
     x = core.Tensor(np.random.default_rng(1).standard_normal((2, 4)))
-    want = Affine(7)(x, scale=2.0).data
-    np.testing.assert_array_equal(rm.forward(x, scale=2.0).data, want)
-    np.testing.assert_array_equal(rm.forward_async(x, scale=2.0).wait(5).data, want)
-    np.testing.assert_array_equal(rm(x, 2.0).data, want)
+    want = Affine(7)(x, scale=2.0).detach().numpy()
+    np.testing.assert_array_equal(rm.forward(x, scale=2.0).detach().numpy(), want)
+    np.testing.assert_array_equal(rm.forward_async(x, scale=2.0).wait(5).detach().numpy(),
+                                  want)
+    np.testing.assert_array_equal(rm(x, 2.0).detach().numpy(), want)
     assert (rm.on, rm.device, rm.is_device_map_set, rm.is_scriptable) == ("solo", "cpu",
                                                                           False, False)
     assert list(vars(rm))[-2:] == ["forward_async", "forward"]
@@ -187,12 +188,17 @@ def test_init_from_module_rref_shares_the_module(solo):
     rm = RemoteModule("solo/cpu", Affine, (3,))
     twin = RemoteModule.init_from_module_rref("solo/cpu", rm.get_module_rref())
     x = core.Tensor(np.ones((1, 4)))
-    np.testing.assert_array_equal(twin.forward(x).data, rm.forward(x).data)
+    np.testing.assert_array_equal(twin.forward(x).detach().numpy(),
+                                  rm.forward(x).detach().numpy())
     assert twin.get_module_rref() is rm.get_module_rref()
 
 
+def _numpy(tensor):
+    return tensor.detach().numpy()
+
+
 def _attributes(remote_module):
-    return list(vars(remote_module)), remote_module.forward(core.Tensor(np.ones((1, 4)))).data
+    return list(vars(remote_module)), _numpy(remote_module.forward(core.Tensor(np.ones((1, 4)))))
 
 
 def test_it_travels_over_rpc_as_its_attributes_and_module_rref(solo):
@@ -201,7 +207,7 @@ def test_it_travels_over_rpc_as_its_attributes_and_module_rref(solo):
     names, out = rpc_agent.rpc_sync("solo", _attributes, (rm,))
     assert names == list(remote_module_api._REMOTE_MODULE_PICKLED_ATTRIBUTES) + [
         "forward_async", "forward"]
-    np.testing.assert_array_equal(out, rm.forward(core.Tensor(np.ones((1, 4)))).data)
+    np.testing.assert_array_equal(out, _numpy(rm.forward(core.Tensor(np.ones((1, 4))))))
 
 
 def test_a_torchscript_interface_is_refused(solo):
