@@ -6,6 +6,7 @@ from typing import Any
 
 from shoal.core.ops import reduce as _reduce
 from shoal.core.ops.attention import scaled_dot_product_attention
+from shoal.core.nn.losses_functional import embedding_bag, l1_loss, smooth_l1_loss
 from shoal.core.ops.conv import conv1d, conv2d
 from shoal.core.ops.norm import batch_norm
 from shoal.core.ops.pooling import adaptive_avg_pool2d, avg_pool2d, max_pool2d
@@ -35,6 +36,9 @@ __all__ = [
     "nll_loss",
     "one_hot",
     "mse_loss",
+    "l1_loss",
+    "smooth_l1_loss",
+    "embedding_bag",
     "layer_norm",
     "embedding",
     "conv1d",
