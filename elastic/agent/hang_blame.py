@@ -28,11 +28,17 @@ DEFAULT_GROUP = "default"
 class Hang:
     """A collective timeout seen by `detector`: `culprits` never arrived or never finished."""
 
-    detector: int             # the global rank whose watchdog fired
+    detector: Optional[int]   # the global rank whose watchdog fired; None: the dump lacks it
     culprits: tuple[int, ...]  # group ranks (global ranks when group == "default")
     group: str
     reason: str               # the watchdog's own sentence
     dump_path: str
+
+    def detector_name(self) -> str:
+        """'rank 0', or what an unknown detector means (never a made-up rank such as -1)."""
+        if self.detector is None:
+            return f"a rank whose dump did not say which ({self.dump_path})"
+        return f"rank {self.detector}"
 
     def culprit_names(self) -> str:
         """'rank 1' / 'ranks 1, 3' (of group 'g' for a subgroup)."""
@@ -75,9 +81,18 @@ def find_hang(pid: int, dump_dir: Optional[str]) -> Optional[Hang]:
             continue
         culprits = culprits_from_dump(doc)
         if culprits:
-            return Hang(detector=int(doc.get("global_rank", doc.get("rank", -1))),
-                        culprits=culprits, group=str(doc.get("group", DEFAULT_GROUP)),
+            return Hang(detector=_rank_in(doc), culprits=culprits, group=str(doc.get("group", DEFAULT_GROUP)),
                         reason=str(doc.get("reason", "")), dump_path=path)
+    return None
+
+
+def _rank_in(doc: dict) -> Optional[int]:
+    """The global rank a dump says it was written by, or None when it does not say (a dump
+    of an older or foreign writer): no placeholder rank, which a reader would take as real."""
+    for key in ("global_rank", "rank"):
+        value = doc.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
     return None
 
 

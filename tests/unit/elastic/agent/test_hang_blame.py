@@ -42,3 +42,21 @@ def test_the_summary_names_the_hung_rank_and_who_noticed():
     assert ("The failing worker: rank 1 (local rank 1 on node n0, pid 77) hung in round 2: "
             "Rank 0 timed out after 3s") in text
     assert "Last lines of the log of rank 0, which noticed:" in text
+
+
+def test_a_dump_without_its_rank_says_so_instead_of_rank_minus_one(tmp_path):
+    doc = _dump({"1": [11, 11]})
+    del doc["rank"], doc["global_rank"]
+    path = tmp_path / "shoal-collectives-default-rank0-pid4242-x-1.json"
+    path.write_text(json.dumps(doc))
+    hang = find_hang(4242, str(tmp_path))
+    assert hang.culprits == (1,) and hang.detector is None
+    assert hang.detector_name() == f"a rank whose dump did not say which ({path})"
+    doc["global_rank"] = "zero"  # garbage is no rank either, and must not raise
+    path.write_text(json.dumps(doc))
+    hang = find_hang(4242, str(tmp_path))
+    assert hang.detector is None
+    assert hang.detector_name().startswith("a rank whose dump did not say which")
+    doc["global_rank"] = 3
+    path.write_text(json.dumps(doc))
+    assert find_hang(4242, str(tmp_path)).detector_name() == "rank 3"
