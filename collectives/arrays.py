@@ -1,6 +1,6 @@
 """Arrays as the process groups see them: unwrapping, validation, reductions, fingerprints.
 
-Collectives accept numpy arrays, cupy arrays and `core.Tensor`s (whose `.data` is one of the
+Collectives accept numpy arrays, cupy arrays and `core.Tensor`s (whose `.array` is one of the
 two) and work in place on the underlying buffer, as torch does on a tensor's storage.
 """
 
@@ -17,7 +17,7 @@ from shoal.core.errors import ShapeError
 
 def is_tensor(x: Any) -> bool:
     """True for a `core.Tensor` (detected without importing core.tensor)."""
-    return type(x).__module__.startswith("shoal.core.") and hasattr(x, "data")
+    return type(x).__module__.startswith("shoal.core.") and hasattr(x, "array")
 
 
 def is_cupy(x: Any) -> bool:
@@ -37,7 +37,7 @@ def unwrap(x: Any, what: str):
     elif isinstance(x, np.ndarray):
         arr = x
     elif is_tensor(x):
-        arr = x.data
+        arr = x.array
     elif is_cupy(x):
         arr = x
     else:

@@ -39,8 +39,8 @@ def _reduce_tensor(tensor) -> tuple:
         cid = getattr(_context, "cid", None)
         if cid is not None:
             send_id = autograd_container.record_send(cid, tensor, _context.dst)
-            return (_rebuild_received, (type(tensor), tensor.data, send_id))
-    return (_rebuild_tensor, (type(tensor), tensor.data, bool(tensor.requires_grad)))
+            return (_rebuild_received, (type(tensor), tensor.array, send_id))
+    return (_rebuild_tensor, (type(tensor), tensor.array, bool(tensor.requires_grad)))
 
 
 def _rebuild_received(cls, data, send_id: int):

@@ -80,9 +80,9 @@ class Bucket:
         self.index = index
         self.param_indices = list(param_indices)
         self.params = [params[i] for i in self.param_indices]
-        first = self.params[0].data
+        first = self.params[0].array
         xp = backend.array_module(first)
-        self.numels = [int(p.data.size) for p in self.params]
+        self.numels = [int(p.array.size) for p in self.params]
         self.offsets = []
         offset = 0
         for n in self.numels:
@@ -110,7 +110,7 @@ class Bucket:
         self.buffer = buffer
         self.alias = _alias(buffer)
         self.views = [
-            self.alias[o : o + n].reshape(p.data.shape)
+            self.alias[o : o + n].reshape(p.array.shape)
             for o, n, p in zip(self.offsets, self.numels, self.params)
         ]
 
@@ -176,4 +176,4 @@ class GradBucket:
 
     def set_buffer(self, buffer: Any) -> None:
         """Replace the bucket's flat buffer with an array (or Tensor) of the same size."""
-        self._bucket.set_buffer(buffer.data if isinstance(buffer, Tensor) else buffer)
+        self._bucket.set_buffer(buffer.array if isinstance(buffer, Tensor) else buffer)

@@ -27,7 +27,7 @@ def allreduce_hook(process_group: Optional[Any], bucket: GradBucket) -> Future:
     """Average the bucket with one all_reduce (what DDP does without a hook)."""
     group = comm.resolve(process_group)
     buffer = bucket.buffer()
-    data = buffer.data
+    data = buffer.array
     backend.array_module(data).divide(data, comm.size(group), out=data)
     work = comm.all_reduce(group, data, ReduceOp.SUM, async_op=True)
     return future_from_work(work, buffer)
@@ -36,14 +36,14 @@ def allreduce_hook(process_group: Optional[Any], bucket: GradBucket) -> Future:
 def _compress_hook(process_group: Optional[Any], bucket: GradBucket, np_dtype: Any) -> Future:
     group = comm.resolve(process_group)
     buffer = bucket.buffer()
-    compressed = buffer.data.astype(np_dtype)
+    compressed = buffer.array.astype(np_dtype)
     backend.array_module(compressed).divide(compressed, comm.size(group), out=compressed)
     work = comm.all_reduce(group, compressed, ReduceOp.SUM, async_op=True)
 
     def decompress(fut: Future) -> Tensor:
         reduced = fut.value()
         # Into the bucket's own buffer, so that the reducer needs no further copy.
-        backend.array_module(buffer.data).copyto(buffer.data, reduced, casting="unsafe")
+        backend.array_module(buffer.array).copyto(buffer.array, reduced, casting="unsafe")
         return buffer
 
     return future_from_work(work, compressed).then(decompress)
@@ -58,11 +58,11 @@ def fp16_compress_hook(process_group: Optional[Any], bucket: GradBucket) -> Futu
     """
     group = comm.resolve(process_group)
     buffer = bucket.buffer()
-    compressed = kernels.compress(buffer.data, scale=1.0 / comm.size(group))
+    compressed = kernels.compress(buffer.array, scale=1.0 / comm.size(group))
     work = comm.all_reduce(group, compressed, ReduceOp.SUM, async_op=True)
 
     def decompress(fut: Future) -> Tensor:
-        kernels.decompress(fut.value(), buffer.data)
+        kernels.decompress(fut.value(), buffer.array)
         return buffer
 
     return future_from_work(work, compressed).then(decompress)

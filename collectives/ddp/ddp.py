@@ -117,8 +117,8 @@ class DistributedDataParallel(nn.Module, Joinable):
         self._buffers_list = [b for _, b in module.named_buffers()]
         self._verify_same_parameters(named)
         if init_sync:
-            self._broadcast_arrays([p.data for p in module.parameters()] + [
-                b.data for b in self._buffers_list
+            self._broadcast_arrays([p.array for p in module.parameters()] + [
+                b.array for b in self._buffers_list
             ], src=0)
         first = min(DEFAULT_FIRST_BUCKET_BYTES, self.bucket_bytes_cap)
         reducer = Reducer(
@@ -155,7 +155,7 @@ class DistributedDataParallel(nn.Module, Joinable):
 
     def _verify_same_parameters(self, named: Sequence[tuple[str, Tensor]]) -> None:
         """Every rank learns every rank's parameter list; all raise on the first difference."""
-        mine = [[n, list(p.data.shape), str(p.data.dtype)] for n, p in named]
+        mine = [[n, list(p.array.shape), str(p.array.dtype)] for n, p in named]
         blob = np.frombuffer(json.dumps(mine).encode(), dtype=np.uint8)
         length = np.array([blob.size], dtype=np.int64)
         comm.all_reduce(self.process_group, length, ReduceOp.MAX)
@@ -297,14 +297,14 @@ class DistributedDataParallel(nn.Module, Joinable):
 
     def _sync_buffers(self, src: int) -> None:
         """Overwrite every buffer with rank `src`'s."""
-        self._broadcast_arrays([b.data for b in self._buffers_list], src=src)
+        self._broadcast_arrays([b.array for b in self._buffers_list], src=src)
 
     def _sync_final_model(self, is_last_joiner: bool) -> None:
         # The last rank to join trained longest and holds the final model; copy it everywhere.
         source = np.array([self._rank if is_last_joiner else -1], dtype=np.int64)
         comm.all_reduce(self.process_group, source, ReduceOp.MAX)
         self._broadcast_arrays(
-            [p.data for p in self.module.parameters()] + [b.data for b in self._buffers_list],
+            [p.array for p in self.module.parameters()] + [b.array for b in self._buffers_list],
             src=int(source[0]),
         )
 

@@ -43,7 +43,7 @@ def take_hook_result(bucket: Bucket, result: Any) -> None:
     if isinstance(result, (list, tuple)) and len(result) == 1:
         result = result[0]
     if isinstance(result, Tensor):
-        result = result.data
+        result = result.array
     if result is None or not hasattr(result, "shape"):
         raise DDPError(
             f"The communication hook's Future for bucket {bucket.index} produced "

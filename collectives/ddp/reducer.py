@@ -84,8 +84,8 @@ def _adopt_as_grad(param: Tensor, view: Any) -> None:
     grad = param.grad
     if grad is None:
         param.grad = Tensor(view)
-    elif not same_memory(grad.data, view):
-        grad.data = view
+    elif not same_memory(grad.array, view):
+        grad.array = view
 
 
 # --------------------------------------------------------------------------------- Reducer
@@ -114,8 +114,8 @@ class Reducer:
         self._static = static_graph
         self._as_view = gradient_as_bucket_view
         count = len(self._params)
-        self._numels = [int(p.data.size) for p in self._params]
-        self._dtypes = [p.data.dtype for p in self._params]
+        self._numels = [int(p.array.size) for p in self._params]
+        self._dtypes = [p.array.dtype for p in self._params]
         self._build(list(range(count - 1, -1, -1)))
 
         # communication hook (None: all_reduce then divide, built in)
@@ -297,11 +297,11 @@ class Reducer:
         def tie(t: Tensor) -> Tensor:
             if not t.requires_grad:
                 return t
-            out = Tensor(t.data)
+            out = Tensor(t.array)
             out.requires_grad = True
-            xp = backend.array_module(sentinel.data)
+            xp = backend.array_module(sentinel.array)
             out.grad_fn = Node(
-                "DDPSinkBackward", lambda g: (g, xp.zeros((), dtype=sentinel.data.dtype)),
+                "DDPSinkBackward", lambda g: (g, xp.zeros((), dtype=sentinel.array.dtype)),
                 (t, sentinel),
             )
             return out
@@ -309,7 +309,7 @@ class Reducer:
         return map_tensors(outputs, tie)
 
     def _make_sentinel(self) -> Tensor:
-        xp = backend.array_module(self._params[0].data)
+        xp = backend.array_module(self._params[0].array)
         anchor = Tensor(xp.zeros((), dtype=np.float32), requires_grad=True)
         sentinel = Tensor(xp.zeros((), dtype=np.float32))
         sentinel.requires_grad = True
@@ -373,7 +373,7 @@ class Reducer:
         if grad is None:
             view.fill(0)
             return
-        g = grad.data
+        g = grad.array
         xp = backend.array_module(view)
         if self._as_view and same_memory(g, view):
             if div != 1.0:
@@ -384,7 +384,7 @@ class Reducer:
         else:
             xp.copyto(view, g, casting="unsafe")
         if self._as_view:
-            grad.data = view
+            grad.array = view
 
     def _launch_ready(self) -> None:
         buckets = self._buckets

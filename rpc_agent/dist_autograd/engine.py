@@ -141,7 +141,7 @@ class _Pass:
             return
         if g is None:
             return
-        data = leaf.data
+        data = leaf.array
         if g.dtype != data.dtype:
             g, owned = g.astype(data.dtype), True
         entry = ctx.grads.get(id(leaf))
@@ -152,7 +152,7 @@ class _Pass:
             ctx.grads[id(leaf)] = (leaf, grad)
         else:
             grad = entry[1]
-            grad.data = grad.data + g
+            grad.array = grad.array + g
         hooks = post_accumulate_hooks(leaf)
         if hooks:
             if id(leaf) not in self.shown:
@@ -167,7 +167,7 @@ class _Pass:
             if not self.task.expects(tensor):
                 self.outbox.setdefault(src, []).append((send_id, None))
         for root in roots:
-            seed = root.data.copy()
+            seed = root.array.copy()
             seed[...] = 1
             self.task.feed(root, seed)
 
@@ -377,7 +377,7 @@ def _check_roots(cid: int, roots: Any) -> list:
             raise DistAutogradError(
                 f"backward(context {cid}): root {i} is a {type(root).__name__}, not a Tensor."
             )
-        if root.data.size != 1:
+        if root.array.size != 1:
             raise DistAutogradError(
                 f"backward(context {cid}): root {i} has shape {tuple(root.shape)}; distributed "
                 "backward starts from scalars only."
