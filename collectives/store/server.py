@@ -314,7 +314,7 @@ class TCPStoreServer:
             conn.out.extend(parts)
             return
         try:
-            sent = conn.sock.sendmsg(parts)
+            sent = conn.sock.send(parts[0]) if len(parts) == 1 else conn.sock.sendmsg(parts)
         except (BlockingIOError, InterruptedError):
             sent = 0
         except OSError as exc:

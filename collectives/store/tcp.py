@@ -106,6 +106,9 @@ class _Connection:
 
 def _send_all(sock: socket.socket, parts: list) -> None:
     """Send every buffer of `parts` in order, with as few system calls as the socket allows."""
+    if len(parts) == 1:
+        sock.sendall(parts[0])
+        return
     views = [memoryview(part) for part in parts]
     while views:
         sent = sock.sendmsg(views)
