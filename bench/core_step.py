@@ -57,7 +57,7 @@ def build_torch(shoal_model, seed: int = 0):
             layers.append(torch.nn.ReLU())
     model = torch.nn.Sequential(*layers)
     if shoal_model is not None:
-        model.load_state_dict({k: torch.from_numpy(v.data.copy())
+        model.load_state_dict({k: torch.from_numpy(v.array.copy())
                                for k, v in shoal_model.state_dict().items()})
     return torch, model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 

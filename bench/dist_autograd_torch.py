@@ -19,7 +19,7 @@ from shoal.examples import model_parallel as ex1
 
 def _copy_from(module: torch.nn.Module, shoal_module) -> torch.nn.Module:
     """The same initial values as shoal's module (parameters matched by name)."""
-    values = {k: p.data for k, p in shoal_module.named_parameters()}
+    values = {k: p.array for k, p in shoal_module.named_parameters()}
     with torch.no_grad():
         for name, p in module.named_parameters():
             p.copy_(torch.from_numpy(np.asarray(values[name])))
@@ -80,7 +80,7 @@ def table_rref():
 
 
 def _t(tensor) -> torch.Tensor:
-    return torch.from_numpy(np.asarray(tensor.data))
+    return torch.from_numpy(np.asarray(tensor.array))
 
 
 def init(rank: int, world: int) -> None:

@@ -67,7 +67,7 @@ def build(name: str, seed: int, torch_mod) -> tuple:
         tmodel = TorchGPT(s["vocab"], s["context"], s["d_model"], s["n_layer"], s["n_head"])
     else:
         tmodel = TorchConvNet(width=CONV_SHAPE["width"])
-    tmodel.load_state_dict({k: torch_mod.from_numpy(v.data.copy())
+    tmodel.load_state_dict({k: torch_mod.from_numpy(v.array.copy())
                             for k, v in model.state_dict().items()})
     return model, opt, tmodel, torch_mod.optim.AdamW(tmodel.parameters(), lr=1e-3)
 

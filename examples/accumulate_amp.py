@@ -87,7 +87,7 @@ def main(argv=None) -> int:
             total += float(loss.item())
         if step == args.overflow_at and rank == 0:
             with core.no_grad():  # an overflow only this rank sees, after the all-reduce
-                next(model.parameters()).grad.data[0, 0] = np.nan
+                next(model.parameters()).grad.array[0, 0] = np.nan
         scaler.unscale_(opt)  # true gradients, so clipping sees their real norm
         nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         scale = scaler.get_scale()

@@ -89,7 +89,7 @@ def train(rank: int, steps: int, trainers, out_dir: str | None) -> None:
             opt.step(cid)
         dist.barrier(group=trainers)
         print(f"trainer {rank} step {step} loss {loss.item():.6f}", flush=True)
-    _report({f"dense.{k}": p.data for k, p in model.module.named_parameters()}, out_dir)
+    _report({f"dense.{k}": p.array for k, p in model.module.named_parameters()}, out_dir)
 
 
 def train_single_process(steps: int) -> dict:
@@ -105,8 +105,8 @@ def train_single_process(steps: int) -> dict:
             dense_opt.zero_grad()
             table_opt.zero_grad()
             F.mse_loss(dense(table(indices)), targets).backward()
-            dense_grads.append([p.grad.data.copy() for p in dense.parameters()])
-            table_grads.append([p.grad.data.copy() for p in table.parameters()])
+            dense_grads.append([p.grad.array.copy() for p in dense.parameters()])
+            table_grads.append([p.grad.array.copy() for p in table.parameters()])
         for i, p in enumerate(dense.parameters()):
             p.grad = core.Tensor(sum(g[i] for g in dense_grads) / len(TRAINERS))
         dense_opt.step()
@@ -114,8 +114,8 @@ def train_single_process(steps: int) -> dict:
             for p, g in zip(table.parameters(), grads):
                 p.grad = core.Tensor(g)
             table_opt.step()
-    out = {f"dense.{k}": p.data for k, p in dense.named_parameters()}
-    out.update({f"table.{k}": p.data for k, p in table.named_parameters()})
+    out = {f"dense.{k}": p.array for k, p in dense.named_parameters()}
+    out.update({f"table.{k}": p.array for k, p in table.named_parameters()})
     return out
 
 
@@ -142,7 +142,7 @@ def main(argv=None) -> None:
         TrainersDone.wait_and_report(PS)
     rpc.shutdown()
     if rank == 2:
-        _report({f"table.{k}": p.data for k, p in _TABLE["table"].named_parameters()},
+        _report({f"table.{k}": p.array for k, p in _TABLE["table"].named_parameters()},
                 args.out)
     dist.destroy_process_group()
 

@@ -35,7 +35,7 @@ def init_parameters(module: nn.Module, seed: int) -> nn.Module:
     """Deterministic float64 values, the same in every process."""
     rng = np.random.default_rng(seed)
     for _, p in sorted(module.named_parameters()):
-        p.data = rng.standard_normal(p.shape) * 0.3
+        p.array = rng.standard_normal(p.shape) * 0.3
     return module
 
 
@@ -68,7 +68,7 @@ class Stage2(nn.Module):
 
     def state(self) -> dict:
         """The parameters' values by name."""
-        return {f"stage2.{k}": p.data.copy() for k, p in self.named_parameters()}
+        return {f"stage2.{k}": p.array.copy() for k, p in self.named_parameters()}
 
 
 class ModelParallel:
@@ -105,7 +105,7 @@ def train(steps: int, out_dir: str | None) -> None:
             dist_autograd.backward(cid, [loss])
             opt.step(cid)
         print(f"step {step} loss {loss.item():.6f}", flush=True)
-    params = {f"stage1.{k}": p.data for k, p in model.stage1.named_parameters()}
+    params = {f"stage1.{k}": p.array for k, p in model.stage1.named_parameters()}
     params.update(model.stage2.rpc_sync().state())
     _report(params, out_dir)
     # Every context ended here when its `with` block closed, and ends on worker1 soon after.
@@ -167,7 +167,7 @@ def train_single_process(steps: int) -> dict:
         opt.zero_grad()
         F.mse_loss(stage2(stage1(x)), y).backward()
         opt.step()
-    out = {f"stage1.{k}": p.data for k, p in stage1.named_parameters()}
+    out = {f"stage1.{k}": p.array for k, p in stage1.named_parameters()}
     out.update(stage2.state())
     return out
 

@@ -72,7 +72,7 @@ class ParameterServer:
         done: rpc.Future = rpc.Future("a parameter server round")
         with self._lock:
             for i, p in enumerate(self.params):
-                g = grads[p].data
+                g = grads[p].array
                 self._sums[i] = g.copy() if self._sums[i] is None else self._sums[i] + g
             self._waiting.append(done)
             if len(self._waiting) < self.num_trainers:
@@ -118,17 +118,17 @@ def train_single_process(steps: int, trainers: int) -> dict:
     params = list(model.parameters())
     opt = core.optim.SGD(params, lr=LR)
     for step in range(steps):
-        sums = [np.zeros_like(p.data) for p in params]
+        sums = [np.zeros_like(p.array) for p in params]
         for trainer in range(1, trainers + 1):
             x, y = batch(step, trainer)
             opt.zero_grad()
             F.mse_loss(model(x), y).backward()
             for s, p in zip(sums, params):
-                s += p.grad.data
+                s += p.grad.array
         for s, p in zip(sums, params):
             p.grad = core.Tensor(s / trainers)
         opt.step()
-    return {k: p.data for k, p in model.named_parameters()}
+    return {k: p.array for k, p in model.named_parameters()}
 
 
 def main(argv=None) -> None:
@@ -152,7 +152,7 @@ def main(argv=None) -> None:
         TrainersDone.wait_and_report(PS)
     rpc.shutdown()
     if rank == 0:
-        _report({k: p.data for k, p in _SERVER["ps"].model.named_parameters()}, args.out)
+        _report({k: p.array for k, p in _SERVER["ps"].model.named_parameters()}, args.out)
 
 
 if __name__ == "__main__":

@@ -120,13 +120,13 @@ def make_batch(seed: int, step: int, rank: int, batch_size: int, batches):
     sample indices).
     """
     epoch, (index, x, y) = next(batches)
-    return x, y, epoch, index.data.tolist()
+    return x, y, epoch, index.array.tolist()
 
 
 def params_sha256(module: nn.Module) -> str:
     digest = hashlib.sha256()
     for _, p in module.named_parameters():
-        digest.update(np.ascontiguousarray(on_host(p.data)).tobytes())
+        digest.update(np.ascontiguousarray(on_host(p.array)).tobytes())
     return digest.hexdigest()
 
 
@@ -203,7 +203,7 @@ def main(argv=None) -> int:
             print(f"step {done} loss {loss.item():.4f}", flush=True)
             if checkpointer is not None and args.checkpoint_every and done % args.checkpoint_every == 0:
                 checkpointer.save(done, {
-                    "model": {k: on_host(v.data) for k, v in model.state_dict().items()},
+                    "model": {k: on_host(v.array) for k, v in model.state_dict().items()},
                     "optim": opt.state_dict(),
                     "data": loader.state_dict(),
                 })

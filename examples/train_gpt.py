@@ -232,7 +232,7 @@ def generate(model: GPT, data: CharData, prompt: str, count: int, seed: int) -> 
 def params_sha256(module: nn.Module) -> str:
     digest = hashlib.sha256()
     for _, p in module.named_parameters():
-        digest.update(np.ascontiguousarray(p.data).tobytes())
+        digest.update(np.ascontiguousarray(p.array).tobytes())
     return digest.hexdigest()
 
 
@@ -345,7 +345,7 @@ def save(run: Training, done: int) -> None:
     every = run.args.checkpoint_every
     if run.rank == 0 and run.checkpointer is not None and every and done % every == 0:
         run.checkpointer.save(done, {
-            "model": {k: v.data.copy() for k, v in run.model.state_dict().items()},
+            "model": {k: v.array.copy() for k, v in run.model.state_dict().items()},
             "optim": run.opt.state_dict(), "sched": run.sched.state_dict(),
             "history": run.history, "loader": run.loader.state_dict(),
             "rng": core.get_rng_state(),

@@ -47,7 +47,7 @@ def accuracy(model: nn.Module, x: np.ndarray, y: np.ndarray) -> float:
     """Fraction of rows whose arg-max logit is the label."""
     model.eval()
     with core.no_grad():
-        logits = model(core.tensor(x)).data
+        logits = model(core.tensor(x)).array
     model.train()
     return float((logits.argmax(axis=1) == y).mean())
 

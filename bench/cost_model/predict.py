@@ -18,7 +18,7 @@ def ddp_gradient_bytes() -> int:
     # Late: only the predictions need the example (and through it the whole of shoal).
     from shoal.examples import train_ddp
 
-    return int(sum(p.data.nbytes for p in train_ddp.MLP().parameters()))
+    return int(sum(p.array.nbytes for p in train_ddp.MLP().parameters()))
 
 
 def cluster_link(model: Model) -> Link:
