@@ -192,6 +192,7 @@ class Agent:
                 # up to its own timeout and ends the agent if the backend stays away.
                 logger.error("Round %s lost the rendezvous or its store (%s); stopping the "
                              "workers and meeting again", info.round, exc)
+                self._meet_again()
                 self._stop_workers(f"round {info.round} lost its store")
                 outcome = "peer_request"
             if isinstance(outcome, AgentResult):
@@ -215,6 +216,7 @@ class Agent:
         except (StoreError, RendezvousError) as exc:
             if isinstance(exc, ForgedValueError):
                 return self._forged_result(exc)
+            self._meet_again()
             if self.handler.is_closed():
                 return self._closed_result(f"round {info.round} was starting here")
             logger.warning("Round %s could not start (%s); meeting again", info.round, exc)
@@ -280,10 +282,12 @@ class Agent:
                 return self._exit_barrier(info)
             if event.kind is EventKind.WAITING:
                 if ledger.claim_round(self.store, info.round, "scale_up", self.node_id):
+                    self._meet_again()
                     self._signal_restart("a node is waiting to join: scaling up")
                     self._stop_workers("scaling up for a waiting node")
                     return "scale_up"
                 continue
+            self._meet_again()
             if self.handler.is_closed():
                 self._stop_workers("the rendezvous was closed")
                 return self._closed_result(
@@ -297,6 +301,7 @@ class Agent:
     def _on_failure(self, info: RendezvousInfo) -> Outcome:
         """A local worker failed: report it, then restart the job or, with no restarts left,
         end it for every node."""
+        self._meet_again()
         found = self._settle_failures(info)
         if self._host_lost is not None:
             return self._host_lost_result()  # the lost store host is the cause, not a worker
@@ -363,6 +368,14 @@ class Agent:
         wait = failures.settle_wait(single, getattr(settings, "heartbeat_timeout", 5.0))
         return failures.settle(self._group, wait=wait, interval=self.spec.monitor_interval,
                                single_node=single, cause_found=cause_found)
+
+    def _meet_again(self) -> None:
+        """The round is over: the calls from here to the next join share its outage budget
+        (join_outage_timeout), so a dead backend ends the agent that long after the round
+        ended, not after every call of the way there waited out its own timeout."""
+        meet_again = getattr(self.handler, "meet_again", None)  # stand-ins lack it
+        if meet_again is not None:
+            meet_again()
 
     def _lost_or_requested(self) -> str:
         """Why a round another node ended is over: a node was lost, or a peer asked."""

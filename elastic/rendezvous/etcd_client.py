@@ -15,7 +15,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Awaitable, Callable, Optional, Sequence, TypeVar
+from typing import Any, Awaitable, Callable, Optional, Sequence, TypeVar, Union
 
 import aetcd
 import aetcd.exceptions as aexc
@@ -184,9 +184,10 @@ class EtcdClient:
         if until is not None and (self._until is None or until < self._until):
             self._until = until
 
-    def bound_thread(self, until: Optional[float]) -> None:
+    def bound_thread(self, until: Union[None, float, Callable[[], float]]) -> None:
         """End every later call made by the calling thread by `until` (a time.monotonic()
-        value; None lifts the bound). Other threads' calls are not affected."""
+        value, or a function that gives it when a call starts; None lifts the bound). Other
+        threads' calls are not affected."""
         self._thread.until = until
 
     def _budget(self, timeout: Optional[float], op: str) -> float:
@@ -202,6 +203,8 @@ class EtcdClient:
                     "finishing is spent (etcd did not answer in time)."
                 )
         thread_until = getattr(self._thread, "until", None)
+        if callable(thread_until):
+            thread_until = thread_until()
         if thread_until is not None:
             budget = min(budget, thread_until - now)
             if budget <= 0:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import aetcd.exceptions as aexc
 
@@ -237,6 +237,11 @@ class EtcdStore(Store):
         result = self._call(lambda c: c.delete_prefix(self._k(prefix)),
                             f"delete of keys under {prefix!r}")
         return int(getattr(result, "deleted", 0))
+
+    def bound_calls(self, until: Union[None, float, Callable[[], float]]) -> None:
+        """End the calling thread's later etcd calls by `until` (see EtcdClient.bound_thread):
+        an agent meeting its peers again gives an unreachable etcd only its outage budget."""
+        self._client.bound_thread(until)
 
     def cap_calls(self, per_call: float, until: Optional[float] = None) -> None:
         """Bound every later etcd call (see EtcdClient.cap): the agent is finishing."""

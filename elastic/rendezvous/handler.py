@@ -14,14 +14,16 @@ join on an unreachable backend (`join_outage`) and the messages for operators (`
   one (`dead_nodes()`), which must then restart.
 - A joining node gives an unreachable backend `join_outage_timeout` seconds (counted from its
   last answer, or from the start of the join), then gives up with a
-  RendezvousUnreachableError (see `join_outage`). Outside a join nothing gives up on an
-  unreachable backend.
+  RendezvousUnreachableError (see `join_outage`). A join after a round starts when the agent
+  says the round is over (`meet_again()`), so its calls on the way there share the budget.
+  Outside a join nothing gives up on an unreachable backend.
+- Which job of the run the node belongs to (the state's generation) and the store keys scoped
+  to it are `job_scope`'s; a state that vanished is written again under the job's generation.
 """
 
 from __future__ import annotations
 
 import logging
-import secrets
 import threading
 import time
 from typing import Callable, Optional
@@ -41,9 +43,10 @@ from shoal.elastic.api import (
 from shoal.elastic.rendezvous import decisions, reports, transitions
 from shoal.elastic.rendezvous.decisions import Action, ActionKind, Context
 from shoal.elastic.rendezvous.heartbeat import HeartbeatThread
+from shoal.elastic.rendezvous.job_scope import JobScope
 from shoal.elastic.rendezvous.join_outage import JoinOutage
 from shoal.elastic.rendezvous.liveness import LivenessTracker
-from shoal.elastic.rendezvous.sealing import ForgedValueError, Seal, SignedStore, job_secret
+from shoal.elastic.rendezvous.sealing import ForgedValueError, Seal, job_secret
 from shoal.elastic.rendezvous.state import RendezvousState
 
 logger = logging.getLogger(__name__)
@@ -67,8 +70,11 @@ class RendezvousHandler:
         store: the run's key-value store; each round gets a PrefixStore inside it.
         owns: close `backend` and `store` on `shutdown()`.
         backend_timeout: how long one operation retries an unreachable backend.
-        secret: the job's secret, which MACs the state and the job's store values (see
-            `sealing`); default: the process's (SHOAL_AUTH_TOKEN, set by `shoal run`).
+        secret: the job's secret (bytes), which MACs the rendezvous state and the job's store
+            values (see `sealing`): every node of a job must be given the same one. Default:
+            the process's SHOAL_AUTH_TOKEN (`shoal run` sets it); without it, shoal's
+            development token, which is fit only for a job on one host's loopback, since
+            anyone who can write to etcd could then forge what the job reads.
     """
 
     def __init__(
@@ -100,8 +106,6 @@ class RendezvousHandler:
         # only (next_rendezvous); the heartbeat thread just reads the round number.
         self._round: Optional[int] = None
         self._participants: tuple[str, ...] = ()
-        # The generation of the job this node joined (see RendezvousState.generation).
-        self._generation: Optional[str] = None
         self._waiting_log = reports.WaitingLog(node_id, settings)
         self._liveness = LivenessTracker(node_id, settings.heartbeat_timeout)
         self._stop = threading.Event()
@@ -111,9 +115,11 @@ class RendezvousHandler:
         self._shut = False
         self._aborted: Optional[RendezvousError] = None
         self._until: Optional[float] = None  # set by limit(): every retry loop ends by then
-        self._outage = JoinOutage(backend, node_id, settings.join_outage_timeout)
-        self._last_state: Optional[RendezvousState] = None  # the last state read, for messages
+        self._outage = JoinOutage(backend, node_id, settings.join_outage_timeout, store)
+        self._last_state: Optional[RendezvousState] = None  # the last state read
         self._seal = Seal(job_secret(secret), settings.run_id)
+        # The job this node belongs to (the state's generation) and its keys.
+        self._job = JobScope(store, settings.run_id, self._seal, self._forged)
         self._where = getattr(backend, "state_key", None) or f"the {backend.name} backend"
 
     # ------------------------------------------------------------------ public API
@@ -127,9 +133,7 @@ class RendezvousHandler:
     def job_store(self) -> Store:
         """The run's store, scoped to the job this node joined (its generation), so that keys of
         an earlier job under the same run id are never seen; the whole store before a join."""
-        if not self._generation:
-            return self.store
-        return self._signed(f"job/{self._generation}")
+        return self._job.store()
 
     def next_rendezvous(self) -> RendezvousInfo:
         """Join the next round and wait until it completes; return this node's place in it.
@@ -160,7 +164,7 @@ class RendezvousHandler:
                 lambda ctx: decisions.decide_join(ctx, timed_out), deadline)
             if outcome.kind is ActionKind.ERROR_CLOSED:
                 if self._round is None:
-                    self._generation = state.generation
+                    self._job.generation = state.generation
                     raise RendezvousClosedError(
                         f"Run id {self.settings.run_id!r} belongs to a job that already ended "
                         f"(its rendezvous on the {self.backend.name} backend is closed), so "
@@ -198,16 +202,13 @@ class RendezvousHandler:
         keys behind (the rendezvous state itself expires with its lease). Returns how many
         keys went; 0 where nothing can or need be deleted (an embedded store dies with its
         host)."""
-        delete = getattr(self.store, "delete_prefix", None)
-        if delete is None or not self._generation:
-            return 0
-        gone = 0
-        for prefix in (f"job/{self._generation}/", f"rdzv/{self.settings.run_id}/"
-                                                   f"{self._generation}/"):
-            gone += int(delete(prefix))
-        logger.info("Node %s removed the %d store keys of finished run %s", self.node_id, gone,
-                    self.settings.run_id)
-        return gone
+        return self._job.release(self.node_id)
+
+    def meet_again(self) -> None:
+        """This node's round is over and the calling thread will join the next one: from now
+        on its backend and store calls share that join's outage budget (join_outage_timeout,
+        see `join_outage`), which `next_rendezvous` goes on with instead of starting anew."""
+        self._outage.begin_join()
 
     def num_nodes_waiting(self) -> int:
         """Alive nodes waiting for the next round while the current one runs (0 if it is full)."""
@@ -313,10 +314,13 @@ class RendezvousHandler:
                        last_round=self._round)
 
     def _read(self) -> tuple[Optional[RendezvousState], Optional[Token]]:
+        if self._outage.in_join():
+            self._outage.bound_calls(self._outage.call_bound())
         try:
             result = self.backend.get_state()
         except RendezvousError:
             self._liveness.backend_unreachable()
+            self._outage.failed()
             raise
         self._outage.answered()
         if result is None:
@@ -348,13 +352,16 @@ class RendezvousHandler:
             attempt += 1
             self._raise_if_aborted()
             joining = self._outage.in_join()
-            if joining:
-                self._outage.bound_calls(self._outage.call_bound())
             try:
                 if current is None:
                     current = self._read()
+                elif joining:
+                    self._outage.bound_calls(self._outage.call_bound())
                 state, token = current
-                ctx = self._context(self._fresh_state() if state is None else state)
+                if state is None:
+                    state = self._job.fresh_state(self._round, self._last_state,
+                                                  self._vanished())
+                ctx = self._context(state)
                 plan = transitions.settle(ctx, decide)
                 if not plan.changes:
                     return plan.state, token, plan.outcome
@@ -363,9 +370,11 @@ class RendezvousHandler:
                 if isinstance(exc, (RendezvousClosedError, RendezvousTimeoutError)):
                     raise
                 self._liveness.backend_unreachable()
+                self._outage.failed()
                 if joining:
                     self._outage.check(exc, reports.waiting_for(
-                        self._last_state, self.node_id, self.settings), self.abort)
+                        self._last_state, self.node_id, self.settings, self._round),
+                        self.abort)
                 if time.monotonic() >= deadline:
                     raise RendezvousError(
                         f"Node {self.node_id} could not update the rendezvous state of run "
@@ -403,20 +412,6 @@ class RendezvousHandler:
             logger.error("Node %s: %s", self.node_id, error)
         self.abort(error)
 
-    def _signed(self, prefix: str) -> SignedStore:
-        return SignedStore(self.store, prefix, self._seal, on_forged=self._forged)
-
-    def _fresh_state(self) -> RendezvousState:
-        """The state to create when none is stored: round 0 of a new job (a new generation),
-        or, for a node already in the job, the round after ours (it vanished)."""
-        if self._round is None:
-            return RendezvousState(opened_at=time.time(), generation=secrets.token_hex(8))
-        # The stored state disappeared (an etcd lease expired, the store was wiped): carry on
-        # with a higher round number, so every node sees its own round as over, and the same
-        # generation, so the job keeps its restart count.
-        return RendezvousState(round=self._round + 1, opened_at=time.time(),
-                               reason=self._vanished(), generation=self._generation or "")
-
     def _vanished(self) -> str:
         return (f"the rendezvous state of run {self.settings.run_id!r} vanished from the "
                 f"{self.backend.name} backend")
@@ -438,7 +433,7 @@ class RendezvousHandler:
         rank = state.participants.index(self.node_id)
         self._round = state.round
         self._participants = state.participants
-        self._generation = state.generation
+        self._job.generation = state.generation
         self._waiting_log.reset()
         logger.info("Node %s joined round %s as node rank %d of %d after %.2fs", self.node_id,
                     state.round, rank, len(state.participants), took)
@@ -447,14 +442,8 @@ class RendezvousHandler:
             group_rank=rank,
             num_nodes=len(state.participants),
             participants=list(state.participants),
-            store=self._signed(self._round_prefix(state)),
+            store=self._job.round_store(state),
         )
-
-    def _round_prefix(self, state: RendezvousState) -> str:
-        run = f"rdzv/{self.settings.run_id}"
-        if state.generation:
-            run += f"/{state.generation}"
-        return f"{run}/round_{state.round}"
 
     def _give_up(self, state: RendezvousState) -> None:
         try:

@@ -17,9 +17,12 @@ logger = logging.getLogger("shoal.elastic.rendezvous.handler")
 
 
 def waiting_for(state: Optional[RendezvousState], node_id: str,
-                settings: RendezvousSettings) -> str:
-    """What a joining node waits for, from the last state it read."""
+                settings: RendezvousSettings, last_round: Optional[int] = None) -> str:
+    """What a joining node waits for, from the last state it read and the round it last ran
+    (`last_round`): a state no newer than that round is the node's own, now over, round."""
     run = repr(settings.run_id)
+    if last_round is not None and (state is None or state.round <= last_round):
+        return f"to meet again after round {last_round} of run {run}, the round it ran"
     if state is None:
         return f"for the first round of run {run} to form (no state read yet)"
     if state.complete and node_id not in state.participants:
