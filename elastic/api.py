@@ -22,8 +22,17 @@ factories in `elastic.rendezvous.registry` (both importable from `elastic.rendez
     create_handler(name, endpoints, settings, node_id, **same keywords) -> RendezvousHandler
         (the handler owns and closes its backend and store on shutdown()).
 
-    RendezvousHandler(backend, settings, node_id: str, store: Store)
+    RendezvousHandler(backend, settings, node_id: str, store: Store, *, owns=False,
+                      backend_timeout=DEFAULT_BACKEND_TIMEOUT_S, secret: bytes | None = None)
+        secret: the job's secret, which MACs the rendezvous state and the job's store values
+        (`rendezvous.sealing`; a forged or altered value is refused, naming its key); every
+        node of the job needs the same one. Default: SHOAL_AUTH_TOKEN (or
+        SHOAL_AUTH_TOKEN_FILE), which `shoal run` sets; without either, shoal's development
+        token, fit only for a job on one host's loopback (anyone who can write to etcd could
+        forge what the job reads; core.auth refuses it with a non-loopback MASTER_ADDR).
         .next_rendezvous() -> RendezvousInfo      join the next round (rounds count from 0)
+        .meet_again()                             the round is over: the calls from here to
+                                                  the next join share its join_outage_timeout
         .num_nodes_waiting() -> int               alive nodes waiting to join a running round
         .signal_restart(reason: str)              every agent's restart_requested() sees it
         .restart_requested() -> Optional[str]     why this node's round must end, or None

@@ -72,9 +72,10 @@ class RendezvousHandler:
         backend_timeout: how long one operation retries an unreachable backend.
         secret: the job's secret (bytes), which MACs the rendezvous state and the job's store
             values (see `sealing`): every node of a job must be given the same one. Default:
-            the process's SHOAL_AUTH_TOKEN (`shoal run` sets it); without it, shoal's
-            development token, which is fit only for a job on one host's loopback, since
-            anyone who can write to etcd could then forge what the job reads.
+            the process's SHOAL_AUTH_TOKEN or SHOAL_AUTH_TOKEN_FILE (`shoal run` sets the
+            token); without either, shoal's development token, which is fit only for a job on
+            one host's loopback, since anyone who can write to etcd could then forge what the
+            job reads.
     """
 
     def __init__(
