@@ -63,7 +63,7 @@ def train(group, device, hook=None, steps=STEPS, rank=0, **ddp_kw):
         mse(ddp(x), y).backward()
         opt.step()
     assert len(ddp.bucket_indices) > 1  # several buckets, so several collectives per step
-    return [cp.asnumpy(p.data) if device == "cuda" else np.array(p.data) for p in model.parameters()]
+    return [cp.asnumpy(p.array) if device == "cuda" else np.array(p.array) for p in model.parameters()]
 
 
 @pytest.mark.parametrize("variant", [{}, {"gradient_as_bucket_view": True},
@@ -116,5 +116,5 @@ def test_ddp_on_two_gpus_equals_one_process_on_the_whole_batch():
         opt.step()
     for final in finals:
         for i, (p, q) in enumerate(zip(model.parameters(), final)):
-            np.testing.assert_allclose(q, np.array(p.data), rtol=RTOL, atol=ATOL,
+            np.testing.assert_allclose(q, np.array(p.array), rtol=RTOL, atol=ATOL,
                                        err_msg=f"parameter {i}")

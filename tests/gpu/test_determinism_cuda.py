@@ -51,6 +51,6 @@ def test_warn_only_warns_and_runs_and_off_runs_silently():
     expected = np.zeros((10, 4))
     expected[[1, 7]] = 1.0
     expected[3] = 2.0  # the repeated index is added up
-    np.testing.assert_array_equal(cp.asnumpy(grad.data), expected)
+    np.testing.assert_array_equal(cp.asnumpy(grad.array), expected)
     core.use_deterministic_algorithms(False)
-    np.testing.assert_array_equal(cp.asnumpy(_embedding_backward().data), expected)
+    np.testing.assert_array_equal(cp.asnumpy(_embedding_backward().array), expected)

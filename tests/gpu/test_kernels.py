@@ -182,7 +182,7 @@ def test_optimizers_on_cuda_parameters_match_the_cpu_path(kind):
     gpu_model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).double()
     gpu_model.load_state_dict(cpu_model.state_dict())
     gpu_model.to("cuda")
-    assert all(K.is_cuda_array(p.data) for p in gpu_model.parameters())
+    assert all(K.is_cuda_array(p.array) for p in gpu_model.parameters())
     make = {
         "sgd": lambda ps: optim.SGD(ps, lr=0.1, momentum=0.9, nesterov=True),
         "adam": lambda ps: optim.Adam(ps, lr=0.01, amsgrad=True),
@@ -197,5 +197,5 @@ def test_optimizers_on_cuda_parameters_match_the_cpu_path(kind):
             (model(core.tensor(x, device=dev)) ** 2).mean().backward()
             opt.step()
     for (name, a), b in zip(cpu_model.state_dict().items(), gpu_model.state_dict().values()):
-        np.testing.assert_allclose(cp.asnumpy(b.data), a.data, rtol=1e-10, atol=1e-12,
+        np.testing.assert_allclose(cp.asnumpy(b.array), a.array, rtol=1e-10, atol=1e-12,
                                    err_msg=name)

@@ -23,7 +23,7 @@ def describe_and_double(x):
 
     from shoal.core.tensor import Tensor
 
-    data = x.data if isinstance(x, Tensor) else x
+    data = x.array if isinstance(x, Tensor) else x
     kind = "cupy" if isinstance(data, cupy.ndarray) else type(data).__name__
     where = int(data.device.id) if kind == "cupy" else -1
     grad = bool(getattr(x, "requires_grad", False))
@@ -62,7 +62,7 @@ def _worker(rank, world, port):
             # Make the results picklable for the parent: what type and device came back.
             summary = {}
             for key, (kind, where, grad, doubled) in out.items():
-                back = doubled.data if isinstance(doubled, Tensor) else doubled
+                back = doubled.array if isinstance(doubled, Tensor) else doubled
                 is_cupy = isinstance(back, cupy.ndarray)
                 summary[key] = (kind, where, grad, is_cupy,
                                 int(back.device.id) if is_cupy else -1,

@@ -80,19 +80,19 @@ def test_a_loader_in_elastic_state_resumes_mid_epoch_through_a_checkpoint(tmp_pa
         return data.DataLoader(range(40), batch_size=4, shuffle=True, num_workers=1,
                                generator=data.Generator(3))
 
-    whole = [b.data.tolist() for b in loader()]
+    whole = [b.array.tolist() for b in loader()]
     first = loader()
     state = State(checkpointer=Checkpointer(str(tmp_path)), rank=0, rng=False, loader=first,
                   step=0)
     it = iter(first)
-    head = [next(it).data.tolist() for _ in range(3)]
+    head = [next(it).array.tolist() for _ in range(3)]
     state.step = 3
     state.commit()  # in memory and on disk; the loader's state is ints and a uint32 array
     again = loader()
     restored = State(checkpointer=Checkpointer(str(tmp_path)), rank=0, rng=False, loader=again,
                      step=0)
     assert restored.load() == 3
-    assert head + [b.data.tolist() for b in again] == whole
+    assert head + [b.array.tolist() for b in again] == whole
 
 
 def test_a_pipe_loaders_state_goes_through_a_checkpoint_and_resumes_with_other_workers(tmp_path):
@@ -110,7 +110,7 @@ def test_a_pipe_loaders_state_goes_through_a_checkpoint_and_resumes_with_other_w
     state = State(checkpointer=Checkpointer(str(tmp_path)), rank=0, rng=False, loader=first,
                   step=0)
     it = iter(first)
-    head = [i for _ in range(3) for i in next(it).data.tolist()]
+    head = [i for _ in range(3) for i in next(it).array.tolist()]
     state.step = 3
     state.commit()  # on disk: the shards' counts and layout are ints, lists and an int-keyed dict
     it.close()
@@ -118,4 +118,4 @@ def test_a_pipe_loaders_state_goes_through_a_checkpoint_and_resumes_with_other_w
     restored = State(checkpointer=Checkpointer(str(tmp_path)), rank=0, rng=False, loader=again,
                      step=0)
     assert restored.load() == 3
-    assert sorted(head + [i for b in again for i in b.data.tolist()]) == list(range(50))
+    assert sorted(head + [i for b in again for i in b.array.tolist()]) == list(range(50))

@@ -30,14 +30,14 @@ def _shares(rank, world):
         # num_workers=0: these spawned ranks are daemonic, and multiprocessing forbids a
         # daemonic process children (tests/integration/test_data_resume.py runs workers in ranks)
         loader = data.DataLoader(range(29), batch_size=3, sampler=sampler)
-        mine = [i for b in loader for i in b.data.tolist()]
+        mine = [i for b in loader for i in b.array.tolist()]
         gathered = [None] * world
         c.all_gather_object(gathered, mine)
         c.set_datapipe_sharding()
         pipe = (data.datapipes.IterableWrapper(range(40)).shuffle(buffer_size=8)
                 .sharding_filter())
         piped = [i for b in data.DataLoader(pipe, batch_size=4, generator=data.Generator(1))
-                 for i in b.data.tolist()]
+                 for i in b.array.tolist()]
         return sampler.rank, sampler.num_replicas, mine, gathered, piped
     finally:
         c.destroy_process_group()
@@ -112,16 +112,16 @@ def _pipe_rank() -> None:
         if phase == "first":  # lockstep steps, then both states, then the rest of the epoch
             for _ in range(HEAD_STEPS):
                 x, wid = next(it)
-                head += x.data.tolist()
-                served.update(wid.data.tolist())
+                head += x.array.tolist()
+                served.update(wid.array.tolist())
             states = {"rank0": loader.state_dict(), "merged": gather_loader_state(loader)}
             if c.get_rank() == 0:
                 with open(path, "w") as f:
                     json.dump(states, f, default=lambda a: a.tolist())  # generator words
             c.barrier()
         for x, wid in it:
-            rest += x.data.tolist()
-            served.update(wid.data.tolist())
+            rest += x.array.tolist()
+            served.update(wid.array.tolist())
         print(json.dumps({"head": head, "rest": rest, "served": sorted(served)}), flush=True)
     finally:
         c.destroy_process_group()

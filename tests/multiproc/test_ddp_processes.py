@@ -62,7 +62,7 @@ def mse(out, y, scale=1.0):
 
 
 def params_of(module):
-    return [p.data.copy() for p in module.parameters()]
+    return [p.array.copy() for p in module.parameters()]
 
 
 # Scenario name -> (DDP keyword arguments, micro-batches per step, rank using `extra`, hook name)

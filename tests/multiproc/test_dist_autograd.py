@@ -91,14 +91,14 @@ def task_chain_grads():
         loss = chain_loss(x)
         dist_autograd.backward(cid, [loss])
         grads = dist_autograd.get_gradients(cid)
-        local = {"x": grads[x].data.copy(), "w0": grads[_PARAMS["w"]].data.copy()}
+        local = {"x": grads[x].array.copy(), "w0": grads[_PARAMS["w"]].array.copy()}
         remote = {f"w{r}": rpc_agent.rpc_sync(f"w{r}", my_grad, (cid,)) for r in (1, 2)}
         untouched = x.grad is None and _PARAMS["w"].grad is None
     return float(loss.item()), local, remote, untouched
 
 
 def my_grad(cid):
-    return dist_autograd.get_gradients(cid)[_PARAMS["w"]].data.copy()
+    return dist_autograd.get_gradients(cid)[_PARAMS["w"]].array.copy()
 
 
 def task_chain_loss_value(w_values: dict, x_value):
@@ -123,7 +123,7 @@ def task_twice_and_remote():
         r = rpc_agent.remote("w2", stage, (x,))
         loss = (a * b).sum() + r.to_here().sum()
         dist_autograd.backward(cid, [loss])
-        gx = dist_autograd.get_gradients(cid)[x].data.copy()
+        gx = dist_autograd.get_gradients(cid)[x].array.copy()
         g1 = rpc_agent.rpc_sync("w1", my_grad, (cid,))
         g2 = rpc_agent.rpc_sync("w2", my_grad, (cid,))
     return gx, g1, g2
@@ -135,7 +135,7 @@ def task_rref_backward():
     with dist_autograd.context() as cid:
         loss_rref = rpc_agent.remote("w1", remote_loss, (x,))
         loss_rref.backward(cid)
-        gx = dist_autograd.get_gradients(cid)[x].data.copy()
+        gx = dist_autograd.get_gradients(cid)[x].array.copy()
         g1 = rpc_agent.rpc_sync("w1", my_grad, (cid,))
     return gx, g1
 
@@ -149,7 +149,7 @@ def task_async_execution():
     with dist_autograd.context() as cid:
         y = rpc_agent.rpc_sync("w1", stage_async, (x,))
         dist_autograd.backward(cid, [y.sum()])
-        gx = dist_autograd.get_gradients(cid)[x].data.copy()
+        gx = dist_autograd.get_gradients(cid)[x].array.copy()
         g1 = rpc_agent.rpc_sync("w1", my_grad, (cid,))
         g2 = rpc_agent.rpc_sync("w2", my_grad, (cid,))
     return gx, g1, g2
@@ -163,9 +163,9 @@ def task_unused_remote_and_retain():
         y = rpc_agent.rpc_sync("w1", stage, (x,))
         loss = y.sum()
         dist_autograd.backward(cid, [loss], retain_graph=True)
-        once = dist_autograd.get_gradients(cid)[x].data.copy()
+        once = dist_autograd.get_gradients(cid)[x].array.copy()
         dist_autograd.backward(cid, [loss])
-        twice = dist_autograd.get_gradients(cid)[x].data.copy()
+        twice = dist_autograd.get_gradients(cid)[x].array.copy()
         w2_grads = rpc_agent.rpc_sync("w2", grad_count, (cid,))
     return once, twice, w2_grads
 
@@ -177,7 +177,7 @@ def task_rpc_async_from_the_context_thread():
         fut = rpc_agent.rpc_async("w1", stage, (x,))
         y = fut.wait()
         dist_autograd.backward(cid, [(y * y).sum()])
-        gx = dist_autograd.get_gradients(cid)[x].data.copy()
+        gx = dist_autograd.get_gradients(cid)[x].array.copy()
         g1 = rpc_agent.rpc_sync("w1", my_grad, (cid,))
     return gx, g1
 
@@ -214,7 +214,7 @@ def task_each_part_runs_once():
         for retain in (True, False):
             dist_autograd.backward(cid, [loss], retain_graph=retain)
             counts.append(rpc_agent.rpc_sync("w1", hook_calls) - start)
-        gx = dist_autograd.get_gradients(cid)[x].data.copy()
+        gx = dist_autograd.get_gradients(cid)[x].array.copy()
         g1 = rpc_agent.rpc_sync("w1", my_grad, (cid,))
         g2 = rpc_agent.rpc_sync("w2", my_grad, (cid,))
     return counts, gx, g1, g2
@@ -223,7 +223,7 @@ def task_each_part_runs_once():
 def as_float(x):
     """Takes a tensor that requires grad and answers a plain float: its worker records a recv
     function but sends nothing back, so backward reaches it only by a begin message."""
-    return float(x.data.sum())
+    return float(x.array.sum())
 
 
 def task_recv_only_peer():
@@ -233,7 +233,7 @@ def task_recv_only_peer():
         rpc_agent.rpc_sync("w2", as_float, (x,))
         y = rpc_agent.rpc_sync("w1", stage, (x,))
         dist_autograd.backward(cid, [y.sum()])
-        gx = dist_autograd.get_gradients(cid)[x].data.copy()
+        gx = dist_autograd.get_gradients(cid)[x].array.copy()
     return gx
 
 
@@ -250,8 +250,8 @@ def task_ping_pong():
         y = stage(rpc_agent.rpc_sync("w1", stage, (x,)))
         z = rpc_agent.rpc_sync("w1", stage, (y,))
         dist_autograd.backward(cid, [(z * z).sum()])
-        gx = dist_autograd.get_gradients(cid)[x].data.copy()
-        g0 = dist_autograd.get_gradients(cid)[_PARAMS["w"]].data.copy()
+        gx = dist_autograd.get_gradients(cid)[x].array.copy()
+        g0 = dist_autograd.get_gradients(cid)[_PARAMS["w"]].array.copy()
         g1 = rpc_agent.rpc_sync("w1", my_grad, (cid,))
     after = gradient_batches()
     moved = {how: after[how] - before[how] for how in after}
@@ -419,7 +419,7 @@ def _local_chain():
     y = local_stage(y, ws["w0"]) * 2.0
     loss = (y * y).sum()
     loss.backward()
-    return float(loss.item()), x.grad.data, {k: t.grad.data for k, t in ws.items()}
+    return float(loss.item()), x.grad.array, {k: t.grad.array for k, t in ws.items()}
 
 
 def _assert_all_released(workers):
@@ -463,9 +463,9 @@ def test_a_tensor_sent_twice_and_a_remote_result(workers):
     b = local_stage(x, ws["w1"])
     loss = (a * b).sum() + local_stage(x, ws["w2"]).sum()
     loss.backward()
-    np.testing.assert_allclose(gx, x.grad.data, rtol=0, atol=1e-12)
-    np.testing.assert_allclose(g1, ws["w1"].grad.data, rtol=0, atol=1e-12)
-    np.testing.assert_allclose(g2, ws["w2"].grad.data, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(gx, x.grad.array, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(g1, ws["w1"].grad.array, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(g2, ws["w2"].grad.array, rtol=0, atol=1e-12)
     _assert_all_released(workers)
 
 
@@ -474,8 +474,8 @@ def test_rref_backward_starts_on_the_owner(workers):
     w1 = core.Tensor(_values(101, (4, 4)), requires_grad=True)
     x = _x()
     local_stage(x, w1).sum().backward()
-    np.testing.assert_allclose(gx, x.grad.data, rtol=0, atol=1e-12)
-    np.testing.assert_allclose(g1, w1.grad.data, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(gx, x.grad.array, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(g1, w1.grad.array, rtol=0, atol=1e-12)
     _assert_all_released(workers)
 
 
@@ -484,9 +484,9 @@ def test_calls_from_async_execution_functions(workers):
     ws = {k: core.Tensor(v, requires_grad=True) for k, v in _ws().items()}
     x = _x()
     local_stage(local_stage(x, ws["w1"]), ws["w2"]).sum().backward()
-    np.testing.assert_allclose(gx, x.grad.data, rtol=0, atol=1e-12)
-    np.testing.assert_allclose(g1, ws["w1"].grad.data, rtol=0, atol=1e-12)
-    np.testing.assert_allclose(g2, ws["w2"].grad.data, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(gx, x.grad.array, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(g1, ws["w1"].grad.array, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(g2, ws["w2"].grad.array, rtol=0, atol=1e-12)
     _assert_all_released(workers)
 
 
@@ -496,8 +496,8 @@ def test_rpc_async_from_the_contexts_own_thread(workers):
     x = _x()
     y = local_stage(x, w1)
     (y * y).sum().backward()
-    np.testing.assert_allclose(gx, x.grad.data, rtol=0, atol=1e-12)
-    np.testing.assert_allclose(g1, w1.grad.data, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(gx, x.grad.array, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(g1, w1.grad.array, rtol=0, atol=1e-12)
     _assert_all_released(workers)
 
 
@@ -512,9 +512,9 @@ def test_each_workers_part_of_the_graph_runs_once_per_pass(workers):
     loss = (local_stage(y, ws["w2"]) * local_stage(y, ws["w2"])).sum()
     loss.backward(retain_graph=True)
     loss.backward()
-    np.testing.assert_allclose(gx, x.grad.data, rtol=0, atol=1e-12)
-    np.testing.assert_allclose(g1, ws["w1"].grad.data, rtol=0, atol=1e-12)
-    np.testing.assert_allclose(g2, ws["w2"].grad.data, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(gx, x.grad.array, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(g1, ws["w1"].grad.array, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(g2, ws["w2"].grad.array, rtol=0, atol=1e-12)
     _assert_all_released(workers)
 
 
@@ -524,9 +524,9 @@ def test_gradients_owed_to_the_sender_ride_on_its_answer(workers):
     x = _x()
     z = local_stage(local_stage(local_stage(x, ws["w1"]), ws["w0"]), ws["w1"])
     (z * z).sum().backward()
-    np.testing.assert_allclose(gx, x.grad.data, rtol=0, atol=1e-12)
-    np.testing.assert_allclose(g0, ws["w0"].grad.data, rtol=0, atol=1e-12)
-    np.testing.assert_allclose(g1, ws["w1"].grad.data, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(gx, x.grad.array, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(g0, ws["w0"].grad.array, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(g1, ws["w1"].grad.array, rtol=0, atol=1e-12)
     # Two round trips: w0's two messages, each answered with the gradients w1 owed w0.
     assert moved == {"w0 message": 2, "w0 on_answer": 0, "w1 message": 0, "w1 on_answer": 2}
     _assert_all_released(workers)
@@ -554,7 +554,7 @@ def test_a_peer_that_only_received_answers_its_begin_with_no_gradient(workers):
     w1 = core.Tensor(_values(101, (4, 4)), requires_grad=True)
     x = _x()
     local_stage(x, w1).sum().backward()
-    np.testing.assert_allclose(gx, x.grad.data, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(gx, x.grad.array, rtol=0, atol=1e-12)
     _assert_all_released(workers)
 
 

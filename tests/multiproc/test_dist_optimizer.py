@@ -32,7 +32,7 @@ def param_rref():
 
 
 def param_value():
-    return _PARAMS["w"].data.copy()
+    return _PARAMS["w"].array.copy()
 
 
 def stage(x):
@@ -163,8 +163,8 @@ def test_steps_equal_one_process(workers, optim_name):
         y = ((x @ ws[0]).tanh() @ ws[1]).tanh()
         (y * y).sum().backward()
         opt.step()
-    np.testing.assert_allclose(w0, ws[0].data, rtol=0, atol=1e-10)
-    np.testing.assert_allclose(w1, ws[1].data, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(w0, ws[0].array, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(w1, ws[1].array, rtol=0, atol=1e-10)
     assert not np.allclose(w0, _w(0))
 
 

@@ -165,9 +165,9 @@ def check_values():
     out["big_pickle"] = rpc_agent.rpc_sync("w2", echo, (payload,)) == payload
     tensor = Tensor(np.arange(6, dtype=np.float32).reshape(2, 3), requires_grad=True)
     back = rpc_agent.rpc_sync("w1", echo, (tensor,))
-    out["tensor"] = (type(back).__name__, back.requires_grad, back.data.tolist())
+    out["tensor"] = (type(back).__name__, back.requires_grad, back.array.tolist())
     bulk = Tensor(np.ones((512, 512), dtype=np.float64))  # 2 MiB over the data channel
-    out["tensor_big"] = float(rpc_agent.rpc_sync("w2", echo, (bulk,)).data.sum())
+    out["tensor_big"] = float(rpc_agent.rpc_sync("w2", echo, (bulk,)).array.sum())
     return out
 
 

@@ -10,7 +10,7 @@ from shoal import core
 
 
 def _project(out: Any, weights: np.ndarray) -> float:
-    data = out.data if isinstance(out, core.Tensor) else out
+    data = out.array if isinstance(out, core.Tensor) else out
     return float(np.sum(np.asarray(data, dtype=np.float64) * weights))
 
 
@@ -46,7 +46,7 @@ def gradcheck(
             analytic = t.grad.numpy()
             assert analytic.shape == t.shape, f"grad shape {analytic.shape} != {t.shape}"
             numeric = np.zeros_like(analytic)
-            flat = t.data.reshape(-1)  # a view: perturbing it perturbs the input
+            flat = t.array.reshape(-1)  # a view: perturbing it perturbs the input
             for j in range(flat.size):
                 orig = flat[j]
                 flat[j] = orig + eps
@@ -91,7 +91,7 @@ def compare_with_torch(
     if not wrt:
         return
     weights = np.random.default_rng(seed).standard_normal(c_out.shape).astype(
-        np.asarray(c_out.data).dtype
+        np.asarray(c_out.array).dtype
     )
     (c_out * core.tensor(weights)).sum().backward()
     (t_out * torch.tensor(weights)).sum().backward()

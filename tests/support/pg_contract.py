@@ -126,7 +126,7 @@ def reduce_ref(parts: list[np.ndarray], op: ReduceOp) -> np.ndarray:
 def assert_matches(got, want: np.ndarray, what: str) -> None:
     """`got` (numpy or core.Tensor) has `want`'s dtype and shape, and its values (floats within
     the dtype's tolerance, everything else exactly)."""
-    got = got.data if isinstance(got, Tensor) else got
+    got = got.array if isinstance(got, Tensor) else got
     assert isinstance(got, np.ndarray), f"{what}: got a {type(got).__name__}"
     assert got.dtype == want.dtype and got.shape == want.shape, (
         f"{what}: got {got.dtype}{list(got.shape)}, want {want.dtype}{list(want.shape)}")
@@ -225,7 +225,7 @@ class ProcessGroupContract:
 
     def to_numpy(self, x: Any) -> np.ndarray:
         """What a call left in an input made by `as_input`, as numpy."""
-        arr = x.data if isinstance(x, Tensor) else x
+        arr = x.array if isinstance(x, Tensor) else x
         return arr if type(arr) is np.ndarray else self.from_device(arr)
 
     def end_job(self, job: Any) -> None:

@@ -40,7 +40,7 @@ def _train(pg, rank, agree):
         scaler.scale(model(core.ones(1, 2)).sum()).backward()
         if step == 1 and rank == 1:
             with core.no_grad():
-                model.weight.grad.data[0, 0] = np.inf
+                model.weight.grad.array[0, 0] = np.inf
         before = model.weight.detach().clone()
         scaler.step(opt)
         skipped.append(bool(core.equal(before, model.weight.detach())))
@@ -101,7 +101,7 @@ def _ddp_amp_run(pg, rank, micro_batches=2, steps=4, hook=None):
                 scaler.scale(loss).backward()
         if step == 2 and rank == 0:  # an overflow on one rank after the all-reduce
             with core.no_grad():
-                next(model.parameters()).grad.data[0, 0] = np.nan
+                next(model.parameters()).grad.array[0, 0] = np.nan
         scaler.step(opt)
         scaler.update()
     return [p.detach().numpy().copy() for p in model.parameters()], scaler.get_scale()
@@ -322,11 +322,11 @@ def test_a_dropped_ddp_leaves_nothing_registered_and_a_destroyed_group_lets_the_
     finally:
         job.close()  # destroys the group under the wrapper that still exists
     opt = core.optim.SGD(model.parameters(), lr=0.1)
-    before = model.weight.data.copy()
+    before = model.weight.array.copy()
     scaler = GradScaler("cpu", init_scale=4.0)
     scaler.scale(model(core.ones(1, 3)).sum()).backward()
     scaler.step(opt)
     scaler.update()
-    assert not np.array_equal(model.weight.data, before)  # stepped: no GroupDestroyed, no skip
+    assert not np.array_equal(model.weight.array, before)  # stepped: no GroupDestroyed, no skip
     assert scaler.get_scale() == 4.0
     del kept

@@ -98,7 +98,7 @@ def test_torch_style_methods_return_works_with_futures(job):
         fut = pg.allreduce([t], opts).get_future()
         value = fut.wait(timeout=20)
         assert isinstance(fut, dist.Future) and value[0] is t
-        np.testing.assert_array_equal(t.data, np.arange(3.0) + W - 1)
+        np.testing.assert_array_equal(t.array, np.arange(3.0) + W - 1)
         outs = [np.empty(2) for _ in range(W)]
         pg.allgather([outs], [np.full(2, float(r))]).wait()
         assert [o.tolist() for o in outs] == [[float(q)] * 2 for q in range(W)]
@@ -180,7 +180,7 @@ def test_allreduce_coalesced_reduces_each_tensor_and_its_future_holds_them(job):
         value = _future_value(pg.allreduce_coalesced(parts, opts))
         assert len(value) == 3 and all(v is p for v, p in zip(value, parts))
         np.testing.assert_array_equal(parts[0], np.arange(3.0) * W)
-        assert parts[1].data.dtype == np.float32 and parts[1].data.tolist() == [[W * 1.0] * 2] * 2
+        assert parts[1].array.dtype == np.float32 and parts[1].array.tolist() == [[W * 1.0] * 2] * 2
         assert parts[2].tolist() == [W - 1, 0]
         summed = [np.ones(2) * r, np.arange(2, dtype=np.int32) + r]
         _future_value(pg.allreduce_coalesced(summed))  # no opts: SUM, as torch's default

@@ -59,7 +59,7 @@ def _reference_grads(build=_model) -> list[np.ndarray]:
     for rank in range(WORLD):
         x, y = _batch(rank)
         _loss(model(x), y, 1.0 / WORLD).backward()
-    return [p.grad.data.copy() for p in model.parameters()]
+    return [p.grad.array.copy() for p in model.parameters()]
 
 
 def _grads_with_hook(job, hook, **ddp_kw) -> list[list[np.ndarray]]:
@@ -68,7 +68,7 @@ def _grads_with_hook(job, hook, **ddp_kw) -> list[list[np.ndarray]]:
         ddp.register_comm_hook(job.pgs[rank], hook)
         x, y = _batch(rank)
         _loss(ddp(x), y).backward()
-        return [p.grad.data.copy() for p in ddp.module.parameters()]
+        return [p.grad.array.copy() for p in ddp.module.parameters()]
 
     return job.run(body)
 
@@ -95,7 +95,7 @@ def _rpc_future_hook(group, bucket):
     from shoal.rpc_agent.futures import Future as RpcFuture
 
     # The sum goes into a copy, as a compressing hook's does: only the Future's value carries it.
-    summed = bucket.buffer().data.copy()
+    summed = bucket.buffer().array.copy()
     work = group.all_reduce(summed, async_op=True)
     fut = RpcFuture("bucket all_reduce")
     work.add_done_callback(lambda w: fut.set_result(Tensor(summed / group.size())))
@@ -103,7 +103,7 @@ def _rpc_future_hook(group, bucket):
 
 
 def _duck_future_hook(group, bucket):
-    summed = bucket.buffer().data / group.size()
+    summed = bucket.buffer().array / group.size()
     return _DuckFuture(group.all_reduce(summed, async_op=True), summed)
 
 
@@ -117,7 +117,7 @@ def test_a_foreign_future_from_a_hook_is_used(job, hook):
 
 def test_a_hook_result_without_value_is_refused(job):
     def returns_work(group, bucket):  # a Work waits but has no value()
-        return group.all_reduce(bucket.buffer().data, async_op=True)
+        return group.all_reduce(bucket.buffer().array, async_op=True)
 
     def body(rank):
         ddp = DistributedDataParallel(_model(), process_group=job.pgs[rank])
@@ -159,7 +159,7 @@ def test_builtin_comm_hooks_by_type(job, kind):
         ddp._register_builtin_comm_hook(getattr(dist.BuiltinCommHookType, kind))
         x, y = _batch(rank)
         _loss(ddp(x), y).backward()
-        return [p.grad.data.copy() for p in ddp.module.parameters()]
+        return [p.grad.array.copy() for p in ddp.module.parameters()]
 
     tol = 1e-3 if kind == "FP16_COMPRESS" else 1e-7
     for rank, grads in enumerate(job.run(body)):
@@ -187,7 +187,7 @@ def test_torch_argument_order_and_defaults(job):
         assert ddp.bucket_bytes_cap == 25 * 1024 * 1024 and ddp.dim == 0
         assert ddp.device_ids is None and ddp.output_device is None
         ddp2 = DistributedDataParallel(_model(seed=rank), device_ids=[], process_group=job.pgs[rank])
-        return [p.data.copy() for p in ddp.module.parameters()], ddp2.device_ids
+        return [p.array.copy() for p in ddp.module.parameters()], ddp2.device_ids
 
     (p0, ids0), (p1, _) = job.run(body)
     assert ids0 is None
@@ -198,9 +198,9 @@ def test_torch_argument_order_and_defaults(job):
 def test_init_sync_false_keeps_each_ranks_parameters(job):
     def body(rank):
         model = _model(seed=rank)
-        before = [p.data.copy() for p in model.parameters()]
+        before = [p.array.copy() for p in model.parameters()]
         DistributedDataParallel(model, process_group=job.pgs[rank], init_sync=False)
-        return before, [p.data.copy() for p in model.parameters()]
+        return before, [p.array.copy() for p in model.parameters()]
 
     for before, after in job.run(body):
         for a, b in zip(before, after):
@@ -293,7 +293,7 @@ def _torch_bucket_records(rank: int) -> list[dict]:
                                 torch.nn.Linear(3, 2, bias=False))
     with torch.no_grad():
         for mine, theirs in zip(_chain().parameters(), model.parameters()):
-            theirs.copy_(torch.from_numpy(np.array(mine.data, np.float32)))
+            theirs.copy_(torch.from_numpy(np.array(mine.array, np.float32)))
     params = list(model.parameters())
     ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=_CAP_MB)
     records: list[dict] = []
@@ -305,7 +305,7 @@ def _torch_bucket_records(rank: int) -> list[dict]:
         return fut
 
     ddp.register_comm_hook(None, hook)
-    x, y = (torch.from_numpy(t.data.astype(np.float32)) for t in _batch(rank))
+    x, y = (torch.from_numpy(t.array.astype(np.float32)) for t in _batch(rank))
     for _ in range(2):
         records.clear()
         model.zero_grad()
@@ -339,10 +339,10 @@ def test_a_hook_sees_the_buckets_torch_shows_its_hooks(job):
         records: list[dict] = []
 
         def hook(group, bucket: dist.GradBucket) -> dist.Future[Tensor]:
-            records.append(_bucket_record(bucket, params, lambda t: t.data))
-            averaged = bucket.buffer().data / group.size()
+            records.append(_bucket_record(bucket, params, lambda t: t.array))
+            averaged = bucket.buffer().array / group.size()
             bucket.set_buffer(averaged)
-            assert np.shares_memory(bucket.buffer().data, averaged)
+            assert np.shares_memory(bucket.buffer().array, averaged)
             with pytest.raises(ValueError, match=r"^Bucket \d holds \d+ elements of float32; a "
                                                  r"replacement buffer of shape \(3,\)"):
                 bucket.set_buffer(np.zeros(3, np.float32))
@@ -357,7 +357,7 @@ def test_a_hook_sees_the_buckets_torch_shows_its_hooks(job):
             ddp.module.zero_grad()
             _loss(ddp(x), y).backward()
             rounds.append(sorted(records, key=lambda r: r["index"]))
-        return rounds, [p.grad.data.copy() for p in params]
+        return rounds, [p.grad.array.copy() for p in params]
 
     want = _reference_grads(_chain)
     for rank, (rounds, grads) in enumerate(job.run(body)):

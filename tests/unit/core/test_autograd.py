@@ -36,14 +36,14 @@ def test_leaf_grads_never_alias_each_other_or_the_seed_gradient():
     a, b = _leaf(3), _leaf(3, seed=1)
     seed = core.ones(3)
     (a + b).backward(seed)
-    assert not np.shares_memory(a.grad.data, b.grad.data)
-    assert not np.shares_memory(a.grad.data, seed.data)
-    a.grad.data += 1
+    assert not np.shares_memory(a.grad.array, b.grad.array)
+    assert not np.shares_memory(a.grad.array, seed.array)
+    a.grad.array += 1
     np.testing.assert_array_equal(b.grad.numpy(), np.ones(3))
     np.testing.assert_array_equal(seed.numpy(), np.ones(3))
     c = _leaf(2, 3)
     c.T.sum().backward()  # a transposed, broadcast gradient becomes a dense .grad
-    assert c.grad.data.flags.c_contiguous and c.grad.data.flags.writeable
+    assert c.grad.array.flags.c_contiguous and c.grad.array.flags.writeable
 
 
 def test_fresh_gradients_are_adopted_without_a_copy():
@@ -54,9 +54,9 @@ def test_fresh_gradients_are_adopted_without_a_copy():
     x = core.ones(2, 3)
     out = orig(x, w)
     # Capture the array the linear backward produces by hooking the leaf before accumulation.
-    w.register_hook(lambda g: seen.append(g.data))
+    w.register_hook(lambda g: seen.append(g.array))
     out.sum().backward()
-    assert w.grad.data is seen[0]
+    assert w.grad.array is seen[0]
 
 
 def test_second_backward_without_retain_graph_raises_and_changes_nothing():
@@ -212,7 +212,7 @@ def test_detach_shares_data_and_cuts_the_graph():
     x = _leaf(3)
     y = x * 2
     d = y.detach()
-    assert np.shares_memory(d.data, y.data) and not d.requires_grad and d.is_leaf
+    assert np.shares_memory(d.array, y.array) and not d.requires_grad and d.is_leaf
     (y * d).sum().backward()
     np.testing.assert_allclose(x.grad.numpy(), 2 * d.numpy())
 
@@ -237,7 +237,7 @@ def test_in_place_updates_need_no_grad_on_leaves():
         w.addcmul_(core.ones(3), core.ones(3), value=2.0)
         w.addcdiv_(core.ones(3), core.full((3,), 2.0), value=2.0)
     np.testing.assert_allclose(w.detach().numpy(), np.full(3, 4.5))
-    assert w.data.dtype == np.float64
+    assert w.array.dtype == np.float64
 
 
 def test_autograd_grad_returns_gradients_without_touching_dot_grad():
@@ -261,7 +261,7 @@ def test_backward_from_several_roots_at_once():
     x = _leaf(3)
     a = x * 2
     b = a * 3  # b depends on a: a's seed and b's contribution must both land before a runs
-    core.autograd.backward([a, b], [core.ones(3).data, core.ones(3).data])
+    core.autograd.backward([a, b], [core.ones(3).array, core.ones(3).array])
     np.testing.assert_allclose(x.grad.numpy(), np.full(3, 2.0 + 6.0))
 
 

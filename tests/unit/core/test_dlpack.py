@@ -9,10 +9,10 @@ from shoal import core
 def test_numpy_round_trip_shares_memory():
     arr = np.arange(6, dtype=np.float32).reshape(2, 3)
     t = core.from_dlpack(arr)
-    assert t.data is arr
+    assert t.array is arr
     back = np.from_dlpack(t)
     assert np.shares_memory(back, arr)
-    t.data[0, 0] = 42
+    t.array[0, 0] = 42
     assert back[0, 0] == 42
     assert t.__dlpack_device__() == (1, 0)
 
@@ -23,7 +23,7 @@ def test_torch_to_core_and_back_without_copies():
     t = core.from_dlpack(src)
     assert t.shape == (3, 4) and t.dtype == core.float32
     src[0, 0] = -1.0
-    assert t.data[0, 0] == -1.0  # same memory
+    assert t.array[0, 0] == -1.0  # same memory
     back = torch.from_dlpack(t)
     assert back.data_ptr() == src.data_ptr()
     for dt, tdt in ((core.float64, torch.float64), (core.int64, torch.int64), (core.float16, torch.float16)):

@@ -49,4 +49,4 @@ def test_three_training_steps_match_torch(name):
         theirs_opt.step()
         assert loss.item() == pytest.approx(tloss.item(), rel=1e-12), f"loss at step {step}"
     for (key, a), b in zip(ours.state_dict().items(), theirs.state_dict().values()):
-        np.testing.assert_allclose(a.data, b.numpy(), rtol=1e-11, atol=1e-13, err_msg=key)
+        np.testing.assert_allclose(a.array, b.numpy(), rtol=1e-11, atol=1e-13, err_msg=key)

@@ -18,10 +18,10 @@ def test_tensor_infers_dtypes_like_torch_and_copies():
     assert core.tensor(3.5).shape == ()
     src = np.arange(3, dtype=np.float64)
     t = core.tensor(src)
-    assert t.dtype == core.float64 and not np.shares_memory(t.data, src)
+    assert t.dtype == core.float64 and not np.shares_memory(t.array, src)
     assert core.tensor(src, dtype=core.float16).dtype == core.float16
     assert core.tensor([1, 2], dtype="float32").dtype == core.float32
-    assert core.as_tensor(src).data is src and core.from_numpy(src).data is src
+    assert core.as_tensor(src).array is src and core.from_numpy(src).array is src
 
 
 def test_constructors():
@@ -54,7 +54,7 @@ def test_metadata_and_conversions():
     assert x.size() == (2, 3) and x.size(1) == 3 and len(x) == 2
     assert x.device == "cpu" and x.device == Device("cpu") and str(x.device) == "cpu"
     assert x[1, 2].item() == 5.0 and float(x[0, 1]) == 1.0 and int(x[1, 0]) == 3
-    assert x.numpy() is x.data  # shares memory, no copy
+    assert x.numpy() is x.array  # shares memory, no copy
     assert x.tolist() == [[0, 1, 2], [3, 4, 5]]
     assert x.to(core.float64).dtype == core.float64 and x.to("cpu") is x
     assert x.double().dtype == core.float64 and x.half().dtype == core.float16
@@ -66,13 +66,13 @@ def test_metadata_and_conversions():
         core.ones(2, requires_grad=True).numpy()
 
 
-def test_data_is_assignable_without_copy_and_clone_copies():
+def test_array_is_assignable_without_copy_and_clone_copies():
     x = core.zeros(3, requires_grad=True)
     arr = np.ones(3)
-    x.data = arr
-    assert x.data is arr
+    x.array = arr
+    assert x.array is arr
     c = x.clone()
-    assert not np.shares_memory(c.data, x.data) and c.requires_grad
+    assert not np.shares_memory(c.array, x.array) and c.requires_grad
     d = x.detach().clone()
     assert not d.requires_grad
 

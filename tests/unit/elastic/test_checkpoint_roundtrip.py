@@ -78,7 +78,7 @@ def assert_identical(a, b, where="state"):
             assert_identical(x, y, f"{where}[{i}]")
     elif isinstance(a, core.Tensor):
         assert a.requires_grad == b.requires_grad, where
-        assert_identical(a.data, b.data, f"{where}.data")
+        assert_identical(a.array, b.array, f"{where}.array")
     elif isinstance(a, (np.ndarray, np.generic)):
         assert a.dtype == b.dtype and a.shape == b.shape, where
         assert np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes(), where
@@ -111,7 +111,7 @@ def test_the_loaded_state_resumes_training_exactly(tmp_path):
         m(x).sum().backward()
         opt.step()
     for (name, p), (_, q) in zip(model.named_parameters(), fresh.named_parameters()):
-        assert p.data.tobytes() == q.data.tobytes(), name
+        assert p.array.tobytes() == q.array.tobytes(), name
 
 
 def _skeleton_globals(path: str) -> set[tuple[str, str]]:
@@ -142,7 +142,7 @@ def test_arrays_are_aligned_writable_and_shared_objects_stay_shared(tmp_path):
     ck.save(1, {"a": w, "b": w, "t": core.Tensor(w[:3]), "s": np.float64(1.0)})
     loaded = ck.load(1)
     assert loaded["a"] is loaded["b"]
-    for array in (loaded["a"], loaded["t"].data):
+    for array in (loaded["a"], loaded["t"].array):
         assert array.flags.writeable and array.ctypes.data % ALIGN == 0
     loaded["a"][0] = 5.0  # a loaded array is the caller's to change
     assert type(loaded["s"]) is np.float64

@@ -32,7 +32,7 @@ def training_state(seed: int = 0) -> dict:
     opt.step()
     rng = np.random.default_rng(seed)
     return {
-        "model": {k: v.data.copy() for k, v in model.state_dict().items()},
+        "model": {k: v.array.copy() for k, v in model.state_dict().items()},
         "optimizer": opt.state_dict(),
         "scheduler": {"last_epoch": 3, "base_lrs": [0.1]},
         "step": 42,
@@ -53,9 +53,9 @@ def assert_same(a, b):
         assert type(a) is type(b) and len(a) == len(b)
         for x, y in zip(a, b):
             assert_same(x, y)
-    elif isinstance(a, np.ndarray) or hasattr(a, "data") and isinstance(a.data, np.ndarray):
-        x = a if isinstance(a, np.ndarray) else a.data
-        y = b if isinstance(b, np.ndarray) else b.data
+    elif isinstance(a, np.ndarray) or hasattr(a, "array") and isinstance(a.array, np.ndarray):
+        x = a if isinstance(a, np.ndarray) else a.array
+        y = b if isinstance(b, np.ndarray) else b.array
         assert x.dtype == y.dtype and x.shape == y.shape
         np.testing.assert_array_equal(x, y)
     else:

@@ -33,7 +33,7 @@ def train_step(model, opt):
 
 
 def params(model) -> dict:
-    return {k: v.data.copy() for k, v in model.state_dict().items()}
+    return {k: v.array.copy() for k, v in model.state_dict().items()}
 
 
 def assert_params_equal(a: dict, b: dict):
@@ -50,7 +50,7 @@ def test_restore_returns_to_the_last_commit_rng_included():
     state.history.append(1.0)
     state.commit()
     committed = params(model)
-    draws = (random.random(), np.random.rand(), core.randn(2).data.copy())
+    draws = (random.random(), np.random.rand(), core.randn(2).array.copy())
     for _ in range(3):
         train_step(model, opt)
     state.step = 99
@@ -59,7 +59,7 @@ def test_restore_returns_to_the_last_commit_rng_included():
     assert state.step == 1 and state.history == [1.0]
     assert_params_equal(params(model), committed)
     assert random.random() == draws[0] and np.random.rand() == draws[1]
-    np.testing.assert_array_equal(core.randn(2).data, draws[2])
+    np.testing.assert_array_equal(core.randn(2).array, draws[2])
     # the optimizer's momentum came back too: one more step matches a fresh replay
     model2, opt2 = make(0)
     np.random.seed(1234)
@@ -119,7 +119,7 @@ def _sync_rank(rank: int, port: int, queue) -> None:
         state = State(model=model, optimizer=opt, step=10 * (rank + 1), rng=False)
         state.sync()
         queue.put((rank, None, state.step, params(model),
-                   {k: v["momentum_buffer"].data.copy() for k, v in opt.state_dict()["state"].items()}))
+                   {k: v["momentum_buffer"].array.copy() for k, v in opt.state_dict()["state"].items()}))
         collectives.destroy_process_group()
         store.close()
     except BaseException:  # noqa: BLE001  (handed to the test, which reports it)

@@ -57,8 +57,8 @@ def test_tensors_and_parameters_keep_type_data_and_requires_grad_but_not_the_gra
     payload, buffers = serialize([x, y, p], dst=0)
     assert len(buffers) == 3
     bx, by, bp = deserialize(payload, buffers)
-    assert type(bx) is Tensor and bx.requires_grad and bx.data.tolist() == [0, 1, 2, 3]
-    assert type(by) is Tensor and by.grad_fn is None and by.data.tolist() == [0, 2, 4, 6]
+    assert type(bx) is Tensor and bx.requires_grad and bx.array.tolist() == [0, 1, 2, 3]
+    assert type(by) is Tensor and by.grad_fn is None and by.array.tolist() == [0, 2, 4, 6]
     assert type(bp) is Parameter and bp.requires_grad
 
 

@@ -29,7 +29,7 @@ def test_each_bucket_all_reduce_is_an_event_with_its_index_bytes_and_wait():
     finally:
         pg.shutdown()
     sizes = sorted({(e.args["bucket"], e.args["bytes"]) for e in events})
-    total = sum(p.data.nbytes for p in model.parameters())
+    total = sum(p.array.nbytes for p in model.parameters())
     assert len(events) == 2 * len(sizes) and len(sizes) >= 2  # several buckets, every step
     assert sum(b for _, b in sizes) == total
     assert all(e.name == f"DDP bucket {e.args['bucket']} all_reduce" for e in events)

@@ -215,7 +215,7 @@ def mse(out, y, scale=1.0):
 
 
 def params_of(module) -> list[np.ndarray]:
-    return [p.data.copy() for p in module.parameters()]
+    return [p.array.copy() for p in module.parameters()]
 
 
 def reference(world, steps, micro=1, extra_rank=None, lr=0.1, momentum=0.9, seed=0, model_kw=None):
@@ -365,14 +365,14 @@ def checkpoint(fn, x):
     """Recompute fn in backward and run a nested backward through it (torch's reentrant kind)."""
     with core.no_grad():
         out = fn(x)
-    result = Tensor(out.data)
+    result = Tensor(out.array)
 
     def backward(g):
         with core.enable_grad():
-            inner = Tensor(x.data, requires_grad=True)
+            inner = Tensor(x.array, requires_grad=True)
             y = fn(inner)
         y.backward(Tensor(g))
-        return (inner.grad.data,)
+        return (inner.grad.array,)
 
     result.requires_grad = True
     result.grad_fn = Node("CheckpointBackward", backward, (x,))
@@ -457,7 +457,7 @@ def test_two_forwards_then_one_backward_still_reduce():
         x, y = batch(0, group.rank())
         out = ddp(x) + ddp(x)
         mse(out, y).backward()
-        return [p.grad.data.copy() for p in ddp.parameters()]
+        return [p.grad.array.copy() for p in ddp.parameters()]
 
     g0, g1 = run_ranks(2, body)
     assert_params_close(g0, g1, 0)
@@ -691,10 +691,10 @@ def test_buffers_follow_rank0_at_each_forward_when_asked(broadcast):
     def body(group):
         model = make_model(cls=WithBuffer)
         ddp = DistributedDataParallel(model, process_group=group, broadcast_buffers=broadcast)
-        model.scale.data[...] = 1.0 + group.rank()  # the replicas drift apart
+        model.scale.array[...] = 1.0 + group.rank()  # the replicas drift apart
         x, y = batch(0, group.rank())
         mse(ddp(x), y).backward()
-        return model.scale.data.copy()
+        return model.scale.array.copy()
 
     s0, s1 = run_ranks(2, body)
     np.testing.assert_array_equal(s0, np.ones(3))
@@ -730,7 +730,7 @@ def test_gradients_handed_out_are_never_overwritten_and_buffers_are_reused():
             opt.step()
             addresses.append({b.buffer.ctypes.data for b in ddp.reducer._buckets})
             if step == 4:
-                kept = ddp.module.layers[0].weight.grad.data  # a user keeps one gradient
+                kept = ddp.module.layers[0].weight.grad.array  # a user keeps one gradient
                 snapshot = kept.copy()
         np.testing.assert_array_equal(kept, snapshot)
         return addresses

@@ -60,7 +60,7 @@ def _run(lib, models, x, y, clip_at, form="torch.amp"):
             for name, value in _PATTERN.get(step, []):
                 grad = _param(models, name).grad
                 if lib == "shoal":
-                    grad.data.reshape(-1)[0] = value
+                    grad.array.reshape(-1)[0] = value
                 else:
                     grad.view(-1)[0] = value
         if step == clip_at:  # unscale_ first, as torch's docs show for clipping

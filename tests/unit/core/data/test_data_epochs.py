@@ -29,7 +29,7 @@ def torch_epoch(epoch: int) -> list[list[int]]:
 
 
 def epoch_of(loader) -> list[list[int]]:
-    return [b.data.tolist() for b in loader]
+    return [b.array.tolist() for b in loader]
 
 
 def test_an_end_of_epoch_state_then_set_epoch_reads_the_next_epochs_whole():
@@ -49,7 +49,7 @@ def test_set_epoch_to_the_saved_epoch_continues_it_and_another_starts_afresh():
     loader, sampler = loader_and_sampler()
     sampler.set_epoch(3)
     it = iter(loader)
-    head = [next(it).data.tolist() for _ in range(2)]
+    head = [next(it).array.tolist() for _ in range(2)]
     state = loader.state_dict()
     same, same_sampler = loader_and_sampler()
     same.load_state_dict(state)

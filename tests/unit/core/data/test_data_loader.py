@@ -57,7 +57,7 @@ class TorchSeedProbe(tud.Dataset):
 
 
 def flat(loader):
-    return [b[0].data.tolist() for b in loader]
+    return [b[0].array.tolist() for b in loader]
 
 
 @pytest.mark.parametrize("workers", [0, 1, 2])
@@ -67,17 +67,17 @@ def test_batches_are_the_same_at_every_worker_count(workers):
     expected = tud.DataLoader(tud.TensorDataset(torch.arange(23)), batch_size=4, shuffle=True,
                               generator=torch.Generator().manual_seed(1))
     batches = list(loader)
-    assert [b[0].data.tolist() for b in batches] == [b[0].tolist() for b in expected]
+    assert [b[0].array.tolist() for b in batches] == [b[0].tolist() for b in expected]
     for idx, sq in batches:
-        assert isinstance(sq, core.Tensor) and sq.data.dtype == np.float32
-        np.testing.assert_array_equal(sq.data[:, 0], idx.data.astype(np.float32) ** 2)
+        assert isinstance(sq, core.Tensor) and sq.array.dtype == np.float32
+        np.testing.assert_array_equal(sq.array[:, 0], idx.array.astype(np.float32) ** 2)
 
 
 def test_workers_are_seeded_as_torch_seeds_them():
     ours = data.DataLoader(SeedProbe(), batch_size=1, num_workers=2, generator=data.Generator(7))
     theirs = tud.DataLoader(TorchSeedProbe(), batch_size=1, num_workers=2,
                             generator=torch.Generator().manual_seed(7))
-    got = [b.data.tolist() for b in ours]
+    got = [b.array.tolist() for b in ours]
     want = [b.numpy().tolist() for b in theirs]
     assert got == want
     assert {row[0][0] for row in got} == {0, 1}  # both workers served
@@ -118,7 +118,7 @@ def test_iterable_datasets_interleave_workers_as_torch_does(workers, drop_last):
     ours = data.DataLoader(Stream(20), batch_size=3, num_workers=workers, drop_last=drop_last)
     theirs = tud.DataLoader(TorchStream(20), batch_size=3, num_workers=workers,
                             drop_last=drop_last)
-    assert [b.data.tolist() for b in ours] == [b.tolist() for b in theirs]
+    assert [b.array.tolist() for b in ours] == [b.tolist() for b in theirs]
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -130,7 +130,7 @@ def test_state_dict_resumes_mid_epoch_without_repeating_or_skipping(workers):
     whole = flat(loader())
     first = loader()
     it = iter(first)
-    head = [next(it)[0].data.tolist() for _ in range(3)]
+    head = [next(it)[0].array.tolist() for _ in range(3)]
     state = first.state_dict()
     resumed = loader()
     resumed.load_state_dict(state)
@@ -146,13 +146,13 @@ def test_a_resumed_distributed_loader_at_another_world_size_reads_the_rest_once(
     iters = [iter(ld) for ld in loaders]
     for _ in range(3):  # three lockstep steps at world size 4
         for it in iters:
-            seen += next(it).data.tolist()
+            seen += next(it).array.tolist()
     state = loaders[0].state_dict()
     for r in range(3):  # the rest of the epoch at world size 3
         ld = data.DataLoader(range(n), batch_size=batch,
                              sampler=DistributedSampler(range(n), 3, r, seed=3))
         ld.load_state_dict(state)
-        seen += [i for b in ld for i in b.data.tolist()]
+        seen += [i for b in ld for i in b.array.tolist()]
     assert sorted(seen) == list(range(n))
 
 
@@ -188,7 +188,7 @@ def test_worker_init_fn_runs_once_per_worker_and_its_effects_reach_the_batches(t
     loader = data.DataLoader(OurTagged(), batch_size=2, num_workers=2, persistent_workers=True,
                              worker_init_fn=functools.partial(tag_worker, ours_log,
                                                               data.get_worker_info))
-    epochs = [[b.data.tolist() for b in loader] for _ in range(2)]
+    epochs = [[b.array.tolist() for b in loader] for _ in range(2)]
     pids = loader._pool.pids()
     loader._pool.shutdown()
     theirs = tud.DataLoader(TorchTagged(), batch_size=2, num_workers=2, persistent_workers=True,
@@ -243,27 +243,27 @@ def test_large_batches_cross_through_shared_memory_and_leave_nothing_behind():
     before = set(os.listdir("/dev/shm"))
     loader = data.DataLoader(Big(), batch_size=4, num_workers=2)
     batches = list(loader)
-    assert [b.data[:, 0].tolist() for b in batches] == [[0, 1, 2, 3], [4, 5, 6, 7],
+    assert [b.array[:, 0].tolist() for b in batches] == [[0, 1, 2, 3], [4, 5, 6, 7],
                                                         [8, 9, 10, 11]]
-    assert all(b.data.flags.writeable for b in batches)
+    assert all(b.array.flags.writeable for b in batches)
     # the arrays are views of the slot's mapping, not copies that came through the pipe
-    assert all(isinstance(backing(b.data), mmap.mmap) for b in batches)
-    assert handover.INLINE_BYTES < batches[0].data.nbytes
+    assert all(isinstance(backing(b.array), mmap.mmap) for b in batches)
+    assert handover.INLINE_BYTES < batches[0].array.nbytes
     assert not {f for f in set(os.listdir("/dev/shm")) - before if f.startswith("shoal-data")}
 
 
 def test_small_batches_come_inline_through_the_pipe():
     batches = list(data.DataLoader(range(8), batch_size=2, num_workers=1))
-    assert [b.data.tolist() for b in batches] == [[0, 1], [2, 3], [4, 5], [6, 7]]
-    assert not any(isinstance(backing(b.data), mmap.mmap) for b in batches)
+    assert [b.array.tolist() for b in batches] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert not any(isinstance(backing(b.array), mmap.mmap) for b in batches)
 
 
 def test_batch_size_none_and_custom_collate_and_batch_sampler():
-    assert [t.data.tolist() for t in data.DataLoader(np.arange(3), batch_size=None)] == [0, 1, 2]
+    assert [t.array.tolist() for t in data.DataLoader(np.arange(3), batch_size=None)] == [0, 1, 2]
     loader = data.DataLoader(range(6), batch_size=4, collate_fn=lambda b: sum(b), num_workers=1)
     assert list(loader) == [6, 9]
     bs = data.BatchSampler(data.SequentialSampler(range(5)), 2, drop_last=True)
-    assert [b.data.tolist() for b in data.DataLoader(range(5), batch_sampler=bs)] == [[0, 1],
+    assert [b.array.tolist() for b in data.DataLoader(range(5), batch_sampler=bs)] == [[0, 1],
                                                                                      [2, 3]]
     assert len(data.DataLoader(range(5), batch_size=2)) == 3
 
@@ -296,7 +296,7 @@ def test_pin_memory_without_a_gpu_warns_and_keeps_the_batch(recwarn):
     if pin.available():
         pytest.skip("this machine has a CUDA device (tests/gpu covers pinning)")
     batches = list(data.DataLoader(range(4), batch_size=2, pin_memory=True))
-    assert [b.data.tolist() for b in batches] == [[0, 1], [2, 3]]
+    assert [b.array.tolist() for b in batches] == [[0, 1], [2, 3]]
 
 
 def test_a_batch_kept_by_the_loop_is_never_overwritten_and_freed_slots_are_reused():
@@ -312,9 +312,9 @@ def test_a_batch_kept_by_the_loop_is_never_overwritten_and_freed_slots_are_reuse
     kept = next(it)
     for k in range(1, 20):  # not enumerate(it): its cached tuple would keep the last batch
         batch = next(it)
-        assert batch.data[:, -1].tolist() == [2 * k, 2 * k + 1]
+        assert batch.array[:, -1].tolist() == [2 * k, 2 * k + 1]
         del batch  # freed: its slot goes back to the worker
-    assert kept.data[:, 0].tolist() == [0, 1] and kept.data[:, -1].tolist() == [0, 1]
+    assert kept.array[:, 0].tolist() == [0, 1] and kept.array[:, -1].tolist() == [0, 1]
     # the kept batch pins one slot; the others cycle through prefetch_factor more, plus the one
     # being handed out while the next task is sent
     assert it.pool.slots_opened() <= 1 + loader.prefetch_factor + 1

@@ -132,7 +132,7 @@ def test_the_timeout_counts_from_the_request_while_other_workers_deliver():
 
     loader = data.DataLoader(OneStuck(), batch_size=1, num_workers=2, timeout=1.0)
     it = iter(loader)
-    assert next(it).data.tolist() == [0]
+    assert next(it).array.tolist() == [0]
     started = time.monotonic()
     with pytest.raises(data.DataLoaderTimeout, match="waiting for batch 1 from worker 1"):
         next(it)

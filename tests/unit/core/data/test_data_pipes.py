@@ -15,7 +15,7 @@ tdp = torch.utils.data.datapipes
 
 
 def tolist(pipe):
-    return [x.data.tolist() if hasattr(x, "data") and hasattr(x.data, "tolist") else x
+    return [x.tolist() if hasattr(x, "tolist") else x
             for x in pipe]
 
 
@@ -139,7 +139,7 @@ def test_loader_shards_over_ranks_and_workers_each_item_once(workers):
             sharding.set_distributed_info(rank, 3)
             loader = data.DataLoader(pipeline(), batch_size=4, num_workers=workers,
                                      generator=data.Generator(8))
-            seen += [x for b in loader for x in b.data.tolist()]
+            seen += [x for b in loader for x in b.array.tolist()]
     finally:
         sharding._info = None
     assert sorted(seen) == [10 * i for i in range(60)]
@@ -174,14 +174,14 @@ def test_loader_over_a_pipe_resumes_by_batches(workers):
         return data.DataLoader(pipeline(40), batch_size=3, num_workers=workers,
                                generator=data.Generator(2))
 
-    whole = [b.data.tolist() for b in loader()]
+    whole = [b.array.tolist() for b in loader()]
     first = loader()
     it = iter(first)
-    head = [next(it).data.tolist() for _ in range(4)]
+    head = [next(it).array.tolist() for _ in range(4)]
     state = first.state_dict()
     again = loader()
     again.load_state_dict(state)
-    assert head + [b.data.tolist() for b in again] == whole
+    assert head + [b.array.tolist() for b in again] == whole
 
 
 def test_unbatch_deeper_than_the_batches_names_the_problem():
@@ -197,14 +197,14 @@ def test_a_pipe_resumed_in_a_later_epoch_replays_that_epochs_order(workers, pers
                                persistent_workers=persistent, generator=data.Generator(5))
 
     reference = loader()
-    epochs = [[b.data.tolist() for b in reference] for _ in range(3)]
+    epochs = [[b.array.tolist() for b in reference] for _ in range(3)]
     assert epochs[0] != epochs[1] != epochs[2]  # each epoch its own shuffle
     first = loader()
     list(first)
     list(first)
     it = iter(first)  # the third epoch, interrupted after two batches
-    head = [next(it).data.tolist() for _ in range(2)]
+    head = [next(it).array.tolist() for _ in range(2)]
     state = first.state_dict()
     again = loader()
     again.load_state_dict(state)
-    assert head + [b.data.tolist() for b in again] == epochs[2]
+    assert head + [b.array.tolist() for b in again] == epochs[2]

@@ -36,7 +36,7 @@ def plain(n: int = N):
 
 
 def flatten(batch) -> list[int]:
-    return batch.data.tolist() if hasattr(batch, "data") else [int(x) for x in batch]
+    return batch.tolist() if hasattr(batch, "tolist") else [int(x) for x in batch]
 
 
 def make(pipe_fn, workers: int, batch: int = 3, **kwargs):

@@ -32,13 +32,13 @@ def test_a_resize_mid_epoch_reads_each_sample_once_up_to_padding(n, w1, w2, batc
     iters = [iter(ld) for ld in first]
     for _ in range(k):
         for it in iters:
-            seen += next(it).data.tolist()
+            seen += next(it).array.tolist()
     state = first[0].state_dict()
     # every rank saves the same position (base seeds differ: each loader drew its own)
     assert all(ld.state_dict()["sampler"] == state["sampler"] for ld in first)
     for ld in loaders(n, w2, batch, seed):
         ld.load_state_dict(state)
-        seen += [i for b in ld for i in b.data.tolist()]
+        seen += [i for b in ld for i in b.array.tolist()]
     counts = collections.Counter(seen)
     assert set(counts) == set(range(n))
     position = min(k * batch * w1, n)

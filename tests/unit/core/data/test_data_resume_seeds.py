@@ -101,11 +101,11 @@ def run(kind: str, workers: int, stop=None) -> list[list[list[int]]]:
         it = iter(loader)
         head = []
         if stop is not None and stop[0] == epoch and stop[1] is not None:
-            head = [next(it).data.tolist() for _ in range(stop[1])]
+            head = [next(it).array.tolist() for _ in range(stop[1])]
             del it
             loader = restart(kind, workers, loader, epoch)
             it = iter(loader)
-        epochs.append(head + [b.data.tolist() for b in it])
+        epochs.append(head + [b.array.tolist() for b in it])
     return epochs
 
 

@@ -109,7 +109,7 @@ def test_distributed_sampler_rejects_a_rank_outside_the_world():
 def as_numpy(value):
     """A collated batch (ours or torch's) as nested numpy/python values to compare."""
     if isinstance(value, core.Tensor):
-        return ("tensor", value.data.dtype.name, value.data.tolist())
+        return ("tensor", value.array.dtype.name, value.array.tolist())
     if isinstance(value, torch.Tensor):
         return ("tensor", str(value.numpy().dtype), value.numpy().tolist())
     if isinstance(value, dict):
@@ -191,7 +191,7 @@ def test_the_loader_shuffles_as_torchs_for_the_same_generator_seed():
     ours = data.DataLoader(ds, batch_size=8, shuffle=True, generator=data.Generator(3))
     theirs = tud.DataLoader(tds, batch_size=8, shuffle=True, generator=tgen(3))
     for _ in range(2):  # two epochs: the base seed and the order are drawn from one stream
-        assert [b[0].data.tolist() for b in ours] == [b[0].tolist() for b in theirs]
+        assert [b[0].array.tolist() for b in ours] == [b[0].tolist() for b in theirs]
 
 
 def test_dataset_helpers_behave_as_torchs():

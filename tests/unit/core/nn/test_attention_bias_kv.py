@@ -49,14 +49,14 @@ def test_outputs_weights_and_gradients_match_torch(kwargs, masks, need_weights):
                         key_padding_mask=None if pad is None else torch.tensor(pad),
                         need_weights=need_weights)
     # float64; softmax and a few GEMMs in another order than torch's kernel: 1e-10 is ample.
-    np.testing.assert_allclose(out_o.data, out_t.detach().numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(out_o.array, out_t.detach().numpy(), rtol=1e-10, atol=1e-12)
     if need_weights:
-        np.testing.assert_allclose(w_o.data, w_t.detach().numpy(), rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(w_o.array, w_t.detach().numpy(), rtol=1e-10, atol=1e-12)
     g = rng.standard_normal(tuple(out_t.shape))
     (out_o * core.tensor(g)).sum().backward()
     (out_t * torch.tensor(g)).sum().backward()
     for a, b in zip(ins_o + list(ours.parameters()), ins_t + list(theirs.parameters())):
-        np.testing.assert_allclose(a.grad.data, b.grad.numpy(), rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(a.grad.array, b.grad.numpy(), rtol=1e-10, atol=1e-12)
 
 
 def test_bias_kv_parameters_have_torchs_shape_and_init_scale():

@@ -35,12 +35,12 @@ def test_losses_match_torch_values_and_gradients(name, kwargs, dtype):
     assert str(out_o.dtype).split(".")[-1] == str(out_t.dtype).split(".")[-1]
     # float32: one rounding per element plus a reduction of 20 terms; float64: exact-ish.
     rtol = 1e-6 if dtype == "float32" else 1e-13
-    np.testing.assert_allclose(out_o.data, out_t.detach().numpy(), rtol=rtol, atol=rtol)
+    np.testing.assert_allclose(out_o.array, out_t.detach().numpy(), rtol=rtol, atol=rtol)
     w = rng.standard_normal(tuple(out_t.shape)).astype(dtype)
     (out_o * core.tensor(w)).sum().backward()
     (out_t * torch.tensor(w)).sum().backward()
-    np.testing.assert_allclose(xo.grad.data, xt.grad.numpy(), rtol=rtol, atol=rtol)
-    np.testing.assert_allclose(yo.grad.data, yt.grad.numpy(), rtol=rtol, atol=rtol)
+    np.testing.assert_allclose(xo.grad.array, xt.grad.numpy(), rtol=rtol, atol=rtol)
+    np.testing.assert_allclose(yo.grad.array, yt.grad.numpy(), rtol=rtol, atol=rtol)
 
 
 def test_loss_errors_match_torch():
@@ -80,11 +80,11 @@ def test_embedding_bag_matches_torch(kwargs, form):
         args_o = (core.tensor(idx), core.tensor(offsets))
         args_t = (torch.tensor(idx), torch.tensor(offsets))
     out_o, out_t = ours(*args_o), theirs(*args_t)
-    np.testing.assert_allclose(out_o.data, out_t.detach().numpy(), rtol=1e-13, atol=1e-15)
+    np.testing.assert_allclose(out_o.array, out_t.detach().numpy(), rtol=1e-13, atol=1e-15)
     w = rng.standard_normal(tuple(out_t.shape))
     (out_o * core.tensor(w)).sum().backward()
     (out_t * torch.tensor(w)).sum().backward()
-    np.testing.assert_allclose(ours.weight.grad.data, theirs.weight.grad.numpy(), rtol=1e-13,
+    np.testing.assert_allclose(ours.weight.grad.array, theirs.weight.grad.numpy(), rtol=1e-13,
                                atol=1e-15)
 
 
@@ -98,11 +98,11 @@ def test_embedding_bag_per_sample_weights_match_torch():
     po, pt = _pair(psw)
     out_o = ours(core.tensor(idx), core.tensor(offsets), per_sample_weights=po)
     out_t = theirs(torch.tensor(idx), torch.tensor(offsets), per_sample_weights=pt)
-    np.testing.assert_allclose(out_o.data, out_t.detach().numpy(), rtol=1e-13)
+    np.testing.assert_allclose(out_o.array, out_t.detach().numpy(), rtol=1e-13)
     out_o.sum().backward()
     out_t.sum().backward()
-    np.testing.assert_allclose(po.grad.data, pt.grad.numpy(), rtol=1e-13)
-    np.testing.assert_allclose(ours.weight.grad.data, theirs.weight.grad.numpy(), rtol=1e-13)
+    np.testing.assert_allclose(po.grad.array, pt.grad.numpy(), rtol=1e-13)
+    np.testing.assert_allclose(ours.weight.grad.array, theirs.weight.grad.numpy(), rtol=1e-13)
 
 
 def test_embedding_bag_errors_match_torch():

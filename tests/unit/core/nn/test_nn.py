@@ -98,13 +98,13 @@ def test_loading_torch_weights_gives_torch_outputs():
     assert result.missing_keys == [] and result.unexpected_keys == []
     idx = np.array([[1, 2, 0], [9, 3, 3]])
     expected = theirs(torch.tensor(idx)).detach().numpy()
-    np.testing.assert_allclose(ours(core.tensor(idx)).data, expected, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(ours(core.tensor(idx)).array, expected, rtol=1e-12, atol=1e-14)
 
 
 def test_load_state_dict_errors_name_every_problem_and_change_nothing():
     net = Net()
     good = net.state_dict()
-    before = {k: v.data.copy() for k, v in good.items()}
+    before = {k: v.array.copy() for k, v in good.items()}
     bad = {k: core.tensor(np.full(v.shape, 7.0, dtype=np.float32)) for k, v in good.items()}
     del bad["layers.0.bias"]
     bad["layers.9.weight"] = core.zeros(1)
@@ -118,31 +118,31 @@ def test_load_state_dict_errors_name_every_problem_and_change_nothing():
     assert ("size mismatch for norm.weight: copying a param with shape (5,) from checkpoint, "
             "the shape in current model is (2,).") in message
     for k, v in net.state_dict().items():
-        np.testing.assert_array_equal(v.data, before[k])  # nothing half-loaded
+        np.testing.assert_array_equal(v.array, before[k])  # nothing half-loaded
 
     del bad["norm.weight"]
     result = net.load_state_dict(bad, strict=False)
     assert result.missing_keys == ["layers.0.bias", "norm.weight"]
     assert result.unexpected_keys == ["layers.9.weight"]
-    assert (net.first.fc.weight.data == 7).all() and (net.layers[0].bias.data == before["layers.0.bias"]).all()
+    assert (net.first.fc.weight.array == 7).all() and (net.layers[0].bias.array == before["layers.0.bias"]).all()
     with pytest.raises(StateDictError, match="size mismatch for norm.weight"):
         net.load_state_dict({"norm.weight": core.zeros(5)}, strict=False)
 
 
 def test_load_state_dict_copies_in_place_and_casts():
     lin = nn.Linear(2, 2)
-    weight_obj, weight_data = lin.weight, lin.weight.data
+    weight_obj, weight_data = lin.weight, lin.weight.array
     lin.load_state_dict({"weight": np.eye(2), "bias": [1, 2]})
-    assert lin.weight is weight_obj and lin.weight.data is weight_data
-    assert lin.weight.data.dtype == np.float32
-    np.testing.assert_array_equal(lin.bias.data, [1.0, 2.0])
+    assert lin.weight is weight_obj and lin.weight.array is weight_data
+    assert lin.weight.array.dtype == np.float32
+    np.testing.assert_array_equal(lin.bias.array, [1.0, 2.0])
 
 
 def test_state_dict_values_share_memory_but_are_detached():
     lin = nn.Linear(2, 2)
     sd = lin.state_dict()
     assert not sd["weight"].requires_grad and not isinstance(sd["weight"], nn.Parameter)
-    assert np.shares_memory(sd["weight"].data, lin.weight.data)
+    assert np.shares_memory(sd["weight"].array, lin.weight.array)
     assert lin.state_dict(keep_vars=True)["weight"] is lin.weight
 
 
@@ -153,12 +153,12 @@ def test_forward_hooks_modify_and_remove():
     post = lin.register_forward_hook(lambda m, args, out: calls.append(out.shape) or out + 1)
     x = core.randn(2, 3)
     out = lin(x)
-    np.testing.assert_allclose(out.data, np.broadcast_to(lin.bias.data + 1, (2, 3)), rtol=1e-6)
+    np.testing.assert_allclose(out.array, np.broadcast_to(lin.bias.array + 1, (2, 3)), rtol=1e-6)
     assert calls == [(2, 3)]
     pre.remove()
     post.remove()
     post.remove()
-    np.testing.assert_allclose(lin(x).data, (x @ lin.weight.T + lin.bias).data, rtol=1e-6)
+    np.testing.assert_allclose(lin(x).array, (x @ lin.weight.T + lin.bias).array, rtol=1e-6)
     assert calls == [(2, 3)]
 
 
@@ -168,15 +168,15 @@ def test_train_eval_dropout_and_zero_grad():
     net.eval()
     assert not net.training and not net[1].training
     x = core.randn(3, 4)
-    np.testing.assert_array_equal(net(x).data, net[0](x).data)
+    np.testing.assert_array_equal(net(x).array, net[0](x).array)
     net.train()
     core.manual_seed(0)
-    dropped = net(core.ones(200, 4)).data
+    dropped = net(core.ones(200, 4)).array
     assert (dropped == 0).mean() > 0.3
     net(x).sum().backward()
     assert net[0].weight.grad is not None
     net.zero_grad(set_to_none=False)
-    assert not net[0].weight.grad.data.any()
+    assert not net[0].weight.grad.array.any()
     net.zero_grad()
     assert net[0].weight.grad is None
 
@@ -186,8 +186,8 @@ def test_to_dtype_keeps_parameter_objects_and_apply_visits_children_first():
     params = list(net.parameters())
     net.double()
     assert [p is q for p, q in zip(params, net.parameters())] == [True] * len(params)
-    assert all(p.data.dtype == np.float64 for p in net.parameters())
-    assert net.first.running.data.dtype == np.float64
+    assert all(p.array.dtype == np.float64 for p in net.parameters())
+    assert net.first.running.array.dtype == np.float64
     with pytest.raises(TypeError, match="only accepts floating point dtypes"):
         net.to(core.int64)
     order = []
@@ -199,14 +199,14 @@ def test_linear_default_init_follows_torch_bounds():
     core.manual_seed(0)
     lin = nn.Linear(400, 300)
     bound = 1 / math.sqrt(400)
-    w, b = lin.weight.data, lin.bias.data
+    w, b = lin.weight.array, lin.bias.array
     assert w.shape == (300, 400) and w.dtype == np.float32 and b.shape == (300,)
     assert np.abs(w).max() <= bound and np.abs(b).max() <= bound
     # Uniform on [-bound, bound]: variance bound^2 / 3.
     assert w.var() == pytest.approx(bound**2 / 3, rel=0.02)
     assert np.abs(w).max() > 0.99 * bound
     core.manual_seed(0)
-    np.testing.assert_array_equal(nn.Linear(400, 300).weight.data, w)  # seeded init repeats
+    np.testing.assert_array_equal(nn.Linear(400, 300).weight.array, w)  # seeded init repeats
 
 
 def test_layers_forward_and_backward_match_torch():
@@ -223,17 +223,17 @@ def test_layers_forward_and_backward_match_torch():
     theirs(tx).pow(2).sum().backward()
     cx = core.tensor(x, requires_grad=True)
     (ours(cx) ** 2).sum().backward()
-    np.testing.assert_allclose(cx.grad.data, tx.grad.numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(cx.grad.array, tx.grad.numpy(), rtol=1e-10, atol=1e-12)
     for (name, p), q in zip(ours.named_parameters(), theirs.parameters()):
-        np.testing.assert_allclose(p.grad.data, q.grad.numpy(), rtol=1e-10, atol=1e-12,
+        np.testing.assert_allclose(p.grad.array, q.grad.numpy(), rtol=1e-10, atol=1e-12,
                                    err_msg=name)
 
 
 def test_embedding_padding_row_is_zero_and_gets_no_gradient():
     emb = nn.Embedding(5, 3, padding_idx=-1)
-    assert emb.padding_idx == 4 and not emb.weight.data[4].any()
+    assert emb.padding_idx == 4 and not emb.weight.array[4].any()
     emb(core.tensor(np.array([4, 1, 4]))).sum().backward()
-    assert not emb.weight.grad.data[4].any() and (emb.weight.grad.data[1] == 1).all()
+    assert not emb.weight.grad.array[4].any() and (emb.weight.grad.array[1] == 1).all()
     with pytest.raises(ValueError, match="padding_idx=7 must lie within the table of 5 rows"):
         nn.Embedding(5, 3, padding_idx=7)
 
@@ -260,9 +260,9 @@ def test_modules_deepcopy_and_pickle():
     net = Net()
     clone = copy.deepcopy(net)
     for (n, a), b in zip(net.named_parameters(), clone.parameters()):
-        assert a is not b and np.array_equal(a.data, b.data) and isinstance(b, nn.Parameter), n
+        assert a is not b and np.array_equal(a.array, b.array) and isinstance(b, nn.Parameter), n
     restored = pickle.loads(pickle.dumps(net))
     x = core.randn(2, 4)
-    np.testing.assert_array_equal(restored(x).data, net(x).data)
+    np.testing.assert_array_equal(restored(x).array, net(x).array)
     assert isinstance(restored.first.fc.weight, nn.Parameter)
     assert restored.first.fc.weight.requires_grad

@@ -59,14 +59,14 @@ def _check(ours_out, theirs_out, ours_leaves, theirs_leaves, rng):
     loss_o = loss_t = 0
     for a, b in zip(ours_flat, theirs_flat):
         assert tuple(a.shape) == tuple(b.shape)
-        np.testing.assert_allclose(a.data, b.detach().numpy(), rtol=RTOL, atol=ATOL)
+        np.testing.assert_allclose(a.array, b.detach().numpy(), rtol=RTOL, atol=ATOL)
         w = rng.standard_normal(tuple(b.shape))
         loss_o = loss_o + (a * core.tensor(w)).sum()
         loss_t = loss_t + (b * torch.tensor(w)).sum()
     loss_o.backward()
     loss_t.backward()
     for a, b in zip(ours_leaves, theirs_leaves):
-        np.testing.assert_allclose(a.grad.data, b.grad.numpy(), rtol=RTOL, atol=ATOL)
+        np.testing.assert_allclose(a.grad.array, b.grad.numpy(), rtol=RTOL, atol=ATOL)
 
 
 @pytest.mark.parametrize("name,kwargs", CONFIGS, ids=IDS)
@@ -78,7 +78,7 @@ def test_parameter_names_shapes_and_init_bounds_match_torch(name, kwargs):
     bound = 1 / math.sqrt(HIDDEN)
     for key, value in theirs.named_parameters():
         assert tuple(mine[key].shape) == tuple(value.shape)
-        assert np.abs(mine[key].data).max() <= bound
+        assert np.abs(mine[key].array).max() <= bound
     assert mine[next(iter(mine))].dtype == core.float32
 
 
@@ -120,11 +120,11 @@ def test_dropout_between_layers_only_while_training():
     x = core.tensor(np.random.default_rng(2).standard_normal((STEPS, BATCH, INPUT)))
     ours.eval()
     a, b = ours(x)[0], ours(x)[0]
-    np.testing.assert_array_equal(a.data, b.data)
+    np.testing.assert_array_equal(a.array, b.array)
     ours.train()
     core.manual_seed(0)
     c = ours(x)[0]
-    assert not np.allclose(c.data, a.data)
+    assert not np.allclose(c.array, a.array)
 
 
 @pytest.mark.parametrize("name,kwargs", [

@@ -82,7 +82,7 @@ def test_split_chunk_contiguous_clone_gradients():
 def test_views_share_memory():
     x = core.arange(12, dtype=core.float32).reshape(3, 4)
     for v in (x.T, x.transpose(0, 1), x.permute(1, 0), x.view(4, 3), x[1:], x.reshape(-1)):
-        assert np.shares_memory(v.data, x.data)
+        assert np.shares_memory(v.array, x.array)
     assert x.T.shape == (4, 3) and x.mT.shape == (4, 3)
 
 

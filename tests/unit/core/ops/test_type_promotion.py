@@ -59,9 +59,9 @@ def test_add_promotes_every_dtype_pair_as_torch(forms):
         want = ta + tb
         got = ca + cb
         assert _name(got.dtype) == _name(want.dtype), (da, db, forms)
-        operand = cb.data if isinstance(cb, core.Tensor) else cb
-        assert np.dtype(result_dtype(ca.data, operand)).name == np.dtype(
-            got.data.dtype).name
+        operand = cb.array if isinstance(cb, core.Tensor) else cb
+        assert np.dtype(result_dtype(ca.array, operand)).name == np.dtype(
+            got.array.dtype).name
         np.testing.assert_array_equal(got.numpy().astype(np.float64),
                                       want.double().numpy())
         checked += 1

@@ -72,7 +72,7 @@ def _assert_same(ours, theirs):
     # float64 throughout; the two libraries order a few multiplies differently (torch's
     # addcmul/addcdiv/lerp), which costs a few ulps per step over 12 steps: 1e-10 is ample.
     for a, b in zip(ours, theirs):
-        np.testing.assert_allclose(a.data, b.detach().numpy(), rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(a.array, b.detach().numpy(), rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("name,kwargs", CASES, ids=IDS)
@@ -115,13 +115,13 @@ def test_state_dict_round_trip_continues_exactly(name, kwargs):
         ours_opt.step()
         theirs_opt.step()
     saved = pickle.loads(pickle.dumps(ours_opt.state_dict()))
-    copies = [core.tensor(p.data.copy(), requires_grad=True) for p in ours]
+    copies = [core.tensor(p.array.copy(), requires_grad=True) for p in ours]
     fresh, _ = _make(name, copies, [torch.zeros(s) for s in SHAPES], kwargs)
     fresh.load_state_dict(saved)
     for _ in range(STEPS - 3):
         _set_grads(ours, theirs, rng)
         for a, c in zip(ours, copies):
-            c.grad = core.tensor(a.grad.data.copy())
+            c.grad = core.tensor(a.grad.array.copy())
         fresh.step()
         theirs_opt.step()
         _assert_same(copies, theirs)
@@ -159,5 +159,5 @@ def test_adagrad_state_exists_before_the_first_step_as_torch():
     ours = optim.Adagrad([core.zeros(3, requires_grad=True)], initial_accumulator_value=0.5)
     theirs = torch.optim.Adagrad([torch.zeros(3, requires_grad=True)],
                                  initial_accumulator_value=0.5)
-    np.testing.assert_array_equal(ours.state_dict()["state"][0]["sum"].data,
+    np.testing.assert_array_equal(ours.state_dict()["state"][0]["sum"].array,
                                   theirs.state_dict()["state"][0]["sum"].numpy())

@@ -58,7 +58,7 @@ def _make(kind, ours, theirs, kwargs):
 
 def _assert_same(ours, theirs):
     for a, b in zip(ours, theirs):
-        np.testing.assert_allclose(a.data, b.detach().numpy(), rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(a.array, b.detach().numpy(), rtol=1e-12, atol=1e-14)
 
 
 @pytest.mark.parametrize("kind,kwargs", CASES, ids=[f"{k}-{i}" for i, (k, _) in enumerate(CASES)])
@@ -90,14 +90,14 @@ def test_state_dict_round_trip_continues_exactly(kind, kwargs):
         assert set(state["state"][index]) == set(entry)
 
     # Restore into fresh parameters (same values) and a fresh optimizer, after a pickle trip.
-    restored = [core.tensor(p.data.copy(), requires_grad=True) for p in ours]
+    restored = [core.tensor(p.array.copy(), requires_grad=True) for p in ours]
     new_opt = OURS[kind]([{"params": restored[:2]}, {"params": restored[2:]}], lr=1.0)
     new_opt.load_state_dict(pickle.loads(pickle.dumps(state)))
     assert new_opt.param_groups[1]["lr"] == kwargs["lr"] / 2
     for _ in range(2):
         _set_grads(ours, theirs, rng)
         for a, b in zip(restored, ours):
-            a.grad = core.tensor(b.grad.data.copy())
+            a.grad = core.tensor(b.grad.array.copy())
         new_opt.step()
         ours_opt.step()
         theirs_opt.step()
@@ -140,21 +140,21 @@ def test_steps_update_in_place_and_reuse_buffers():
     p = core.tensor(np.ones((64, 32), dtype=np.float32), requires_grad=True)
     opt = Adam([p], lr=0.1)
     p.grad = core.tensor(np.full((64, 32), 0.5, dtype=np.float32))
-    data = p.data
+    data = p.array
     opt.step()
-    exp_avg = opt.state[p]["exp_avg"].data
+    exp_avg = opt.state[p]["exp_avg"].array
     opt.step()
-    assert p.data is data and p.data.dtype == np.float32
-    assert opt.state[p]["exp_avg"].data is exp_avg and opt.state[p]["step"] == 2
+    assert p.array is data and p.array.dtype == np.float32
+    assert opt.state[p]["exp_avg"].array is exp_avg and opt.state[p]["step"] == 2
 
 
 def test_zero_grad_sets_none_or_zeros_in_place():
     p = core.tensor(np.ones(3), requires_grad=True)
     opt = SGD([p], lr=0.1)
     p.grad = core.tensor(np.ones(3))
-    grad_data = p.grad.data
+    grad_data = p.grad.array
     opt.zero_grad(set_to_none=False)
-    assert p.grad.data is grad_data and not grad_data.any()
+    assert p.grad.array is grad_data and not grad_data.any()
     opt.zero_grad()
     assert p.grad is None
 
@@ -195,4 +195,4 @@ def test_step_returns_the_closure_loss():
         return 3.0
 
     assert opt.step(closure) == 3.0
-    np.testing.assert_allclose(p.data, [0.5, 0.5])
+    np.testing.assert_allclose(p.array, [0.5, 0.5])

@@ -218,7 +218,7 @@ def test_after_a_backward_pass_only_the_gradient_stays_allocated() -> None:
     evs = prof.events()
     allocated = sum(fe.ev.mem for fe in evs if fe.ev.mem > 0)
     freed = sum(m.mem for m in evs.recorder.mem_events)
-    assert allocated + freed == x.grad.data.nbytes == 400
+    assert allocated + freed == x.grad.array.nbytes == 400
     assert allocated == 400 + 400 + 4 + 800 + 400  # two muls, sum; y*y's and x*2's backward
     assert evs.peak_memory() > 800
 
@@ -322,5 +322,5 @@ def test_two_profilers_at_once_are_refused() -> None:
         with pytest.raises(P.ProfilerError, match="another profiler is already recording"):
             with P.profile():
                 pass
-    assert np.all(core.ones(2).data == 1)
+    assert np.all(core.ones(2).array == 1)
     assert list(itertools.islice(iter(()), 1)) == []

@@ -28,7 +28,7 @@ def test_a_tensor_that_requires_grad_records_send_and_recv():
         (tensor, src, send_id), = ctx.recvs.values()
         assert tensor is back and src == 0 and send_id in ctx.sends
         assert back.requires_grad and back.is_leaf and not back_plain.requires_grad
-        np.testing.assert_array_equal(back.data, x.data)
+        np.testing.assert_array_equal(back.array, x.array)
         assert ctx.peers == {0, 1}
     finally:
         container.release(cid)

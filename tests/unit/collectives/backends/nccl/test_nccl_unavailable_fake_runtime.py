@@ -364,7 +364,7 @@ def test_ddp_over_the_nccl_backend_matches_one_process_on_the_whole_batch():
             loss(ddp(x), y).backward()
             opt.step()
         assert len(ddp.bucket_indices) > 1
-        return [np.array(p.data) for p in m.parameters()]
+        return [np.array(p.array) for p in m.parameters()]
 
     ref = model(0)
     opt = core.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
@@ -385,5 +385,5 @@ def test_ddp_over_the_nccl_backend_matches_one_process_on_the_whole_batch():
                 pg.shutdown()
         for final in finals:
             for i, (p, q) in enumerate(zip(ref.parameters(), final)):
-                np.testing.assert_allclose(q, np.array(p.data), rtol=tol, atol=tol,
+                np.testing.assert_allclose(q, np.array(p.array), rtol=tol, atol=tol,
                                            err_msg=f"{hook} parameter {i}")
