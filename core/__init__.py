@@ -1,5 +1,7 @@
 """shoal's compute core: tensors on numpy or cupy, autograd, nn, optim, CUDA kernels."""
 
+import sys as _sys
+
 from shoal.core import dtypes
 from shoal.core.tensor import Tensor  # first: it binds the ops as methods (core/ops/bind.py)
 from shoal.core.autograd import (
@@ -92,16 +94,27 @@ from shoal.core import amp
 from shoal.core.amp import autocast, get_autocast_dtype, is_autocast_enabled
 from shoal.core import profiler  # torch.profiler: wraps ops and optimizers
 from shoal.core import backends, cuda, linalg, testing  # torch.backends, .cuda, .linalg, .testing
+from shoal.core import autograd, autograd_function, double_backward
+from shoal.core.autograd_function import Function
+from shoal.core.generator import Generator
 
 # torch's dtype aliases (core.float is float32, as torch.float), below the imports so that every
 # import stays at the top of the module.
 half, float, double, long, int = float16, float32, float64, int64, int32  # noqa: A001 - torch's
 short = int16
 
+# torch.autograd.Function and the torch.autograd.function module: core.autograd (the engine) is
+# a module that the ops import, and these build on the ops, so they are bound onto it here.
+# double_backward registered the create_graph engine with autograd when it was imported.
+autograd.Function = Function
+autograd.function = autograd_function
+_sys.modules["shoal.core.autograd.function"] = autograd_function
+del double_backward
+
 __all__ = [
     # modules
     "dtypes", "nn", "optim", "data", "multiprocessing", "amp", "profiler", "backends", "cuda",
-    "linalg", "testing",
+    "linalg", "testing", "autograd",
     # tensors, autograd and devices
     "Tensor", "AutogradError", "RemovableHandle", "enable_grad", "is_grad_enabled", "no_grad",
     "set_grad_enabled", "Device", "device",
@@ -122,7 +135,7 @@ __all__ = [
     "sqrt", "tanh", "bmm", "cos", "mm", "narrow", "norm", "sin", "tan", "conv1d", "conv2d",
     "Size", "FloatTensor", "DoubleTensor", "LongTensor", "IntTensor",
     # random numbers, determinism, serialization, autocast
-    "get_rng_state", "initial_seed", "manual_seed", "set_rng_state",
+    "Generator", "get_rng_state", "initial_seed", "manual_seed", "set_rng_state",
     "are_deterministic_algorithms_enabled", "is_deterministic_algorithms_warn_only_enabled",
     "use_deterministic_algorithms", "load", "save", "autocast", "get_autocast_dtype",
     "is_autocast_enabled",

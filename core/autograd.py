@@ -29,9 +29,10 @@ from shoal.core.grad_mode import enable_grad, grad_mode, is_grad_enabled, no_gra
 
 
 __all__ = [
-    "AutogradError", "GraphTask", "Node", "RemovableHandle", "backward", "enable_grad", "grad",
+    "AutogradError", "GraphTask", "Node", "RemovableHandle", "backward", "check_root",
+    "check_versions", "count_dependencies", "enable_grad", "freed_error", "grad",
     "grad_mode", "is_grad_enabled", "no_grad", "post_accumulate_hooks", "run_backward",
-    "set_grad_enabled", "set_profile_hook", "zero_grads",
+    "set_grad_enabled", "set_graph_engine", "set_profile_hook", "zero_grads",
 ]
 
 
@@ -51,6 +52,18 @@ def set_profile_hook(hook: Callable | None) -> None:
     """Install the profiler's backward hook, `hook(node, fn, grad) -> grads`; None removes it."""
     global _profile_hook
     _profile_hook = hook
+
+
+# The create_graph engine (core/double_backward.py registers it when core is imported): it
+# computes gradients as tensors with their own graph. This engine never builds graphs, so the
+# first-order path pays nothing for it.
+_graph_engine: Callable | None = None
+
+
+def set_graph_engine(engine: Callable) -> None:
+    """Install the create_graph engine, `engine(roots, grads, retain_graph, capture)`."""
+    global _graph_engine
+    _graph_engine = engine
 
 
 class Node:
@@ -195,75 +208,98 @@ def check_versions(node: Node) -> None:
             )
 
 
-def _freed_error(name: str) -> AutogradError:
+def freed_error(name: str) -> AutogradError:
+    """torch's error for a graph (or saved tensors) an earlier backward freed."""
     return AutogradError(
-        f"Trying to backward through the graph a second time (node {name} was freed by an "
-        "earlier backward); pass retain_graph=True to the first backward() to keep it."
+        f"Trying to backward through the graph a second time (or directly access saved tensors "
+        f"after they have already been freed: node {name} was freed by an earlier backward); "
+        "pass retain_graph=True to the first backward() to keep it."
     )
+
+
+def check_root(root: Any, grad: Any) -> None:
+    """Refuse a root backward cannot start from (as torch does), given its grad or None."""
+    if not root.requires_grad:
+        raise AutogradError(
+            "element 0 of tensors does not require grad and does not have a grad_fn (was it "
+            "computed under no_grad, or from tensors without requires_grad=True?)."
+        )
+    if grad is None and root.array.size != 1:
+        raise AutogradError(
+            "grad can be implicitly created only for scalar outputs: backward() without a "
+            f"gradient needs a scalar output, got shape {tuple(root.array.shape)}."
+        )
+    if grad is not None and tuple(grad.shape) != root.array.shape:
+        raise AutogradError(f"backward(): grad has shape {tuple(grad.shape)} but the output "
+                            f"has shape {tuple(root.array.shape)}.")
 
 
 def _seed(root: Any, grad: Any) -> tuple[Any, bool]:
     """The starting gradient for one root, validated; (array, owned by the engine)."""
-    if not root.requires_grad:
-        raise AutogradError(
-            "backward(): the tensor does not require grad and has no grad_fn; nothing to "
-            "differentiate (was it computed under no_grad, or from tensors without "
-            "requires_grad=True?)."
-        )
-    if grad is None:
-        if root.array.size != 1:
-            raise AutogradError(
-                f"backward() without a gradient needs a scalar output, got shape "
-                f"{tuple(root.array.shape)}; pass grad= with that shape."
-            )
-        g = root.array.copy()
-        g[...] = 1
-        return g, True
-    if grad.shape != root.array.shape:
-        raise AutogradError(
-            f"backward(): grad has shape {tuple(grad.shape)} but the output has shape "
-            f"{tuple(root.array.shape)}."
-        )
-    return grad, False
+    check_root(root, grad)
+    if grad is not None:
+        return grad, False
+    g = root.array.copy()
+    g[...] = 1
+    return g, True
 
 
-def backward(roots: Any, grads: Any = None, retain_graph: bool = False) -> None:
+def backward(
+    roots: Any, grads: Any = None, retain_graph: bool | None = None, create_graph: bool = False
+) -> None:
     """Backpropagate from one tensor or several, accumulating into the leaves' .grad.
 
-    `grads` holds one array (or None for a scalar root, meaning 1) per root.
+    `grads` holds one gradient (or None for a scalar root, meaning 1) per root: arrays, or
+    tensors. With create_graph=True the leaves' .grad get a graph of their own (double backward).
     """
     if not isinstance(roots, (list, tuple)):
         roots, grads = [roots], [grads]
     elif grads is None:
         grads = [None] * len(roots)
-    run_backward(list(roots), list(grads), retain_graph)
+    if create_graph:
+        _graph_engine(list(roots), list(grads), retain_graph is not False, None)
+    else:
+        run_backward(list(roots), [getattr(g, "array", g) for g in grads], bool(retain_graph))
 
 
 def grad(
     outputs: Any, inputs: Any, grad_outputs: Any = None, retain_graph: bool | None = None,
-    allow_unused: bool = False,
+    create_graph: bool = False, allow_unused: bool | None = None, materialize_grads: bool = False,
 ) -> tuple:
-    """The gradients of outputs w.r.t. inputs, returned instead of accumulated into .grad."""
+    """The gradients of outputs w.r.t. inputs, returned instead of accumulated into .grad.
+
+    create_graph=True returns gradients with a graph of their own, so that they can be
+    differentiated again (gradient penalties, Hessian-vector products); retain_graph then
+    defaults to True, as in torch.
+    """
     single_out = not isinstance(outputs, (list, tuple))
     outs = [outputs] if single_out else list(outputs)
-    if grad_outputs is None:
-        gouts = [None] * len(outs)
-    else:
-        gouts = [grad_outputs] if single_out else list(grad_outputs)
-    gouts = [None if g is None else getattr(g, "array", g) for g in gouts]
+    gouts = list(grad_outputs) if not single_out and grad_outputs is not None else (
+        [grad_outputs] * len(outs))
     ins = [inputs] if not isinstance(inputs, (list, tuple)) else list(inputs)
+    for t in ins:
+        if not t.requires_grad:
+            raise AutogradError("One of the differentiated Tensors does not require grad.")
     capture = {id(t): None for t in ins}
-    run_backward(outs, gouts, bool(retain_graph), capture)
+    if create_graph:
+        retain = True if retain_graph is None else retain_graph
+        _graph_engine(outs, gouts, retain, capture)
+    else:
+        run_backward(outs, [getattr(g, "array", g) for g in gouts], bool(retain_graph), capture)
     cls = _tensor_cls()
     result = []
     for i, t in enumerate(ins):
         g = capture[id(t)]
-        if g is None and not allow_unused:
+        if g is None and materialize_grads:
+            g = t.array.copy()
+            g[...] = 0
+        elif g is None and not allow_unused:
             raise AutogradError(
                 f"grad(): input {i} (shape {tuple(t.shape)}) was not used to compute the "
-                "outputs; pass allow_unused=True to get None for it."
+                f"outputs (the differentiated Tensor at index {i} appears to not have been used "
+                "in the graph); set allow_unused=True to get None for it."
             )
-        result.append(None if g is None else cls(g))
+        result.append(g if g is None or isinstance(g, cls) else cls(g))
     return tuple(result)
 
 
@@ -283,7 +319,7 @@ def run_backward(
             pending[id(root)] = [g, owned]
         else:
             entry[0], entry[1] = entry[0] + g, True
-    deps = _count_dependencies(roots)
+    deps = count_dependencies(roots)
     prev_mode = grad_mode.enabled
     grad_mode.enabled = False  # hooks and accumulation must not record a graph
     try:
@@ -314,7 +350,7 @@ def _finish_leaf(leaf: Any, g: Any, owned: bool, capture: dict | None) -> None:
         capture[id(leaf)] = g if owned else g.copy()
 
 
-def _count_dependencies(roots: list) -> dict:
+def count_dependencies(roots: list) -> dict:
     """How many gradient contributions each tensor in the roots' graph will receive.
 
     Iterative (an explicit stack), so graphs deeper than Python's recursion limit work; it
@@ -327,7 +363,7 @@ def _count_dependencies(roots: list) -> dict:
         node = root.grad_fn
         if node is not None and id(root) not in expanded:
             if node.backward_fn is None:
-                raise _freed_error(node.name())
+                raise freed_error(node.name())
             expanded.add(id(root))
             stack.append(root)
     while stack:
@@ -342,7 +378,7 @@ def _count_dependencies(roots: list) -> dict:
                 fn = inp.grad_fn
                 if fn is not None and k not in expanded:
                     if fn.backward_fn is None:
-                        raise _freed_error(fn.name())
+                        raise freed_error(fn.name())
                     expanded.add(k)
                     stack.append(inp)
             else:
@@ -428,7 +464,7 @@ class GraphTask:
 
     def __init__(self, sources: list, retain_graph: bool, leaf_sink: Callable,
                  before_node: Optional[Callable[[], None]] = None) -> None:
-        deps = _count_dependencies(sources)
+        deps = count_dependencies(sources)
         for t in sources:
             deps[id(t)] = deps.get(id(t), 0) + 1
         self._deps = deps
@@ -512,7 +548,7 @@ class GraphTask:
                     _retain(t, g)
                 fn = node.backward_fn
                 if fn is None:
-                    raise _freed_error(node.name())
+                    raise freed_error(node.name())
                 if node.versions:
                     check_versions(node)
                 grads = fn(g) if _profile_hook is None else _profile_hook(node, fn, g)
