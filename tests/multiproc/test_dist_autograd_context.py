@@ -103,39 +103,48 @@ def shoal_scenario() -> dict:
                     shoal_peer_view)
 
 
-def _torch_worker(rank: int, init_file: str, results) -> None:
+def torch_scenario() -> dict:
+    import torch
+    import torch.distributed.autograd as dist_autograd
+    import torch.distributed.rpc as trpc
+
+    return _observe(trpc, dist_autograd,
+                    lambda: torch.ones(2, dtype=torch.float64, requires_grad=True), torch.add,
+                    torch_peer_view)
+
+
+def _torch_worker(rank: int, world_size: int, init_file: str, scenario, results) -> None:
     import os
 
     os.environ.update(TP_SOCKET_IFNAME="lo", GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
     try:
         import torch
-        import torch.distributed.autograd as dist_autograd
         import torch.distributed.rpc as trpc
 
         torch.set_num_threads(1)
         opts = trpc.TensorPipeRpcBackendOptions(init_method=f"file://{init_file}",
                                                 rpc_timeout=30, _transports=["uv"],
                                                 _channels=["basic"])
-        trpc.init_rpc(f"w{rank}", rank=rank, world_size=2, rpc_backend_options=opts)
+        trpc.init_rpc(f"w{rank}", rank=rank, world_size=world_size, rpc_backend_options=opts)
         if rank == 0:
-            results.put(("ok", _observe(
-                trpc, dist_autograd,
-                lambda: torch.ones(2, dtype=torch.float64, requires_grad=True), torch.add,
-                torch_peer_view)))
+            results.put(("ok", scenario()))
         trpc.shutdown()
     except BaseException as exc:  # noqa: BLE001  (sent to the test)
         results.put(("error", repr(exc)))
 
 
-def _torch_observations(tmp_path) -> dict:
+def run_in_torch(scenario, tmp_path, world_size: int = 2, timeout: float = 120) -> dict:
+    """`scenario()` (a module-level function) on w0 of `world_size` spawned torch RPC workers
+    named w0.., over TensorPipe on loopback; its result."""
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
-    procs = [ctx.Process(target=_torch_worker, args=(r, str(tmp_path / "init"), results),
-                         daemon=True) for r in range(2)]
+    procs = [ctx.Process(target=_torch_worker,
+                         args=(r, world_size, str(tmp_path / "init"), scenario, results),
+                         daemon=True) for r in range(world_size)]
     for proc in procs:
         proc.start()
     try:
-        status, value = results.get(timeout=90)
+        status, value = results.get(timeout=timeout)
     finally:
         for proc in procs:
             proc.join(30)
@@ -181,7 +190,7 @@ def workers():
 
 def test_context_helpers_behave_as_torchs(workers, tmp_path):
     pytest.importorskip("torch")
-    theirs = _torch_observations(tmp_path)
+    theirs = run_in_torch(torch_scenario, tmp_path)
     ours = workers.run(0, shoal_scenario)
     assert sorted(ours) == sorted(theirs)
     for key, pattern in ERRORS.items():

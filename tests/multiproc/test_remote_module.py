@@ -6,12 +6,12 @@ remote module with dist_autograd and DistributedOptimizer must give what torch's
 
 from __future__ import annotations
 
-import multiprocessing
 import re
 
 import numpy as np
 import pytest
 
+from tests.multiproc.test_dist_autograd_context import run_in_torch
 from tests.support.rpc_workers import RpcWorkers
 
 STEPS = 3
@@ -145,47 +145,15 @@ def shoal_scenario() -> dict:
                     DistributedOptimizer, dist_autograd, functional.mse_loss)
 
 
-def _torch_worker(rank: int, init_file: str, results) -> None:
-    import os
+def torch_scenario() -> dict:
+    import torch
+    import torch.distributed.autograd as dist_autograd
+    import torch.distributed.rpc as trpc
+    from torch.distributed.nn import RemoteModule
+    from torch.distributed.optim import DistributedOptimizer
 
-    os.environ.update(TP_SOCKET_IFNAME="lo", GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
-    try:
-        import torch
-        import torch.distributed.autograd as dist_autograd
-        import torch.distributed.rpc as trpc
-        from torch.distributed.nn import RemoteModule
-        from torch.distributed.optim import DistributedOptimizer
-
-        torch.set_num_threads(1)
-        opts = trpc.TensorPipeRpcBackendOptions(init_method=f"file://{init_file}",
-                                                rpc_timeout=30, _transports=["uv"],
-                                                _channels=["basic"])
-        trpc.init_rpc(f"w{rank}", rank=rank, world_size=2, rpc_backend_options=opts)
-        if rank == 0:
-            results.put(("ok", _observe(trpc, RemoteModule, TorchAffine, torch,
-                                        torch.optim.SGD, DistributedOptimizer, dist_autograd,
-                                        torch.nn.functional.mse_loss)))
-        trpc.shutdown()
-    except BaseException as exc:  # noqa: BLE001  (sent to the test)
-        results.put(("error", repr(exc)))
-
-
-def _torch_observations(tmp_path) -> dict:
-    ctx = multiprocessing.get_context("spawn")
-    results = ctx.Queue()
-    procs = [ctx.Process(target=_torch_worker, args=(r, str(tmp_path / "init"), results),
-                         daemon=True) for r in range(2)]
-    for proc in procs:
-        proc.start()
-    try:
-        status, value = results.get(timeout=120)
-    finally:
-        for proc in procs:
-            proc.join(30)
-            if proc.is_alive():
-                proc.kill()
-    assert status == "ok", value
-    return value
+    return _observe(trpc, RemoteModule, TorchAffine, torch, torch.optim.SGD,
+                    DistributedOptimizer, dist_autograd, torch.nn.functional.mse_loss)
 
 
 @pytest.fixture(scope="module")
@@ -204,7 +172,7 @@ VALUES = ("forward", "forward_async", "forward_kwargs", "call", "parameters", "t
 
 def test_remote_module_behaves_as_torchs(workers, tmp_path):
     pytest.importorskip("torch")
-    theirs = _torch_observations(tmp_path)
+    theirs = run_in_torch(torch_scenario, tmp_path)
     ours = workers.run(0, shoal_scenario, timeout=120)
     assert sorted(ours) == sorted(theirs)
     for key in VALUES:

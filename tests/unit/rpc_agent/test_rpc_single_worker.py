@@ -20,14 +20,6 @@ def _async_double(x):
     return rpc_agent.rpc_async("solo", _double, (x,))
 
 
-@pytest.fixture
-def solo():
-    rpc_agent.init_rpc("solo", 0, 1, rpc_agent.RpcBackendOptions(store=HashStore(),
-                                                                 rpc_timeout=10))
-    yield
-    rpc_agent.shutdown(timeout=10)
-
-
 def test_calls_to_itself(solo):
     assert rpc_agent.rpc_sync("solo", operator.add, (1, 2)) == 3
     a = np.arange(200_000, dtype=np.float32)  # above the threshold, still local

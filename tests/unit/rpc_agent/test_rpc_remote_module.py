@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from shoal import core, rpc_agent
-from shoal.collectives.store.hash import HashStore
 from shoal.core import nn
 from shoal.rpc_agent.nn import RemoteModule
 from shoal.rpc_agent.nn.api import remote_module as remote_module_api
@@ -138,14 +137,6 @@ class NotAModule:
 
 def _training(module_rref):
     return module_rref.local_value().training
-
-
-@pytest.fixture
-def solo():
-    rpc_agent.init_rpc("solo", 0, 1, rpc_agent.RpcBackendOptions(store=HashStore(),
-                                                                 rpc_timeout=10))
-    yield
-    rpc_agent.shutdown(timeout=10)
 
 
 def test_forward_and_forward_async_run_the_module_on_its_owner(solo):

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from shoal import core, rpc_agent
-from shoal.collectives.store.hash import HashStore
 from shoal.rpc_agent import dist_autograd
 
 
@@ -29,14 +28,6 @@ def test_before_init_rpc_every_helper_raises_a_runtimeerror_as_torchs(name, args
 def test_is_available_as_torchs():
     torch_autograd = pytest.importorskip("torch.distributed.autograd")
     assert dist_autograd.is_available() is torch_autograd.is_available() is True
-
-
-@pytest.fixture
-def solo():
-    rpc_agent.init_rpc("solo", 0, 1, rpc_agent.RpcBackendOptions(store=HashStore(),
-                                                                 rpc_timeout=10))
-    yield
-    rpc_agent.shutdown(timeout=10)
 
 
 def test_a_call_to_itself_pairs_its_send_and_recv_keys(solo):
