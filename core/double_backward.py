@@ -24,6 +24,7 @@ from shoal.core.autograd import AutogradError, check_root, check_versions, count
 from shoal.core.grad_mode import grad_mode
 from shoal.core.ops import arith, linalg, reduce, unary
 from shoal.core.ops import shape as shape_ops
+from shoal.core.ops._util import result
 from shoal.core.ops.creation import ones_like
 from shoal.core.tensor import Tensor
 
@@ -209,6 +210,17 @@ def _to_copy(node: Any, g: Tensor) -> tuple:
     return (g.to(device=x.device, dtype=x.dtype),)
 
 
+def _index(node: Any, g: Tensor) -> tuple:
+    """g placed at the index in zeros of x's shape (the op's own closure does that), as a node
+    whose backward picks the index again: torch's index_put, IndexPutBackward."""
+    index = _saved(node)["index"]
+
+    def backward(gg: Any) -> tuple:
+        return (gg[index],)  # a view of the incoming gradient, as the engine allows
+
+    return (result(node.backward_fn(g.array)[0], "IndexPutBackward", backward, (g,)),)
+
+
 def _softmax(node: Any, g: Tensor) -> tuple:
     axis = _saved(node)["axis"]
     s = reduce.softmax(node.inputs[0], axis)
@@ -254,6 +266,8 @@ FORMULAS: dict[str, Callable] = {
     "PermuteBackward": _permute,
     "ExpandBackward": _expand,
     "CloneBackward": lambda node, g: (g,),
+    "IndexBackward": _index,
+    "IndexPutBackward": lambda node, g: (shape_ops.getitem(g, _saved(node)["index"]),),
     "ToCopyBackward": _to_copy,
     "SoftmaxBackward": _softmax,
     "LogSoftmaxBackward": _log_softmax,
@@ -271,8 +285,8 @@ def _node_grads(node: Any, g: Any) -> tuple:
             f"double backward through {node.name()} is not supported yet: create_graph=True "
             f"needs a formula in core ops for it (core/double_backward.py has {len(FORMULAS)} "
             "ops: add, sub, mul, div, neg, pow, exp, log, sqrt, tanh, sigmoid, relu, matmul, "
-            "linear, sum, mean, reshape/view, transpose, permute, expand, clone, to, softmax, "
-            "log_softmax, mse_loss, and autograd.Function)."
+            "linear, sum, mean, reshape/view, transpose, permute, expand, clone, indexing, to, "
+            "softmax, log_softmax, mse_loss, and autograd.Function)."
         )
     return formula(node, g)
 
