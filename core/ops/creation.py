@@ -149,10 +149,16 @@ def full_like(x: Tensor, fill_value: Any, dtype: Any = None, device: Any = None)
         return _finish(xp.full(x.array.shape, fill_value, dtype=dt), False)
 
 
-def _random_float(kind: str, size: tuple, dtype: Any, device: Any, requires_grad: bool) -> Tensor:
+def _random_float(kind: str, size: tuple, dtype: Any, device: Any, requires_grad: bool,
+                  generator: Any) -> Tensor:
     dev, dt, xp = _target(dtype, device)
     if np.dtype(dt).kind != "f" and dt != dtypes.bfloat16.np:
         raise dtypes.DTypeError(f"{kind}: needs a floating point dtype, got {dtypes.from_np(dt)!r}.")
+    if generator is not None:  # its twister draws on the cpu (core/ops/random.py)
+        draw = _random.normal_from if kind == "randn" else _random.uniform_from
+        n = int(np.prod(size, dtype=np.int64))
+        arr = draw(_random.check_generator(generator, kind), n, dt).reshape(size).astype(dt)
+        return _finish(backend.to_device(arr, dev), requires_grad)
     gen = _random.generator(xp, dev.index)
     # numpy/cupy generators draw float32 or float64 directly; other floats are cast after.
     draw = dt if dt in (np.float32, np.float64) else np.float32
@@ -166,35 +172,43 @@ def _random_float(kind: str, size: tuple, dtype: Any, device: Any, requires_grad
     return _finish(arr, requires_grad)
 
 
-def randn(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
-    """Standard normal samples from the global generator (see manual_seed)."""
-    return _random_float("randn", _dims(size), dtype, device, requires_grad)
+def randn(*size: Any, generator: Any = None, dtype: Any = None, device: Any = None,
+          requires_grad: bool = False) -> Tensor:
+    """Standard normal samples from the global generator (see manual_seed), or `generator`."""
+    return _random_float("randn", _dims(size), dtype, device, requires_grad, generator)
 
 
-def rand(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
-    """Uniform [0, 1) samples from the global generator (see manual_seed)."""
-    return _random_float("rand", _dims(size), dtype, device, requires_grad)
+def rand(*size: Any, generator: Any = None, dtype: Any = None, device: Any = None,
+         requires_grad: bool = False) -> Tensor:
+    """Uniform [0, 1) samples from the global generator (see manual_seed), or `generator`."""
+    return _random_float("rand", _dims(size), dtype, device, requires_grad, generator)
 
 
 def randint(
-    low: int, high: int | None = None, size: Sequence[int] = (), dtype: Any = None,
-    device: Any = None,
+    low: int, high: int | None = None, size: Sequence[int] = (), *, generator: Any = None,
+    dtype: Any = None, device: Any = None,
 ) -> Tensor:
     """Uniform integers in [low, high) (int64 by default)."""
     if high is None:
         low, high = 0, low
     dev, dt, xp = _target(dtype, device, dtypes.int64)
+    if generator is not None:
+        n = int(np.prod(tuple(size), dtype=np.int64))
+        arr = _random.integers_from(_random.check_generator(generator, "randint"), low, high, n)
+        return _finish(backend.to_device(arr.reshape(tuple(size)).astype(dt), dev), False)
     gen = _random.generator(xp, dev.index)
     with backend.device_context(dev):
         arr = gen.integers(low, high, size=tuple(size)).astype(dt, copy=False)
     return _finish(arr, False)
 
 
-def randperm(n: int, dtype: Any = None, device: Any = None) -> Tensor:
-    """A random permutation of 0..n-1."""
+def randperm(n: int, *, generator: Any = None, dtype: Any = None, device: Any = None) -> Tensor:
+    """A random permutation of 0..n-1 (torch's for the same seed with a `generator`)."""
     dev, dt, xp = _target(dtype, device, dtypes.int64)
-    gen = _random.generator(np, None)
-    arr = gen.permutation(n).astype(dt)
+    if generator is not None:
+        arr = _random.check_generator(generator, "randperm").randperm(n).astype(dt)
+    else:
+        arr = _random.generator(np, None).permutation(n).astype(dt)
     return _finish(backend.to_device(arr, dev), False)
 
 
