@@ -40,7 +40,10 @@ def store_token(settings: flags.StoreSettings) -> bytes:
     if settings.auth_token_file is not None:
         token = _read(settings.auth_token_file)
     elif core_settings.AUTH_TOKEN.is_set() or core_settings.AUTH_TOKEN_FILE.is_set():
-        token = load_token()
+        try:
+            token = load_token()
+        except AuthenticationError as exc:  # a placeholder, or a file that cannot be read
+            flags.store_parser().error(f"the job's secret: {exc}")
     else:
         token = b""
     if not token:
