@@ -53,6 +53,10 @@ def _torch_affine():
 ShoalAffine = _shoal_affine()
 ShoalAffine.__qualname__ = ShoalAffine.__name__ = "ShoalAffine"
 try:
+    # torch builds RemoteModule's forward functions as a module when torch.distributed.nn is
+    # imported: every rank of the torch world (which imports this file) needs it.
+    import torch.distributed.nn  # noqa: F401
+
     TorchAffine = _torch_affine()
     TorchAffine.__qualname__ = TorchAffine.__name__ = "TorchAffine"
 except ImportError:
