@@ -10,7 +10,10 @@ table also gives the median of the per-iteration ratios of paired blocks.
 shoal runs with its same-host default (SHOAL_LOCAL_TRANSPORT=shm: Unix-socket links, and shared
 memory for all_reduce, broadcast and all_gather above 64 KiB), so its large-message figures can
 exceed the loopback limit; --tcp-too adds a column with every link on loopback TCP, the figure
-for ranks on different hosts.
+for ranks on different hosts, and --unix-too one with every link on a Unix socket and no shared
+memory. Every frame on shoal's links carries a 16-byte integrity tag (always on); --encrypt
+runs every shoal column with SHOAL_ENCRYPT=1 (payloads sealed with AES-GCM, the store's frames
+too), so its cost reads beside gloo's in the same run and beside a run without it.
 
 Bandwidth as nccl-tests defines it (GB = 1e9 bytes): algbw = bytes / time; busbw = algbw x
 2(W-1)/W for allreduce, algbw for broadcast, algbw x (W-1)/W for all_gather (whose size is the
@@ -82,8 +85,8 @@ def _worker(side, rank, world, port, backend, commands, out):
             os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                               WORLD_SIZE=str(world))
             os.environ[collective_settings.USE_AGENT_STORE.name] = "1"
-            if side == "shoal_tcp":
-                os.environ[collective_settings.LOCAL_TRANSPORT.name] = "tcp"
+            if side in ("shoal_unix", "shoal_tcp"):  # every link on a Unix socket, or on TCP
+                os.environ[collective_settings.LOCAL_TRANSPORT.name] = side[len("shoal_"):]
             if backend == "nccl":
                 os.environ["LOCAL_RANK"] = str(rank)  # one GPU per rank
             import shoal.collectives as c
@@ -264,6 +267,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-loopback", action="store_true", help="skip the raw loopback measurement")
     parser.add_argument("--tcp-too", action="store_true",
                         help="also run shoal with SHOAL_LOCAL_TRANSPORT=tcp (every link on loopback TCP)")
+    parser.add_argument("--unix-too", action="store_true",
+                        help="also run shoal with SHOAL_LOCAL_TRANSPORT=unix (Unix sockets, no shared memory)")
+    parser.add_argument("--encrypt", action="store_true",
+                        help="run shoal with SHOAL_ENCRYPT=1: payloads sealed, not only tagged")
     parser.add_argument("--hosts", default=None, metavar="HxL",
                         help="run across H hosts of L ranks made as network namespaces (root): "
                              "shoal's two-level algorithms next to its flat ring and gloo "
@@ -339,6 +346,8 @@ def main(argv=None) -> int:
     """bench/allreduce.py's entry point: parse, run the sessions, print the table and rows."""
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.encrypt:
+        os.environ[core_settings.ENCRYPT.name] = "1"  # the store here and every rank inherit it
     ops = set(args.ops.split(","))
     args.cases = [c for c in CASES if c[0] in ops and args.min_bytes <= c[1] <= args.max_bytes]
     if args.backend != "tcp":
@@ -374,7 +383,8 @@ def main(argv=None) -> int:
         print(f"raw loopback, one TCP stream: {limit:.2f} GB/s")
         print(json.dumps({"bench": "allreduce", "row": "loopback", "gbps": round(limit, 3)}))
 
-    sides = ["shoal"] + (["shoal_tcp"] if args.tcp_too else []) + (["gloo"] if args.compare else [])
+    sides = ["shoal"] + (["shoal_unix"] if args.unix_too else []) + (["shoal_tcp"] if args.tcp_too else [])
+    sides += ["gloo"] if args.compare else []
     rows = _measure(sides, worlds, rounds, args)
     _print_table(rows, sides)
     for row in rows:

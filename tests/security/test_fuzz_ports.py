@@ -296,22 +296,30 @@ def _mesh_target(listener: str, pg: ProcessGroupTCP) -> Target:
                                rng.choice(wire.CHANNELS))
 
     def payloads(rng: random.Random) -> bytes:
-        """A hello impersonating rank 1, then an abort that would fail the group."""
-        abort = wire.control_frame(wire.KIND_ABORT, 0, b'{"kind": "error", "cause": "fuzz"}')
-        return hello(rng) + rng.choice((abort, rng.randbytes(fuzz_length(rng, 512))))
+        """A hello impersonating rank 1, then an abort that would fail the group (with tags
+        nobody made)."""
+        body = b'{"kind": "error", "cause": "fuzz"}'
+        head = wire.CONTROL_HEADER.pack(wire.CONTROL_MAGIC, wire.KIND_ABORT, 0, 0, len(body))
+        abort = head + bytes(TAG_BYTES) + body + bytes(TAG_BYTES)
+        return hello(rng) + bytes(TAG_BYTES) + rng.choice((abort, rng.randbytes(fuzz_length(rng, 512))))
 
     def authed(p: Probe, rng: random.Random) -> None:
-        """A right-secret peer with a hello that is garbage, cut short, or for a full slot."""
+        """A right-secret peer whose hello is garbage, cut short, for a full slot or for no
+        slot at all (tagged with the connection's keys), or carries a tag they did not make."""
+        def tagged(frame: bytes) -> bytes:
+            return frame + p.link.sealer.tag((frame,))
+
         data = rng.choice((
-            lambda: rng.randbytes(wire.HELLO.size),
-            lambda: hello(rng)[:rng.randrange(wire.HELLO.size)],
-            lambda: hello(rng),
-            lambda: wire.HELLO.pack(wire.HELLO_MAGIC, rng.randbytes(8), 1, 0, 0),
-            lambda: wire.HELLO.pack(wire.HELLO_MAGIC, mesh._group_id,
-                                    rng.randint(-5, 5), rng.randint(-5, 5), rng.randrange(256)),
+            lambda: tagged(rng.randbytes(wire.HELLO.size)),
+            lambda: tagged(hello(rng))[:rng.randrange(wire.HELLO.size + TAG_BYTES)],
+            lambda: tagged(hello(rng)),
+            lambda: hello(rng) + rng.randbytes(TAG_BYTES),
+            lambda: tagged(wire.HELLO.pack(wire.HELLO_MAGIC, rng.randbytes(8), 1, 0, 0)),
+            lambda: tagged(wire.HELLO.pack(wire.HELLO_MAGIC, mesh._group_id, rng.randint(-5, 5),
+                                           rng.randint(-5, 5), rng.randrange(256))),
         ))()
         p.send(data)
-        if len(data) < wire.HELLO.size:
+        if len(data) < wire.HELLO.size + TAG_BYTES:
             p.half_close()  # a short hello is dropped at our EOF, a whole one at once
         p.drain()
 

@@ -169,8 +169,8 @@ def receive_buffers(pg, rank: int, world: int) -> str:
     for peer in range(world):
         if peer == rank:
             continue
-        fixed = [s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) == 2 * SOCKET_BUFFER_BYTES
-                 for s in (mesh.tx[peer], mesh.rx[peer])]
+        fixed = [end.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) == 2 * SOCKET_BUFFER_BYTES
+                 for end in (mesh.tx[peer], mesh.rx[peer])]
         words.append("fixed" if all(fixed) else "auto" if not any(fixed) else "mixed")
         # The same verdict decides the ring's thread (Links.reaches_another_host).
         if mesh.remote[peer] != (words[-1] == "auto"):
