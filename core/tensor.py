@@ -54,16 +54,29 @@ class Tensor:
             _check_float(self, "requires_grad=True")
 
     # -- metadata ---------------------------------------------------------------------------
-    # `.data` is still the array, as `.array` is, until the layers outside core read `.array`;
-    # then it becomes torch's detached tensor sharing storage (issue 35).
+    # torch's `.data`: the same storage seen by a tensor autograd does not track. Unlike
+    # detach(), its version counter is its own, so in-place updates through it are invisible
+    # to the graph's saved-tensor checks (torch's documented hazard, kept for fidelity).
     @property
-    def data(self) -> Any:
-        """The numpy/cupy array (for now the same as `.array`; `.array` is shoal's own name)."""
-        return self.array
+    def data(self) -> "Tensor":
+        """A tensor sharing this storage, outside autograd (requires_grad=False, own version)."""
+        return wrap(self.array)
 
     @data.setter
-    def data(self, value: Any) -> None:
-        self.array = value.array if isinstance(value, Tensor) else value
+    def data(self, value: "Tensor") -> None:
+        if not isinstance(value, Tensor):
+            kind = type(value)
+            name = kind.__qualname__ if kind.__module__ == "builtins" else (
+                f"{kind.__module__}.{kind.__qualname__}")
+            raise TypeError(f"Variable data has to be a tensor, but got {name}")
+        if self.requires_grad and value.array.dtype.kind not in "fcV" and (
+            value.array.dtype != dtypes.bfloat16.np
+        ):
+            raise AutogradError(
+                "data set to a tensor that requires gradients must be floating point or complex "
+                "dtype"
+            )
+        self.array = value.array
 
     @property
     def shape(self) -> tuple:
