@@ -58,7 +58,9 @@ class ProfiledCall:
         previous = state.push_local(rec)
         t0 = now_ns()
         try:
-            value = self.func(*args, **kwargs)
+            # The function was unpickled before the op wrappers were installed: a core op
+            # (`core.add`) is the plain one, which would run unrecorded; its wrapper records it.
+            value = instrument.wrapper_for(self.func)(*args, **kwargs)
         except BaseException:
             self._finish(rec, t0, now_ns(), worker)  # callbacks it added stop recording into it
             instrument.uninstall()

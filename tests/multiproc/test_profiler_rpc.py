@@ -10,7 +10,6 @@ import os
 import tempfile
 import threading
 
-import pytest
 
 from shoal.rpc_agent.functions import async_execution
 
@@ -374,11 +373,6 @@ def profile_core_add_remote_ops():
     return [fe.name for fe in prof.events() if fe.ev.args and fe.ev.args.get("node") == "w1"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "torch records the callee's aten::add under the call; shoal's callee unpickles the "
-    "original core.add before its profiled call installs the op wrappers, so it runs unrecorded "
-    "until rpc_agent/profiling.py ProfiledCall.__call__ calls "
-    "instrument.wrapper_for(self.func) after instrument.install()"))
 def test_the_callee_records_the_core_op_it_ran_for_the_caller():
     with RpcWorkers(2) as pool:
         remote = pool.run(0, profile_core_add_remote_ops)
