@@ -137,7 +137,7 @@ def retrieve(context_id: int, worker: str) -> DistAutogradContext:
     ctx = _contexts.get(context_id)
     if ctx is None:
         raise DistAutogradError(
-            f"Could not find autograd context with id {context_id} on worker {worker!r}: it "
+            f"Could not find autograd context with id: {context_id} on worker {worker!r}: it "
             "was never created here or has already ended (use it inside its "
             "`with dist_autograd.context()` block)."
         )

@@ -56,8 +56,8 @@ class context:  # noqa: N801  (torch's name)
         outer = getattr(_context_local, "context_id", None)
         if outer is not None and container.get(outer) is not None:
             raise DistAutogradError(
-                f"This thread already has distributed autograd context {outer}; contexts do "
-                "not nest."
+                f"Already have an autograd context id for this thread (context {outer}); "
+                "contexts do not nest."
             )
         self._agent, self._outer = agent, outer
         cid = self._cid = container.new_context(agent.info.id).context_id

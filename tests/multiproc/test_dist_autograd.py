@@ -562,7 +562,7 @@ def test_bad_input_errors_name_the_context(workers):
     out = workers.run(0, task_errors)
     cid = out["cid"]
     assert out["unknown"].startswith(
-        "Could not find autograd context with id 12345 on worker 'w0'")
+        "Could not find autograd context with id: 12345 on worker 'w0'")
     assert out["bad_id"] == "A distributed autograd context id is an int, got '1'."
     assert out["not_scalar"] == (
         f"backward(context {cid}): root 0 has shape (3, 4); distributed backward starts from "
@@ -573,13 +573,14 @@ def test_bad_input_errors_name_the_context(workers):
     assert out["not_list"] == (
         f"backward(context {cid}): roots must be a non-empty list of Tensors, got [].")
     assert out["nested"] == (
-        f"This thread already has distributed autograd context {cid}; contexts do not nest.")
+        f"Already have an autograd context id for this thread (context {cid}); contexts do "
+        "not nest.")
     assert out["twice"].startswith(
         f"Distributed autograd context {cid} already ran a backward pass without "
         "retain_graph=True on worker 'w0'")
-    assert out["ended"].startswith(f"Could not find autograd context with id {cid} on worker")
+    assert out["ended"].startswith(f"Could not find autograd context with id: {cid} on worker")
     assert out["ended_backward"] == (
-        f"Could not find autograd context with id {cid} on worker 'w0': it was never created "
+        f"Could not find autograd context with id: {cid} on worker 'w0': it was never created "
         "here or has already ended (use it inside its `with dist_autograd.context()` block).")
     assert issubclass(dist_autograd.DistAutogradError, rpc_agent.RpcError)
     _assert_all_released(workers)
