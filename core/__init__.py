@@ -94,7 +94,7 @@ from shoal.core import amp
 from shoal.core.amp import autocast, get_autocast_dtype, is_autocast_enabled
 from shoal.core import profiler  # torch.profiler: wraps ops and optimizers
 from shoal.core import backends, cuda, linalg, testing  # torch.backends, .cuda, .linalg, .testing
-from shoal.core import autograd, autograd_function, double_backward
+from shoal.core import autograd, autograd_function, autograd_profiler, double_backward
 from shoal.core.autograd_function import Function
 from shoal.core.generator import Generator
 
@@ -109,6 +109,10 @@ short = int16
 autograd.Function = Function
 autograd.function = autograd_function
 _sys.modules["shoal.core.autograd.function"] = autograd_function
+# torch.autograd.profiler, the legacy profiler: it builds on core.profiler, which imports
+# autograd, so it too is bound here rather than imported by autograd.
+autograd.profiler = autograd_profiler
+_sys.modules["shoal.core.autograd.profiler"] = autograd_profiler
 del double_backward
 
 __all__ = [

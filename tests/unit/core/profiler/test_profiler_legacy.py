@@ -123,9 +123,6 @@ def test_table_has_torchs_keyword_arguments() -> None:
     assert all(ours[n].default == theirs[n].default for n in theirs)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "core/__init__.py must bind core/autograd_profiler.py as core.autograd.profiler (and "
-    "sys.modules['shoal.core.autograd.profiler']); core/autograd.py is another helper's"))
 def test_legacy_profiler_is_reachable_as_core_autograd_profiler() -> None:
     import importlib
 
