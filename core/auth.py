@@ -352,15 +352,6 @@ def dial_link(
             raise
 
 
-def dial(connect: Callable[[float], socket.socket], token: bytes, purpose: str, timeout: float,
-         *, prepare: Optional[Callable[[socket.socket], None]] = None) -> socket.socket:
-    """`dial_link` for a transport that does not tag its frames yet: the socket alone.
-
-    Transitional: every raw transport moves to `dial_link` (issue 34), then this goes.
-    """
-    return dial_link(connect, token, purpose, timeout, prepare=prepare)[0]
-
-
 def sign(token: bytes, purpose: str, payload: bytes) -> bytes:
     """HMAC-SHA256 of `payload` for transports whose handshake is a message (gRPC metadata)."""
     return hmac.new(token, purpose.encode() + b"\0" + payload, hashlib.sha256).digest()

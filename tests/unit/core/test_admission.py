@@ -44,8 +44,8 @@ class Port:
         self.gate.start()
 
     def dial(self, token=TOKEN, timeout=5.0) -> socket.socket:
-        return auth.dial(lambda left: socket.create_connection(self.address, timeout=left),
-                         token, PURPOSE, timeout)
+        return auth.dial_link(lambda left: socket.create_connection(self.address, timeout=left),
+                              token, PURPOSE, timeout)[0]
 
     def idle(self) -> socket.socket:
         """A connection that reads the greeting and then says nothing."""

@@ -174,11 +174,11 @@ def _connect_shedding(first_shed: int, attempts: list):
 
 def test_dial_retries_a_shed_connection_and_never_a_refused_secret():
     attempts = []
-    auth.dial(_connect_shedding(2, attempts), b"k", "store", timeout=5).close()
+    auth.dial_link(_connect_shedding(2, attempts), b"k", "store", timeout=5)[0].close()
     assert len(attempts) == 3
     attempts = []
     with pytest.raises(AuthenticationError, match="refused this process's secret"):
-        auth.dial(_connect_shedding(0, attempts), b"wrong", "store", timeout=5)
+        auth.dial_link(_connect_shedding(0, attempts), b"wrong", "store", timeout=5)
     assert len(attempts) == 1  # a refused secret is final
 
 
@@ -189,7 +189,7 @@ def test_dial_gives_up_when_its_timeout_runs_out():
         return client
 
     with pytest.raises(HandshakeInterrupted, match="before its greeting"):
-        auth.dial(connect, b"k", "store", timeout=0.2)
+        auth.dial_link(connect, b"k", "store", timeout=0.2)
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "", "::", "10.1.2.3", "myhost.example"])
