@@ -142,12 +142,7 @@ _PREFIXES = {
 
 # Names not there when this list was written; other issue-35 work adds them (remove a mark
 # when its case XPASSes).
-_NOT_YET = {
-    "torch.Generator": "core.Generator is not there yet (core.data.Generator is the data "
-                       "loader's; issue 35 asks for core's with generator= on the creators)",
-    "torch.autograd.Function": "core.autograd has no Function (custom forward/backward with "
-                               "ctx.save_for_backward) yet",
-}
+_NOT_YET: dict[str, str] = {}
 
 
 def shoal_path(torch_path: str) -> str:
