@@ -21,7 +21,7 @@ DEVELOPMENT_TOKEN_RULE = (
 _TESTS = Path(__file__).resolve().parent
 
 # Folders whose every test starts processes, ranks, servers or devices: all of them are slow.
-SLOW_FOLDERS = ("multiproc", "integration", "security", "gpu")
+SLOW_FOLDERS = ("multiproc", "integration", "security", "gpu", "torch_ports")
 
 # Tests of the fast folders (tests/unit, tests/contracts) that take more than a second even on
 # an idle machine, keyed "path under tests/::name" (a file, a test function or a class's test;
