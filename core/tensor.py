@@ -325,9 +325,12 @@ class Tensor:
         self, gradient: "Tensor | None" = None, retain_graph: bool | None = None,
         create_graph: bool = False,
     ) -> None:
-        """Accumulate d(self)/d(leaf) into every leaf's .grad; `gradient` is needed unless scalar."""
+        """Accumulate d(self)/d(leaf) into every leaf's .grad; `gradient` is needed unless scalar.
+
+        With create_graph=True the leaves' .grad get a graph of their own (double backward)."""
         if create_graph:
-            raise AutogradError("backward(create_graph=True): higher-order gradients are not supported.")
+            autograd.backward(self, gradient, retain_graph, create_graph=True)
+            return
         g = None
         if gradient is not None:
             g = gradient.array if isinstance(gradient, Tensor) else gradient

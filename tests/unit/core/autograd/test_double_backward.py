@@ -207,3 +207,16 @@ def test_first_order_grad_is_unchanged_and_refuses_inputs_without_grad_as_torch(
                                                "outputs"):
             lib.autograd.grad(lib.ones(2, requires_grad=True) * 2,
                               [lib.ones(2, requires_grad=True)], create_graph=True)
+
+
+def test_tensor_backward_with_create_graph_accumulates_a_differentiable_grad_as_torch():
+    """x.grad from backward(create_graph=True) has a graph; backward through it accumulates the
+    second derivative into x.grad (3x^2 + 6x), as torch does. Exact: small integers and halves."""
+    x = core.tensor([1.5, -2.0], requires_grad=True)
+    (x * x * x).sum().backward(create_graph=True)
+    assert x.grad.requires_grad
+    x.grad.sum().backward()
+    tx = torch.tensor([1.5, -2.0], requires_grad=True)
+    (tx * tx * tx).sum().backward(create_graph=True)
+    tx.grad.sum().backward()
+    assert x.grad.detach().numpy().tolist() == tx.grad.detach().numpy().tolist() == [15.75, 0.0]
