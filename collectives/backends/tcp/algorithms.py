@@ -19,6 +19,7 @@ import numpy as np
 
 from shoal.collectives.backends.tcp import wire
 from shoal.collectives.backends.tcp.framing import TAG
+from shoal.collectives.constants import SMALL_MAX_BYTES
 from shoal.collectives.backends.tcp.pump import LinkDown, Plan
 
 HEADER_SIZE = wire.DATA_HEADER.size
@@ -69,23 +70,40 @@ def _read_more(sock: socket.socket, n: int, timeout: float = 1.0) -> bytes:
 
 def verify_header(peer: int, inb, have: bytes) -> tuple[int, bytes]:
     """(sequence number, fingerprint) of the header frame `have` begins (read the rest of it,
-    and its tag, from `inb` when `have` stops short), after checking its tag.
+    and its tag, from `inb` when `have` stops short), after checking its tag. A direct-path
+    message (`wire.DIRECT_MAGIC`) is one frame with its payload, read and checked whole.
 
     Raises:
         ProtocolError: no header can begin with these bytes.
         framing.Tampered: the header failed its integrity check.
     """
     magic, their_seq, fp_len = wire.DATA_HEADER.unpack_from(have)
-    if magic != wire.DATA_MAGIC or not wire.fingerprint_ok(fp_len):
+    if magic not in (wire.DATA_MAGIC, wire.DIRECT_MAGIC) or not wire.fingerprint_ok(fp_len):
         raise ProtocolError(peer, f"bytes {bytes(have[:HEADER_SIZE])!r} where a collective header belongs")
     end = HEADER_SIZE + fp_len
-    have = bytes(have[:end + TAG])
-    if len(have) < end + TAG:
-        have += _read_more(inb.sock, end + TAG - len(have))
-    if len(have) < end + TAG:
+    body = 0
+    if magic == wire.DIRECT_MAGIC:
+        end += wire.DIRECT_LENGTH.size
+        have = _have(peer, inb, have, end)
+        body = wire.DIRECT_LENGTH.unpack_from(have, end - wire.DIRECT_LENGTH.size)[0]
+        if body > SMALL_MAX_BYTES:
+            raise ProtocolError(peer, f"a direct message of {body} bytes (at most {SMALL_MAX_BYTES})")
+    have = _have(peer, inb, have, end + body + TAG)
+    if magic == wire.DIRECT_MAGIC:
+        inb.verify_joined(peer, have[:end + body], end, have[end + body:end + body + TAG])
+    else:
+        inb.verify(peer, have[:end], have[end:end + TAG], "a collective header")
+    return their_seq, have[HEADER_SIZE:HEADER_SIZE + fp_len]
+
+
+def _have(peer: int, inb, have: bytes, n: int) -> bytes:
+    """`have`, the start of a frame, with bytes read from `inb` until it holds at least `n`."""
+    have = bytes(have)
+    if len(have) < n:
+        have += _read_more(inb.sock, n - len(have))
+    if len(have) < n:
         raise ProtocolError(peer, "a collective header cut short")
-    inb.verify(peer, have[:end], have[end:], "a collective header")
-    return their_seq, have[HEADER_SIZE:end]
+    return have
 
 
 def check_header(peer: int, seq: int, fp: bytes, their_seq: int, their_fp: bytes) -> None:
@@ -105,6 +123,7 @@ def expect_header(plan: Plan, peer: int, inb, seq: int, fp: bytes) -> None:
         _magic, _seq, fp_len = wire.DATA_HEADER.unpack_from(view)
         if fp_len != len(fp) or _magic != wire.DATA_MAGIC:
             check_header(peer, seq, fp, *verify_header(peer, inb, bytes(view[:HEADER_SIZE])))
+            raise ProtocolError(peer, "a direct-path message where a ring's header belongs")
 
     def check_fp():
         their_seq = wire.DATA_HEADER.unpack_from(view)[1]
@@ -159,30 +178,37 @@ class Direct:
         `payload` is one buffer for all peers or a dict peer -> buffer; `sizes` gives the
         expected payload size per peer (default: the same as ours).
         """
-        hdr = wire.data_header(seq, fp)
         for q in self.peers:
-            self._send(q, hdr, payload[q] if isinstance(payload, dict) else payload)
+            self._send(q, seq, fp, payload[q] if isinstance(payload, dict) else payload)
         out = {}
         for q in self.peers:
             if sizes is not None:
                 nb = sizes[q]
             else:
                 nb = len(payload[q]) if isinstance(payload, dict) else len(payload)
-            out[q] = self._receive(q, self.rx[q], hdr, seq, fp, nb)
+            out[q] = self._receive(q, self.rx[q], seq, fp, nb)
         return out
 
-    def _send(self, q: int, hdr: bytes, body) -> None:
+    def _send(self, q: int, seq: int, fp: bytes, body) -> None:
+        """Send rank `q` a header and `body`: one frame under one tag up to SMALL_MAX_BYTES
+        (not encrypted), else a header frame and a payload frame."""
+        out = self.tx[q]
         try:
-            self.tx[q].send_header(hdr, body)
+            if out.encrypt or len(body) > SMALL_MAX_BYTES:
+                out.send_header(wire.data_header(seq, fp), body)
+            else:
+                out.send_joined(wire.direct_header(seq, fp, len(body)), body)
         except OSError as exc:
             raise LinkDown(q, exc) from exc
 
-    def _receive(self, q, inb, hdr, seq, fp, nb):
-        """Rank `q`'s header frame (checked, then compared with ours) and its payload frame
-        of `nb` bytes (checked); one buffer receives both, as many at once as have arrived."""
+    def _receive(self, q, inb, seq, fp, nb):
+        """Rank `q`'s header (compared with ours, checked) and its payload of `nb` bytes
+        (checked); one buffer receives both, as many at once as have arrived."""
+        joined = not inb.encrypt and nb <= SMALL_MAX_BYTES
+        hdr = wire.direct_header(seq, fp, nb) if joined else wire.data_header(seq, fp)
         hl = len(hdr)
-        body_at = hl + TAG
-        need = body_at + (nb + TAG if nb else 0)
+        body_at = hl if joined else hl + TAG
+        need = body_at + nb + TAG if (joined or nb) else body_at
         view = self.buffer(q, need)
         got = 0
         if self.spin_allowed:
@@ -195,18 +221,19 @@ class Direct:
             # Fixed header first: with a shorter fingerprint and no payload, waiting for our
             # full header length would hang.
             got = _fill(q, sock, view, got, HEADER_SIZE, need)
-            if view[_FP_LEN_AT:HEADER_SIZE] != hdr[_FP_LEN_AT:HEADER_SIZE]:
-                check_header(q, seq, fp, *verify_header(q, inb, bytes(view[:got])))
-            got = _fill(q, sock, view, got, body_at, need)
-            inb.verify(q, view[:hl], view[hl:body_at], "a collective header")
+            if view[:HEADER_SIZE] == hdr[:HEADER_SIZE]:
+                got = _fill(q, sock, view, got, hl, need)
             if view[:hl] != hdr:
-                check_header(q, seq, fp, *verify_header_fields(view[:hl]))
-            if not nb:
-                return view[hl:hl]
+                check_header(q, seq, fp, *verify_header(q, inb, bytes(view[:got])))
+                raise ProtocolError(q, f"a message framed otherwise than ours ({nb} bytes)")
             _fill(q, sock, view, got, need, need)
         except OSError as exc:
             raise LinkDown(q, exc) from exc
-        return inb.accept(q, view[body_at:need])
+        if joined:
+            inb.verify_joined(q, view[:hl + nb], hl, view[hl + nb:need])
+            return view[hl:hl + nb]
+        inb.verify(q, view[:hl], view[hl:body_at], "a collective header")
+        return inb.accept(q, view[body_at:need]) if nb else view[hl:hl]
 
     def _spin(self, q, sock, view, need) -> int:
         end = time.perf_counter() + self.spin_s
@@ -232,11 +259,11 @@ class Direct:
 
     def send_to(self, q: int, seq: int, fp: bytes, body=b"") -> None:
         """Send rank `q` this op's header, then `body`."""
-        self._send(q, wire.data_header(seq, fp), body)
+        self._send(q, seq, fp, body)
 
     def recv_from(self, q: int, seq: int, fp: bytes, nbytes: int = 0) -> memoryview:
         """Receive rank `q`'s header (checked against ours) and its `nbytes` of payload."""
-        return self._receive(q, self.rx[q], wire.data_header(seq, fp), seq, fp, nbytes)
+        return self._receive(q, self.rx[q], seq, fp, nbytes)
 
 
 def _fill(q: int, sock, view, got: int, upto: int, need: int) -> int:
@@ -247,12 +274,6 @@ def _fill(q: int, sock, view, got: int, upto: int, need: int) -> int:
             raise LinkDown(q, None)
         got += k
     return got
-
-
-def verify_header_fields(raw) -> tuple[int, bytes]:
-    """(sequence number, fingerprint) of a whole header already checked."""
-    _magic, seq, fp_len = wire.DATA_HEADER.unpack_from(raw)
-    return seq, bytes(raw[HEADER_SIZE:HEADER_SIZE + fp_len])
 
 
 def combine_pair(mine: np.ndarray, theirs: np.ndarray, rank: int, uf) -> None:

@@ -20,6 +20,10 @@ from shoal.collectives.constants import MAX_FINGERPRINT_BYTES, SOCKET_BUFFER_BYT
 DATA_MAGIC = b"SHd1"
 # magic, sequence number, fingerprint length; the fingerprint follows.
 DATA_HEADER = struct.Struct("<4sQH")
+# The direct path's small messages: a header of this magic, its fingerprint, the payload's
+# length (`DIRECT_LENGTH`), then the payload, all one frame under one tag (`direct_header`).
+DIRECT_MAGIC = b"SHd2"
+DIRECT_LENGTH = struct.Struct("<I")
 
 HELLO_MAGIC = b"SHh1"
 # magic, group id (hash of name and generation), sender's rank, receiver's rank, channel.
@@ -46,6 +50,13 @@ KINDS = {KIND_BYE: "bye", KIND_ABORT: "abort", KIND_P2P: "p2p"}
 def data_header(seq: int, fingerprint: bytes) -> bytes:
     """The header that opens a collective on one link."""
     return DATA_HEADER.pack(DATA_MAGIC, seq, len(fingerprint)) + fingerprint
+
+
+def direct_header(seq: int, fingerprint: bytes, nbytes: int) -> bytes:
+    """The header of a direct-path message whose `nbytes` of payload follow it in the same
+    frame: one tag covers both, so a small message costs one tag call each way."""
+    return (DATA_HEADER.pack(DIRECT_MAGIC, seq, len(fingerprint)) + fingerprint
+            + DIRECT_LENGTH.pack(nbytes))
 
 
 def fingerprint_ok(length: int) -> bool:
