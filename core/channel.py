@@ -11,7 +11,8 @@ without the secret cannot compute the keys, and a capture cannot be replayed int
 connection, whose nonces differ.
 
 `encrypt=True` (the `SHOAL_ENCRYPT` setting) also hides payloads: AES-256-GCM over the frame
-instead of a tag beside it. Integrity is always on; encryption costs a copy each way.
+instead of a tag beside it. Integrity is always on; encryption costs a pass over the bytes each way
+(`seal_into`/`open_into` write where the caller says, so no buffer is allocated per frame).
 """
 
 from __future__ import annotations
@@ -87,6 +88,13 @@ class Sealer:
         self._seq = seq + 1
         return self._aead.encrypt(_NONCE.pack(seq, _WHOLE), data, None)
 
+    def seal_into(self, data, out) -> None:
+        """Encrypt the next frame into `out` (len(data) + TAG_BYTES writable bytes): ciphertext,
+        then tag, with no buffer allocated (`encrypt` mode)."""
+        seq = self._seq
+        self._seq = seq + 1
+        self._aead.encrypt_into(_NONCE.pack(seq, _WHOLE), data, None, out)
+
 
 class Opener:
     """The receiving half: checks each frame's tag (or decrypts it) in order."""
@@ -122,6 +130,20 @@ class Opener:
         self._seq = seq + 1
         try:
             return self._aead.decrypt(_NONCE.pack(seq, _WHOLE), sealed, None)
+        except InvalidTag:
+            raise IntegrityError(self._refusal(seq)) from None
+
+    def open_into(self, sealed, out) -> None:
+        """Decrypt the next frame into `out` (len(sealed) - TAG_BYTES writable bytes), with no
+        buffer allocated (`encrypt` mode); `out` holds garbage if it fails.
+
+        Raises:
+            IntegrityError: as `check`.
+        """
+        seq = self._seq
+        self._seq = seq + 1
+        try:
+            self._aead.decrypt_into(_NONCE.pack(seq, _WHOLE), sealed, None, out)
         except InvalidTag:
             raise IntegrityError(self._refusal(seq)) from None
 

@@ -169,7 +169,10 @@ class Inbound:
             Tampered: as `verify`.
         """
         if self.encrypt:
-            view[:] = self.accept(peer, memoryview(self._stage)[:len(view) + TAG])
+            try:
+                self._opener.open_into(memoryview(self._stage)[:len(view) + TAG], view)
+            except IntegrityError:
+                raise Tampered(peer, "a data frame") from None
         else:
             self.verify(peer, view, self.trailer)
 

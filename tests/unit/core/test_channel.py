@@ -77,3 +77,18 @@ def test_the_two_directions_have_different_keys():
     send, recv = channel.session_keys(SECRET, "store", S_NONCE, C_NONCE, server=True)
     c_send, c_recv = channel.session_keys(SECRET, "store", S_NONCE, C_NONCE, server=False)
     assert send == c_recv and recv == c_send and send != recv
+
+
+def test_seal_into_and_open_into_round_trip_without_allocating_and_refuse_a_change():
+    (_, s_open), (c_seal, _) = _ends(encrypt=True)
+    payload = bytes(range(256)) * 16
+    sealed = bytearray(len(payload) + channel.TAG_BYTES)
+    c_seal.seal_into(payload, sealed)
+    assert payload[:32] not in sealed
+    out = bytearray(len(payload))
+    s_open.open_into(sealed, memoryview(out))
+    assert out == payload
+    c_seal.seal_into(payload, sealed)
+    sealed[7] ^= 1
+    with pytest.raises(IntegrityError):
+        s_open.open_into(sealed, out)
