@@ -11,6 +11,7 @@ from shoal import core
 from shoal.core.optim import SGD
 from shoal.core.optim import lr_scheduler as ls
 from shoal.core.optim.lr_scheduler import SchedulerError
+from tests.support.optim_oracle import lr_sequence
 
 torch = pytest.importorskip("torch")
 
@@ -41,29 +42,20 @@ def _torch_opt(lr=0.1, groups=1):
                            lr=lr)
 
 
-def _run(module, opt, schedulers, steps):
-    seq = [[g["lr"] for g in opt.param_groups]]
-    for _ in range(steps):
-        opt.step()
-        for s in schedulers:
-            s.step()
-        seq.append([g["lr"] for g in opt.param_groups])
-        assert schedulers[-1].get_last_lr() == seq[-1]
-    return seq
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_schedule_matches_torch_for_twenty_steps(name):
     ours_opt, torch_opt = _shoal_opt(groups=2), _torch_opt(groups=2)
-    ours = _run(ls, ours_opt, CONFIGS[name](ls, ours_opt), STEPS)
-    theirs = _run(torch.optim.lr_scheduler, torch_opt,
+    ours = lr_sequence(ours_opt, CONFIGS[name](ls, ours_opt), STEPS)
+    theirs = lr_sequence(torch_opt,
                   CONFIGS[name](torch.optim.lr_scheduler, torch_opt), STEPS)
     np.testing.assert_allclose(ours, theirs, rtol=1e-12, atol=1e-15)
 
 
 def test_exponential_and_step_chain_gives_the_documented_sequence():
     opt = _shoal_opt(lr=0.1)
-    seq = _run(ls, opt, [ls.ExponentialLR(opt, gamma=0.9), ls.StepLR(opt, 3, gamma=0.1)], 4)
+    seq = lr_sequence(opt, [ls.ExponentialLR(opt, gamma=0.9), ls.StepLR(opt, 3, gamma=0.1)], 4)
     np.testing.assert_allclose([s[0] for s in seq], [0.1, 0.09, 0.081, 0.00729, 0.006561],
                                rtol=1e-12)
 
@@ -72,11 +64,11 @@ def test_exponential_and_step_chain_gives_the_documented_sequence():
 def test_state_dict_round_trip_resumes_the_same_sequence(name):
     opt = _shoal_opt(groups=2)
     schedulers = CONFIGS[name](ls, opt)
-    full = _run(ls, opt, schedulers, STEPS)
+    full = lr_sequence(opt, schedulers, STEPS)
 
     opt = _shoal_opt(groups=2)
     schedulers = CONFIGS[name](ls, opt)
-    head = _run(ls, opt, schedulers, 7)
+    head = lr_sequence(opt, schedulers, 7)
     saved_opt = pickle.loads(pickle.dumps(opt.state_dict()))
     saved = pickle.loads(pickle.dumps([s.state_dict() for s in schedulers]))
 
@@ -85,7 +77,7 @@ def test_state_dict_round_trip_resumes_the_same_sequence(name):
     fresh_opt.load_state_dict(saved_opt)
     for s, state in zip(fresh, saved):
         s.load_state_dict(state)
-    tail = _run(ls, fresh_opt, fresh, STEPS - 7)
+    tail = lr_sequence(fresh_opt, fresh, STEPS - 7)
     np.testing.assert_allclose(head + tail[1:], full, rtol=1e-12)
 
 
@@ -118,8 +110,8 @@ def test_cosine_resumed_at_an_epoch_uses_the_closed_form_like_torch():
     ours_opt, torch_opt = _shoal_opt(), _torch_opt()
     for o in (ours_opt, torch_opt):
         o.param_groups[0]["initial_lr"] = 0.1
-    ours = _run(ls, ours_opt, [ls.CosineAnnealingLR(ours_opt, 8, last_epoch=3)], 10)
-    theirs = _run(torch.optim.lr_scheduler, torch_opt,
+    ours = lr_sequence(ours_opt, [ls.CosineAnnealingLR(ours_opt, 8, last_epoch=3)], 10)
+    theirs = lr_sequence(torch_opt,
                   [torch.optim.lr_scheduler.CosineAnnealingLR(torch_opt, 8, last_epoch=3)], 10)
     np.testing.assert_allclose(ours, theirs, rtol=1e-12)
 

@@ -10,6 +10,7 @@ import pytest
 from shoal import core
 from shoal.core import optim
 from shoal.core.optim import OptimizerError
+from tests.support.optim_oracle import param_pairs, set_grad_pairs
 
 torch = pytest.importorskip("torch")
 
@@ -40,22 +41,8 @@ CASES = [
 IDS = [f"{name}-{i}" for i, (name, _) in enumerate(CASES)]
 
 
-def _params(rng):
-    values = [rng.standard_normal(s) for s in SHAPES]
-    ours = [core.tensor(v.copy(), requires_grad=True) for v in values]
-    theirs = [torch.tensor(v.copy(), requires_grad=True) for v in values]
-    return ours, theirs
 
 
-def _set_grads(ours, theirs, rng, skip=None):
-    for i, (a, b) in enumerate(zip(ours, theirs)):
-        if i == skip:
-            a.grad, b.grad = None, None
-            continue
-        # Rprop reacts to sign changes, so half the steps reuse a gradient's sign pattern.
-        g = rng.standard_normal(a.shape)
-        a.grad = core.tensor(g.copy())
-        b.grad = torch.tensor(g.copy())
 
 
 def _make(name, ours, theirs, kwargs):
@@ -78,10 +65,10 @@ def _assert_same(ours, theirs):
 @pytest.mark.parametrize("name,kwargs", CASES, ids=IDS)
 def test_updates_match_torch_over_steps_with_groups_and_missing_grads(name, kwargs):
     rng = np.random.default_rng(0)
-    ours, theirs = _params(rng)
+    ours, theirs = param_pairs(rng, SHAPES)
     ours_opt, theirs_opt = _make(name, ours, theirs, kwargs)
     for step in range(STEPS):
-        _set_grads(ours, theirs, rng, skip=1 if step == 2 else None)
+        set_grad_pairs(ours, theirs, rng, skip=1 if step == 2 else None)
         ours_opt.step()
         theirs_opt.step()
         _assert_same(ours, theirs)
@@ -90,9 +77,9 @@ def test_updates_match_torch_over_steps_with_groups_and_missing_grads(name, kwar
 @pytest.mark.parametrize("name,kwargs", CASES, ids=IDS)
 def test_defaults_state_keys_and_group_keys_match_torch(name, kwargs):
     rng = np.random.default_rng(1)
-    ours, theirs = _params(rng)
+    ours, theirs = param_pairs(rng, SHAPES)
     ours_opt, theirs_opt = _make(name, ours, theirs, kwargs)
-    _set_grads(ours, theirs, rng)
+    set_grad_pairs(ours, theirs, rng)
     ours_opt.step()
     theirs_opt.step()
     mine, yours = ours_opt.state_dict(), theirs_opt.state_dict()
@@ -108,10 +95,10 @@ def test_defaults_state_keys_and_group_keys_match_torch(name, kwargs):
 @pytest.mark.parametrize("name,kwargs", CASES[1::2], ids=IDS[1::2])
 def test_state_dict_round_trip_continues_exactly(name, kwargs):
     rng = np.random.default_rng(2)
-    ours, theirs = _params(rng)
+    ours, theirs = param_pairs(rng, SHAPES)
     ours_opt, theirs_opt = _make(name, ours, theirs, kwargs)
     for _ in range(3):
-        _set_grads(ours, theirs, rng)
+        set_grad_pairs(ours, theirs, rng)
         ours_opt.step()
         theirs_opt.step()
     saved = pickle.loads(pickle.dumps(ours_opt.state_dict()))
@@ -119,7 +106,7 @@ def test_state_dict_round_trip_continues_exactly(name, kwargs):
     fresh, _ = _make(name, copies, [torch.zeros(s) for s in SHAPES], kwargs)
     fresh.load_state_dict(saved)
     for _ in range(STEPS - 3):
-        _set_grads(ours, theirs, rng)
+        set_grad_pairs(ours, theirs, rng)
         for a, c in zip(ours, copies):
             c.grad = core.tensor(a.grad.array.copy())
         fresh.step()

@@ -13,6 +13,7 @@ from shoal import core
 from shoal.core.optim import SGD
 from shoal.core.optim import lr_scheduler as ls
 from shoal.core.optim.lr_scheduler import SchedulerError
+from tests.support.optim_oracle import lr_sequence
 
 torch = pytest.importorskip("torch")
 tls = torch.optim.lr_scheduler
@@ -49,22 +50,13 @@ def _opt(module, lr=0.1, groups=2):
     return cls([{"params": [p], "lr": lr * (i + 1)} for i, p in enumerate(params)], lr=lr)
 
 
-def _run(opt, schedulers, steps):
-    seq = [[g["lr"] for g in opt.param_groups]]
-    for _ in range(steps):
-        opt.step()
-        for s in schedulers:
-            s.step()
-        seq.append([g["lr"] for g in opt.param_groups])
-        assert schedulers[-1].get_last_lr() == seq[-1]
-    return seq
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_schedule_matches_torch(name):
     ours_opt, torch_opt = _opt(ls), _opt(tls)
-    ours = _run(ours_opt, CONFIGS[name](ls, ours_opt), STEPS)
-    theirs = _run(torch_opt, CONFIGS[name](tls, torch_opt), STEPS)
+    ours = lr_sequence(ours_opt, CONFIGS[name](ls, ours_opt), STEPS)
+    theirs = lr_sequence(torch_opt, CONFIGS[name](tls, torch_opt), STEPS)
     # Same formulas in the same order on float64: equal up to an ulp or two of drift.
     np.testing.assert_allclose(ours, theirs, rtol=1e-12, atol=1e-15)
 
@@ -72,11 +64,11 @@ def test_schedule_matches_torch(name):
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_state_dict_round_trip_resumes_the_same_sequence(name):
     opt = _opt(ls)
-    full = _run(opt, CONFIGS[name](ls, opt), STEPS)
+    full = lr_sequence(opt, CONFIGS[name](ls, opt), STEPS)
 
     opt = _opt(ls)
     schedulers = CONFIGS[name](ls, opt)
-    head = _run(opt, schedulers, 8)
+    head = lr_sequence(opt, schedulers, 8)
     saved_opt = pickle.loads(pickle.dumps(opt.state_dict()))
     saved = pickle.loads(pickle.dumps([s.state_dict() for s in schedulers]))
     fresh_opt = _opt(ls)
@@ -84,7 +76,7 @@ def test_state_dict_round_trip_resumes_the_same_sequence(name):
     fresh_opt.load_state_dict(saved_opt)
     for s, state in zip(fresh, saved):
         s.load_state_dict(state)
-    tail = _run(fresh_opt, fresh, STEPS - 8)
+    tail = lr_sequence(fresh_opt, fresh, STEPS - 8)
     np.testing.assert_allclose(head + tail[1:], full, rtol=1e-12)
 
 

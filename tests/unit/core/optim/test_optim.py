@@ -10,6 +10,7 @@ import pytest
 from shoal import core
 from shoal.core.errors import ShapeError
 from shoal.core.optim import SGD, Adam, AdamW, OptimizerError
+from tests.support.optim_oracle import param_pairs, set_grad_pairs
 
 torch = pytest.importorskip("torch")
 
@@ -29,21 +30,8 @@ OURS = {"sgd": SGD, "adam": Adam, "adamw": AdamW}
 THEIRS = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW"}
 
 
-def _params(rng):
-    values = [rng.standard_normal(s) for s in SHAPES]
-    ours = [core.tensor(v.copy(), requires_grad=True) for v in values]
-    theirs = [torch.tensor(v.copy(), requires_grad=True) for v in values]
-    return ours, theirs
 
 
-def _set_grads(ours, theirs, rng, skip=None):
-    for i, (a, b) in enumerate(zip(ours, theirs)):
-        if i == skip:
-            a.grad, b.grad = None, None
-            continue
-        g = rng.standard_normal(a.shape)
-        a.grad = core.tensor(g.copy())
-        b.grad = torch.tensor(g.copy())
 
 
 def _make(kind, ours, theirs, kwargs):
@@ -64,10 +52,10 @@ def _assert_same(ours, theirs):
 @pytest.mark.parametrize("kind,kwargs", CASES, ids=[f"{k}-{i}" for i, (k, _) in enumerate(CASES)])
 def test_updates_match_torch_over_steps_with_groups_and_missing_grads(kind, kwargs):
     rng = np.random.default_rng(0)
-    ours, theirs = _params(rng)
+    ours, theirs = param_pairs(rng, SHAPES)
     ours_opt, theirs_opt = _make(kind, ours, theirs, kwargs)
     for step in range(5):
-        _set_grads(ours, theirs, rng, skip=1 if step == 2 else None)
+        set_grad_pairs(ours, theirs, rng, skip=1 if step == 2 else None)
         ours_opt.step()
         theirs_opt.step()
         _assert_same(ours, theirs)
@@ -76,10 +64,10 @@ def test_updates_match_torch_over_steps_with_groups_and_missing_grads(kind, kwar
 @pytest.mark.parametrize("kind,kwargs", [CASES[2], CASES[5], CASES[7]], ids=["sgd", "adam", "adamw"])
 def test_state_dict_round_trip_continues_exactly(kind, kwargs):
     rng = np.random.default_rng(1)
-    ours, theirs = _params(rng)
+    ours, theirs = param_pairs(rng, SHAPES)
     ours_opt, theirs_opt = _make(kind, ours, theirs, kwargs)
     for _ in range(3):
-        _set_grads(ours, theirs, rng)
+        set_grad_pairs(ours, theirs, rng)
         ours_opt.step()
         theirs_opt.step()
     state = ours_opt.state_dict()
@@ -95,7 +83,7 @@ def test_state_dict_round_trip_continues_exactly(kind, kwargs):
     new_opt.load_state_dict(pickle.loads(pickle.dumps(state)))
     assert new_opt.param_groups[1]["lr"] == kwargs["lr"] / 2
     for _ in range(2):
-        _set_grads(ours, theirs, rng)
+        set_grad_pairs(ours, theirs, rng)
         for a, b in zip(restored, ours):
             a.grad = core.tensor(b.grad.array.copy())
         new_opt.step()
@@ -108,9 +96,9 @@ def test_state_dict_round_trip_continues_exactly(kind, kwargs):
 
 def test_load_state_dict_rejects_mismatches_without_changing_anything():
     rng = np.random.default_rng(2)
-    ours, theirs = _params(rng)
+    ours, theirs = param_pairs(rng, SHAPES)
     opt = SGD([{"params": ours[:2]}, {"params": ours[2:]}], lr=0.1, momentum=0.9)
-    _set_grads(ours, theirs, rng)
+    set_grad_pairs(ours, theirs, rng)
     opt.step()
     good = opt.state_dict()
     before = pickle.dumps(good)
