@@ -17,6 +17,7 @@ from shoal.collectives.store.tcp import TCPStore
 from shoal.core.auth import MAGIC, client_handshake, load_token
 from shoal.core.channel import TAG_BYTES
 from shoal.core.errors import AuthenticationError
+from tests.support.relay import pump
 
 LOGGER = "shoal.collectives.store.server"
 GATE_LOGGER = "shoal.core.admission"  # connections turned away before they authenticate
@@ -298,21 +299,7 @@ class _SheddingProxy:
                 continue
             upstream = socket.create_connection(("127.0.0.1", self.target), timeout=5)
             for a, b in ((sock, upstream), (upstream, sock)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pipe(src, dst):
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+                threading.Thread(target=pump, args=(a, b), daemon=True).start()
 
     def close(self):
         self.listener.close()

@@ -16,6 +16,7 @@ import pytest
 
 from shoal.core import auth
 from shoal.rpc_agent.transport.data_channel import PURPOSE, DataChannels
+from tests.support.relay import pump
 
 TOKEN = b"data-channel-integrity-test-secret"
 WAIT_S = 5.0
@@ -103,29 +104,8 @@ class _FlippingRelay:
         self._listener.settimeout(WAIT_S)
         client, _ = self._listener.accept()
         server = socket.create_connection(("127.0.0.1", self._target), timeout=WAIT_S)
-        threading.Thread(target=self._pipe, args=(server, client, None), daemon=True).start()
-        self._pipe(client, server, self._offset)
-
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket, flip_at) -> None:
-        seen = 0
-        try:
-            while True:
-                data = bytearray(src.recv(65536))
-                if not data:
-                    break
-                if flip_at is not None and seen <= flip_at < seen + len(data):
-                    data[flip_at - seen] ^= 0x01
-                seen += len(data)
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+        threading.Thread(target=pump, args=(server, client), daemon=True).start()
+        pump(client, server, self._offset)
 
 
 def test_one_byte_altered_in_flight_drops_the_connection(pair, caplog):
