@@ -120,12 +120,15 @@ def _install_sockets(rank: int, step: int, fraction: float) -> None:
         return real_sendall(sock, data, *args)
 
     def sendmsg(sock, buffers, *args):
-        if getattr(_armed, "on", False) and not args:
+        # Counted unless it carries ancillary data (a shared-memory descriptor); flags such as
+        # MSG_DONTWAIT (the pump's tagged frames) are kept.
+        if getattr(_armed, "on", False) and not (args and args[0]):
+            buffers = list(buffers)
             joined = b"".join(memoryview(b).cast("B") for b in buffers)
             allowed = spend(len(joined))
             if allowed < len(joined):
                 kill_after(sock, allowed, lambda n: joined[:n])
-            k = real_sendmsg(sock, buffers)
+            k = real_sendmsg(sock, buffers, *args)
             state["sent"] += k
             return k
         return real_sendmsg(sock, buffers, *args)
