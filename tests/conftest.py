@@ -107,7 +107,36 @@ SLOW_TESTS = {
         "waits for the next scrape",
     "unit/elastic/test_metrics_server_limits.py::test_a_scrape_succeeds_while_300_idle_connections_are_held":
         "opens and holds 300 connections",
+    "unit/elastic/rendezvous/test_rdzv_meet_again.py::test_a_dead_backend_after_a_round_ends_the_join_one_budget_after_the_round_ended":
+        "waits out the join outage budget",
+    "unit/collectives/backends/tcp/test_framing.py::test_collectives_run_sealed_with_shoal_encrypt":
+        "its teardown waits for the sealed group's links to close",
 }
+
+
+# The contract suites' tests that wait out a short timeout on purpose (0.3-0.6 s each, about 20 s
+# together across the backends): what they check is the timeout's error, so they run in the
+# whole suite and keep the fast loop under two minutes.
+_CONTRACT_WAITS = {
+    "contracts/test_process_group_contract.py": (
+        ("TestTCPSharedMemory", "TestTCPUnixSockets", "TestTCPLoopback", "TestNCCLStandIn"),
+        ("test_timeout_names_the_ranks_that_never_arrived",
+         "test_monitored_barrier_names_the_absent_ranks",
+         "test_failed_async_work_reports_its_exception",
+         "test_mismatched_calls_raise_collective_mismatch_naming_both",
+         "test_abort_fails_this_rank_at_once_and_the_others_within_their_timeout")),
+    "contracts/test_store_contract.py": (
+        ("TestHashStore", "TestPrefixStoreOverHashStore", "TestTCPStoreServedHere",
+         "TestTCPStoreServedByAnotherProcess", "TestFileStore", "TestPrefixStoreOverTCPStore"),
+        ("test_multi_get_waits_and_times_out_naming_missing_keys",)),
+    "contracts/test_rendezvous_backend_contract.py": (
+        ("TestStoreBackendOverHashStore", "TestStoreBackendOverTCPStore", "TestEtcdBackend",
+         "TestDefaultWatchOfTheABC"),
+        ("test_watch_wakes_on_a_change_and_times_out_otherwise",)),
+}
+SLOW_TESTS.update({f"{path}::{cls}::{test}": "waits out a short timeout on purpose"
+                   for path, (classes, tests) in _CONTRACT_WAITS.items()
+                   for cls in classes for test in tests})
 
 
 def _named_slow(path: Path, nodeid: str) -> bool:

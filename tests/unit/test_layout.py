@@ -5,6 +5,7 @@ the one deliberate exception)."""
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import re
 from pathlib import Path
@@ -29,13 +30,22 @@ def _modules():
             yield "shoal." + ".".join(parts), path
 
 
+@functools.lru_cache(maxsize=None)
+def _tree(path: Path) -> ast.Module:
+    """A module's syntax tree, parsed once for every test of this file."""
+    return ast.parse(path.read_text(), str(path))
+
+
 MODULES = dict(_modules())
+# Parsed while the file is collected: every test below reads these trees.
+for _path in MODULES.values():
+    _tree(_path)
 
 
 def _imports(path: Path, top_level_only: bool):
     """(imported module, line) pairs; `top_level_only` keeps the module-level statements only
     (imports inside functions run later)."""
-    tree = ast.parse(path.read_text(), str(path))
+    tree = _tree(path)
     nodes = tree.body if top_level_only else [
         n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
     return _imports_of(nodes)
@@ -163,7 +173,7 @@ def _reaches(graph: dict, start: str, goal: str) -> bool:
 
 def _lazy_imports(path: Path):
     """Imports inside functions (not under `if TYPE_CHECKING`, which never runs)."""
-    tree = ast.parse(path.read_text(), str(path))
+    tree = _tree(path)
     top = {id(n) for n in tree.body}
     type_checking = {id(n) for node in tree.body if isinstance(node, ast.If)
                      and "TYPE_CHECKING" in ast.unparse(node.test) for n in ast.walk(node)}
@@ -218,7 +228,7 @@ def test_no_product_module_is_over_the_size_limit():
 def test_no_function_is_over_the_size_limit():
     long = []
     for path in _product_files():
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(_tree(path)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 # The signature's decorators are not body; the docstring is.
                 n = node.end_lineno - node.lineno + 1
@@ -230,7 +240,7 @@ def test_no_function_is_over_the_size_limit():
 def test_no_implementation_class_has_more_methods_than_the_limit():
     wide = []
     for path in _product_files():
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(_tree(path)):
             if isinstance(node, ast.ClassDef) and (
                     f"{path.relative_to(ROOT)}:{node.name}" not in API_CLASSES):
                 n = sum(isinstance(b, (ast.FunctionDef, ast.AsyncFunctionDef)) for b in node.body)
