@@ -166,7 +166,8 @@ def norm_output_dtype(input_dtype: np.dtype, *params: Any) -> np.dtype:
     statistics keeps the input's dtype (the usual mixed-precision setup: float32 parameters,
     half-precision activations). Other mixes (torch refuses them) promote as arithmetic does.
     """
-    dts = [p.dtype for p in params if p is not None]
+    # Parameters come as Tensors or arrays; compare numpy dtypes (a Tensor's is core's DType).
+    dts = [np.dtype(getattr(p, "array", p).dtype) for p in params if p is not None]
     if is_reduced_float(input_dtype) and all(d == _F32 or d == input_dtype for d in dts):
         return input_dtype
     out = input_dtype
