@@ -31,10 +31,13 @@ def _target(dtype: Any, device: Any, default: Any = dtypes.float32) -> tuple:
 def tensor(data: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
     """A new tensor holding a copy of data (lists, numbers, numpy/cupy arrays, tensors).
 
-    Python floats become float32 and ints int64, as in torch; arrays keep their dtype.
+    Python floats become float32 and ints int64, as in torch; arrays and numpy scalars keep
+    their dtype (np.float64 is a Python float, yet torch keeps it float64).
     """
     if isinstance(data, Tensor):
         data = data.array
+    elif isinstance(data, np.generic):
+        data = np.asarray(data)
     if backend.is_array(data):
         src = data
         dev = backend.device(device) if device is not None else backend.device_of(data)

@@ -126,3 +126,12 @@ def test_repr_and_hash_by_identity():
     assert len({x, x, core.tensor([1.0, 2.0])}) == 2
     with pytest.raises(ValueError, match="ambiguous"):
         bool(x > 0)
+
+
+@pytest.mark.parametrize("value", [np.float64(1.8), np.float32(1.8), np.float16(1.5),
+                                   np.int32(3), np.int64(3), np.uint8(3), np.bool_(True),
+                                   1.8, 3, True])
+def test_a_numpy_scalar_keeps_its_dtype_and_a_python_number_takes_torchs_default(value):
+    import torch
+
+    assert str(core.tensor(value).dtype).split(".")[-1] == str(torch.tensor(value).dtype).split(".")[-1]
