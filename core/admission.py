@@ -138,11 +138,11 @@ class Gatekeeper:
         what: how log lines name the port ("TCPStore server on 127.0.0.1:29500").
         token: the job's secret.
         purpose: the handshake's purpose ("store", "collectives", "rpc-data").
-        on_admit(sock, peer[, link]): called on the gatekeeper thread with a blocking,
-            authenticated socket and "host:port" (or "local"), and with `with_link` also the
-            connection's `core.channel.Link`, whose keys every later frame must carry; it must
-            return quickly (hand the socket on). If it raises, the socket is closed and the
-            error logged.
+        on_admit(sock, peer, link): called on the gatekeeper thread with a blocking,
+            authenticated socket, "host:port" (or "local") and the connection's
+            `core.channel.Link`, whose keys every later frame must carry; it must return
+            quickly (hand the socket on). If it raises, the socket is closed and the error
+            logged.
         on_reject(reason): called for every connection turned away (for metrics).
         greeting_timeout, max_pending, max_pending_per_source: the bounds described above.
 
@@ -159,7 +159,6 @@ class Gatekeeper:
         purpose: str,
         on_admit: Callable[..., None],
         on_reject: Optional[Callable[[str], None]] = None,
-        with_link: bool = False,
         greeting_timeout: float = GREETING_TIMEOUT_S,
         max_pending: int = MAX_PENDING,
         max_pending_per_source: int = MAX_PENDING_PER_SOURCE,
@@ -169,7 +168,6 @@ class Gatekeeper:
         self._token = token
         self._purpose = purpose
         self._on_admit = on_admit
-        self._with_link = with_link
         self._on_reject = on_reject
         self._greeting_timeout = greeting_timeout
         # Strangers must never hold most of the process's descriptors (a worker's own open()
@@ -394,10 +392,7 @@ class Gatekeeper:
             return self._count(WRONG_SECRET, pending)
         sock.settimeout(None)
         try:
-            if self._with_link:
-                self._on_admit(sock, pending.peer, pending.challenge.link(pending.peer))
-            else:
-                self._on_admit(sock, pending.peer)
+            self._on_admit(sock, pending.peer, pending.challenge.link(pending.peer))
         except Exception:
             logger.exception("%s could not take the connection from %s", self.what, pending.peer)
             sock.close()

@@ -97,7 +97,7 @@ class TCPStoreServer:
         self.port = self._lsock.getsockname()[1]
         self._gate = Gatekeeper(
             what=f"TCPStore server on {self.address}", token=self._token, purpose="store",
-            on_admit=self._hand_over, with_link=True, greeting_timeout=handshake_timeout,
+            on_admit=self._hand_over, greeting_timeout=handshake_timeout,
             max_pending=max_pending_handshakes,
             max_pending_per_source=min(max_pending_per_source, max_pending_handshakes),
         )

@@ -196,7 +196,6 @@ class DataChannels:
         self._gate = Gatekeeper(
             what=f"Worker {name!r}'s data channel", token=token, purpose=PURPOSE,
             on_admit=self._admitted, on_reject=lambda reason: metrics.REJECTED_DATA.inc(),
-            with_link=True,
         )
         try:
             self._gate.add_listener(self._listener)

@@ -122,7 +122,7 @@ class Mesh:
 
         self._gate = Gatekeeper(
             what=f"Rank {self.rank} of group '{self.name}'", token=self._token,
-            purpose="collectives", on_admit=self._admitted, with_link=True,
+            purpose="collectives", on_admit=self._admitted,
         )
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.listener = listener

@@ -38,7 +38,7 @@ class Port:
         self.listener = socket.create_server(("127.0.0.1", 0), backlog=1024)
         self.address = self.listener.getsockname()
         self.gate = Gatekeeper(what="test port", token=TOKEN, purpose=PURPOSE,
-                               on_admit=lambda sock, peer: self.admitted.put((sock, peer)),
+                               on_admit=lambda sock, peer, link: self.admitted.put((sock, peer)),
                                **kwargs)
         self.gate.add_listener(self.listener)
         self.gate.start()
@@ -148,7 +148,7 @@ def test_garbage_and_wrong_secrets_are_refused_and_logged_once_per_interval(port
 def test_the_development_token_is_refused_on_a_non_loopback_listener():
     listener = socket.create_server(("0.0.0.0", 0))
     gate = Gatekeeper(what="Rank 0's port", token=auth._INSECURE_DEFAULT, purpose=PURPOSE,
-                      on_admit=lambda sock, peer: sock.close())
+                      on_admit=lambda sock, peer, link: sock.close())
     try:
         with pytest.raises(AuthenticationError, match="Rank 0's port uses '0.0.0.0', which is "
                            "not a loopback address, and no secret is set"):
@@ -165,7 +165,7 @@ _EMFILE_SERVER = textwrap.dedent("""
     from core.admission import Gatekeeper
     resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
     listener = socket.create_server(("127.0.0.1", 0), backlog=64)
-    def admit(sock, peer):
+    def admit(sock, peer, link):
         sock.sendall(b"served"); sock.close()
     gate = Gatekeeper(what="tiny port", token=b"k", purpose="store", on_admit=admit)
     gate.add_listener(listener)
