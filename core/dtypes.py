@@ -24,13 +24,24 @@ class DTypeError(ShoalError, TypeError):
 class DType:
     """A tensor element type, named as in torch (`core.float32`); wraps a numpy dtype."""
 
-    __slots__ = ("name", "np", "is_floating_point", "itemsize")
+    __slots__ = ("name", "np", "is_floating_point", "is_complex", "itemsize")
 
     def __init__(self, name: str, np_dtype: Any, is_floating_point: bool) -> None:
         self.name = name
         self.np = np.dtype(np_dtype)
         self.is_floating_point = is_floating_point
+        self.is_complex = self.np.kind == "c"
         self.itemsize = self.np.itemsize
+
+    def to_real(self) -> "DType":
+        """The real dtype of a complex one (complex64 -> float32); a real dtype itself."""
+        return _BY_NP[self.np.type(0).real.dtype] if self.is_complex else self
+
+    def to_complex(self) -> "DType":
+        """The complex dtype of a floating one (float64 -> complex128), as torch's to_complex."""
+        if self.is_complex:
+            return self
+        return complex128 if self.np == np.float64 else complex64
 
     def __repr__(self) -> str:
         return f"core.{self.name}"
@@ -61,11 +72,16 @@ bool_ = DType("bool", np.bool_, False)
 uint8 = DType("uint8", np.uint8, False)
 int8 = DType("int8", np.int8, False)
 int16 = DType("int16", np.int16, False)
+# Complex dtypes are not floating point in torch's sense (is_floating_point() is False).
+complex64 = DType("complex64", np.complex64, False)
+complex128 = DType("complex128", np.complex128, False)
 
-ALL = (float16, bfloat16, float32, float64, int32, int64, bool_, uint8, int8, int16)
+ALL = (float16, bfloat16, float32, float64, int32, int64, bool_, uint8, int8, int16, complex64,
+       complex128)
 _BY_NP = {d.np: d for d in ALL}
 _BY_NAME = {d.name: d for d in ALL}
-_BY_NAME.update(half=float16, float=float32, double=float64, long=int64, int=int32)
+_BY_NAME.update(half=float16, float=float32, double=float64, long=int64, int=int32,
+                cfloat=complex64, cdouble=complex128)
 
 
 def get(spec: Any) -> DType:
