@@ -204,6 +204,11 @@ class HardenedHTTPServer:
                 self.tally.add(f"responses not taken within {self._write_timeout:g}s")
         except ConnectionError:
             pass
+        except asyncio.CancelledError:
+            # stop() cancels the connections it finds open. The stream protocol asks this task
+            # for its exception once it ends, and a cancelled task answers by raising there,
+            # which asyncio logs as a traceback at every shutdown: end the task normally.
+            pass
         finally:
             self._open.pop(writer, None)
             writer.close()
