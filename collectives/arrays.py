@@ -1,7 +1,9 @@
 """Arrays as the process groups see them: unwrapping, validation, reductions, fingerprints.
 
-Collectives accept numpy arrays, cupy arrays and `core.Tensor`s (whose `.array` is one of the
-two) and work in place on the underlying buffer, as torch does on a tensor's storage.
+Collectives accept numpy arrays, cupy arrays, `core.Tensor`s (whose `.array` is one of the
+two) and any object exposing `__dlpack__` or the array interface (torch tensors, JAX arrays;
+`collectives.dlpack`), and work in place on the underlying buffer, as torch does on a tensor's
+storage.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from shoal.collectives.dlpack import foreign_array, refusal
 from shoal.collectives.types import PremulSum, ReduceOp
 from shoal.core.errors import ShapeError
 
@@ -29,7 +32,8 @@ def unwrap(x: Any, what: str):
     """The contiguous numpy or cupy array behind `x`, which collectives read and write in place.
 
     Raises:
-        TypeError: `x` is no array.
+        TypeError: `x` is no array (`collectives.dlpack.ForeignArrayError`, naming its type and
+            what to pass instead).
         ValueError: the array is not C-contiguous or not writeable.
     """
     if type(x) is np.ndarray:
@@ -41,9 +45,9 @@ def unwrap(x: Any, what: str):
     elif is_cupy(x):
         arr = x
     else:
-        raise TypeError(
-            f"{what} must be a numpy array, a cupy array or a core.Tensor, got {type(x).__name__}."
-        )
+        arr = foreign_array(x, what)
+        if arr is None:
+            raise refusal(x, what)
     if arr.dtype.hasobject:
         raise TypeError(f"{what} has dtype object; collectives move numeric arrays only.")
     if not arr.flags.c_contiguous:
@@ -52,7 +56,10 @@ def unwrap(x: Any, what: str):
             f"{tuple(arr.strides)}); pass np.ascontiguousarray(...) or .copy()."
         )
     if isinstance(arr, np.ndarray) and not arr.flags.writeable:
-        raise ValueError(f"{what} is read-only; collectives write their result into it.")
+        raise ValueError(
+            f"{what} ({type(x).__name__}) is read-only; collectives write their result into it "
+            "(a JAX array is immutable: pass np.array(x), a writable copy, and read it back)."
+        )
     return arr
 
 

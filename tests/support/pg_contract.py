@@ -703,7 +703,9 @@ class ProcessGroupContract:
             (lambda pg: pg.all_reduce(np.ones((4, 4))[:, 1]), ValueError,
              r"^all_reduce tensor must be C-contiguous to be used in place \(shape \(4,\)"),
             (lambda pg: pg.all_reduce([1, 2, 3]), TypeError,
-             r"^all_reduce tensor must be a numpy array, a cupy array or a core.Tensor, got list\.$"),
+             r"^all_reduce tensor must be a numpy array, a cupy array, a core.Tensor or an object "
+             r"exposing __dlpack__ or __array_interface__ .*, got list; for a Python list or number "
+             r"pass np\.asarray\(\.\.\.\), which collectives then fill in place\.$"),
             (lambda pg: pg.all_reduce(np.array([object()])), TypeError,
              r"^all_reduce tensor has dtype object; collectives move numeric arrays only\.$"),
             (lambda pg: pg.all_reduce(np.ones(3, np.int32), op=ReduceOp.AVG), ValueError,
