@@ -56,10 +56,10 @@ def unwrap(x: Any, what: str):
             f"{tuple(arr.strides)}); pass np.ascontiguousarray(...) or .copy()."
         )
     if isinstance(arr, np.ndarray) and not arr.flags.writeable:
-        raise ValueError(
-            f"{what} ({type(x).__name__}) is read-only; collectives write their result into it "
-            "(a JAX array is immutable: pass np.array(x), a writable copy, and read it back)."
-        )
+        hint = "" if x is arr else (
+            f" (it is a {type(x).__name__}; for an immutable one such as a JAX array pass "
+            "np.array(x), a writable copy, and read the result from that)")
+        raise ValueError(f"{what} is read-only; collectives write their result into it{hint}.")
     return arr
 
 

@@ -15,7 +15,7 @@ from typing import Any, Optional
 import ml_dtypes
 import numpy as np
 
-__all__ = ["foreign_array", "ForeignArrayError"]
+__all__ = ["foreign_array", "refusal", "ForeignArrayError"]
 
 _KDL_CPU, _KDL_CUDA, _KDL_CUDA_HOST, _KDL_CUDA_MANAGED = 1, 2, 3, 13
 _KDL_BFLOAT = 4  # DLDataTypeCode kDLBfloat
@@ -160,9 +160,9 @@ def foreign_array(obj: Any, what: str) -> Optional[Any]:
     return None
 
 
-def refusal(obj: Any, what: str) -> ForeignArrayError:
-    """The error for an object no intake path accepts."""
-    return ForeignArrayError(
+def refusal(obj: Any, what: str) -> TypeError:
+    """The error for an object no intake path accepts (a plain TypeError, as torch raises)."""
+    return TypeError(
         f"{what} must be {_ACCEPTED}, got {type(obj).__name__}; for a Python list or number "
         "pass np.asarray(...), which collectives then fill in place."
     )

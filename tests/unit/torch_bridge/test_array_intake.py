@@ -78,7 +78,7 @@ def test_an_array_interface_object_is_used_in_place_and_a_read_only_one_refused(
     assert backing.tolist() == [3, 3, 3, 3]
     frozen = np.zeros(4)
     frozen.setflags(write=False)
-    with pytest.raises(ValueError, match=r"^x \(_Exporter\) is read-only; collectives write"):
+    with pytest.raises(ValueError, match=r"^x is read-only; collectives write .*it is a _Exporter"):
         arrays.unwrap(_Exporter(frozen), "x")
 
 
