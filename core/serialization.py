@@ -18,17 +18,21 @@ format cannot name code at all, so loading is always safe, like weights_only=Tru
 Every tag is checked on load and anything else is refused, so a file is data, never code. A
 tensor saved twice in one object (the same Tensor) is written once and loads as one Tensor;
 distinct tensors that shared memory (views) load as independent copies. The files are not
-torch's zip files: torch cannot read them and shoal cannot read torch's.
+torch's zip files: torch cannot read them and shoal cannot read torch's. For files other tools
+read, core.save writes safetensors (a path ending in .safetensors, or format="safetensors"; see
+the section at the end), and core.load reads any safetensors file, torch's included.
 """
 
 from __future__ import annotations
 
 import base64
 import collections
+import hashlib
+import hmac
 import json
 import os
 import struct
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Optional
 
 import numpy as np
 
@@ -39,6 +43,7 @@ from shoal.core.nn.parameter import Parameter
 from shoal.core.tensor import Tensor
 
 MAGIC = b"SHOALPT1"
+FORMATS = ("shoal", "safetensors")
 _ALIGN = 64
 _SAVABLE = (
     "None, bool, int, float, str, bytes, list, tuple, dict (OrderedDict too), numpy arrays and "
@@ -70,6 +75,8 @@ class _Writer:
     def __init__(self) -> None:
         self.arrays: list[np.ndarray] = []
         self.meta: list[dict] = []
+        self.names: list[str] = []  # each array's dotted key path (safetensors' tensor names)
+        self._path: list[str] = []
         self._seen: dict[int, int] = {}  # id(Tensor) -> array index
         self._keep: list[Any] = []  # keeps ids in _seen from being reused while we write
 
@@ -81,6 +88,7 @@ class _Writer:
             host = np.ascontiguousarray(host)  # (never on 0-d arrays: it would make them 1-d)
         self.meta.append({"dtype": _dtype_name(host.dtype, where), "shape": list(host.shape)})
         self.arrays.append(host)
+        self.names.append(".".join(self._path) or "tensor")
         index = len(self.arrays) - 1
         if key is not None:
             self._seen[id(key)] = index
@@ -115,10 +123,10 @@ class _Writer:
             return ["device", str(obj)]
         if isinstance(obj, (list, tuple)):
             tag = "list" if isinstance(obj, list) else "tuple"
-            return [tag, [self.node(v, f"{where}[{i}]") for i, v in enumerate(obj)]]
+            return [tag, [self._child(str(i), v, f"{where}[{i}]") for i, v in enumerate(obj)]]
         if isinstance(obj, dict):
             tag = "odict" if isinstance(obj, collections.OrderedDict) else "dict"
-            return [tag, [[self.node(k, f"{where} key"), self.node(v, f"{where}[{k!r}]")]
+            return [tag, [[self.node(k, f"{where} key"), self._child(str(k), v, f"{where}[{k!r}]")]
                           for k, v in obj.items()]]
         raise SerializationError(
             f"core.save: cannot save an object of type {type(obj).__module__}."
@@ -127,8 +135,42 @@ class _Writer:
         )
 
 
-def save(obj: Any, f: str | os.PathLike | BinaryIO) -> None:
-    """Write obj (a state_dict or nested plain values and tensors) to a path or binary file."""
+    def _child(self, key: str, value: Any, where: str) -> list:
+        self._path.append(key)
+        try:
+            return self.node(value, where)
+        finally:
+            self._path.pop()
+
+
+def _format_of(f: Any, format: Optional[str], blob: bytes = b"") -> str:  # noqa: A002
+    if format is not None:
+        if format not in FORMATS:
+            raise ValueError(f"core.save/load: format must be one of {FORMATS}, got {format!r}.")
+        return format
+    if isinstance(f, (str, os.PathLike)) and os.fspath(f).endswith(".safetensors"):
+        return "safetensors"
+    # A safetensors file opens with its header's length and then the header's JSON object.
+    if blob and blob[:8] != MAGIC and blob[8:9] == b"{":
+        return "safetensors"
+    return "shoal"
+
+
+def save(obj: Any, f: str | os.PathLike | BinaryIO, format: Optional[str] = None) -> None:  # noqa: A002
+    """Write obj (a state_dict or nested plain values and tensors) to a path or binary file.
+
+    format: "shoal" (the default) or "safetensors" (the default for a path ending in
+    .safetensors), which torch, JAX and numpy read through the safetensors package.
+    """
+    if _format_of(f, format) == "safetensors":
+        arrays, metadata = to_safetensors(obj)
+        blob = safetensors_bytes(arrays, metadata)
+        if isinstance(f, (str, os.PathLike)):
+            with open(f, "wb") as fh:
+                fh.write(blob)
+        else:
+            f.write(blob)
+        return
     writer = _Writer()
     tree = writer.node(obj, "the saved object")
     offset = 0
@@ -156,9 +198,11 @@ def _write(fh: BinaryIO, header: bytes, writer: _Writer) -> None:
 
 def load(
     f: str | os.PathLike | BinaryIO, map_location: Any = None, weights_only: bool = True,
-    **kwargs: Any,
+    format: Optional[str] = None, **kwargs: Any,  # noqa: A002
 ) -> Any:
-    """Read what core.save wrote; tensors go to map_location (a device, name or {from: to} dict)."""
+    """Read what core.save wrote, or any safetensors file; tensors go to map_location (a
+    device, name or {from: to} dict). A safetensors file that core.save did not write loads
+    as a flat {name: Tensor} dict, as safetensors.torch.load_file returns it."""
     if not weights_only:
         raise ValueError(
             "core.load(weights_only=False): shoal's format holds no pickled objects, so there is "
@@ -173,6 +217,9 @@ def load(
     else:
         blob = f.read()
         name = getattr(f, "name", "the file object")
+    if _format_of(f, format, blob) == "safetensors":
+        arrays, metadata = read_safetensors(blob, str(name))
+        return from_safetensors(arrays, metadata, map_location, str(name))
     return _Reader(blob, str(name), map_location).load()
 
 
@@ -282,3 +329,185 @@ class _Reader:
             return out
         raise self._bad(f"it holds an unknown node tag {tag!r}")
 
+
+
+# ----------------------------------------------------------------------------- safetensors
+# A safetensors file is an 8-byte header length, a JSON header naming each tensor's dtype,
+# shape and byte range, and the raw bytes: nothing in it can name code. core.save keeps what
+# safetensors has no place for (nesting, plain values, Parameters, requires_grad) as JSON in the
+# header's string metadata: "shoal.tree" is the NODE tree above and "shoal.arrays" the tensor
+# name of each array index. Readers that do not know these keys (torch, JAX, numpy) see the
+# tensors under their dotted key paths ("model.fc.weight").
+
+ST_DTYPES = {
+    "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64",
+    "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL",
+    "complex64": "C64",
+}
+_FROM_ST = {code: name for name, code in ST_DTYPES.items()}
+TREE_KEY, NAMES_KEY = "shoal.tree", "shoal.arrays"
+
+
+def to_safetensors(obj: Any) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """obj's arrays by tensor name and the string metadata that rebuilds obj around them."""
+    writer = _Writer()
+    tree = writer.node(obj, "the saved object")
+    arrays: dict[str, np.ndarray] = {}
+    names = []
+    for index, (name, arr) in enumerate(zip(writer.names, writer.arrays, strict=True)):
+        if writer.meta[index]["dtype"] not in ST_DTYPES:
+            raise SerializationError(
+                f"core.save: safetensors has no dtype for {writer.meta[index]['dtype']} (array "
+                f"{name!r}); it holds {sorted(ST_DTYPES)}. Save it in shoal's format instead.")
+        unique, n = name, 1
+        while unique in arrays:  # "a.b" as one key and as a nested path
+            n += 1
+            unique = f"{name}#{n}"
+        arrays[unique] = arr
+        names.append(unique)
+    metadata = {"format": "pt", TREE_KEY: json.dumps(tree, separators=(",", ":")),
+                NAMES_KEY: json.dumps(names, separators=(",", ":"))}
+    return arrays, metadata
+
+
+def safetensors_bytes(arrays: dict[str, np.ndarray], metadata: dict[str, str]) -> bytes:
+    """The bytes of a safetensors file holding `arrays` (contiguous, little-endian)."""
+    import safetensors.numpy  # noqa: PLC0415  (its Rust extension loads only when used)
+
+    try:
+        return safetensors.numpy.save(arrays, metadata=metadata)
+    except (ValueError, TypeError, safetensors.SafetensorError) as exc:
+        raise SerializationError(f"core.save: safetensors refused the arrays: {exc}") from exc
+
+
+def read_safetensors(blob: bytes, name: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """A safetensors file's arrays (writable, owning their memory) and its string metadata."""
+    import safetensors  # noqa: PLC0415  (its Rust extension loads only when used)
+
+    def bad(why: str) -> SerializationError:
+        return SerializationError(f"core.load: {name} is not a readable safetensors file: {why}.")
+
+    if len(blob) < 8:
+        raise bad("it ends inside the header length")
+    (hlen,) = struct.unpack("<Q", blob[:8])
+    if 8 + hlen > len(blob):
+        raise bad(f"its header claims {hlen} bytes but the file has {len(blob)}")
+    try:
+        header = json.loads(blob[8:8 + hlen].decode("utf-8"))
+        entries = safetensors.deserialize(blob)
+    except (ValueError, safetensors.SafetensorError) as exc:
+        raise bad(f"{type(exc).__name__}: {exc}") from exc
+    metadata = header.get("__metadata__") or {} if isinstance(header, dict) else None
+    if not isinstance(metadata, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+        raise bad("its __metadata__ is not a map of strings to strings")
+    arrays = {}
+    for key, entry in entries:
+        code = entry["dtype"]
+        if code not in _FROM_ST:
+            raise bad(f"tensor {key!r} has dtype {code}, which core has no Tensor for "
+                      f"(it reads {sorted(_FROM_ST)})")
+        dt = dtypes.get(_FROM_ST[code]).np
+        data = np.frombuffer(entry["data"], dtype=dt)  # a bytearray: writable, owned
+        arrays[key] = data.reshape(tuple(int(n) for n in entry["shape"]))
+    return arrays, metadata
+
+
+class _NamedReader(_Reader):
+    """Rebuilds core.save's tree from a safetensors file's arrays (looked up by name)."""
+
+    def __init__(self, arrays: dict[str, np.ndarray], names: list, name: str,
+                 map_location: Any) -> None:
+        super().__init__(b"", name, map_location)
+        self.by_name, self.names = arrays, names
+
+    def _bad(self, why: str) -> SerializationError:
+        return SerializationError(f"core.load: {self.name} is not a readable shoal "
+                                  f"safetensors file: {why}.")
+
+    def _array(self, index: Any) -> np.ndarray:
+        if type(index) is not int or not 0 <= index < len(self.names):
+            raise self._bad(f"array index {index!r} is not in its table")
+        key = self.names[index]
+        if not isinstance(key, str) or key not in self.by_name:
+            raise self._bad(f"its tree names tensor {key!r}, which the file does not hold")
+        return self.by_name[key]
+
+
+    def rebuild(self, metadata: dict[str, str]) -> Any:
+        """The saved object: core.save's tree, or a flat {name: Tensor} dict without one."""
+        if TREE_KEY not in metadata:
+            self.names = list(self.by_name)
+            return {key: self._node(["tensor", i, False, "cpu"])
+                    for i, key in enumerate(self.names)}
+        try:
+            self.names = json.loads(metadata[NAMES_KEY])
+            if not isinstance(self.names, list):
+                raise self._bad(f"{NAMES_KEY} is not a list")
+            return self._node(json.loads(metadata[TREE_KEY]))
+        except SerializationError:
+            raise
+        except RecursionError as exc:
+            raise self._bad("its objects nest too deeply") from exc
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+            raise self._bad(f"its metadata is damaged ({type(exc).__name__}: {exc})") from exc
+
+
+def from_safetensors(arrays: dict[str, np.ndarray], metadata: dict[str, str],
+                     map_location: Any = None, name: str = "the file") -> Any:
+    """What `to_safetensors` took apart; without shoal's metadata a flat {name: Tensor} dict."""
+    return _NamedReader(arrays, [], name, map_location).rebuild(metadata)
+
+
+# The job secret's MAC over a safetensors file's content, kept in its metadata under MAC_KEY:
+# HMAC-SHA256 over the other metadata (sorted JSON) and each tensor's name, dtype, shape and
+# bytes in name order. It is computed from the parsed content, so it does not depend on how a
+# writer lays out the header, and a file changed in any tensor or metadata entry is refused.
+MAC_KEY = "shoal.mac"
+
+
+class UnauthenticatedFile(SerializationError):
+    """A safetensors file whose MAC is missing or does not match the key it is read with."""
+
+
+def content_mac(arrays: dict[str, np.ndarray], metadata: dict[str, str], key: bytes) -> str:
+    """The hex HMAC-SHA256 under `key` of a safetensors file's tensors and metadata."""
+    mac = hmac.new(key, digestmod=hashlib.sha256)
+    rest = {k: v for k, v in metadata.items() if k != MAC_KEY}
+    mac.update(json.dumps(rest, sort_keys=True).encode("utf-8"))
+    for name in sorted(arrays):
+        arr = np.ascontiguousarray(arrays[name])
+        head = json.dumps([name, dtypes.from_np(arr.dtype).name, list(arr.shape), arr.nbytes])
+        mac.update(struct.pack("<Q", len(head)) + head.encode("utf-8"))
+        mac.update(memoryview(arr.reshape(-1).view(np.uint8)) if arr.size else b"")
+    return mac.hexdigest()
+
+
+def signed_safetensors(obj: Any, key: bytes, extra: Optional[dict[str, str]] = None) -> bytes:
+    """core.save's safetensors bytes of obj with `extra` metadata, authenticated under `key`."""
+    arrays, metadata = to_safetensors(obj)
+    metadata.update(extra or {})
+    metadata[MAC_KEY] = content_mac(arrays, metadata, key)
+    return safetensors_bytes(arrays, metadata)
+
+
+def verified_safetensors(blob: bytes, name: str, key: bytes,
+                         map_location: Any = None) -> tuple[Any, dict[str, str]]:
+    """The object in an authenticated safetensors file and its metadata, checked under `key`.
+
+    Raises:
+        UnauthenticatedFile: the MAC is missing or wrong (another job's, or the file changed).
+        SerializationError: the file is not a readable safetensors file.
+    """
+    arrays, metadata = read_safetensors(blob, name)
+    claimed = metadata.get(MAC_KEY)
+    if claimed is None:
+        raise UnauthenticatedFile(
+            f"{name} carries no {MAC_KEY!r}: it was not written by shoal under a job secret, so "
+            "it cannot be authenticated (load it with core.load to take it as plain weights).")
+    if not hmac.compare_digest(claimed.encode("utf-8"),
+                               content_mac(arrays, metadata, key).encode("utf-8")):
+        raise UnauthenticatedFile(
+            f"{name}'s MAC does not match this job's secret: it was written by another job "
+            "(another SHOAL_AUTH_TOKEN) or changed since it was written.")
+    return from_safetensors(arrays, metadata, map_location, name), metadata
