@@ -65,6 +65,8 @@ SLOW_TESTS = {
     "contracts/test_process_group_contract.py::TestNCCLStandIn::test_mismatched_calls_raise_collective_mismatch_naming_both":
         "the stand-in finds a mismatch only at its one-second timeout",
     # core
+    "unit/core/utils/test_checkpoint_torch.py":
+        "torch's first checkpoint call imports torch._dynamo (about a second)",
     "unit/core/test_admission.py::test_an_accept_loop_rests_while_descriptors_run_out_and_accepts_again":
         "the accept loop rests for its back-off before accepting again",
     "unit/core/data/test_data_loader.py::test_spawned_workers_give_the_same_batches_as_forked_ones":
