@@ -8,6 +8,7 @@ bounded by the world size: the time spent inside collectives and the last one's 
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 from shoal.core import telemetry
@@ -50,16 +51,40 @@ LAST_OP_TIME = telemetry.gauge(
     multiprocess_mode="max",
 )
 
+# Where a rank is stuck, per rank: written by the watchdog's progress thread (never on the hot
+# path) once a collective has run for WAIT_REPORT_AFTER_S, and set back to 0 when it ends.
+# "livemax": a live process's value only (a dead rank's last wait must not outlive it).
+IN_COLLECTIVE_SINCE = telemetry.gauge(
+    "shoal_collectives_in_collective_since_timestamp_seconds",
+    "Unix time at which the collective this rank is still inside started, once it has run for "
+    "a second (0: none has).",
+    ["rank"],
+    multiprocess_mode="livemax",
+)
+WAITING_FOR = telemetry.gauge(
+    "shoal_collectives_waiting_for_rank_since_timestamp_seconds",
+    "Unix time since which this rank (rank) has waited inside a collective for another rank "
+    "(peer, a world rank) that never arrived or did not finish it, as the group's progress "
+    "records in the store show (0: not waiting for that rank).",
+    ["rank", "peer"],
+    multiprocess_mode="livemax",
+)
+WAIT_REPORT_AFTER_S = 1.0  # a collective this long is reported (and the others' progress read)
+
 # The ops and failure kinds the backends report. Their error and timeout series exist (at 0)
 # from the start: increase() only sees a counter's first increment if the series was scraped
 # at 0 before it, so a child created on first use would hide the first error of each kind.
 OPS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "barrier",
        "reduce", "gather", "scatter", "send", "recv")
+# The op label of a group failure found while no collective ran (a peer killed between two).
+NO_OP = "none"
 ERROR_KINDS = ("timeout", "peer_lost", "mismatch", "error")
 for _op in OPS:
     TIMEOUTS.labels(op=_op)
     for _kind in ERROR_KINDS:
         ERRORS.labels(op=_op, kind=_kind)
+for _kind in ("peer_lost", "error"):
+    ERRORS.labels(op=NO_OP, kind=_kind)
 
 # Child lookups take a lock and a dict probe; a 4 KiB all_reduce is cheap enough to notice.
 _children: dict = {}
@@ -125,3 +150,44 @@ def count_error(op: str, kind: str) -> None:
 def count_timeout(op: str) -> None:
     """Record one collective failed by the watchdog."""
     TIMEOUTS.labels(op=op).inc()
+
+
+class WaitReport:
+    """Where this process's groups wait, merged into the per-rank gauges.
+
+    Each group's watchdog reports its own state (`update`); the gauges show the earliest start
+    over the groups and, per awaited world rank, the earliest wait. Ranks no longer awaited are
+    set back to 0 (a multiprocess gauge's child cannot be removed).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._groups: dict = {}  # group key -> (since, {peer world rank: since})
+        self._shown_peers: set = set()
+
+    def update(self, group_key, since: float, peers: dict) -> None:
+        """Group `group_key` is inside a collective since `since` (Unix time; 0: not inside a
+        long one), waiting for `peers` ({world rank: since}); `since` 0 clears it."""
+        with self._lock:
+            if since:
+                self._groups[group_key] = (since, dict(peers))
+            elif self._groups.pop(group_key, None) is None:
+                return
+            self._write()
+
+    def _write(self) -> None:
+        rank = os.environ.get("RANK", "0")
+        starts = [since for since, _ in self._groups.values()]
+        IN_COLLECTIVE_SINCE.labels(rank=rank).set(min(starts) if starts else 0.0)
+        merged: dict = {}
+        for _, peers in self._groups.values():
+            for peer, since in peers.items():
+                merged[peer] = min(since, merged.get(peer, since))
+        for peer in self._shown_peers - merged.keys():
+            WAITING_FOR.labels(rank=rank, peer=str(peer)).set(0.0)
+        for peer, since in merged.items():
+            WAITING_FOR.labels(rank=rank, peer=str(peer)).set(since)
+        self._shown_peers = set(merged)
+
+
+WAITS = WaitReport()

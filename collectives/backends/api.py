@@ -48,6 +48,10 @@ class WatchedGroup(Protocol):
         """This process's rank in the world."""
 
     @property
+    def global_ranks(self) -> list[int]:
+        """The world ranks of the group's members, by group rank."""
+
+    @property
     def timeout(self) -> float:
         """The group's default timeout, in seconds."""
 

@@ -64,6 +64,8 @@ class Watchdog:
         self._handled: set[tuple[bool, int]] = set()
         self._published: Optional[progress_.RankProgress] = None
         self._published_at = 0.0
+        self._waiting_in: Optional[OpRecord] = None  # the long collective last reported
+        self._wait_read_at = 0.0
         prefix = f"shoal-{group.backend_name}-{group.name}"
         self._thread = threading.Thread(target=self._watch, name=f"{prefix}-watchdog",
                                         daemon=True)
@@ -83,28 +85,62 @@ class Watchdog:
     # ------------------------------------------------------------------ progress
 
     def _publish_loop(self) -> None:
+        try:
+            while not self._stop.wait(self._tick):
+                self._publish_once()
+                self._report_wait()
+        finally:
+            metrics.WAITS.update(id(self), 0.0, {})
+
+    def _publish_once(self) -> None:
         group = self.group
         ledger = group.ledger
-        while not self._stop.wait(self._tick):
-            state = progress_.snapshot(ledger)
-            if state == self._published:
-                continue
-            now = time.monotonic()
-            cur = ledger.current
-            slow = (cur is not None and cur.started is not None
-                    and now - cur.started > PROGRESS_EAGER_AFTER_S)
-            if not slow and now - self._published_at < PROGRESS_PUBLISH_S:
-                continue
-            try:
-                group.store.set(progress_.progress_key(group.store_prefix, group.rank()),
-                                progress_.encode(state))
-                self._published = state
-                self._published_at = now
-            # The store may be gone with its host rank, or fail in any way a store can: the
-            # watchdog must keep watching this group's operations whatever publishing hit.
-            except Exception as exc:  # noqa: BLE001 - logged; watching outlives the store
-                logger.debug("Rank %d could not publish progress: %s", group.rank(), exc)
-                self._stop.wait(1.0)
+        state = progress_.snapshot(ledger)
+        if state == self._published:
+            return
+        now = time.monotonic()
+        cur = ledger.current
+        slow = (cur is not None and cur.started is not None
+                and now - cur.started > PROGRESS_EAGER_AFTER_S)
+        if not slow and now - self._published_at < PROGRESS_PUBLISH_S:
+            return
+        try:
+            group.store.set(progress_.progress_key(group.store_prefix, group.rank()),
+                            progress_.encode(state))
+            self._published = state
+            self._published_at = now
+        # The store may be gone with its host rank, or fail in any way a store can: the
+        # watchdog must keep watching this group's operations whatever publishing hit.
+        except Exception as exc:  # noqa: BLE001 - logged; watching outlives the store
+            logger.debug("Rank %d could not publish progress: %s", group.rank(), exc)
+            self._stop.wait(1.0)
+
+    def _report_wait(self) -> None:
+        """Publish (collectives.metrics) since when this rank is inside a collective and whom
+        it waits for, once one has run for WAIT_REPORT_AFTER_S: the others' progress names the
+        ranks that never arrived, as a timeout's diagnosis would, long before the timeout."""
+        group = self.group
+        cur = group.ledger.current
+        now = time.monotonic()
+        started = None if cur is None or cur.p2p or cur.finished is not None else cur.started
+        if started is None or now - started < metrics.WAIT_REPORT_AFTER_S:
+            if self._waiting_in is not None:
+                self._waiting_in = None
+                metrics.WAITS.update(id(self), 0.0, {})
+            return
+        if self._waiting_in is cur and now - self._wait_read_at < metrics.WAIT_REPORT_AFTER_S:
+            return
+        self._waiting_in, self._wait_read_at = cur, now
+        me = group.rank()
+        progress = progress_.read_all(group.store, group.store_prefix, me, group.size(),
+                                      PROGRESS_QUERY_TIMEOUT_S)
+        since = time.time() - (now - started)
+        peers = {}
+        if progress is not None and cur.finished is None:
+            world = group.global_ranks
+            diagnosis = progress_.diagnose(cur, me, progress, PROGRESS_QUERY_TIMEOUT_S)
+            peers = {world[q]: since for q in diagnosis.culprits if q != me}
+        metrics.WAITS.update(id(self), since if cur.finished is None else 0.0, peers)
 
     # ------------------------------------------------------------------ timeouts
 

@@ -55,6 +55,7 @@ class GroupFailure:
         self.mesh: Optional[Mesh] = None
         self.reason: Optional[FailureReason] = None  # the first failure; None while healthy
         self._verdict: Optional[Verdict] = None  # the watchdog's, for the overdue op's caller
+        self._counted: Optional[OpRecord] = None  # the operation counted with the failure
         self._lock = threading.Lock()
         # A peer whose control connection closed without a goodbye while a collective was in
         # flight: that collective may still finish on the bytes the peer sent before it died.
@@ -75,6 +76,12 @@ class GroupFailure:
                 return False
             self.reason = reason
         logger.warning("Rank %d: group %r failed: %s", self._rank, self._name, reason.cause)
+        # Counted here, once, whether or not a collective is running: a peer killed between two
+        # collectives fails the group, and the agent may stop this rank before its next call.
+        current = self._group.ledger.current
+        self._counted = current if current is not None and current.finished is None else None
+        metrics.count_error(current.op if self._counted is not None else metrics.NO_OP,
+                            reason.kind)
         if reason.kind == "timeout" and reason.origin != self._rank and reason.dump_path is None:
             # Leave a trace on every rank, not only on the one whose watchdog fired.
             reason.dump_path = write_dump(self._group,
@@ -120,9 +127,7 @@ class GroupFailure:
         self.fail(FailureReason(verdict.kind, verdict.cause, self._rank, verdict.culprits,
                                 verdict.dump_path))
         if env.async_error_handling():
-            if verdict.record is not None:
-                metrics.count_error(verdict.record.op, verdict.kind)
-            exit_after_error(verdict.message)
+            exit_after_error(verdict.message)  # the failure was counted by fail()
 
     def abort(self) -> None:
         """Fail the group because this rank's user called `ProcessGroup.abort()`."""
@@ -176,7 +181,8 @@ class GroupFailure:
 
     def _raise_failed(self, rec: OpRecord, cause: Optional[BaseException] = None):
         err = self._error_for(rec)
-        metrics.count_error(rec.op, self.reason.kind)
+        if rec is not self._counted:  # the collective in flight at the failure is counted
+            metrics.count_error(rec.op, self.reason.kind)
         if env.async_error_handling():
             if self.reason is not None and self.reason.dump_path is None:
                 self.reason.dump_path = write_dump(self._group, str(err), rec)
