@@ -105,6 +105,7 @@ from shoal.core import autograd, autograd_function, autograd_profiler, double_ba
 from shoal.core.autograd_function import Function
 from shoal.core.generator import Generator
 from shoal.core import utils  # torch.utils.checkpoint: activation checkpointing
+from shoal.core import utils  # torch.utils.checkpoint: activation checkpointing
 
 # torch's dtype aliases (core.float is float32, as torch.float), below the imports so that every
 # import stays at the top of the module.
