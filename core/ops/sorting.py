@@ -83,7 +83,7 @@ def topk(input: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: boo
     return TopkResult(_values_at(input, d, positions, "TopkBackward"), wrap(positions))
 
 
-def _reduced(input: Tensor, d: int, pick: Any, keepdim: bool, name: str, cls: Any) -> Any:
+def _reduced(input: Tensor, d: int, pick: Any, keepdim: bool, name: str, cls: Any) -> Any:  # noqa: A002
     """(values, indices) at one position per slice along d (pick: positions with d kept)."""
     shape = None if keepdim else tuple(n for i, n in enumerate(input.shape) if i != d)
     values = _values_at(input, d, pick, name, keep_shape=shape)

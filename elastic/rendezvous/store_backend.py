@@ -100,9 +100,11 @@ class StoreRendezvousBackend(RendezvousBackend):
         except StoreError as exc:
             raise self._fail("compare-and-set", exc) from exc
         if token is not None and current == expected:
-            # compare_set returns `expected` for a key that does not exist at all.
-            if not self._store.check([self._key]):
-                return None
+            # compare_set returns `expected` only for a key that did not exist (a key holding
+            # `expected` would now hold `desired`), so the state vanished. Checking the key
+            # again would race with a node recreating it, and answering with `expected` then
+            # handed the caller the vanished state as if it were current.
+            return None
         written = current == desired
         if written:
             self._announce(version + 1)

@@ -359,10 +359,6 @@ def test_create_handler_over_a_hosted_tcp_store():
         host_store.close()
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "a known race since vanished states are rewritten under the job's generation (0f6eb49): when "
-    "the other node's heartbeat recreates the state before this node reads it, this node can see "
-    "no restart reason (1 failure in about 8 runs); left for issue 34's follow-up"))
 def test_a_vanished_state_is_a_restart_reason(cluster):
     c = cluster()
     c.handler("a"), c.handler("b")
