@@ -16,6 +16,7 @@ from shoal.core.backend import Device
 from shoal.core.backend import Device as device
 from shoal.core.dtypes import DType, DTypeError, bfloat16, float16, float32, float64, int32, int64
 from shoal.core.dtypes import int8, int16, uint8
+from shoal.core.dtypes import complex64, complex128
 from shoal.core.dtypes import bool_ as bool  # noqa: A004 - torch's name
 from shoal.core.errors import DeviceError, ShapeError, ShoalError
 from shoal.core.ops.arith import add, div, mul, pow, sub  # noqa: A004 - torch's names
@@ -41,6 +42,11 @@ from shoal.core.ops.creation import (
 )
 from shoal.core.ops.creation import DoubleTensor, FloatTensor, IntTensor, LongTensor, Size
 from shoal.core.ops.conv import conv1d, conv2d
+from shoal.core.ops.complex import complex  # noqa: A004 - torch's name
+from shoal.core.ops.complex import (
+    angle, conj, conj_physical, imag, is_complex, polar, real, resolve_conj, resolve_neg, sgn,
+    view_as_complex, view_as_real,
+)
 from shoal.core.ops.derived import bmm, cos, mm, narrow, norm, sin, tan
 from shoal.core.ops.interop import DLPackError, from_dlpack, to_dlpack
 from shoal.core.ops.alloc import retain_freed_memory
@@ -63,6 +69,7 @@ from shoal.core.ops.reduce import (
     max,  # noqa: A004 - torch's name
     mean,
     min,  # noqa: A004 - torch's name
+    prod,
     softmax,
     sum,  # noqa: A004 - torch's name
 )
@@ -103,6 +110,7 @@ from shoal.core import utils  # torch.utils.checkpoint: activation checkpointing
 # import stays at the top of the module.
 half, float, double, long, int = float16, float32, float64, int64, int32  # noqa: A001 - torch's
 short = int16
+cfloat, cdouble = complex64, complex128
 
 # torch.autograd.Function and the torch.autograd.function module: core.autograd (the engine) is
 # a module that the ops import, and these build on the ops, so they are bound onto it here.
@@ -126,6 +134,7 @@ __all__ = [
     # dtypes
     "DType", "DTypeError", "bfloat16", "float16", "float32", "float64", "int8", "int16", "int32",
     "int64", "uint8", "bool", "half", "float", "double", "long", "int", "short",
+    "complex64", "complex128", "cfloat", "cdouble",
     # errors
     "DeviceError", "ShapeError", "ShoalError", "DLPackError", "NondeterministicError",
     "SerializationError",
@@ -134,11 +143,14 @@ __all__ = [
     "from_numpy", "full", "full_like", "linspace", "ones", "ones_like", "rand", "randint", "randn",
     "randperm", "tensor", "zeros", "zeros_like", "from_dlpack", "to_dlpack", "retain_freed_memory",
     "matmul", "all", "allclose", "any", "equal", "isclose", "nonzero", "amax", "amin", "argmax",
-    "argmin", "log_softmax", "logsumexp", "max", "mean", "min", "softmax", "sum", "cat", "chunk",
+    "argmin", "log_softmax", "logsumexp", "max", "mean", "min", "prod", "softmax", "sum",
+    "cat", "chunk",
     "clone", "flatten", "maximum", "minimum", "permute", "reshape", "split", "squeeze", "stack",
     "transpose", "unsqueeze", "where", "abs", "clamp", "exp", "gelu", "log", "relu", "sigmoid",
     "sqrt", "tanh", "bmm", "cos", "mm", "narrow", "norm", "sin", "tan", "conv1d", "conv2d",
     "Size", "FloatTensor", "DoubleTensor", "LongTensor", "IntTensor",
+    "angle", "complex", "conj", "conj_physical", "imag", "is_complex", "polar", "real",
+    "resolve_conj", "resolve_neg", "sgn", "view_as_complex", "view_as_real",
     # random numbers, determinism, serialization, autocast
     "Generator", "get_rng_state", "initial_seed", "manual_seed", "set_rng_state",
     "are_deterministic_algorithms_enabled", "is_deterministic_algorithms_warn_only_enabled",

@@ -166,6 +166,7 @@ def _accumulate_leaf(leaf: Any, g: Any, owned: bool) -> None:
             f"{tuple(data.shape)}; a backward function returned a wrongly reduced gradient."
         )
     if g.dtype != data.dtype:
+        g = g.real if g.dtype.kind == "c" and data.dtype.kind != "c" else g  # torch's rule
         g, owned = g.astype(data.dtype), True
     grad = leaf.grad
     if grad is None:

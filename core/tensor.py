@@ -148,6 +148,10 @@ class Tensor:
         """True for float16/bfloat16/float32/float64."""
         return self.dtype.is_floating_point
 
+    def is_complex(self) -> bool:
+        """True for complex64/complex128."""
+        return self.array.dtype.kind == "c"
+
     def __len__(self) -> int:
         if self.array.ndim == 0:
             raise TypeError("len() of a 0-d tensor")
@@ -210,7 +214,7 @@ class Tensor:
         extras = []
         if self.device.type != "cpu":
             extras.append(f"device='{self.device}'")
-        if self.array.dtype not in (np.float32, np.int64, np.bool_):
+        if self.array.dtype not in (np.float32, np.int64, np.bool_, np.complex64):
             extras.append(f"dtype={self.dtype!r}")
         if self.grad_fn is not None:
             extras.append(f"grad_fn=<{self.grad_fn.name()}>")
@@ -328,6 +332,11 @@ class Tensor:
         """Accumulate d(self)/d(leaf) into every leaf's .grad; `gradient` is needed unless scalar.
 
         With create_graph=True the leaves' .grad get a graph of their own (double backward)."""
+        if gradient is None and self.array.dtype.kind == "c":
+            raise AutogradError(
+                "grad can be implicitly created only for real scalar outputs: backward() without "
+                f"a gradient needs a real output, got dtype {self.dtype!r}."
+            )
         if create_graph:
             autograd.backward(self, gradient, retain_graph, create_graph=True)
             return
@@ -472,9 +481,10 @@ def bump_version(t: Tensor) -> None:
 
 
 def _check_float(t: Tensor, what: str) -> None:
-    if t.array.dtype.kind not in "fV" and t.array.dtype != dtypes.bfloat16.np:
+    if t.array.dtype.kind not in "fVc" and t.array.dtype != dtypes.bfloat16.np:
         raise AutogradError(
-            f"{what}: only floating point tensors can require gradients, got dtype {t.dtype!r}."
+            f"{what}: only floating point tensors can require gradients (complex ones too), got "
+            f"dtype {t.dtype!r}."
         )
 
 

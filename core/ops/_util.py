@@ -113,13 +113,34 @@ def val(x: Any) -> Any:
         return x.array
     if isinstance(x, np.generic):  # before float: np.float64 subclasses float
         return x.item()
-    if isinstance(x, (int, float, bool)):
+    if isinstance(x, (int, float, bool, complex)):
         return x
     if backend.is_array(x):
         return x
     if isinstance(x, (list, tuple)):
         return np.asarray(x)
     raise UnsupportedOperand(f"unsupported operand of type {type(x).__name__!r} for a tensor op")
+
+
+def cj(a: Any) -> Any:
+    """The complex conjugate of a complex array or number; anything real as it is.
+
+    Backward closures multiply the incoming gradient by the conjugate of the local derivative:
+    torch's convention for complex autograd (the conjugate Wirtinger derivative), which on real
+    data is the plain chain rule.
+    """
+    dt = getattr(a, "dtype", None)
+    if dt is not None:
+        return a.conj() if dt.kind == "c" else a
+    return a.conjugate() if isinstance(a, complex) else a
+
+
+def real_grad(g: Any, like: Any) -> Any:
+    """A gradient for a real input: the real part of a complex `g` (torch's engine drops the
+    imaginary part of a gradient flowing into a real tensor)."""
+    if g.dtype.kind == "c" and like.dtype.kind != "c":
+        return g.real
+    return g
 
 
 def shape_of(x: Any) -> tuple:

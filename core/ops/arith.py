@@ -7,6 +7,7 @@ its gradient in its own dtype.
 
 from __future__ import annotations
 
+import cmath
 import math
 from typing import Any
 
@@ -17,7 +18,9 @@ from shoal.core.ops._promote import DEFAULT_FLOAT, as_dtype, category, promote
 from shoal.core.ops._util import (
     UnsupportedOperand,
     broadcast_error,
+    cj,
     needs_grad,
+    real_grad,
     result,
     unbroadcast,
     val,
@@ -78,8 +81,8 @@ def mul(x: Any, y: Any) -> Any:
     def backward(g: Any) -> tuple:
         g = widen(g)
         return (
-            _grad_for(x, unbroadcast(g * widen(yd), xd.shape)) if needs_grad(x) else None,
-            _grad_for(y, unbroadcast(g * widen(xd), yd.shape)) if needs_grad(y) else None,
+            _grad_for(x, unbroadcast(g * cj(widen(yd)), xd.shape)) if needs_grad(x) else None,
+            _grad_for(y, unbroadcast(g * cj(widen(xd)), yd.shape)) if needs_grad(y) else None,
         )
 
     return result(out, "MulBackward", backward, (x, y), exact_dtype=True)
@@ -96,10 +99,10 @@ def div(x: Any, y: Any) -> Any:
         raise broadcast_error("div", xd, yd, exc) from exc
 
     def backward(g: Any) -> tuple:
-        g, yw = widen(g), widen(yd)
+        g, yw = widen(g), cj(widen(yd))
         return (
             _grad_for(x, unbroadcast(g / yw, xd.shape)) if needs_grad(x) else None,
-            _grad_for(y, unbroadcast(-g * widen(out) / yw, yd.shape))
+            _grad_for(y, unbroadcast(-g * cj(widen(out)) / yw, yd.shape))
             if needs_grad(y) else None,
         )
 
@@ -135,16 +138,16 @@ def pow(x: Any, y: Any) -> Any:  # noqa: A001 - torch's name
         gw, xw, yw = widen(g), widen(xd), widen(yd)
         if needs_grad(x):
             if isinstance(yw, (int, float)):
-                gx = gw * (2 * xw) if yw == 2 else gw * (yw * xw ** (yw - 1))
+                gx = gw * cj(2 * xw) if yw == 2 else gw * cj(yw * xw ** (yw - 1))
             else:
-                gx = unbroadcast(gw * (yw * xw ** (yw - 1)), xd.shape)
+                gx = unbroadcast(gw * cj(yw * xw ** (yw - 1)), xd.shape)
             gx = _grad_for(x, gx)
         if needs_grad(y):
             ow = widen(out)
             if isinstance(xw, (int, float)):
-                gy = gw * (ow * math.log(xw))
+                gy = gw * cj(ow * (cmath.log(xw) if isinstance(xw, complex) else math.log(xw)))
             else:
-                gy = unbroadcast(gw * (ow * _xp_log(xw)), yd.shape)
+                gy = unbroadcast(gw * cj(ow * _xp_log(xw)), yd.shape)
             gy = _grad_for(y, gy)
         return gx, gy
 
@@ -177,8 +180,9 @@ def rpow(x: Any, y: Any) -> Any:
 
 
 def _grad_for(operand: Any, g: Any) -> Any:
-    """A gradient in its operand's dtype: the op may have computed in a promoted one."""
-    return as_dtype(g, operand.array.dtype)
+    """A gradient in its operand's dtype: the op may have computed in a promoted one (a real
+    operand of a complex result gets the gradient's real part, as in torch)."""
+    return as_dtype(real_grad(g, operand.array), operand.array.dtype)
 
 
 def _as_float(d: Any) -> Any:

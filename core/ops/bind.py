@@ -12,9 +12,13 @@ from typing import Any, Callable
 
 def bind_methods(cls: type) -> None:
     """Install operators and op methods on the Tensor class."""
+    from shoal.core.ops import complex as complex_ops  # noqa: PLC0415 - the cycle below
     from shoal.core.ops import derived, inplace  # noqa: PLC0415 - the cycle below
 
     more = {name: getattr(derived, name) for name in _DERIVED}
+    more.update(complex_ops.METHODS)
+    for name, fn in complex_ops.PROPERTIES.items():
+        setattr(cls, name, property(fn, doc=fn.__doc__))
     for name, fn in {**_operators(), **_methods(), **inplace.OPERATORS, **inplace.METHODS,
                      **more}.items():
         setattr(cls, name, fn)
@@ -107,6 +111,7 @@ def _methods() -> dict[str, Callable]:
         "clip": unary.clamp,
         "sum": reduce.sum,
         "mean": reduce.mean,
+        "prod": reduce.prod,
         "max": reduce.max,
         "min": reduce.min,
         "amax": reduce.amax,

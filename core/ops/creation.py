@@ -51,7 +51,9 @@ def tensor(data: Any, dtype: Any = None, device: Any = None, requires_grad: bool
             arr = arr.astype(np.float32)
         elif arr.dtype.kind == "i":
             arr = arr.astype(np.int64, copy=False)
-        elif arr.dtype.kind not in "fb":
+        elif arr.dtype == np.complex128:  # Python complex numbers: torch's complex64
+            arr = arr.astype(np.complex64)
+        elif arr.dtype.kind not in "fbc":
             raise dtypes.DTypeError(
                 f"tensor(): cannot make a tensor from data of numpy dtype {arr.dtype}."
             )
@@ -111,7 +113,8 @@ def full(
     if dtype is None:
         dtype = (
             dtypes.bool_ if isinstance(fill_value, bool)
-            else dtypes.int64 if isinstance(fill_value, int) else dtypes.float32
+            else dtypes.int64 if isinstance(fill_value, int)
+            else dtypes.complex64 if isinstance(fill_value, complex) else dtypes.float32
         )
     dev, dt, xp = _target(dtype, device)
     with backend.device_context(dev):
@@ -155,6 +158,8 @@ def full_like(x: Tensor, fill_value: Any, dtype: Any = None, device: Any = None)
 def _random_float(kind: str, size: tuple, dtype: Any, device: Any, requires_grad: bool,
                   generator: Any) -> Tensor:
     dev, dt, xp = _target(dtype, device)
+    if np.dtype(dt).kind == "c":
+        return _random_complex(kind, size, dt, dev, requires_grad, generator)
     if np.dtype(dt).kind != "f" and dt != dtypes.bfloat16.np:
         raise dtypes.DTypeError(f"{kind}: needs a floating point dtype, got {dtypes.from_np(dt)!r}.")
     if generator is not None:  # its twister draws on the cpu (core/ops/random.py)
@@ -172,6 +177,18 @@ def _random_float(kind: str, size: tuple, dtype: Any, device: Any, requires_grad
             arr = gen.random(size, dtype=draw)
         if arr.dtype != dt:
             arr = arr.astype(dt)
+    return _finish(arr, requires_grad)
+
+
+def _random_complex(kind: str, size: tuple, dt: Any, dev: Any, requires_grad: bool,
+                    generator: Any) -> Tensor:
+    """torch's complex randn/rand: real draws for the interleaved (real, imag) pairs, randn's
+    scaled by 1/sqrt(2) so each element has variance 1 (same values as torch's for a seed)."""
+    real_dt = dtypes.from_np(np.dtype(dt)).to_real()
+    pairs = _random_float(kind, size + (2,), real_dt, dev, False, generator).array
+    if kind == "randn":
+        pairs = pairs * np.sqrt(0.5).astype(pairs.dtype)
+    arr = backend.xp_for(dev).ascontiguousarray(pairs).view(dt).reshape(size)
     return _finish(arr, requires_grad)
 
 

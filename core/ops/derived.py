@@ -11,7 +11,7 @@ from typing import Any, Sequence
 
 from shoal.core.ops import arith, linalg, reduce, shape, unary
 from shoal.core.ops._opmath import narrow as _round, widen_bf16
-from shoal.core.ops._util import result, xp_of
+from shoal.core.ops._util import cj, result, xp_of
 from shoal.core.tensor import Tensor
 
 
@@ -22,7 +22,7 @@ def sin(x: Tensor) -> Tensor:
     out = _round(xp_of(xd).sin(widen_bf16(xd)), dt)
 
     def backward(g: Any) -> tuple:
-        return (_round(widen_bf16(g) * xp_of(xd).cos(widen_bf16(xd)), dt),)
+        return (_round(widen_bf16(g) * cj(xp_of(xd).cos(widen_bf16(xd))), dt),)
 
     return result(out, "SinBackward", backward, (x,))
 
@@ -34,7 +34,7 @@ def cos(x: Tensor) -> Tensor:
     out = _round(xp_of(xd).cos(widen_bf16(xd)), dt)
 
     def backward(g: Any) -> tuple:
-        return (_round(-widen_bf16(g) * xp_of(xd).sin(widen_bf16(xd)), dt),)
+        return (_round(-widen_bf16(g) * cj(xp_of(xd).sin(widen_bf16(xd))), dt),)
 
     return result(out, "CosBackward", backward, (x,))
 
@@ -46,7 +46,7 @@ def tan(x: Tensor) -> Tensor:
     out = _round(xp_of(xd).tan(widen_bf16(xd)), dt)
 
     def backward(g: Any) -> tuple:
-        t = widen_bf16(out)
+        t = cj(widen_bf16(out))
         return (_round(widen_bf16(g) * (1 + t * t), dt),)
 
     return result(out, "TanBackward", backward, (x,))

@@ -7,7 +7,7 @@ from typing import Any
 from shoal.core.amp.autocast_mode import STATE as _AMP
 from shoal.core.ops import _autocast
 from shoal.core.errors import ShapeError
-from shoal.core.ops._util import needs_grad, result, unbroadcast, val
+from shoal.core.ops._util import cj, needs_grad, result, unbroadcast, val
 
 
 def matmul(x: Any, y: Any) -> Any:
@@ -43,10 +43,10 @@ def matmul(x: Any, y: Any) -> Any:
             g2 = g
         gx = gy = None
         if needs_grad(x):
-            gx = g2 @ b.swapaxes(-1, -2)
+            gx = g2 @ cj(b).swapaxes(-1, -2)
             gx = unbroadcast(gx, a.shape).reshape(xd.shape)
         if needs_grad(y):
-            gy = a.swapaxes(-1, -2) @ g2
+            gy = cj(a).swapaxes(-1, -2) @ g2
             gy = unbroadcast(gy, b.shape).reshape(yd.shape)
         return gx, gy
 

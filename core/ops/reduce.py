@@ -13,7 +13,7 @@ import numpy as np
 from shoal.core import dtypes
 from shoal.core.amp.autocast_mode import STATE as _AMP
 from shoal.core.ops import _autocast
-from shoal.core.ops._util import norm_dims, result, xp_of
+from shoal.core.ops._util import cj, norm_dims, result, xp_of
 from shoal.core.ops.shape import maximum
 from shoal.core.tensor import Tensor, wrap
 
@@ -67,6 +67,44 @@ def mean(x: Any, dim: Any = None, keepdim: bool = False) -> Any:
         return (_expand_back(g / count, dims, keepdim, xd.shape),)
 
     return result(_as_array(out, xd), "MeanBackward", backward, (x,))
+
+
+def prod(x: Any, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Any:
+    """The product over one dim (all elements when None); integers and bools give int64."""
+    xd = x.array
+    if dtype is not None:
+        xd = xd.astype(dtypes.get(dtype).np)
+    elif xd.dtype.kind in "biu":
+        xd = xd.astype(np.int64)  # torch multiplies every integer and bool dtype in int64
+    if dim is not None and not isinstance(dim, int):
+        raise TypeError(f"prod(): dim must be an int or None, got {type(dim).__name__}.")
+    axis = None if dim is None else norm_dims(dim, xd.ndim, "prod")[0]
+    half = xd.dtype in _HALF
+    work = xd.astype(np.float32) if half else xd
+    out = _as_array(work.prod(axis=axis, keepdims=keepdim), xd).astype(xd.dtype)
+
+    def backward(g: Any) -> tuple:
+        # The product of the other elements, from exclusive running products on both sides
+        # (no division, so zeros get torch's gradient); conjugated for complex inputs.
+        flat = work.reshape(-1) if axis is None else work
+        ax = 0 if axis is None else axis
+        others = _exclusive_cumprod(flat, ax, False) * _exclusive_cumprod(flat, ax, True)
+        others = others.reshape(work.shape)
+        gk = _expand_back(g, None if axis is None else (axis,), keepdim or axis is None, xd.shape)
+        return ((gk * cj(others)).astype(x.array.dtype),)
+
+    return result(out, "ProdBackward", backward, (x,), exact_dtype=True)
+
+
+def _exclusive_cumprod(a: Any, axis: int, reverse: bool) -> Any:
+    """Products of the elements before (after, when reversed) each position along axis."""
+    xp = xp_of(a)
+    if reverse:
+        a = xp.flip(a, axis)
+    ones = xp.ones_like(xp.take(a, [0], axis=axis))
+    shifted = xp.concatenate([ones, xp.take(a, range(a.shape[axis] - 1), axis=axis)], axis)
+    out = xp.cumprod(shifted, axis=axis)
+    return xp.flip(out, axis) if reverse else out
 
 
 def _as_array(out: Any, like: Any) -> Any:

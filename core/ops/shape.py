@@ -15,6 +15,7 @@ from shoal.core.ops._util import (
     broadcast_error,
     needs_grad,
     norm_dims,
+    real_grad,
     result,
     unbroadcast,
     val,
@@ -403,7 +404,7 @@ def to(x: Tensor, device: Any, dtype: Any, copy: bool = False) -> Tensor:
     src_dtype = xd.dtype
 
     def backward(g: Any) -> tuple:
-        back = backend.to_device(g, src_dev)
+        back = real_grad(backend.to_device(g, src_dev), xd)  # complex to real: the real part
         return (back.astype(src_dtype) if back.dtype != src_dtype else back,)
 
     return result(out, "ToCopyBackward", backward, (x,), exact_dtype=True)

@@ -18,7 +18,7 @@ from shoal.core.ops import _autocast
 from shoal.core.ops import _special
 from shoal.core.ops._opmath import narrow, widen, widen_bf16
 from shoal.core.ops._promote import as_dtype, promote
-from shoal.core.ops._util import needs_grad, result, unbroadcast, val, xp_of
+from shoal.core.ops._util import cj, needs_grad, result, unbroadcast, val, xp_of
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _INV_SQRT_2 = 1.0 / math.sqrt(2.0)
@@ -34,7 +34,7 @@ def exp(x: Any) -> Any:
     out = narrow(xp_of(xd).exp(widen_bf16(xd)), dt)
 
     def backward(g: Any) -> tuple:
-        return (narrow(widen_bf16(g) * widen_bf16(out), dt),)
+        return (narrow(widen_bf16(g) * cj(widen_bf16(out)), dt),)
 
     return result(out, "ExpBackward", backward, (x,))
 
@@ -48,7 +48,7 @@ def log(x: Any) -> Any:
     out = narrow(xp_of(xd).log(widen_bf16(xd)), dt)
 
     def backward(g: Any) -> tuple:
-        return (narrow(widen_bf16(g) / widen_bf16(xd), dt),)
+        return (narrow(widen_bf16(g) / cj(widen_bf16(xd)), dt),)
 
     return result(out, "LogBackward", backward, (x,))
 
@@ -60,7 +60,7 @@ def sqrt(x: Any) -> Any:
     out = narrow(xp_of(xd).sqrt(widen_bf16(xd)), dt)
 
     def backward(g: Any) -> tuple:
-        return (narrow(widen_bf16(g) / (2 * widen_bf16(out)), dt),)
+        return (narrow(widen_bf16(g) / (2 * cj(widen_bf16(out))), dt),)
 
     return result(out, "SqrtBackward", backward, (x,))
 
@@ -73,7 +73,7 @@ def tanh(x: Any) -> Any:
 
     def backward(g: Any) -> tuple:
         # torch's tanh_backward: from the rounded output, in float32, rounded once.
-        t = widen(out)
+        t = cj(widen(out))
         return (narrow(widen(g) * (1 - t * t), dt),)
 
     return result(out, "TanhBackward", backward, (x,))
@@ -90,7 +90,7 @@ def sigmoid(x: Any) -> Any:
 
     def backward(g: Any) -> tuple:
         # torch's sigmoid_backward: g * (1 - y) * y from the rounded output y, rounded once.
-        y = widen(out)
+        y = cj(widen(out))
         return (narrow(widen(g) * (1 - y) * y, dt),)
 
     return result(out, "SigmoidBackward", backward, (x,))
@@ -158,9 +158,18 @@ def abs(x: Any) -> Any:  # noqa: A001 - torch's name
     out = xp.abs(xd)  # exact in every dtype: no widening needed
 
     def backward(g: Any) -> tuple:
+        if dt.kind == "c":  # d|z| is z / |z| (0 at 0), torch's sgn
+            return (g * _sgn(xd, out),)
         return (narrow(widen_bf16(g) * xp.sign(widen_bf16(xd)), dt),)
 
     return result(out, "AbsBackward", backward, (x,))
+
+
+def _sgn(z: Any, magnitude: Any) -> Any:
+    """z / |z| for complex z, 0 where z is 0 (torch's sgn; cupy's sign differs on complex)."""
+    xp = xp_of(z)
+    safe = xp.where(magnitude == 0, 1, magnitude)
+    return xp.where(magnitude == 0, 0, z / safe)
 
 
 def clamp(x: Any, min: Any = None, max: Any = None) -> Any:  # noqa: A002 - torch's names
