@@ -8,7 +8,7 @@ No top-level name other than `shoal` is installed.
 
 from setuptools import find_packages, setup
 
-LAYERS = ("core", "collectives", "rpc_agent", "elastic", "launcher", "examples")
+LAYERS = ("core", "collectives", "rpc_agent", "elastic", "launcher", "examples", "torch_bridge")
 
 packages = ["shoal"]
 package_dir = {"shoal": "shoal"}

@@ -1,0 +1,136 @@
+"""torch `Work` handles over shoal's: `wait`, `is_completed`, `exception` and a torch Future that
+DDP comm hooks chain with `then`.
+
+A shoal Work finishes on the group's worker thread (or inline, for a synchronous call); its
+done-callback first runs the op's epilogue (copying a coalesced buffer back, for instance) and
+then completes the torch Future, so a `then` callback always sees the final tensors.
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["BridgeWork", "timeout_seconds"]
+
+
+def timeout_seconds(timeout: Any) -> Optional[float]:
+    """torch's wait timeout (a timedelta, zero or negative meaning "none") in seconds."""
+    if timeout is None:
+        return None
+    seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
+    return seconds if seconds > 0 else None
+
+
+class BridgeWork(dist.Work):
+    """The torch handle of one shoal operation; `result()` and the Future hold torch tensors.
+
+    Args:
+        works: the shoal Works this op runs as (usually one; coalesced calls may submit several).
+        result: what torch's Work holds for this op (the output tensors).
+        epilogue: run once after every shoal Work succeeded, before anyone sees the result.
+        source_rank: a callable giving the sender of a recv from any source.
+    """
+
+    def __init__(self, works: list, result: list, epilogue: Optional[Callable[[], None]] = None,
+                 source_rank: Optional[Callable[[], int]] = None):
+        super().__init__()
+        self._works = works
+        self._result = result
+        self._epilogue = epilogue
+        self._source = source_rank
+        self._lock = threading.Lock()
+        self._finished = False
+        self._error: Optional[BaseException] = None
+        self._future: Optional[torch.futures.Future] = None
+
+    def _finish(self) -> Optional[BaseException]:
+        # Idempotent: the waiting thread and the completion callback may both get here.
+        with self._lock:
+            if self._finished:
+                return self._error
+            self._finished = True
+            try:
+                for work in self._works:
+                    work.wait()
+                if self._epilogue is not None:
+                    self._epilogue()
+            except BaseException as exc:  # noqa: BLE001 - kept, raised by wait() and the Future
+                self._error = exc
+            return self._error
+
+    def wait(self, timeout: Any = None) -> bool:
+        """Block until the op finished (or `timeout` passed); raises the op's error."""
+        seconds = timeout_seconds(timeout)
+        for work in self._works:
+            work.wait(seconds)
+        error = self._finish()
+        if error is not None:
+            raise error
+        return True
+
+    def is_completed(self) -> bool:
+        """True once every part of the op finished."""
+        return all(w.is_completed() for w in self._works)
+
+    def is_success(self) -> bool:
+        """True once the op finished without an error."""
+        return self.is_completed() and self.exception() is None
+
+    def exception(self) -> Optional[BaseException]:
+        """The op's error, or None (while running too)."""
+        for work in self._works:
+            exc = work.exception()
+            if exc is not None:
+                return exc
+        return self._error
+
+    def result(self) -> list:
+        """The output tensors, after waiting."""
+        self.wait()
+        return self._result
+
+    def source_rank(self) -> int:
+        """For a recv from any source: the group rank the message came from."""
+        if self._source is None:
+            raise ValueError("source_rank() is only defined for a recv from any source.")
+        self.wait()
+        return self._source()
+
+    def _source_rank(self) -> int:
+        return self.source_rank()
+
+    def synchronize(self) -> None:
+        """On the host, the same as wait()."""
+        self.wait()
+
+    def get_future(self) -> torch.futures.Future:
+        """A torch Future completed with `result()` (or the error) when the op finishes."""
+        with self._lock:
+            if self._future is not None:
+                return self._future
+            future = self._future = torch.futures.Future()
+        pending = [len(self._works)]
+        count_lock = threading.Lock()
+
+        def one_done(_work) -> None:
+            with count_lock:
+                pending[0] -= 1
+                last = pending[0] == 0
+            if last:
+                error = self._finish()
+                if error is None:
+                    future.set_result(self._result)
+                else:
+                    future.set_exception(error)
+
+        if not self._works:
+            pending[0] = 1
+            one_done(None)
+        for work in self._works:
+            work.add_done_callback(one_done)
+        return future
