@@ -9,13 +9,19 @@ reads an earlier incarnation's pings.
 from __future__ import annotations
 
 from shoal.collectives.backends.api import WatchedGroup
-from shoal.core.profiler import clock
+from shoal.core.profiler import clock, distributed
 
 
 def lend_store(group: WatchedGroup) -> None:
     """Let the job profiler measure this rank's clock through `group`'s store (every rank of
     the default group calls it when the group forms). A group of a third-party backend without
-    a store of its own lends nothing: its traces then carry no clock estimate."""
+    a store of its own lends nothing: its traces then carry no clock estimate.
+
+    It also describes the group for the traces' distributedInfo (backend, rank, members)."""
+    ranks = getattr(group, "global_ranks", None)
+    distributed.describe_default_group(
+        group.name, getattr(group, "backend_name", "") or type(group).__name__, group.rank(),
+        group.size(), list(ranks) if ranks is not None else list(range(group.size())))
     store = getattr(group, "store", None)
     prefix = getattr(group, "store_prefix", None)
     if store is None or prefix is None:
@@ -25,6 +31,7 @@ def lend_store(group: WatchedGroup) -> None:
 
 def take_back_store(group: WatchedGroup) -> None:
     """The group is going away (its store may close): the job profiler stops using it."""
+    distributed.forget_default_group(group.name)
     store = getattr(group, "store", None)
     if store is not None:
         clock.forget_store(store)

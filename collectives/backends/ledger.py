@@ -80,8 +80,11 @@ class OpLedger:
     each read is of one attribute, and a slightly stale value only delays a diagnosis by a tick.
     """
 
-    # The group's name for profiler events; a backend that knows it sets it after construction.
+    # The group's name, backend and world ranks for profiler events; a backend that knows them
+    # sets them after construction.
     group = ""
+    backend = ""
+    global_ranks: tuple = ()
 
     def __init__(self) -> None:
         self.seq = 0
@@ -155,7 +158,8 @@ class OpLedger:
         recorder.add_range(
             rec.op, "collective", int(rec.started * 1e9), int(rec.finished * 1e9),
             {"op": rec.op, "group": self.group, "seq": rec.seq, "p2p": rec.p2p,
-             "bytes": rec.nbytes, "call": rec.desc, "state": rec.state},
+             "bytes": rec.nbytes, "call": rec.desc, "state": rec.state,
+             "backend": self.backend, "group_ranks": self.global_ranks},
         )
 
     def oldest_running(self) -> Optional[OpRecord]:

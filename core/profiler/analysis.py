@@ -102,7 +102,8 @@ def resolve(rec: Recorder) -> list[FunctionEvent]:
                              or (kind == 0 and stack[-1].ev.end <= start)):
                 stack.pop()
             if kind == 1:  # a free: charged to the innermost op running when it happened
-                if stack:
+                # (an allocation's bytes are its op's own already: Event.mem)
+                if stack and item.mem < 0:
                     stack[-1].self_mem += item.mem
                 continue
             if stack:
@@ -207,8 +208,7 @@ class EventList(list):
 
     def peak_memory(self) -> int:
         """The most bytes live at once during the window (allocations minus frees)."""
-        deltas = sorted([(fe.ev.end, fe.ev.mem) for fe in self if fe.ev.mem > 0]
-                        + [(m.start, m.mem) for m in self.recorder.mem_events])
+        deltas = sorted([(m.start, m.mem) for m in self.recorder.mem_events])
         live = peak = 0
         for _, d in deltas:
             live += d

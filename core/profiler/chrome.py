@@ -1,4 +1,6 @@
-"""Chrome/Perfetto trace-event JSON: X events, forward->backward flows, a memory counter."""
+"""The trace file: one window as a Chrome/Perfetto trace-event document in Kineto's shape
+(kineto.py converts the events; this module adds the process, its threads, the job's
+distributedInfo and the time base, and writes the file)."""
 
 from __future__ import annotations
 
@@ -6,73 +8,58 @@ import gzip
 import json
 import os
 import socket
-import threading
 from typing import Any
 
 from shoal.core import settings
+from shoal.core.profiler import cuda, distributed
 from shoal.core.profiler.events import EPOCH_OFFSET_NS, Recorder
+from shoal.core.profiler.kineto import Converter, lanes_metadata
+
+_SECOND_NS = 1_000_000_000
 
 
-def _us(ns: int) -> float:
-    return (ns + EPOCH_OFFSET_NS) / 1e3
+def base_time_ns(rec: Recorder) -> int:
+    """The whole Unix second at or before the window's first event: Kineto's
+    baseTimeNanoseconds, which every `ts` in the file counts from."""
+    starts = [ev.start for ev in rec.events] + [m.start for m in rec.mem_events]
+    first = min(starts) if starts else rec.started_ns
+    return (first + EPOCH_OFFSET_NS) // _SECOND_NS * _SECOND_NS
 
 
 def trace_dict(rec: Recorder, extra: dict | None = None) -> dict:
     """The window as a trace-event document (the JSON object format)."""
     rec.flush()
-    rank = os.environ.get("RANK")
-    pid = int(rank) if rank is not None and rank.isdigit() else rec.pid
-    tids: dict[int, int] = {}
-    main = threading.main_thread().ident
+    rank = distributed.env_rank()
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    base = base_time_ns(rec)
+    shift = EPOCH_OFFSET_NS - base
 
-    def tid_of(ident: int) -> int:
-        t = tids.get(ident)
-        if t is None:
-            t = tids[ident] = len(tids)
-        return t
+    def us(ns: int) -> float:
+        # a quarter nanosecond on top: Perfetto's int(ts * 1000) then lands on `ns` (kineto.py)
+        return (ns + shift + 0.25) / 1e3
 
-    if main is not None:
-        tid_of(main)
-    events: list[dict] = []
+    default = distributed.default_group()
+    conv = Converter(rec, rec.pid, rank, world, us, default["name"] if default else None)
     fwd = {ev.flow for ev in rec.events if ev.flow and ev.cat == "cpu_op"}
     bwd = {ev.flow for ev in rec.events if ev.flow and ev.cat == "backward"}
-    linked = fwd & bwd
-    for ev in sorted(rec.events, key=lambda e: (e.start, -e.dur)):
-        tid = tid_of(ev.tid)
-        args: dict[str, Any] = dict(ev.args) if ev.args else {}
-        if ev.shapes is not None:
-            args["Input Dims"] = ev.shapes
-        if ev.stack:
-            args["Call stack"] = ";".join(ev.stack)
-        if ev.mem:
-            args["Allocated Bytes"] = ev.mem
-        if ev.flow:
-            args["Sequence number"] = ev.flow
-        item = {"ph": "X", "cat": ev.cat, "name": ev.name, "pid": pid, "tid": tid,
-                "ts": _us(ev.start), "dur": ev.dur / 1e3, "args": args}
-        events.append(item)
-        if ev.flow in linked:
-            flow = {"ph": "s" if ev.cat == "cpu_op" else "f", "id": ev.flow, "pid": pid,
-                    "tid": tid, "ts": _us(ev.start), "cat": "fwdbwd", "name": "fwdbwd"}
-            if ev.cat == "backward":
-                flow["bp"] = "e"
-            events.append(flow)
+    events = conv.events(fwd & bwd)
     if rec.profile_memory:
-        events.extend(_memory_timeline(rec, pid, tid_of))
-    events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
-                   "args": {"name": f"rank {rank}" if rank is not None else f"pid {rec.pid}"}})
-    for ident, tid in tids.items():
-        name = "main" if ident == main else rec.thread_names.get(ident, f"thread {tid}")
-        events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
-                       "args": {"name": name}})
-    doc = {
+        events.extend(conv.memory(rec.gpu_addrs))
+    name = f"rank {rank}" if rank is not None else f"pid {rec.pid}"
+    events.extend(lanes_metadata(conv, name, rank if rank is not None else rec.pid))
+    doc: dict[str, Any] = {
         "schemaVersion": 1,
+        "deviceProperties": cuda.device_properties() if conv.devices else [],
+        "distributedInfo": distributed.distributed_info(conv.groups),
+        "record_shapes": int(rec.record_shapes),
+        "profile_memory": int(rec.profile_memory),
+        "with_stack": int(rec.with_stack),
+        "host_name": socket.gethostname(),
         "displayTimeUnit": "ms",
-        "distributedInfo": {"rank": int(rank) if rank is not None and rank.isdigit() else 0,
-                            "world_size": int(os.environ.get("WORLD_SIZE", "1") or 1)},
+        "baseTimeNanoseconds": base,
         "shoal": {
             "run_id": settings.RUN_ID.get(),
-            "rank": int(rank) if rank is not None and rank.isdigit() else None,
+            "rank": rank,
             "host": socket.gethostname(),
             "pid": rec.pid,
             "window": list(rec.window),
@@ -86,26 +73,11 @@ def trace_dict(rec: Recorder, extra: dict | None = None) -> dict:
     return doc
 
 
-def _memory_timeline(rec: Recorder, pid: int, tid_of: Any) -> list[dict]:
-    """torch's "[memory]" instant events plus a counter track of the bytes live."""
-    deltas = sorted([(ev.end, ev.mem, ev.tid) for ev in rec.events if ev.mem > 0]
-                    + [(m.start, m.mem, m.tid) for m in rec.mem_events])
-    out = []
-    live = 0
-    for ts, nbytes, ident in deltas:
-        live += nbytes
-        out.append({"ph": "i", "s": "t", "cat": "memory", "name": "[memory]", "pid": pid,
-                    "tid": tid_of(ident), "ts": _us(ts),
-                    "args": {"Bytes": nbytes, "Total Allocated": live}})
-        out.append({"ph": "C", "name": "Memory", "pid": pid, "tid": 0, "ts": _us(ts),
-                    "args": {"Total Allocated": live}})
-    return out
-
-
 def export_chrome_trace(rec: Recorder, path: str, extra: dict | None = None) -> None:
     """Write the window to `path`, gzip-compressed when it ends in `.gz` as torch's export
     does (written beside it, then renamed: readers see whole files)."""
     doc = trace_dict(rec, extra)
+    doc.setdefault("traceName", path)
     tmp = f"{path}.tmp{os.getpid()}"
     opener: Any = gzip.open if path.endswith(".gz") else open
     with opener(tmp, "wt") as f:

@@ -66,14 +66,23 @@ class Recorder:
         self.with_stack = with_stack
         self.cuda = cuda
         self.cuda_ref: Optional[tuple] = None  # (reference CUDA event, its CPU time)
-        self.cuda_pending: list[tuple] = []  # (op event, start CUDA event, end CUDA event)
+        # (op event, start CUDA event, end CUDA event, device, stream pointer)
+        self.cuda_pending: list[tuple] = []
+        self.correlations = 0  # the last correlation id linking an op to its kernel event
         self.events: list[Event] = []
-        self.mem_events: list[Event] = []  # allocations (+) and frees (-), with timestamps
+        # allocations (+) and frees (-), with timestamps; args["Addr"]: the object's id
+        self.mem_events: list[Event] = []
         self.thread_names: dict[int, str] = {}  # lanes that are not threads (an RPC callee)
+        # thread ident -> (native thread id, name): events hold the cheap ident, the trace the
+        # OS's id; read when the window starts and ends (threads that lived only in between
+        # get a lane of their own, named by their ident)
+        self.threads: dict[int, tuple[int, str]] = {}
+        self.note_threads()
         self.live: dict[int, tuple] = {}  # id of a weakref -> (weakref, bytes, id of object)
         self.counted: set[int] = set()  # ids of the live arrays whose bytes were counted
         self.live_tensors: dict[int, int] = {}  # id of a live counted tensor -> its bytes
-        self.mem_raw: list[tuple] = []  # (time, -bytes, tid) of frees
+        self.gpu_addrs: dict[int, int] = {}  # Addr (an object's id) -> its GPU, for cupy arrays
+        self.mem_raw: list[tuple] = []  # (time, +-bytes, tid, address) of allocations and frees
         self.free_callback = self._make_free_callback()  # one callback for every weak reference
         self.detailed_raw: list = []  # the detailed path's tuples (or Events, with CUDA)
         self.raw: list[tuple] = []  # (name, cat, start, dur, tid, flow) from the lean path
@@ -99,15 +108,22 @@ class Recorder:
             entry = pop(id(ref), None)
             if entry is not None:
                 discard(entry[2])
-                append((now_ns(), -entry[1], get_ident()))
+                append((now_ns(), -entry[1], get_ident(), entry[2]))
 
         return freed
+
+    def note_threads(self) -> None:
+        """Remember every live thread's native id and name (at the window's start and end)."""
+        for t in threading.enumerate():
+            if t.ident is not None and t.native_id is not None:
+                self.threads[t.ident] = (t.native_id, t.name)
 
     def close(self) -> None:
         """End the window: later frees are not its own, so drop the weak references (their
         callbacks would keep firing for the window's surviving tensors) and turn the tuples
         into Events."""
         self.closed = True
+        self.note_threads()
         self.live.clear()
         self.counted.clear()
         self.live_tensors.clear()
@@ -150,8 +166,9 @@ class Recorder:
         n = len(self.mem_raw)
         mem = self.mem_raw[:n]
         del self.mem_raw[:n]
-        for t, nbytes, tid in mem:
-            self.mem_events.append(Event("[memory]", "memory", t, 0, tid, mem=nbytes))
+        for t, nbytes, tid, addr in mem:
+            self.mem_events.append(Event("[memory]", "memory", t, 0, tid, {"Addr": addr},
+                                         mem=nbytes))
 
     def absorb(self, other: "Recorder") -> None:
         """Add what `other`, a user's window that recorded over this one (the job profiler's),
@@ -165,6 +182,7 @@ class Recorder:
         if self.profile_memory:
             self.mem_events.extend([m for m in list(other.mem_events) if m.start >= since])
         self.thread_names.update(other.thread_names)
+        self.threads.update(other.threads)
 
     def add(self, ev: Event) -> None:
         """Append a finished event."""

@@ -34,10 +34,12 @@ def tensorboard_trace_handler(
 
 
 def job_trace_name(rank: Optional[int], window: tuple) -> str:
-    """`rank0.steps2-4.trace.json`: the job profiler's file of a rank (the pid outside a job)
-    and a window's first and last step, which `shoal trace` reads."""
+    """`rank0.00000002.pt.trace.json`: the job profiler's file of a rank (the pid outside a job)
+    and a window, named as torch's handler names files (`<worker>.<span>.pt.trace.json`) so
+    that TensorBoard's plugin finds them: the worker is the rank, the span the window's first
+    step (zero-padded: the plugin orders a worker's spans as strings)."""
     worker = f"rank{rank}" if rank is not None else f"pid{os.getpid()}"
-    return f"{worker}.steps{window[0]}-{window[1]}.trace.json"
+    return f"{worker}.{window[0]:08d}.pt.trace.json"
 
 
 def job_trace_handler(directory: str, rank: Optional[int], extra: dict) -> Callable[[Any], str]:

@@ -15,6 +15,8 @@ import threading
 from weakref import ref as _weakref
 from typing import Any, Callable
 
+import numpy as np
+
 from shoal.core import autograd
 from shoal.core.ops import arith, attention, conv, creation, linalg, logical, nn, norm
 from shoal.core.ops import pooling, reduce, shape, unary
@@ -38,6 +40,7 @@ _DUNDERS = {
     "__setitem__": "setitem",
 }
 
+_ndarray = np.ndarray
 _lock = threading.Lock()
 _users = 0
 _restore: list[tuple[Any, str, Any]] = []
@@ -55,20 +58,20 @@ def _op_functions() -> dict[Callable, str]:
     return fns
 
 
-def _alloc_bytes(out: Any, args: tuple, rec: Any) -> int:
+def _alloc_bytes(out: Any, args: tuple, rec: Any, t: int) -> int:
     """Bytes of new storage in the op's output tensors (views of an input count nothing).
 
     Each output is counted once, by the innermost op that made it, and its free is recorded
     when the tensor is collected (a weak reference's callback: far cheaper than a finalizer).
     """
     if out.__class__ is Tensor:
-        return _count_tensor(out, args, rec)
+        return _count_tensor(out, args, rec, t)
     if not isinstance(out, (tuple, list)):
-        return _count_tensor(out, args, rec) if isinstance(out, Tensor) else 0
-    return sum(_count_tensor(o, args, rec) for o in out if isinstance(o, Tensor))
+        return _count_tensor(out, args, rec, t) if isinstance(out, Tensor) else 0
+    return sum(_count_tensor(o, args, rec, t) for o in out if isinstance(o, Tensor))
 
 
-def _count_tensor(o: Any, args: tuple, rec: Any) -> int:
+def _count_tensor(o: Any, args: tuple, rec: Any, t: int) -> int:
     key = id(o)
     if key in rec.live_tensors:
         return 0
@@ -83,7 +86,19 @@ def _count_tensor(o: Any, args: tuple, rec: Any) -> int:
                 return 0  # a view of (or the very array of) an input
     n = d.nbytes
     rec.live_tensors[key] = n  # Tensor.__del__, set while memory is profiled, records the free
+    # at `t`, the op's last nanosecond: the allocation lies inside the op that made it, where
+    # the trace's readers look for it; the tensor's id is its Addr
+    rec.mem_raw.append((t, n, threading.get_ident(), key))
+    if d.__class__ is not _ndarray:
+        _note_device(rec, key, d)
     return n
+
+
+def _note_device(rec: Any, addr: int, array: Any) -> None:
+    """Remember the GPU of an array that is not numpy's (cupy's), for its memory events."""
+    device = getattr(array, "device", None)
+    if device is not None and hasattr(device, "id"):
+        rec.gpu_addrs[addr] = int(device.id)
 
 
 def _tensor_freed(self: Any) -> None:
@@ -95,7 +110,7 @@ def _tensor_freed(self: Any) -> None:
     for rec in _memory_recorders:  # the job's window and a user's may both count tensors
         n = rec.live_tensors.pop(id(self), None)
         if n is not None:
-            rec.mem_raw.append((now_ns(), -n, threading.get_ident()))
+            rec.mem_raw.append((now_ns(), -n, threading.get_ident(), id(self)))
 
 
 _memory_recorders: tuple = ()
@@ -144,9 +159,10 @@ def _wrap(fn: Callable, name: str) -> Callable:
         mem = 0
         if rec.profile_memory:
             if out.__class__ is Tensor:
-                mem = _count_tensor(out, args, rec) if id(out) not in rec.live_tensors else 0
+                mem = _count_tensor(out, args, rec, t1 - 1) if id(out) not in rec.live_tensors \
+                    else 0
             else:
-                mem = _alloc_bytes(out, args, rec)
+                mem = _alloc_bytes(out, args, rec, t1 - 1)
         rec.detailed_raw.append((name, "cpu_op", t0, t1 - t0, get_ident(), flow, mem, shapes,
                                  None))
         return out
@@ -194,13 +210,14 @@ def _profiled_detailed(rec: Any, fn: Callable, name: str, args: tuple, kwargs: d
     mem = 0
     if rec.profile_memory:
         if out.__class__ is Tensor:  # the common case, inlined: this runs for every op
-            mem = _count_tensor(out, args, rec) if id(out) not in rec.live_tensors else 0
+            mem = _count_tensor(out, args, rec, t1 - 1) if id(out) not in rec.live_tensors \
+                    else 0
         else:
-            mem = _alloc_bytes(out, args, rec)
+            mem = _alloc_bytes(out, args, rec, t1 - 1)
     if gpu:
         ev = Event(name, "cpu_op", t0, t1 - t0, threading.get_ident(), flow=flow, mem=mem,
                    shapes=shapes, stack=stack)
-        rec.cuda_pending.append((ev, start, cuda.mark()))
+        cuda.pend(rec, ev, start)
         rec.detailed_raw.append(ev)
     else:
         rec.detailed_raw.append((name, "cpu_op", t0, t1 - t0, threading.get_ident(), flow,
@@ -222,7 +239,7 @@ def _backward_hook(node: Any, fn: Callable, g: Any) -> Any:
                         node.seq + 1))
         return grads
     rec.detailed_raw.append((node.name(), "backward", t0, t1 - t0, threading.get_ident(),
-                             node.seq + 1, _grad_bytes(grads, g, rec), None, None))
+                             node.seq + 1, _grad_bytes(grads, g, rec, t1 - 1), None, None))
     return grads
 
 
@@ -233,10 +250,10 @@ def _backward_on_gpu(rec: Any, node: Any, fn: Callable, g: Any) -> Any:
     t0 = now_ns()
     grads = fn(g)
     t1 = now_ns()
-    mem = _grad_bytes(grads, g, rec) if rec.profile_memory else 0
+    mem = _grad_bytes(grads, g, rec, t1 - 1) if rec.profile_memory else 0
     ev = Event(node.name(), "backward", t0, t1 - t0, threading.get_ident(), flow=node.seq + 1,
                mem=mem)
-    rec.cuda_pending.append((ev, start, cuda.mark()))
+    cuda.pend(rec, ev, start)
     rec.detailed_raw.append(ev)  # kept as an Event: resolve_window fills in its CUDA time
     return grads
 
@@ -244,7 +261,7 @@ def _backward_on_gpu(rec: Any, node: Any, fn: Callable, g: Any) -> Any:
 _NOT_ARRAY = object()
 
 
-def _grad_bytes(grads: Any, g: Any, rec: Any) -> int:
+def _grad_bytes(grads: Any, g: Any, rec: Any, t: int) -> int:
     """Bytes of fresh gradient arrays a backward node returned (views of its input: none)."""
     if grads.__class__ is not tuple and not isinstance(grads, (tuple, list)):
         return 0
@@ -270,6 +287,9 @@ def _grad_bytes(grads: Any, g: Any, rec: Any) -> int:
         ref = _weakref(r, rec.free_callback)
         rec.counted.add(id(r))
         rec.live[id(ref)] = (ref, n, id(r))
+        rec.mem_raw.append((t, n, threading.get_ident(), id(r)))  # inside the node
+        if r.__class__ is not _ndarray:
+            _note_device(rec, id(r), r)
     return total
 
 
@@ -391,6 +411,13 @@ def install() -> None:
             if w is not None:
                 _restore.append((Tensor, attr, value))
                 setattr(Tensor, attr, w)
+        for cls in _subclasses(Optimizer):
+            # one fused update of a parameter group: torch's `_fused_sgd_`-style op, so the
+            # step's own work shows among the ops (it runs on raw arrays, below the op layer)
+            group_step = cls.__dict__.get("_step_group")
+            if group_step is not None:
+                _restore.append((cls, "_step_group", group_step))
+                cls._step_group = _wrap(group_step, f"_fused_{cls.__name__.lower()}_")
         for cls in _subclasses(_LoaderIter):
             nxt = cls.__dict__.get("__next__")
             if nxt is not None:

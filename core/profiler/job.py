@@ -3,7 +3,7 @@ process that has RANK).
 
 Steps are counted by optimizer steps (a training script needs no change); a schedule from
 SHOAL_PROFILE_SCHEDULE (default `skip_first=2,wait=0,warmup=1,active=3,repeat=1`) picks the
-window, and each rank writes `DIR/rank<R>.steps<a>-<b>.trace.json`. Before writing, the rank
+window, and each rank writes `DIR/rank<R>.<first step>.pt.trace.json`. Before writing, the rank
 estimates its clock's offset from rank 0's by round trips through the store the default process
 group lent to `clock` when it formed, so `shoal trace merge` can align the ranks.
 """

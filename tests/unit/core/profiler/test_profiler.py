@@ -7,6 +7,7 @@ import itertools
 import json
 import os
 import re
+import threading
 import time
 
 import numpy as np
@@ -199,7 +200,9 @@ def test_memory_totals_equal_the_bytes_allocated() -> None:
     assert avg["reshape"].cpu_memory_usage == 0
     allocated = sum(max(fe.ev.mem, 0) for fe in prof.events())
     assert allocated == 40000 + 40000 + 4
-    freed = -sum(m.mem for m in prof.events().recorder.mem_events)
+    mem_events = prof.events().recorder.mem_events  # allocations (+) and frees (-)
+    assert sum(m.mem for m in mem_events if m.mem > 0) == allocated
+    freed = -sum(m.mem for m in mem_events if m.mem < 0)
     assert freed == 40000  # b (the view c was never counted)
     assert prof.events().peak_memory() == 80004
     assert keep
@@ -217,8 +220,12 @@ def test_after_a_backward_pass_only_the_gradient_stays_allocated() -> None:
         gc.collect()
     evs = prof.events()
     allocated = sum(fe.ev.mem for fe in evs if fe.ev.mem > 0)
-    freed = sum(m.mem for m in evs.recorder.mem_events)
+    freed = sum(m.mem for m in evs.recorder.mem_events if m.mem < 0)
     assert allocated + freed == x.grad.array.nbytes == 400
+    # the memory events hold the same allocations, each with its address, freed at that address
+    allocs = {m.args["Addr"]: m.mem for m in evs.recorder.mem_events if m.mem > 0}
+    assert sum(allocs.values()) == allocated
+    assert all(allocs[m.args["Addr"]] == -m.mem for m in evs.recorder.mem_events if m.mem < 0)
     assert allocated == 400 + 400 + 4 + 800 + 400  # two muls, sum; y*y's and x*2's backward
     assert evs.peak_memory() > 800
 
@@ -296,7 +303,15 @@ def test_trace_handler_names_one_file_per_window_as_torchs_does(tmp_path, monkey
         assert before <= int(ours["ns"]) <= after
     docs = [json.loads((tmp_path / "tb" / f).read_text()) for f in files]
     assert [d["shoal"]["window"] for d in docs] == [[1, 2], [4, 5]]
-    assert docs[0]["shoal"]["rank"] == 3 and {e["pid"] for e in docs[0]["traceEvents"]} == {3}
+    # Kineto's pids and tids: the OS's, with the rank in the process's name
+    assert docs[0]["shoal"]["rank"] == 3
+    assert {e["pid"] for e in docs[0]["traceEvents"]} == {os.getpid()}
+    assert {e["tid"] for e in docs[0]["traceEvents"] if e["ph"] == "X"} == {
+        threading.get_native_id()}
+    names = {e["name"]: e["args"] for e in docs[0]["traceEvents"] if e["ph"] == "M"}
+    assert names["process_name"] == {"name": "rank 3"}
+    assert names["thread_name"]["name"].startswith(f"thread {threading.get_native_id()} (")
+    assert docs[0]["distributedInfo"]["rank"] == 3
     steps = sorted(e["name"] for e in docs[0]["traceEvents"]
                    if e["name"].startswith("ProfilerStep"))
     assert steps == ["ProfilerStep#1", "ProfilerStep#2"]

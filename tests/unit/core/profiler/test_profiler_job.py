@@ -31,16 +31,18 @@ def test_the_env_starts_a_job_profiler_that_counts_optimizer_steps(tmp_path):
     res = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True,
                          text=True, timeout=60)
     assert res.returncode == 0, res.stderr
+    # torch's handler's names (<worker>.<span>.pt.trace.json), the span the first step
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "rank1.steps2-3.trace.json", "rank1.steps6-7.trace.json"]
-    doc = json.loads((tmp_path / "rank1.steps2-3.trace.json").read_text())
+        "rank1.00000002.pt.trace.json", "rank1.00000006.pt.trace.json"]
+    doc = json.loads((tmp_path / "rank1.00000002.pt.trace.json").read_text())
+    assert doc["shoal"]["window"] == [2, 3]
     names = [e["name"] for e in doc["traceEvents"] if e["ph"] == "X"]
     assert names.count("Optimizer.step#SGD.step") == 2
     assert names.count("linear") == 2 and "ProfilerStep#2" in names
     assert doc["shoal"]["clock"] == {"offset_us": 0.0, "error_us": None, "reference_rank": 0,
                                      "method": "none (no process group lent its store)"}
     # the program ended during the second window's last step: stop() saved what it had
-    late = json.loads((tmp_path / "rank1.steps6-7.trace.json").read_text())
+    late = json.loads((tmp_path / "rank1.00000006.pt.trace.json").read_text())
     assert [e["name"] for e in late["traceEvents"] if e["ph"] == "X"].count(
         "Optimizer.step#SGD.step") == 1
 
@@ -63,7 +65,7 @@ def test_the_job_profiler_measures_its_clock_through_the_store_a_group_lent(tmp_
     res = subprocess.run([sys.executable, "-c", LENDING], env=env, capture_output=True,
                          text=True, timeout=60)
     assert res.returncode == 0, res.stderr
-    doc = json.loads((tmp_path / "rank0.steps1-2.trace.json").read_text())
+    doc = json.loads((tmp_path / "rank0.00000001.pt.trace.json").read_text())
     assert doc["shoal"]["clock"] == {"offset_us": 0.0, "error_us": 0.0, "reference_rank": 0,
                                      "method": "reference"}
 
@@ -155,7 +157,8 @@ def test_a_users_profiler_in_a_script_run_with_the_job_profiler_works(tmp_path):
     user = json.loads(res.stdout)
     assert user["linear"] == 3 and user["Optimizer.step#SGD.step"] == 3
     for window in ("1-2", "4-5"):
-        doc = json.loads((tmp_path / f"rank0.steps{window}.trace.json").read_text())
+        first = int(window.split("-")[0])
+        doc = json.loads((tmp_path / f"rank0.{first:08d}.pt.trace.json").read_text())
         names = [e["name"] for e in doc["traceEvents"] if e["ph"] == "X"]
         # each job window has every iteration of its steps, whoever's window recorded them,
         # and only its own step ranges
