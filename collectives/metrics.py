@@ -101,6 +101,7 @@ def _rank_pair():
     if not _rank_children:
         rank = os.environ.get("RANK", "0")
         _rank_children.append((WAIT_SECONDS.labels(rank=rank), LAST_OP_TIME.labels(rank=rank)))
+        IN_COLLECTIVE_SINCE.labels(rank=rank)  # exists at 0 from the first collective on
     return _rank_children[0]
 
 

@@ -23,6 +23,7 @@ import sys
 
 import numpy as np
 
+import shoal.metrics as sm
 from shoal import core
 from shoal import collectives
 from shoal.collectives import DistributedDataParallel
@@ -74,25 +75,29 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(1000 * args.seed + rank)  # each rank its own data
 
     for step in range(args.steps):
-        opt.zero_grad()
-        total = 0.0
-        for micro in range(args.micro_batches):
-            x, y = batch(rng, args.micro_batch_size)
-            last = micro == args.micro_batches - 1
-            # no_sync: accumulate locally; the last micro-batch's backward all-reduces the sum.
-            with (model.no_sync() if not last else contextlib.nullcontext()):
-                with core.autocast("cpu"):
-                    loss = loss_fn(model(x), y) / args.micro_batches
-                scaler.scale(loss).backward()
-            total += float(loss.item())
-        if step == args.overflow_at and rank == 0:
-            with core.no_grad():  # an overflow only this rank sees, after the all-reduce
-                next(model.parameters()).grad.array[0, 0] = np.nan
-        scaler.unscale_(opt)  # true gradients, so clipping sees their real norm
-        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        scale = scaler.get_scale()
-        scaler.step(opt)  # skipped on every rank if any rank found inf/NaN
-        scaler.update()
+        # Step time, samples and loss per rank (shoal.metrics), for the dashboard.
+        samples = args.micro_batches * args.micro_batch_size
+        with sm.step(step + 1, samples=samples) as record:
+            opt.zero_grad()
+            total = 0.0
+            for micro in range(args.micro_batches):
+                x, y = batch(rng, args.micro_batch_size)
+                last = micro == args.micro_batches - 1
+                # no_sync: accumulate locally; the last micro-batch's backward all-reduces the sum.
+                with (model.no_sync() if not last else contextlib.nullcontext()):
+                    with core.autocast("cpu"):
+                        loss = loss_fn(model(x), y) / args.micro_batches
+                    scaler.scale(loss).backward()
+                total += float(loss.item())
+            if step == args.overflow_at and rank == 0:
+                with core.no_grad():  # an overflow only this rank sees, after the all-reduce
+                    next(model.parameters()).grad.array[0, 0] = np.nan
+            scaler.unscale_(opt)  # true gradients, so clipping sees their real norm
+            nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            scale = scaler.get_scale()
+            scaler.step(opt)  # skipped on every rank if any rank found inf/NaN
+            scaler.update()
+            record.loss = total
         skipped = scaler.get_scale() < scale
         if rank == 0:
             print(f"step {step + 1} loss {total:.4f} scale {scale:g}"

@@ -20,6 +20,7 @@ import os
 import numpy as np
 
 import shoal.collectives as dist
+import shoal.metrics as sm
 from shoal import core
 from shoal import rpc_agent as rpc
 from shoal.core import nn
@@ -83,10 +84,13 @@ def train(rank: int, steps: int, trainers, out_dir: str | None) -> None:
     opt = DistributedOptimizer(core.optim.SGD, rrefs, lr=LR)
     for step in range(steps):
         indices, targets = batch(step, rank)
-        with dist_autograd.context() as cid:
+        # Step time, samples and loss per trainer (shoal.metrics), for the dashboard.
+        with sm.step(step + 1, samples=len(indices)) as record, \
+                dist_autograd.context() as cid:
             loss = F.mse_loss(model(table.rpc_sync().forward(indices)), targets)
             dist_autograd.backward(cid, [loss])
             opt.step(cid)
+            record.loss = float(loss.item())
         dist.barrier(group=trainers)
         print(f"trainer {rank} step {step} loss {loss.item():.6f}", flush=True)
     _report({f"dense.{k}": p.array for k, p in model.module.named_parameters()}, out_dir)

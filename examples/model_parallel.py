@@ -21,6 +21,7 @@ import time
 
 import numpy as np
 
+import shoal.metrics as sm
 from shoal import core
 from shoal import rpc_agent as rpc
 from shoal.core import nn
@@ -100,10 +101,12 @@ def train(steps: int, out_dir: str | None) -> None:
     opt = DistributedOptimizer(core.optim.SGD, model.parameter_rrefs(), lr=LR)
     for step in range(steps):
         x, y = batch(step)
-        with dist_autograd.context() as cid:
+        # Step time, samples and loss of the trainer (shoal.metrics), for the dashboard.
+        with sm.step(step + 1, samples=len(x)) as record, dist_autograd.context() as cid:
             loss = F.mse_loss(model(x), y)
             dist_autograd.backward(cid, [loss])
             opt.step(cid)
+            record.loss = float(loss.item())
         print(f"step {step} loss {loss.item():.6f}", flush=True)
     params = {f"stage1.{k}": p.array for k, p in model.stage1.named_parameters()}
     params.update(model.stage2.rpc_sync().state())

@@ -21,6 +21,7 @@ import threading
 
 import numpy as np
 
+import shoal.metrics as sm
 from shoal import core
 from shoal import rpc_agent as rpc
 from shoal.core import nn
@@ -105,10 +106,12 @@ def train(rank: int, steps: int) -> None:
     ps = rpc.rpc_sync(PS, server_rref)
     for step in range(steps):
         x, y = batch(step, rank)
-        with dist_autograd.context() as cid:
+        # Step time, samples and loss per trainer (shoal.metrics), for the dashboard.
+        with sm.step(step + 1, samples=len(x)) as record, dist_autograd.context() as cid:
             loss = F.mse_loss(ps.rpc_sync().forward(x), y)
             dist_autograd.backward(cid, [loss])
             rpc.rpc_sync(PS, ParameterServer.update, (ps, cid))
+            record.loss = float(loss.item())
         print(f"trainer {rank} step {step} loss {loss.item():.6f}", flush=True)
 
 

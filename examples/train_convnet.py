@@ -18,6 +18,7 @@ import time
 
 import numpy as np
 
+import shoal.metrics as sm
 from shoal import collectives, core
 from shoal.collectives import DistributedDataParallel, DistributedSampler
 from shoal.core import nn
@@ -123,13 +124,16 @@ def main(argv=None) -> int:
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         total = 0.0
-        for x, y in loader:
-            loss = F.cross_entropy(net(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            sched.step()
-            total += float(loss.item())
+        for i, (x, y) in enumerate(loader):
+            # Step time, samples and loss per rank (shoal.metrics), for the dashboard.
+            with sm.step(epoch * steps_per_epoch + i + 1, samples=len(y)) as record:
+                loss = F.cross_entropy(net(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                sched.step()
+                record.loss = float(loss.item())
+            total += record.loss
         acc = accuracy(model, xte, yte, group)
         if rank == 0:
             print(f"epoch {epoch + 1}/{args.epochs} | train loss {total / steps_per_epoch:.4f} | "

@@ -24,6 +24,7 @@ import time
 
 import numpy as np
 
+import shoal.metrics as sm
 from shoal import collectives, core
 from shoal.collectives import DistributedDataParallel
 from shoal.collectives.data import DistributedSampler
@@ -187,15 +188,18 @@ def main(argv=None) -> int:
 
     batches = epochs(loader, sampler, first_epoch)
     for step in range(start, args.steps):
-        x, y, epoch, indices = make_batch(args.seed, step, rank, args.batch_size, batches)
-        if device != "cpu":
-            x, y = x.to(device), y.to(device)
-        opt.zero_grad()
-        diff = (net(x) - y) * float(1.0 / np.sqrt(y.numel()))
-        loss = (diff * diff).sum()
-        loss.backward()
-        opt.step()
         done = step + 1
+        # Step time, samples and loss per rank for the dashboard (numbered as checkpoints are).
+        with sm.step(done, samples=args.batch_size) as record:
+            x, y, epoch, indices = make_batch(args.seed, step, rank, args.batch_size, batches)
+            if device != "cpu":
+                x, y = x.to(device), y.to(device)
+            opt.zero_grad()
+            diff = (net(x) - y) * float(1.0 / np.sqrt(y.numel()))
+            loss = (diff * diff).sum()
+            loss.backward()
+            opt.step()
+            record.loss = float(loss.item())
         if args.log_samples:
             print(f"rank {rank} step {done} epoch {epoch} samples "
                   f"{','.join(map(str, indices))}", flush=True)

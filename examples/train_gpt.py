@@ -6,7 +6,9 @@
 The text is the standard library's `pydoc_data/topics.py` (the `help()` topics, about 460 KB
 of English documentation); its last tenth is held out. Every --log-every steps rank 0 prints
 the step, samples/s, the training loss and the held-out loss in bits per character (each rank
-evaluates half of the held-out windows). Training windows come through core.data's DataLoader
+evaluates half of the held-out windows). Every rank reports each step through `shoal.metrics`
+(step time, samples, loss, last step), so the dashboard's training row fills under
+`shoal run --metrics-port`. Training windows come through core.data's DataLoader
 with collectives' DistributedSampler, whose state is checkpointed. Rank 0 checkpoints every --checkpoint-every steps to
 --checkpoint-dir or SHOAL_CHECKPOINT_DIR; every rank resumes from the latest checkpoint when it
 starts. At the end rank 0 prints a generated sample and writes a loss-curve PNG (with
@@ -31,6 +33,7 @@ from typing import Any, Iterator, Optional
 
 import numpy as np
 
+import shoal.metrics as sm
 from shoal import collectives, core
 from shoal.collectives import DistributedDataParallel, DistributedSampler
 from shoal.core import nn
@@ -359,17 +362,22 @@ def train(run: Training, start: int, epoch: int) -> Optional[int]:
     tick, seen, loss_sum, loss_n = time.perf_counter(), 0, 0.0, 0
     stream = batches(run.loader, run.sampler, epoch)
     for step in range(start, total):
-        x, y = next(stream)
-        logits = run.net(x)
-        loss = F.cross_entropy(logits.reshape(-1, data.vocab_size), y.reshape(-1))
-        run.opt.zero_grad()
-        loss.backward()
-        nn.utils.clip_grad_norm_(run.model.parameters(), 1.0)
-        run.opt.step()
-        run.sched.step()
         done = step + 1
+        # Step time, samples, loss and the last step, per rank (shoal.metrics): what the
+        # dashboard's training row and ShoalNoProgress read. Steps are numbered as checkpoints
+        # are (after step N the checkpoint is N), so "steps a failure would lose" is exact.
+        with sm.step(done, samples=args.batch_size) as record:
+            x, y = next(stream)
+            logits = run.net(x)
+            loss = F.cross_entropy(logits.reshape(-1, data.vocab_size), y.reshape(-1))
+            run.opt.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(run.model.parameters(), 1.0)
+            run.opt.step()
+            run.sched.step()
+            record.loss = float(loss.item())
         seen += args.batch_size * world
-        loss_sum, loss_n = loss_sum + float(loss.item()), loss_n + 1
+        loss_sum, loss_n = loss_sum + record.loss, loss_n + 1
         if done % args.log_every == 0 or done == total:
             rate = seen / (time.perf_counter() - tick)
             bits = held_out_bits(run.model, data, args, run.group)

@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 
+import shoal.metrics as sm
 from shoal import core
 from shoal.core import nn
 from shoal.core import optim
@@ -77,17 +78,23 @@ def main(argv: list[str] | None = None) -> int:
     print(f"spirals: {len(y_train)} train / {len(y_test)} held-out points, {classes} classes; "
           f"model {model}")
     start = time.perf_counter()
+    step = 1
     for epoch in range(1, args.epochs + 1):
         perm = rng.permutation(len(y_train))
         total, batches = 0.0, 0
         for i in range(0, len(perm), args.batch_size):
             batch = perm[i : i + args.batch_size]
-            loss = F.cross_entropy(model(core.tensor(x_train[batch])), core.tensor(y_train[batch]))
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            total += loss.item()
+            # Step time, samples and loss (shoal.metrics: rank 0 here), for the dashboard.
+            with sm.step(step, samples=len(batch)) as record:
+                loss = F.cross_entropy(model(core.tensor(x_train[batch])),
+                                       core.tensor(y_train[batch]))
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                record.loss = loss.item()
+            total += record.loss
             batches += 1
+            step += 1
         sched.step()
         if epoch == 1 or epoch % 5 == 0 or epoch == args.epochs:
             print(f"epoch {epoch:3d}  loss {total / batches:.4f}  "

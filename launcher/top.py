@@ -10,7 +10,9 @@ One line for the job (run id, world size, workers running, restarts used of max_
 failed workers, the last restart) and one row per rank: last step, mean step time and samples/s
 over the last interval, WAIT (the share of time spent inside collectives: the straggler is the
 rank that waits least, marked), seconds since the last step and collective, resident memory
-and CPU.
+and CPU. A rank that others have waited for inside a collective for over a second (it never
+arrived, or did not finish: the watchdog's progress records say so long before its timeout) is
+marked as hung, with a line naming the ranks that wait for it and for how long.
 Rates come from the difference of two readings, as Prometheus' rate() would. `q` quits.
 
 A password never comes from the command line (other users can read it there): it is read from
@@ -180,6 +182,23 @@ def _delta(prev: Optional[Reading], cur: Reading, name: str, **labels) -> Option
     return after - before
 
 
+WAITING_FOR = "shoal_collectives_waiting_for_rank_since_timestamp_seconds"
+# The straggler mark needs some rank to wait this much more of its time inside collectives than
+# the one that waits least (the dashboard's "Which rank is the straggler?" uses the same gap):
+# ranks of equal work differ by noise.
+STRAGGLER_MIN_WAIT_GAP = 0.1
+
+
+def awaited(cur: Reading) -> dict[str, dict[str, float]]:
+    """{awaited rank: {waiting rank: since (Unix time)}} from the waiting-for series."""
+    out: dict[str, dict[str, float]] = {}
+    for (name, labels), value in cur.samples.items():
+        found = dict(labels)
+        if name == WAITING_FOR and value > 0 and "peer" in found and "rank" in found:
+            out.setdefault(found["peer"], {})[found["rank"]] = value
+    return out
+
+
 def rank_rows(prev: Optional[Reading], cur: Reading) -> list[dict]:
     """Per rank: the figures of the table (None where a reading is missing)."""
     ranks = set()
@@ -187,6 +206,7 @@ def rank_rows(prev: Optional[Reading], cur: Reading) -> list[dict]:
                  "shoal_worker_resident_memory_bytes"):
         ranks |= cur.label_values(name, "rank")
     span = cur.at - prev.at if prev is not None else None
+    waits = awaited(cur)
     rows = []
     for rank in sorted(ranks, key=lambda r: (len(r), r)):
         steps = _delta(prev, cur, "shoal_training_step_seconds_count", rank=rank)
@@ -206,6 +226,7 @@ def rank_rows(prev: Optional[Reading], cur: Reading) -> list[dict]:
             "since_collective": cur.at - last_op_at if last_op_at else None,
             "rss": cur.value("shoal_worker_resident_memory_bytes", rank=rank),
             "cpu_share": cpu / span if cpu is not None and span else None,
+            "waited_by": waits.get(rank, {}),
         })
     return rows
 
@@ -274,15 +295,25 @@ def render(url: str, prev: Optional[Reading], cur: Optional[Reading],
     lines.append("".join(title.rjust(width) for title, _, _, width in COLUMNS))
     rows = rank_rows(prev, cur)
     waits = [r["wait_share"] for r in rows if r["wait_share"] is not None]
+    hung = []
     for row in rows:
         cells = "".join((row[key] if kind is None else _fmt(row[key], kind)).rjust(width)
                         for _, key, kind, width in COLUMNS)
         # The rank that waits least in a synchronous job is the one the others wait for.
         straggler = len(waits) > 1 and row["wait_share"] == min(waits) and \
-            max(waits) - min(waits) > 0.05
-        lines.append(cells + ("  <- straggler" if straggler else ""))
+            max(waits) - min(waits) > STRAGGLER_MIN_WAIT_GAP
+        if row["waited_by"]:
+            hung.append(row)
+        mark = "  <- hung" if row["waited_by"] else "  <- straggler" if straggler else ""
+        lines.append(cells + mark)
     if not rows:
         lines.append("(no ranks reported yet)")
+    for row in hung:
+        by = row["waited_by"]
+        waiting = sorted(by, key=lambda r: (len(r), r))
+        word = "rank" if len(waiting) == 1 else "ranks"
+        lines.append(f"rank {row['rank']} holds up the job: {word} {', '.join(waiting)} "
+                     f"waited for it inside a collective for {_seconds(cur.at - min(by.values()))}")
     return lines
 
 

@@ -25,6 +25,16 @@ STEP_TIME_BY_RANK = (f"sum by (rank) (rate(shoal_training_step_seconds_sum{{{RAN
 WORK_PER_STEP_BY_RANK = (
     f"clamp_min(1 - sum by (rank) (rate(shoal_collectives_wait_seconds_total{{{RANK}}}[{RI}])), 0)"
     f" / sum by (rank) (rate(shoal_training_step_seconds_count{{{RANK}}}[{RI}]))")
+WAIT_SHARE_BY_RANK = (
+    f"sum by (rank) (rate(shoal_collectives_wait_seconds_total{{{RUN}}}[{RI}]))")
+# A straggler is named only when some rank waits this much more of its time inside collectives
+# than the one that waits least (0.1: 10% of wall time, as `shoal top`'s mark): ranks of equal
+# work differ by noise, and naming one of them would send people after nothing.
+STRAGGLER_MIN_WAIT_GAP = 0.1
+STRAGGLER = (f"bottomk(1, {WAIT_SHARE_BY_RANK}) and on () "
+             f"(max({WAIT_SHARE_BY_RANK}) - min({WAIT_SHARE_BY_RANK}) > {STRAGGLER_MIN_WAIT_GAP})")
+WAITING_FOR = "shoal_collectives_waiting_for_rank_since_timestamp_seconds"
+IN_COLLECTIVE = "shoal_collectives_in_collective_since_timestamp_seconds"
 DS = {"type": "prometheus", "uid": "${datasource}"}
 
 
@@ -41,10 +51,13 @@ def panel(kind, title, description, queries, unit="short", w=6, h=6, **extra):
     return out
 
 
-def stat(title, description, expr, unit="short", legend="", **extra):
-    return panel("stat", title, description, [(expr, legend)], unit, w=4, h=4,
-                 options={"reduceOptions": {"calcs": ["lastNotNull"]}, "colorMode": "value"},
-                 **extra)
+def stat(title, description, expr, unit="short", legend="", no_value=None, **extra):
+    out = panel("stat", title, description, [(expr, legend)], unit, w=4, h=4,
+                options={"reduceOptions": {"calcs": ["lastNotNull"]}, "colorMode": "value"},
+                **extra)
+    if no_value is not None:  # what an empty answer means, instead of Grafana's "No data"
+        out["fieldConfig"]["defaults"]["noValue"] = no_value
+    return out
 
 
 def series(title, description, queries, unit="short", w=12, **extra):
@@ -107,9 +120,20 @@ PANELS = [
           options={"calculate": False, "yAxis": {"unit": "short"},
                    "rowsFrame": {"layout": "auto"}}),
     stat("Which rank is the straggler?", "The rank that spends the least time waiting in "
-         "collectives: in a synchronous job the others wait for it.",
-         f"bottomk(1, sum by (rank) (rate(shoal_collectives_wait_seconds_total{{{RUN}}}[{RI}])))",
-         unit="s", legend="rank {{rank}}"),
+         "collectives (in a synchronous job the others wait for it), named only when another "
+         f"rank waits at least {STRAGGLER_MIN_WAIT_GAP:.0%} more of its time: "
+         "\"none\" otherwise.", STRAGGLER, unit="percentunit", legend="rank {{rank}}",
+         no_value="none"),
+    stat("Which rank do the others wait for?", "A rank that other ranks have waited for "
+         "inside a collective for over a second (it never arrived, or did not finish), and for "
+         "how long: the hung rank. \"nobody\" while no collective waits that long.",
+         f"max by (peer) (time() - ({WAITING_FOR}{{{RUN}}} > 0))", unit="s",
+         legend="rank {{peer}}", no_value="nobody"),
+    series("Inside one collective for, per rank", "How long each rank has been inside its "
+           "current collective, once that is over a second (0 otherwise): a rank stuck "
+           "outside collectives stays at 0 while the others climb.",
+           [(f"(time() - max by (rank) ({IN_COLLECTIVE}{{{RANK}}} > 0)) "
+             f"or (max by (rank) ({IN_COLLECTIVE}{{{RANK}}}) * 0)", "rank {{rank}}")], unit="s"),
     series("Time waiting in collectives, per rank", "Seconds per second inside collectives.",
            [(f"sum by (rank) (rate(shoal_collectives_wait_seconds_total{{{RANK}}}[{RI}]))",
              "rank {{rank}}")], unit="percentunit"),

@@ -14,7 +14,8 @@ HEADER = """\
 # For the Prometheus Operator: shoal's alert and recording rules, the same groups as
 # deploy/prometheus/shoal-rules.yml (written by deploy/prometheus/make_prometheusrule.py; edit
 # the plain file and rerun it). Listed in base/kustomization.yaml, so every overlay ships it;
-# a cluster without the Prometheus Operator has no PrometheusRule kind: drop it there.
+# a cluster without the Prometheus Operator has no PrometheusRule kind: drop it there. The
+# `release` label is what kube-prometheus-stack selects rules by (see podmonitor.yaml).
 """
 
 
@@ -29,7 +30,8 @@ _Dumper.add_representer(str, lambda d, s: d.represent_scalar(
 def render() -> str:
     groups = yaml.safe_load((HERE / "shoal-rules.yml").read_text())["groups"]
     doc = {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
-           "metadata": {"name": "shoal", "labels": {"app.kubernetes.io/part-of": "shoal"}},
+           "metadata": {"name": "shoal", "labels": {"app.kubernetes.io/part-of": "shoal",
+                                                       "release": "kube-prometheus-stack"}},
            "spec": {"groups": groups}}
     return HEADER + yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=120)
 

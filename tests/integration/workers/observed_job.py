@@ -5,7 +5,10 @@ rank, and records the step with shoal.metrics; rank 0 checkpoints every few step
 --straggler R makes rank R compute 8x longer; --fail-rank R makes rank R exit 1 at
 --fail-step on the first attempt only (SHOAL_RESTART_COUNT 0), so the agent restarts once.
 --stall-file F: once F exists every rank stops stepping (no steps, no collectives: the "no
-progress" case) while the processes stay up. The job runs until --stop-file appears (at most 120 s).
+progress" case) while the processes stay up. --hang-file F with --hang-rank R: once F exists,
+rank R stops before its next step (on the first attempt only) until --stop-file appears, while
+the others go on into the step's all-reduce and wait there for it (a one-rank hang). The job
+runs until --stop-file appears (at most 120 s).
 """
 
 import argparse
@@ -31,6 +34,8 @@ def main() -> int:
     parser.add_argument("--fail-step", type=int, default=3)
     parser.add_argument("--stall-file", default="")
     parser.add_argument("--compute", type=float, default=0.01)
+    parser.add_argument("--hang-rank", type=int, default=-1)
+    parser.add_argument("--hang-file", default="")
     args = parser.parse_args()
     collectives.init_process_group("tcp", init_method="env://", timeout=30)
     rank = collectives.get_rank()
@@ -63,6 +68,12 @@ def main() -> int:
         if rank == args.fail_rank and step == args.fail_step and first_attempt:
             print(f"rank {rank} fails at step {step} on purpose", flush=True)
             return 1
+        if rank == args.hang_rank and first_attempt and args.hang_file and \
+                os.path.exists(args.hang_file):
+            print(f"rank {rank} hangs before step {step}", flush=True)
+            while not os.path.exists(args.stop_file) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            args.hang_file = ""
         with sm.step(step, samples=8) as s:
             time.sleep(compute)
             opt.zero_grad()
