@@ -101,6 +101,7 @@ from shoal.core import amp
 from shoal.core.amp import autocast, get_autocast_dtype, is_autocast_enabled
 from shoal.core import profiler  # torch.profiler: wraps ops and optimizers
 from shoal.core import backends, cuda, linalg, testing  # torch.backends, .cuda, .linalg, .testing
+from shoal.core import fft  # torch.fft
 from shoal.core import autograd, autograd_function, autograd_profiler, double_backward
 from shoal.core.autograd_function import Function
 from shoal.core.generator import Generator
@@ -124,10 +125,17 @@ autograd.profiler = autograd_profiler
 _sys.modules["shoal.core.autograd.profiler"] = autograd_profiler
 del double_backward
 
+# torch's everyday ops (sorting, indexing, scans, products, elementwise math, ...): one registry
+# in core/ops/everyday.py; a name imported above keeps its binding.
+from shoal.core.ops.everyday import FUNCTIONS as _EVERYDAY  # noqa: E402 - after the bindings above
+
+globals().update({name: fn for name, fn in _EVERYDAY.items() if name not in globals()})
+
 __all__ = [
     # modules
     "dtypes", "nn", "optim", "data", "multiprocessing", "amp", "profiler", "backends", "cuda",
     "linalg", "testing", "autograd", "utils",
+    "fft",
     # tensors, autograd and devices
     "Tensor", "AutogradError", "RemovableHandle", "enable_grad", "is_grad_enabled", "no_grad",
     "set_grad_enabled", "Device", "device",
@@ -157,3 +165,4 @@ __all__ = [
     "use_deterministic_algorithms", "load", "save", "autocast", "get_autocast_dtype",
     "is_autocast_enabled",
 ]
+__all__ += sorted(name for name in _EVERYDAY if name not in __all__)
