@@ -69,8 +69,9 @@ class PipelineScheduleSingle:
         self._outputs: list = []
 
     def step(self, *args: Any, target: Any = None, losses: Optional[list] = None,
-             **kwargs: Any) -> Any:
-        """Run one batch through the pipeline; the last stage returns its joined outputs."""
+             return_outputs: bool = True, **kwargs: Any) -> Any:
+        """Run one batch through the pipeline; the last stage returns its joined outputs
+        (None with return_outputs=False)."""
         stage, m = self._stage, self._n_microbatches
         if kwargs:
             raise PipelineError(f"step() got keyword arguments {sorted(kwargs)}; a stage takes "
@@ -99,7 +100,7 @@ class PipelineScheduleSingle:
             _average_gradients(ddp)
         if losses is not None and stage.is_last:
             losses.extend(self._losses)
-        if stage.is_last:
+        if stage.is_last and return_outputs:
             return cat(self._outputs, 0)
         return None
 
