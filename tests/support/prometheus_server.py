@@ -2,7 +2,8 @@
 
 `PrometheusServer(targets).start()` writes a scrape config for `targets` ("host:port" strings),
 starts Prometheus on 127.0.0.1:0 with a temporary TSDB, reads the bound port from its
-"Listening on" log line, and waits until /-/ready answers. `query(expr)` runs an instant query.
+"Listening on" log line, and waits until /-/ready answers. `query(expr)` runs an instant query;
+given `rules`, Prometheus evaluates them and `alerts()` / `wait_for_alert()` read its alerts.
 """
 
 from __future__ import annotations
@@ -38,17 +39,22 @@ def require_prometheus() -> str:
 class PrometheusServer:
     """One Prometheus process scraping `targets` every `interval`."""
 
-    def __init__(self, targets: Sequence[str], interval: str = "500ms", job: str = "shoal"):
+    def __init__(self, targets: Sequence[str], interval: str = "500ms", job: str = "shoal",
+                 rules: Optional[str] = None):
         self.binary = require_prometheus()
         self.workdir = tempfile.mkdtemp(prefix="shoal-prometheus-")
         self.config_path = os.path.join(self.workdir, "prometheus.yml")
         self.log_path = os.path.join(self.workdir, "prometheus.log")
         targets_yaml = ", ".join(f'"{t}"' for t in targets)
+        # With `rules` (a rules file's path) they are evaluated at the scrape interval.
+        rule_config = "" if rules is None else f"rule_files: [\"{rules}\"]\n"
+        evaluation = "" if rules is None else f"  evaluation_interval: {interval}\n"
         with open(self.config_path, "w") as f:
             f.write(
                 "global:\n"
                 f"  scrape_interval: {interval}\n"
                 f"  scrape_timeout: {interval}\n"
+                + evaluation + rule_config +
                 "scrape_configs:\n"
                 f"  - job_name: {job}\n"
                 "    static_configs:\n"
@@ -114,6 +120,26 @@ class PrometheusServer:
                 pytest.fail(f"Prometheus has no series for {expr!r} after {timeout:g}s; "
                             f"targets: {targets[:2000]!r}")
             time.sleep(0.2)
+
+    def alerts(self, name: Optional[str] = None, state: str = "firing") -> list[dict]:
+        """The alerts in `state` ("firing", "pending"; None: either), of `name` (None: all)."""
+        with urllib.request.urlopen(f"{self.url}/api/v1/alerts", timeout=5) as reply:
+            body = json.loads(reply.read())
+        return [a for a in body["data"]["alerts"]
+                if (name is None or a["labels"]["alertname"] == name)
+                and (state is None or a["state"] == state)]
+
+    def wait_for_alert(self, name: str, timeout: float, count: int = 1) -> list[dict]:
+        """Wait until at least `count` alerts `name` fire; fail naming it otherwise."""
+        deadline = time.monotonic() + timeout
+        while True:
+            firing = self.alerts(name)
+            if len(firing) >= count:
+                return firing
+            if time.monotonic() > deadline:
+                pytest.fail(f"{name} is not firing ({len(firing)} of {count}) after {timeout:g}s;"
+                            f" all alerts: {self.alerts(state=None)}")
+            time.sleep(0.25)
 
     def log_tail(self, lines: int = 30) -> str:
         """The last lines of Prometheus's log."""
