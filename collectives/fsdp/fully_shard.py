@@ -1,0 +1,363 @@
+"""`fully_shard(module)`: torch FSDP2's per-module sharding, its hooks and its root.
+
+Call it on each layer and then on the root module. Each call shards the parameters the module
+holds that no sharded submodule holds (one `ParamGroup`) and turns the module's class into an
+`FSDPModule` subclass. The first forward of the root learns the order in which the groups run:
+
+- before a group's forward, its all_gather is waited for (or issued, the first time) and the
+  next group's is issued, so one layer's gather travels while the one before computes;
+- after it, the module gets its shards back and, with `reshard_after_forward`, the gathered
+  memory is freed; its outputs pass through a node whose backward re-gathers the group (and
+  issues the gather of the group before it) just before the layer's own backward ops run;
+- when the last of a group's parameters has its gradient, the gradients are packed and their
+  reduce_scatter is issued at once, overlapping the backward of the layers below;
+- the root's outputs are tied to a sentinel node created before its forward, whose backward runs
+  after every other op (core's engine runs newer nodes first): there every reduce_scatter is
+  waited for and the averaged gradients land in the shards' `.grad`, ready for the optimizer.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Optional
+
+import numpy as np
+
+from shoal.collectives.fsdp.api import (
+    CPUOffloadPolicy,
+    FSDPError,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    ShardedParameter,
+)
+from shoal.collectives.fsdp.param_group import ParamGroup
+from shoal.collectives.world import member_group
+from shoal.core import backend
+from shoal.core.autograd import Node, is_grad_enabled
+from shoal.core.nn.module import Module
+from shoal.core.tensor import Tensor
+
+__all__ = ["FSDPModule", "fully_shard", "model_state_bytes"]
+
+_STATES: "weakref.WeakKeyDictionary[Module, _State]" = weakref.WeakKeyDictionary()
+
+
+class _Root:
+    """What the root shares with every group under it: the learned order and pending work."""
+
+    def __init__(self, states: list["_State"]) -> None:
+        self.states = states
+        self.order: list[_State] = []
+        self.recording = True
+        self.pending: list[ParamGroup] = []
+        self.sentinel: Optional[Tensor] = None
+        self.in_backward = False
+
+    def next_of(self, state: "_State", step: int) -> Optional["_State"]:
+        if state not in self.order:
+            return None
+        i = self.order.index(state) + step
+        return self.order[i] if 0 <= i < len(self.order) else None
+
+
+class _State:
+    """One fully_shard module: its group, its policies, and its place under the root."""
+
+    def __init__(self, module: Module, group: Optional[ParamGroup], reshard: bool,
+                 mp: MixedPrecisionPolicy) -> None:
+        self.module = module
+        self.group = group
+        self.reshard_after_forward = reshard
+        self.mp = mp
+        self.root: Optional[_Root] = None
+        self.is_root = False
+        self.sync_grads = True
+        self.pre_backward_done = False
+
+    # ------------------------------------------------------------------ forward
+
+    def pre_forward(self, module: Module, args: tuple) -> tuple:
+        if self.root is None:
+            _lazy_init(self)
+        root = self.root
+        if self.is_root:
+            self._root_pre_forward()
+        if root.recording and self not in root.order:
+            root.order.append(self)
+        if self.group is not None:
+            self.group.wait_unshard()
+            self.group.use_full()
+        following = root.next_of(self, 1)
+        if following is not None and following.group is not None:
+            following.group.start_unshard()
+        self.pre_backward_done = False
+        if self.mp.param_dtype is not None and self.mp.cast_forward_inputs:
+            args = _cast_floats(args, self.mp.param_dtype)
+        return args
+
+    def _root_pre_forward(self) -> None:
+        root = self.root
+        if root.pending:  # a backward that never reached the sentinel: finish its reductions
+            _finish_reductions(root)
+        root.sentinel = _sentinel(self)
+        root.in_backward = False
+
+    def post_forward(self, module: Module, args: tuple, out: Any) -> Any:
+        root = self.root
+        if self.group is not None:
+            self.group.use_shards()
+            if self.reshard_after_forward and not self.is_root:
+                self.group.reshard()
+        if self.mp.output_dtype is not None:
+            out = _cast_floats(out, self.mp.output_dtype)
+        if not is_grad_enabled():
+            return out
+        if self.group is not None:
+            out = _map_tensors(out, lambda t: _through(t, "FSDPPreBackward", self.pre_backward))
+        if self.is_root:
+            root.recording = False
+            sentinel = root.sentinel
+            out = _map_tensors(out, lambda t: _tie(t, sentinel))
+        return out
+
+    # ------------------------------------------------------------------ backward
+
+    def pre_backward(self) -> None:
+        if self.pre_backward_done or self.group is None:
+            return
+        self.pre_backward_done = True
+        self.root.in_backward = True
+        self.group.wait_unshard()
+        earlier = self.root.next_of(self, -1)
+        # Prefetch only a group whose backward is still to come: the root's last use (the
+        # head) may come first in backward, and a stale gather would outlive the step.
+        if earlier is not None and earlier.group is not None and not earlier.group.grads_done:
+            earlier.group.start_unshard()
+
+    def grads_ready(self, group: ParamGroup) -> None:
+        if self.sync_grads:
+            group.start_reduce()
+            self.root.pending.append(group)
+        else:
+            group.ready = 0  # accumulate: the unsharded gradients stay for the next backward
+        group.reshard()
+
+    def finish_backward(self) -> None:
+        """The root's sentinel: reduce what is left, wait for every reduction, reshard all."""
+        root = self.root
+        for state in reversed(root.order):
+            group = state.group
+            if group is not None and state.sync_grads and group.ready and group not in \
+                    root.pending:
+                group.start_reduce()  # some parameter got no gradient: zeros stand in
+                root.pending.append(group)
+        _finish_reductions(root)
+        for state in root.states:
+            if state.group is not None:
+                state.group.ready = 0 if state.sync_grads else state.group.ready
+                state.group.grads_done = False
+                state.group.drop_gather()
+                state.group.reshard()
+        root.in_backward = False
+
+
+def _finish_reductions(root: _Root) -> None:
+    pending, root.pending = root.pending, []
+    for group in pending:
+        group.finish_reduce()
+
+
+def _lazy_init(state: _State) -> None:
+    """The first forward: the module it runs on is the root of every state beneath it."""
+    states = [_STATES[m] for m in state.module.modules() if m in _STATES]
+    root = _Root(states)
+    for s in states:
+        if s.root is not None and s.root is not root:
+            raise FSDPError("fully_shard: a module belongs to two sharded roots; call forward on "
+                            "one root only.")
+        s.root = root
+        s.is_root = s is state
+    state.reshard_after_forward = False  # the root's gather is needed again in backward at once
+
+
+def _sentinel(state: _State) -> Tensor:
+    anchor = Tensor(np.zeros((), dtype=np.float32), requires_grad=True)
+    sentinel = Tensor(np.zeros((), dtype=np.float32))
+    sentinel.requires_grad = True
+
+    def finish(grad: Any) -> tuple:
+        state.finish_backward()
+        return (None,)
+
+    sentinel.grad_fn = Node("FSDPPostBackward", finish, (anchor,))
+    return sentinel
+
+
+def _through(t: Tensor, name: str, before: Any) -> Tensor:
+    """`t` passed through a node that calls `before()` when its gradient arrives."""
+    if not t.requires_grad:
+        return t
+    out = Tensor(t.array)
+    out.requires_grad = True
+
+    def backward(g: Any) -> tuple:
+        before()
+        return (g,)
+
+    out.grad_fn = Node(name, backward, (t,))
+    return out
+
+
+def _tie(t: Tensor, sentinel: Tensor) -> Tensor:
+    if not t.requires_grad:
+        return t
+    out = Tensor(t.array)
+    out.requires_grad = True
+    xp = backend.array_module(sentinel.array)
+    out.grad_fn = Node("FSDPRootBackward",
+                       lambda g: (g, xp.zeros((), dtype=sentinel.array.dtype)), (t, sentinel))
+    return out
+
+
+def _map_tensors(obj: Any, fn: Any) -> Any:
+    if isinstance(obj, Tensor):
+        return fn(obj)
+    if isinstance(obj, (list, tuple)):
+        mapped = [_map_tensors(v, fn) for v in obj]
+        return type(obj)(mapped) if type(obj) in (list, tuple) else type(obj)(*mapped)
+    if isinstance(obj, dict):
+        return type(obj)((k, _map_tensors(v, fn)) for k, v in obj.items())
+    return obj
+
+
+def _cast_floats(obj: Any, dtype: Any) -> Any:
+    return _map_tensors(obj, lambda t: t.to(dtype) if t.is_floating_point() else t)
+
+
+class FSDPModule:
+    """The methods fully_shard adds to a module (its class becomes FSDP<class>)."""
+
+    def unshard(self, async_op: bool = False) -> Any:
+        """Gather this module's parameters now (async_op: issue only; forward waits)."""
+        group = _STATES[self].group
+        if group is not None:
+            group.start_unshard()
+            if not async_op:
+                group.wait_unshard()
+        return None
+
+    def reshard(self) -> None:
+        """Free this module's gathered parameters."""
+        group = _STATES[self].group
+        if group is not None:
+            group.reshard()
+
+    def set_reshard_after_forward(self, reshard_after_forward: bool, recurse: bool = True) -> None:
+        """Whether forward frees the gathered parameters (backward then gathers them again)."""
+        for state in _states_under(self, recurse):
+            state.reshard_after_forward = bool(reshard_after_forward) and not state.is_root
+
+    def set_requires_gradient_sync(self, requires_gradient_sync: bool,
+                                   recurse: bool = True) -> None:
+        """False: backward accumulates unsharded gradients locally (torch's no_sync)."""
+        for state in _states_under(self, recurse):
+            state.sync_grads = bool(requires_gradient_sync)
+
+
+def _states_under(module: Module, recurse: bool) -> list[_State]:
+    mods = module.modules() if recurse else [module]
+    return [_STATES[m] for m in mods if m in _STATES]
+
+
+def fully_shard(module: Module, *, mesh: Any = None, reshard_after_forward: bool = True,
+                shard_placement_fn: Any = None,
+                mp_policy: MixedPrecisionPolicy = MixedPrecisionPolicy(),
+                offload_policy: OffloadPolicy = OffloadPolicy()) -> Module:
+    """Shard `module`'s parameters across `mesh`'s ranks and gather them per forward.
+
+    mesh: None (the default group), a ProcessGroup to shard over, or (replicate, shard), two
+    ProcessGroups, for hybrid sharding: shards within `shard` (a host), replicas across
+    `replicate`, whose gradients are averaged after the reduce_scatter.
+
+    Raises:
+        FSDPError: the module is sharded already, a sharded submodule was sharded after its
+            parent, or its parameters have more than one dtype.
+    """
+    if module in _STATES:
+        raise FSDPError(f"fully_shard was already applied to {type(module).__name__}.")
+    if shard_placement_fn is not None:
+        raise FSDPError("fully_shard: shoal shards every parameter flat (shard_placement_fn "
+                        "must be None).")
+    shard_pg, replicate = _mesh_groups(mesh)
+    entries = _managed(module)
+    state = _State(module, None, reshard_after_forward, mp_policy)
+    if entries:
+        state.group = ParamGroup(entries, shard_pg, replicate, mp_policy,
+                                 isinstance(offload_policy, CPUOffloadPolicy),
+                                 lambda g: state.grads_ready(g))
+    _STATES[module] = state
+    module.register_forward_pre_hook(state.pre_forward)
+    module.register_forward_hook(state.post_forward)
+    cls = type(module)
+    if not isinstance(module, FSDPModule):
+        module.__class__ = type(f"FSDP{cls.__name__}", (FSDPModule, cls), {})
+    return module
+
+
+def _mesh_groups(mesh: Any) -> tuple[Any, Any]:
+    if isinstance(mesh, (tuple, list)):
+        if len(mesh) != 2:
+            raise FSDPError(f"fully_shard mesh as a tuple is (replicate, shard), got {mesh!r}.")
+        return member_group(mesh[1]), member_group(mesh[0])
+    pg = member_group(mesh)
+    if pg is None:
+        raise FSDPError("fully_shard: this rank is not in the mesh's group.")
+    return pg, None
+
+
+def _managed(module: Module) -> list[tuple[Module, str, Any]]:
+    """(owner, name, parameter) of each parameter `module` holds that no sharded submodule
+    holds; each shared parameter once."""
+    entries, seen = [], set()
+    skip = [m for m in module.modules() if m is not module and m in _STATES]
+    inside = {id(m) for s in skip for m in s.modules()}
+    for owner in module.modules():
+        if id(owner) in inside:
+            continue
+        for name, param in list(owner.named_parameters(recurse=False)):
+            if isinstance(param, ShardedParameter):
+                raise FSDPError(
+                    f"fully_shard: {type(owner).__name__}.{name} is already sharded by a parent "
+                    "module; apply fully_shard to the layers first, then to the root.")
+            if id(param) in seen:
+                raise FSDPError(f"fully_shard: parameter {name} is shared within the module; "
+                                "shoal shards each parameter under one owner.")
+            seen.add(id(param))
+            entries.append((owner, name, param))
+    return entries
+
+
+def model_state_bytes(module: Module, optimizer: Any = None) -> int:
+    """Bytes this rank holds for `module`'s parameters, their gradients and `optimizer`'s
+    state: each distinct memory block counted once (a view counts its base), plus what its
+    fully_shard groups hold unsharded or in flight right now."""
+    arrays = []
+    for p in module.parameters():
+        arrays.append(p.array)
+        if p.grad is not None:
+            arrays.append(p.grad.array)
+    if optimizer is not None:
+        for entry in optimizer.state.values():
+            arrays.extend(v.array if isinstance(v, Tensor) else v for v in entry.values()
+                          if isinstance(v, Tensor) or backend.is_array(v))
+    seen: dict[int, int] = {}
+    for arr in arrays:
+        base = arr
+        while getattr(base, "base", None) is not None and backend.is_array(base.base):
+            base = base.base
+        seen[id(base)] = int(base.nbytes)
+    held = sum(seen.values())
+    for m in module.modules():
+        if m in _STATES and _STATES[m].group is not None:
+            held += _STATES[m].group.resident_bytes()
+    return held

@@ -1,0 +1,223 @@
+"""One fully_shard module's parameters: their shards, the all_gather that unshards them and the
+reduce_scatter that shards their gradients.
+
+Each parameter of n elements is flattened and cut into W chunks of c = ceil(n / W) elements (the
+last padded with zeros); rank r keeps chunk r as a flat `ShardedParameter`, which is what the
+module holds and what the optimizer steps between iterations. A group's chunks lie end to end in
+one send buffer of S = sum(c) elements, so one all_gather of W x S elements unshards the whole
+module (rank-major: rank r's chunks, then rank r+1's), and one reduce_scatter of W x S gradient
+elements, packed in the same layout, leaves each rank the sum of its own chunks.
+
+The unsharded parameters are views of one buffer per group, allocated once as an anonymous
+memory map: the ops of forward keep views of the weights they used for their backward, so the
+buffer cannot be freed while a graph holds it, but its pages can be. Resharding drops them
+(madvise MADV_DONTNEED: the views stay valid and read zeros) and the next unshard writes the
+gathered values back into the same memory, exactly where those views look. This is torch's
+storage resize-to-zero trick on host memory.
+"""
+
+from __future__ import annotations
+
+import mmap
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from shoal.collectives.fsdp.api import FSDPError, MixedPrecisionPolicy, ShardedParameter
+from shoal.collectives.types import ReduceOp
+from shoal.core import backend
+from shoal.core.nn.module import Module
+from shoal.core.nn.parameter import Parameter
+from shoal.core.tensor import Tensor
+
+__all__ = ["FSDPParam", "ParamGroup"]
+
+_CPU = backend.device("cpu")
+
+
+def _host(arr: Any) -> np.ndarray:
+    return arr if type(arr) is np.ndarray else backend.to_device(arr, _CPU)
+
+
+class FSDPParam:
+    """One parameter: where the module holds it, its shard, and its unsharded view."""
+
+    def __init__(self, owner: Module, name: str, param: Parameter, world: int, rank: int,
+                 slot: int, offset: int, host: bool) -> None:
+        self.owner, self.name = owner, name
+        self.shape = tuple(param.shape)
+        self.numel = int(param.numel())
+        self.chunk = -(-self.numel // world)
+        self.slot, self.offset = slot, offset  # in the send buffer; in the unsharded buffer
+        self.dtype = param.array.dtype
+        self.device = param.device
+        flat = param.array.reshape(-1)
+        start, stop = min(rank * self.chunk, self.numel), min((rank + 1) * self.chunk, self.numel)
+        local = np.zeros(self.chunk, dtype=self.dtype)
+        local[:stop - start] = _host(flat[start:stop])
+        if not host:
+            local = backend.to_device(local, self.device)
+        shard = ShardedParameter(local, requires_grad=param.requires_grad)
+        shard.global_shape, shard.shard_offset, shard.shard_numel = self.shape, start, stop - start
+        self.shard = shard
+        self.full: Optional[Parameter] = None
+
+
+class ParamGroup:
+    """The sharded parameters of one module and their collectives over `group`."""
+
+    def __init__(self, entries: list[tuple[Module, str, Parameter]], group: Any,
+                 replicate: Any, mp: MixedPrecisionPolicy, offload: bool,
+                 on_grads_ready: Callable[["ParamGroup"], None]) -> None:
+        self.pg, self.replicate = group, replicate
+        self.world, self.rank = group.size(), group.rank()
+        self.mp, self.offload = mp, offload
+        self.params: list[FSDPParam] = []
+        slot = offset = 0
+        for owner, name, param in entries:
+            fp = FSDPParam(owner, name, param, self.world, self.rank, slot, offset, offload)
+            self.params.append(fp)
+            slot, offset = slot + fp.chunk, offset + fp.numel
+            setattr(owner, name, fp.shard)
+            fp.shard.group = group
+        self.send_numel, self.full_numel = slot, offset
+        dtypes = {fp.dtype for fp in self.params}
+        if len(dtypes) > 1:
+            raise FSDPError(f"fully_shard: one module's parameters must share a dtype to be "
+                            f"gathered together, got {sorted(map(str, dtypes))}.")
+        base = next(iter(dtypes))
+        self.param_dtype = mp.np_dtype("param_dtype", base)
+        self.reduce_dtype = mp.np_dtype("reduce_dtype", self.param_dtype)
+        self._on_grads_ready = on_grads_ready
+        self._map: Optional[mmap.mmap] = None
+        self._unsharded_buf: Optional[np.ndarray] = None
+        self.unsharded = False
+        self._gather: Optional[tuple[Any, np.ndarray, np.ndarray]] = None
+        self._reduce: Optional[tuple[Any, np.ndarray, np.ndarray]] = None
+        self.ready = 0
+        self.grads_done = False  # this backward has taken the group's gradients already
+        self.expected = sum(fp.shard.requires_grad for fp in self.params)
+
+    # ------------------------------------------------------------------ unshard / reshard
+
+    def _buffer(self) -> np.ndarray:
+        if self._unsharded_buf is None:
+            itemsize = np.dtype(self.param_dtype).itemsize
+            self._map = mmap.mmap(-1, max(1, self.full_numel * itemsize))
+            self._unsharded_buf = np.frombuffer(self._map, dtype=self.param_dtype,
+                                                count=self.full_numel)
+        return self._unsharded_buf
+
+    def start_unshard(self) -> None:
+        """Issue the all_gather of the group's shards (asynchronous) unless done or in flight."""
+        if self.unsharded or self._gather is not None or not self.params:
+            return
+        send = np.empty(self.send_numel, dtype=self.param_dtype)
+        for fp in self.params:
+            send[fp.slot:fp.slot + fp.chunk] = _host(fp.shard.array)
+        recv = np.empty(self.world * self.send_numel, dtype=self.param_dtype)
+        # `send` stays referenced until the gather is waited for: the backend reads it late.
+        self._gather = (self.pg.all_gather_into_tensor(recv, send, async_op=True), recv, send)
+
+    def wait_unshard(self) -> None:
+        """Finish the all_gather and lay each parameter out whole in the unsharded buffer."""
+        if self.unsharded or not self.params:
+            return
+        self.start_unshard()
+        work, recv, _send = self._gather
+        self._gather = None
+        work.wait()
+        blocks = recv.reshape(self.world, self.send_numel)
+        buf = self._buffer()
+        for fp in self.params:
+            whole = blocks[:, fp.slot:fp.slot + fp.chunk].reshape(-1)
+            buf[fp.offset:fp.offset + fp.numel] = whole[:fp.numel]
+            if fp.full is None:
+                view = buf[fp.offset:fp.offset + fp.numel].reshape(fp.shape)
+                fp.full = Parameter(view, requires_grad=fp.shard.requires_grad)
+                if fp.full.requires_grad:
+                    fp.full.register_post_accumulate_grad_hook(self._grad_ready)
+        self.unsharded = True
+
+    def drop_gather(self) -> None:
+        """Wait for an all_gather nobody will use (a prefetch after the last use in backward)
+        and forget it: its values predate the optimizer step that comes next."""
+        if self._gather is not None:
+            work = self._gather[0]
+            self._gather = None
+            work.wait()
+
+    def use_full(self) -> None:
+        """Let the modules see the whole parameters (for forward)."""
+        for fp in self.params:
+            setattr(fp.owner, fp.name, fp.full)
+
+    def use_shards(self) -> None:
+        """Give the modules back their shards (between forwards, and what the optimizer sees)."""
+        for fp in self.params:
+            setattr(fp.owner, fp.name, fp.shard)
+
+    def reshard(self) -> None:
+        """Free the unsharded buffer's memory; graphs keep valid views that read zeros."""
+        if self.unsharded:
+            self._map.madvise(mmap.MADV_DONTNEED)
+            self.unsharded = False
+
+    def resident_bytes(self) -> int:
+        """Bytes of unsharded parameters and in-flight collectives this group holds now."""
+        held = self._unsharded_buf.nbytes if self.unsharded else 0
+        if self._gather is not None:
+            held += self._gather[1].nbytes + self._gather[2].nbytes
+        if self._reduce is not None:
+            held += self._reduce[1].nbytes + self._reduce[2].nbytes
+        return held
+
+    # ------------------------------------------------------------------ gradients
+
+    def _grad_ready(self, param: Parameter) -> None:
+        self.ready += 1
+        if self.ready == self.expected:
+            self.grads_done = True
+            self._on_grads_ready(self)
+
+    def start_reduce(self) -> None:
+        """Pack the unsharded gradients and issue their reduce_scatter (asynchronous); a
+        parameter that got no gradient contributes zeros."""
+        self.ready = 0
+        if not self.expected or self._reduce is not None:
+            return
+        send = np.zeros((self.world, self.send_numel), dtype=self.reduce_dtype)
+        for fp in self.params:
+            if fp.full is None or fp.full.grad is None:
+                continue
+            grad = _host(fp.full.grad.array).reshape(-1)
+            padded = np.zeros(self.world * fp.chunk, dtype=self.reduce_dtype)
+            padded[:fp.numel] = grad
+            send[:, fp.slot:fp.slot + fp.chunk] = padded.reshape(self.world, fp.chunk)
+            fp.full.grad = None
+        out = np.empty(self.send_numel, dtype=self.reduce_dtype)
+        work = self.pg.reduce_scatter_tensor(out, send.reshape(-1), ReduceOp.SUM, async_op=True)
+        self._reduce = (work, out, send)
+
+    def finish_reduce(self) -> None:
+        """Wait for the reduce_scatter and add the averaged shard gradients to `shard.grad`."""
+        if self._reduce is None:
+            return
+        work, out, _send = self._reduce
+        self._reduce = None
+        work.wait()
+        count = self.world
+        if self.replicate is not None:  # hybrid: the shards' replicas average across hosts
+            self.replicate.all_reduce(out, ReduceOp.SUM).wait()
+            count *= self.replicate.size()
+        out /= count
+        for fp in self.params:
+            if not fp.shard.requires_grad:
+                continue
+            grad = out[fp.slot:fp.slot + fp.chunk].astype(fp.dtype)
+            if not self.offload:
+                grad = backend.to_device(grad, fp.device)
+            if fp.shard.grad is None:
+                fp.shard.grad = Tensor(grad)
+            else:
+                fp.shard.grad.array += grad
