@@ -162,8 +162,8 @@ def _scans(mod_name: str, mod: Any) -> bool:
     return bool(path) and not path.startswith(_INSTALLED)
 
 
-def _references() -> list[tuple[Any, str, Callable]]:
-    """(module, name, op) for every module-level reference to a wrapped op; rescanned only when
+def _references() -> list[tuple[Any, str, Any, Callable]]:
+    """(module, name, value, op) for every module-level reference to a wrapped op; rescanned only when
     modules were imported or ops registered since the last scan."""
     global _scan_cache
     key = (len(sys.modules), len(_WRAPPERS))
@@ -174,9 +174,12 @@ def _references() -> list[tuple[Any, str, Callable]]:
                 continue
             for attr, value in list(vars(mod).items()):
                 try:
-                    if value in _WRAPPERS:
-                        refs.append((mod, attr, value))
-                except TypeError:  # an unhashable module attribute
+                    op = value if value in _WRAPPERS else getattr(value, "__wrapped__", None)
+                    if op is not None and op in _WRAPPERS:
+                        # a profiler's timing wrapper stands for its op while vmap runs
+                        refs.append((mod, attr, value, op))
+                except (TypeError, ValueError, AttributeError, RuntimeError):
+                    # an unhashable attribute, or one whose lookup raises: not an op
                     continue
         _scan_cache = (*key, refs)
     return _scan_cache[2]
@@ -189,10 +192,10 @@ def install() -> None:
         _users += 1
         if _users > 1:
             return
-        for mod, attr, value in _references():
+        for mod, attr, value, op in _references():
             if vars(mod).get(attr) is value:
                 _restore.append((mod, attr, value))
-                setattr(mod, attr, _WRAPPERS[value])
+                setattr(mod, attr, _WRAPPERS[op])
 
 
 def uninstall() -> None:
