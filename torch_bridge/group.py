@@ -34,6 +34,24 @@ class ShoalProcessGroup(dist.ProcessGroup):
         """The backend's name as torch reports it."""
         return "shoal"
 
+    # torch names a group after creating it; a Python group keeps the names itself, since it
+    # registers no C++ backend that would hold them.
+    def setGroupName(self, name: str) -> None:  # noqa: N802 - torch's C++ method name
+        """Set the name torch knows this group by (`group_name`)."""
+        self._group_name = name
+
+    def getGroupName(self) -> str:  # noqa: N802 - torch's C++ method name
+        """The name torch knows this group by."""
+        return getattr(self, "_group_name", "")
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802 - torch's C++ method name
+        """Set torch's description of this group (`group_desc`)."""
+        self._group_desc = desc
+
+    def getGroupDesc(self) -> str:  # noqa: N802 - torch's C++ method name
+        """torch's description of this group."""
+        return getattr(self, "_group_desc", "")
+
     def __repr__(self) -> str:
         g = self.shoal_group
         return f"ShoalProcessGroup(rank={g.rank()}, size={g.size()}, group={g.name!r})"
