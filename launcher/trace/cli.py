@@ -38,8 +38,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"wrote {ns.output}: {len(doc['shoal']['clocks'])} ranks, clock error "
                   f"{'unknown' if err is None else f'<= {err:.1f} us'}")
         elif ns.action == "summary":
-            rows, straggler = summarize(ns.dir)
-            sys.stdout.write(render(rows, straggler))
+            rows, call = summarize(ns.dir)
+            sys.stdout.write(render(rows, call))
         else:
             print(f"wrote {plot(ns.dir, ns.output)}")
     except TraceError as exc:

@@ -5,8 +5,8 @@ matplotlib is an optional extra (`pip install shoal[models]` or matplotlib itsel
 
 from __future__ import annotations
 
-from shoal.launcher.trace.files import TraceError, load
-from shoal.launcher.trace.summary import COMM, COMPUTE, _union
+from shoal.launcher.trace.files import TraceError, common_base, load
+from shoal.launcher.trace.summary import _union, kind as event_kind
 
 
 def plot(directory: str, output: str) -> str:
@@ -19,22 +19,20 @@ def plot(directory: str, output: str) -> str:
     except ImportError as exc:
         raise TraceError("shoal trace plot needs matplotlib: pip install matplotlib") from exc
     windows = load(directory)
+    base = common_base([t for ranks in windows.values() for t in ranks.values()])
     lanes: dict[int, dict[str, list]] = {}
     t0 = None
     for _, ranks in sorted(windows.items()):
         for rank, t in ranks.items():
-            shift = float(t.clock.get("offset_us") or 0.0)
-            xs = [e for e in t.events if e.get("ph") == "X"]
+            shift = t.shift_us(base)
             lane = lanes.setdefault(rank, {"compute": [], "comm": [], "step": []})
-            for e in xs:
+            for e in t.events:
+                k = event_kind(e)
+                if k is None:
+                    continue
                 s, d = e["ts"] + shift, e["dur"]
                 t0 = s if t0 is None else min(t0, s)
-                if e.get("cat") in COMPUTE:
-                    lane["compute"].append((s, s + d))
-                elif e.get("cat") in COMM:
-                    lane["comm"].append((s, s + d))
-                elif e.get("name", "").startswith("ProfilerStep#"):
-                    lane["step"].append((s, s + d))
+                lane[k].append((s, s + d))
     fig, ax = plt.subplots(figsize=(12, 1.0 + 0.7 * len(lanes)))
     colors = {"step": "#dddddd", "compute": "#4c72b0", "comm": "#dd8452"}
     for rank, lane in sorted(lanes.items()):

@@ -1,22 +1,51 @@
 """Per rank and step: compute, communication (hidden behind compute or not), idle; the straggler.
 
-Compute is the union of op, backward and optimizer events; communication the union of
-collective and RPC events; hidden communication overlaps compute; idle is the rest of the step;
-waiting is the part of the collectives spent before the last rank arrived (clocks aligned).
+Events are classified by what Kineto's categories and names say, so shoal's traces and torch's
+read alike: compute is the union of ops (`cpu_op`), GPU kernels and copies, and optimizer
+steps; communication the union of collectives (`gloo:<op>`, `nccl:<op>`, torch's `c10d::` ops)
+and RPCs. Hidden communication overlaps compute; idle is the rest of the step; waiting is the
+part of the collectives spent before the last rank arrived (clocks aligned).
+
 The straggler is the rank the others wait for: the most step time outside exposed
 communication (a rank that sleeps or computes longer makes everyone else wait in collectives).
+It is named only when it is clear: its busy time must exceed the other ranks' median by
+STRAGGLER_MARGIN of the median step time. Below that a difference is within what steps of one
+rank vary by on a shared machine (scheduling, caches, page faults: a few percent), so naming a
+rank would blame noise; a real straggler (a slow device, a busy host, a rank with more data)
+costs every step tens of percent.
 """
 
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from typing import Optional
 
-from shoal.launcher.trace.files import RankTrace, load
-from shoal.launcher.trace.merge import split_waits
+from shoal.launcher.trace.files import RankTrace, common_base, load
+from shoal.launcher.trace.merge import COMM_PREFIXES, split_waits
 
-COMPUTE = frozenset({"cpu_op", "backward", "optimizer", "kernel"})
-COMM = frozenset({"collective", "rpc", "rpc_remote"})
+STRAGGLER_MARGIN = 0.05  # of the median step time (see the module's docstring)
+COMPUTE_CATS = frozenset({"cpu_op", "backward", "optimizer", "kernel", "gpu_memcpy",
+                          "gpu_memset"})
+COMM_CATS = frozenset({"collective", "rpc", "rpc_remote"})
+_COMM_NAMES = COMM_PREFIXES + ("c10d::", "record_param_comms", "rpc_sync#", "rpc_async#",
+                               "remote#", "rpc_remote#")
+
+
+def kind(ev: dict) -> Optional[str]:
+    """'step', 'comm', 'compute' or None for one trace event."""
+    if ev.get("ph") != "X":
+        return None
+    name = ev.get("name")
+    name = name if isinstance(name, str) else ""
+    cat = ev.get("cat")
+    if name.startswith("ProfilerStep#"):
+        return "step"
+    if cat in COMM_CATS or name.startswith(_COMM_NAMES):
+        return "comm"
+    if cat in COMPUTE_CATS or (cat == "user_annotation" and name.startswith("Optimizer.step")):
+        return "compute"
+    return None
 
 
 def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -70,51 +99,80 @@ class StepTimes:
         return self.total - self.exposed
 
 
+@dataclass
+class Verdict:
+    """Which rank, if any, the others wait for, and the figures behind the call (ms/step)."""
+
+    busiest: int
+    busy: dict[int, float]
+    others_median: float
+    step_median: float
+
+    @property
+    def margin(self) -> float:
+        """How far the busiest rank must exceed the others' median to be named."""
+        return STRAGGLER_MARGIN * self.step_median
+
+    @property
+    def straggler(self) -> Optional[int]:
+        """The straggler, or None when no rank stands out by the margin."""
+        excess = self.busy[self.busiest] - self.others_median
+        return self.busiest if excess > self.margin else None
+
+
 def rank_steps(t: RankTrace) -> list[StepTimes]:
     """Each ProfilerStep of a rank's trace, broken down."""
-    steps = [e for e in t.events if e.get("ph") == "X" and e.get("name", "").startswith(
-        "ProfilerStep#")]
-    spans = [e for e in t.events if e.get("ph") == "X"]
+    kinds = [(kind(e), e) for e in t.events]
+    steps = [e for k, e in kinds if k == "step"]
     out = []
     for st in sorted(steps, key=lambda e: e["ts"]):
         s0, s1 = st["ts"], st["ts"] + st["dur"]
 
-        def clipped(cats: frozenset) -> list:
-            return _union([(max(e["ts"], s0), min(e["ts"] + e["dur"], s1)) for e in spans
-                           if e.get("cat") in cats and e["ts"] < s1 and e["ts"] + e["dur"] > s0])
+        def clipped(want: str) -> list:
+            return _union([(max(e["ts"], s0), min(e["ts"] + e["dur"], s1)) for k, e in kinds
+                           if k == want and e["ts"] < s1 and e["ts"] + e["dur"] > s0])
 
-        comp, comm = clipped(COMPUTE), clipped(COMM)
+        comp, comm = clipped("compute"), clipped("comm")
         hidden = _length(_intersect(comp, comm))
         busy = _length(_union(comp + comm))
-        waiting = sum((e.get("args") or {}).get("wait_for_peers_us", 0.0) for e in spans
-                      if e.get("cat") == "collective" and s0 <= e["ts"] < s1)
+        waiting = sum((e.get("args") or {}).get("wait_for_peers_us", 0.0) for k, e in kinds
+                      if k == "comm" and s0 <= e["ts"] < s1)
         out.append(StepTimes(t.rank, int(st["name"].split("#")[1]), st["dur"] / 1e3,
                              _length(comp) / 1e3, _length(comm) / 1e3, hidden / 1e3,
                              (st["dur"] - busy) / 1e3, waiting / 1e3))
     return out
 
 
-def summarize(directory: str) -> tuple[list[StepTimes], int | None]:
-    """Every rank's steps and the straggler rank (None with one rank)."""
+def verdict(rows: list[StepTimes]) -> Optional[Verdict]:
+    """The straggler call over every rank's steps (None with fewer than two ranks)."""
+    ranks = sorted({r.rank for r in rows})
+    if len(ranks) < 2:
+        return None
+    busy = {r: statistics.mean(x.busy for x in rows if x.rank == r) for r in ranks}
+    busiest = max(ranks, key=lambda r: busy[r])
+    others = statistics.median([busy[r] for r in ranks if r != busiest])
+    return Verdict(busiest, busy, others, statistics.median(x.total for x in rows))
+
+
+def summarize(directory: str) -> tuple[list[StepTimes], Optional[Verdict]]:
+    """Every rank's steps and the straggler verdict (None with one rank)."""
     rows: list[StepTimes] = []
-    for _, ranks in sorted(load(directory).items()):
+    windows = load(directory)
+    base = common_base([t for ranks in windows.values() for t in ranks.values()])
+    for _, ranks in sorted(windows.items()):
         aligned = []
         for rank, t in ranks.items():
-            shift = float(t.clock.get("offset_us") or 0.0)
-            t.events = [dict(e, ts=e["ts"] + shift, pid=rank) if "ts" in e else e
-                        for e in t.events]
+            shift = t.shift_us(base)
+            t.events = [dict(e, ts=e["ts"] + shift, pid=rank)
+                        if isinstance(e.get("ts"), (int, float)) else e for e in t.events]
             aligned.extend(t.events)
         split_waits(aligned)
         for _, t in sorted(ranks.items()):
             rows.extend(rank_steps(t))
-    ranks = sorted({r.rank for r in rows})
-    if len(ranks) < 2:
-        return rows, None
-    busy = {r: statistics.mean(x.busy for x in rows if x.rank == r) for r in ranks}
-    return rows, max(ranks, key=lambda r: busy[r])
+    return rows, verdict(rows)
 
 
-def render(rows: list[StepTimes], straggler: int | None) -> str:
+def render(rows: list[StepTimes], call: Optional[Verdict]) -> str:
     """The summary as the CLI prints it."""
     head = (f"{'rank':>4}  {'step':>4}  {'step ms':>9}  {'compute':>9}  {'comm':>9}  "
             f"{'hidden':>9}  {'exposed':>9}  {'idle':>9}  {'waiting':>9}")
@@ -123,13 +181,19 @@ def render(rows: list[StepTimes], straggler: int | None) -> str:
         lines.append(f"{r.rank:>4}  {r.step:>4}  {r.total:>9.2f}  {r.compute:>9.2f}  "
                      f"{r.comm:>9.2f}  {r.hidden:>9.2f}  {r.exposed:>9.2f}  {r.idle:>9.2f}  "
                      f"{r.waiting:>9.2f}")
-    if straggler is not None:
-        ranks = sorted({r.rank for r in rows})
-        busy = {k: statistics.mean(x.busy for x in rows if x.rank == k) for k in ranks}
-        others = statistics.median([busy[k] for k in ranks if k != straggler])
+    if call is not None:
         lines.append("")
-        lines.append(
-            f"straggler: rank {straggler} (busy {busy[straggler]:.2f} ms per step outside "
-            f"exposed communication, the other ranks' median {others:.2f} ms: they wait for it)"
-        )
+        b = call.busiest
+        if call.straggler is not None:
+            lines.append(
+                f"straggler: rank {b} (busy {call.busy[b]:.2f} ms per step outside exposed "
+                f"communication, the other ranks' median {call.others_median:.2f} ms: they "
+                "wait for it)")
+        else:
+            lines.append(
+                f"no clear straggler: the busiest rank, {b}, is busy {call.busy[b]:.2f} ms per "
+                f"step outside exposed communication, {call.busy[b] - call.others_median:.2f} "
+                f"ms more than the others' median; naming one takes more than "
+                f"{100 * STRAGGLER_MARGIN:.0f}% of the median step ({call.margin:.2f} ms), "
+                "beyond what steps vary by on one machine")
     return "\n".join(lines) + "\n"

@@ -16,44 +16,60 @@ from shoal.launcher.trace.files import load
 SCRIPT = __file__  # any existing file will do as the training script
 
 
+PIDS = {0: 4242, 1: 4242}  # two hosts: the same OS pid on both, which the merge tells apart
+
+
 def _rank_trace(rank: int, offset_us: float, events: list[dict], run_id: str = "run-a",
-                error_us: float = 20.0) -> dict:
+                error_us: float = 20.0, base_ns: int = 0) -> dict:
     """A rank's window as the job profiler writes it (only the fields `shoal trace` reads)."""
+    pid = PIDS[rank]
     return {
         "distributedInfo": {"rank": rank, "world_size": 2},
+        "baseTimeNanoseconds": base_ns,
         "shoal": {"run_id": run_id, "rank": rank, "window": [3, 5],
                   "clock": {"offset_us": offset_us, "error_us": 0.0 if rank == 0 else error_us,
                             "reference_rank": 0, "method": "test"}},
-        "traceEvents": [dict(e, pid=rank, tid=0) for e in events],
+        "traceEvents": [dict(e, pid=pid, tid=pid + 1) for e in events] + [
+            {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": "x"}},
+            {"ph": "M", "name": "process_labels", "pid": pid, "tid": 0,
+             "args": {"labels": "CPU"}}],
     }
 
 
 def _all_reduce(ts: float, dur: float) -> dict:
-    return {"ph": "X", "cat": "collective", "name": "all_reduce", "ts": ts, "dur": dur,
-            "args": {"op": "all_reduce", "group": "default", "seq": 7, "p2p": False,
-                     "call": "all_reduce(4 KiB)"}}
+    return {"ph": "X", "cat": "user_annotation", "name": "gloo:all_reduce", "ts": ts, "dur": dur,
+            "args": {"Collective name": "allreduce", "op": "all_reduce", "group": "default",
+                     "seq": 7, "p2p": False, "call": "all_reduce(uint8[4096], op=SUM)"}}
 
 
 def _write(directory, docs: list[dict]) -> None:
     for doc in docs:
         rank = doc["shoal"]["rank"]
-        (directory / f"rank{rank}.steps3-5.trace.json").write_text(json.dumps(doc))
+        (directory / f"rank{rank}.00000003.pt.trace.json").write_text(json.dumps(doc))
 
 
 def test_each_ranks_offset_is_added_to_its_timestamps(tmp_path):
-    # rank 1's clock is 500 us behind rank 0's (offset +500): its all_reduce, stamped 1000 on
-    # its own clock, began at 1500 on rank 0's, 100 us after rank 0's began at 1400
-    op = {"ph": "X", "cat": "cpu_op", "name": "mm", "ts": 1100.0, "dur": 50.0, "args": {}}
+    # rank 1's clock is 500 us behind rank 0's (offset +500) and its file counts from a base
+    # 1 ms later: its all_reduce, stamped 0 there, began at 1500 on rank 0's clock, 100 us
+    # after rank 0's began at 1400
+    op = {"ph": "X", "cat": "cpu_op", "name": "mm", "ts": 100.0, "dur": 50.0, "args": {}}
     _write(tmp_path, [_rank_trace(0, 0.0, [_all_reduce(1400.0, 300.0)]),
-                      _rank_trace(1, 500.0, [op, _all_reduce(1000.0, 200.0)])])
+                      _rank_trace(1, 500.0, [op, _all_reduce(0.0, 200.0)], base_ns=1_000_000)])
     doc = merged(load(str(tmp_path)))
+    r0, r1 = 4242, 4243  # rank 1's pid, taken by rank 0 already, is renumbered
     xs = {(e["pid"], e["name"]): e for e in doc["traceEvents"] if e["ph"] == "X"}
-    assert xs[(1, "mm")]["ts"] == 1600.0
-    assert xs[(1, "all_reduce")]["ts"] == 1500.0 and xs[(0, "all_reduce")]["ts"] == 1400.0
+    # a quarter nanosecond on top, so that Perfetto's int(ts * 1000) reads whole nanoseconds
+    assert xs[(r1, "mm")]["ts"] == pytest.approx(1600.0, abs=0.001)
+    assert xs[(r1, "gloo:all_reduce")]["ts"] == pytest.approx(1500.0, abs=0.001)
+    assert xs[(r0, "gloo:all_reduce")]["ts"] == pytest.approx(1400.0, abs=0.001)
+    assert int(xs[(r1, "mm")]["ts"] * 1000) == 1_600_000
+    names = {e["pid"]: e["args"]["name"] for e in doc["traceEvents"]
+             if e.get("name") == "process_name"}
+    assert names == {r0: "rank 0", r1: "rank 1"}
     # rank 0 waited from 1400 to 1500 for rank 1; rank 1, the last, waited for nobody
-    assert xs[(0, "all_reduce")]["args"]["wait_for_peers_us"] == 100.0
-    assert xs[(0, "all_reduce")]["args"]["moving_us"] == 200.0
-    assert xs[(1, "all_reduce")]["args"]["wait_for_peers_us"] == 0.0
+    assert xs[(r0, "gloo:all_reduce")]["args"]["wait_for_peers_us"] == pytest.approx(100.0)
+    assert xs[(r0, "gloo:all_reduce")]["args"]["moving_us"] == pytest.approx(200.0)
+    assert xs[(r1, "gloo:all_reduce")]["args"]["wait_for_peers_us"] == 0.0
     assert doc["shoal"]["clock_error_us"] == 20.0
     assert sorted(doc["shoal"]["clocks"]) == ["0", "1"]
 
@@ -64,8 +80,9 @@ def test_merge_refuses_traces_of_different_runs(tmp_path, capsys):
     out = tmp_path / "job.json"
     assert cli.main(["merge", str(tmp_path), "-o", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "come from different runs" in err and "run 'run-a': rank0.steps3-5.trace.json" in err
-    assert "run 'run-b': rank1.steps3-5.trace.json" in err
+    assert "come from different runs" in err
+    assert "run 'run-a': rank0.00000003.pt.trace.json" in err
+    assert "run 'run-b': rank1.00000003.pt.trace.json" in err
     assert not out.exists()
 
 
