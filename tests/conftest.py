@@ -36,6 +36,10 @@ SLOW_TESTS = {
         "waits out the group's timeout",
     "unit/collectives/backends/test_watchdog.py::test_dump_lists_recent_collectives":
         "waits out a collective's timeout",
+    "unit/core/profiler/test_profiler_kineto.py::test_a_training_step_exports_as_torch_exports_it":
+        "imports torch and runs torch.profiler beside shoal's (5 s)",
+    "unit/core/profiler/test_profiler_kineto.py::test_collectives_carry_torchs_collective_arguments_and_shoals":
+        "forms and shuts down a real tcp process group",
     "unit/collectives/backends/tcp/test_pg_tcp.py::test_tcp_transport_on_request":
         "waits out a timeout",
     "unit/collectives/backends/tcp/test_pg_tcp.py::test_garbage_and_unauthenticated_connections_are_dropped_and_logged":
