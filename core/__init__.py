@@ -102,6 +102,7 @@ from shoal.core.amp import autocast, get_autocast_dtype, is_autocast_enabled
 from shoal.core import profiler  # torch.profiler: wraps ops and optimizers
 from shoal.core import backends, cuda, linalg, testing  # torch.backends, .cuda, .linalg, .testing
 from shoal.core import fft  # torch.fft
+from shoal.core import special  # torch.special
 from shoal.core import autograd, autograd_function, autograd_profiler, double_backward
 from shoal.core.autograd_function import Function
 from shoal.core.generator import Generator
@@ -130,7 +131,7 @@ __all__ = [
     # modules
     "dtypes", "nn", "optim", "data", "multiprocessing", "amp", "profiler", "backends", "cuda",
     "linalg", "testing", "autograd", "utils",
-    "fft",
+    "fft", "special",
     # tensors, autograd and devices
     "Tensor", "AutogradError", "RemovableHandle", "enable_grad", "is_grad_enabled", "no_grad",
     "set_grad_enabled", "Device", "device",
