@@ -1,0 +1,103 @@
+"""Failures through the "shoal" torch backend are diagnosed as shoal's own groups do: a killed
+rank surfaces in seconds as an error naming it, and a rank that never arrives at a collective
+(or at the group's setup) ends in a timeout naming it."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+
+from tests.support.ranks import Ranks, run_ranks
+
+
+def _init(rank, world, seconds):
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    import shoal.torch_bridge  # noqa: F401 - registers the "shoal" backend
+
+    torch.set_num_threads(1)
+    dist.init_process_group("shoal", init_method="env://", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=seconds))
+    return torch, dist
+
+
+def _error_of(call) -> tuple:
+    import time
+
+    start = time.monotonic()
+    try:
+        call()
+    except Exception as exc:  # noqa: BLE001 - the test inspects whatever was raised
+        return type(exc).__name__, str(exc), time.monotonic() - start
+    return None, "", time.monotonic() - start
+
+
+def _killed_mid_training(rank, world):
+    torch, dist = _init(rank, world, 60)  # the group's timeout is far beyond the bound below
+    t = torch.ones(100_000)
+    dist.all_reduce(t)
+    if rank == world - 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return _error_of(lambda: [dist.all_reduce(t) for _ in range(1000)])
+
+
+def test_a_killed_torch_rank_is_named_within_seconds(torch_env, tmp_path):
+    with Ranks(_killed_mid_training, 3, env=dict(torch_env, SHOAL_DUMP_DIR=str(tmp_path))) as ranks:
+        results = ranks.results(timeout=90, ranks=[0, 1])
+    for rank in (0, 1):
+        status, (kind, message, elapsed) = results[rank]
+        assert status == "ok" and kind is not None, (rank, results[rank])
+        assert kind == "PeerLost", (rank, kind, message)
+        assert re.match(rf"Rank {rank} failed all_reduce #\d+ of group 'default': rank 2 was lost",
+                        message), message
+        # A dead peer's socket closes at once; shoal turns that into an error at the next read,
+        # not at the group's 60 s timeout. 15 s leaves room for a loaded 2-core machine.
+        assert elapsed < 15, (rank, elapsed, message)
+
+
+def _one_never_arrives(rank, world):
+    import datetime
+
+    torch, dist = _init(rank, world, 4)
+    if rank == world - 1:
+        # Alive but elsewhere: wait until the others have their error, then leave.
+        peer = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                             is_master=False, timeout=datetime.timedelta(seconds=60))
+        peer.wait(["reported/0", "reported/1"])
+        return None
+    result = _error_of(lambda: dist.all_reduce(torch.ones(4)))
+    dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                  is_master=False).set(f"reported/{rank}", "1")
+    return result
+
+
+def test_a_rank_that_never_arrives_is_named_in_the_timeout(torch_env, tmp_path):
+    env = dict(torch_env, SHOAL_DUMP_DIR=str(tmp_path))
+    results = run_ranks(_one_never_arrives, 3, timeout=90, env=env)
+    for rank in (0, 1):
+        kind, message, elapsed = results[rank]
+        assert kind == "CollectiveTimeout", (rank, kind, message)
+        assert message.startswith(f"Rank {rank} timed out after 4s in all_reduce #1 of group "
+                                  "'default': rank 2 never arrived."), message
+        assert 4 <= elapsed < 30, (rank, elapsed)  # the group's 4 s timeout, plus the watchdog
+        # The dump of each rank's recent collectives, as shoal's own groups write it.
+        assert list(tmp_path.glob(f"shoal-collectives-default-rank{rank}-*.json")), message
+
+
+def _never_joins(rank, world):
+    if rank == 1:
+        return None  # never calls init_process_group
+    return _error_of(lambda: _init(rank, world, 3))
+
+
+def test_a_rank_that_never_joins_the_group_is_named(torch_env, tmp_path):
+    env = dict(torch_env, SHOAL_DUMP_DIR=str(tmp_path))
+    kind, message, elapsed = run_ranks(_never_joins, 2, timeout=60, env=env)[0]
+    assert kind == "CollectiveTimeout", (kind, message)
+    assert re.match(r"Rank 0 of group 'default' waited 3s for connections from rank\(s\) 1, "
+                    "which never connected", message), message
+    assert elapsed < 30, elapsed  # the 3 s timeout, after torch's own start-up
