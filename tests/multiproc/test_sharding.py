@@ -154,7 +154,7 @@ def test_fsdp_and_zero_end_where_one_process_does(world):
     try:
         results = run_ranks(_fsdp_and_zero, world, args=(store.port,), timeout=90)
     finally:
-        store.shutdown() if hasattr(store, "shutdown") else None
+        store.close()
     want = reference(world)
     for rank, out in enumerate(results):
         for variant in ("fsdp_reshard=True", "fsdp_reshard=False", "zero"):
