@@ -117,6 +117,8 @@ SLOW_TESTS = {
         "waits out the join outage budget",
     "unit/collectives/backends/tcp/test_framing.py::test_collectives_run_sealed_with_shoal_encrypt":
         "its teardown waits for the sealed group's links to close",
+    "unit/torch_bridge/test_torch_store_contract.py":
+        "the store contract over torch's stores: deliberate 0.2 s timeouts, 2 s together",
 }
 
 

@@ -8,11 +8,12 @@ authenticate every peer with the job's secret, as shoal's own groups do.
 from __future__ import annotations
 
 import datetime
+import threading
 from typing import Callable, TypeVar
 
 import torch.distributed as dist
 
-from shoal.collectives.store.api import Store
+from shoal.collectives.store.api import Store, missing_keys_message
 from shoal.collectives.types import StoreError, StoreTimeout, StoreUnreachable
 
 __all__ = ["TorchStore"]
@@ -32,6 +33,23 @@ class TorchStore(Store):
         super().__init__(timeout)
         self.torch_store = store
         self.host = _tcp_host(store)
+        self._owner = threading.get_ident()
+        self._local = threading.local()
+
+    def _client(self) -> "dist.Store":
+        """The torch store for this thread: torch's TCPStore client runs one call at a time,
+        so a thread blocked in `wait` would hold up the watchdog's progress writes; every other
+        thread gets its own connection (`clone`)."""
+        if threading.get_ident() == self._owner:
+            return self.torch_store
+        client = getattr(self._local, "client", None)
+        if client is None:
+            try:
+                client = self.torch_store.clone()
+            except RuntimeError:  # a store type that cannot be cloned: share the one client
+                client = self.torch_store
+            self._local.client = client
+        return client
 
     def _call(self, what: str, key: str, fn: Callable[[], T]) -> T:
         try:
@@ -49,30 +67,54 @@ class TorchStore(Store):
             raise StoreError(f"torch's store failed in {what} of {key!r}: {exc}") from exc
 
     def _set(self, key: str, value: bytes) -> None:
-        self._call("set", key, lambda: self.torch_store.set(key, value))
+        self._call("set", key, lambda: self._client().set(key, value))
 
     def _get(self, key: str, timeout: float) -> bytes:
         self._wait([key], timeout)
-        return self._call("get", key, lambda: self.torch_store.get(key))
+        return self._call("get", key, lambda: self._client().get(key))
 
     def _add(self, key: str, amount: int) -> int:
-        return self._call("add", key, lambda: self.torch_store.add(key, amount))
+        # torch's TCPStore server drops a client whose add meets a non-integer value, and that
+        # client's every later call fails: refuse such an add here, before it is sent.
+        if self._check([key]):
+            current = self._call("get", key, lambda: self._client().get(key))
+            try:
+                int(current)
+            except ValueError:
+                raise ValueError(
+                    f"Store.add on key {key!r}, whose value {current!r} is not an integer."
+                ) from None
+        return self._call("add", key, lambda: self._client().add(key, amount))
 
     def _compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
         return self._call("compare_set", key,
-                          lambda: self.torch_store.compare_set(key, expected, desired))
+                          lambda: self._client().compare_set(key, expected, desired))
 
     def _wait(self, keys: list[str], timeout: float) -> None:
-        self._call("wait", ", ".join(keys), lambda: self.torch_store.wait(keys, _delta(timeout)))
+        try:
+            self._call("wait", ", ".join(keys),
+                       lambda: self._client().wait(keys, _delta(timeout)))
+        except StoreTimeout as exc:
+            missing = [k for k in keys if not self._check([k])]
+            raise StoreTimeout(missing_keys_message(self.name, missing or keys, timeout)) from exc
+
+    @property
+    def name(self) -> str:
+        """How messages name this store: torch's store type (and its address)."""
+        base = self.torch_store
+        while isinstance(base, dist.PrefixStore):
+            base = base.underlying_store
+        where = f" at {base.host}:{base.port}" if isinstance(base, dist.TCPStore) else ""
+        return f"torch {type(base).__name__}{where}"
 
     def _check(self, keys: list[str]) -> bool:
-        return self._call("check", ", ".join(keys), lambda: self.torch_store.check(keys))
+        return self._call("check", ", ".join(keys), lambda: self._client().check(keys))
 
     def _delete(self, key: str) -> bool:
-        return self._call("delete_key", key, lambda: self.torch_store.delete_key(key))
+        return self._call("delete_key", key, lambda: self._client().delete_key(key))
 
     def _num_keys(self) -> int:
-        return self._call("num_keys", "*", self.torch_store.num_keys)
+        return self._call("num_keys", "*", lambda: self._client().num_keys())
 
 
 def _tcp_host(store: "dist.Store") -> str | None:
