@@ -94,14 +94,16 @@ class _Slogdet(Function):
     def forward(ctx: Any, A: Tensor) -> tuple:
         sign, logabs = lapack(A.array).slogdet(A.array)
         ctx.save_for_backward(A)
-        sign_t = wrap(xp_of(A.array).asarray(sign))
-        ctx.mark_non_differentiable(sign_t)
-        return sign_t, wrap(xp_of(A.array).asarray(logabs))
+        ctx.set_materialize_grads(False)  # sign's gradient alone gives A none, as in torch
+        # sign carries a node too (torch's does), its gradient is zero for real input
+        return wrap(xp_of(A.array).asarray(sign)), wrap(xp_of(A.array).asarray(logabs))
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, g_sign: Any, g_logabs: Tensor) -> Any:
         (A,) = ctx.saved_tensors
+        if g_logabs is None:
+            return None
         if A.array.dtype.kind == "c":
             raise NotImplementedError("linalg.slogdet: gradients of complex input are not "
                                       "supported yet.")
@@ -169,9 +171,10 @@ def matrix_power(A: Tensor, n: int) -> Tensor:
     arr = check_square(A, "linalg.matrix_power")
     if not isinstance(n, int):
         raise TypeError(f"matrix_power(): argument 'n' must be int, not {type(n).__name__}")
-    if n == 0:
-        eye = xp_of(arr).broadcast_to(xp_of(arr).eye(arr.shape[-1], dtype=arr.dtype), arr.shape)
-        return wrap(eye.copy())
+    if n == 0:  # the identity, recorded with a zero gradient as torch's
+        xp = xp_of(arr)
+        eye = xp.broadcast_to(xp.eye(arr.shape[-1], dtype=arr.dtype), arr.shape).copy()
+        return result(eye, "LinalgMatrixPowerBackward", lambda g: (xp.zeros_like(g),), (A,))
     base = inv(A) if n < 0 else A
     n = abs(n)
     out = None

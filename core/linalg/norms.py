@@ -11,7 +11,7 @@ from shoal.core.linalg.decompositions import svdvals
 from shoal.core.ops import reduce, unary
 from shoal.core.ops import shape as shape_ops
 from shoal.core.ops._util import norm_dims, result
-from shoal.core.tensor import Tensor, wrap
+from shoal.core.tensor import Tensor
 
 
 def _cast(x: Tensor, dtype: Any, op: str) -> Tensor:
@@ -39,8 +39,9 @@ def vector_norm(x: Tensor, ord: float = 2, dim: Any = None, keepdim: bool = Fals
     if axes == ():
         axes = None
     mag = xp.abs(xd)
-    if ord == 0:
-        return wrap(xp.asarray((mag != 0).sum(axis=axes, keepdims=keepdim), dtype=mag.dtype))
+    if ord == 0:  # a count: recorded, with no gradient, as torch's
+        count = xp.asarray((mag != 0).sum(axis=axes, keepdims=keepdim), dtype=mag.dtype)
+        return result(count, "LinalgVectorNormBackward", lambda g: (None,), (x,))
     if ord == 2:
         out = xp.sqrt((mag * mag).sum(axis=axes, keepdims=keepdim))
     elif ord == 1:
