@@ -101,6 +101,7 @@ from shoal.core import amp
 from shoal.core.amp import autocast, get_autocast_dtype, is_autocast_enabled
 from shoal.core import profiler  # torch.profiler: wraps ops and optimizers
 from shoal.core import backends, cuda, linalg, testing  # torch.backends, .cuda, .linalg, .testing
+from shoal.core import func, jit  # torch.func's transforms, torch.jit's fork/wait
 from shoal.core import fft  # torch.fft
 from shoal.core import special  # torch.special
 from shoal.core import autograd, autograd_function, autograd_profiler, double_backward
@@ -130,7 +131,7 @@ del double_backward
 __all__ = [
     # modules
     "dtypes", "nn", "optim", "data", "multiprocessing", "amp", "profiler", "backends", "cuda",
-    "linalg", "testing", "autograd", "utils",
+    "linalg", "testing", "autograd", "utils", "func", "jit",
     "fft", "special",
     # tensors, autograd and devices
     "Tensor", "AutogradError", "RemovableHandle", "enable_grad", "is_grad_enabled", "no_grad",
