@@ -1,0 +1,257 @@
+"""The torch bridge: torch.distributed on backend "shoal" next to gloo, and next to shoal's own API.
+
+Two figures, in the same processes (the world on "shoal", a gloo group of the same ranks beside
+it, and the shoal group under the bridge reached through `shoal.torch_bridge.shoal_group()`):
+
+  all_reduce  torch's `dist.all_reduce` of float32 tensors through the bridge and through gloo at
+              4 KiB, 4 MiB and 64 MiB, W = 2 and 4; and the same shoal group called directly on
+              numpy views of the same tensors. bridge cost per call = bridge - shoal's own API.
+              Targets: bridge >= 3x gloo from 4 MiB within a host; bridge cost <= 30 us.
+  ddp         torch DDP of an MLP 784-1024-1024-10 (batch 128 per rank, SGD, W = 2) on "shoal"
+              and on "gloo"; overhead = DDP step - the same model's local step.
+              Target: overhead on "shoal" <= 0.4x gloo's.
+
+The kinds run in rotating blocks (A B C A B C ...) after a barrier each, so machine noise hits
+each alike; a block's time is its slowest rank's; medians over blocks. One thread per rank.
+
+    python bench/torch_bridge.py               # both figures
+    python bench/torch_bridge.py --quick       # fewer blocks
+    python bench/torch_bridge.py --only ddp    # one figure
+"""
+
+from __future__ import annotations
+
+import os
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_var] = "1"
+os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import multiprocessing  # noqa: E402
+import secrets  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+import traceback  # noqa: E402
+import warnings  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+KiB, MiB = 1024, 1024 * 1024
+SIZES = (4 * KiB, 4 * MiB, 64 * MiB)
+MLP = (784, 1024, 1024, 10)
+CTX = multiprocessing.get_context("spawn")
+
+
+def _iters(nbytes: int, quick: bool) -> int:
+    """Iterations per block: enough that a block lasts tens of milliseconds."""
+    n = 200 if nbytes <= 64 * KiB else 10 if nbytes <= 8 * MiB else 2
+    return max(1, n // 2) if quick else n
+
+
+def _slowest(shoal_pg, seconds: float) -> float:
+    """The slowest rank's time for the block (a max all_reduce outside the timed part)."""
+    t = np.array([seconds])
+    shoal_pg.all_reduce(t, op="max")
+    return float(t[0])
+
+
+# ------------------------------------------------------------------ the all_reduce figure
+
+def _all_reduce_rows(dist, torch, bridge, gloo, rank, world, blocks, quick):
+    shoal_pg = bridge.shoal_group()
+    rows = []
+    for nbytes in SIZES:
+        t = torch.ones(nbytes // 4)
+        view = t.numpy()
+        n = _iters(nbytes, quick)
+        kinds = {
+            "bridge": lambda: dist.all_reduce(t),
+            "gloo": lambda: dist.all_reduce(t, group=gloo),
+            "shoal": lambda: shoal_pg.all_reduce(view),
+        }
+        times = {k: [] for k in kinds}
+        for fn in kinds.values():
+            fn()  # warm up: connections, shared memory, buffers
+        for b in range(blocks):
+            order = list(kinds)[b % 3:] + list(kinds)[:b % 3]
+            for kind in order:
+                dist.barrier(group=gloo)
+                start = time.perf_counter()
+                for _ in range(n):
+                    kinds[kind]()
+                times[kind].append(_slowest(shoal_pg, (time.perf_counter() - start) / n))
+        if rank == 0:
+            med = {k: statistics.median(v) for k, v in times.items()}
+            rows.append({"figure": "all_reduce", "world": world, "bytes": nbytes,
+                         **{f"{k}_ms": med[k] * 1e3 for k in med},
+                         "bridge_vs_gloo": med["gloo"] / med["bridge"],
+                         "bridge_cost_us": (med["bridge"] - med["shoal"]) * 1e6,
+                         "spread_bridge": _spread(times["bridge"])})
+    return rows
+
+
+def _spread(values) -> float:
+    """(max - min) / median over blocks: how noisy the machine was."""
+    return (max(values) - min(values)) / statistics.median(values)
+
+
+# ------------------------------------------------------------------ the DDP figure
+
+def _mlp(torch):
+    torch.manual_seed(0)
+    layers = []
+    for i, (a, b) in enumerate(zip(MLP[:-1], MLP[1:])):
+        layers.append(torch.nn.Linear(a, b))
+        if i < len(MLP) - 2:
+            layers.append(torch.nn.ReLU())
+    return torch.nn.Sequential(*layers)
+
+
+def _ddp_rows(dist, torch, bridge, gloo, rank, world, blocks, quick):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    shoal_pg = bridge.shoal_group()
+    x = torch.randn(128, MLP[0], generator=torch.Generator().manual_seed(rank))
+    y = torch.randint(0, MLP[-1], (128,), generator=torch.Generator().manual_seed(rank))
+    models = {"local": _mlp(torch), "shoal": DDP(_mlp(torch)), "gloo": DDP(_mlp(torch), process_group=gloo)}
+    opts = {k: torch.optim.SGD(m.parameters(), lr=0.01) for k, m in models.items()}
+
+    def step(kind):
+        opts[kind].zero_grad()
+        torch.nn.functional.cross_entropy(models[kind](x), y).backward()
+        opts[kind].step()
+
+    steps = 3 if quick else 6
+    times = {k: [] for k in models}
+    for kind in models:
+        step(kind)
+    for b in range(blocks):
+        order = list(models)[b % 3:] + list(models)[:b % 3]
+        for kind in order:
+            dist.barrier(group=gloo)
+            start = time.perf_counter()
+            for _ in range(steps):
+                step(kind)
+            times[kind].append(_slowest(shoal_pg, (time.perf_counter() - start) / steps))
+    if rank != 0:
+        return []
+    med = {k: statistics.median(v) for k, v in times.items()}
+    over = {k: med[k] - med["local"] for k in ("shoal", "gloo")}
+    return [{"figure": "ddp", "world": world, "local_ms": med["local"] * 1e3,
+             "shoal_step_ms": med["shoal"] * 1e3, "gloo_step_ms": med["gloo"] * 1e3,
+             "shoal_overhead_ms": over["shoal"] * 1e3, "gloo_overhead_ms": over["gloo"] * 1e3,
+             "overhead_vs_gloo": over["shoal"] / over["gloo"] if over["gloo"] > 0 else float("nan"),
+             "samples_per_s_shoal": 128 * world / med["shoal"],
+             "samples_per_s_gloo": 128 * world / med["gloo"]}]
+
+
+# ------------------------------------------------------------------ ranks and the table
+
+def _rank(rank, world, port, figures, blocks, quick, out):
+    try:
+        import datetime
+
+        import torch
+        import torch.distributed as dist
+
+        import shoal.torch_bridge as bridge
+
+        warnings.simplefilter("ignore", FutureWarning)
+        torch.set_num_threads(1)
+        dist.init_process_group("shoal", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world, timeout=datetime.timedelta(seconds=120))
+        gloo = dist.new_group(backend="gloo")
+        rows = []
+        if "all_reduce" in figures:
+            rows += _all_reduce_rows(dist, torch, bridge, gloo, rank, world, blocks, quick)
+        if "ddp" in figures and world == 2:
+            rows += _ddp_rows(dist, torch, bridge, gloo, rank, world, blocks, quick)
+        dist.destroy_process_group()
+        out.put((rank, "ok", rows))
+    except BaseException:  # noqa: BLE001 - reported by the parent with the rank
+        out.put((rank, "error", traceback.format_exc()))
+
+
+def _run(world, figures, blocks, quick) -> list:
+    import socket
+
+    with socket.socket() as s:  # torch's tcp:// init needs a port before the ranks start
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = CTX.Queue()
+    procs = [CTX.Process(target=_rank, args=(r, world, port, figures, blocks, quick, out))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    rows = []
+    try:
+        for _ in range(world):
+            rank, status, value = out.get(timeout=1800)
+            if status != "ok":
+                raise RuntimeError(f"rank {rank} failed:\n{value}")
+            rows += value
+    finally:
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+    return rows
+
+
+def _machine() -> str:
+    model = "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f
+                          if line.startswith("model name")), model)
+    except OSError:
+        pass
+    src = np.ones(64 * MiB, dtype=np.uint8)
+    dst = np.empty_like(src)
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - start)
+    return f"cpu: {model} x {os.cpu_count()}; memcpy 64 MiB: {src.nbytes / best / 1e9:.1f} GB/s"
+
+
+def _print(rows) -> None:
+    for row in rows:
+        if row["figure"] == "all_reduce":
+            size = f"{row['bytes'] // MiB} MiB" if row["bytes"] >= MiB else f"{row['bytes'] // KiB} KiB"
+            print(f"all_reduce W={row['world']} {size:>7}: bridge {row['bridge_ms']:8.3f} ms  "
+                  f"gloo {row['gloo_ms']:8.3f} ms  shoal API {row['shoal_ms']:8.3f} ms  "
+                  f"bridge/gloo speedup {row['bridge_vs_gloo']:5.2f}x  "
+                  f"bridge cost {row['bridge_cost_us']:+7.1f} us")
+        else:
+            print(f"DDP MLP W={row['world']}: local {row['local_ms']:.2f} ms; overhead shoal "
+                  f"{row['shoal_overhead_ms']:.2f} ms, gloo {row['gloo_overhead_ms']:.2f} ms "
+                  f"({row['overhead_vs_gloo']:.2f}x); samples/s shoal "
+                  f"{row['samples_per_s_shoal']:.0f}, gloo {row['samples_per_s_gloo']:.0f}")
+    for row in rows:
+        print(json.dumps(row))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer blocks and iterations")
+    parser.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--only", choices=("all_reduce", "ddp"), default=None)
+    parser.add_argument("--blocks", type=int, default=None, help="rotations of the kinds")
+    args = parser.parse_args()
+    os.environ.setdefault("SHOAL_AUTH_TOKEN", secrets.token_hex(16))  # the ranks inherit it
+    figures = {args.only} if args.only else {"all_reduce", "ddp"}
+    blocks = args.blocks or (4 if args.quick else 9)
+    print(_machine() + "; one thread per rank; the machine may be shared (noisy figures)")
+    rows = []
+    for world in args.worlds:
+        rows += _run(world, figures, blocks, args.quick)
+    _print(rows)
+
+
+if __name__ == "__main__":
+    main()
