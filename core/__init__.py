@@ -127,6 +127,11 @@ autograd.profiler = autograd_profiler
 _sys.modules["shoal.core.autograd.profiler"] = autograd_profiler
 del double_backward
 
+# torch's everyday ops (sorting, indexing, scans, products, elementwise math, ...): one registry
+# in core/ops/everyday.py; a name imported above keeps its binding.
+from shoal.core.ops.everyday import FUNCTIONS as _EVERYDAY  # noqa: E402 - after the bindings above
+
+globals().update({name: fn for name, fn in _EVERYDAY.items() if name not in globals()})
 
 __all__ = [
     # modules
@@ -162,3 +167,4 @@ __all__ = [
     "use_deterministic_algorithms", "load", "save", "autocast", "get_autocast_dtype",
     "is_autocast_enabled",
 ]
+__all__ += sorted(name for name in _EVERYDAY if name not in __all__)

@@ -7,8 +7,16 @@ class ShoalError(Exception):
     """Base class of every error shoal raises on purpose."""
 
 
-class ShapeError(ShoalError, ValueError):
-    """Operands whose shapes an op cannot combine; the message names the op and both shapes."""
+class ShapeError(ShoalError, ValueError, RuntimeError):
+    """Operands whose shapes an op cannot combine; the message names the op and both shapes.
+
+    A RuntimeError as torch's shape errors are (so `except RuntimeError` ported from torch
+    catches it), and still a ValueError, which shoal's own callers have caught since wave 1.
+    """
+
+
+class DimError(ShapeError, IndexError):
+    """A dim outside a tensor's dims: an IndexError, as torch's "Dimension out of range"."""
 
 
 class DeviceError(ShoalError, RuntimeError):

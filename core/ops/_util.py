@@ -10,7 +10,7 @@ import numpy as np
 from shoal.core import backend
 from shoal.core.autograd import Node
 from shoal.core.grad_mode import grad_mode
-from shoal.core.errors import ShapeError
+from shoal.core.errors import DimError, ShapeError
 from shoal.core.ops._promote import is_reduced_float
 from shoal.core.tensor import Tensor, wrap
 
@@ -181,7 +181,7 @@ def norm_dims(dim: Any, ndim: int, op: str) -> tuple | None:
     out = []
     for d in dims:
         if not -max(ndim, 1) <= d < max(ndim, 1):
-            raise ShapeError(
+            raise DimError(
                 f"{op}: dimension {d} is out of range for a tensor of {ndim} dimensions."
             )
         out.append(d % max(ndim, 1))

@@ -13,14 +13,15 @@ from typing import Any, Callable
 def bind_methods(cls: type) -> None:
     """Install operators and op methods on the Tensor class."""
     from shoal.core.ops import complex as complex_ops  # noqa: PLC0415 - the cycle below
-    from shoal.core.ops import derived, inplace  # noqa: PLC0415 - the cycle below
+    from shoal.core.ops import derived, everyday, inplace  # noqa: PLC0415 - the cycle below
 
     more = {name: getattr(derived, name) for name in _DERIVED}
     more.update(complex_ops.METHODS)
     for name, fn in complex_ops.PROPERTIES.items():
         setattr(cls, name, property(fn, doc=fn.__doc__))
-    for name, fn in {**_operators(), **_methods(), **inplace.OPERATORS, **inplace.METHODS,
-                     **more}.items():
+    # everyday's registry first: an op bound under the same name by the older tables wins
+    for name, fn in {**everyday.METHODS, **_operators(), **_methods(), **inplace.OPERATORS,
+                     **inplace.METHODS, **more}.items():
         setattr(cls, name, fn)
     _bind_views(cls)
 
@@ -82,7 +83,7 @@ def _operators() -> dict[str, Callable]:
 def _methods() -> dict[str, Callable]:
     """The ops that are also Tensor methods, under torch's method names."""
     from shoal.core.ops import (  # noqa: PLC0415 - the cycle above
-        arith, linalg, logical, reduce, shape, unary,
+        arith, linalg, logical, reduce, scans, shape, unary,
     )
 
     return {
@@ -118,7 +119,7 @@ def _methods() -> dict[str, Callable]:
         "amin": reduce.amin,
         "argmax": reduce.argmax,
         "argmin": reduce.argmin,
-        "var": reduce.var,
+        "var": scans.var,
         "softmax": reduce.softmax,
         "log_softmax": reduce.log_softmax,
         "logsumexp": reduce.logsumexp,

@@ -1,7 +1,7 @@
 """torch's scans and the reductions core lacked: cumsum, cumprod, cummax, cummin,
-logcumsumexp, diff, prod, std, std_mean, var_mean, aminmax, nansum, nanmean.
+logcumsumexp, diff, std, std_mean, var_mean, aminmax, nansum, nanmean (prod is in reduce.py).
 
-Integer inputs of cumsum/cumprod/prod/nansum accumulate in int64 as torch's do; std and the
+Integer inputs of cumsum/cumprod/nansum accumulate in int64 as torch's do; std and the
 means compose core's differentiable ops, so their gradients are those ops' gradients.
 """
 
@@ -154,32 +154,6 @@ def diff(input: Tensor, n: int = 1, dim: int = -1, prepend: Any = None,  # noqa:
     return x
 
 
-def prod(input: Tensor, dim: int | None = None, keepdim: bool = False, *,  # noqa: A002
-         dtype: Any = None) -> Tensor:
-    """The product over dim (all elements when None)."""
-    xd = input.array
-    xp = xp_of(xd)
-    axis = None if dim is None else dim_of(dim, xd.ndim)
-    out = xp.asarray(xp.prod(xd, axis=axis, keepdims=keepdim, dtype=_acc_dtype(xd, dtype)))
-
-    def backward(g: Any) -> tuple:
-        flat = xd if axis is not None else xd.reshape(-1)
-        ax = axis if axis is not None else 0
-        gk = g if keepdim or axis is None else xp.expand_dims(g, ax)
-        gk = gk.reshape(()) if axis is None else gk
-        # the product of the others, exact with zeros: cumprod from each side
-        left = xp.cumprod(xp.concatenate([xp.ones_like(xp.take(flat, [0], ax)),
-                                          xp.take(flat, xp.arange(flat.shape[ax] - 1), ax)],
-                                         ax), ax) if flat.shape[ax] else flat
-        right = xp.flip(xp.cumprod(xp.concatenate(
-            [xp.ones_like(xp.take(flat, [0], ax)),
-             xp.flip(xp.take(flat, xp.arange(1, flat.shape[ax]), ax), ax)], ax), ax), ax) \
-            if flat.shape[ax] else flat
-        return ((left * right * gk).reshape(xd.shape),)
-
-    return result(out, "ProdBackward", backward, (input,), exact_dtype=True)
-
-
 def _correction(unbiased: Any, correction: Any) -> float:
     if correction is not None and unbiased is not None:
         raise RuntimeError("std/var: cannot take both unbiased and correction")
@@ -199,6 +173,9 @@ def var(input: Tensor, dim: Any = None, unbiased: Any = None, keepdim: bool = Fa
         correction: Any = None) -> Tensor:
     """Variance over dim with Bessel's correction unless told otherwise."""
     dim, unbiased = _dim_args(dim, unbiased)
+    if dim is not None:  # torch's IndexError for a dim out of range, before any arithmetic
+        for d in (dim,) if isinstance(dim, int) else dim:
+            dim_of(d, input.ndim)
     return reduce.var(input, dim, keepdim, _correction(unbiased, correction))
 
 

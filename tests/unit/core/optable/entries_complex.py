@@ -50,9 +50,7 @@ COMPLEX = [
     op("sgn", _REAL, dtypes=FLOATS + HALVES, grad=False),
     op("is_complex", _REAL + _PAIRS[:1], dtypes=FLOATS, grad=False),
     op("prod", (S(A(_M)), S(A(_M), 1), S(A((2, 3, 4)), -1, keepdim=True), S(A(())),
-                S(A(_M), dtype=None)), dtypes=FLOATS + INTS, error=(S(A(_M), 5), IndexError),
-       xfail={"error": "a dim out of range raises ShapeError (a ValueError) where torch raises "
-                       "IndexError (core/ops/_util.py norm_dims)"}),
+                S(A(_M), dtype=None)), dtypes=FLOATS + INTS, error=(S(A(_M), 5), IndexError)),
 ]
 
 ENTRIES = COMPLEX

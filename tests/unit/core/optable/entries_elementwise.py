@@ -5,7 +5,7 @@ from __future__ import annotations
 import operator
 
 from tests.unit.core.optable.table import (
-    FLOATS, HALVES, INTS, NUMERIC, SHAPE_ERROR, A, S, binary_samples, op, operator_call,
+    FLOATS, HALVES, INTS, NUMERIC, A, S, binary_samples, op, operator_call,
     unary_samples,
 )
 
@@ -15,7 +15,6 @@ _NO_LIST_INPUT = "core's unary ops raise AttributeError for a list (torch: TypeE
 _NO_INPLACE = "core lacks Tensor.{}: torch's in-place variant of every unary op"
 _NO_ALPHA = "core.{} takes no alpha= (torch: x + alpha * y), method and function alike"
 _NO_ROUNDING = "core.div takes no rounding_mode= (torch's 'floor'/'trunc'), nor does div_"
-_SHAPE = {"error": SHAPE_ERROR}
 
 
 def _unary(name: str, domain: str = "real", dtypes: tuple = FLOATS + HALVES, **kw):
@@ -30,37 +29,30 @@ def _unary(name: str, domain: str = "real", dtypes: tuple = FLOATS + HALVES, **k
 ARITH = [
     op("add", binary_samples() + (S(A((3, 4)), A((3, 4)), alpha=2),), dtypes=NUMERIC,
        inplace="add_", error=(_SHAPES, RuntimeError),
-       xfail={"forward": _NO_ALPHA.format("add"), "backward": _NO_ALPHA.format("add"),
-              **_SHAPE}),
+       xfail={"forward": _NO_ALPHA.format("add"), "backward": _NO_ALPHA.format("add")}),
     op("sub", binary_samples() + (S(A((3, 4)), A((3, 4)), alpha=0.5),), dtypes=NUMERIC,
        inplace="sub_", error=(_SHAPES, RuntimeError),
-       xfail={"forward": _NO_ALPHA.format("sub"), "backward": _NO_ALPHA.format("sub"),
-              **_SHAPE}),
-    op("mul", binary_samples(), dtypes=NUMERIC, inplace="mul_", error=(_SHAPES, RuntimeError),
-       xfail=_SHAPE),
+       xfail={"forward": _NO_ALPHA.format("sub"), "backward": _NO_ALPHA.format("sub")}),
+    op("mul", binary_samples(), dtypes=NUMERIC, inplace="mul_", error=(_SHAPES, RuntimeError)),
     op("div", binary_samples("pos") + (S(A((3, 4)), A((3, 4), "pos"), rounding_mode="floor"),),
        dtypes=FLOATS + HALVES + ("int64",), inplace="div_", error=(_SHAPES, RuntimeError),
-       xfail={"forward": _NO_ROUNDING, "backward": _NO_ROUNDING, "inplace": _NO_ROUNDING,
-              **_SHAPE}),
+       xfail={"forward": _NO_ROUNDING, "backward": _NO_ROUNDING, "inplace": _NO_ROUNDING}),
     op("pow", (S(A((3, 4), "pos"), A((3, 4))), S(A((3, 4), "pos"), 2),
                S(A((3, 4), "pos"), A(())), S(A((), "pos"), A((4,)))),
-       inplace="pow_", error=(_SHAPES, RuntimeError), xfail=_SHAPE),
+       inplace="pow_", error=(_SHAPES, RuntimeError)),
     op("neg", unary_samples(), dtypes=FLOATS + HALVES + ("int64", "int32"), inplace="neg_",
        forms=("method", "function"),
        xfail={"inplace": _NO_INPLACE.format("neg_"),
               "forms": "core lacks core.neg (torch.neg); only Tensor.neg and -t"}),
-    op("maximum", binary_samples()[:4], dtypes=NUMERIC, error=(_SHAPES, RuntimeError),
-       xfail=_SHAPE),
-    op("minimum", binary_samples()[:4], dtypes=NUMERIC, error=(_SHAPES, RuntimeError),
-       xfail=_SHAPE),
+    op("maximum", binary_samples()[:4], dtypes=NUMERIC, error=(_SHAPES, RuntimeError)),
+    op("minimum", binary_samples()[:4], dtypes=NUMERIC, error=(_SHAPES, RuntimeError)),
 ]
 
 COMPARISONS = [
     op(name, binary_samples(), dtypes=FLOATS + INTS, grad=False, inplace=name + "_",
        forms=("method", "function"), error=(_SHAPES, RuntimeError),
        xfail={"inplace": f"core lacks Tensor.{name}_ (torch writes 0/1 into the tensor's dtype)",
-              "forms": f"core lacks core.{name} (torch.{name}); only Tensor.{name}",
-              **_SHAPE})
+              "forms": f"core lacks core.{name} (torch.{name}); only Tensor.{name}"})
     for name in ("eq", "ne", "lt", "le", "gt", "ge")
 ]
 
@@ -105,19 +97,16 @@ OPERATORS = [
 ] + [
     op("__i" + name[2:], (S(A((3, 4), "pos"), A((3, 4), "pos")), S(A((3, 4), "pos"), 2.0)),
        forms=("call",), grad=False, call=operator_call(fn_i), view=True,
-       error=(S(A((3, 4)), A((2, 4))), RuntimeError), xfail=_SHAPE)
+       error=(S(A((3, 4)), A((2, 4))), RuntimeError))
     for (name, _), fn_i in zip(list(_OPS.items())[:4], (operator.iadd, operator.isub,
                                                          operator.imul, operator.itruediv))
 ] + [
     op("__ipow__", (S(A((3, 4), "pos"), 2.0),), forms=("call",), grad=False, view=True,
-       call=operator_call(operator.ipow), error=(S(A((3, 4)), A((2, 4))), RuntimeError),
-       xfail=_SHAPE),
+       call=operator_call(operator.ipow), error=(S(A((3, 4)), A((2, 4))), RuntimeError)),
     op("__matmul__", (S(A((3, 4)), A((4, 2))), S(A((2, 3, 4)), A((4,)))), forms=("call",),
-       call=operator_call(operator.matmul), error=(S(A((3, 4)), A((3, 4))), RuntimeError),
-       xfail=_SHAPE),
+       call=operator_call(operator.matmul), error=(S(A((3, 4)), A((3, 4))), RuntimeError)),
     op("__rmatmul__", (S(A((3, 4)), A((4, 2))),), forms=("call",),
-       call=lambda lib, x, y: y.__rmatmul__(x), error=(S(A((3, 4)), A((3, 4))), RuntimeError),
-       xfail=_SHAPE),
+       call=lambda lib, x, y: y.__rmatmul__(x), error=(S(A((3, 4)), A((3, 4))), RuntimeError)),
     op("__neg__", unary_samples(), dtypes=FLOATS + ("int64",), forms=("call",),
        call=operator_call(operator.neg)),
     op("__pos__", unary_samples(), dtypes=FLOATS + ("int64",), forms=("call",), view=True,
@@ -126,7 +115,7 @@ OPERATORS = [
        call=operator_call(operator.abs)),
 ] + [
     op(name, binary_samples(), dtypes=FLOATS + ("int64",), forms=("call",), grad=False,
-       call=operator_call(fn), error=(_SHAPES, RuntimeError), xfail=_SHAPE)
+       call=operator_call(fn), error=(_SHAPES, RuntimeError))
     for name, fn in {"__eq__": operator.eq, "__ne__": operator.ne, "__lt__": operator.lt,
                      "__le__": operator.le, "__gt__": operator.gt,
                      "__ge__": operator.ge}.items()

@@ -46,10 +46,6 @@ GRAD_TOLERANCE = (1e-10, 1e-12)
 
 
 # Why core's error type differs from torch's, shared by many entries.
-SHAPE_ERROR = ("core raises ShapeError, a ValueError, where torch raises RuntimeError "
-               "(core/errors.py:10: ShapeError subclasses ValueError, not RuntimeError)")
-DIM_ERROR = ("a dim out of range raises ShapeError (a ValueError) where torch raises IndexError "
-             "(core/ops/_util.py:162 norm_dims)")
 NUMPY_ERROR = "core lets numpy's ValueError through where torch raises RuntimeError"
 
 
