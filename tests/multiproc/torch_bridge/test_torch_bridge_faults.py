@@ -101,3 +101,23 @@ def test_a_rank_that_never_joins_the_group_is_named(torch_env, tmp_path):
     assert re.match(r"Rank 0 of group 'default' waited 3s for connections from rank\(s\) 1, "
                     "which never connected", message), message
     assert elapsed < 30, elapsed  # the 3 s timeout, after torch's own start-up
+
+
+def _mismatched(rank, world):
+    import prometheus_client
+
+    torch, dist = _init(rank, world, 20)
+    dist.all_reduce(torch.ones(8))
+    done = prometheus_client.REGISTRY.get_sample_value(
+        "shoal_collectives_op_duration_seconds_count", {"op": "all_reduce", "backend": "tcp"})
+    return done, _error_of(lambda: dist.all_reduce(torch.ones(4 + rank)))
+
+
+def test_mismatched_torch_calls_are_named_and_counted_in_shoals_metrics(torch_env, tmp_path):
+    env = dict(torch_env, SHOAL_DUMP_DIR=str(tmp_path))
+    for rank, (done, (kind, message, elapsed)) in enumerate(
+            run_ranks(_mismatched, 2, timeout=60, env=env)):
+        assert done == 1.0, (rank, done)  # the bridge's all_reduce is in shoal's metrics
+        assert kind == "CollectiveMismatch", (rank, kind, message)
+        assert "float32[4]" in message and "float32[5]" in message, message
+        assert elapsed < 10, elapsed  # the headers disagree at once, no timeout involved
