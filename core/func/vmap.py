@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-from shoal.core.func import dispatch, rules, rules_nn  # noqa: F401 - registers the rules
+from shoal.core.func import dispatch, rules, rules_linalg, rules_nn  # noqa: F401 - registers rules
 from shoal.core.func._pytree import broadcast_prefix, tree_flatten, tree_unflatten
 from shoal.core.func.batched import STATE, BatchedTensor, batched
 from shoal.core.ops import arith, attention, conv, creation, derived, indexing, inplace, linalg

@@ -1,6 +1,7 @@
 """torch.linalg's counterpart: LAPACK through numpy/scipy on cpu and cupy on cuda, batched over
 leading dims, with gradients and torch's errors (LinAlgError for singular input)."""
 
+from shoal.core.linalg import formulas  # noqa: F401 - registers create_graph formulas
 from shoal.core.linalg._common import LinAlgError
 from shoal.core.linalg.decompositions import (
     EighResult, QRResult, SVDResult, cholesky, eigh, eigvalsh, qr, svd, svdvals,
