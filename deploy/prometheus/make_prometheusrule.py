@@ -1,4 +1,4 @@
-"""Writes deploy/kubernetes/base/prometheusrule.yaml from shoal-rules.yml (no arguments).
+"""Writes deploy/kubernetes/monitoring/prometheusrule.yaml from shoal-rules.yml (no arguments).
 
 The plain rules file is the one to edit; the Prometheus Operator's PrometheusRule carries the
 same groups (tests/unit/test_observability_deploy.py checks they agree).
@@ -9,11 +9,11 @@ from pathlib import Path
 import yaml
 
 HERE = Path(__file__).resolve().parent
-TARGET = HERE.parents[0] / "kubernetes" / "base" / "prometheusrule.yaml"
+TARGET = HERE.parents[0] / "kubernetes" / "monitoring" / "prometheusrule.yaml"
 HEADER = """\
 # For the Prometheus Operator: shoal's alert and recording rules, the same groups as
 # deploy/prometheus/shoal-rules.yml (written by deploy/prometheus/make_prometheusrule.py; edit
-# the plain file and rerun it). Listed in base/kustomization.yaml, so every overlay ships it;
+# the plain file and rerun it). Listed in monitoring/kustomization.yaml, which every variant includes;
 # a cluster without the Prometheus Operator has no PrometheusRule kind: drop it there. The
 # `release` label is what kube-prometheus-stack selects rules by (see podmonitor.yaml).
 """

@@ -17,7 +17,8 @@ so a write anywhere else fails the job instead of passing unnoticed.
 
 The Job completes; a second Job object made from the same manifests (a new uid) completes from
 a clean rendezvous; and a worker killed in one pod is recovered by the agents. The Kubeflow
-variant's two pods run the same way, on the variables the training operator injects.
+Trainer v2 variant's two pods run the same way, on the variables the Trainer injects, and the
+JobSet variant's on the labels and names JobSet gives its pods.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.etcd_server import EtcdServer
-from tests.support.kustomize_lite import render
+from tests.support.kustomize import render
 from tests.support.netns import Hosts, require_netns
 
 pytestmark = pytest.mark.slow
@@ -313,19 +314,16 @@ def test_the_job_completes_recovers_a_killed_worker_and_a_second_job_starts_clea
     assert _final_sha(pods2, steps) == first_sha
 
 
-def test_the_pytorchjob_runs_on_the_variables_kubeflows_operator_injects(tmp_path):
-    """kubeflow/: a master and a worker pod, each with what the training operator adds to the
-    container named pytorch (PET_*, MASTER_ADDR/PORT, WORLD_SIZE, RANK), and the master pod's
-    name resolving to its address on both (its own hosts file, the other's DNS)."""
+def _run_static_pods(tmp_path, template: dict, master: str, fields, injected) -> list[Pod]:
+    """Two pods of a static-rendezvous variant in their own namespaces, `master` (pod 0's
+    stable name) resolving to pod 0's address in both; `fields(i)` and `injected(i)` are pod
+    i's label/annotation values and the variables its controller adds."""
     require_netns()
-    objects = _rendered(tmp_path, "kubeflow")
-    job = objects[("PyTorchJob", "shoal-train")]
+    objects = _rendered(tmp_path, template["variant"])
+    pod_template = template["get"](objects)
     secret = {name: obj for (kind, name), obj in objects.items() if kind == "Secret"}
     shared = tmp_path / "checkpoints-volume"
     shared.mkdir()
-    args = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0][
-        "args"]
-    steps = int(next(a for a in args if a.startswith("--steps=")).split("=")[1])
     with Hosts(2) as hosts:
         made = []
         try:
@@ -333,19 +331,9 @@ def test_the_pytorchjob_runs_on_the_variables_kubeflows_operator_injects(tmp_pat
                 etc = Path("/etc/netns") / host.netns
                 etc.mkdir(parents=True)
                 made.append(etc)
-                (etc / "hosts").write_text(f"127.0.0.1 localhost\n{hosts[0].address} "
-                                           "shoal-train-master-0\n")
-            pods = []
-            for rank, kind in enumerate(("Master", "Worker")):
-                replica = job["spec"]["pytorchReplicaSpecs"][kind]
-                injected = {
-                    "MASTER_ADDR": "shoal-train-master-0", "MASTER_PORT": "23456",
-                    "WORLD_SIZE": "2", "RANK": str(rank), "PYTHONUNBUFFERED": "1",
-                    "PET_NNODES": "2", "PET_NPROC_PER_NODE": job["spec"]["nprocPerNode"],
-                    "PET_NODE_RANK": str(rank), "PET_MASTER_ADDR": "shoal-train-master-0",
-                    "PET_MASTER_PORT": "23456"}
-                pods.append(Pod(hosts[rank], replica["template"], rank, shared, tmp_path / "kf",
-                                secret, {}, injected))
+                (etc / "hosts").write_text(f"127.0.0.1 localhost\n{hosts[0].address} {master}\n")
+            pods = [Pod(hosts[index], pod_template, index, shared, tmp_path / "pods", secret,
+                        fields(index), injected(index)) for index in range(2)]
             _run_pods(pods)
         finally:
             for etc in made:
@@ -353,5 +341,55 @@ def test_the_pytorchjob_runs_on_the_variables_kubeflows_operator_injects(tmp_pat
     assert [p.proc.returncode for p in pods] == [0, 0], "\n----\n".join(p.tail() for p in pods)
     text = "\n".join(p.output for p in pods)
     assert "(static (store) backend, nodes 2:2, 2 worker(s) here)" in text
-    assert "Rendezvous store listening on shoal-train-master-0:23456" in pods[0].output
-    _final_sha(pods, steps)
+    assert f"Rendezvous store listening on {master}:29500" in pods[0].output
+    args = pod_template["spec"]["containers"][0]["args"]
+    _final_sha(pods, int(next(a for a in args if a.startswith("--steps=")).split("=")[1]))
+    return pods
+
+
+def test_the_trainjob_runs_on_the_variables_kubeflow_trainer_injects(tmp_path):
+    """trainer/: the pods the Trainer makes from the ClusterTrainingRuntime for the TrainJob,
+    with what its torch plugin adds to the container named node (PET_*) and the JobSet labels
+    the pods carry."""
+    name = "shoal-train"
+    master = f"{name}-node-0-0.{name}"
+
+    def pod_template(objects):
+        runtime = objects[("ClusterTrainingRuntime", "shoal")]
+        (replicated,) = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+        return replicated["template"]["spec"]["template"]
+
+    def fields(index):
+        return {("labels", "jobset.sigs.k8s.io/jobset-name"): name,
+                ("annotations", "batch.kubernetes.io/job-completion-index"): str(index)}
+
+    def injected(index):
+        return {"PET_NNODES": "2", "PET_NPROC_PER_NODE": "2", "PET_NODE_RANK": str(index),
+                "PET_MASTER_ADDR": master, "PET_MASTER_PORT": "29500",
+                "JOB_COMPLETION_INDEX": str(index), "PYTHONUNBUFFERED": "1"}
+
+    _run_static_pods(tmp_path, {"variant": "trainer", "get": pod_template}, master, fields,
+                     injected)
+    assert any((tmp_path / "checkpoints-volume" / name).glob("*"))
+
+
+def test_the_jobset_runs_on_the_names_and_labels_jobset_gives_its_pods(tmp_path):
+    """jobset/: JobSet's labels (its uid, the restart attempt, its name) and the completion
+    index on each pod, pod 0 reachable as shoal-train-node-0-0.shoal-train."""
+    name = "shoal-train"
+    master = f"{name}-node-0-0.{name}"
+    uid = str(uuid.uuid4())
+
+    def pod_template(objects):
+        (replicated,) = objects[("JobSet", name)]["spec"]["replicatedJobs"]
+        return replicated["template"]["spec"]["template"]
+
+    def fields(index):
+        return {("labels", "jobset.sigs.k8s.io/jobset-uid"): uid,
+                ("labels", "jobset.sigs.k8s.io/restart-attempt"): "0",
+                ("labels", "jobset.sigs.k8s.io/jobset-name"): name,
+                ("annotations", "batch.kubernetes.io/job-completion-index"): str(index)}
+
+    pods = _run_static_pods(tmp_path, {"variant": "jobset", "get": pod_template}, master,
+                            fields, lambda index: {"JOB_COMPLETION_INDEX": str(index)})
+    assert f"run {uid}-0" in "\n".join(p.output for p in pods)
