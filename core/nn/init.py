@@ -7,11 +7,14 @@ nothing for autograd.
 from __future__ import annotations
 
 import math
+from typing import Any
+
 import numpy as np
 
 from shoal.core import backend
 from shoal.core.errors import ShapeError
 from shoal.core.ops import random as _random
+from shoal.core.ops import random_fill as _fills
 from shoal.core.tensor import Tensor
 
 
@@ -33,13 +36,17 @@ def _draw(tensor: Tensor, kind: str, a: float, b: float) -> Tensor:
     return tensor
 
 
-def uniform_(tensor: Tensor, a: float = 0.0, b: float = 1.0) -> Tensor:
-    """Fill with samples from U(a, b)."""
+def uniform_(tensor: Tensor, a: float = 0.0, b: float = 1.0, generator: Any = None) -> Tensor:
+    """Fill with samples from U(a, b) (from `generator`, a core.Generator, when given)."""
+    if generator is not None:
+        return _fills.uniform_(tensor, a, b, generator=generator)
     return _draw(tensor, "uniform", a, b)
 
 
-def normal_(tensor: Tensor, mean: float = 0.0, std: float = 1.0) -> Tensor:
-    """Fill with samples from N(mean, std^2)."""
+def normal_(tensor: Tensor, mean: float = 0.0, std: float = 1.0, generator: Any = None) -> Tensor:
+    """Fill with samples from N(mean, std^2) (from `generator` when given)."""
+    if generator is not None:
+        return _fills.normal_(tensor, mean, std, generator=generator)
     return _draw(tensor, "normal", mean, std)
 
 
