@@ -13,7 +13,7 @@ import gzip
 import json
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 from shoal.core.errors import ShoalError
 
@@ -68,10 +68,13 @@ def _steps_window(events: list[dict]) -> tuple[int, int]:
     return (min(steps), max(steps)) if steps else (0, 0)
 
 
-def rank_trace(path: str) -> RankTrace:
-    """One file as a RankTrace."""
+def rank_trace(path: str) -> Optional[RankTrace]:
+    """One file as a RankTrace; None for a trace `shoal trace merge` wrote (it holds every
+    rank, and a merge written into the profile directory must not be read as another rank)."""
     doc = _read(path)
     info = doc.get("shoal") or {}
+    if "clocks" in info and "windows" in info:
+        return None
     dist = doc.get("distributedInfo") or {}
     rank = info.get("rank")
     if rank is None:
@@ -91,7 +94,10 @@ def load(directory: str) -> dict[tuple[int, int], dict[int, RankTrace]]:
                    + glob.glob(os.path.join(directory, "*.trace.json.gz")))
     if not paths:
         raise TraceError(f"No *.trace.json files in {directory!r}; run with --profile DIR first.")
-    traces = [rank_trace(path) for path in paths]
+    traces = [t for t in map(rank_trace, paths) if t is not None]
+    if not traces:
+        raise TraceError(f"No rank's trace in {directory!r}, only merged ones; run with "
+                         "--profile DIR first.")
     runs = sorted({str(t.run_id) for t in traces})
     if len(runs) > 1:
         detail = "; ".join(

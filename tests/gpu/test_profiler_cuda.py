@@ -25,8 +25,22 @@ def test_ops_on_the_gpu_get_cuda_times_and_kernel_events(tmp_path):
     doc = json.loads(path.read_text())
     kernels = [e for e in doc["traceEvents"] if e.get("cat") == "kernel"]
     assert [k["name"] for k in kernels].count("matmul") == 3
-    lanes = [e["args"]["name"] for e in doc["traceEvents"] if e.get("name") == "thread_name"]
-    assert "cuda stream" in lanes
+    # Kineto's GPU lanes: pid = device, tid = stream, named; each kernel's correlation id
+    # links it to a cudaLaunchKernel on the launching op's thread and to an ac2g flow
+    device = a.array.device.id
+    assert {(k["pid"], k["args"]["device"]) for k in kernels} == {(device, device)}
+    assert all(k["tid"] == k["args"]["stream"] for k in kernels)
+    lanes = {(e["pid"], e["tid"]): e["args"]["name"] for e in doc["traceEvents"]
+             if e.get("name") == "thread_name"}
+    assert all(lanes[(k["pid"], k["tid"])] == f"stream {k['tid']}" for k in kernels)
+    launches = {e["args"]["correlation"]: e for e in doc["traceEvents"]
+                if e.get("cat") == "cuda_runtime"}
+    for k in kernels:
+        launch = launches[k["args"]["correlation"]]
+        assert launch["args"]["External id"] == k["args"]["External id"]
+    flows = [e for e in doc["traceEvents"] if e.get("cat") == "ac2g"]
+    assert len(flows) == 2 * len(kernels)
+    assert doc["deviceProperties"][device]["totalGlobalMem"] > 0
 
 
 def test_backward_nodes_on_the_gpu_get_cuda_times_and_kernel_events(tmp_path):
