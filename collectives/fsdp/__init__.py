@@ -8,6 +8,8 @@ from shoal.collectives.fsdp.api import (
     ShardedParameter,
 )
 from shoal.collectives.fsdp.fully_shard import FSDPModule, fully_shard, model_state_bytes
+from shoal.collectives.fsdp.wrapper import CPUOffload, FullyShardedDataParallel, ShardingStrategy
 
-__all__ = ["CPUOffloadPolicy", "FSDPError", "FSDPModule", "MixedPrecisionPolicy",
-           "OffloadPolicy", "ShardedParameter", "fully_shard", "model_state_bytes"]
+__all__ = ["CPUOffload", "CPUOffloadPolicy", "FSDPError", "FSDPModule",
+           "FullyShardedDataParallel", "MixedPrecisionPolicy", "OffloadPolicy",
+           "ShardedParameter", "ShardingStrategy", "fully_shard", "model_state_bytes"]

@@ -315,10 +315,10 @@ def _mesh_groups(mesh: Any) -> tuple[Any, Any]:
     return pg, None
 
 
-def _managed(module: Module) -> list[tuple[Module, str, Any]]:
-    """(owner, name, parameter) of each parameter `module` holds that no sharded submodule
-    holds; each shared parameter once."""
-    entries, seen = [], set()
+def _managed(module: Module) -> list[tuple[list, Any]]:
+    """([(owner, name), ...], parameter) of each parameter `module` holds that no sharded
+    submodule holds; a parameter held under several names (tied weights) is one entry."""
+    entries: dict[int, tuple[list, Any]] = {}
     skip = [m for m in module.modules() if m is not module and m in _STATES]
     inside = {id(m) for s in skip for m in s.modules()}
     for owner in module.modules():
@@ -327,14 +327,11 @@ def _managed(module: Module) -> list[tuple[Module, str, Any]]:
         for name, param in list(owner.named_parameters(recurse=False)):
             if isinstance(param, ShardedParameter):
                 raise FSDPError(
-                    f"fully_shard: {type(owner).__name__}.{name} is already sharded by a parent "
-                    "module; apply fully_shard to the layers first, then to the root.")
-            if id(param) in seen:
-                raise FSDPError(f"fully_shard: parameter {name} is shared within the module; "
-                                "shoal shards each parameter under one owner.")
-            seen.add(id(param))
-            entries.append((owner, name, param))
-    return entries
+                    f"fully_shard: {type(owner).__name__}.{name} is already sharded; apply "
+                    "fully_shard to the layers first, then to the root, and share a weight "
+                    "only between modules of one fully_shard call.")
+            entries.setdefault(id(param), ([], param))[0].append((owner, name))
+    return list(entries.values())
 
 
 def model_state_bytes(module: Module, optimizer: Any = None) -> int:

@@ -42,9 +42,9 @@ def _host(arr: Any) -> np.ndarray:
 class FSDPParam:
     """One parameter: where the module holds it, its shard, and its unsharded view."""
 
-    def __init__(self, owner: Module, name: str, param: Parameter, world: int, rank: int,
-                 slot: int, offset: int, host: bool) -> None:
-        self.owner, self.name = owner, name
+    def __init__(self, owners: list[tuple[Module, str]], param: Parameter, world: int,
+                 rank: int, slot: int, offset: int, host: bool) -> None:
+        self.owners = owners  # a tied weight (GPT's embedding and head) has two
         self.shape = tuple(param.shape)
         self.numel = int(param.numel())
         self.chunk = -(-self.numel // world)
@@ -66,7 +66,7 @@ class FSDPParam:
 class ParamGroup:
     """The sharded parameters of one module and their collectives over `group`."""
 
-    def __init__(self, entries: list[tuple[Module, str, Parameter]], group: Any,
+    def __init__(self, entries: list[tuple[list, Parameter]], group: Any,
                  replicate: Any, mp: MixedPrecisionPolicy, offload: bool,
                  on_grads_ready: Callable[["ParamGroup"], None]) -> None:
         self.pg, self.replicate = group, replicate
@@ -74,12 +74,12 @@ class ParamGroup:
         self.mp, self.offload = mp, offload
         self.params: list[FSDPParam] = []
         slot = offset = 0
-        for owner, name, param in entries:
-            fp = FSDPParam(owner, name, param, self.world, self.rank, slot, offset, offload)
+        for owners, param in entries:
+            fp = FSDPParam(owners, param, self.world, self.rank, slot, offset, offload)
             self.params.append(fp)
             slot, offset = slot + fp.chunk, offset + fp.numel
-            setattr(owner, name, fp.shard)
             fp.shard.group = group
+        self.use_shards()
         self.send_numel, self.full_numel = slot, offset
         dtypes = {fp.dtype for fp in self.params}
         if len(dtypes) > 1:
@@ -150,12 +150,14 @@ class ParamGroup:
     def use_full(self) -> None:
         """Let the modules see the whole parameters (for forward)."""
         for fp in self.params:
-            setattr(fp.owner, fp.name, fp.full)
+            for owner, name in fp.owners:
+                setattr(owner, name, fp.full)
 
     def use_shards(self) -> None:
         """Give the modules back their shards (between forwards, and what the optimizer sees)."""
         for fp in self.params:
-            setattr(fp.owner, fp.name, fp.shard)
+            for owner, name in fp.owners:
+                setattr(owner, name, fp.shard)
 
     def reshard(self) -> None:
         """Free the unsharded buffer's memory; graphs keep valid views that read zeros."""

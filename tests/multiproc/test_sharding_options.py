@@ -1,0 +1,197 @@
+"""fully_shard's options, the FullyShardedDataParallel wrapper, hybrid sharding and the ZeRO
+state dict, with ranks as threads of one process over real tcp groups (sockets and shared
+memory; no process start-up, so each case runs in well under a second).
+
+Models are built before the threads start: core's global RNG is not thread-safe, and every rank
+must start from the same weights, as ranks seeded alike do.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from shoal import core
+from shoal.collectives.backends.tcp.group import ProcessGroupTCP
+from shoal.collectives.fsdp import (
+    CPUOffloadPolicy,
+    FullyShardedDataParallel,
+    MixedPrecisionPolicy,
+    ShardingStrategy,
+)
+from shoal.collectives.optim import ZeroRedundancyOptimizer
+from shoal.collectives.store.hash import HashStore
+from shoal.collectives.store.prefix import PrefixStore
+from tests.multiproc.test_sharding import (
+    LR,
+    STEPS,
+    batch,
+    full_state,
+    make_model,
+    mse,
+    reference,
+    sharded,
+)
+from tests.support.threaded_ranks import form_groups, run_all
+
+RTOL, ATOL = 1e-9, 1e-10  # float64, sums in another order only (see test_sharding.py)
+
+
+def _groups(world, prefix="g"):
+    store = PrefixStore(prefix, HashStore())
+    return form_groups(world, lambda r: ProcessGroupTCP(store, r, world, timeout=10))
+
+
+def _train(model, rank, steps=STEPS, opt=None, micro=1):
+    opt = opt or core.optim.Adam(model.parameters(), lr=LR)
+    for step in range(steps):
+        opt.zero_grad()
+        for m in range(micro):
+            x, y = batch(step * micro + m, rank)
+            if micro > 1:
+                model.set_requires_gradient_sync(m == micro - 1)
+            mse(model(x), y, 1.0 / micro).backward()
+        opt.step()
+    return opt
+
+
+def _check(results, want, rtol=RTOL, atol=ATOL):
+    for rank, got in enumerate(results):
+        assert not isinstance(got, BaseException), got
+        for name, value in want.items():
+            np.testing.assert_allclose(got[name], value, rtol=rtol, atol=atol,
+                                       err_msg=f"rank {rank} {name}")
+
+
+def test_offload_policy_and_the_wrapper_match_one_process():
+    pgs = _groups(2)
+    models = [make_model() for _ in range(4)]
+
+    def body(pg, rank):
+        a = sharded(models[rank], pg, offload_policy=CPUOffloadPolicy())
+        _train(a, rank)
+        b = FullyShardedDataParallel(models[2 + rank], process_group=pg,
+                                     auto_wrap_policy={core.nn.Linear},
+                                     sharding_strategy=ShardingStrategy.SHARD_GRAD_OP)
+        _train(b, rank)
+        return {"offload": full_state(a), "wrapper": full_state(b.module)}
+
+    results = run_all(pgs, body)
+    want = reference(2)
+    _check([r["offload"] for r in results], want)
+    _check([{k.removeprefix("module."): v for k, v in r["wrapper"].items()} for r in results],
+           want)
+
+
+def test_gradient_sync_off_accumulates_micro_batches_locally():
+    pgs = _groups(2, "acc")
+    models = [make_model() for _ in range(2)]
+    want_model = make_model()
+    opt = core.optim.Adam(want_model.parameters(), lr=LR)
+    for step in range(STEPS):
+        opt.zero_grad()
+        for m in range(2):
+            for rank in range(2):
+                x, y = batch(step * 2 + m, rank)
+                mse(want_model(x), y, 0.25).backward()
+        opt.step()
+    want = {k: v.numpy() for k, v in want_model.state_dict().items()}
+    results = run_all(pgs, lambda pg, r: full_state(_sharded_trained(models[r], pg, r)))
+    _check(results, want)
+
+
+def _sharded_trained(model, pg, rank):
+    model = sharded(model, pg)
+    _train(model, rank, micro=2)
+    return model
+
+
+def test_mixed_precision_gathers_and_reduces_in_float32():
+    pgs = _groups(2, "mp")
+    models = [make_model() for _ in range(2)]
+    policy = MixedPrecisionPolicy(param_dtype=core.float32, reduce_dtype=core.float32)
+
+    def body(pg, rank):
+        model = sharded(models[rank], pg, mp_policy=policy)
+        seen = []
+        model.fc1.register_forward_pre_hook(lambda m, a: seen.append(m.weight.dtype))
+        _train(model, rank, opt=core.optim.SGD(model.parameters(), lr=0.1))
+        shard = model.fc1.weight
+        return full_state(model), seen[0], shard.dtype, shard.grad.dtype
+
+    results = run_all(pgs, body)
+    for _, gathered, kept, grad in results:
+        assert (gathered, kept, grad) == (core.float32, core.float64, core.float64)
+    ref = make_model()
+    opt = core.optim.SGD(ref.parameters(), lr=0.1)
+    for step in range(STEPS):
+        opt.zero_grad()
+        for rank in range(2):
+            x, y = batch(step, rank)
+            mse(ref(x), y, 0.5).backward()
+        opt.step()
+    # float32 compute: weights rounded to 2^-24 relative, activations and gradients through
+    # three layers of at most 13-term sums keep a relative error of a few 1e-7; SGD moves each
+    # weight by lr * grad (lr 0.1, |grad| < 4 here), so three steps differ by about 1e-7.
+    _check([r[0] for r in results], {k: v.numpy() for k, v in ref.state_dict().items()},
+           rtol=0, atol=1e-6)
+
+
+def test_hybrid_sharding_shards_within_pairs_and_replicates_across():
+    world = 4
+    store = HashStore()
+    # Ranks {0,1} and {2,3} are the "hosts" (shard groups); {0,2} and {1,3} replicate.
+    shard = form_groups(world, lambda r: ProcessGroupTCP(
+        PrefixStore(f"shard{r // 2}", store), r % 2, 2, timeout=10))
+    replicate = form_groups(world, lambda r: ProcessGroupTCP(
+        PrefixStore(f"rep{r % 2}", store), r // 2, 2, timeout=10))
+    models = [make_model() for _ in range(world)]
+
+    def body(pg, rank):
+        mesh = (replicate[rank], shard[rank])
+        model = sharded(models[rank], mesh)
+        _train(model, rank)
+        return full_state(model)
+
+    results = run_all(list(range(world)), lambda _, rank: body(None, rank))
+    _check(results, reference(world))
+    assert models[0].fc1.weight.numel() == -(-13 * 7 // 2)  # half of fc1, not a quarter
+
+
+def test_zero_state_dict_loads_back_into_fresh_optimizers():
+    pgs = _groups(3, "zero")
+    models = [make_model() for _ in range(6)]
+
+    def body(pg, rank):
+        model = models[rank]
+        zero = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=core.optim.Adam,
+                                       process_group=pg, lr=LR)
+        for step in range(2):
+            zero.zero_grad()
+            x, y = batch(step, 0)  # every rank the same batch: no DDP needed
+            mse(model(x), y).backward()
+            zero.step()
+        zero.consolidate_state_dict(to=1)
+        full = [zero.state_dict() if rank == 1 else None]
+        pg.broadcast_object_list(full, 1)
+        if rank != 1:
+            with pytest.raises(RuntimeError, match="consolidate_state_dict"):
+                zero.state_dict()
+        fresh = ZeroRedundancyOptimizer(models[3 + rank].parameters(),
+                                        optimizer_class=core.optim.Adam, process_group=pg,
+                                        lr=0.5)
+        fresh.load_state_dict(full[0])
+        mine = {id(p): i for i, p in enumerate(models[3 + rank].parameters())}
+        return (fresh.param_groups[0]["lr"],
+                {mine[id(p)]: s["exp_avg"].numpy().copy() for p, s in fresh.optim.state.items()},
+                full[0])
+
+    results = run_all(pgs, body)
+    held = {}
+    for lr, local, full in results:
+        assert lr == LR
+        for index, exp_avg in local.items():
+            assert index not in held  # each parameter's state on exactly one rank
+            held[index] = exp_avg
+            assert np.array_equal(exp_avg, full["state"][index]["exp_avg"].numpy())
+    assert sorted(held) == list(range(6))
