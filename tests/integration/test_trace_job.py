@@ -100,18 +100,18 @@ def test_summary_names_the_slow_rank_as_the_straggler(profile_dir):
     assert "straggler: rank 1 " in res.stdout, res.stdout
     rows = [line.split() for line in res.stdout.splitlines() if line[:4].strip().isdigit()]
     assert {(r[0], r[1]) for r in rows} == {(k, s) for k in "01" for s in "345"}
-    for r in rows:
-        if r[0] == "1":
-            # the extra 50 ms of compute on rank 1 (the loop's Python between the matmuls and
-            # the memory profiler's bookkeeping read as idle: 39-48 ms measured)
-            assert float(r[3]) >= 30
-            assert float(r[8]) < 10  # and it hardly waits for rank 0 in collectives
-        else:
-            # rank 0 waits for most of rank 1's extra 50 ms in the all_reduce, exposed, and
-            # waiting for a peer, not moving data (a loaded machine can shift a few ms of the
-            # wait into the step before: measured 43-58 ms per step on two shared cores)
-            assert float(r[6]) >= 35
-            assert float(r[8]) >= 35
+    def mean(rank: str, column: int) -> float:
+        return sum(float(r[column]) for r in rows if r[0] == rank) / 3
+
+    # Means over the window's three steps: on a loaded machine a rank descheduled for tens
+    # of ms moves part of one step's wait into the next (per step: 7-306 ms measured on two
+    # shared cores, 43-58 ms on quiet ones).
+    # rank 1's extra 50 ms of compute (the loop's Python between the matmuls reads as idle:
+    # 39-48 ms a step measured), and it hardly waits for rank 0 in collectives
+    assert mean("1", 3) >= 30 and mean("1", 8) < 10
+    # rank 0 waits for most of rank 1's extra 50 ms in the all_reduce, exposed, and waiting
+    # for a peer, not moving data
+    assert mean("0", 6) >= 35 and mean("0", 8) >= 35
 
 
 def test_plot_draws_the_timelines(profile_dir, tmp_path):
@@ -194,10 +194,10 @@ def test_tensorboard_overview_has_every_step_with_a_communication_share(tensorbo
         rows = {r[0]: r[1] for r in steps["rows"]}
         assert sorted(rows) == ["3", "4", "5"], rows  # the window's steps, each its own
         assert all(v > 0 for v in rows.values()), (worker, rows)
-    # rank 0 spends its steps waiting for rank 1 in all_reduce: most of each step (35 ms of
-    # the 50: a loaded machine can shift a few ms of a wait into the step before)
+    # rank 0 spends its steps waiting for rank 1 in all_reduce: most of the 50 ms rank 1
+    # computes more, on average over the steps (a loaded machine moves waits between steps)
     rank0 = _profile(tensorboard_run, "rank0").overview["steps"]["rows"]
-    assert all(r[1] >= 35_000 for r in rank0)  # us; rank 1 computes 50 ms more a step
+    assert sum(r[1] for r in rank0) / len(rank0) >= 35_000  # us
 
 
 def test_tensorboard_operator_view_has_backward_and_optimizer_ops(tensorboard_run):
