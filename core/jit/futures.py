@@ -24,7 +24,7 @@ class Future:
     """The result of a forked call (torch.jit.Future): wait() returns it or raises its error."""
 
     __slots__ = ("_fn", "_args", "_kwargs", "_grad", "_state", "_value", "_error", "_lock",
-                 "_done", "_callbacks")
+                 "_done", "_callbacks", "_after")
 
     def __init__(self, fn: Callable, args: tuple, kwargs: dict) -> None:
         self._fn, self._args, self._kwargs = fn, args, kwargs
@@ -35,6 +35,7 @@ class Future:
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._callbacks: list[Callable] = []
+        self._after: Future | None = None  # then(): runs when this future finishes, not before
 
     def _claim(self) -> bool:
         with self._lock:
@@ -58,8 +59,8 @@ class Future:
             self._fn = self._args = self._kwargs = None
             with self._lock:
                 self._state = _DONE
+                self._done.set()  # under the lock: then() sees _DONE only once it is set
                 callbacks, self._callbacks = self._callbacks, []
-            self._done.set()
         for cb in callbacks:
             cb(self)
 
@@ -71,7 +72,8 @@ class Future:
         """The call's value (its exception re-raised); runs it here if it has not started.
 
         Raises TimeoutError when `timeout` (seconds) passes first."""
-        self._run()
+        if self._after is None:
+            self._run()
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
         if not self._done.wait(seconds):
             raise TimeoutError(f"core.jit.wait: the forked call did not finish within "
@@ -90,6 +92,7 @@ class Future:
     def then(self, callback: Callable[["Future"], Any]) -> "Future":
         """A future of callback(self), run once this one finishes."""
         follow = Future(callback, (self,), {})
+        follow._after = self
         with self._lock:
             if self._state != _DONE:
                 self._callbacks.append(lambda _: follow._run())
