@@ -57,7 +57,7 @@ from shoal.launcher.converters import (  # noqa: F401  (DEFAULT_* and RDZV_CONF_
     text_value,
     _int_at_least,
 )
-from shoal.launcher import torch_conf
+from shoal.launcher import slurm, torch_conf
 from shoal.launcher.flag_spec import ENV_PREFIX, Flag, add_flag, apply_env
 from shoal.launcher.streams import StdSpec
 
@@ -285,6 +285,7 @@ def parse_run(argv: Sequence[str], environ: Optional[Mapping[str, str]] = None) 
     environ = os.environ if environ is None else environ
     parser = run_parser()
     ns = parser.parse_args(_bare_tee(argv))
+    environ = slurm.fill_in(parser, ns, environ)  # inside `srun`: Slurm's nodes and rendezvous
     apply_env(parser, [flag for group in RUN_GROUPS.values() for flag in group], ns, environ)
     if ns.rdzv_backend is None:
         # torchrun's default is static at --master-addr:--master-port; shoal's is an embedded
