@@ -6,6 +6,7 @@ of this module.
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable
 
 import numpy as np
@@ -210,7 +211,9 @@ class Tensor:
         return bool(self.item())
 
     def __repr__(self) -> str:
-        body = np.array2string(self.numpy(force=True), separator=", ", prefix="tensor(")
+        data = self.numpy(force=True)
+        body = np.array2string(data, separator=", ", prefix="tensor(",
+                               formatter=_complex_formatter(data))
         extras = []
         if self.device.type != "cpu":
             extras.append(f"device='{self.device}'")
@@ -497,6 +500,23 @@ def _fill_value(value: Any, dt: np.dtype) -> Any:
         if not wraps and not info.min <= value <= info.max:
             raise RuntimeError(f"value cannot be converted to type {dt.name}_t without overflow")
     return np.asarray(value).astype(dt)[()]
+
+
+def _complex_formatter(data: np.ndarray) -> dict | None:
+    """torch's complex layout for repr: real parts aligned, each imaginary part written right
+    after its real one ("-8.+0.j", where numpy aligns imaginary parts too: "-8. +0.j")."""
+    if data.dtype.kind != "c" or data.size == 0:
+        return None
+    try:
+        from numpy._core.arrayprint import FloatingFormat  # noqa: PLC0415 - repr only
+    except ImportError:  # numpy moved its private formatter: keep numpy's own layout
+        return None
+    opts = np.get_printoptions()
+    args = (opts["precision"], opts["floatmode"], opts["suppress"])
+    legacy = opts.get("legacy") or sys.maxsize  # numpy's own value for "no legacy mode"
+    real = FloatingFormat(data.real.ravel(), *args, legacy=legacy)
+    imag = FloatingFormat(data.imag.ravel(), *args, sign=True, legacy=legacy)
+    return {"complexfloat": lambda z: real(z.real) + imag(z.imag).strip() + "j"}
 
 
 def _raw(x: Any) -> Any:

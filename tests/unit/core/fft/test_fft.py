@@ -86,6 +86,11 @@ def test_the_seed_example_and_torch_dtypes():
     assert out.dtype is core.complex64
     assert out.tolist() == [6 + 0j, -2 + 2j, -2 + 0j, -2 - 2j]
     assert repr(out) == repr(torch.fft.fft(torch.arange(4))).replace("torch.", "core.")
+    seed_complex = [0.0 + 1.0j, 2.0 + 3.0j, 4.0 + 5.0j, 6.0 + 7.0j]  # the release notes' second
+    assert repr(core.fft.fft(core.tensor(seed_complex))) == (
+        "tensor([12.+16.j, -8.+0.j, -4.-4.j,  0.-8.j])")
+    assert repr(torch.fft.fft(torch.tensor(seed_complex))) == (
+        "tensor([12.+16.j, -8.+0.j, -4.-4.j,  0.-8.j])")
     for dt, want in [(core.float32, core.complex64), (core.float64, core.complex128),
                      (core.int32, core.complex64), (core.bool, core.complex64),
                      (core.complex128, core.complex128)]:
