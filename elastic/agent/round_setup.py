@@ -8,8 +8,8 @@ import dataclasses
 import os
 from typing import Optional, Sequence
 
-from shoal.collectives.store.tcp import TCPStore
 from shoal.elastic.agent.env import WorkerPlace, worker_env
+from shoal.elastic.agent.store_door import WorkerStoreDoor
 from shoal.elastic.agent.spec import WorkerSpec
 from shoal.elastic.api import RendezvousInfo
 
@@ -27,11 +27,11 @@ class RoundPlan:
     error_files: dict[int, str]
 
 
-def open_master_store(spec: WorkerSpec) -> TCPStore:
-    """The workers' store, hosted by node rank 0's agent; a fresh one per round, so restarted
-    workers never see the dead attempt's keys."""
-    return TCPStore(spec.local_addr, 0, is_master=True, timeout=spec.master_timeout,
-                    token=spec.auth_token)
+def open_master_store(spec: WorkerSpec) -> WorkerStoreDoor:
+    """The workers' store, hosted by node rank 0's agent: shoal's authenticated store and
+    torch's protocol on one port (see store_door); a fresh one per round, so restarted workers
+    never see the dead attempt's keys."""
+    return WorkerStoreDoor(spec.local_addr, spec.auth_token)
 
 
 def plan_round(spec: WorkerSpec, info: RendezvousInfo, counts: Sequence[int], *,
