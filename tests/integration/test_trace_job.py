@@ -106,9 +106,10 @@ def test_summary_names_the_slow_rank_as_the_straggler(profile_dir):
     # Means over the window's three steps: on a loaded machine a rank descheduled for tens
     # of ms moves part of one step's wait into the next (per step: 7-306 ms measured on two
     # shared cores, 43-58 ms on quiet ones).
-    # rank 1's extra 50 ms of compute (the loop's Python between the matmuls reads as idle:
-    # 39-48 ms a step measured), and it hardly waits for rank 0 in collectives
-    assert mean("1", 3) >= 30 and mean("1", 8) < 10
+    # rank 1's extra 50 ms of compute (the loop's Python between the matmuls, and any time
+    # the rank is descheduled inside the loop, read as idle: 39-48 ms a step measured on a
+    # quiet machine, a mean of 34 at a load of 8 on two cores), and it hardly waits for rank 0
+    assert mean("1", 3) >= 20 and mean("1", 8) < 10
     # rank 0 waits for most of rank 1's extra 50 ms in the all_reduce, exposed, and waiting
     # for a peer, not moving data
     assert mean("0", 6) >= 35 and mean("0", 8) >= 35
