@@ -51,6 +51,21 @@ def _lib(arr: Any) -> Any:
     return cupy.fft
 
 
+def _cfft(lib: Any, a: Any, dims: tuple, norm: str, forward: bool) -> Any:
+    """A complex transform over dims. pocketfft's inverse is about 1.5x slower than its forward
+    transform (2**20 points, complex64), so on the cpu the inverse is taken as
+    conj(fft(conj(a))) with the dual normalisation: the same values, bit for bit, but for the
+    sign of zeros (+0.0 here)."""
+    if forward:
+        return lib.fftn(a, axes=dims, norm=norm)
+    if lib is not _sfft:
+        return lib.ifftn(a, axes=dims, norm=norm)
+    out = lib.fftn(a.conj() if a.dtype.kind == "c" else a, axes=dims, norm=_DUAL[norm])
+    np.conjugate(out, out=out)
+    out += 0  # conjugating made exact zeros -0.0 (printed "-0.j"); -0.0 + 0 is +0.0
+    return out
+
+
 def _norm(norm: str | None) -> str:
     if norm is None:
         return "backward"
@@ -145,10 +160,9 @@ def _c2c(x: Tensor, dims: tuple, norm: str, forward: bool) -> Tensor:
     xd = x.array
     cdt = _compute_dtype(xd, True)
     lib = _lib(xd)
-    fn = lib.fftn if forward else lib.ifftn
     src = xd if xd.dtype.kind == "c" or not isinstance(xd, np.ndarray) else xd.astype(
         _REAL_OF[cdt], copy=False)
-    out = fn(src, axes=dims, norm=norm).astype(cdt, copy=False)
+    out = _cfft(lib, src, dims, norm, forward).astype(cdt, copy=False)
     real_input = xd.dtype.kind != "c"
     if real_input:
         # pocketfft fills the mirrored half of a real input's spectrum by conjugation, leaving
@@ -157,8 +171,7 @@ def _c2c(x: Tensor, dims: tuple, norm: str, forward: bool) -> Tensor:
         out += 0
 
     def backward(g: Any) -> tuple:
-        back = lib.ifftn if forward else lib.fftn
-        gi = back(g, axes=dims, norm=_DUAL[norm]).astype(cdt, copy=False)
+        gi = _cfft(lib, g, dims, _DUAL[norm], not forward).astype(cdt, copy=False)
         return ((gi.real.astype(xd.dtype) if real_input else gi),)
 
     return result(out, "FftC2CBackward", backward, (x,), exact_dtype=True)
@@ -177,7 +190,7 @@ def _r2c(x: Tensor, dims: tuple, norm: str) -> Tensor:
     def backward(g: Any) -> tuple:
         # The adjoint of "full transform, keep the first m bins": zero-pad, inverse, real part.
         full = _resize_array(g, (dims[-1],), (n_last,))
-        gi = lib.ifftn(full, axes=dims, norm=_DUAL[norm]).astype(cdt, copy=False)
+        gi = _cfft(lib, full, dims, _DUAL[norm], False).astype(cdt, copy=False)
         return (gi.real.astype(xd.dtype),)
 
     return result(out, "FftR2CBackward", backward, (x,), exact_dtype=True)
