@@ -18,6 +18,11 @@ Two variants, as torch has:
   (torch's reentrant checkpoint, with its restrictions: no kwargs; outputs need an argument
   that requires grad).
 
+While a non-reentrant segment runs forward it holds its own graph, as backward's recomputation
+will: the saving is that only the segments' outputs stay once forward has moved on. Under DDP a
+block reused by several non-reentrant checkpoints gets its gradient once per backward, so DDP
+needs no static_graph (the reentrant variant's inner backwards fire its hooks once each).
+
 Recomputation replays the same ops on the same arrays, so every gradient equals the one without
 checkpointing bit for bit when each tensor the segment reads gets all its gradient from inside
 it. A tensor that also feeds ops outside the segment gets the segment's gradient as one sum,
@@ -48,6 +53,11 @@ class _RecomputeState:
     """What backward needs to run the segment again exactly as forward ran it."""
 
     def __init__(self, fn: Callable, args: tuple, kwargs: dict, preserve_rng: bool) -> None:
+        if preserve_rng and any(_on_cupy(a) for a in args):
+            warnings.warn(
+                "core.utils.checkpoint preserves the CPU random state only: random ops on CUDA "
+                "inside the checkpoint (dropout) draw other numbers when recomputed.",
+                UserWarning, stacklevel=4)
         self.fn = fn
         self.args = args
         self.kwargs = kwargs
@@ -86,6 +96,10 @@ class _RecomputeState:
                 f"pass's {self.output_meta} (shape, dtype): the checkpointed function must run "
                 "the same ops in backward as in forward (no data-dependent control flow on "
                 "state that changed in between).")
+
+
+def _on_cupy(a: Any) -> bool:
+    return isinstance(a, Tensor) and type(a.array).__module__.startswith("cupy")
 
 
 def _dtype_of(np_dtype: Any) -> Any:
