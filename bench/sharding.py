@@ -8,8 +8,9 @@ per rank. Every rank holds the four set-ups at once, same weights and data:
   fsdp  fully_shard on each block, then on the root (torch: FSDP2's fully_shard)
   zero  DDP with ZeroRedundancyOptimizer(AdamW) (torch: DDP + its ZeroRedundancyOptimizer)
 
-and runs rotating blocks of steps of each, meeting the others at a barrier before each block, so
-machine noise hits all alike; a step's time is the slowest rank's. Memory is what a rank holds
+and runs rotating blocks of steps of each, and of one replica stepping alone (`replica`: no
+communication; overhead = a set-up's step - the replica's), meeting the others at a barrier
+before each block, so machine noise hits all alike; a step's time is the slowest rank's. Memory is what a rank holds
 for parameters, gradients and optimizer state after a step, counted from the arrays (each
 distinct buffer once, views by their base; torch: tensor storages), not RSS; `ideal_ratio` is
 that over 1/W of one replica's (the same model and AdamW in one process).
@@ -139,7 +140,7 @@ def _rank_body(rank, world, port, init_file, cfg):
         return time.perf_counter() - t0
 
     kinds = {f"shoal_{k}": (lambda m=shoal[k][0], o=shoal[k][1]: shoal_step(m, o))
-             for k in ("fsdp", "zero")}
+             for k in ("fsdp", "zero", "replica")}
     shoal_step(*shoal["replica"][:2])
     memory = {"shoal_replica": model_state_bytes(shoal["replica"][0], shoal["replica"][2])}
     if cfg["compare"]:
@@ -161,11 +162,11 @@ def _rank_body(rank, world, port, init_file, cfg):
             opt.step()
             return time.perf_counter() - t0
 
-        for k in ("fsdp", "zero"):
+        for k in ("fsdp", "zero", "replica"):
             kinds[f"torch_{k}"] = (lambda m=tsets[k][0], o=tsets[k][1]: torch_step(m, o))
         torch_step(*tsets["replica"][:2])
         memory["torch_replica"] = _torch_bytes(tsets["replica"][0], tsets["replica"][2])
-    for _ in range(cfg["warmup"]):
+    for _ in range(max(1, cfg["warmup"])):  # memory is read after a step: grads and state exist
         for step in kinds.values():
             step()
     for k in ("fsdp", "zero"):
@@ -258,25 +259,28 @@ def main(argv=None) -> int:
         for kind in times:
             impl, setup = kind.split("_")
             replica = memory[f"{impl}_replica"]
+            local = statistics.median(times[f"{impl}_replica"]) * 1e3
             rows.append({
                 "bench": "sharding", "impl": impl, "setup": setup, "world": world,
                 "model": "gpt-4x144", "steps": len(times[kind]),
                 "step_ms": statistics.median(times[kind]) * 1e3,
                 "step_spread_ms": (max(times[kind]) - min(times[kind])) * 1e3,
+                "overhead_ms": statistics.median(times[kind]) * 1e3 - local,
                 "model_state_bytes": memory[kind], "replica_bytes": replica,
                 "ideal_ratio": memory[kind] / (replica / world),
             })
         if compare:
             by = {(r["impl"], r["setup"]): r for r in rows if r["world"] == world}
-            for setup in ("fsdp", "zero"):
+            for setup in ("fsdp", "zero", "replica"):
                 by[("shoal", setup)]["step_vs_torch"] = (
                     by[("shoal", setup)]["step_ms"] / by[("torch", setup)]["step_ms"])
-    print(f"{'impl':<6} {'setup':<5} {'W':>2} {'step ms':>8} {'spread':>7} {'state MB':>9} "
-          f"{'x 1/W ideal':>11} {'x torch':>8}")
+    print(f"{'impl':<6} {'setup':<7} {'W':>2} {'step ms':>8} {'spread':>7} {'overhead':>8} "
+          f"{'state MB':>9} {'x 1/W ideal':>11} {'x torch':>8}")
     for r in rows:
         ratio = f"{r['step_vs_torch']:.2f}" if "step_vs_torch" in r else "-"
-        print(f"{r['impl']:<6} {r['setup']:<5} {r['world']:>2} {r['step_ms']:>8.1f} "
-              f"{r['step_spread_ms']:>7.1f} {r['model_state_bytes'] / 1e6:>9.3f} "
+        print(f"{r['impl']:<6} {r['setup']:<7} {r['world']:>2} {r['step_ms']:>8.1f} "
+              f"{r['step_spread_ms']:>7.1f} {r['overhead_ms']:>8.1f} "
+              f"{r['model_state_bytes'] / 1e6:>9.3f} "
               f"{r['ideal_ratio']:>11.3f} {ratio:>8}")
     for r in rows:
         print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}))
