@@ -9,11 +9,21 @@ import numpy as np
 import scipy.linalg
 
 from shoal.core.autograd_function import Function, once_differentiable
+from shoal.core.grad_mode import grad_mode
 from shoal.core.linalg._common import (
     LinAlgError, check_matrix, check_square, first_failure, lapack, mh, prefix, xp_of,
 )
 from shoal.core.ops._util import result
 from shoal.core.tensor import Tensor, wrap
+
+
+def _refuse_complex_grad(A: Tensor, op: str) -> None:
+    """Multi-output functions' complex outputs carry no gradient in core's autograd.Function
+    yet: refuse rather than return vectors that silently do not differentiate."""
+    if A.array.dtype.kind == "c" and A.requires_grad and grad_mode.enabled:
+        raise NotImplementedError(
+            f"{op}: gradients of complex input are not supported yet (the real-valued "
+            "eigvalsh, svdvals and matrix norms do support them).")
 
 
 def _not_positive_definite(m: Any) -> int:
@@ -109,6 +119,7 @@ class _QR(Function):
 def qr(A: Tensor, mode: str = "reduced") -> QRResult:
     """(Q, R) with A = Q R; mode 'reduced', 'complete' or 'r' (Q empty), as torch."""
     check_matrix(A, "linalg.qr")
+    _refuse_complex_grad(A, "linalg.qr")
     if mode not in ("reduced", "complete", "r"):
         raise RuntimeError(f"qr received unrecognized mode '{mode}' but expected one of "
                            "'reduced' (default), 'r', or 'complete'")
@@ -156,6 +167,7 @@ def _eigh_grad(w: Any, v: Any, gw: Any, gv: Any) -> Any:
 def eigh(A: Tensor, UPLO: str = "L") -> EighResult:
     """Eigenvalues (ascending) and eigenvectors of Hermitian matrices, from one triangle."""
     check_square(A, "linalg.eigh")
+    _refuse_complex_grad(A, "linalg.eigh")
     _check_uplo(UPLO)
     return EighResult(*_Eigh.apply(A, UPLO))
 
@@ -225,6 +237,7 @@ def svd_grad(u: Any, s: Any, vh: Any, gu: Any, gs: Any, gvh: Any) -> Any:
 def svd(A: Tensor, full_matrices: bool = True, *, driver: str | None = None) -> SVDResult:
     """(U, S, Vh) with A = U diag(S) Vh, singular values descending (LAPACK gesdd)."""
     check_matrix(A, "linalg.svd")
+    _refuse_complex_grad(A, "linalg.svd")
     if driver is not None:
         raise RuntimeError("torch.linalg.svd: keyword argument `driver=` is only supported on "
                            "CUDA inputs with cuSOLVER backend.")
