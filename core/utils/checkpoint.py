@@ -152,6 +152,7 @@ class _NonReentrant(Function):
 
     @staticmethod
     def backward(ctx: Any, *grad_outputs: Any) -> tuple:
+        _refuse_create_graph()
         state, boundary = ctx.state, ctx.inputs[2:]
         args = tuple(_detached(a) for a in state.args)
         by_id = {id(a): d for a, d in zip(state.args, args) if isinstance(a, Tensor)}
@@ -190,6 +191,7 @@ class _Reentrant(Function):
 
     @staticmethod
     def backward(ctx: Any, *grad_outputs: Any) -> tuple:
+        _refuse_create_graph()
         state = ctx.state
         args = tuple(_detached(a) for a in state.args)
         with _grad_enabled(True):
@@ -201,6 +203,16 @@ class _Reentrant(Function):
         autograd.run_backward(roots, seeds, False)
         grads = [a.grad if isinstance(a, Tensor) else None for a in args]
         return (None,) + tuple(grads)
+
+
+def _refuse_create_graph() -> None:
+    # The first-order engine runs backward with grad mode off; the create_graph engine runs it
+    # on, to record the gradients' own graph, which the inner backward here would not build.
+    if grad_mode.enabled:
+        raise autograd.AutogradError(
+            "core.utils.checkpoint supports first-order backward only: backward or "
+            "autograd.grad with create_graph=True through a checkpoint is not supported; run "
+            "that part without checkpointing.")
 
 
 class _grad_enabled:  # noqa: N801 - a context manager, named as grad_mode's are

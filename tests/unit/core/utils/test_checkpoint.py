@@ -142,6 +142,14 @@ def test_nested_checkpoints_and_a_second_backward_with_retain_graph():
         assert np.array_equal(p.grad.array, a * 2)  # doubling is exact in binary floating point
 
 
+@pytest.mark.parametrize("reentrant", VARIANTS)
+def test_create_graph_through_a_checkpoint_is_refused_not_silently_first_order(reentrant):
+    x = core.randn(3, requires_grad=True)
+    y = checkpoint(lambda a: (a * a).sin(), x, use_reentrant=reentrant)
+    with pytest.raises(core.AutogradError, match="first-order backward only"):
+        core.autograd.grad(y.sum(), x, create_graph=True)
+
+
 def test_recomputation_that_differs_from_forward_is_refused():
     x = core.randn(4, requires_grad=True)
     calls = []
