@@ -169,6 +169,7 @@ def _sinc_derivative(x: Any) -> Any:
 
 def expit(input: Tensor) -> Tensor:  # noqa: A002 - torch's name
     """The logistic sigmoid, 1 / (1 + exp(-x)) (core.sigmoid)."""
+    _float_input(input, "expit")  # torch's refusals: not a tensor, complex
     if input.array.dtype.kind in "biu":
         return _sigmoid(Tensor(input.array.astype(_F32)))
     return _sigmoid(input)

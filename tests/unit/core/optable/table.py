@@ -39,6 +39,10 @@ TOLERANCES = {
     # to one 16-bit step: float16's is 2**-10 (1e-3) relative, bfloat16's 2**-7 (7.8e-3).
     "float16": (2e-3, 1e-3),
     "bfloat16": (1.6e-2, 1e-2),
+    # Complex results (core.fft, complex ops): pocketfft against torch's FFT (MKL or pocketfft)
+    # on at most 60 points, an error of a few ulp times log2(n) of the largest magnitude (~10).
+    "complex64": (1e-5, 1e-5),
+    "complex128": (1e-12, 1e-12),
 }
 # Gradients are compared in float64: both run the same chain rule and differ by reassociation
 # only, which in double costs a few ulp per term (< 1e-13 relative on these sizes).
@@ -235,7 +239,7 @@ def as_numpy(t: Any) -> np.ndarray:
     if isinstance(t, core.Tensor):
         arr = t.numpy(force=True)
         return arr.astype(np.float64) if arr.dtype.kind in "fV" and arr.itemsize == 2 else arr
-    t = t.detach()
+    t = t.detach().resolve_conj().resolve_neg()  # torch.fft's inverses return lazy conjugates
     if t.dtype in (torch.bfloat16, torch.float16):
         t = t.to(torch.float64)
     return t.numpy()

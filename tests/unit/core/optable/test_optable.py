@@ -13,13 +13,15 @@ from shoal import core
 from tests.unit.core.optable import entries_elementwise, entries_reduce, entries_tensor
 from tests.unit.core.optable import entries_complex, entries_everyday
 from tests.unit.core.optable import entries_linalg
+from tests.unit.core.optable import entries_fft, entries_special
 from tests.unit.core.optable.table import (
     GRAD_TOLERANCE, A, Lib, OpInfo, assert_like, assert_same, materialise, tensors_of,
 )
 
 ENTRIES: list[OpInfo] = (
     entries_elementwise.ENTRIES + entries_reduce.ENTRIES + entries_tensor.ENTRIES
-    + entries_complex.ENTRIES + entries_everyday.ENTRIES + entries_linalg.ENTRIES)
+    + entries_complex.ENTRIES + entries_everyday.ENTRIES + entries_linalg.ENTRIES
+    + entries_fft.ENTRIES + entries_special.ENTRIES)
 
 
 def _aliasable(entry: OpInfo) -> int | None:
