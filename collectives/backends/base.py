@@ -78,7 +78,8 @@ class BackendGroup(ProcessGroup):
         self._global_ranks = _checked_global_ranks(global_ranks, size)
         self._ledger = OpLedger()
         self._ledger.group = name  # profiler events name the group (subgroups apart)
-        self._ledger.backend, self._ledger.global_ranks = self.backend_name, self._global_ranks
+        self._ledger.backend = getattr(self, "backend_name", "")
+        self._ledger.global_ranks = self._global_ranks
         self._watchdog: Optional[Watchdog] = None
         self._destroyed = False
 
