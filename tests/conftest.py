@@ -121,6 +121,8 @@ SLOW_TESTS = {
         "its teardown waits for the sealed group's links to close",
     "unit/torch_bridge/test_torch_store_contract.py":
         "the store contract over torch's stores: deliberate 0.2 s timeouts, 2 s together",
+    "unit/collectives/test_distributed_checkpoint.py::test_the_export_is_one_safetensors_file_torch_reads":
+        "imports torch through safetensors.torch (3 s when nothing imported it before)",
 }
 
 

@@ -111,8 +111,9 @@ def load(state_dict: dict, *, checkpoint_id: str | os.PathLike, storage_reader: 
     by_file: dict[str, list] = collections.defaultdict(list)
     for item in reads:
         by_file[item.file].append(item)
+    budgets = md.file_budgets(body)
     for file, items in sorted(by_file.items()):
-        arrays = md.read_data_file(directory, file, key)  # verified before any use
+        arrays = md.read_data_file(directory, file, key, budgets[file])  # verified before use
         for item in items:
             src = arrays.get(item.fqn)
             if src is None or src.size < item.src_offset + item.numel:
@@ -156,6 +157,7 @@ def export_safetensors(checkpoint_id: str | os.PathLike, path: str | os.PathLike
     key = md.derive_key(token)
     body = md.read_metadata(directory, key)
     files: dict[str, dict] = {}
+    budgets = md.file_budgets(body)
     state: dict = {}
     for fqn, entry in body["tensors"].items():
         numel = int(np.prod(entry["shape"], dtype=np.int64))
@@ -163,7 +165,7 @@ def export_safetensors(checkpoint_id: str | os.PathLike, path: str | os.PathLike
         filled = 0
         for file, offset, count in entry["chunks"]:
             if file not in files:
-                files[file] = md.read_data_file(directory, file, key)
+                files[file] = md.read_data_file(directory, file, key, budgets[file])
             whole[offset:offset + count] = files[file][fqn].reshape(-1)[:count]
             filled += count
         if filled != numel:

@@ -26,13 +26,13 @@ import os
 import secrets
 from typing import Any, Optional
 
-from shoal.core import serialization
+from shoal.core import dtypes, serialization
 from shoal.core.auth import load_token
 from shoal.core.errors import ShoalError
 
 __all__ = ["CheckpointException", "METADATA_NAME", "data_file_name", "derive_key",
-           "read_data_file", "read_metadata", "write_atomically", "write_data_file",
-           "write_metadata"]
+           "file_budgets", "read_data_file", "read_metadata", "write_atomically",
+           "write_data_file", "write_metadata"]
 
 METADATA_NAME = ".metadata"
 VERSION = 1
@@ -115,13 +115,18 @@ def write_data_file(directory: str, rank: int, arrays: dict, key: bytes) -> str:
     return name
 
 
-def read_data_file(directory: str, name: str, key: bytes) -> dict:
-    """A verified data file's arrays by entry name."""
+def read_data_file(directory: str, name: str, key: bytes, max_bytes: int) -> dict:
+    """A verified data file's arrays by entry name; a file over `max_bytes` (what the verified
+    metadata says it holds, plus room for its header) is refused before it is read."""
     if os.path.basename(name) != name or not name.endswith(".distcp"):
         raise CheckpointException(f"The metadata names a data file {name!r} outside the "
                                   "checkpoint directory; refused.")
     path = os.path.join(directory, name)
     try:
+        if os.path.getsize(path) > max_bytes:
+            raise CheckpointException(
+                f"{path} holds {os.path.getsize(path)} bytes, more than the {max_bytes} its "
+                "metadata accounts for; refused.")
         with open(path, "rb") as f:
             blob = f.read()
         arrays, metadata = serialization.read_safetensors(blob, path)
@@ -135,6 +140,17 @@ def read_data_file(directory: str, name: str, key: bytes) -> dict:
             f"{path} does not verify under this job's secret: written by another job or "
             "changed since.")
     return arrays
+
+
+def file_budgets(body: dict) -> dict[str, int]:
+    """The most bytes each data file may hold: its chunks' bytes plus its header (a JSON entry
+    of well under 1 KiB per chunk, and the metadata strings)."""
+    budgets: dict[str, int] = {}
+    for fqn, entry in body["tensors"].items():
+        itemsize = dtypes.get(entry["dtype"]).np.itemsize
+        for file, _offset, numel in entry["chunks"]:
+            budgets[file] = budgets.get(file, 4096) + int(numel) * itemsize + 1024 + len(fqn)
+    return budgets
 
 
 def encode_value(value: Any, fqn: str) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from shoal.collectives.checkpoint.metadata import CheckpointException
@@ -22,13 +23,27 @@ from shoal.core import backend
 from shoal.core.autograd import no_grad
 from shoal.core.tensor import Tensor
 
-__all__ = ["get_model_state_dict", "get_optimizer_state_dict", "get_state_dict",
-           "set_model_state_dict", "set_optimizer_state_dict", "set_state_dict"]
+__all__ = ["StateDictOptions", "get_model_state_dict", "get_optimizer_state_dict",
+           "get_state_dict", "set_model_state_dict", "set_optimizer_state_dict",
+           "set_state_dict"]
 
 
-def get_model_state_dict(model: Any) -> "OrderedDict[str, Tensor]":
+@dataclass(frozen=True)
+class StateDictOptions:
+    """full_state_dict=True: whole tensors (gathered from the shards: a collective) instead of
+    the shards themselves; set_* then takes whole tensors and keeps each rank's part."""
+
+    full_state_dict: bool = False
+    cpu_offload: bool = False
+
+
+def get_model_state_dict(model: Any, *,
+                         options: Optional[StateDictOptions] = None) -> "OrderedDict[str, Tensor]":
     """The model's parameters (shards as they are) and persistent buffers, by name."""
     out: "OrderedDict[str, Tensor]" = OrderedDict(model.named_parameters())
+    if options is not None and options.full_state_dict:
+        out = OrderedDict((k, v.full_tensor() if isinstance(v, ShardedParameter) else
+                           Tensor(v.array.copy())) for k, v in out.items())
     persistent = set(model.state_dict())
     for name, buf in model.named_buffers():
         if name in persistent:
@@ -104,6 +119,12 @@ def _copy_into(dest: Tensor, src: Any, name: str) -> None:
     if dest is src:
         return
     arr = src.array if isinstance(src, Tensor) else src
+    if isinstance(dest, ShardedParameter) and tuple(arr.shape) == tuple(dest.global_shape):
+        # A whole tensor into a shard: this rank's run of its elements, padding left as is.
+        part = backend.to_device(arr, dest.device).reshape(-1)
+        part = part[dest.shard_offset:dest.shard_offset + dest.shard_numel]
+        dest.array[:dest.shard_numel] = part
+        return
     if tuple(arr.shape) != tuple(dest.array.shape):
         raise CheckpointException(f"{name}: shape {tuple(arr.shape)} does not fit "
                                   f"{tuple(dest.array.shape)}.")

@@ -195,3 +195,29 @@ def test_zero_state_dict_loads_back_into_fresh_optimizers():
             held[index] = exp_avg
             assert np.array_equal(exp_avg, full["state"][index]["exp_avg"].numpy())
     assert sorted(held) == list(range(6))
+
+
+def test_full_state_dicts_gather_and_scatter_whole_tensors():
+    from shoal.collectives.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        set_model_state_dict,
+    )
+
+    pgs = _groups(2, "full")
+    models = [make_model() for _ in range(2)]
+    core.manual_seed(5)
+    others = [make_model(hidden=13) for _ in range(2)]
+    whole = {k: v.numpy() for k, v in models[0].state_dict().items()}
+
+    def body(pg, rank):
+        trained = sharded(models[rank], pg)
+        full = get_model_state_dict(trained, options=StateDictOptions(full_state_dict=True))
+        fresh = sharded(others[rank], pg)
+        set_model_state_dict(fresh, full)
+        return ({k: v.numpy() for k, v in full.items()}, full_state(fresh))
+
+    for full, loaded in run_all(pgs, body):
+        for name, value in whole.items():
+            assert np.array_equal(full[name], value), name
+            assert np.array_equal(loaded[name], value), name

@@ -103,3 +103,12 @@ def test_the_export_is_one_safetensors_file_torch_reads(tmp_path):
     assert state["epoch"] == 5
     assert json.loads(json.dumps(state["optim"]["param_groups"][0]["params"])) == [
         "0.weight", "0.bias", "1.weight", "1.bias"]
+
+
+def test_a_data_file_larger_than_its_metadata_accounts_for_is_not_read(tmp_path):
+    model, opt = _save(tmp_path)
+    with open(tmp_path / "ck" / "__0_0.distcp", "ab") as f:
+        f.truncate(64 << 20)  # a sparse 64 MiB tail: reading it would cost the memory
+    msd, _ = get_state_dict(model, opt)
+    with pytest.raises(dcp.CheckpointException, match="more than the .* its metadata accounts"):
+        dcp.load({"model": msd}, checkpoint_id=tmp_path / "ck", token=TOKEN)
