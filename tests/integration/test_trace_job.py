@@ -48,6 +48,10 @@ def test_every_rank_writes_its_window_with_a_clock_estimate(profile_dir):
     colls = [e for e in doc["traceEvents"] if e.get("name", "").startswith("gloo:")]
     assert colls and all(e["name"] == "gloo:all_reduce" and e["args"]["bytes"] > 0
                          and e["args"]["Collective name"] == "allreduce" for e in colls)
+    # DDP's bucket all-reduces as async ranges (tracks of their own in Perfetto), one id each
+    ddp = [e for e in doc["traceEvents"] if e.get("cat") == "ddp"]
+    assert sorted(e["ph"] for e in ddp) == sorted(["b", "e"] * (len(ddp) // 2))
+    assert ddp and len({e["id"] for e in ddp}) == len(ddp) // 2
     assert doc["distributedInfo"]["backend"] == "tcp"
     assert doc["distributedInfo"]["world_size"] == 2 and doc["distributedInfo"]["rank"] == 1
 
