@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from shoal.core.nn.module import Module
+from shoal.core.ops import shape as shape_ops
 
 
 def _merged(dicts: Any) -> dict:
@@ -71,3 +72,29 @@ def functional_call(module: Module, parameter_and_buffer_dicts: Any, args: Any =
 
 
 _ABSENT = object()
+
+
+def stack_module_state(models: Any) -> tuple[dict, dict]:
+    """({name: stacked parameters}, {name: stacked buffers}) of same-shaped models, for vmap
+    over an ensemble with functional_call (torch.func.stack_module_state)."""
+    models = list(models)
+    if not models:
+        raise RuntimeError("stack_module_state: Expected at least one model, got 0.")
+    if len({m.training for m in models}) != 1:
+        raise RuntimeError("stack_module_state: Expected all models to have the same "
+                           "training/eval mode.")
+    kinds = {type(m) for m in models}
+    if len(kinds) != 1:
+        raise RuntimeError("stack_module_state: Expected all models to be of the same class.")
+
+    def stacked(named: list) -> dict:
+        out = {}
+        for name, first in named[0]:
+            values = [dict(n)[name] for n in named]
+            t = shape_ops.stack([v.detach() for v in values])
+            out[name] = t.requires_grad_(True) if first.requires_grad else t
+        return out
+
+    params = stacked([list(m.named_parameters()) for m in models])
+    buffers = stacked([list(m.named_buffers()) for m in models])
+    return params, buffers
