@@ -12,6 +12,7 @@ from shoal.launcher.flags import parse_run
 from shoal.launcher.trace import cli
 from shoal.launcher.trace.merge import merged
 from shoal.launcher.trace.files import load
+from tests.support.perfetto_rules import import_errors
 
 SCRIPT = __file__  # any existing file will do as the training script
 
@@ -107,3 +108,32 @@ def test_an_empty_profile_variable_is_no_profile_and_a_blank_one_an_error(capsys
         parse_run([SCRIPT], {"SHOAL_PROFILE_DIR": "   "})
     assert info.value.code == 2
     assert "(from SHOAL_PROFILE_DIR='   '): an empty path" in capsys.readouterr().err
+
+
+def test_each_ranks_gpu_lanes_and_async_ids_stay_apart(tmp_path):
+    # both ranks' GPU 0 is pid 0 in their own files, and both number their DDP buckets from 1
+    def gpu_and_bucket(rank: int) -> list[dict]:
+        return [
+            {"ph": "X", "cat": "kernel", "name": "mm", "pid": 0, "tid": 7, "ts": 10.0,
+             "dur": 5.0, "args": {"device": 0, "stream": 7, "correlation": 1}},
+            {"ph": "M", "name": "process_labels", "pid": 0, "tid": 0,
+             "args": {"labels": "GPU 0"}},
+            {"ph": "b", "cat": "ddp", "name": "DDP bucket 0 all_reduce", "id": 1, "ts": 1.0},
+            {"ph": "e", "cat": "ddp", "name": "DDP bucket 0 all_reduce", "id": 1, "ts": 9.0}]
+
+    docs = [_rank_trace(r, 0.0, []) for r in (0, 1)]
+    for rank, doc in enumerate(docs):
+        cpu = PIDS[rank]
+        doc["traceEvents"] += [dict(e, tid=e.get("tid", cpu), pid=e.get("pid", cpu))
+                               for e in gpu_and_bucket(rank)]
+    _write(tmp_path, docs)
+    doc = merged(load(str(tmp_path)))
+    names = {e["args"]["name"]: e["pid"] for e in doc["traceEvents"]
+             if e.get("name") == "process_name"}
+    assert set(names) == {"rank 0", "rank 1", "rank 0 GPU 0", "rank 1 GPU 0"}
+    assert len(set(names.values())) == 4  # four processes, none merged into another
+    kernels = {e["pid"] for e in doc["traceEvents"] if e.get("cat") == "kernel"}
+    assert kernels == {names["rank 0 GPU 0"], names["rank 1 GPU 0"]}
+    buckets = [e for e in doc["traceEvents"] if e.get("cat") == "ddp"]
+    assert len({e["id"] for e in buckets}) == 2  # one per rank, begin and end sharing it
+    assert import_errors(doc) == []
