@@ -335,7 +335,7 @@ class _Reader:
 # A safetensors file is an 8-byte header length, a JSON header naming each tensor's dtype,
 # shape and byte range, and the raw bytes: nothing in it can name code. core.save keeps what
 # safetensors has no place for (nesting, plain values, Parameters, requires_grad) as JSON in the
-# header's string metadata: "shoal.tree" is the NODE tree above and "shoal.arrays" the tensor
+# header's string metadata: "shoal_tree" is the NODE tree above and "shoal_arrays" the tensor
 # name of each array index. Readers that do not know these keys (torch, JAX, numpy) see the
 # tensors under their dotted key paths ("model.fc.weight").
 
@@ -345,7 +345,7 @@ ST_DTYPES = {
     "complex64": "C64",
 }
 _FROM_ST = {code: name for name, code in ST_DTYPES.items()}
-TREE_KEY, NAMES_KEY = "shoal.tree", "shoal.arrays"
+TREE_KEY, NAMES_KEY = "shoal_tree", "shoal_arrays"
 
 
 def to_safetensors(obj: Any) -> tuple[dict[str, np.ndarray], dict[str, str]]:
@@ -463,7 +463,7 @@ def from_safetensors(arrays: dict[str, np.ndarray], metadata: dict[str, str],
 # HMAC-SHA256 over the other metadata (sorted JSON) and each tensor's name, dtype, shape and
 # bytes in name order. It is computed from the parsed content, so it does not depend on how a
 # writer lays out the header, and a file changed in any tensor or metadata entry is refused.
-MAC_KEY = "shoal.mac"
+MAC_KEY = "shoal_mac"
 
 
 class UnauthenticatedFile(SerializationError):

@@ -32,7 +32,7 @@ from shoal.elastic.checkpoint_format import (
 
 __all__ = ["save_safetensors", "load_safetensors", "export_safetensors", "import_safetensors"]
 
-STEP_KEY = "shoal.step"
+STEP_KEY = "shoal_step"
 
 
 def _key(token: Optional[bytes | str]) -> bytes:

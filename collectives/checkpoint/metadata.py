@@ -108,7 +108,7 @@ def read_metadata(directory: str, key: bytes) -> dict:
 def write_data_file(directory: str, rank: int, arrays: dict, key: bytes) -> str:
     """This rank's chunks as one signed safetensors file; returns its name."""
     name = data_file_name(rank)
-    metadata = {"format": "pt", "shoal.rank": str(rank)}
+    metadata = {"format": "pt", "shoal_rank": str(rank)}
     metadata[serialization.MAC_KEY] = serialization.content_mac(arrays, metadata, key)
     write_atomically(os.path.join(directory, name),
                      serialization.safetensors_bytes(arrays, metadata))

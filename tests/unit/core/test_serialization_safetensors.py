@@ -98,9 +98,9 @@ def test_damaged_headers_and_trees_are_refused(tmp_path):
 
 
 def test_signed_files_verify_under_their_key_only():
-    blob = serialization.signed_safetensors({"w": core.ones(3)}, b"k" * 32, {"shoal.step": "4"})
+    blob = serialization.signed_safetensors({"w": core.ones(3)}, b"k" * 32, {"shoal_step": "4"})
     state, metadata = serialization.verified_safetensors(blob, "f", b"k" * 32)
-    assert metadata["shoal.step"] == "4" and core.equal(state["w"], core.ones(3))
+    assert metadata["shoal_step"] == "4" and core.equal(state["w"], core.ones(3))
     with pytest.raises(UnauthenticatedFile, match="another job"):
         serialization.verified_safetensors(blob, "f", b"x" * 32)
     arrays, metadata = serialization.read_safetensors(blob, "f")
