@@ -15,27 +15,39 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch.distributed as dist
+from torch.autograd import profiler
 
 from shoal.collectives.api import ProcessGroup as ShoalGroup
 from shoal.torch_bridge import convert as cv
-from shoal.torch_bridge.work import BridgeWork, timeout_seconds
+from shoal.torch_bridge.work import BridgeWork, refuse_blocking_in_callback, timeout_seconds
 
 __all__ = ["ShoalProcessGroup"]
 
 
-class ShoalProcessGroup(dist.ProcessGroup):
-    """torch's process group over `shoal_group` (see the module's doc)."""
+def _profiled(group, opts, submit, result, epilogue, op, asynchronous) -> BridgeWork:
+    """`_run` inside a `shoal:<op>` span of torch.profiler: for an async op the span ends
+    when its Future completes, so the trace shows the whole collective."""
+    span = profiler.record_function(f"shoal:{op or 'collective'}")
+    span.__enter__()
+    if not asynchronous:
+        try:
+            refuse_blocking_in_callback(group, op or "a synchronous collective")
+            submit(False, cv.timeout_of(opts))
+            if epilogue is not None:
+                epilogue()
+            return BridgeWork([], result)
+        finally:
+            span.__exit__(None, None, None)
+    work = BridgeWork([submit(True, cv.timeout_of(opts))], result, epilogue, group=group)
+    span._call_end_callbacks_on_future(work.get_future())  # noqa: SLF001 - torch's way
+    return work
 
-    def __init__(self, shoal_group: ShoalGroup):
-        super().__init__(shoal_group.rank(), shoal_group.size())
-        self.shoal_group = shoal_group
 
-    def getBackendName(self) -> str:  # noqa: N802 - torch's C++ method name
-        """The backend's name as torch reports it."""
-        return "shoal"
+class _NamedGroup(dist.ProcessGroup):
+    """A torch ProcessGroup written in Python that keeps the name and description torch gives
+    it: torch sets them after creating a group, and DeviceMesh reads `group_name`."""
 
-    # torch names a group after creating it; a Python group keeps the names itself, since it
-    # registers no C++ backend that would hold them.
+    # A Python group registers no C++ backend, which is where torch would keep the names.
     def setGroupName(self, name: str) -> None:  # noqa: N802 - torch's C++ method name
         """Set the name torch knows this group by (`group_name`)."""
         self._group_name = name
@@ -52,17 +64,33 @@ class ShoalProcessGroup(dist.ProcessGroup):
         """torch's description of this group."""
         return getattr(self, "_group_desc", "")
 
+
+class ShoalProcessGroup(_NamedGroup):
+    """torch's process group over `shoal_group` (see the module's doc)."""
+
+    def __init__(self, shoal_group: ShoalGroup):
+        super().__init__(shoal_group.rank(), shoal_group.size())
+        self.shoal_group = shoal_group
+
+    def getBackendName(self) -> str:  # noqa: N802 - torch's C++ method name
+        """The backend's name as torch reports it."""
+        return "shoal"
+
     def __repr__(self) -> str:
         g = self.shoal_group
         return f"ShoalProcessGroup(rank={g.rank()}, size={g.size()}, group={g.name!r})"
 
     def _run(self, opts: Any, submit: Callable[[bool, Optional[float]], Any], result: list,
-             epilogue: Optional[Callable[[], None]] = None) -> BridgeWork:
+             epilogue: Optional[Callable[[], None]] = None, op: str = "") -> BridgeWork:
         """Run `submit(async_op, timeout)` (one shoal collective) and wrap its Work."""
         asynchronous = cv.is_async(opts)
+        if profiler._is_profiler_enabled:  # noqa: SLF001 - torch's own flag, read per call
+            return _profiled(self.shoal_group, opts, submit, result, epilogue, op, asynchronous)
+        if not asynchronous:
+            refuse_blocking_in_callback(self.shoal_group, op or "a synchronous collective")
         work = submit(asynchronous, cv.timeout_of(opts))
         if asynchronous:
-            return BridgeWork([work], result, epilogue)
+            return BridgeWork([work], result, epilogue, group=self.shoal_group)
         if epilogue is not None:
             epilogue()
         return BridgeWork([], result)
@@ -76,7 +104,7 @@ class ShoalProcessGroup(dist.ProcessGroup):
         arr = cv.host_array(tensors[0], "all_reduce tensor")
         op = cv.reduce_op(opts)
         return self._run(opts, lambda a, t: self.shoal_group.all_reduce(
-            arr, op, async_op=a, timeout=t), list(tensors))
+            arr, op, async_op=a, timeout=t), list(tensors), op="all_reduce")
 
     def allreduce_coalesced(self, tensors: Sequence, opts: Any = None) -> BridgeWork:
         """All-reduce every tensor in place through one flat buffer per dtype."""
@@ -96,7 +124,7 @@ class ShoalProcessGroup(dist.ProcessGroup):
                 for a in members:
                     a.reshape(-1)[...] = flat[start:start + a.size]
                     start += a.size
-        return BridgeWork(works, list(tensors), scatter_back)
+        return BridgeWork(works, list(tensors), scatter_back, group=self.shoal_group)
 
     # -- one root
 
@@ -105,14 +133,14 @@ class ShoalProcessGroup(dist.ProcessGroup):
         arr = cv.host_array(cv.one(tensors, "broadcast"), "broadcast tensor")
         src = cv.root_of(opts)
         return self._run(opts, lambda a, t: self.shoal_group.broadcast(
-            arr, src, async_op=a, timeout=t), list(tensors))
+            arr, src, async_op=a, timeout=t), list(tensors), op="broadcast")
 
     def reduce(self, tensors: Sequence, opts: Any = None) -> BridgeWork:
         """Reduce every rank's `tensors[0]` into the root's."""
         arr = cv.host_array(cv.one(tensors, "reduce"), "reduce tensor")
         dst, op = cv.root_of(opts), cv.reduce_op(opts)
         return self._run(opts, lambda a, t: self.shoal_group.reduce(
-            arr, dst, op, async_op=a, timeout=t), list(tensors))
+            arr, dst, op, async_op=a, timeout=t), list(tensors), op="reduce")
 
     def gather(self, output_lists: Sequence, inputs: Sequence, opts: Any = None) -> BridgeWork:
         """Collect every rank's `inputs[0]` into the root's `output_lists[0]`."""
@@ -122,7 +150,7 @@ class ShoalProcessGroup(dist.ProcessGroup):
         if self.shoal_group.rank() == dst:
             outs = cv.host_arrays(cv.one(output_lists, "gather"), "gather gather_list")
         return self._run(opts, lambda a, t: self.shoal_group.gather(
-            arr, outs, dst, async_op=a, timeout=t), list(output_lists))
+            arr, outs, dst, async_op=a, timeout=t), list(output_lists), op="gather")
 
     def scatter(self, outputs: Sequence, input_lists: Sequence, opts: Any = None) -> BridgeWork:
         """The root sends `input_lists[0][j]` to rank j's `outputs[0]`."""
@@ -132,7 +160,7 @@ class ShoalProcessGroup(dist.ProcessGroup):
         if self.shoal_group.rank() == src:
             ins = cv.host_arrays(cv.one(input_lists, "scatter"), "scatter scatter_list")
         return self._run(opts, lambda a, t: self.shoal_group.scatter(
-            out, ins, src, async_op=a, timeout=t), list(outputs))
+            out, ins, src, async_op=a, timeout=t), list(outputs), op="scatter")
 
     # -- gathers
 
@@ -141,7 +169,7 @@ class ShoalProcessGroup(dist.ProcessGroup):
         arr = cv.host_array(cv.one(inputs, "allgather"), "all_gather tensor")
         outs = cv.host_arrays(cv.one(output_lists, "allgather"), "all_gather tensor_list")
         return self._run(opts, lambda a, t: self.shoal_group.all_gather(
-            outs, arr, async_op=a, timeout=t), list(output_lists))
+            outs, arr, async_op=a, timeout=t), list(output_lists), op="all_gather")
 
     def all_gather_single(self, output: Any, input: Any,  # noqa: A002 - torch's name
                           opts: Any = None) -> BridgeWork:
@@ -149,7 +177,7 @@ class ShoalProcessGroup(dist.ProcessGroup):
         out = cv.host_array(output, "all_gather_into_tensor output")
         arr = cv.host_array(input, "all_gather_into_tensor input")
         return self._run(opts, lambda a, t: self.shoal_group.all_gather_into_tensor(
-            out, arr, async_op=a, timeout=t), [output])
+            out, arr, async_op=a, timeout=t), [output], op="all_gather_into_tensor")
 
     _allgather_base = all_gather_single
 
@@ -167,7 +195,7 @@ class ShoalProcessGroup(dist.ProcessGroup):
         works = [self.shoal_group.all_gather_into_tensor(
             cv.host_array(o, "output"), cv.host_array(i, "input"), async_op=True,
             timeout=cv.timeout_of(opts)) for o, i in zip(outputs, inputs)]
-        return BridgeWork(works, list(outputs))
+        return BridgeWork(works, list(outputs), group=self.shoal_group)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -180,7 +208,7 @@ class ShoalProcessGroup(dist.ProcessGroup):
         ins = cv.host_arrays(cv.one(input_lists, "reduce_scatter"), "reduce_scatter input_list")
         op = cv.reduce_op(opts)
         return self._run(opts, lambda a, t: self.shoal_group.reduce_scatter(
-            out, ins, op, async_op=a, timeout=t), list(outputs))
+            out, ins, op, async_op=a, timeout=t), list(outputs), op="reduce_scatter")
 
     def reduce_scatter_single(self, output: Any, input: Any,  # noqa: A002 - torch's name
                               opts: Any = None) -> BridgeWork:
@@ -189,7 +217,7 @@ class ShoalProcessGroup(dist.ProcessGroup):
         arr = cv.host_array(input, "reduce_scatter_tensor input")
         op = cv.reduce_op(opts)
         return self._run(opts, lambda a, t: self.shoal_group.reduce_scatter_tensor(
-            out, arr, op, async_op=a, timeout=t), [output])
+            out, arr, op, async_op=a, timeout=t), [output], op="reduce_scatter_tensor")
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -200,7 +228,7 @@ class ShoalProcessGroup(dist.ProcessGroup):
         works = [self.shoal_group.reduce_scatter_tensor(
             cv.host_array(o, "output"), cv.host_array(i, "input"), op, async_op=True,
             timeout=cv.timeout_of(opts)) for o, i in zip(outputs, inputs)]
-        return BridgeWork(works, list(outputs))
+        return BridgeWork(works, list(outputs), group=self.shoal_group)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
@@ -209,7 +237,7 @@ class ShoalProcessGroup(dist.ProcessGroup):
         outs = cv.host_arrays(outputs, "all_to_all output_list")
         ins = cv.host_arrays(inputs, "all_to_all input_list")
         return self._run(opts, lambda a, t: self.shoal_group.all_to_all(
-            outs, ins, async_op=a, timeout=t), list(outputs))
+            outs, ins, async_op=a, timeout=t), list(outputs), op="all_to_all")
 
     def all_to_all_single(self, output: Any, input: Any,  # noqa: A002 - torch's name
                           output_split_sizes: Sequence[int], input_split_sizes: Sequence[int],
@@ -219,7 +247,7 @@ class ShoalProcessGroup(dist.ProcessGroup):
         arr = cv.host_array(input, "all_to_all_single input")
         outs, ins = list(output_split_sizes) or None, list(input_split_sizes) or None
         return self._run(opts, lambda a, t: self.shoal_group.all_to_all_single(
-            out, arr, outs, ins, async_op=a, timeout=t), [output])
+            out, arr, outs, ins, async_op=a, timeout=t), [output], op="all_to_all_single")
 
     alltoall_base = all_to_all_single
 
@@ -228,22 +256,25 @@ class ShoalProcessGroup(dist.ProcessGroup):
     def send(self, tensors: Sequence, dst: int, tag: int) -> BridgeWork:
         """Send `tensors[0]` to group rank `dst`."""
         arr = cv.host_array(cv.one(tensors, "send"), "send tensor")
-        return BridgeWork([self.shoal_group.send(arr, dst, tag, async_op=True)], list(tensors))
+        return BridgeWork([self.shoal_group.send(arr, dst, tag, async_op=True)], list(tensors),
+                          group=self.shoal_group)
 
     def recv(self, tensors: Sequence, src: int, tag: int) -> BridgeWork:
         """Receive into `tensors[0]` from group rank `src`."""
         arr = cv.host_array(cv.one(tensors, "recv"), "recv tensor")
-        return BridgeWork([self.shoal_group.recv(arr, src, tag, async_op=True)], list(tensors))
+        return BridgeWork([self.shoal_group.recv(arr, src, tag, async_op=True)], list(tensors),
+                          group=self.shoal_group)
 
     def recv_anysource(self, tensors: Sequence, tag: int) -> BridgeWork:
         """Receive into `tensors[0]` from whichever rank sends first."""
         arr = cv.host_array(cv.one(tensors, "recv"), "recv tensor")
         work = self.shoal_group.recv(arr, None, tag, async_op=True)
-        return BridgeWork([work], list(tensors), source_rank=lambda: work.source_rank)
+        return BridgeWork([work], list(tensors), source_rank=lambda: work.source_rank,
+                          group=self.shoal_group)
 
     def barrier(self, opts: Any = None) -> BridgeWork:
         """Return once every rank of the group called barrier."""
-        return self._run(opts, lambda a, t: self.shoal_group.barrier(async_op=a, timeout=t), [])
+        return self._run(opts, lambda a, t: self.shoal_group.barrier(async_op=a, timeout=t), [], op="barrier")
 
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
         """A barrier whose rank 0 names the ranks that did not arrive within `timeout`."""

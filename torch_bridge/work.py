@@ -15,7 +15,21 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
-__all__ = ["BridgeWork", "timeout_seconds"]
+__all__ = ["BridgeWork", "timeout_seconds", "refuse_blocking_in_callback"]
+
+# Set while a Future's callbacks run on a group's worker thread: that thread runs the group's
+# operations one at a time, so a callback that waited for another of them would wait forever.
+_completing = threading.local()
+
+
+def refuse_blocking_in_callback(group: Any, what: str) -> None:
+    """Raise instead of hanging when a Future callback of `group` would block on `group`."""
+    if getattr(_completing, "group", None) is group:
+        raise RuntimeError(
+            f"{what} would wait for process group '{group.name}' inside a callback of one of "
+            "its own Futures, which runs on the group's only worker thread: it would wait "
+            "forever. Start it with async_op=True and chain its Future (fut.then(...)) instead."
+        )
 
 
 def timeout_seconds(timeout: Any) -> Optional[float]:
@@ -37,8 +51,9 @@ class BridgeWork(dist.Work):
     """
 
     def __init__(self, works: list, result: list, epilogue: Optional[Callable[[], None]] = None,
-                 source_rank: Optional[Callable[[], int]] = None):
+                 source_rank: Optional[Callable[[], int]] = None, group: Any = None):
         super().__init__()
+        self._group = group
         self._works = works
         self._result = result
         self._epilogue = epilogue
@@ -66,6 +81,8 @@ class BridgeWork(dist.Work):
     def wait(self, timeout: Any = None) -> bool:
         """Block until the op finished (or `timeout` passed); raises the op's error."""
         seconds = timeout_seconds(timeout)
+        if self._group is not None and not self.is_completed():
+            refuse_blocking_in_callback(self._group, "Work.wait()")
         for work in self._works:
             work.wait(seconds)
         error = self._finish()
@@ -121,12 +138,17 @@ class BridgeWork(dist.Work):
             with count_lock:
                 pending[0] -= 1
                 last = pending[0] == 0
-            if last:
-                error = self._finish()
+            if not last:
+                return
+            error = self._finish()
+            _completing.group = self._group
+            try:
                 if error is None:
-                    future.set_result(self._result)
+                    future.set_result(self._result)  # runs the `then` callbacks, here
                 else:
                     future.set_exception(error)
+            finally:
+                _completing.group = None
 
         if not self._works:
             pending[0] = 1

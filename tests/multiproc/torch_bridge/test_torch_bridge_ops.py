@@ -138,9 +138,45 @@ def _ops_vs_gloo(rank, world):
         dist.all_reduce(t, op=dist.ReduceOp.AVG)
         results["avg"] = t
         bridge.monitored_barrier(timeout=datetime.timedelta(seconds=10))
+        results["profiled"] = _profiled(dist, torch)
+        results["callback_error"] = _blocking_callback(dist, torch, rank)
         return _plain(results)
     finally:
         dist.destroy_process_group()
+
+
+def _profiled(dist, torch):
+    """The shoal spans torch.profiler records around a sync and an async all_reduce."""
+    from torch.profiler import profile
+
+    with profile() as prof:
+        dist.all_reduce(torch.ones(8))
+        dist.all_reduce(torch.ones(8), async_op=True).wait()
+        dist.barrier()
+    return sorted(e.name for e in prof.events() if e.name.startswith("shoal:"))
+
+
+def _blocking_callback(dist, torch, rank):
+    """A Future callback that waits for a later op of its own group is refused, not hung.
+
+    Rank 0's first all_reduce is still pending when it chains the callback (the others start
+    a second later), so there the callback runs on the group's worker thread, which would have to
+    run the awaited op itself. Elsewhere it may run at once in the caller's thread and wait."""
+    import time
+
+    if rank != 0:
+        time.sleep(1.0)
+    first = dist.all_reduce(torch.ones(2), async_op=True)
+    second = dist.all_reduce(torch.ones(2), async_op=True)
+    chained = first.get_future().then(lambda fut: second.wait())
+    try:
+        chained.wait()
+        error = None
+    except RuntimeError as exc:
+        error = str(exc)
+    second.wait()
+    dist.barrier()  # the group still works afterwards
+    return error
 
 
 def _plain(obj):
@@ -167,6 +203,10 @@ def test_every_bridge_op_matches_gloo(torch_env):
             # three randn values stays far below), so 1e-5 relative bounds it on any x86-64.
             assert _close(shoal[name], gloo[name]), (rank, name, shoal[name], gloo[name])
         assert res["avg"][1] == [1.0, 1.0, 1.0]  # (0 + 1 + 2) / 3, exact
+        assert res["profiled"] == ["shoal:all_reduce", "shoal:all_reduce", "shoal:barrier"]
+        if rank == 0:
+            assert "Work.wait() would wait for process group 'default' inside a callback of " \
+                "one of its own Futures" in res["callback_error"], res["callback_error"]
 
 
 def _close(a, b, atol: float = 0.0) -> bool:
