@@ -75,14 +75,15 @@ class PipelineScheduleSingle:
         stage, m = self._stage, self._n_microbatches
         if kwargs:
             raise PipelineError(f"step() got keyword arguments {sorted(kwargs)}; a stage takes "
-                                "one positional tensor.")
-        if stage.is_first and len(args) != 1:
-            raise PipelineError(f"The first stage's step() takes the batch as one tensor, got "
-                                f"{len(args)} positional arguments.")
+                                "positional tensors.")
+        if stage.is_first and not args:
+            raise PipelineError("The first stage's step() takes the batch: one or more tensors, "
+                                "split along their first dimension.")
         if stage.is_last and self._loss_fn is not None and target is None:
             raise PipelineError("The last stage's step() needs target= when the schedule has "
                                 "a loss_fn.")
-        inputs = split_microbatches(args[0] if stage.is_first else None, m)
+        inputs = list(zip(*(split_microbatches(a, m) for a in args))) if stage.is_first \
+            else [None] * m
         self._targets = split_microbatches(target if stage.is_last else None, m)
         self._losses, self._outputs = [], []
         ddp = stage.submod if isinstance(stage.submod, DistributedDataParallel) else None
@@ -101,6 +102,8 @@ class PipelineScheduleSingle:
         if losses is not None and stage.is_last:
             losses.extend(self._losses)
         if stage.is_last and return_outputs:
+            if isinstance(self._outputs[0], tuple):
+                return tuple(cat(list(parts), 0) for parts in zip(*self._outputs))
             return cat(self._outputs, 0)
         return None
 
@@ -111,7 +114,8 @@ class PipelineScheduleSingle:
         stage = self._stage
         out = stage.forward_one_chunk(i, inputs[i])
         if stage.is_last:
-            self._outputs.append(out.detach())
+            self._outputs.append(tuple(o.detach() for o in out) if isinstance(out, tuple)
+                                 else out.detach())
             if self._loss_fn is not None:
                 self._losses.append(self._loss_fn(out, self._targets[i]))
 

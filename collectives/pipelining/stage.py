@@ -4,8 +4,9 @@ A stage receives its input activation from the stage before it, runs its submodu
 the output on; in backward it receives the gradient of that output from the stage after it and
 sends its input's gradient back. Shapes are not declared up front: each activation travels
 behind a small header (dtype, rank, dimensions), so the receiver allocates the buffer the
-tcp backend's fingerprint check expects, and micro-batches of different sizes work. A gradient
-has the shape of the activation it answers, which its receiver sent, so it needs no header.
+tcp backend's fingerprint check expects, and micro-batches of different sizes work. A stage may
+pass a tuple of tensors (a hidden state and a mask); every floating-point one gets a gradient
+back, and a gradient has the shape of the activation it answers, so it needs no header.
 
 Sends are asynchronous and receives block (with the stage's timeout): a group runs its
 operations in submission order, and point-to-point messages land in the receiver's mailbox
@@ -21,6 +22,7 @@ import numpy as np
 
 from shoal.collectives.p2p import isend, recv
 from shoal.collectives.world import get_global_rank, get_rank, get_world_size, member_group
+from shoal.core import autograd
 from shoal.core.grad_mode import no_grad
 from shoal.core.tensor import Tensor
 
@@ -31,6 +33,8 @@ logger = logging.getLogger(__name__)
 # Tags apart from any a user's own point-to-point messages are likely to use.
 _TAG_HEADER, _TAG_ACTIVATION, _TAG_GRAD = 0x5E01, 0x5E02, 0x5E03
 _MAX_DIMS = 8
+_MAX_TENSORS = 8
+_SLOT = 2 + _MAX_DIMS  # dtype, rank, dimensions
 _DTYPES = tuple(np.dtype(n) for n in (
     "float32", "float64", "float16", "int64", "int32", "int16", "int8", "uint8", "bool"))
 
@@ -39,23 +43,45 @@ class PipelineError(RuntimeError):
     """A pipeline stage or schedule was misused or its neighbours sent something unexpected."""
 
 
-def _header(arr: Any) -> np.ndarray:
-    """dtype index, number of dimensions, then the dimensions, as one int64 array."""
-    if arr.dtype not in _DTYPES:
-        raise PipelineError(f"A pipeline stage cannot send an activation of dtype {arr.dtype}; "
-                            f"supported: {', '.join(str(d) for d in _DTYPES)}.")
-    if arr.ndim > _MAX_DIMS:
-        raise PipelineError(f"A pipeline activation has {arr.ndim} dimensions; at most "
-                            f"{_MAX_DIMS} are supported.")
-    head = np.zeros(2 + _MAX_DIMS, np.int64)
-    head[0], head[1] = _DTYPES.index(arr.dtype), arr.ndim
-    head[2:2 + arr.ndim] = arr.shape
+def _header(arrays: list) -> np.ndarray:
+    """The number of tensors, then per tensor its dtype index, rank and dimensions (int64)."""
+    if len(arrays) > _MAX_TENSORS:
+        raise PipelineError(f"A stage passes at most {_MAX_TENSORS} tensors to the next; "
+                            f"this one returned {len(arrays)}.")
+    head = np.zeros(1 + _MAX_TENSORS * _SLOT, np.int64)
+    head[0] = len(arrays)
+    for i, arr in enumerate(arrays):
+        if arr.dtype not in _DTYPES:
+            raise PipelineError(
+                f"A pipeline stage cannot send an activation of dtype {arr.dtype}; supported: "
+                f"{', '.join(str(d) for d in _DTYPES)}.")
+        if arr.ndim > _MAX_DIMS:
+            raise PipelineError(f"A pipeline activation has {arr.ndim} dimensions; at most "
+                                f"{_MAX_DIMS} are supported.")
+        at = 1 + i * _SLOT
+        head[at], head[at + 1] = _DTYPES.index(arr.dtype), arr.ndim
+        head[at + 2:at + 2 + arr.ndim] = arr.shape
     return head
 
 
-def _buffer_for(head: np.ndarray) -> np.ndarray:
-    ndim = int(head[1])
-    return np.empty(tuple(int(d) for d in head[2:2 + ndim]), _DTYPES[int(head[0])])
+def _buffers_for(head: np.ndarray) -> list:
+    """Empty arrays of the shapes and dtypes a header announces (None if it is malformed)."""
+    count = int(head[0])
+    if not 0 < count <= _MAX_TENSORS:
+        return None
+    out = []
+    for i in range(count):
+        at = 1 + i * _SLOT
+        kind, ndim = int(head[at]), int(head[at + 1])
+        dims = head[at + 2:at + 2 + ndim]
+        if not 0 <= kind < len(_DTYPES) or not 0 <= ndim <= _MAX_DIMS or (dims < 0).any():
+            return None
+        out.append(np.empty(tuple(int(d) for d in dims), _DTYPES[kind]))
+    return out
+
+
+def _differentiable(t: Tensor) -> bool:
+    return t.array.dtype.kind == "f"
 
 
 class PipelineStage:
@@ -98,35 +124,38 @@ class PipelineStage:
     # -- forward -------------------------------------------------------------------------
 
     def forward_one_chunk(self, chunk_id: int, args: Any = None) -> Any:
-        """Run the submodule on micro-batch `chunk_id` (args on the first stage, received
-        otherwise), keep what backward needs, and send the output on."""
+        """Run the submodule on micro-batch `chunk_id` (args, a tensor or a tuple of them, on
+        the first stage; received otherwise), keep what backward needs, and send the output
+        (a tensor or a tuple of them) on."""
         if self.is_first:
-            inp = args
+            inputs = tuple(args) if isinstance(args, (tuple, list)) else (args,)
         else:
-            inp = Tensor(self._recv_activation())
-            if inp.array.dtype.kind == "f":
-                inp.requires_grad = True
-        self._check_expected("input", inp)
-        out = self.submod(inp)
-        if not isinstance(out, Tensor):
+            inputs = tuple(Tensor(a) for a in self._recv_activations())
+            for t in inputs:
+                t.requires_grad = _differentiable(t)
+        self._check_expected("input", inputs[0])
+        out = self.submod(*inputs)
+        outs = out if isinstance(out, tuple) else (out,)
+        if not outs or not all(isinstance(o, Tensor) for o in outs):
             raise PipelineError(
                 f"Stage {self.stage_index}'s submodule returned {type(out).__name__}; a stage "
-                "passes one tensor to the next.")
-        self._check_expected("output", out)
+                "passes a tensor or a tuple of tensors to the next.")
+        self._check_expected("output", outs[0])
         if not self.is_last:
-            arr = np.ascontiguousarray(out.array)
-            self._send(_header(arr), self._next, _TAG_HEADER)
-            self._send(arr, self._next, _TAG_ACTIVATION)
-        self._chunks[chunk_id] = (inp, out)
+            arrays = [np.ascontiguousarray(o.array) for o in outs]
+            self._send(_header(arrays), self._next, _TAG_HEADER)
+            for arr in arrays:
+                self._send(arr, self._next, _TAG_ACTIVATION)
+        self._chunks[chunk_id] = (inputs, outs)
         return out
 
     # -- backward ------------------------------------------------------------------------
 
     def backward_one_chunk(self, chunk_id: int, loss: Any = None) -> None:
         """Backpropagate micro-batch `chunk_id` (from `loss` on the last stage, from the
-        gradient the next stage sends otherwise) and send its input's gradient back."""
+        gradients the next stage sends otherwise) and send its inputs' gradients back."""
         try:
-            inp, out = self._chunks.pop(chunk_id)
+            inputs, outs = self._chunks.pop(chunk_id)
         except KeyError:
             raise PipelineError(f"Stage {self.stage_index}: backward of micro-batch {chunk_id} "
                                 "before its forward.") from None
@@ -134,16 +163,23 @@ class PipelineStage:
             if loss is None:
                 raise PipelineError("The last stage's backward needs the micro-batch's loss.")
             loss.backward()
-        elif out.requires_grad:
-            grad = np.empty(out.array.shape, out.array.dtype)
-            recv(grad, self._next, self.group, _TAG_GRAD, self.timeout)
-            out.backward(Tensor(grad))
         else:
-            recv(np.empty(out.array.shape, out.array.dtype), self._next, self.group, _TAG_GRAD,
-                 self.timeout)
+            roots, grads = [], []
+            for o in outs:  # the next stage sends one gradient per floating-point tensor
+                if not _differentiable(o):
+                    continue
+                grad = np.empty(o.array.shape, o.array.dtype)
+                recv(grad, self._next, self.group, _TAG_GRAD, self.timeout)
+                if o.requires_grad:
+                    roots.append(o)
+                    grads.append(grad)
+            if roots:
+                autograd.backward(roots, grads)
         if not self.is_first:
-            g = inp.grad.array if inp.grad is not None else np.zeros_like(inp.array)
-            self._send(np.ascontiguousarray(g), self._prev, _TAG_GRAD)
+            for t in inputs:
+                if _differentiable(t):
+                    g = t.grad.array if t.grad is not None else np.zeros_like(t.array)
+                    self._send(np.ascontiguousarray(g), self._prev, _TAG_GRAD)
 
     # -- the step's end ------------------------------------------------------------------
 
@@ -167,15 +203,16 @@ class PipelineStage:
         work = isend(arr, dst, self.group, tag, self.timeout)
         self._sends.append((work, arr))  # the array must live until the send has gone
 
-    def _recv_activation(self) -> np.ndarray:
-        head = np.empty(2 + _MAX_DIMS, np.int64)
+    def _recv_activations(self) -> list:
+        head = np.empty(1 + _MAX_TENSORS * _SLOT, np.int64)
         recv(head, self._prev, self.group, _TAG_HEADER, self.timeout)
-        if not 0 <= head[0] < len(_DTYPES) or not 0 <= head[1] <= _MAX_DIMS:
+        buffers = _buffers_for(head)
+        if buffers is None:
             raise PipelineError(f"Stage {self.stage_index} received a malformed activation "
                                 f"header from rank {self._prev}: {head.tolist()}.")
-        buf = _buffer_for(head)
-        recv(buf, self._prev, self.group, _TAG_ACTIVATION, self.timeout)
-        return buf
+        for buf in buffers:
+            recv(buf, self._prev, self.group, _TAG_ACTIVATION, self.timeout)
+        return buffers
 
     def _check_expected(self, which: str, t: Any) -> None:
         want = self._expected[which]

@@ -127,6 +127,57 @@ def test_uneven_micro_batches_split_as_tensor_split():
         split_microbatches(Tensor(np.zeros((3, 2))), 4)
 
 
+class _Split(nn.Module):
+    """Stage 0: two inputs in, a tuple out: a float skip tensor, a hidden state and an int mask."""
+
+    def __init__(self):
+        super().__init__()
+        core.manual_seed(1)
+        self.a = nn.Linear(4, 6, dtype=core.float64)
+        self.b = nn.Linear(2, 6, dtype=core.float64)
+
+    def forward(self, x, z):
+        h = self.a(x).tanh()
+        mask = Tensor((x.array[:, :1] > 0).astype(np.int64))
+        return h, self.b(z), mask
+
+
+class _Join(nn.Module):
+    def __init__(self):
+        super().__init__()
+        core.manual_seed(2)
+        self.c = nn.Linear(6, 3, dtype=core.float64)
+
+    def forward(self, h, skip, mask):
+        return self.c(h * skip) * Tensor(mask.array.astype(np.float64))
+
+
+def test_stages_pass_tuples_with_a_non_float_member_and_take_several_inputs():
+    rng = np.random.default_rng(5)
+    x, z = Tensor(rng.standard_normal((8, 4))), Tensor(rng.standard_normal((8, 2)))
+    y = Tensor(rng.standard_normal((8, 3)))
+    first, last = _Split(), _Join()
+    _mse(last(*first(x, z)), y).backward()
+    want = [p.grad.array.copy() for p in (*first.parameters(), *last.parameters())]
+    for p in (*first.parameters(), *last.parameters()):
+        p.grad = None
+    job = ThreadWorld(_make_group, 2)
+
+    def run(rank):
+        stage = PipelineStage([first, last][rank], rank, 2, group=job.pgs[rank], timeout=10)
+        sched = Schedule1F1B(stage, 4, loss_fn=_mse)
+        return sched.step(x, z) if rank == 0 else sched.step(target=y)
+
+    try:
+        results = job.run(run)
+    finally:
+        job.close()
+    assert tuple(results[1].shape) == (8, 3)
+    got = [p.grad.array for p in (*first.parameters(), *last.parameters())]
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-14)  # float64, regrouped sums of 8
+
+
 def test_misuse_is_refused_with_the_rule():
     job = ThreadWorld(_make_group, 2)
     try:
@@ -140,7 +191,7 @@ def test_misuse_is_refused_with_the_rule():
                 with pytest.raises(PipelineError, match="needs target="):
                     ScheduleGPipe(stage, 2, loss_fn=_mse).step()
             else:
-                with pytest.raises(PipelineError, match="takes the batch as one tensor"):
+                with pytest.raises(PipelineError, match="takes the batch: one or more tensors"):
                     ScheduleGPipe(stage, 2, loss_fn=_mse).step()
             with pytest.raises(ValueError, match="n_microbatches must be at least 1"):
                 Schedule1F1B(stage, 0)
