@@ -55,9 +55,9 @@ class OffloadPolicy:
 
 @dataclass(frozen=True)
 class CPUOffloadPolicy(OffloadPolicy):
-    """Keep parameter shards, their gradients and so the optimizer state in host memory; each
-    gather copies the shard to the module's device first (pin_memory is accepted for torch's
-    scripts: host arrays here are ordinary numpy memory)."""
+    """Keep parameter shards, their gradients and so the optimizer state in host memory. shoal
+    shards host parameters only, where this is what happens anyway; the policy is accepted so
+    that torch's scripts run (pin_memory too: host arrays here are ordinary numpy memory)."""
 
     pin_memory: bool = True
 

@@ -25,18 +25,11 @@ import numpy as np
 
 from shoal.collectives.fsdp.api import FSDPError, MixedPrecisionPolicy, ShardedParameter
 from shoal.collectives.types import ReduceOp
-from shoal.core import backend
 from shoal.core.nn.module import Module
 from shoal.core.nn.parameter import Parameter
 from shoal.core.tensor import Tensor
 
 __all__ = ["FSDPParam", "ParamGroup"]
-
-_CPU = backend.device("cpu")
-
-
-def _host(arr: Any) -> np.ndarray:
-    return arr if type(arr) is np.ndarray else backend.to_device(arr, _CPU)
 
 
 class FSDPParam:
@@ -45,6 +38,12 @@ class FSDPParam:
     def __init__(self, owners: list[tuple[Module, str]], param: Parameter, world: int,
                  rank: int, slot: int, offset: int, host: bool) -> None:
         self.owners = owners  # a tied weight (GPT's embedding and head) has two
+        if type(param.array) is not np.ndarray:
+            raise FSDPError(
+                f"fully_shard: parameter {owners[0][1]!r} lives on {param.device}; shoal's "
+                "fully_shard shards host (numpy) parameters only, so far: its gathered memory "
+                "is released page by page, which device memory cannot be. Move the module to "
+                "the CPU, or use DistributedDataParallel on the device.")
         self.shape = tuple(param.shape)
         self.numel = int(param.numel())
         self.chunk = -(-self.numel // world)
@@ -54,9 +53,7 @@ class FSDPParam:
         flat = param.array.reshape(-1)
         start, stop = min(rank * self.chunk, self.numel), min((rank + 1) * self.chunk, self.numel)
         local = np.zeros(self.chunk, dtype=self.dtype)
-        local[:stop - start] = _host(flat[start:stop])
-        if not host:
-            local = backend.to_device(local, self.device)
+        local[:stop - start] = flat[start:stop]
         shard = ShardedParameter(local, requires_grad=param.requires_grad)
         shard.global_shape, shard.shard_offset, shard.shard_numel = self.shape, start, stop - start
         self.shard = shard
@@ -114,7 +111,7 @@ class ParamGroup:
             return
         send = np.empty(self.send_numel, dtype=self.param_dtype)
         for fp in self.params:
-            send[fp.slot:fp.slot + fp.chunk] = _host(fp.shard.array)
+            send[fp.slot:fp.slot + fp.chunk] = fp.shard.array
         recv = np.empty(self.world * self.send_numel, dtype=self.param_dtype)
         # `send` stays referenced until the gather is waited for: the backend reads it late.
         self._gather = (self.pg.all_gather_into_tensor(recv, send, async_op=True), recv, send)
@@ -188,14 +185,13 @@ class ParamGroup:
         self.ready = 0
         if not self.expected or self._reduce is not None:
             return
-        send = np.zeros((self.world, self.send_numel), dtype=self.reduce_dtype)
+        send = np.empty((self.world, self.send_numel), dtype=self.reduce_dtype)
         for fp in self.params:
+            block = send[:, fp.slot:fp.slot + fp.chunk]
             if fp.full is None or fp.full.grad is None:
+                block[...] = 0
                 continue
-            grad = _host(fp.full.grad.array).reshape(-1)
-            padded = np.zeros(self.world * fp.chunk, dtype=self.reduce_dtype)
-            padded[:fp.numel] = grad
-            send[:, fp.slot:fp.slot + fp.chunk] = padded.reshape(self.world, fp.chunk)
+            _scatter_rows(fp.full.grad.array.reshape(-1), block)
             fp.full.grad = None
         out = np.empty(self.send_numel, dtype=self.reduce_dtype)
         work = self.pg.reduce_scatter_tensor(out, send.reshape(-1), ReduceOp.SUM, async_op=True)
@@ -217,9 +213,22 @@ class ParamGroup:
             if not fp.shard.requires_grad:
                 continue
             grad = out[fp.slot:fp.slot + fp.chunk].astype(fp.dtype)
-            if not self.offload:
-                grad = backend.to_device(grad, fp.device)
             if fp.shard.grad is None:
                 fp.shard.grad = Tensor(grad)
             else:
                 fp.shard.grad.array += grad
+
+
+def _scatter_rows(flat: np.ndarray, block: np.ndarray) -> None:
+    """Lay `flat` out as the rows of `block` (W x chunk), zero-padding the tail, with no
+    temporary: rank r's row is elements [r*chunk, (r+1)*chunk)."""
+    chunk = block.shape[1]
+    if chunk == 0:
+        return  # an empty parameter
+    whole = flat.size // chunk
+    block[:whole] = flat[:whole * chunk].reshape(whole, chunk)
+    if whole < block.shape[0]:
+        rest = flat.size - whole * chunk
+        block[whole, :rest] = flat[whole * chunk:]
+        block[whole, rest:] = 0
+        block[whole + 1:] = 0
