@@ -92,7 +92,7 @@ class _RecomputeState:
                 if isinstance(o, Tensor)]
         if meta != self.output_meta:
             raise CheckpointError(
-                f"torch.utils.checkpoint: recomputed outputs {meta} differ from the forward "
+                f"core.utils.checkpoint: recomputed outputs {meta} differ from the forward "
                 f"pass's {self.output_meta} (shape, dtype): the checkpointed function must run "
                 "the same ops in backward as in forward (no data-dependent control flow on "
                 "state that changed in between).")
