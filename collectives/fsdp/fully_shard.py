@@ -31,6 +31,7 @@ from shoal.collectives.fsdp.api import (
     ShardedParameter,
 )
 from shoal.collectives.fsdp.param_group import ParamGroup
+from shoal.collectives.types import ReduceOp
 from shoal.collectives.world import member_group
 from shoal.core import backend
 from shoal.core.autograd import Node, is_grad_enabled
@@ -262,6 +263,34 @@ class FSDPModule:
         """False: backward accumulates unsharded gradients locally (torch's no_sync)."""
         for state in _states_under(self, recurse):
             state.sync_grads = bool(requires_gradient_sync)
+
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> Tensor:
+        """Scale the shards' gradients so that the whole model's gradient norm (over every
+        rank's shards: a collective) is at most max_norm; return the norm before (FSDP1's
+        method; torch's clip_grad_norm_ on FSDP2's DTensors computes the same)."""
+        return _clip_grad_norm(self, float(max_norm), float(norm_type))
+
+
+def _clip_grad_norm(module: Module, max_norm: float, norm_type: float) -> Tensor:
+    shards = [p for p in module.parameters() if p.grad is not None]
+    groups = {id(p.group): p.group for p in shards if isinstance(p, ShardedParameter)}
+    if len(groups) > 1:
+        raise FSDPError("clip_grad_norm_: the module's shards span several groups.")
+    inf = np.isinf(norm_type)
+    local = np.zeros(1, dtype=np.float64)
+    for p in shards:
+        g = np.abs(p.grad.array.astype(np.float64, copy=False)).ravel()
+        local[0] = max(local[0], g.max(initial=0.0)) if inf else local[0] + (g ** norm_type).sum()
+    if groups:
+        group = next(iter(groups.values()))
+        group.all_reduce(local, ReduceOp.MAX if inf else ReduceOp.SUM).wait()
+    total = float(local[0] if inf else local[0] ** (1.0 / norm_type))
+    coef = max_norm / (total + 1e-6)
+    if coef < 1.0:
+        for p in shards:
+            p.grad.array *= p.grad.array.dtype.type(coef)
+    return Tensor(np.asarray(total, dtype=np.float32))
 
 
 def _states_under(module: Module, recurse: bool) -> list[_State]:

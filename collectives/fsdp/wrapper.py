@@ -79,6 +79,10 @@ class FullyShardedDataParallel(Module):
         """The wrapped module's forward."""
         return self.module(*args, **kwargs)
 
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> Any:
+        """Clip by the whole model's gradient norm across ranks (a collective)."""
+        return self.module.clip_grad_norm_(max_norm, norm_type)
+
 
 def _picked(policy: Any, module: Module) -> bool:
     if policy is None:

@@ -221,3 +221,38 @@ def test_full_state_dicts_gather_and_scatter_whole_tensors():
         for name, value in whole.items():
             assert np.array_equal(full[name], value), name
             assert np.array_equal(loaded[name], value), name
+
+
+def test_clip_grad_norm_uses_the_whole_models_norm():
+    pgs = _groups(3, "clip")
+    models = [make_model() for _ in range(3)]
+
+    def body(pg, rank):
+        model = sharded(models[rank], pg)
+        x, y = batch(0, rank)
+        mse(model(x), y).backward()
+        norm = model.clip_grad_norm_(0.05)
+        return float(norm.item()), full_state_grads(model)
+
+    results = run_all(pgs, body)
+    ref = make_model()
+    for rank in range(3):
+        x, y = batch(0, rank)
+        mse(ref(x), y, 1.0 / 3).backward()
+    want = float(core.nn.utils.clip_grad_norm_(ref.parameters(), 0.05).item())
+    for norm, grads in results:
+        # float64 sums of squares in another order: a few ulps of a norm near 1.
+        assert abs(norm - want) < 1e-6 * want
+        for name, p in ref.named_parameters():
+            np.testing.assert_allclose(grads[name], p.grad.numpy(), rtol=1e-9, atol=1e-12)
+
+
+def full_state_grads(model):
+    """Each parameter's whole gradient, gathered from the shards' gradients."""
+    out = {}
+    for name, p in model.named_parameters():
+        world = p.group.size()
+        whole = np.empty(p.array.size * world, dtype=p.grad.array.dtype)
+        p.group.all_gather_into_tensor(whole, np.ascontiguousarray(p.grad.array)).wait()
+        out[name] = whole[:int(np.prod(p.global_shape))].reshape(p.global_shape)
+    return out
