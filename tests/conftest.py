@@ -71,7 +71,7 @@ SLOW_TESTS = {
     # core
     "unit/core/utils/test_checkpoint_torch.py":
         "torch's first checkpoint call imports torch._dynamo (about a second)",
-    "unit/core/vision/test_io.py::test_the_example_decodes_in_dataloader_workers":
+    "unit/core/vision/test_vision_io.py::test_the_example_decodes_in_dataloader_workers":
         "runs examples/decode_images.py, which starts two DataLoader worker processes",
     "unit/core/test_admission.py::test_an_accept_loop_rests_while_descriptors_run_out_and_accepts_again":
         "the accept loop rests for its back-off before accepting again",

@@ -200,3 +200,16 @@ def test_compose_is_a_module_and_applies_in_order():
     assert "CenterCrop" in repr(pipeline)
     assert [type(m).__name__ for m in pipeline.children()] == [
         "CenterCrop", "ConvertImageDtype", "Normalize"]
+
+
+def test_gradients_flow_through_crops_flips_and_padding_as_in_torch():
+    data = BATCH.astype(np.float64)
+    x, xt = core.tensor(data, requires_grad=True), torch.tensor(data, requires_grad=True)
+    out = VF.crop(VF.hflip(VF.vflip(x)), -2, 3, 12, 25)  # leaves the image at the top and right
+    flipped = xt.flip(-1).flip(-2)
+    out_t = TF.pad(flipped, (0, 5, 2, 0))[..., 0:12, 3:28]
+    np.testing.assert_array_equal(out.detach().numpy(), out_t.detach().numpy())
+    w = _RNG.standard_normal(tuple(out_t.shape))
+    (out * core.tensor(w)).sum().backward()
+    (out_t * torch.tensor(w)).sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), xt.grad.numpy())
