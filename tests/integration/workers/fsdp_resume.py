@@ -1,13 +1,15 @@
 """A fully_shard job that resumes from its sharded checkpoint (run by `shoal run`).
 
-    fsdp_resume.py --steps N [--die-after S]
+    fsdp_resume.py --steps N [--die-after S] [--step-sleep SECONDS]
 
 Every rank trains its share of a global batch of 12 rows per step (float64, uneven layers,
 Adam), saving a distributed checkpoint after each step into SHOAL_CHECKPOINT_DIR/step-<k>. On
 start it loads the newest complete one (a directory with a .metadata), whatever world size
 wrote it. With --die-after S, rank 1 exits with status 3 right after step S's save on the first
 attempt (SHOAL_RESTART_COUNT=0), so the agent restarts the group. At the end rank 0 writes the
-whole parameters to SHOAL_CHECKPOINT_DIR/final.safetensors and prints `done at step N`.
+whole parameters to SHOAL_CHECKPOINT_DIR/final.safetensors and prints `done at step N`. Rank 0
+prints `step K saved` after each save; --step-sleep slows the steps so that a test can act
+between them (a node joining).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -71,6 +74,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--die-after", type=int, default=-1)
+    parser.add_argument("--step-sleep", type=float, default=0.0)
     args = parser.parse_args(argv)
 
     from shoal import collectives as dist
@@ -107,6 +111,9 @@ def main(argv=None) -> int:
         msd, osd = get_state_dict(model, opt)
         dcp.save({"model": msd, "optim": osd, "step": step + 1},
                  checkpoint_id=os.path.join(ckdir, f"step-{step + 1}"))
+        if rank == 0:
+            print(f"step {step + 1} saved at world size {world}", flush=True)
+        time.sleep(args.step_sleep)
         if (step + 1 == args.die_after and rank == 1
                 and os.environ.get("SHOAL_RESTART_COUNT") == "0"):
             print(f"rank {rank} dies after step {step + 1}", flush=True)
