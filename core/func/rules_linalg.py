@@ -59,10 +59,19 @@ def _cross(call: Callable, level: int, args: tuple, kwargs: dict) -> Any:
     return _all_in_front(lambda *xs, **kw: call(*xs, dim=d), level, args[:2], {})
 
 
+def _diagonal(call: Callable, level: int, args: tuple, kwargs: dict) -> Any:
+    x = args[0]
+    dims = {k: physical_dim(kwargs.get(k, d), x.ndim, "linalg.diagonal")
+            for k, d in (("dim1", -2), ("dim2", -1))}
+    return wrap_out(call(value(x), offset=kwargs.get("offset", 0), **dims), level)
+
+
 register([linalg.det, linalg.slogdet, linalg.inv, linalg.cholesky, linalg.qr, linalg.eigh,
           linalg.eigvalsh, linalg.svd, linalg.svdvals, linalg.pinv, linalg.matrix_rank,
-          linalg.matrix_power], transparent)
-register([linalg.solve, linalg.lstsq], _all_in_front)
+          linalg.matrix_power, linalg.matrix_exp, linalg.eig, linalg.eigvals, linalg.inv_ex,
+          linalg.cholesky_ex, linalg.cond], transparent)
+register([linalg.solve, linalg.lstsq, linalg.solve_triangular, linalg.solve_ex], _all_in_front)
+register(linalg.diagonal, _diagonal)
 register(linalg.vector_norm, _vector_norm)
 register(linalg.matrix_norm, _matrix_norm)
 register(linalg.norm, _norm)

@@ -209,3 +209,44 @@ def test_complex_gradients_without_support_are_refused_not_silent(name: str) -> 
         getattr(linalg, name)(x @ x.conj().mT if name == "eigh" else x)
     with core.no_grad():
         getattr(linalg, name)(x)  # values are fine
+
+
+@pytest.mark.parametrize("p", [1, -1, float("inf"), "fro", "nuc"])
+def test_cond_values_for_the_norms_torch_cannot_differentiate(p) -> None:
+    a, ta = _pair(2, 3, 3, seed=11)
+    np.testing.assert_allclose(linalg.cond(a, p).numpy(), torch.linalg.cond(ta, p).numpy(),
+                               rtol=1e-10)  # float64 norms of A and inv(A), cond ~10
+
+
+def test_the_ex_forms_report_failures_in_info_as_torch() -> None:
+    singular = np.stack([np.eye(3), np.zeros((3, 3))])
+    ours, theirs = linalg.inv_ex(core.tensor(singular)), torch.linalg.inv_ex(torch.tensor(singular))
+    np.testing.assert_array_equal(ours.info.numpy(), theirs.info.numpy())
+    np.testing.assert_allclose(ours.inverse.numpy()[0], np.eye(3))
+    with pytest.raises(linalg.LinAlgError):
+        linalg.inv_ex(core.tensor(singular), check_errors=True)
+    bad = -np.eye(3)
+    assert linalg.cholesky_ex(core.tensor(bad)).info.item() == torch.linalg.cholesky_ex(
+        torch.tensor(bad)).info.item() == 1
+    assert linalg.solve_ex(core.zeros(3, 3), core.ones(3)).info.item() == 1
+
+
+def test_eig_decomposes_and_refuses_gradients() -> None:
+    a, ta = _pair(4, 4, seed=12)
+    w, v = linalg.eig(a)
+    np.testing.assert_allclose(a.numpy() @ v.numpy(), v.numpy() * w.numpy(), atol=1e-12)
+    np.testing.assert_allclose(w.numpy(), torch.linalg.eigvals(ta).numpy(), rtol=1e-12)
+    with pytest.raises(NotImplementedError, match="gradients are not supported yet"):
+        linalg.eig(a.clone().requires_grad_())
+
+
+def test_vmap_over_the_extras() -> None:
+    a, ta = _pair(5, 3, 3, seed=13)
+    b, tb = _pair(5, 3, 2, seed=14)
+    np.testing.assert_allclose(
+        func.vmap(lambda m, r: linalg.solve_triangular(m, r, upper=True))(a, b).numpy(),
+        torch.linalg.solve_triangular(ta.triu(), tb, upper=True).numpy(), rtol=1e-10)
+    np.testing.assert_allclose(func.vmap(linalg.matrix_exp)(a).numpy(),
+                               torch.linalg.matrix_exp(ta).numpy(), rtol=1e-10)
+    np.testing.assert_allclose(func.vmap(lambda m: linalg.diagonal(m, dim1=1, dim2=0))(a).numpy(),
+                               torch.linalg.diagonal(ta, dim1=2, dim2=1).numpy())

@@ -87,3 +87,27 @@ ENTRIES = [
 ]
 # Every entry runs in float32 and float64 (the table's FLOATS).
 assert all(e.dtypes == FLOATS for e in ENTRIES)
+
+# torch.linalg's everyday rest (core/linalg/extras.py).
+ENTRIES += [
+    _entry("matmul", (S(A((3, 4)), A((4, 2))), S(A((2, 3, 4)), A((4,))))),
+    _entry("vecdot", (S(A((3, 4)), A((3, 4))), S(A((3, 4)), A((4,))), S(A((2, 3)), A((2, 3)), dim=0))),
+    _entry("diagonal", (S(A((3, 4))), S(A((2, 3, 3)), offset=1), S(A((3, 2, 4)), dim1=0, dim2=2)),
+           view=True, xfail={"alias": "core's diagonal (core/ops/products.py, which linalg.diagonal "
+                                      "calls) returns a copy where torch's is a view"}),
+    # p = 1, inf, "fro", "nuc" would run torch's cond backward through inv, which fails in torch
+    # 2.13 (an in-place update of inv's output), so their values are compared in
+    # linalg/test_linalg.py instead.
+    _entry("cond", (S(A((3, 3))), S(A((4, 3))), S(A((3, 3)), -2), S(A((2, 3, 3)), 2))),
+    _entry("solve_triangular", (S(A((3, 3)), A((3, 2)), upper=True),
+                                S(A((3, 3)), A((3, 2)), upper=False, unitriangular=True),
+                                S(A((3, 3)), A((2, 3)), upper=True, left=False),
+                                S(A((2, 3, 3)), A((3, 1)), upper=False))),
+    _entry("matrix_exp", (S(A((3, 3))), S(A((2, 4, 4))))),
+    _entry("eigvals", (S(A((3, 3))), S(A((2, 4, 4)))), grad=False),
+    _entry("inv_ex", (S(A((3, 3))), S(A((2, 3, 3))))),
+    _entry("solve_ex", (S(A((3, 3)), A((3, 2))), S(A((3, 3)), A((3,))))),
+    _entry("cholesky_ex", (S(A((3, 3))), S(A((3, 3)), upper=True)),
+           call=lambda lib, a, **kw: lib.linalg.cholesky_ex(
+               a @ a.mT + 3 * lib.eye(a.shape[-1], dtype=a.dtype), **kw)),
+]
