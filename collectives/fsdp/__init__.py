@@ -8,8 +8,10 @@ from shoal.collectives.fsdp.api import (
     ShardedParameter,
 )
 from shoal.collectives.fsdp.fully_shard import FSDPModule, fully_shard, model_state_bytes
+from shoal.collectives.fsdp.mesh import hybrid_mesh
 from shoal.collectives.fsdp.wrapper import CPUOffload, FullyShardedDataParallel, ShardingStrategy
 
 __all__ = ["CPUOffload", "CPUOffloadPolicy", "FSDPError", "FSDPModule",
            "FullyShardedDataParallel", "MixedPrecisionPolicy", "OffloadPolicy",
-           "ShardedParameter", "ShardingStrategy", "fully_shard", "model_state_bytes"]
+           "ShardedParameter", "ShardingStrategy", "fully_shard", "hybrid_mesh",
+           "model_state_bytes"]

@@ -85,13 +85,13 @@ def full_state(model):
     return {k: v.full_tensor().numpy() for k, v in model.named_parameters()}
 
 
-def train_fsdp(model, group, steps=STEPS, start=0, opt=None):
+def train_fsdp(model, group, steps=STEPS, start=0, opt=None, rank=None):
     from shoal import core
 
     opt = opt or core.optim.Adam(model.parameters(), lr=LR)
     for step in range(start, steps):
         opt.zero_grad()
-        x, y = batch(step, group.rank())
+        x, y = batch(step, group.rank() if rank is None else rank)
         mse(model(x), y).backward()
         opt.step()
     return opt
@@ -182,3 +182,33 @@ def test_fsdp_and_zero_end_where_one_process_does(world):
     for rank, out in enumerate(results):
         assert out["fsdp_bytes"] <= (1 / world + 0.10) * replica, (rank, out["fsdp_bytes"],
                                                                    replica)
+
+
+def _hybrid(rank, world):
+    from shoal import collectives as dist
+    from shoal.collectives.fsdp import hybrid_mesh
+
+    dist.init_process_group("tcp", init_method="env://", timeout=30)
+    try:
+        replicate, shard = hybrid_mesh(shard_size=2)
+        model = sharded(make_model(), (replicate, shard))
+        train_fsdp(model, shard, rank=rank)  # each world rank its own batch
+        return (replicate.size(), shard.size(), model.fc1.weight.numel()), full_state(model)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_hybrid_mesh_shards_within_pairs_at_four_ranks():
+    from tests.support.ranks import agent_store
+
+    store, env = agent_store(4)
+    try:
+        results = run_ranks(_hybrid, 4, env=env, timeout=90)
+    finally:
+        store.close()
+    want = reference(4)
+    for rank, (sizes, state) in enumerate(results):
+        assert sizes == (2, 2, -(-13 * 7 // 2)), sizes  # fc1 split in halves, not quarters
+        for name, value in want.items():
+            np.testing.assert_allclose(state[name], value, rtol=RTOL, atol=ATOL,
+                                       err_msg=f"rank {rank} {name}")
