@@ -36,10 +36,10 @@ from shoal.core import dtypes
 
 LOWER = frozenset({"matmul", "linear", "conv1d", "conv2d", "scaled_dot_product_attention"})
 FP32 = {
-    "cpu": frozenset({"mse_loss", "cross_entropy", "nll_loss"}),
+    "cpu": frozenset({"mse_loss", "cross_entropy", "nll_loss", "prod"}),
     "cuda": frozenset({
         "mse_loss", "cross_entropy", "nll_loss", "exp", "log", "pow", "sum", "softmax",
-        "log_softmax", "logsumexp", "layer_norm",
+        "log_softmax", "logsumexp", "layer_norm", "prod",
     }),
 }
 _DEVICE_TYPES = ("cpu", "cuda")

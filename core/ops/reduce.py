@@ -71,6 +71,8 @@ def mean(x: Any, dim: Any = None, keepdim: bool = False) -> Any:
 
 def prod(x: Any, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Any:
     """The product over one dim (all elements when None); integers and bools give int64."""
+    if _AMP.active:
+        (x,) = _autocast.cast("prod", x)  # torch's autocast lists compute prod in float32
     xd = x.array
     if dtype is not None:
         xd = xd.astype(dtypes.get(dtype).np)

@@ -49,6 +49,7 @@ def _ops():
         "gelu": both(lambda a, c: F.gelu(a), lambda a, c: tf.gelu(a)),
         "clamp": both(lambda a, c: a.clamp(-0.5, 0.5), lambda a, c: a.clamp(-0.5, 0.5)),
         "sum": both(lambda a, c: a.sum(), lambda a, c: a.sum()),
+        "prod": both(lambda a, c: a.prod(dim=1), lambda a, c: a.prod(dim=1)),
         "mean": both(lambda a, c: a.mean(dim=1), lambda a, c: a.mean(dim=1)),
         "var": both(lambda a, c: a.var(), lambda a, c: a.var()),
         "amax": both(lambda a, c: a.amax(dim=0), lambda a, c: a.amax(dim=0)),
