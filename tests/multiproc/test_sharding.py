@@ -175,7 +175,8 @@ def test_fsdp_and_zero_end_where_one_process_does(world):
     for index, entry in opt.state_dict()["state"].items():
         np.testing.assert_allclose(saved["state"][index]["exp_avg"].numpy(),
                                    entry["exp_avg"].numpy(), rtol=1e-9, atol=1e-12)
-    # Full sharding: params + grads + Adam state held per rank is 1/W of a replica's, plus the
+    # Full sharding: params + grads + Adam state held per rank is 1/W of a replica's (DDP holds
+    # a replica's and its gradient buckets besides, so this is the stricter bound), plus the
     # padding of each parameter to a multiple of W elements (under W per parameter, far below
     # 10% of these 256-wide layers) and Adam's scalar step counters.
     replica = _replica_bytes()
