@@ -16,7 +16,6 @@ from shoal.core import autograd
 from shoal.core.func._leaves import Leaf
 from shoal.core.func._pytree import tree_flatten, tree_map, tree_unflatten
 from shoal.core.func.batched import STATE, rewrap, unwrap_all
-from shoal.core.func.dispatch import as_dispatching
 from shoal.core.func._leaves import active_levels, materialize
 from shoal.core.grad_mode import enable_grad
 from shoal.core.ops import creation
@@ -58,7 +57,7 @@ class _Run:
         STATE.diff_depth += 1
         STATE.first_order = self.first_order
         try:
-            return as_dispatching(func)(*args, **kwargs)
+            return func(*args, **kwargs)
         finally:
             STATE.diff_depth -= 1
             STATE.first_order = prev

@@ -1,12 +1,13 @@
-"""How ops reach their batching rules: wrappers swapped in while a vmap runs.
+"""How ops reach their batching rules while a vmap runs: each op's code is swapped for a
+trampoline into its dispatching wrapper.
 
 core's ops have no central dispatch (each op is a plain function, bound to Tensor as a method
-and re-exported by name in several modules; the profiler meets the same fact, see
-core/profiler/instrument.py). So vmap, while it runs, swaps every module-level reference a
-shoal (or user) module holds to an op function for a wrapper that sends calls with a
-BatchedTensor argument to the op's rule and everything else to the op unchanged; it swaps them
-back when the outermost vmap returns. BatchedTensor's methods and operators are such wrappers
-permanently (only batched tensors reach them). Code outside vmap runs the original functions.
+and re-exported by name in several modules). So while a vmap runs, every registered op function
+gets a trampoline as its `__code__`: a call, however the caller holds the function (a module
+attribute, a method, a local variable taken before vmap started), goes to the op's wrapper,
+which sends calls with a BatchedTensor argument to the op's rule and everything else to a copy
+of the op that runs its own code. The outermost vmap to return puts every op's code back, so
+code outside vmap runs the ops untouched.
 
 A rule is `rule(call, level, args, kwargs)`: `call` is the op's wrapper (so calls on a value
 that is itself batched at an outer level dispatch again) and `level` is the innermost level
@@ -15,31 +16,20 @@ among the arguments.
 
 from __future__ import annotations
 
-import sys
 import threading
+import types
+import warnings
 from typing import Any, Callable
 
 from shoal.core.func.batched import BatchedTensor
-from shoal.core.tensor import Tensor
 
 _RULES: dict[Callable, Callable] = {}
 _WRAPPERS: dict[Callable, Callable] = {}
 _lock = threading.Lock()
 _users = 0
-_restore: list[tuple[Any, str, Any]] = []
-_scan_cache: tuple[int, int, list] = (-1, -1, [])
-
-# Tensor's operators are closures bound in core/ops/bind.py, so BatchedTensor's are made here
-# from the op names they stand for (reflected ones swap their operands).
-OPERATORS = {
-    "__add__": ("add", False), "__radd__": ("add", True), "__sub__": ("sub", False),
-    "__rsub__": ("sub", True), "__mul__": ("mul", False), "__rmul__": ("mul", True),
-    "__truediv__": ("div", False), "__rtruediv__": ("div", True), "__pow__": ("pow", False),
-    "__rpow__": ("pow", True), "__matmul__": ("matmul", False), "__rmatmul__": ("matmul", True),
-    "__eq__": ("eq", False), "__ne__": ("ne", False), "__lt__": ("lt", False),
-    "__le__": ("le", False), "__gt__": ("gt", False), "__ge__": ("ge", False),
-}
-
+_COPIES: dict[Callable, Callable] = {}  # op -> a function running the op's own code
+_OWN_CODE: dict[Callable, types.CodeType] = {}  # op -> its code, put back on uninstall
+_TRAMPOLINES: dict[Callable, types.CodeType] = {}  # op -> code calling the op's wrapper
 
 def register(fns: Any, rule: Callable) -> None:
     """Give each op function in `fns` the batching rule `rule`."""
@@ -51,19 +41,9 @@ def register(fns: Any, rule: Callable) -> None:
 def wrapper_for(fn: Callable) -> Callable:
     """The dispatching wrapper of op function `fn` (made once)."""
     w = _WRAPPERS.get(fn)
-    if w is None and _WRAPPERS.get(getattr(fn, "__wrapped__", None)) is fn:
-        return fn  # already a wrapper: a module attribute read while vmap is installed
     if w is None:
         w = _WRAPPERS[fn] = _make_wrapper(fn)
     return w
-
-
-def as_dispatching(fn: Any) -> Any:
-    """fn's wrapper when fn is an op (vmap(core.sin) must dispatch too), else fn."""
-    try:
-        return _WRAPPERS.get(fn, fn)
-    except TypeError:  # an unhashable callable
-        return fn
 
 
 def innermost_level(args: tuple, kwargs: dict) -> int | None:
@@ -81,14 +61,29 @@ def innermost_level(args: tuple, kwargs: dict) -> int | None:
     return best
 
 
+def _own(fn: Callable) -> Callable:
+    """A function that runs fn's own code even while fn's code is a trampoline."""
+    if not isinstance(fn, types.FunctionType):
+        return fn
+    copy = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__,
+                              fn.__closure__)
+    copy.__kwdefaults__ = fn.__kwdefaults__
+    copy.__qualname__ = fn.__qualname__
+    copy.__module__ = fn.__module__
+    _COPIES[fn] = copy
+    _OWN_CODE[fn] = fn.__code__
+    return copy
+
+
 def _make_wrapper(fn: Callable) -> Callable:
     name = getattr(fn, "__name__", repr(fn))
+    own = _own(fn)
 
     def batched_call(*args: Any, **kwargs: Any) -> Any:
         level = innermost_level(args, kwargs)
         if level is None:
             special = _UNBATCHED_HOOKS.get(fn)
-            return fn(*args, **kwargs) if special is None else special(fn, args, kwargs)
+            return own(*args, **kwargs) if special is None else special(own, args, kwargs)
         rule = _RULES.get(fn)
         if rule is None:
             raise NotImplementedError(
@@ -127,84 +122,50 @@ def wrap_op_modules(modules: list) -> None:
                 wrapper_for(fn)
 
 
-def bind_batched_methods() -> None:
-    """BatchedTensor's methods, properties and operators: the wrappers of Tensor's."""
-    for attr, value in list(vars(Tensor).items()):
-        if attr in OPERATORS or attr in vars(BatchedTensor):
-            continue
-        if isinstance(value, property) and value.fget in _WRAPPERS:
-            setattr(BatchedTensor, attr, property(_WRAPPERS[value.fget], doc=value.__doc__))
-        elif callable(value) and not isinstance(value, type) and value in _WRAPPERS:
-            setattr(BatchedTensor, attr, _WRAPPERS[value])
-    by_name = {getattr(fn, "__name__", ""): fn for fn in _WRAPPERS}
-    for attr, (name, reflected) in OPERATORS.items():
-        fn = _WRAPPERS[by_name[name]]
-        setattr(BatchedTensor, attr, _swap(fn) if reflected else fn)
-    BatchedTensor.__hash__ = object.__hash__
+_TARGET = "__shoal_vmap_dispatch_target__"
 
 
-def _swap(fn: Callable) -> Callable:
-    def reflected(self: Any, other: Any) -> Any:
-        return fn(other, self)
-
-    return reflected
-
-
-_INSTALLED = tuple(sorted({p for p in (sys.prefix, sys.base_prefix, sys.exec_prefix) if p}))
-
-
-def _scans(mod_name: str, mod: Any) -> bool:
-    if mod_name.startswith(("shoal.core.func", "shoal.core.profiler")):
-        return False
-    if mod_name.startswith("shoal.") or mod_name == "__main__":
-        return True
-    path = getattr(mod, "__file__", None)
-    return bool(path) and not path.startswith(_INSTALLED)
-
-
-def _references() -> list[tuple[Any, str, Any, Callable]]:
-    """(module, name, value, op) for every module-level reference to a wrapped op; rescanned only when
-    modules were imported or ops registered since the last scan."""
-    global _scan_cache
-    key = (len(sys.modules), len(_WRAPPERS))
-    if _scan_cache[:2] != key:
-        refs = []
-        for mod_name, mod in list(sys.modules.items()):
-            if mod is None or not _scans(mod_name, mod):
-                continue
-            for attr, value in list(vars(mod).items()):
-                try:
-                    op = value if value in _WRAPPERS else getattr(value, "__wrapped__", None)
-                    if op is not None and op in _WRAPPERS:
-                        # a profiler's timing wrapper stands for its op while vmap runs
-                        refs.append((mod, attr, value, op))
-                except (TypeError, ValueError, AttributeError, RuntimeError):
-                    # an unhashable attribute, or one whose lookup raises: not an op
-                    continue
-        _scan_cache = (*key, refs)
-    return _scan_cache[2]
+def _trampoline(fn: types.FunctionType) -> types.CodeType:
+    """Code for fn that calls fn's wrapper with the same arguments; it has fn's free variables
+    (unused), since a function's code can only be swapped for code with as many."""
+    code = _TRAMPOLINES.get(fn)
+    if code is not None:
+        return code
+    own = _OWN_CODE[fn]
+    cells = ", ".join(f"c{i}" for i in range(len(own.co_freevars)))
+    source = (f"def outer({cells}):\n"
+              f"    def trampoline(*args, **kwargs):\n"
+              f"        return {_TARGET!r}(*args, **kwargs)\n"
+              + (f"        ({cells},)\n" if cells else "")  # after return: free, never run
+              + "    return trampoline\n")
+    with warnings.catch_warnings():  # "str is not callable": the constant is swapped below
+        warnings.simplefilter("ignore", SyntaxWarning)
+        module = compile(source, f"<vmap dispatch of {fn.__qualname__}>", "exec")
+    outer = next(c for c in module.co_consts if isinstance(c, types.CodeType))
+    inner = next(c for c in outer.co_consts if isinstance(c, types.CodeType))
+    consts = tuple(_WRAPPERS[fn] if c == _TARGET else c for c in inner.co_consts)
+    code = _TRAMPOLINES[fn] = inner.replace(co_consts=consts, co_name=own.co_name,
+                                            co_qualname=own.co_qualname)
+    return code
 
 
 def install() -> None:
-    """Swap op references for the dispatching wrappers (counted: nested vmaps share)."""
+    """Point every registered op at its wrapper (counted: nested vmaps share)."""
     global _users
     with _lock:
         _users += 1
         if _users > 1:
             return
-        for mod, attr, value, op in _references():
-            if vars(mod).get(attr) is value:
-                _restore.append((mod, attr, value))
-                setattr(mod, attr, _WRAPPERS[op])
+        for fn in list(_OWN_CODE):
+            fn.__code__ = _trampoline(fn)
 
 
 def uninstall() -> None:
-    """Put the original references back when the last vmap returns."""
+    """Give every op its own code back when the last vmap returns."""
     global _users
     with _lock:
         _users -= 1
         if _users > 0:
             return
-        while _restore:
-            mod, attr, value = _restore.pop()
-            setattr(mod, attr, value)
+        for fn, code in _OWN_CODE.items():
+            fn.__code__ = code

@@ -11,7 +11,6 @@ from typing import Any, Callable
 
 from shoal.core.func._pytree import tree_flatten, tree_unflatten
 from shoal.core.func.autodiff import _argnums, _split_aux, jvp, vjp
-from shoal.core.func.dispatch import as_dispatching
 from shoal.core.func.vmap import vmap
 from shoal.core.ops import creation
 
@@ -38,7 +37,7 @@ def jacrev(func: Callable, argnums: Any = 0, *, has_aux: bool = False,
         nums = _argnums(argnums, len(args), "jacrev")
 
         def partial(*diff: Any) -> Any:
-            return as_dispatching(func)(*_with(args, nums, diff), **kwargs)
+            return func(*_with(args, nums, diff), **kwargs)
 
         res = vjp(partial, *(args[n] for n in nums), has_aux=has_aux)
         out, vjp_fn = res[0], res[1]
@@ -68,7 +67,7 @@ def jacfwd(func: Callable, argnums: Any = 0, has_aux: bool = False, *,
         nums = _argnums(argnums, len(args), "jacfwd")
 
         def partial(*diff: Any) -> Any:
-            out = as_dispatching(func)(*_with(args, nums, diff), **kwargs)
+            out = func(*_with(args, nums, diff), **kwargs)
             return _split_aux(out, has_aux, "jacfwd")[0]
 
         primals = tuple(args[n] for n in nums)

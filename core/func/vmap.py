@@ -13,11 +13,11 @@ from shoal.core.ops import logical, nn, norm, pooling, reduce, sorting, unary
 from shoal.core.ops import shape as shape_ops
 from shoal.core.tensor import Tensor
 
-# Every public op gets a dispatching wrapper (those without a rule refuse batched tensors with a
-# clear error), then BatchedTensor's methods become those wrappers.
+# Every public op gets a dispatching wrapper: those without a rule refuse batched tensors with
+# a clear error. Tensor's methods and operators are these same functions (core/ops/bind.py), so
+# they dispatch too, and a profiler's timing wrappers record the logical op once per batch.
 dispatch.wrap_op_modules([arith, attention, conv, creation, derived, indexing, inplace, linalg,
                           logical, nn, norm, pooling, reduce, shape_ops, sorting, unary])
-dispatch.bind_batched_methods()
 
 _RANDOMNESS = ("error", "different", "same")
 
@@ -89,7 +89,7 @@ def _vmap_call(func: Callable, in_dims: Any, out_dims: Any, randomness: str,
     dispatch.install()
     try:
         wrapped = [x if d is None else batched(_moved(x, d, 0), level) for x, d in zip(flat, dims)]
-        out = dispatch.as_dispatching(func)(*tree_unflatten(wrapped, spec), **kwargs)
+        out = func(*tree_unflatten(wrapped, spec), **kwargs)
         return _unbatch(out, out_dims, level, size)
     finally:
         dispatch.uninstall()

@@ -177,9 +177,41 @@ def test_chunk_size_gives_the_same_answer() -> None:
     _same(func.vmap(lambda a: a.softmax(0), chunk_size=3)(x), torch.softmax(tx, 1))
 
 
-def test_the_dispatch_is_removed_when_vmap_returns() -> None:
+def test_an_op_held_in_a_local_variable_dispatches_too() -> None:
+    """However the caller holds the op (a local variable or default argument bound before vmap
+    started), the call reaches its batching rule."""
+    cross_entropy, local_sum = F.cross_entropy, core.sum
+    logits = np.random.default_rng(3).standard_normal((4, 2, 3)).astype(np.float32)
+    target = np.array([[0, 1], [2, 2], [1, 0], [0, 0]])
+
+    def f(x, t, loss=F.mse_loss):
+        return cross_entropy(x, t) + local_sum(x) + loss(x, x * 2)
+
+    def tf(x, t):
+        return (torch.nn.functional.cross_entropy(x, t) + torch.sum(x)
+                + torch.nn.functional.mse_loss(x, x * 2))
+
+    _same(func.vmap(f)(core.tensor(logits), core.tensor(target)),
+          torch.func.vmap(tf)(torch.tensor(logits), torch.tensor(target)))
+
+
+def test_the_ops_run_their_own_code_again_when_vmap_returns() -> None:
     from shoal.core.ops import arith
 
-    before = arith.add
+    own = arith.add.__code__
     func.vmap(lambda a: a + 1)(core.ones(3))
-    assert core.add is before and arith.add is before
+    assert arith.add.__code__ is own
+    with pytest.raises(RuntimeError):
+        func.vmap(lambda a: a.item())(core.ones(3))
+    assert arith.add.__code__ is own  # put back after an error too
+
+
+def test_vmap_under_the_profiler_records_the_batched_ops() -> None:
+    from shoal.core import profiler
+
+    x = core.randn(6, 3)
+    with profiler.profile() as prof:
+        out = func.vmap(lambda a: (a * 2).sum())(x)
+    np.testing.assert_allclose(out.numpy(), (x.numpy() * 2).sum(1), rtol=1e-6)
+    names = [e.name for e in prof.events()]
+    assert names.count("mul") == 1 and names.count("sum") == 1, names  # once for the batch
