@@ -38,7 +38,7 @@ from shoal.core.autograd import Node, is_grad_enabled
 from shoal.core.nn.module import Module
 from shoal.core.tensor import Tensor
 
-__all__ = ["FSDPModule", "fully_shard", "model_state_bytes"]
+__all__ = ["FSDPModule", "UnshardHandle", "fully_shard", "model_state_bytes"]
 
 _STATES: "weakref.WeakKeyDictionary[Module, _State]" = weakref.WeakKeyDictionary()
 
@@ -74,6 +74,7 @@ class _State:
         self.is_root = False
         self.sync_grads = True
         self.pre_backward_done = False
+        self.explicit_prefetch: dict[str, list["_State"]] = {}
 
     # ------------------------------------------------------------------ forward
 
@@ -88,8 +89,7 @@ class _State:
         if self.group is not None:
             self.group.wait_unshard()
             self.group.use_full()
-        following = root.next_of(self, 1)
-        if following is not None and following.group is not None:
+        for following in self.prefetch("forward"):
             following.group.start_unshard()
         self.pre_backward_done = False
         if self.mp.param_dtype is not None and self.mp.cast_forward_inputs:
@@ -129,11 +129,20 @@ class _State:
         self.pre_backward_done = True
         self.root.in_backward = True
         self.group.wait_unshard()
-        earlier = self.root.next_of(self, -1)
         # Prefetch only a group whose backward is still to come: the root's last use (the
         # head) may come first in backward, and a stale gather would outlive the step.
-        if earlier is not None and earlier.group is not None and not earlier.group.grads_done:
-            earlier.group.start_unshard()
+        for earlier in self.prefetch("backward"):
+            if not earlier.group.grads_done:
+                earlier.group.start_unshard()
+
+    def prefetch(self, direction: str) -> list["_State"]:
+        """The states whose gathers to issue now: the ones set with set_modules_to_*_prefetch,
+        else the next (forward) or previous (backward) in the order the first forward ran."""
+        chosen = self.explicit_prefetch.get(direction)
+        if chosen is None:
+            nearby = self.root.next_of(self, 1 if direction == "forward" else -1)
+            chosen = [] if nearby is None else [nearby]
+        return [s for s in chosen if s.group is not None]
 
     def grads_ready(self, group: ParamGroup) -> None:
         if self.sync_grads:
@@ -238,14 +247,24 @@ def _cast_floats(obj: Any, dtype: Any) -> Any:
 class FSDPModule:
     """The methods fully_shard adds to a module (its class becomes FSDP<class>)."""
 
-    def unshard(self, async_op: bool = False) -> Any:
-        """Gather this module's parameters now (async_op: issue only; forward waits)."""
+    def unshard(self, async_op: bool = False) -> Optional["UnshardHandle"]:
+        """Gather this module's parameters now; async_op: only issue the all_gather and return
+        a handle whose wait() finishes it (forward waits for it too)."""
         group = _STATES[self].group
         if group is not None:
             group.start_unshard()
             if not async_op:
                 group.wait_unshard()
-        return None
+        return UnshardHandle(group) if async_op else None
+
+    def set_modules_to_forward_prefetch(self, modules: list[Module]) -> None:
+        """Issue these sharded modules' all_gathers when this one's forward starts (instead of
+        the next module's in the order the first forward ran)."""
+        _STATES[self].explicit_prefetch["forward"] = [_state_of(m) for m in modules]
+
+    def set_modules_to_backward_prefetch(self, modules: list[Module]) -> None:
+        """Issue these sharded modules' all_gathers when this one's backward starts."""
+        _STATES[self].explicit_prefetch["backward"] = [_state_of(m) for m in modules]
 
     def reshard(self) -> None:
         """Free this module's gathered parameters."""
@@ -291,6 +310,24 @@ def _clip_grad_norm(module: Module, max_norm: float, norm_type: float) -> Tensor
         for p in shards:
             p.grad.array *= p.grad.array.dtype.type(coef)
     return Tensor(np.asarray(total, dtype=np.float32))
+
+
+class UnshardHandle:
+    """What `unshard(async_op=True)` returns: wait() finishes the gather."""
+
+    def __init__(self, group: Optional[ParamGroup]) -> None:
+        self._group = group
+
+    def wait(self) -> None:
+        """Block until the module's parameters are gathered."""
+        if self._group is not None:
+            self._group.wait_unshard()
+
+
+def _state_of(module: Module) -> _State:
+    if module not in _STATES:
+        raise FSDPError(f"{type(module).__name__} is not sharded: call fully_shard on it first.")
+    return _STATES[module]
 
 
 def _states_under(module: Module, recurse: bool) -> list[_State]:

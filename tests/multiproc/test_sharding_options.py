@@ -256,3 +256,19 @@ def full_state_grads(model):
         p.group.all_gather_into_tensor(whole, np.ascontiguousarray(p.grad.array)).wait()
         out[name] = whole[:int(np.prod(p.global_shape))].reshape(p.global_shape)
     return out
+
+
+def test_explicit_prefetch_and_an_early_unshard_change_nothing_but_timing():
+    pgs = _groups(2, "prefetch")
+    models = [make_model() for _ in range(2)]
+
+    def body(pg, rank):
+        model = sharded(models[rank], pg)
+        model.set_modules_to_forward_prefetch([model.fc1, model.fc2])  # the root gathers both
+        model.fc2.set_modules_to_backward_prefetch([model.fc1])
+        handle = model.fc1.unshard(async_op=True)  # before any forward: waited in forward
+        handle.wait()
+        _train(model, rank)
+        return full_state(model)
+
+    _check(run_all(pgs, body), reference(2))
