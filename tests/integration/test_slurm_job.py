@@ -1,4 +1,4 @@
-"""deploy/slurm/shoal.sbatch submitted to a real Slurm (slurmctld and a slurmd per
+"""deploy/slurm/shoal-train.sbatch submitted to a real Slurm (slurmctld and a slurmd per
 network-namespace host, munge; tests/support/slurm_cluster.py): `srun shoal run` takes the node
 count, each node's rank and the rendezvous from SLURM_*, the 2-node job trains to the end, and
 when a node is lost mid-run (cut off the network, everything on it killed) the other node goes
@@ -19,7 +19,7 @@ from tests.support.slurm_cluster import SlurmCluster, require_slurm
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-SBATCH = ROOT / "deploy" / "slurm" / "shoal.sbatch"
+SBATCH = ROOT / "deploy" / "slurm" / "shoal-train.sbatch"
 JOB_TIMEOUT_S = 120
 # A short heartbeat so that the survivor's new round does not wait the default time for the
 # lost node (the k8s manifests use the same).
