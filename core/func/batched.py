@@ -57,11 +57,9 @@ class BatchedTensor(Tensor):
     def array(self) -> Any:
         """Refused: an op that reads the data directly has no batching rule."""
         raise NotImplementedError(
-            "vmap: a core op read the data of a batched tensor directly: either the op has no "
-            "batching rule (core/func/rules*.py list the ops vmap supports), or the function "
-            "object was taken before vmap started (a local variable or default argument holding "
-            "e.g. F.cross_entropy): vmap reroutes ops reached through a module attribute "
-            "(F.cross_entropy(...), core.sum(...)) and tensor methods, so call it that way."
+            "vmap: code read the data of a batched tensor directly: a function outside core's "
+            "registered ops (core/func/rules*.py list the ops vmap supports) reached `.array`; "
+            "compute it outside vmap or with supported ops."
         )
 
     @property
