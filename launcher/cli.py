@@ -17,7 +17,7 @@ from shoal import __version__
 from shoal.launcher import flags, secret, settings
 from shoal.launcher.console import configure_logging
 
-USAGE = """usage: shoal {run,store,--version} ...
+USAGE = """usage: shoal {run,store,trace,top,--version} ...
 
   shoal run [flags] SCRIPT [ARGS...]   run an elastic job's workers on this node
   shoal store [--host H] [--port P]     serve a standalone TCPStore for rendezvous
@@ -31,7 +31,8 @@ _MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
 def _usage_error(message: str) -> int:
-    sys.stderr.write(f"{USAGE}\nshoal: error: {message}\n")
+    # The first line of the usage only: the error stays in sight (`shoal --help` has the rest).
+    sys.stderr.write(f"{USAGE.splitlines()[0]}\nshoal: error: {message}\n")
     return 2
 
 
@@ -39,7 +40,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the `shoal` command; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
-        return _usage_error("name a command: run or store")
+        return _usage_error("name a command: run, store, trace or top")
     command, rest = argv[0], argv[1:]
     if command in ("-h", "--help", "help"):
         sys.stdout.write(USAGE + "\n")
@@ -59,7 +60,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from shoal.launcher.top import main as top_main  # noqa: PLC0415  (curses, prometheus)
 
         return top_main(rest)
-    return _usage_error(f"unknown command {command!r}; choose run or store")
+    return _usage_error(f"unknown command {command!r}; choose run, store, trace or top")
 
 
 def run(argv: Sequence[str]) -> int:

@@ -91,3 +91,24 @@ def apply_env(parser: argparse.ArgumentParser, flags: Sequence[Flag], ns: argpar
         else:
             value = flag.default
         setattr(ns, flag.dest, value)
+
+
+class CommandParser(argparse.ArgumentParser):
+    """An argparse parser whose usage errors are short: one usage line, the error, and where
+    the full list is, instead of argparse's usage block of every flag above the error (30
+    lines for `shoal run`, which pushed the error itself off a small terminal)."""
+
+    # argparse's own words for a command line without the script, and what to say instead.
+    _NO_SCRIPT = "the following arguments are required: script"
+
+    def __init__(self, *args, short_usage: str, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.short_usage = short_usage
+
+    def error(self, message: str):
+        """Print the short usage line and `message`, then exit with status 2."""
+        if message.startswith(self._NO_SCRIPT):
+            message = ("name the training script to run, after the flags (or -m MODULE, or a "
+                       "program with --no-python)")
+        self.exit(2, f"usage: {self.short_usage}\n{self.prog}: error: {message}\n"
+                     f"(`{self.prog} --help` lists every flag)\n")

@@ -58,7 +58,7 @@ from shoal.launcher.converters import (  # noqa: F401  (DEFAULT_* and RDZV_CONF_
     _int_at_least,
 )
 from shoal.launcher import slurm, torch_conf
-from shoal.launcher.flag_spec import ENV_PREFIX, Flag, add_flag, apply_env
+from shoal.launcher.flag_spec import ENV_PREFIX, CommandParser, Flag, add_flag, apply_env
 from shoal.launcher.streams import StdSpec
 
 # ----------------------------------------------------------------------------- flag table
@@ -73,8 +73,9 @@ RUN_GROUPS: dict[str, list[Flag]] = {
              "this node's rank; 0 hosts the embedded store at --rdzv-endpoint (ranks in the "
              "group are assigned by the rendezvous)"),
         Flag("local-addr", text_value, None,
-             "address other nodes reach this node at (default 127.0.0.1 on one machine, else "
-             "this host's FQDN)"),
+             "address other nodes reach this node at, one of this host's own (default "
+             "127.0.0.1 when the rendezvous is on this machine, else the local address that "
+             "routes to the rendezvous endpoint)"),
         Flag("collective-timeout", positive_seconds, None,
              "seconds a worker's process group and its collectives wait before a hang is an "
              "error (the default of init_process_group; default 600)"),
@@ -261,8 +262,8 @@ _SWITCHES = {spelling for group in RUN_GROUPS.values() for flag in group if flag
 
 def run_parser() -> argparse.ArgumentParser:
     """The argparse parser of `shoal run` (defaults are applied afterwards, from variables)."""
-    parser = argparse.ArgumentParser(
-        prog="shoal run",
+    parser = CommandParser(
+        prog="shoal run", short_usage="shoal run [flags] SCRIPT [ARGS...]",
         description="Start workers on this node, form a group with the other nodes through a "
                     "rendezvous, and restart everyone from the last checkpoint on a failure. "
                     "torchrun's flags and PET_* variables are understood with torchrun's "
@@ -401,7 +402,8 @@ def _check_script(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> No
 def _check_directories(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
     """Made here so that an unusable directory is a usage error before any worker starts."""
     for flag, path in (("--log-dir/--log_dir", ns.log_dir),
-                       ("--checkpoint-dir/--checkpoint_dir", ns.checkpoint_dir)):
+                       ("--checkpoint-dir/--checkpoint_dir", ns.checkpoint_dir),
+                       ("--profile/--profile-dir/--profile_dir", ns.profile_dir)):
         if path:
             try:
                 os.makedirs(path, exist_ok=True)
@@ -445,8 +447,8 @@ class StoreSettings:
 
 def store_parser() -> argparse.ArgumentParser:
     """The argparse parser of `shoal store`."""
-    parser = argparse.ArgumentParser(
-        prog="shoal store",
+    parser = CommandParser(
+        prog="shoal store", short_usage="shoal store [--host HOST] [--port PORT]",
         description="Run a standalone TCPStore server (rendezvous for --rdzv-backend store) "
                     "until SIGTERM or SIGINT.",
         allow_abbrev=False,

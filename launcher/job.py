@@ -33,7 +33,15 @@ from shoal.elastic.errors import (
     write_error_file,
 )
 from shoal.elastic.metrics import MetricsServer, WebConfigError
-from shoal.launcher import flags, job_dirs, rendezvous_setup, secret, settings, virtual_local_rank
+from shoal.launcher import (
+    flags,
+    job_dirs,
+    profile_notice,
+    rendezvous_setup,
+    secret,
+    settings,
+    virtual_local_rank,
+)
 from shoal.launcher.console import configure_logging
 from shoal.launcher.streams import route
 
@@ -94,8 +102,11 @@ def _run(run_settings: flags.RunSettings, local_addr: str, metrics_parent: Optio
                 collectives_settings.DUMP_DIR.name)
     spec = _worker_spec(run_settings, token=token, local_addr=local_addr, dirs=dirs,
                         base_env=base_env)
+    profiled_since = profile_notice.announce(run_settings.profile_dir)
     result = _run_agent(run_settings, spec, handler, hosted)
     ended.append(result)
+    if result.exit_code == 0:
+        profile_notice.report_missing(run_settings.profile_dir, profiled_since)
     if result.summary:
         sys.stderr.write(result.summary + "\n")
         sys.stderr.flush()

@@ -320,6 +320,10 @@ class Agent:
             logger.error("Round %s: %s hung: %s (rank %d noticed and ended with %s). "
                          "Watchdog dump: %s", info.round, hang.culprit_names(), hang.reason,
                          noticer.rank, describe_exit(noticer.exitcode), hang.dump_path)
+        elif record.get("error"):
+            # The worker's own root cause (torch's or shoal's @record), beside how it ended.
+            logger.error("Round %s: %s; its error: %s", info.round, first.describe(),
+                         record["error"])
         else:
             logger.error("Round %s: %s", info.round, first.describe())
         if failures.is_peer_failure(first):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 from typing import Optional, Sequence
 
@@ -12,6 +13,8 @@ from shoal.elastic.agent.env import WorkerPlace, worker_env
 from shoal.elastic.agent.store_door import WorkerStoreDoor
 from shoal.elastic.agent.spec import WorkerSpec
 from shoal.elastic.api import RendezvousInfo
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,12 +68,19 @@ def plan_round(spec: WorkerSpec, info: RendezvousInfo, counts: Sequence[int], *,
 
 def fresh_error_file(spec: WorkerSpec, round_: int, rank: int) -> Optional[str]:
     """Where rank `rank` writes its TORCHELASTIC_ERROR_FILE in round `round_` (None without an
-    error directory); a file left there by an earlier job is removed, so it is never taken for
-    this worker's."""
+    error directory). Its folder is created here: torch's `@record` writes the file but makes
+    no folder, and would fail with FileNotFoundError, losing the root cause. A file left there
+    by an earlier job is removed, so it is never taken for this worker's."""
     if spec.error_dir is None:
         return None
     path = os.path.join(spec.error_dir, spec.run_id, f"round_{round_}", f"rank_{rank}",
                         "error.json")
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+    except OSError as exc:
+        logger.warning("Rank %d gets no TORCHELASTIC_ERROR_FILE in round %d: cannot create %s "
+                       "(%s)", rank, round_, os.path.dirname(path), exc)
+        return None
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
     return path
