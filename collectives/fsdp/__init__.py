@@ -7,7 +7,7 @@ from shoal.collectives.fsdp.api import (
     OffloadPolicy,
     ShardedParameter,
 )
-from shoal.collectives.fsdp.fully_shard import FSDPModule, fully_shard, model_state_bytes
+from shoal.collectives.fsdp.sharded_module import FSDPModule, fully_shard, model_state_bytes
 from shoal.collectives.fsdp.mesh import hybrid_mesh
 from shoal.collectives.fsdp.wrapper import CPUOffload, FullyShardedDataParallel, ShardingStrategy
 

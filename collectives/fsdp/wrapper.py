@@ -18,7 +18,7 @@ from shoal.collectives.fsdp.api import (
     MixedPrecisionPolicy,
     OffloadPolicy,
 )
-from shoal.collectives.fsdp.fully_shard import fully_shard
+from shoal.collectives.fsdp.sharded_module import fully_shard
 from shoal.collectives.world import member_group
 from shoal.core.nn.module import Module
 

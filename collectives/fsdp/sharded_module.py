@@ -1,4 +1,5 @@
-"""`fully_shard(module)`: torch FSDP2's per-module sharding, its hooks and its root.
+"""`fully_shard(module)`: torch FSDP2's per-module sharding, its hooks and its root (torch keeps
+them in `_fully_shard`; the module is not named after the function, which would hide it).
 
 Call it on each layer and then on the root module. Each call shards the parameters the module
 holds that no sharded submodule holds (one `ParamGroup`) and turns the module's class into an
