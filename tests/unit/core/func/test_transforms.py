@@ -14,6 +14,7 @@ import shoal.core.nn.functional as F
 # torch.func's first transform call sets itself up (about a second); done at import so that the
 # first test's time is its own.
 torch.func.grad(torch.sin)(torch.tensor(0.0))
+torch.func.jvp(torch.sin, (torch.tensor(0.0),), (torch.tensor(1.0),))
 
 
 def _pair(*shape: int, seed: int = 0) -> tuple:
