@@ -45,4 +45,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except TraceError as exc:
         print(f"shoal trace: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # an output path that cannot be written, a directory not readable
+        where = f" {exc.filename!r}" if exc.filename else ""
+        print(f"shoal trace {ns.action}: cannot use{where}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return 2
     return 0
