@@ -27,9 +27,9 @@ _RULES: dict[Callable, Callable] = {}
 _WRAPPERS: dict[Callable, Callable] = {}
 _lock = threading.Lock()
 _users = 0
-_COPIES: dict[Callable, Callable] = {}  # op -> a function running the op's own code
 _OWN_CODE: dict[Callable, types.CodeType] = {}  # op -> its code, put back on uninstall
 _TRAMPOLINES: dict[Callable, types.CodeType] = {}  # op -> code calling the op's wrapper
+
 
 def register(fns: Any, rule: Callable) -> None:
     """Give each op function in `fns` the batching rule `rule`."""
@@ -70,7 +70,6 @@ def _own(fn: Callable) -> Callable:
     copy.__kwdefaults__ = fn.__kwdefaults__
     copy.__qualname__ = fn.__qualname__
     copy.__module__ = fn.__module__
-    _COPIES[fn] = copy
     _OWN_CODE[fn] = fn.__code__
     return copy
 
@@ -102,7 +101,7 @@ def _make_wrapper(fn: Callable) -> Callable:
 
 
 # Ops that must act under vmap even with no batched argument (random numbers: torch's
-# `randomness=`); `hook(fn, args, kwargs)`.
+# `randomness=`); `hook(own, args, kwargs)`, where `own` runs the op's own code.
 _UNBATCHED_HOOKS: dict[Callable, Callable] = {}
 
 
@@ -143,9 +142,11 @@ def _trampoline(fn: types.FunctionType) -> types.CodeType:
         module = compile(source, f"<vmap dispatch of {fn.__qualname__}>", "exec")
     outer = next(c for c in module.co_consts if isinstance(c, types.CodeType))
     inner = next(c for c in outer.co_consts if isinstance(c, types.CodeType))
+    names = {"co_name": own.co_name}
+    if hasattr(own, "co_qualname"):  # Python 3.11+
+        names["co_qualname"] = own.co_qualname
     consts = tuple(_WRAPPERS[fn] if c == _TARGET else c for c in inner.co_consts)
-    code = _TRAMPOLINES[fn] = inner.replace(co_consts=consts, co_name=own.co_name,
-                                            co_qualname=own.co_qualname)
+    code = _TRAMPOLINES[fn] = inner.replace(co_consts=consts, **names)
     return code
 
 
@@ -167,5 +168,5 @@ def uninstall() -> None:
         _users -= 1
         if _users > 0:
             return
-        for fn, code in _OWN_CODE.items():
+        for fn, code in list(_OWN_CODE.items()):
             fn.__code__ = code
