@@ -11,7 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from shoal.core.ops import arith, derived, linalg, reduce, shape as _shape
+from shoal.core.amp.autocast_mode import STATE as _AMP, autocast
+from shoal.core.ops import _autocast, arith, derived, linalg, reduce, shape as _shape
+from shoal.core.ops._opmath import narrow, widen
 from shoal.core.ops._util import needs_grad, result, wrap, xp_of
 from shoal.core.ops.indexing import dim_of
 from shoal.core.tensor import Tensor
@@ -37,7 +39,14 @@ def dot(input: Tensor, tensor: Tensor) -> Tensor:  # noqa: A002
         raise RuntimeError(f"inconsistent tensor size, expected tensor [{input.shape[0]}] and "
                            f"src [{tensor.shape[0]}] to have the same number of elements, but "
                            f"got {input.shape[0]} and {tensor.shape[0]} elements respectively")
-    return linalg.matmul(input, tensor)
+    a, b = input.array, tensor.array
+    xp = xp_of(a)
+    out = xp.asarray(xp.dot(a, b))
+
+    def backward(g: Any) -> tuple:
+        return (g * b if needs_grad(input) else None, g * a if needs_grad(tensor) else None)
+
+    return result(out, "DotBackward", backward, (input, tensor))
 
 
 def vdot(input: Tensor, other: Tensor) -> Tensor:  # noqa: A002
@@ -86,11 +95,15 @@ def einsum(equation: str, *operands: Any) -> Tensor:
     """numpy's einsum over tensors, with the gradient of each operand by einsum again."""
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
-    arrays = [t.array for t in operands]
+    if _AMP.active and len(operands) > 1:  # torch contracts pairs with bmm: autocast's lower list
+        operands = _autocast.cast("matmul", *operands)
+    kinds = [t.array.dtype for t in operands]
+    arrays = [widen(t.array) for t in operands]  # numpy's einsum has no bfloat16 loops
     xp = xp_of(arrays[0])
     eq = equation.replace(" ", "")
     try:
         out = xp.asarray(xp.einsum(eq, *arrays, optimize=len(arrays) > 2))
+        out = narrow(out, kinds[0]) if all(k == kinds[0] for k in kinds) else out
     except ValueError as exc:
         raise RuntimeError(f"einsum(): {exc}") from exc
     inputs_spec, _, out_spec = eq.partition("->")
@@ -100,7 +113,7 @@ def einsum(equation: str, *operands: Any) -> Tensor:
                                   if inputs_spec.count(c) == 1 and c != "."))
 
     def backward(g: Any) -> tuple:
-        return tuple(_einsum_grad(xp, g, specs, out_spec, arrays, i)
+        return tuple(_einsum_grad(xp, widen(g), specs, out_spec, arrays, i).astype(kinds[i])
                      if needs_grad(t) else None for i, t in enumerate(operands))
 
     return result(out, "EinsumBackward", backward, tuple(operands))
@@ -226,8 +239,14 @@ def _fused(input: Tensor, product: Tensor, beta: Any, alpha: Any) -> Tensor:  # 
     return arith.add(input if beta == 1 else arith.mul(input, beta), scaled)
 
 
+def _lower(*inputs: Any) -> tuple:
+    """The fused matrix products are on torch's autocast lower-precision list: every input."""
+    return _autocast.cast("matmul", *inputs) if _AMP.active else inputs
+
+
 def addmm(input: Tensor, mat1: Tensor, mat2: Tensor, *, beta: Any = 1, alpha: Any = 1) -> Tensor:  # noqa: A002
     """beta * input + alpha * (mat1 @ mat2)."""
+    input, mat1, mat2 = _lower(input, mat1, mat2)  # noqa: A001 - torch's argument name
     return _fused(input, derived.mm(mat1, mat2), beta, alpha)
 
 
@@ -236,18 +255,22 @@ def addmv(input: Tensor, mat: Tensor, vec: Tensor, *, beta: Any = 1, alpha: Any 
     if mat.ndim != 2 or vec.ndim != 1:
         raise RuntimeError(f"vector + matrix @ vector expected, got {input.ndim}, {mat.ndim}, "
                            f"{vec.ndim}")
-    return _fused(input, linalg.matmul(mat, vec), beta, alpha)
+    with autocast("cpu", enabled=False), autocast("cuda", enabled=False):
+        # torch's autocast leaves addmv in float32 on the CPU (it is not on the lower list)
+        return _fused(input, linalg.matmul(mat, vec), beta, alpha)
 
 
 def baddbmm(input: Tensor, batch1: Tensor, batch2: Tensor, *, beta: Any = 1,  # noqa: A002
             alpha: Any = 1) -> Tensor:
     """beta * input + alpha * (batch1 @ batch2), batch by batch."""
+    input, batch1, batch2 = _lower(input, batch1, batch2)  # noqa: A001 - torch's argument name
     return _fused(input, derived.bmm(batch1, batch2), beta, alpha)
 
 
 def addbmm(input: Tensor, batch1: Tensor, batch2: Tensor, *, beta: Any = 1,  # noqa: A002
            alpha: Any = 1) -> Tensor:
     """beta * input + alpha * the sum over batches of batch1 @ batch2."""
+    input, batch1, batch2 = _lower(input, batch1, batch2)  # noqa: A001 - torch's argument name
     return _fused(input, reduce.sum(derived.bmm(batch1, batch2), 0), beta, alpha)
 
 
