@@ -83,6 +83,11 @@ class _State:
         if self.root is None:
             _lazy_init(self)
         root = self.root
+        if root.in_backward:  # activation checkpointing recomputes this forward in backward
+            if self.group is not None:
+                self.group.wait_unshard()
+                self.group.use_full()
+            return self._cast_inputs(args)
         if self.is_root:
             self._root_pre_forward()
         if root.recording and self not in root.order:
@@ -93,6 +98,9 @@ class _State:
         for following in self.prefetch("forward"):
             following.group.start_unshard()
         self.pre_backward_done = False
+        return self._cast_inputs(args)
+
+    def _cast_inputs(self, args: tuple) -> tuple:
         if self.mp.param_dtype is not None and self.mp.cast_forward_inputs:
             args = _cast_floats(args, self.mp.param_dtype)
         return args
@@ -108,18 +116,20 @@ class _State:
         root = self.root
         if self.group is not None:
             self.group.use_shards()
-            if self.reshard_after_forward and not self.is_root:
+            # A recomputation in backward keeps the gathered weights: the ops it just recorded
+            # need them, and the group reshards once its gradients are in.
+            if self.reshard_after_forward and not self.is_root and not root.in_backward:
                 self.group.reshard()
         if self.mp.output_dtype is not None:
             out = _cast_floats(out, self.mp.output_dtype)
-        if not is_grad_enabled():
+        if not is_grad_enabled() or root.in_backward:
             return out
         if self.group is not None:
             out = _map_tensors(out, lambda t: _through(t, "FSDPPreBackward", self.pre_backward))
         if self.is_root:
             root.recording = False
             sentinel = root.sentinel
-            out = _map_tensors(out, lambda t: _tie(t, sentinel))
+            out = _map_tensors(out, lambda t: _tie(t, sentinel, root))
         return out
 
     # ------------------------------------------------------------------ backward
@@ -219,14 +229,19 @@ def _through(t: Tensor, name: str, before: Any) -> Tensor:
     return out
 
 
-def _tie(t: Tensor, sentinel: Tensor) -> Tensor:
+def _tie(t: Tensor, sentinel: Tensor, root: _Root) -> Tensor:
+    """`t` tied to the sentinel; its backward, the first of the root's, marks backward begun."""
     if not t.requires_grad:
         return t
     out = Tensor(t.array)
     out.requires_grad = True
     xp = backend.array_module(sentinel.array)
-    out.grad_fn = Node("FSDPRootBackward",
-                       lambda g: (g, xp.zeros((), dtype=sentinel.array.dtype)), (t, sentinel))
+
+    def backward(g: Any) -> tuple:
+        root.in_backward = True
+        return (g, xp.zeros((), dtype=sentinel.array.dtype))
+
+    out.grad_fn = Node("FSDPRootBackward", backward, (t, sentinel))
     return out
 
 

@@ -272,3 +272,36 @@ def test_explicit_prefetch_and_an_early_unshard_change_nothing_but_timing():
         return full_state(model)
 
     _check(run_all(pgs, body), reference(2))
+
+
+@pytest.mark.parametrize("use_reentrant", [False, True])
+def test_activation_checkpointing_inside_sharded_layers_keeps_the_gradients(use_reentrant):
+    from shoal.core.utils.checkpoint import checkpoint
+
+    pgs = _groups(2, f"ac{use_reentrant}")
+    models = [make_model() for _ in range(2)]
+
+    def forward(model, x):
+        # The layers' forwards run again in backward: their weights must be there then.
+        h = checkpoint(lambda t: model.fc1(t).tanh(), x, use_reentrant=use_reentrant)
+        h = checkpoint(lambda t: model.fc2(t).tanh(), h, use_reentrant=use_reentrant)
+        return model.head(h)
+
+    def body(pg, rank):
+        model = sharded(models[rank], pg)
+        opt = core.optim.Adam(model.parameters(), lr=LR)
+        for step in range(STEPS):
+            opt.zero_grad()
+            x, y = batch(step, rank)
+            x.requires_grad = use_reentrant  # the reentrant form needs an input that does
+            mse(_root_call(model, forward, x), y).backward()
+            opt.step()
+        return full_state(model)
+
+    _check(run_all(pgs, body), reference(2))
+
+
+def _root_call(model, forward, x):
+    """forward(model, x) as the root's own forward, so that the root's hooks run around it."""
+    model.forward = lambda t: forward(model, t)
+    return model(x)
