@@ -13,6 +13,7 @@ from shoal.core.tensor import Tensor
 _TOLERANCES = {
     dtypes.float16: (1e-3, 1e-5), dtypes.bfloat16: (1.6e-2, 1e-5),
     dtypes.float32: (1.3e-6, 1e-5), dtypes.float64: (1e-7, 1e-7),
+    dtypes.complex64: (1.3e-6, 1e-5), dtypes.complex128: (1e-7, 1e-7),  # their parts' dtypes
 }
 
 
@@ -45,12 +46,14 @@ def assert_close(
     if check_dtype and a_dt is not None and e_dt is not None and a_dt != e_dt:
         raise AssertionError(msg or f"The values for attribute 'dtype' do not match: {a_dt} != {e_dt}.")
     if rtol is None:
-        rtol, atol = _TOLERANCES.get(a_dt or e_dt, (0.0, 0.0)) if a.dtype.kind in "fV" or e.dtype.kind in "fV" else (0.0, 0.0)
+        rtol, atol = _TOLERANCES.get(a_dt or e_dt, (0.0, 0.0)) if a.dtype.kind in "fVc" or e.dtype.kind in "fVc" else (0.0, 0.0)
     _compare(a, e, rtol, atol, equal_nan, msg)
 
 
 def _compare(a: np.ndarray, e: np.ndarray, rtol: float, atol: float, equal_nan: bool, msg: str | None) -> None:
-    a64, e64 = a.astype(np.float64), e.astype(np.float64)
+    # Complex values compare as complex (|a - e| is the distance in the plane), as in torch.
+    wide = np.complex128 if a.dtype.kind == "c" or e.dtype.kind == "c" else np.float64
+    a64, e64 = a.astype(wide), e.astype(wide)
     ok = np.isclose(a64, e64, rtol=rtol, atol=atol, equal_nan=equal_nan)
     if ok.all():
         return

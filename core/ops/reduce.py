@@ -209,6 +209,8 @@ def var(x: Any, dim: Any = None, keepdim: bool = False, correction: int = 1) -> 
     mu = mean(x, dim, keepdim=True)
     d = x - mu
     n = x.array.size // mu.array.size
+    if d.array.dtype.kind == "c":  # |d|^2: a complex tensor's variance is real, as in torch
+        return sum((d * d.conj()).real, dim, keepdim) / (n - correction)
     return sum(d * d, dim, keepdim) / (n - correction)
 
 

@@ -200,3 +200,20 @@ def test_casting_a_real_leaf_to_complex_gives_it_the_real_part_of_the_gradient()
     yt.abs().sum().backward()
     assert x.grad.dtype is core.float64
     _same(x.grad, xt.grad)
+
+
+def test_variance_of_a_complex_tensor_is_real_with_torchs_gradient():
+    (z, zt) = _pair(_data((3, 4), 12))
+    for kwargs in ({}, {"dim": 1}, {"dim": 0, "correction": 0}):
+        out, out_t = z.var(**kwargs), zt.var(**kwargs)
+        _same(out, out_t)
+    z.var(dim=1).sum().backward()
+    zt.var(dim=1).sum().backward()
+    _same(z.grad, zt.grad)
+
+
+def test_assert_close_compares_complex_values_as_complex():
+    a = core.tensor([1 + 2j, 3 - 1j])
+    core.testing.assert_close(a, core.tensor([1 + 2.000001j, 3 - 1j]))  # within complex64's
+    with pytest.raises(AssertionError, match="not close"):
+        core.testing.assert_close(a, core.tensor([1 + 3j, 3 - 1j]))  # differs in imag only
