@@ -123,3 +123,23 @@ def test_mismatched_torch_calls_are_named_and_counted_in_shoals_metrics(torch_en
         assert kind == "CollectiveMismatch", (rank, kind, message)
         assert "float32[4]" in message and "float32[5]" in message, message
         assert elapsed < 10, elapsed  # the headers disagree at once, no timeout involved
+
+
+def _join_with_own_secret(rank, world):
+    return _error_of(lambda: _init(rank, world, 5))
+
+
+def test_a_rank_without_the_jobs_secret_cannot_join(torch_env, tmp_path):
+    env = dict(torch_env, SHOAL_DUMP_DIR=str(tmp_path))
+    secrets = {0: {"SHOAL_AUTH_TOKEN": "the-jobs-secret"}, 1: {"SHOAL_AUTH_TOKEN": "a-guess"}}
+    with Ranks(_join_with_own_secret, 2, env=env, rank_env=secrets) as ranks:
+        results = ranks.results(timeout=60)
+    # torch's store is shared and unauthenticated, but the shoal group's own connections prove
+    # the secret first: the guessing rank is refused, naming the cause, and the job's rank
+    # never counts it as connected.
+    (s0, (kind0, message0, _)), (s1, (kind1, message1, _)) = results[0], results[1]
+    assert (s0, kind0, s1, kind1) == ("ok", "CollectiveTimeout", "ok", "CollectiveError")
+    assert message0.startswith("Rank 0 of group 'default' waited 5s for connections from "
+                               "rank(s) 1, which never connected"), message0
+    assert message1.startswith("Rank 1 of group 'default' could not connect to rank 0") \
+        and "refused this process's secret" in message1, message1
