@@ -36,7 +36,7 @@ class FSDPParam:
     """One parameter: where the module holds it, its shard, and its unsharded view."""
 
     def __init__(self, owners: list[tuple[Module, str]], param: Parameter, world: int,
-                 rank: int, slot: int, offset: int, host: bool) -> None:
+                 rank: int, slot: int, offset: int) -> None:
         self.owners = owners  # a tied weight (GPT's embedding and head) has two
         if type(param.array) is not np.ndarray:
             raise FSDPError(
@@ -68,11 +68,12 @@ class ParamGroup:
                  on_grads_ready: Callable[["ParamGroup"], None]) -> None:
         self.pg, self.replicate = group, replicate
         self.world, self.rank = group.size(), group.rank()
+        # CPUOffloadPolicy asked for: shards are host arrays in any case (FSDPParam's check).
         self.mp, self.offload = mp, offload
         self.params: list[FSDPParam] = []
         slot = offset = 0
         for owners, param in entries:
-            fp = FSDPParam(owners, param, self.world, self.rank, slot, offset, offload)
+            fp = FSDPParam(owners, param, self.world, self.rank, slot, offset)
             self.params.append(fp)
             slot, offset = slot + fp.chunk, offset + fp.numel
             fp.shard.group = group
