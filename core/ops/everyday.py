@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from shoal.core.ops import (
-    arith, binary_table, indexing, inplace, products, random_fill, rearrange, scans, sorting,
+    arith, binary_table, graph_inplace, indexing, inplace, products, random_fill, rearrange, scans, sorting,
     unary_table,
 )
 from shoal.core.ops._util import UnsupportedOperand
@@ -130,6 +130,7 @@ METHODS.update({
     "cumsum_": _inplace_unary(scans.cumsum),
     "logical_not_": _inplace_unary(binary_table.logical_not),
 })
+METHODS.update(graph_inplace.METHODS)
 METHODS.update({name: getattr(random_fill, name) for name in (
     "uniform_", "normal_", "exponential_", "geometric_", "cauchy_", "log_normal_", "random_",
     "bernoulli_", "new_zeros", "new_ones", "new_full", "new_empty", "new_tensor")})

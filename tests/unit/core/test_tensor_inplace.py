@@ -150,3 +150,36 @@ def test_detach_shares_the_version_counter():
         d.add_(1)
         assert t._version == d._version == 1
         assert t.tolist() == [2.0, 2.0]
+
+
+def _graph_inplace_case(lib, case: str):
+    """Gradients of a, w (and v) after an in-place write inside a graph, in core or torch."""
+    a = lib.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    w = lib.tensor([5.0, 6.0, 7.0], requires_grad=True)
+    v = lib.tensor(2.0, requires_grad=True)
+    x = a * 2
+    if case == "copy_":
+        x.copy_(w * 3)
+    elif case == "copy_broadcast":
+        x.copy_(v * 1)
+    elif case == "zero_":
+        y = x * 1
+        y.zero_()
+        x = y + x
+    else:
+        x.fill_(v)
+    (x * lib.tensor([1.0, 2.0, 3.0])).sum().backward()
+    return [None if t.grad is None else t.grad.tolist() for t in (a, w, v)]
+
+
+@pytest.mark.parametrize("case", ["copy_", "copy_broadcast", "zero_", "fill_"])
+def test_an_inplace_write_inside_a_graph_is_recorded_as_torch_records_it(case):
+    assert _graph_inplace_case(core, case) == _graph_inplace_case(torch, case)
+
+
+def test_copy_into_a_plain_buffer_from_a_tensor_that_requires_grad_joins_the_graph():
+    buf, w = core.zeros(3), core.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    buf.copy_(w)
+    assert buf.requires_grad and buf.grad_fn is not None
+    buf.sum().backward()
+    assert w.grad.tolist() == [1.0, 1.0, 1.0]
