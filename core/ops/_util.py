@@ -28,6 +28,8 @@ def result(
     `exact_dtype`: the op chose its output dtype on purpose (a cast), so keep it as it is.
     """
     out = wrap(data)  # numpy ufuncs turn 0-d results into scalars; wrap keeps arrays
+    if name in _VIEW_NODES:
+        _share_version(out, inputs[0])
     if out.array.dtype is _F32 and not exact_dtype:
         out.array = _keep_bfloat16(out.array, inputs)
     if grad_mode.enabled:
@@ -74,6 +76,27 @@ def _saved_versions(name: str, inputs: tuple, out: Tensor) -> tuple:
                 counter = t._vc = [0]  # noqa: SLF001
             saved.append((counter, counter[0]))
     return tuple(saved)
+
+
+# Nodes of ops that may return a view of their first input: a view shares its base's version
+# counter, as in torch, so an in-place write through either is seen by nodes that saved the other.
+_VIEW_NODES = frozenset((
+    "ReshapeBackward", "TransposeBackward", "PermuteBackward", "ExpandBackward", "IndexBackward",
+))
+
+
+def _share_version(out: Tensor, base: Any) -> None:
+    """Give `out` its base's version counter when out's array is a view of base's."""
+    if not isinstance(base, Tensor):
+        return
+    view, src = out.array, base.array
+    owner = getattr(view, "base", None)
+    if owner is None or not (owner is src or (owner is getattr(src, "base", None))):
+        return
+    counter = base._vc  # noqa: SLF001 - the version counter is ops' business
+    if counter is None:
+        counter = base._vc = [0]  # noqa: SLF001
+    out._vc = counter  # noqa: SLF001
 
 
 class UnsupportedOperand(TypeError):

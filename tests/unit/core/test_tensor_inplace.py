@@ -183,3 +183,27 @@ def test_copy_into_a_plain_buffer_from_a_tensor_that_requires_grad_joins_the_gra
     assert buf.requires_grad and buf.grad_fn is not None
     buf.sum().backward()
     assert w.grad.tolist() == [1.0, 1.0, 1.0]
+
+
+def _versions(lib):
+    x = lib.zeros(4)
+    v = x[1:]
+    v.add_(1)
+    w = x.view(2, 2)
+    x.mul_(2)
+    t = w.t()
+    t.add_(1)
+    return x._version, v._version, w._version, t._version
+
+
+def test_a_view_shares_its_bases_version_counter():
+    assert _versions(core) == _versions(torch)
+
+
+def test_a_write_through_a_view_is_caught_by_a_node_that_saved_the_base():
+    a = core.ones(4, requires_grad=True)
+    b = a * 1
+    d = b.sin()  # saves b
+    b[1:].mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        d.sum().backward()
