@@ -279,6 +279,12 @@ def _node_grads(node: Any, g: Any) -> tuple:
     own = getattr(node, "graph_backward", None)
     if own is not None:
         return own(g)
+    if g.array.dtype.kind == "c":  # the formulas below are real ones (no conjugates)
+        raise NotImplementedError(
+            f"double backward (create_graph=True) through {node.name()} with a complex gradient "
+            "is not supported yet: core/double_backward.py's formulas are written for real "
+            "tensors; first-order backward handles complex ones."
+        )
     formula = FORMULAS.get(node.name())
     if formula is None:
         raise NotImplementedError(

@@ -217,3 +217,15 @@ def test_assert_close_compares_complex_values_as_complex():
     core.testing.assert_close(a, core.tensor([1 + 2.000001j, 3 - 1j]))  # within complex64's
     with pytest.raises(AssertionError, match="not close"):
         core.testing.assert_close(a, core.tensor([1 + 3j, 3 - 1j]))  # differs in imag only
+
+
+def test_create_graph_through_complex_ops_is_refused_rather_than_wrong():
+    """core/double_backward.py's formulas are real ones: a complex double backward raises."""
+    w = core.tensor([1 + 2j, -0.5 + 0.25j], requires_grad=True)
+    y = (w * w * core.tensor([0.3 - 1j, 2 + 0.5j])).sum()
+    with pytest.raises(NotImplementedError, match="complex gradient"):
+        core.autograd.grad(y, w, grad_outputs=core.tensor(1 + 0j), create_graph=True)
+    x = core.tensor([1.0, 2.0], requires_grad=True)  # real graphs keep their double backward
+    (g,) = core.autograd.grad((x * x * x).sum(), x, create_graph=True)
+    (h,) = core.autograd.grad(g.sum(), x)
+    assert h.tolist() == [6.0, 12.0]
