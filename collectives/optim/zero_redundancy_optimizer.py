@@ -16,6 +16,8 @@ entries of its own share.
 from __future__ import annotations
 
 import copy
+import logging
+import threading
 from typing import Any, Callable, Optional, Type
 
 import numpy as np
@@ -28,6 +30,8 @@ from shoal.core.timeouts import TimeoutLike
 
 __all__ = ["ZeroRedundancyOptimizer"]
 
+logger = logging.getLogger(__name__)
+
 
 class ZeroRedundancyOptimizer(Optimizer):
     """Wraps `optimizer_class` so that each rank holds the state of 1/W of the parameters.
@@ -38,18 +42,16 @@ class ZeroRedundancyOptimizer(Optimizer):
         process_group: the ranks that share the state (default: the world).
         parameters_as_bucket_view: accepted for torch's scripts; the broadcast always packs
             each rank's share into one buffer.
-        overlap_with_ddp: must be False: shoal runs the step after backward, not inside DDP's
-            communication hook (see the docs' section on what is not built).
+        overlap_with_ddp: True runs each rank's step inside DDP's communication hook, bucket by
+            bucket as their all_reduces finish, and the exchange after the last one: register
+            `hook_with_zero_step(allreduce_hook, ddp, zero)` and do not call step().
         **defaults: the local optimizer's hyper-parameters (lr, betas, ...).
     """
 
     def __init__(self, params: Any, optimizer_class: Type[Optimizer], process_group: Any = None,
                  parameters_as_bucket_view: bool = False, overlap_with_ddp: bool = False,
                  **defaults: Any) -> None:
-        if overlap_with_ddp:
-            raise NotImplementedError(
-                "ZeroRedundancyOptimizer(overlap_with_ddp=True) is not available in shoal: the "
-                "step runs after backward (overlap_with_ddp=False), where its result is the same.")
+        self.overlap_with_ddp = bool(overlap_with_ddp)
         self._pg = member_group(process_group)
         if self._pg is None:
             raise ValueError("ZeroRedundancyOptimizer: this rank is not in process_group.")
@@ -57,6 +59,7 @@ class ZeroRedundancyOptimizer(Optimizer):
         self.optimizer_class = optimizer_class
         self.parameters_as_bucket_view = parameters_as_bucket_view
         self._local: Optional[Optimizer] = None
+        self._bucket_optimizers: dict[tuple, Optimizer] = {}
         self._consolidated: Optional[list] = None
         self._timeout: TimeoutLike = None
         super().__init__(params, defaults)
@@ -82,6 +85,7 @@ class ZeroRedundancyOptimizer(Optimizer):
             local_groups.append({**{k: v for k, v in group.items() if k != "params"},
                                  "params": mine})
         old = self._local
+        self._bucket_optimizers = {}
         self._local = _build_local(self.optimizer_class, local_groups, self.defaults)
         if old is not None:  # add_param_group: the existing parameters keep their state
             for p, s in old.state.items():
@@ -104,11 +108,67 @@ class ZeroRedundancyOptimizer(Optimizer):
 
     # -- step ------------------------------------------------------------------------------
     def step(self, closure: Optional[Callable[[], Any]] = None, **kwargs: Any) -> Any:
-        """Update this rank's share, then every rank's share reaches every rank."""
+        """Update this rank's share, then every rank's share reaches every rank (with
+        overlap_with_ddp the hook does both: this only warns and returns None, as torch)."""
+        if self.overlap_with_ddp:
+            logger.warning("ZeroRedundancyOptimizer.step() should not be called with "
+                           "overlap_with_ddp=True: DDP's hook steps (hook_with_zero_step).")
+            return None
         self._push_hyperparameters()
         loss = self._local.step(closure, **kwargs)
         self._sync_params()
         return loss
+
+    def step_bucket(self, parameters: list[Tensor], gradients: list[Tensor]) -> None:
+        """Step this rank's parameters among `parameters` with the reduced `gradients` (what
+        the overlap hook calls for each DDP bucket); the state is the local optimizer's."""
+        self._push_hyperparameters()
+        mine = {id(p): g for p, g in zip(parameters, gradients) if self._owner[id(p)] == self.rank}
+        groups = []
+        for local in self._local.param_groups:
+            params = [p for p in local["params"] if id(p) in mine]
+            if params:
+                groups.append({**{k: v for k, v in local.items() if k != "params"},
+                               "params": params})
+        if not groups:
+            return
+        key = tuple(id(p) for g in groups for p in g["params"])
+        opt = self._bucket_optimizers.get(key)
+        if opt is None:
+            opt = _build_local(self.optimizer_class, groups, self.defaults)
+            opt.state = self._local.state  # one state, whichever bucket steps a parameter
+            self._bucket_optimizers[key] = opt
+        else:
+            for group, fresh in zip(opt.param_groups, groups):
+                group.update({k: v for k, v in fresh.items() if k != "params"})
+        for g in groups:
+            for p in g["params"]:
+                p.grad = mine[id(p)]
+        opt.step()
+
+    def exchange_async(self, on_done: Callable[[Optional[BaseException]], None]) -> None:
+        """Issue the broadcasts of every rank's share without waiting; `on_done(error)` runs
+        once all are in place (in the thread that finishes the last one)."""
+        pending = self._issue_broadcasts()
+        remaining = [len(pending)]
+        lock = threading.Lock()
+
+        def finished(_work: Any) -> None:
+            with lock:
+                remaining[0] -= 1
+                if remaining[0]:
+                    return
+            error = next((w.exception() for w, *_ in pending if w.exception()), None)
+            if error is None:
+                for _work2, rank, flat, params in pending:
+                    if rank != self.rank:
+                        _unpack(flat, params)
+            on_done(error)
+
+        if not pending:
+            on_done(None)
+        for work, *_ in pending:
+            work.add_done_callback(finished)
 
     def _push_hyperparameters(self) -> None:
         # A scheduler changes self.param_groups; the local groups follow, as in torch.
@@ -119,6 +179,13 @@ class ZeroRedundancyOptimizer(Optimizer):
 
     def _sync_params(self) -> None:
         """Broadcast each rank's share, one flat buffer per (rank, dtype), all in flight at once."""
+        pending = self._issue_broadcasts()
+        for work, rank, flat, params in pending:
+            work.wait(self._timeout)
+            if rank != self.rank:
+                _unpack(flat, params)
+
+    def _issue_broadcasts(self) -> list[tuple[Any, int, np.ndarray, list[Tensor]]]:
         shares: dict[tuple[int, Any], list[Tensor]] = {}
         for group in self.param_groups:
             for p in group["params"]:
@@ -131,10 +198,7 @@ class ZeroRedundancyOptimizer(Optimizer):
                 _pack(params, flat)
             work = self._pg.broadcast(flat, rank, async_op=True, timeout=self._timeout)
             pending.append((work, rank, flat, params))
-        for work, rank, flat, params in pending:
-            work.wait(self._timeout)
-            if rank != self.rank:
-                _unpack(flat, params)
+        return pending
 
     # -- state dict ------------------------------------------------------------------------
     def consolidate_state_dict(self, to: int = 0) -> None:

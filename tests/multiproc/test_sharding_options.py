@@ -305,3 +305,31 @@ def _root_call(model, forward, x):
     """forward(model, x) as the root's own forward, so that the root's hooks run around it."""
     model.forward = lambda t: forward(model, t)
     return model(x)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_zero_overlapped_with_ddp_steps_in_the_hook(world):
+    from shoal.collectives.ddp.comm_hooks import allreduce_hook
+    from shoal.collectives.ddp.ddp import DistributedDataParallel
+    from shoal.collectives.optim import hook_with_zero_step
+
+    pgs = _groups(world, f"overlap{world}")
+    models = [make_model() for _ in range(world)]
+
+    def body(pg, rank):
+        ddp = DistributedDataParallel(models[rank], process_group=pg, bucket_cap_mb=0.0005)
+        zero = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=core.optim.Adam,
+                                       process_group=pg, overlap_with_ddp=True, lr=LR)
+        ddp.register_comm_hook(pg, hook_with_zero_step(allreduce_hook, ddp, zero))
+        for step in range(STEPS):
+            zero.zero_grad()
+            x, y = batch(step, rank)
+            mse(ddp(x), y).backward()  # the step and the exchange happen in here
+        assert zero.step() is None
+        zero.consolidate_state_dict(to=0)  # the buckets' steps kept one state per parameter
+        if rank == 0:
+            assert sorted(zero.state_dict()["state"]) == list(range(6))
+            assert {s["step"] for s in zero.state_dict()["state"].values()} == {STEPS}
+        return {k: v.numpy().copy() for k, v in models[rank].state_dict().items()}
+
+    _check(run_all(pgs, body), reference(world))

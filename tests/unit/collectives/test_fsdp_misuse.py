@@ -1,5 +1,5 @@
-"""fully_shard and ZeroRedundancyOptimizer refuse misuse with errors that say what to do
-(one rank: a world of one tcp group)."""
+"""fully_shard, ZeroRedundancyOptimizer and its DDP hook refuse misuse with errors that say
+what to do (one rank: a world of one tcp group)."""
 
 import pytest
 
@@ -47,11 +47,27 @@ def test_one_rank_is_a_plain_model_and_the_shards_are_whole(group):
     assert core.equal(weight.full_tensor(), plain[0].weight.detach())
 
 
-def test_zero_refuses_overlap_with_ddp_and_steps_alone_at_one_rank(group):
+def test_the_overlap_hook_needs_an_overlapping_zero_which_step_does_not_drive(group, caplog):
+    from shoal.collectives.ddp.comm_hooks import allreduce_hook
+    from shoal.collectives.ddp.ddp import DistributedDataParallel
+    from shoal.collectives.optim import hook_with_zero_step
+
+    ddp = DistributedDataParallel(_net(), process_group=group)
+    plain = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=core.optim.SGD,
+                                    process_group=group, lr=0.1)
+    with pytest.raises(ValueError, match="overlap_with_ddp=True"):
+        hook_with_zero_step(allreduce_hook, ddp, plain)
+    overlapping = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=core.optim.SGD,
+                                          process_group=group, overlap_with_ddp=True, lr=0.1)
+    assert overlapping.step() is None
+    assert "should not be called with overlap_with_ddp=True" in caplog.text
+    unused = DistributedDataParallel(_net(), process_group=group, find_unused_parameters=True)
+    with pytest.raises(ValueError, match="find_unused_parameters"):
+        hook_with_zero_step(allreduce_hook, unused, overlapping)
+
+
+def test_zero_steps_alone_at_one_rank(group):
     net = _net()
-    with pytest.raises(NotImplementedError, match="overlap_with_ddp"):
-        ZeroRedundancyOptimizer(net.parameters(), optimizer_class=core.optim.SGD,
-                                process_group=group, overlap_with_ddp=True, lr=0.1)
     zero = ZeroRedundancyOptimizer(net.parameters(), optimizer_class=core.optim.SGD,
                                    process_group=group, lr=0.1)
     before = net[0].weight.detach().numpy().copy()
