@@ -123,6 +123,7 @@ def _fsdp_and_zero(rank, world, port):
         out["zero"] = {k: v.numpy().copy() for k, v in model.state_dict().items()}
         zero.consolidate_state_dict(to=0)
         out["zero_state"] = zero.state_dict() if rank == 0 else None
+        out["zero_overlap"] = _zero_overlapped(group, rank)
         # Memory of model state after a step, FSDP against the same model replicated.
         big = sharded(make_model(hidden=256), group)
         opt = train_fsdp(big, group, steps=1)
@@ -130,6 +131,25 @@ def _fsdp_and_zero(rank, world, port):
         return out
     finally:
         group.shutdown()
+
+
+def _zero_overlapped(group, rank):
+    """ZeRO stepping inside DDP's hook (overlap_with_ddp=True), one bucket per parameter."""
+    from shoal import core
+    from shoal.collectives.ddp.comm_hooks import allreduce_hook
+    from shoal.collectives.ddp.ddp import DistributedDataParallel
+    from shoal.collectives.optim import ZeroRedundancyOptimizer, hook_with_zero_step
+
+    model = make_model()
+    ddp = DistributedDataParallel(model, process_group=group, bucket_cap_mb=0.0005)
+    zero = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=core.optim.Adam,
+                                   process_group=group, overlap_with_ddp=True, lr=LR)
+    ddp.register_comm_hook(group, hook_with_zero_step(allreduce_hook, ddp, zero))
+    for step in range(STEPS):
+        zero.zero_grad()
+        x, y = batch(step, rank)
+        mse(ddp(x), y).backward()
+    return {k: v.numpy().copy() for k, v in model.state_dict().items()}
 
 
 def _replica_bytes():
@@ -157,7 +177,7 @@ def test_fsdp_and_zero_end_where_one_process_does(world):
         store.close()
     want = reference(world)
     for rank, out in enumerate(results):
-        for variant in ("fsdp_reshard=True", "fsdp_reshard=False", "zero"):
+        for variant in ("fsdp_reshard=True", "fsdp_reshard=False", "zero", "zero_overlap"):
             for name, value in want.items():
                 np.testing.assert_allclose(out[variant][name], value, rtol=RTOL, atol=ATOL,
                                            err_msg=f"rank {rank} {variant} {name}")
