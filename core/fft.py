@@ -29,6 +29,7 @@ from shoal.core import backend
 from shoal.core import dtypes
 from shoal.core.ops._util import result, xp_of
 from shoal.core.ops.complex import _scalar_name
+from shoal.core.ops.complex import conj as _conj
 from shoal.core.tensor import Tensor
 
 __all__ = [
@@ -100,16 +101,13 @@ def _dim_error(d: int, ndim: int) -> IndexError:
         f"Dimension out of range (expected to be in range of [{-ndim}, {ndim - 1}], but got {d})")
 
 
-def _dims_sizes(x: Tensor, s: Sequence[int] | None, dim: Any, default_all: bool) -> tuple:
+def _dims_sizes(x: Tensor, s: Sequence[int] | None, dim: Any) -> tuple:
     """(dims, sizes) for an n-d transform: torch's rules for s= and dim= together."""
     ndim, shape = x.array.ndim, x.array.shape
     if isinstance(dim, int):
         dim = (dim,)
     if dim is None:
-        if s is not None:
-            dim = tuple(range(ndim - len(s), ndim))
-        else:
-            dim = tuple(range(ndim)) if default_all else (-2, -1)
+        dim = tuple(range(ndim - len(s), ndim)) if s is not None else tuple(range(ndim))
     elif s is not None and len(s) != len(dim):
         raise RuntimeError("When given, dim and shape arguments must have the same length")
     dims = []
@@ -164,7 +162,7 @@ def _c2c(x: Tensor, dims: tuple, norm: str, forward: bool) -> Tensor:
         _REAL_OF[cdt], copy=False)
     out = _cfft(lib, src, dims, norm, forward).astype(cdt, copy=False)
     real_input = xd.dtype.kind != "c"
-    if real_input:
+    if real_input and (forward or lib is not _sfft):  # (_cfft's inverse has made them +0.0)
         # pocketfft fills the mirrored half of a real input's spectrum by conjugation, leaving
         # -0.0 imaginary parts on the real bins (DC, Nyquist); adding +0.0 makes them +0.0 as
         # torch prints them ([6.+0.j, -2.+2.j, -2.+0.j, -2.-2.j] for arange(4)), values unchanged.
@@ -218,24 +216,18 @@ def _c2r(x: Tensor, dims: tuple, n_last: int, norm: str) -> Tensor:
     return result(out, "FftC2RBackward", backward, (x,), exact_dtype=True)
 
 
-def _conj(x: Tensor) -> Tensor:
-    from shoal.core.ops.complex import conj  # noqa: PLC0415 - a sibling op, kept explicit
-
-    return conj(x)
-
-
 # -- the public transforms ------------------------------------------------------------------
 def fftn(input: Tensor, s: Sequence[int] | None = None, dim: Any = None,  # noqa: A002
          norm: str | None = None) -> Tensor:
     """The n-dimensional discrete Fourier transform (all dims by default)."""
-    dims, sizes = _dims_sizes(input, s, dim, True)
+    dims, sizes = _dims_sizes(input, s, dim)
     return _c2c(_resize(input, dims, sizes), dims, _norm(norm), True)
 
 
 def ifftn(input: Tensor, s: Sequence[int] | None = None, dim: Any = None,  # noqa: A002
           norm: str | None = None) -> Tensor:
     """The n-dimensional inverse discrete Fourier transform."""
-    dims, sizes = _dims_sizes(input, s, dim, True)
+    dims, sizes = _dims_sizes(input, s, dim)
     return _c2c(_resize(input, dims, sizes), dims, _norm(norm), False)
 
 
@@ -243,14 +235,14 @@ def rfftn(input: Tensor, s: Sequence[int] | None = None, dim: Any = None,  # noq
           norm: str | None = None) -> Tensor:
     """The n-dimensional transform of a real input, one-sided in the last dim."""
     _require_real(input, "rfftn")
-    dims, sizes = _dims_sizes(input, s, dim, True)
+    dims, sizes = _dims_sizes(input, s, dim)
     return _r2c(_resize(input, dims, sizes), dims, _norm(norm))
 
 
 def irfftn(input: Tensor, s: Sequence[int] | None = None, dim: Any = None,  # noqa: A002
            norm: str | None = None) -> Tensor:
     """The inverse of rfftn: a real output, 2 * (m - 1) points in the last dim by default."""
-    dims, sizes = _c2r_dims(input, s, dim, True)
+    dims, sizes = _c2r_dims(input, s, dim)
     half = sizes[:-1] + (sizes[-1] // 2 + 1,)
     return _c2r(_resize(input, dims, half), dims, sizes[-1], _norm(norm))
 
@@ -258,7 +250,7 @@ def irfftn(input: Tensor, s: Sequence[int] | None = None, dim: Any = None,  # no
 def hfftn(input: Tensor, s: Sequence[int] | None = None, dim: Any = None,  # noqa: A002
           norm: str | None = None) -> Tensor:
     """The n-dimensional transform of a Hermitian-symmetric signal given one-sided: real out."""
-    dims, sizes = _c2r_dims(input, s, dim, True)
+    dims, sizes = _c2r_dims(input, s, dim)
     half = sizes[:-1] + (sizes[-1] // 2 + 1,)
     return _c2r(_conj(_resize(input, dims, half)), dims, sizes[-1], _DUAL[_norm(norm)])
 
@@ -267,14 +259,14 @@ def ihfftn(input: Tensor, s: Sequence[int] | None = None, dim: Any = None,  # no
            norm: str | None = None) -> Tensor:
     """The inverse of hfftn: a real input's one-sided inverse transform."""
     _require_real(input, "ihfftn")
-    dims, sizes = _dims_sizes(input, s, dim, True)
+    dims, sizes = _dims_sizes(input, s, dim)
     return _conj(_r2c(_resize(input, dims, sizes), dims, _DUAL[_norm(norm)]))
 
 
-def _c2r_dims(x: Tensor, s: Sequence[int] | None, dim: Any, default_all: bool) -> tuple:
+def _c2r_dims(x: Tensor, s: Sequence[int] | None, dim: Any) -> tuple:
     """dims and output sizes of a complex-to-real transform: the last size defaults to
     2 * (m - 1) for an input of m points there."""
-    dims, sizes = _dims_sizes(x, s, dim, default_all)
+    dims, sizes = _dims_sizes(x, s, dim)
     if s is None:
         last = 2 * (x.array.shape[dims[-1]] - 1)
     else:
