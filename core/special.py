@@ -63,7 +63,7 @@ def _float_input(x: Tensor, op: str) -> tuple:
     return widen(xd), dt
 
 
-def _unary(op: str, forward: Callable, derivative: Callable | None) -> Callable:
+def _unary(op: str, forward: Callable, derivative: Callable) -> Callable:
     """A special function of one tensor: forward(sp, x) and derivative(sp, x, out) on arrays
     (`sp` is scipy.special or cupyx.scipy.special, `x` in float32 or float64)."""
 
@@ -80,22 +80,13 @@ def _unary(op: str, forward: Callable, derivative: Callable | None) -> Callable:
             return (gi.astype(input.array.dtype, copy=False),)
 
         name = "Special" + op.title().replace("_", "") + "Backward"
-        return result(out, name, backward if derivative else _no_grad(op), (input,),
-                      exact_dtype=True)
+        return result(out, name, backward, (input,), exact_dtype=True)
 
     fn.__name__ = fn.__qualname__ = op
     return fn
 
 
-def _no_grad(op: str) -> Callable:
-    def backward(g: Any) -> tuple:
-        raise RuntimeError(f"the derivative for 'special.{op}' is not implemented.")
-
-    return backward
-
-
-def _xp(a: Any) -> Any:
-    return xp_of(a)
+_xp = xp_of  # numpy or cupy, whichever holds the array
 
 
 erf = _unary("erf", lambda sp, x: sp.erf(x),
