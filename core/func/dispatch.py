@@ -87,7 +87,7 @@ def _make_wrapper(fn: Callable) -> Callable:
         if rule is None:
             raise NotImplementedError(
                 f"vmap: there is no batching rule for core op '{name}' yet, so it cannot take "
-                "a batched tensor; compute it outside vmap (core/func/rules.py lists the ops "
+                "a batched tensor; compute it outside vmap (core/func/rules*.py list the ops "
                 "with rules)."
             )
         return rule(batched_call, level, args, kwargs)

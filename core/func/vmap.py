@@ -5,11 +5,12 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-from shoal.core.func import dispatch, rules, rules_linalg, rules_nn  # noqa: F401 - registers rules
+from shoal.core.func import dispatch, rules, rules_everyday, rules_linalg, rules_nn  # noqa: F401
 from shoal.core.func._pytree import broadcast_prefix, tree_flatten, tree_unflatten
 from shoal.core.func.batched import STATE, BatchedTensor, batched
 from shoal.core.ops import arith, attention, conv, creation, derived, indexing, inplace, linalg
-from shoal.core.ops import logical, nn, norm, pooling, reduce, sorting, unary
+from shoal.core.ops import logical, nn, norm, pooling, products, rearrange, reduce, scans
+from shoal.core.ops import sorting, unary
 from shoal.core.ops import shape as shape_ops
 from shoal.core.tensor import Tensor
 
@@ -17,7 +18,8 @@ from shoal.core.tensor import Tensor
 # a clear error. Tensor's methods and operators are these same functions (core/ops/bind.py), so
 # they dispatch too, and a profiler's timing wrappers record the logical op once per batch.
 dispatch.wrap_op_modules([arith, attention, conv, creation, derived, indexing, inplace, linalg,
-                          logical, nn, norm, pooling, reduce, shape_ops, sorting, unary])
+                          logical, nn, norm, pooling, products, rearrange, reduce, scans,
+                          shape_ops, sorting, unary])
 
 _RANDOMNESS = ("error", "different", "same")
 

@@ -90,3 +90,29 @@ def test_embedding_and_one_hot_take_batched_indices() -> None:
     np.testing.assert_allclose(ours.numpy(), theirs.numpy())
     hot = func.vmap(lambda i: core.nn.functional.one_hot(i, 4))(core.tensor(idx))
     np.testing.assert_array_equal(hot.numpy(), np.eye(4, dtype=np.int64)[idx])
+
+
+EVERYDAY = [
+    ("cumsum, cumprod, logcumsumexp", lambda L, x, w: L.cumsum(x, 1) + L.cumprod(x * 0.5, 0) + L.logcumsumexp(x + w, -1)),
+    ("cummax and cummin indices", lambda L, x, w: L.cummax(x, 0)[0] + L.cummin(x, 1)[1]),
+    ("sort, argsort, topk", lambda L, x, w: L.sort(x + w, 1)[0] + L.argsort(x, 0) + L.topk(x, 2, dim=0)[0].sum()),
+    ("std, var, nansum, nanmean", lambda L, x, w: L.std(x, 1) + L.var(x, 0).sum() + L.nansum(x) + L.nanmean(x, 1)),
+    ("einsum explicit and implicit", lambda L, x, w: L.einsum("ij,j->i", x, w) + L.einsum("ij,ij", x, x)),
+    ("einsum with an ellipsis", lambda L, x, w: L.einsum("...j,j->...", x, w)),
+    ("tril, triu, diagonal, trace", lambda L, x, w: L.tril(x).sum(0) + L.triu(x, 1).sum(0) + L.diagonal(x, 1)[:1] + L.trace(x[:, :3])),
+    ("dot, vdot, outer", lambda L, x, w: L.outer(x[0], w) + L.dot(x[1], w) + L.vdot(w, w)),
+    ("gather by a batched index", lambda L, x, w: L.gather(x, 1, (w.abs() * 3).long().clamp(max=3)[None, :].expand(3, 4))),
+    ("flip, roll, movedim, swapaxes", lambda L, x, w: L.flip(x, (0,)) + L.roll(x, 1, 1) + L.roll(x, 2) + L.movedim(x[None], 0, 2).sum(-1) + L.swapaxes(x.reshape(4, 3), 0, 1)),
+]
+
+
+@pytest.mark.parametrize("name", [r[0] for r in EVERYDAY])
+def test_everyday_rule_matches_torch(name: str) -> None:
+    fn = next(r[1] for r in EVERYDAY if r[0] == name)
+    rng = np.random.default_rng(3)
+    x, w = rng.standard_normal((5, 3, 4)), rng.standard_normal((5, 4))
+    ours = func.vmap(lambda a, b: fn(core, a, b))(core.tensor(x), core.tensor(w))
+    theirs = torch.func.vmap(lambda a, b: fn(torch, a, b))(torch.tensor(x), torch.tensor(w))
+    assert ours.dtype.name == str(theirs.dtype).removeprefix("torch."), name
+    # float64, the same formulas; cumprod and logcumsumexp of values of order 1: a few ulp
+    np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-10, atol=1e-10, err_msg=name)
