@@ -110,5 +110,6 @@ class CommandParser(argparse.ArgumentParser):
         if message.startswith(self._NO_SCRIPT):
             message = ("name the training script to run, after the flags (or -m MODULE, or a "
                        "program with --no-python)")
-        self.exit(2, f"usage: {self.short_usage}\n{self.prog}: error: {message}\n"
-                     f"(`{self.prog} --help` lists every flag)\n")
+        # The error stays the last line, where argparse (and scripts reading it) put it.
+        self.exit(2, f"usage: {self.short_usage}   (`{self.prog} --help` lists every flag)\n"
+                     f"{self.prog}: error: {message}\n")
