@@ -6,12 +6,12 @@ from shoal.core.vision.io import (
 )
 from shoal.core.vision.transforms import (
     CenterCrop, Compose, ConvertImageDtype, InterpolationMode, Normalize, RandomCrop,
-    RandomHorizontalFlip, RandomVerticalFlip, Resize,
+    RandomHorizontalFlip, RandomResizedCrop, RandomVerticalFlip, Resize,
 )
 
 __all__ = [
     "functional", "io", "transforms", "ImageDecodeError", "ImageReadMode", "decode_image",
     "decode_jpeg", "decode_png", "read_file", "read_image", "CenterCrop", "Compose",
     "ConvertImageDtype", "InterpolationMode", "Normalize", "RandomCrop", "RandomHorizontalFlip",
-    "RandomVerticalFlip", "Resize",
+    "RandomResizedCrop", "RandomVerticalFlip", "Resize",
 ]

@@ -10,7 +10,10 @@ generator (core.manual_seed). A batch gets one draw for all its images, as in to
 from __future__ import annotations
 
 import enum
+import math
 from typing import Any, Sequence
+
+import numpy as np
 
 from shoal.core import dtypes
 from shoal.core.nn.module import Module
@@ -177,6 +180,62 @@ class RandomVerticalFlip(_RandomFlip):
     def forward(self, img: Tensor) -> Tensor:
         """The image, flipped or not."""
         return F.vflip(img) if self._flips() else img
+
+
+class RandomResizedCrop(Module):
+    """A random window of random area and aspect ratio, resized to `size` (torchvision's draws:
+    up to ten tries of area in `scale` and log-uniform ratio in `ratio`, then a central crop)."""
+
+    def __init__(self, size: Any, scale: tuple = (0.08, 1.0), ratio: tuple = (3.0 / 4.0, 4.0 / 3.0),
+                 interpolation: Any = InterpolationMode.BILINEAR, antialias: bool | None = True,
+                 *, generator: Any = None) -> None:
+        super().__init__()
+        self.size = F._size_pair(size, "RandomResizedCrop")  # noqa: SLF001 - the module's kernel
+        if scale[0] > scale[1] or ratio[0] > ratio[1]:
+            raise ValueError(f"RandomResizedCrop: scale and ratio should be of kind (min, max), "
+                             f"got scale={scale}, ratio={ratio}.")
+        self.scale, self.ratio, self.antialias = tuple(scale), tuple(ratio), antialias
+        self.interpolation = InterpolationMode(getattr(interpolation, "value", interpolation))
+        self.generator = generator
+
+    def _uniform(self, low: float, high: float) -> float:
+        """torch's float32 uniform_(low, high): 24 random bits, scaled in double, rounded."""
+        u = float(creation.rand(1, generator=self.generator).item())
+        return float(np.float32(low + u * (high - low)))
+
+    def get_params(self, height: int, width: int) -> tuple:
+        """(top, left, height, width) of the window, as torchvision's get_params draws it."""
+        area = height * width
+        log_ratio = np.log(np.asarray(self.ratio, dtype=np.float32))
+        for _ in range(10):
+            target_area = area * self._uniform(self.scale[0], self.scale[1])
+            aspect = float(np.exp(np.float32(self._uniform(float(log_ratio[0]),
+                                                            float(log_ratio[1])))))
+            w = int(round(math.sqrt(target_area * aspect)))
+            h = int(round(math.sqrt(target_area / aspect)))
+            if 0 < w <= width and 0 < h <= height:
+                top = int(creation.randint(0, height - h + 1, size=(1,),
+                                           generator=self.generator).item())
+                left = int(creation.randint(0, width - w + 1, size=(1,),
+                                            generator=self.generator).item())
+                return top, left, h, w
+        in_ratio = width / height
+        if in_ratio < min(self.ratio):
+            w, h = width, int(round(width / min(self.ratio)))
+        elif in_ratio > max(self.ratio):
+            h, w = height, int(round(height * max(self.ratio)))
+        else:
+            w, h = width, height
+        return (height - h) // 2, (width - w) // 2, h, w
+
+    def forward(self, img: Tensor) -> Tensor:
+        """The resized random crop."""
+        top, left, h, w = self.get_params(*img.shape[-2:])
+        return F.resize(F.crop(img, top, left, h, w), list(self.size), self.interpolation.value,
+                        antialias=self.antialias)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(size={self.size}, scale={self.scale}, ratio={self.ratio})"
 
 
 class ConvertImageDtype(Module):

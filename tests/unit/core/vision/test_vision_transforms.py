@@ -213,3 +213,48 @@ def test_gradients_flow_through_crops_flips_and_padding_as_in_torch():
     (out * core.tensor(w)).sum().backward()
     (out_t * torch.tensor(w)).sum().backward()
     np.testing.assert_array_equal(x.grad.numpy(), xt.grad.numpy())
+
+
+def _torch_rrc_params(height, width, scale, ratio):
+    """torchvision's RandomResizedCrop.get_params, as its source has it."""
+    import math
+
+    area = height * width
+    log_ratio = torch.log(torch.tensor(ratio))
+    for _ in range(10):
+        target_area = area * torch.empty(1).uniform_(scale[0], scale[1]).item()
+        aspect_ratio = torch.exp(torch.empty(1).uniform_(log_ratio[0], log_ratio[1])).item()
+        w = int(round(math.sqrt(target_area * aspect_ratio)))
+        h = int(round(math.sqrt(target_area / aspect_ratio)))
+        if 0 < w <= width and 0 < h <= height:
+            i = torch.randint(0, height - h + 1, size=(1,)).item()
+            j = torch.randint(0, width - w + 1, size=(1,)).item()
+            return i, j, h, w
+    in_ratio = float(width) / float(height)
+    if in_ratio < min(ratio):
+        w, h = width, int(round(width / min(ratio)))
+    elif in_ratio > max(ratio):
+        h, w = height, int(round(height * max(ratio)))
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+@pytest.mark.parametrize("scale,ratio", [((0.08, 1.0), (3 / 4, 4 / 3)), ((0.5, 0.9), (0.5, 2.0)),
+                                         ((0.99, 1.0), (3.0, 4.0))])
+def test_random_resized_crop_makes_torchvisions_draws_for_a_seed(scale, ratio):
+    """The last case cannot fit its ratio, so all ten tries fail and the central fallback runs."""
+    for seed in range(8):
+        rrc = vision.RandomResizedCrop((7, 9), scale, ratio,
+                                       generator=core.Generator().manual_seed(seed))
+        torch.manual_seed(seed)
+        assert rrc.get_params(19, 26) == _torch_rrc_params(19, 26, scale, ratio), seed
+    rrc = vision.RandomResizedCrop(8, scale, ratio, generator=core.Generator().manual_seed(1))
+    torch.manual_seed(1)
+    top, left, h, w = _torch_rrc_params(19, 26, scale, ratio)
+    expected = _torch_resize(torch.tensor(IMAGE_U8)[..., top:top + h, left:left + w], (8, 8),
+                             "bilinear", True)
+    mine = rrc(core.tensor(IMAGE_U8))
+    assert tuple(mine.shape) == (3, 8, 8)
+    # The same crop resized as torchvision does (uint8 through float32: see the resize test).
+    assert np.abs(mine.numpy().astype(int) - expected.numpy().astype(int)).max() <= 1
