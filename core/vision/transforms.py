@@ -4,7 +4,9 @@ The random transforms draw as torchvision's do (RandomCrop: randint for the top,
 left; the flips: rand(1) < p) from a `generator` when one is given: core.Generator is torch's
 CPU Mersenne Twister, so `generator=core.Generator().manual_seed(s)` makes the choices that
 torchvision makes after `torch.manual_seed(s)`. Without one they draw from core's global
-generator (core.manual_seed). A batch gets one draw for all its images, as in torchvision.
+generator (core.manual_seed), which is what DataLoader workers seed one by one: a generator given
+here is copied into every worker with one state. A batch gets one draw for all its images, as in
+torchvision.
 """
 
 from __future__ import annotations
