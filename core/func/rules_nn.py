@@ -15,7 +15,8 @@ from shoal.core.func._rulekit import at_level, batch_size, moved_to_front, value
 from shoal.core.func.batched import STATE, rewrap
 from shoal.core.func.dispatch import register, register_unbatched_hook, wrapper_for
 from shoal.core.func.rules import transparent
-from shoal.core.ops import arith, attention, conv, creation, derived, linalg, nn, pooling, reduce
+from shoal.core.ops import arith, attention, conv, creation, derived, linalg, nn, norm, pooling
+from shoal.core.ops import reduce
 from shoal.core.ops import shape
 from shoal.core.ops._util import result
 from shoal.core.tensor import Tensor
@@ -120,6 +121,28 @@ def _image_op(call: Callable, level: int, args: tuple, kwargs: dict) -> Any:
 
 def _signal_op(call: Callable, level: int, args: tuple, kwargs: dict) -> Any:
     return _fold_samples(call, level, args, kwargs, 2)
+
+
+def _batch_norm(call: Callable, level: int, args: tuple, kwargs: dict) -> Any:
+    """Eval-mode batch norm is per element (running statistics): the samples' mini-batches fold
+    into one. In training its statistics would mix the samples, so it is refused, as torch.func
+    refuses it (use eval mode, or GroupNorm/LayerNorm, for per-sample gradients)."""
+    names = ("input", "running_mean", "running_var", "weight", "bias", "training")
+    bound = {**dict(zip(names, args)), **kwargs}
+    if bound.get("training", False):
+        raise NotImplementedError(
+            "vmap: batch_norm in training mode computes statistics over the batch, which would "
+            "mix the samples; put the module in eval mode or use GroupNorm/LayerNorm.")
+    x = bound.pop("input")
+    rest = {k: v for k, v in bound.items()}
+    if any(at_level(v, level) for v in rest.values()):
+        raise NotImplementedError("vmap: batch_norm with batched statistics or affine "
+                                  "parameters is not supported.")
+    v = value(x)
+    reshape = wrapper_for(shape.reshape)
+    folded = reshape(v, (v.shape[0] * v.shape[1], *v.shape[2:]))
+    out = call(folded, **rest)
+    return wrap_out(reshape(out, tuple(v.shape)), level)
 
 
 def _all_in_front(call: Callable, level: int, args: tuple, kwargs: dict) -> Any:
@@ -238,6 +261,7 @@ def _register_all() -> None:
               pooling.adaptive_avg_pool2d], _image_op)
     register(conv.conv1d, _signal_op)
     register(attention.scaled_dot_product_attention, _all_in_front)
+    register(norm.batch_norm, _batch_norm)
     register_unbatched_hook([creation.randn, creation.rand, creation.randint], _random_creation)
 
 

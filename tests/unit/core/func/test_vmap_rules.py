@@ -116,3 +116,23 @@ def test_everyday_rule_matches_torch(name: str) -> None:
     assert ours.dtype.name == str(theirs.dtype).removeprefix("torch."), name
     # float64, the same formulas; cumprod and logcumsumexp of values of order 1: a few ulp
     np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-10, atol=1e-10, err_msg=name)
+
+
+def test_batch_norm_in_eval_mode_and_refused_in_training() -> None:
+    rng = np.random.default_rng(4)
+    mean, var = rng.standard_normal(3), rng.random(3) + 0.5
+    ours, theirs = core.nn.BatchNorm2d(3).double(), torch.nn.BatchNorm2d(3).double()
+    with torch.no_grad():
+        theirs.running_mean.copy_(torch.tensor(mean))
+        theirs.running_var.copy_(torch.tensor(var))
+    ours.running_mean.array[...] = mean
+    ours.running_var.array[...] = var
+    ours.eval()
+    theirs.eval()
+    x = rng.standard_normal((4, 2, 3, 5, 5))
+    np.testing.assert_allclose(func.vmap(ours)(core.tensor(x)).detach().numpy(),
+                               torch.func.vmap(theirs)(torch.tensor(x)).detach().numpy(),
+                               rtol=1e-12, atol=1e-12)
+    ours.train()
+    with pytest.raises(NotImplementedError, match="batch_norm in training mode"):
+        func.vmap(ours)(core.tensor(x))
