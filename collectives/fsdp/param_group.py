@@ -93,6 +93,7 @@ class ParamGroup:
         self._gather: Optional[tuple[Any, np.ndarray, np.ndarray]] = None
         self._reduce: Optional[tuple[Any, np.ndarray, np.ndarray]] = None
         self.ready = 0
+        self._no_local_grad: set[int] = set()
         self.grads_done = False  # this backward has taken the group's gradients already
         self.expected = sum(fp.shard.requires_grad for fp in self.params)
 
@@ -187,10 +188,12 @@ class ParamGroup:
         if not self.expected or self._reduce is not None:
             return
         send = np.empty((self.world, self.send_numel), dtype=self.reduce_dtype)
-        for fp in self.params:
+        self._no_local_grad = set()
+        for index, fp in enumerate(self.params):
             block = send[:, fp.slot:fp.slot + fp.chunk]
             if fp.full is None or fp.full.grad is None:
                 block[...] = 0
+                self._no_local_grad.add(index)
                 continue
             _scatter_rows(fp.full.grad.array.reshape(-1), block)
             fp.full.grad = None
@@ -210,10 +213,12 @@ class ParamGroup:
             self.replicate.all_reduce(out, ReduceOp.SUM).wait()
             count *= self.replicate.size()
         out /= count
-        for fp in self.params:
+        for index, fp in enumerate(self.params):
             if not fp.shard.requires_grad:
                 continue
             grad = out[fp.slot:fp.slot + fp.chunk].astype(fp.dtype)
+            if index in self._no_local_grad and not grad.any():
+                continue  # no rank's backward reached it (as far as this chunk shows): None
             if fp.shard.grad is None:
                 fp.shard.grad = Tensor(grad)
             else:

@@ -75,6 +75,7 @@ class _State:
         self.is_root = False
         self.sync_grads = True
         self.pre_backward_done = False
+        self.forward_ran = False  # since the last backward ended
         self.explicit_prefetch: dict[str, list["_State"]] = {}
 
     # ------------------------------------------------------------------ forward
@@ -98,6 +99,7 @@ class _State:
         for following in self.prefetch("forward"):
             following.group.start_unshard()
         self.pre_backward_done = False
+        self.forward_ran = True
         return self._cast_inputs(args)
 
     def _cast_inputs(self, args: tuple) -> tuple:
@@ -168,12 +170,15 @@ class _State:
         root = self.root
         for state in reversed(root.order):
             group = state.group
-            if group is not None and state.sync_grads and group.ready and group not in \
-                    root.pending:
-                group.start_reduce()  # some parameter got no gradient: zeros stand in
+            # Every group that ran forward reduces, so that all ranks issue the same
+            # reduce_scatters even where some parameter got no gradient (zeros stand in).
+            if group is not None and state.sync_grads and state.forward_ran and \
+                    not group.grads_done and group not in root.pending:
+                group.start_reduce()
                 root.pending.append(group)
         _finish_reductions(root)
         for state in root.states:
+            state.forward_ran = False
             if state.group is not None:
                 state.group.ready = 0 if state.sync_grads else state.group.ready
                 state.group.grads_done = False

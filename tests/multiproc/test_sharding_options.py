@@ -333,3 +333,33 @@ def test_zero_overlapped_with_ddp_steps_in_the_hook(world):
         return {k: v.numpy().copy() for k, v in models[rank].state_dict().items()}
 
     _check(run_all(pgs, body), reference(world))
+
+
+def test_a_sharded_layer_whose_output_is_unused_is_reduced_and_keeps_no_gradient():
+    from shoal.collectives.fsdp import fully_shard
+
+    pgs = _groups(2, "unused")
+    models = [make_model() for _ in range(2)]
+    extras = [core.nn.Linear(7, 4, dtype=core.float64) for _ in range(2)]
+
+    def body(pg, rank):
+        model = models[rank]
+        model.extra = extras[rank]
+        fully_shard(model.extra, mesh=pg)
+        sharded(model, pg)
+        plain = type(model).__mro__[2].forward  # Net.forward, under FSDPModule's subclass
+
+        def forward(t):
+            model.extra(t)  # runs forward, its output goes nowhere: no gradient reaches it
+            return plain(model, t)
+
+        opt = core.optim.Adam(model.parameters(), lr=LR)
+        for step in range(STEPS):
+            opt.zero_grad()
+            x, y = batch(step, rank)
+            mse(_root_call(model, lambda m, t: forward(t), x), y).backward()
+            opt.step()
+        assert model.extra.weight.grad is None  # as in one process: Adam leaves it alone
+        return {k: v for k, v in full_state(model).items() if not k.startswith("extra.")}
+
+    _check(run_all(pgs, body), reference(2))
