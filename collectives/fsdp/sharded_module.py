@@ -42,6 +42,7 @@ from shoal.core.tensor import Tensor
 __all__ = ["FSDPModule", "UnshardHandle", "fully_shard", "model_state_bytes"]
 
 _STATES: "weakref.WeakKeyDictionary[Module, _State]" = weakref.WeakKeyDictionary()
+_CLASSES: dict[type, type] = {}
 
 
 class _Root:
@@ -387,7 +388,9 @@ def fully_shard(module: Module, *, mesh: Any = None, reshard_after_forward: bool
     module.register_forward_hook(state.post_forward)
     cls = type(module)
     if not isinstance(module, FSDPModule):
-        module.__class__ = type(f"FSDP{cls.__name__}", (FSDPModule, cls), {})
+        if cls not in _CLASSES:  # one FSDP<class> per class, as torch keeps
+            _CLASSES[cls] = type(f"FSDP{cls.__name__}", (FSDPModule, cls), {})
+        module.__class__ = _CLASSES[cls]
     return module
 
 
