@@ -17,7 +17,7 @@ from shoal.core.ops._promote import (
     as_dtype, is_reduced_float, norm_output_dtype, result_dtype,
 )
 from shoal.core.ops._util import (
-    broadcast_error, needs_grad, result, unbroadcast, val, xp_of,
+    broadcast_error, cj, needs_grad, real_grad, result, unbroadcast, val, xp_of,
 )
 from shoal.core.ops.shape import _scatter_add
 from shoal.core.tensor import Tensor, wrap
@@ -59,12 +59,13 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     def backward(g: Any) -> tuple:
         gx = gw = gb = None
         g2 = widen(g.reshape(-1, g.shape[-1]) if g.ndim != 2 else g)
+        # Conjugated for complex operands, the real part for a real operand of a complex product.
         if needs_grad(x):
-            gx = as_dtype((g2 @ widen(wd)).reshape(xd.shape), xd.dtype)
+            gx = as_dtype(real_grad((g2 @ cj(widen(wd))).reshape(xd.shape), xd), xd.dtype)
         if needs_grad(weight):
-            gw = as_dtype(g2.T @ widen(x2), wd.dtype)
+            gw = as_dtype(real_grad(g2.T @ cj(widen(x2)), wd), wd.dtype)
         if bias is not None and bias.requires_grad:
-            gb = as_dtype(g2.sum(axis=0), bd.dtype)  # float32 accumulation for 16-bit grads
+            gb = as_dtype(real_grad(g2.sum(axis=0), bd), bd.dtype)  # float32 sums for 16 bits
         return gx, gw, gb
 
     return result(out, "AddmmBackward", backward, (x, weight, bias), exact_dtype=True)

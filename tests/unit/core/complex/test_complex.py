@@ -229,3 +229,21 @@ def test_create_graph_through_complex_ops_is_refused_rather_than_wrong():
     (g,) = core.autograd.grad((x * x * x).sum(), x, create_graph=True)
     (h,) = core.autograd.grad(g.sum(), x)
     assert h.tolist() == [6.0, 12.0]
+
+
+def test_linear_with_complex_weights_equals_torch():
+    x_np, w_np, b_np = _data((5, 3), 13), _data((4, 3), 14), _data((4,), 15)
+    (x, xt), (w, wt), (b, bt) = _pair(x_np), _pair(w_np), _pair(b_np)
+    out = core.nn.functional.linear(x, w, b)
+    out_t = torch.nn.functional.linear(xt, wt, bt)
+    _same(out, out_t)
+    out.abs().sum().backward()
+    out_t.abs().sum().backward()
+    for mine, theirs in ((x, xt), (w, wt), (b, bt)):
+        _same(mine.grad, theirs.grad)
+    real_x = np.random.default_rng(16).standard_normal((5, 3))
+    (r, rt), (w2, w2t) = _pair(real_x), _pair(w_np)
+    core.nn.functional.linear(r, w2).abs().sum().backward()
+    torch.nn.functional.linear(rt.to(torch.complex128), w2t).abs().sum().backward()
+    assert r.grad.dtype is core.float64
+    _same(r.grad, rt.grad)
