@@ -4,9 +4,13 @@ from shoal.core.nn import functional
 from shoal.core.nn import init
 from shoal.core.nn import utils
 from shoal.core.nn.attention import MultiheadAttention
-from shoal.core.nn.containers import ModuleList, Sequential
+from shoal.core.nn.containers import ModuleDict, ModuleList, ParameterDict, ParameterList, Sequential
 from shoal.core.nn.conv import Conv1d, Conv2d
-from shoal.core.nn.loss import CrossEntropyLoss, L1Loss, MSELoss, NLLLoss, SmoothL1Loss
+from shoal.core.nn.loss import (
+    BCELoss, BCEWithLogitsLoss, CosineEmbeddingLoss, CrossEntropyLoss, GaussianNLLLoss,
+    HingeEmbeddingLoss, HuberLoss, KLDivLoss, L1Loss, MarginRankingLoss, MSELoss, NLLLoss,
+    PoissonNLLLoss, SmoothL1Loss, SoftMarginLoss, TripletMarginLoss,
+)
 from shoal.core.nn.layers import (
     GELU,
     Dropout,
@@ -20,7 +24,11 @@ from shoal.core.nn.layers import (
     Tanh,
 )
 from shoal.core.nn.module import IncompatibleKeys, Module, RemovableHandle, StateDictError
-from shoal.core.nn.normalization import BatchNorm1d, BatchNorm2d
+from shoal.core.nn.normalization import (
+    BatchNorm1d, BatchNorm2d, GroupNorm, InstanceNorm1d, InstanceNorm2d, LocalResponseNorm, RMSNorm,
+)
+from shoal.core.nn import activations as _activations
+from shoal.core.nn.activations import *  # noqa: F403 - its __all__: torch.nn's activation modules
 from shoal.core.nn.parameter import Parameter
 from shoal.core.nn.rnn import GRU, LSTM, RNN, RNNBase
 from shoal.core.nn.rnn_cells import GRUCell, LSTMCell, RNNCell, RNNCellBase
@@ -35,4 +43,9 @@ __all__ = [
     "TransformerEncoderLayer", "functional", "init", "utils",
     "CrossEntropyLoss", "MSELoss", "NLLLoss", "L1Loss", "SmoothL1Loss", "EmbeddingBag",
     "GRU", "LSTM", "RNN", "RNNBase", "GRUCell", "LSTMCell", "RNNCell", "RNNCellBase",
+    "ModuleDict", "ParameterDict", "ParameterList", "BCELoss", "BCEWithLogitsLoss",
+    "CosineEmbeddingLoss", "GaussianNLLLoss", "HingeEmbeddingLoss", "HuberLoss", "KLDivLoss",
+    "MarginRankingLoss", "PoissonNLLLoss", "SoftMarginLoss", "TripletMarginLoss", "GroupNorm",
+    "InstanceNorm1d", "InstanceNorm2d", "LocalResponseNorm", "RMSNorm",
+    *_activations.__all__,
 ]

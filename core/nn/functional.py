@@ -22,6 +22,17 @@ from shoal.core.ops.nn import (
     one_hot,
 )
 from shoal.core.tensor import Tensor
+from shoal.core.nn.activations_functional import (
+    celu, cosine_similarity, elu, glu, hardshrink, hardsigmoid, hardswish, hardtanh, leaky_relu,
+    logsigmoid, mish, normalize, pad, pairwise_distance, pixel_shuffle, pixel_unshuffle, prelu,
+    relu6, selu, silu, softmin, softplus, softshrink, softsign, tanhshrink, threshold,
+)
+from shoal.core.nn.losses_more import (
+    binary_cross_entropy, binary_cross_entropy_with_logits, cosine_embedding_loss,
+    gaussian_nll_loss, group_norm, hinge_embedding_loss, huber_loss, instance_norm, kl_div,
+    local_response_norm, margin_ranking_loss, poisson_nll_loss, rms_norm, soft_margin_loss,
+    triplet_margin_loss,
+)
 
 __all__ = [
     "linear",
@@ -48,6 +59,14 @@ __all__ = [
     "adaptive_avg_pool2d",
     "batch_norm",
     "scaled_dot_product_attention",
+    "celu", "cosine_similarity", "elu", "glu", "hardshrink", "hardsigmoid", "hardswish",
+    "hardtanh", "leaky_relu", "logsigmoid", "mish", "normalize", "pad", "pairwise_distance",
+    "pixel_shuffle", "pixel_unshuffle", "prelu", "relu6", "selu", "silu", "softmin", "softplus",
+    "softshrink", "softsign", "tanhshrink", "threshold",
+    "binary_cross_entropy", "binary_cross_entropy_with_logits", "cosine_embedding_loss",
+    "gaussian_nll_loss", "group_norm", "hinge_embedding_loss", "huber_loss", "instance_norm",
+    "kl_div", "local_response_norm", "margin_ranking_loss", "poisson_nll_loss", "rms_norm",
+    "soft_margin_loss", "triplet_margin_loss",
 ]
 
 

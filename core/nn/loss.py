@@ -1,5 +1,5 @@
-"""Loss modules with torch.nn's names (MSELoss, CrossEntropyLoss, NLLLoss, L1Loss, SmoothL1Loss)
-over the functionals."""
+"""Loss modules with torch.nn's names (MSELoss, CrossEntropyLoss, NLLLoss, L1Loss, SmoothL1Loss,
+BCELoss, BCEWithLogitsLoss, KLDivLoss, HuberLoss and the margin losses) over the functionals."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any
 
 from shoal.core.nn import functional as F
 from shoal.core.nn import losses_functional as _losses
+from shoal.core.nn import losses_more as _more
 from shoal.core.nn.module import Module
 from shoal.core.tensor import Tensor
 
@@ -97,3 +98,128 @@ class SmoothL1Loss(_Loss):
 
     def forward(self, input: Tensor, target: Any) -> Tensor:  # noqa: A002
         return _losses.smooth_l1_loss(input, target, reduction=self.reduction, beta=self.beta)
+
+
+class BCELoss(_WeightedLoss):
+    """Binary cross entropy of probabilities and targets in [0, 1]."""
+
+    def forward(self, input: Tensor, target: Any) -> Tensor:  # noqa: A002
+        return _more.binary_cross_entropy(input, target, self.weight, reduction=self.reduction)
+
+
+class BCEWithLogitsLoss(_WeightedLoss):
+    """Binary cross entropy of logits, computed stably; pos_weight weighs the positives."""
+
+    def __init__(self, weight: Tensor | None = None, size_average: Any = None, reduce: Any = None,
+                 reduction: str = "mean", pos_weight: Tensor | None = None) -> None:
+        super().__init__(weight, reduction)
+        self.register_buffer("pos_weight", pos_weight)
+
+    def forward(self, input: Tensor, target: Any) -> Tensor:  # noqa: A002
+        return _more.binary_cross_entropy_with_logits(
+            input, target, self.weight, reduction=self.reduction, pos_weight=self.pos_weight)
+
+
+class KLDivLoss(_Loss):
+    """KL divergence of log-probabilities `input` from `target`."""
+
+    def __init__(self, size_average: Any = None, reduce: Any = None, reduction: str = "mean",
+                 log_target: bool = False) -> None:
+        Module.__init__(self)
+        if reduction not in _REDUCTIONS + ("batchmean",):
+            raise ValueError(f"KLDivLoss: reduction must be one of "
+                             f"{_REDUCTIONS + ('batchmean',)}, got {reduction!r}.")
+        self.reduction, self.log_target = reduction, log_target
+
+    def forward(self, input: Tensor, target: Any) -> Tensor:  # noqa: A002
+        return _more.kl_div(input, target, reduction=self.reduction, log_target=self.log_target)
+
+
+class HuberLoss(_Loss):
+    """Quadratic below delta, linear above."""
+
+    def __init__(self, reduction: str = "mean", delta: float = 1.0) -> None:
+        super().__init__(reduction)
+        self.delta = delta
+
+    def forward(self, input: Tensor, target: Any) -> Tensor:  # noqa: A002
+        return _more.huber_loss(input, target, self.reduction, self.delta)
+
+
+class SoftMarginLoss(_Loss):
+    """log(1 + exp(-y x))."""
+
+    def forward(self, input: Tensor, target: Any) -> Tensor:  # noqa: A002
+        return _more.soft_margin_loss(input, target, reduction=self.reduction)
+
+
+class _MarginLoss(_Loss):
+    def __init__(self, margin: float = 0.0, size_average: Any = None, reduce: Any = None,
+                 reduction: str = "mean") -> None:
+        super().__init__(reduction)
+        self.margin = margin
+
+
+class MarginRankingLoss(_MarginLoss):
+    """max(0, -y (x1 - x2) + margin)."""
+
+    def forward(self, input1: Tensor, input2: Tensor, target: Any) -> Tensor:
+        return _more.margin_ranking_loss(input1, input2, target, self.margin,
+                                         reduction=self.reduction)
+
+
+class CosineEmbeddingLoss(_MarginLoss):
+    """1 - cos for similar pairs, max(0, cos - margin) for dissimilar ones."""
+
+    def forward(self, input1: Tensor, input2: Tensor, target: Any) -> Tensor:
+        return _more.cosine_embedding_loss(input1, input2, target, self.margin,
+                                           reduction=self.reduction)
+
+
+class HingeEmbeddingLoss(_MarginLoss):
+    """x for y == 1, max(0, margin - x) for y == -1."""
+
+    def __init__(self, margin: float = 1.0, size_average: Any = None, reduce: Any = None,
+                 reduction: str = "mean") -> None:
+        super().__init__(margin, reduction=reduction)
+
+    def forward(self, input: Tensor, target: Any) -> Tensor:  # noqa: A002
+        return _more.hinge_embedding_loss(input, target, self.margin, reduction=self.reduction)
+
+
+class GaussianNLLLoss(_Loss):
+    """Gaussian negative log likelihood with a predicted variance."""
+
+    def __init__(self, *, full: bool = False, eps: float = 1e-6, reduction: str = "mean") -> None:
+        super().__init__(reduction)
+        self.full, self.eps = full, eps
+
+    def forward(self, input: Tensor, target: Any, var: Any) -> Tensor:  # noqa: A002
+        return _more.gaussian_nll_loss(input, target, var, self.full, self.eps, self.reduction)
+
+
+class PoissonNLLLoss(_Loss):
+    """Poisson negative log likelihood (of log-rates by default)."""
+
+    def __init__(self, log_input: bool = True, full: bool = False, size_average: Any = None,
+                 eps: float = 1e-8, reduce: Any = None, reduction: str = "mean") -> None:
+        super().__init__(reduction)
+        self.log_input, self.full, self.eps = log_input, full, eps
+
+    def forward(self, log_input: Tensor, target: Any) -> Tensor:
+        return _more.poisson_nll_loss(log_input, target, self.log_input, self.full,
+                                      eps=self.eps, reduction=self.reduction)
+
+
+class TripletMarginLoss(_Loss):
+    """max(d(a, p) - d(a, n) + margin, 0)."""
+
+    def __init__(self, margin: float = 1.0, p: float = 2.0, eps: float = 1e-6,
+                 swap: bool = False, size_average: Any = None, reduce: Any = None,
+                 reduction: str = "mean") -> None:
+        super().__init__(reduction)
+        self.margin, self.p, self.eps, self.swap = margin, p, eps, swap
+
+    def forward(self, anchor: Tensor, positive: Tensor, negative: Tensor) -> Tensor:
+        return _more.triplet_margin_loss(anchor, positive, negative, self.margin, self.p,
+                                         self.eps, self.swap, reduction=self.reduction)
