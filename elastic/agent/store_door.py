@@ -25,6 +25,7 @@ its connection until its timeout, so the cost is one retry, never a failure.
 from __future__ import annotations
 
 import logging
+import resource
 import selectors
 import socket
 import threading
@@ -32,6 +33,7 @@ import time
 from typing import Optional
 
 from shoal.collectives.store.server import TCPStoreServer
+from shoal.elastic.agent.logs import RepeatLimiter
 from shoal.elastic.agent.torch_store import (
     ProtocolError,
     Query,
@@ -46,8 +48,17 @@ __all__ = ["SNIFF_S", "WorkerStoreDoor"]
 # How long a new connection may stay silent and still be taken for a torch client; torch's
 # client sends its 10-byte VALIDATE+PING in the same call that connects.
 SNIFF_S = 0.1
-# A relay stops reading from one side while this much waits to go to the other.
+# A relay stops reading from one side while this much waits to go to the other; a torch client
+# is not read while this much of its replies waits to go out.
 _RELAY_HIGH_WATER = 4 * 1024 * 1024
+# Connections from one address not yet proven (sniffing, torch's, or relayed before shoal's
+# verdict): enough for every worker of a large node, few enough that a flood from one address
+# leaves room for the others. shoal's store limits pending handshakes per source too, but
+# behind the door every relayed client comes from the door's own address.
+MAX_UNPROVEN_PER_SOURCE = 128
+# Server-to-client bytes of shoal's handshake (greeting, then the verdict): once they have
+# passed, the client proved the secret or was turned away and closed.
+_SHOAL_HANDSHAKE_BYTES = 37 + 32
 _RECV = 256 * 1024
 _SELECT_S = 0.05
 
@@ -63,7 +74,10 @@ class _Peer:
         self.torch: Optional[TorchConnection] = None
         self.partner: Optional["_Peer"] = None  # the other end of a relay
         self.closing = False  # close once `out` is sent
+        self.upstream = False  # the door's own connection to shoal's server
         self.mask = selectors.EVENT_READ  # what the selector watches (0: unregistered)
+        self.source = name.rsplit(":", 1)[0]
+        self.from_server = 0  # bytes relayed from shoal's server to this client, up to a bound
 
     def send(self, data: bytes) -> None:
         self.out += data
@@ -93,6 +107,10 @@ class WorkerStoreDoor:
         self._sel = selectors.DefaultSelector()
         self._sel.register(self._lsock, selectors.EVENT_READ, None)
         self._peers: dict[socket.socket, _Peer] = {}
+        # Whoever reaches the port can send garbage: one line per few seconds says so.
+        self._quiet = RepeatLimiter(logger)
+        # Every client costs the door two descriptors when relayed: a share of the limit.
+        self._max_clients = max(16, _descriptor_limit() // 4)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"shoal-store-door-{self.port}",
                                         daemon=True)
@@ -143,11 +161,29 @@ class WorkerStoreDoor:
             except OSError as exc:  # out of descriptors: say so, keep serving the others
                 logger.warning("The workers' store at %s cannot accept: %s", self.address, exc)
                 return
+            refusal = self._refusal(addr[0])
+            if refusal:
+                self._quiet.warning(f"The workers' store at {self.address} turned away "
+                                    f"{addr[0]}:{addr[1]}: {refusal}")
+                sock.close()
+                continue
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             peer = _Peer(sock, f"{addr[0]}:{addr[1]}", time.monotonic() + SNIFF_S)
             self._peers[sock] = peer
             self._sel.register(sock, selectors.EVENT_READ, peer)
+
+    def _refusal(self, source: str) -> Optional[str]:
+        """Why a new client from `source` is turned away now, or None."""
+        clients = [p for p in self._peers.values() if not p.upstream]
+        if len(clients) >= self._max_clients:
+            return f"{len(clients)} clients already, the most it serves at once"
+        unproven = sum(1 for p in clients if p.source == source
+                       and p.from_server < _SHOAL_HANDSHAKE_BYTES)
+        if unproven >= MAX_UNPROVEN_PER_SOURCE:
+            return (f"{unproven} connections from that address have proven nothing yet "
+                    f"(at most {MAX_UNPROVEN_PER_SOURCE})")
+        return None
 
     def _sniff_expired(self, now: float) -> None:
         for peer in [p for p in self._peers.values()
@@ -175,6 +211,9 @@ class WorkerStoreDoor:
         if peer.closing:
             return  # its partner is gone: nobody to tell
         if peer.partner is not None:
+            if peer.upstream:
+                peer.partner.from_server = min(_SHOAL_HANDSHAKE_BYTES,
+                                               peer.partner.from_server + len(data))
             peer.partner.send(data)
             self._flush(peer.partner)
             return
@@ -200,6 +239,7 @@ class WorkerStoreDoor:
         upstream.setblocking(False)
         upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         other = _Peer(upstream, f"shoal store for {peer.name}")
+        other.upstream = True
         peer.partner, other.partner = other, peer
         self._peers[upstream] = other
         self._sel.register(upstream, selectors.EVENT_READ, other)
@@ -235,7 +275,8 @@ class WorkerStoreDoor:
         if peer.sock not in self._peers:
             return
         mask = 0
-        if peer.partner is None or len(peer.partner.out) < _RELAY_HIGH_WATER:
+        waiting = peer.out if peer.partner is None else peer.partner.out
+        if len(waiting) < _RELAY_HIGH_WATER:
             mask |= selectors.EVENT_READ
         if peer.out:
             mask |= selectors.EVENT_WRITE
@@ -251,8 +292,8 @@ class WorkerStoreDoor:
 
     def _drop(self, peer: _Peer, why: Optional[str]) -> None:
         if why:
-            logger.warning("The workers' store at %s dropped %s: %s", self.address, peer.name,
-                           why)
+            self._quiet.warning(f"The workers' store at {self.address} dropped {peer.name}: "
+                                f"{why}")
         if self._peers.pop(peer.sock, None) is None:
             return
         if peer.mask:
@@ -266,3 +307,8 @@ class WorkerStoreDoor:
             # What the other side still has to say goes out before it closes.
             partner.closing = True
             self._flush(partner)
+
+
+def _descriptor_limit() -> int:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20

@@ -28,6 +28,9 @@ MAX_STRING_LEN = 8 * 1024
 MAX_PAYLOAD_LEN = 8 * 1024 * 1024
 # What one connection may send ahead of the server before it stops reading from it.
 MAX_BUFFERED = 2 * MAX_PAYLOAD_LEN
+# Keys and values held for torch's clients, in all: torch's own server has no bound, but the
+# door answers anyone who reaches the port, and must not be made to exhaust the agent's memory.
+MAX_HELD_BYTES = 1 << 30
 
 _U8, _U32, _I64, _U64 = (struct.Struct(f) for f in ("<B", "<I", "<q", "<Q"))
 
@@ -85,6 +88,14 @@ class TorchStoreState:
         # key -> connections in a barrier on it (torch's barrier lets everyone through once
         # its counter reaches the world size, and at once from then on).
         self._barriers: dict[bytes, list["TorchConnection"]] = {}
+        self.held = 0  # bytes of keys and values held (data and queues)
+
+    def hold(self, added: int, released: int = 0) -> None:
+        """Account for a change of `added - released` bytes; refuse one over MAX_HELD_BYTES."""
+        if self.held + added - released > MAX_HELD_BYTES:
+            raise ProtocolError(f"the store would hold more than {MAX_HELD_BYTES} bytes of keys "
+                                "and values")
+        self.held += added - released
 
     def ready(self, keys: list[bytes]) -> bool:
         """Every key is set (or names a non-empty queue)."""
@@ -142,8 +153,35 @@ class TorchStoreState:
 
     def set(self, key: bytes, value: bytes) -> None:
         """Set `key` and wake its waits."""
+        old = self.data.get(key)
+        self.hold(len(key) + len(value), 0 if old is None else len(key) + len(old))
         self.data[key] = value
         self.wake(key)
+
+    def delete(self, key: bytes) -> bool:
+        """Remove `key`; True if it was set."""
+        old = self.data.pop(key, None)
+        if old is None:
+            return False
+        self.held -= len(key) + len(old)
+        return True
+
+    def push(self, key: bytes, value: bytes) -> None:
+        """Append `value` to the queue `key` and wake one of its waits."""
+        self.hold(len(key) + len(value))
+        self.queues[key].append(value)
+        self.wake(key, only_one=True)
+
+    def pop(self, key: bytes) -> Optional[bytes]:
+        """The head of the queue `key`, removed; None when it is empty."""
+        queue = self.queues.get(key)
+        if not queue:
+            return None
+        value = queue.popleft()
+        if not queue:
+            del self.queues[key]
+        self.held -= len(key) + len(value)
+        return value
 
     def add(self, key: bytes, delta: int) -> int:
         """Add `delta` to the decimal number stored at `key` (0 when missing)."""
@@ -260,7 +298,8 @@ class TorchConnection:
             state.set(key, desired)
             return _vector(desired)
         if current == expected:
-            state.data[key] = current = desired
+            state.set(key, desired)  # wakes its waits
+            return _vector(desired)
         state.wake(key)
         return _vector(current)
 
@@ -281,7 +320,7 @@ class TorchConnection:
         return _I64.pack(len(self._state.data))
 
     def _delete(self) -> bytes:
-        return _I64.pack(1 if self._state.data.pop(self._key(), None) is not None else 0)
+        return _I64.pack(1 if self._state.delete(self._key()) else 0)
 
     def _append(self) -> None:
         key, value = self._key(), self._value()
@@ -301,13 +340,14 @@ class TorchConnection:
 
     def _queue_push(self) -> None:
         key, value = self._key(), self._value()
-        self._state.queues[key].append(value)
-        self._state.wake(key, only_one=True)
+        self._state.push(key, value)
 
     def _queue_pop(self) -> bytes:
-        queue = self._state.queues[self._key()]
-        head = _I64.pack(len(queue))
-        return head + _vector(queue.popleft()) if queue else head
+        key = self._key()
+        queue = self._state.queues.get(key)
+        head = _I64.pack(len(queue) if queue else 0)
+        value = self._state.pop(key)
+        return head if value is None else head + _vector(value)
 
     def _queue_len(self) -> bytes:
         queue = self._state.queues.get(self._key())
