@@ -250,3 +250,19 @@ def test_vmap_over_the_extras() -> None:
                                torch.linalg.matrix_exp(ta).numpy(), rtol=1e-10)
     np.testing.assert_allclose(func.vmap(lambda m: linalg.diagonal(m, dim1=1, dim2=0))(a).numpy(),
                                torch.linalg.diagonal(ta, dim1=2, dim2=1).numpy())
+
+
+def test_lu_errors_and_refused_gradients_as_torch() -> None:
+    zeros = np.zeros((2, 3, 3))
+    for name in ("lu_factor", "lu_factor_ex"):
+        kwargs = {"check_errors": True} if name == "lu_factor_ex" else {}
+        theirs = _message(getattr(torch.linalg, name), torch.tensor(zeros), **kwargs)
+        assert _message(getattr(linalg, name), core.tensor(zeros), **kwargs) == theirs
+    info = linalg.lu_factor_ex(core.tensor(zeros)).info
+    np.testing.assert_array_equal(info.numpy(), torch.linalg.lu_factor_ex(
+        torch.tensor(zeros)).info.numpy())
+    with pytest.raises(NotImplementedError, match="gradients are not supported yet"):
+        linalg.lu(core.ones(3, 3, requires_grad=True))
+    lu_, piv = linalg.lu_factor(core.eye(3, dtype=core.float64) * 2)
+    x = linalg.lu_solve(lu_, piv, core.ones(3, 1, dtype=core.float64))
+    np.testing.assert_allclose(x.numpy(), np.full((3, 1), 0.5))

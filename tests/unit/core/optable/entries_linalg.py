@@ -111,3 +111,14 @@ ENTRIES += [
            call=lambda lib, a, **kw: lib.linalg.cholesky_ex(
                a @ a.mT + 3 * lib.eye(a.shape[-1], dtype=a.dtype), **kw)),
 ]
+
+# LU (core/linalg/lu.py): values and pivots; no gradients yet (refused, tested in test_linalg).
+ENTRIES += [
+    _entry("lu_factor", (S(A((3, 3))), S(A((2, 4, 4))), S(A((4, 3))), S(A((3, 5)))), grad=False),
+    _entry("lu_factor_ex", (S(A((3, 3))), S(A((2, 4, 4)))), grad=False),
+    _entry("lu", (S(A((3, 3))), S(A((2, 4, 4))), S(A((4, 3))), S(A((3, 5)))), grad=False),
+    _entry("lu_solve", (S(A((3, 3)), A((3, 2))), S(A((2, 3, 3)), A((2, 3, 1))),
+                        S(A((3, 3)), A((2, 3)), left=False),
+                        S(A((3, 3)), A((3, 2)), adjoint=True)), grad=False,
+           call=lambda lib, a, b, **kw: lib.linalg.lu_solve(*lib.linalg.lu_factor(a), b, **kw)),
+]
