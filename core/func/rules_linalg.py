@@ -69,8 +69,10 @@ def _diagonal(call: Callable, level: int, args: tuple, kwargs: dict) -> Any:
 register([linalg.det, linalg.slogdet, linalg.inv, linalg.cholesky, linalg.qr, linalg.eigh,
           linalg.eigvalsh, linalg.svd, linalg.svdvals, linalg.pinv, linalg.matrix_rank,
           linalg.matrix_power, linalg.matrix_exp, linalg.eig, linalg.eigvals, linalg.inv_ex,
-          linalg.cholesky_ex, linalg.cond], transparent)
-register([linalg.solve, linalg.lstsq, linalg.solve_triangular, linalg.solve_ex], _all_in_front)
+          linalg.cholesky_ex, linalg.cond, linalg.lu, linalg.lu_factor, linalg.lu_factor_ex],
+         transparent)
+register([linalg.solve, linalg.lstsq, linalg.solve_triangular, linalg.solve_ex, linalg.lu_solve],
+         _all_in_front)
 register(linalg.diagonal, _diagonal)
 register(linalg.vector_norm, _vector_norm)
 register(linalg.matrix_norm, _matrix_norm)
