@@ -228,7 +228,7 @@ def _conv(
             if spatial == 1:
                 gw = gw[:, :, 0, :]
         if bias is not None and bias.requires_grad:
-            gb = column_sums(g2)
+            gb = column_sums(g2) if g2.dtype.kind != "c" else g2.sum(axis=0)
         if needs_grad(x):
             if groups == 1 and st == (1, 1):
                 gx = _input_grad_stride1(g2.reshape(n, ho, wo, o), wd, (pt, pl), (h, w), dil)
@@ -250,7 +250,19 @@ def _conv(
                 gx = gx[0]
         return gx, gw, gb
 
+    if out.dtype.kind == "c":
+        backward = _conjugated(backward)
     return result(out, "ConvolutionBackward", backward, (x, weight, bias))
+
+
+def _conjugated(backward: Any) -> Any:
+    """torch's complex gradient of a bilinear op from its real formula: the formula sums g times
+    the other operand, torch's sums g times its conjugate, which is conj(formula(conj(g)))."""
+
+    def complex_backward(g: Any) -> tuple:
+        return tuple(None if r is None else r.conj() for r in backward(g.conj()))
+
+    return complex_backward
 
 
 def _im2col(

@@ -247,3 +247,17 @@ def test_linear_with_complex_weights_equals_torch():
     torch.nn.functional.linear(rt.to(torch.complex128), w2t).abs().sum().backward()
     assert r.grad.dtype is core.float64
     _same(r.grad, rt.grad)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"stride": 2, "padding": 1}, {"groups": 2}])
+def test_conv2d_with_complex_tensors_equals_torch(kwargs):
+    x_np, w_np, b_np = _data((2, 4, 6, 7), 17), _data((4, 4 // kwargs.get("groups", 1), 3, 3), 18), (
+        _data((4,), 19))
+    (x, xt), (w, wt), (b, bt) = _pair(x_np), _pair(w_np), _pair(b_np)
+    out = core.nn.functional.conv2d(x, w, b, **kwargs)
+    out_t = torch.nn.functional.conv2d(xt, wt, bt, **kwargs)
+    _same(out, out_t)
+    out.abs().sum().backward()
+    out_t.abs().sum().backward()
+    for mine, theirs in ((x, xt), (w, wt), (b, bt)):
+        _same(mine.grad, theirs.grad)
