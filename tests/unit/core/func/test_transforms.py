@@ -270,3 +270,16 @@ def test_stack_module_state_runs_an_ensemble_under_vmap() -> None:
         np.testing.assert_allclose(out[i].detach().numpy(), m(x).detach().numpy(), rtol=1e-12)
     with pytest.raises(RuntimeError, match="at least one model"):
         func.stack_module_state([])
+
+
+@pytest.mark.parametrize("transform", ["jacrev", "jacfwd"])
+def test_jacobians_of_several_outputs_and_inputs(transform: str) -> None:
+    x, tx = _pair(3)
+    y, ty = _pair(2, seed=4)
+
+    def f(lib):
+        return lambda a, b: (lib.sin(a) * b.sum(), (a[:2] * b).sum())
+
+    ours = getattr(func, transform)(f(core), argnums=(0, 1))(x, y)
+    theirs = getattr(torch.func, transform)(f(torch), argnums=(0, 1))(tx, ty)
+    _close(ours, theirs)
