@@ -115,6 +115,9 @@ class WorkerStoreDoor:
         self._thread = threading.Thread(target=self._loop, name=f"shoal-store-door-{self.port}",
                                         daemon=True)
         self._thread.start()
+        logger.info("The workers' store listens on %s (MASTER_PORT): torch's clients are served "
+                    "its protocol there, shoal's are relayed to the authenticated store at "
+                    "%s:%d", self.address, *self._shoal_addr)
 
     @property
     def address(self) -> str:
