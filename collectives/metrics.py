@@ -69,7 +69,17 @@ WAITING_FOR = telemetry.gauge(
     ["rank", "peer"],
     multiprocess_mode="livemax",
 )
-WAIT_REPORT_AFTER_S = 1.0  # a collective this long is reported (and the others' progress read)
+WAIT_REPORT_AFTER_S = 1.0  # a collective this long is reported, and whom it waits for read
+# Reading whom it waits for costs one store read per rank of the group, from every rank that
+# waits: in a group larger than WAIT_READ_RANKS the first read waits proportionally longer (a
+# 640-rank group's after 10 s), never longer than WAIT_READ_MAX_S, the cap between reads too.
+WAIT_READ_RANKS = 64
+WAIT_READ_MAX_S = 60.0
+
+
+def wait_read_after(size: int) -> float:
+    """Seconds into a collective before a rank of a `size`-rank group reads whom it waits for."""
+    return min(WAIT_READ_MAX_S, WAIT_REPORT_AFTER_S * max(1.0, size / WAIT_READ_RANKS))
 
 # The ops and failure kinds the backends report. Their error and timeout series exist (at 0)
 # from the start: increase() only sees a counter's first increment if the series was scraped

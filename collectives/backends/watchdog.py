@@ -65,7 +65,8 @@ class Watchdog:
         self._published: Optional[progress_.RankProgress] = None
         self._published_at = 0.0
         self._waiting_in: Optional[OpRecord] = None  # the long collective last reported
-        self._wait_read_at = 0.0
+        self._waiting_for: dict[int, float] = {}  # whom it waits for, as last read
+        self._wait_read_at = 0.0  # when to read the others' progress next (monotonic)
         prefix = f"shoal-{group.backend_name}-{group.name}"
         self._thread = threading.Thread(target=self._watch, name=f"{prefix}-watchdog",
                                         daemon=True)
@@ -116,9 +117,15 @@ class Watchdog:
             self._stop.wait(1.0)
 
     def _report_wait(self) -> None:
-        """Publish (collectives.metrics) since when this rank is inside a collective and whom
-        it waits for, once one has run for WAIT_REPORT_AFTER_S: the others' progress names the
-        ranks that never arrived, as a timeout's diagnosis would, long before the timeout."""
+        """Publish (collectives.metrics) since when this rank is inside a collective, once one
+        has run for WAIT_REPORT_AFTER_S, and whom it waits for: the others' progress names the
+        ranks that never arrived, as a timeout's diagnosis would, long before the timeout.
+
+        Reading that progress costs a store read per rank of the group, from every waiting
+        rank, so it starts later in large groups (metrics.wait_read_after) and then backs off:
+        the next read comes after as long again as the collective has run (capped at
+        WAIT_READ_MAX_S), so a legitimately long collective costs a few reads, not one a second.
+        """
         group = self.group
         cur = group.ledger.current
         now = time.monotonic()
@@ -128,19 +135,23 @@ class Watchdog:
                 self._waiting_in = None
                 metrics.WAITS.update(id(self), 0.0, {})
             return
-        if self._waiting_in is cur and now - self._wait_read_at < metrics.WAIT_REPORT_AFTER_S:
+        since = time.time() - (now - started)
+        if self._waiting_in is not cur:
+            self._waiting_in, self._waiting_for = cur, {}
+            self._wait_read_at = started + metrics.wait_read_after(group.size())
+            metrics.WAITS.update(id(self), since, {})
+        if now < self._wait_read_at:
             return
-        self._waiting_in, self._wait_read_at = cur, now
+        self._wait_read_at = now + min(metrics.WAIT_READ_MAX_S, now - started)
         me = group.rank()
         progress = progress_.read_all(group.store, group.store_prefix, me, group.size(),
                                       PROGRESS_QUERY_TIMEOUT_S)
-        since = time.time() - (now - started)
-        peers = {}
         if progress is not None and cur.finished is None:
             world = group.global_ranks
             diagnosis = progress_.diagnose(cur, me, progress, PROGRESS_QUERY_TIMEOUT_S)
-            peers = {world[q]: since for q in diagnosis.culprits if q != me}
-        metrics.WAITS.update(id(self), since if cur.finished is None else 0.0, peers)
+            self._waiting_for = {world[q]: since for q in diagnosis.culprits if q != me}
+        metrics.WAITS.update(id(self), since if cur.finished is None else 0.0,
+                             self._waiting_for)
 
     # ------------------------------------------------------------------ timeouts
 

@@ -293,7 +293,8 @@ def test_every_dashboard_panel_and_two_alerts_against_a_real_job(tmp_path):
             finally:
                 stop.touch()
             assert run.wait(60) == 0, run.tail()
-        # The agent exited after its last state was scraped: both workers succeeded.
-        done = prom.query(f'shoal_elastic_worker_exits_total{{run_id="{run_id}", '
-                          f'state="succeeded"}}')
+        # The agent exited after its last state was scraped: both workers succeeded. (Its
+        # series went stale at the first failed scrape since: read the last value scraped.)
+        done = prom.query(f'last_over_time(shoal_elastic_worker_exits_total{{run_id="{run_id}", '
+                          f'state="succeeded"}}[1m])')
         assert _values(done) == [2.0], prom.log_tail()

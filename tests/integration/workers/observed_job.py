@@ -36,8 +36,10 @@ def main() -> int:
     parser.add_argument("--compute", type=float, default=0.01)
     parser.add_argument("--hang-rank", type=int, default=-1)
     parser.add_argument("--hang-file", default="")
+    parser.add_argument("--timeout", type=float, default=30.0,
+                        help="the group's collective timeout (a hang ends after it)")
     args = parser.parse_args()
-    collectives.init_process_group("tcp", init_method="env://", timeout=30)
+    collectives.init_process_group("tcp", init_method="env://", timeout=args.timeout)
     rank = collectives.get_rank()
     first_attempt = os.environ.get("SHOAL_RESTART_COUNT", "0") == "0"
     ckpt = Checkpointer(os.environ["SHOAL_CHECKPOINT_DIR"]) if rank == 0 else None
