@@ -31,6 +31,7 @@ from shoal.collectives.fsdp.api import (
     OffloadPolicy,
     ShardedParameter,
 )
+from shoal.collectives.amp import agree_for_replicas
 from shoal.collectives.fsdp.param_group import ParamGroup
 from shoal.collectives.types import ReduceOp
 from shoal.collectives.world import member_group
@@ -55,6 +56,7 @@ class _Root:
         self.pending: list[ParamGroup] = []
         self.sentinel: Optional[Tensor] = None
         self.in_backward = False
+        self.agreements: list = []  # found_inf registrations, kept as long as the root lives
 
     def next_of(self, state: "_State", step: int) -> Optional["_State"]:
         if state not in self.order:
@@ -205,6 +207,18 @@ def _lazy_init(state: _State) -> None:
         s.root = root
         s.is_root = s is state
     state.reshard_after_forward = False  # the root's gather is needed again in backward at once
+    _agree_found_inf(root)
+
+
+def _agree_found_inf(root: _Root) -> None:
+    """A GradScaler stepping the shards skips a step on every rank when any rank's shard of a
+    gradient overflowed (torch's ShardedGradScaler): one agreement per sharding group."""
+    by_group: dict[int, tuple[Any, list]] = {}
+    for s in root.states:
+        if s.group is not None:
+            entry = by_group.setdefault(id(s.group.pg), (s.group.pg, []))
+            entry[1].extend(fp.shard for fp in s.group.params)
+    root.agreements = [agree_for_replicas(shards, pg) for pg, shards in by_group.values()]
 
 
 def _sentinel(state: _State) -> Tensor:

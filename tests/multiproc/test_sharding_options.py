@@ -363,3 +363,24 @@ def test_a_sharded_layer_whose_output_is_unused_is_reduced_and_keeps_no_gradient
         return {k: v for k, v in full_state(model).items() if not k.startswith("extra.")}
 
     _check(run_all(pgs, body), reference(2))
+
+
+def test_a_grad_scaler_skips_on_every_rank_when_one_rank_s_shard_overflowed():
+    pgs = _groups(2, "scaler")
+    models = [make_model() for _ in range(2)]
+
+    def body(pg, rank):
+        model = sharded(models[rank], pg)
+        opt = core.optim.SGD(model.parameters(), lr=0.1)
+        scaler = core.amp.GradScaler("cpu", init_scale=4.0)
+        x, y = batch(0, rank)
+        scaler.scale(mse(model(x), y)).backward()
+        if rank == 1:
+            model.fc2.weight.grad.array[0] = np.inf  # only rank 1's shard sees it
+        before = model.fc1.weight.numpy(force=True).copy()
+        scaler.step(opt)
+        scaler.update()
+        return np.array_equal(model.fc1.weight.numpy(force=True), before), scaler.get_scale()
+
+    # Both ranks skip (fc1 untouched, though its gradients are finite) and halve the scale.
+    assert run_all(pgs, body) == [(True, 2.0), (True, 2.0)]
