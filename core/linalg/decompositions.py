@@ -8,22 +8,11 @@ from typing import Any, NamedTuple
 import numpy as np
 import scipy.linalg
 
-from shoal.core.autograd_function import Function, once_differentiable
-from shoal.core.grad_mode import grad_mode
 from shoal.core.linalg._common import (
     LinAlgError, check_matrix, check_square, first_failure, lapack, mh, prefix, xp_of,
 )
 from shoal.core.ops._util import result
 from shoal.core.tensor import Tensor, wrap
-
-
-def _refuse_complex_grad(A: Tensor, op: str) -> None:
-    """Multi-output functions' complex outputs carry no gradient in core's autograd.Function
-    yet: refuse rather than return vectors that silently do not differentiate."""
-    if A.array.dtype.kind == "c" and A.requires_grad and grad_mode.enabled:
-        raise NotImplementedError(
-            f"{op}: gradients of complex input are not supported yet (the real-valued "
-            "eigvalsh, svdvals and matrix norms do support them).")
 
 
 def _not_positive_definite(m: Any) -> int:
@@ -80,50 +69,51 @@ class QRResult(NamedTuple):
     R: Tensor
 
 
-class _QR(Function):
-    @staticmethod
-    def forward(ctx: Any, A: Tensor, mode: str) -> tuple:
-        arr = A.array
-        q, r = lapack(arr).qr(arr, mode="complete" if mode == "complete" else "reduced")
-        ctx.mode = mode
-        ctx.q, ctx.r = q, r
-        if mode == "r":
-            return wrap(xp_of(arr).zeros((0,), dtype=arr.dtype)), wrap(r)
-        return wrap(q), wrap(r)
+def _qr_grad(q: Any, r: Any, gq: Any, gr: Any) -> Any:
+    """torch's formula for m >= n: gA = (gQ + Q copyltu(M)) R^-H, M = R gR^H - gQ^H Q. It is
+    linear in (gQ, gR), so Q's and R's nodes each apply it with the other's gradient at 0."""
+    xp = xp_of(q)
+    big_m = (r @ mh(gr) if gr is not None else 0) - (mh(gq) @ q if gq is not None else 0)
+    low = _tril(xp, big_m, -1)
+    copyltu = low + mh(low) + _diag_embed(xp, xp.diagonal(big_m, 0, -2, -1).real)
+    b = q @ copyltu if gq is None else gq + q @ copyltu
+    return mh(lapack(r).solve(r, mh(b)))
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx: Any, gq: Tensor, gr: Tensor) -> Any:
-        q, r = ctx.q, ctx.r
-        m, n = q.shape[-2], r.shape[-1]
-        if ctx.mode == "r":
-            raise RuntimeError("The derivative of linalg.qr depends on Q, which is not computed "
-                               "when mode='r'. Please use linalg.qr(A, mode='reduced') if you "
-                               "are going to differentiate through linalg.qr.")
-        if ctx.mode == "complete" and m > n:
-            raise RuntimeError("The QR decomposition is not differentiable when mode='complete' "
-                               "and nrows > ncols.")
-        if m < n:
-            raise NotImplementedError("linalg.qr: the gradient for wide matrices (nrows < ncols) "
-                                      "is not supported yet.")
-        xp = xp_of(q)
-        gq_a, gr_a = gq.array, gr.array
-        # torch's formula for m >= n: gA = (gQ + Q copyltu(M)) R^-H, M = R gR^H - gQ^H Q.
-        big_m = r @ mh(gr_a) - mh(gq_a) @ q
-        low = _tril(xp, big_m, -1)
-        copyltu = low + mh(low) + _diag_embed(xp, xp.diagonal(big_m, 0, -2, -1).real)
-        b = gq_a + q @ copyltu
-        return wrap(mh(lapack(r).solve(r, mh(b)))), None
+
+def _qr_check(mode: str, m: int, n: int) -> None:
+    """torch's refusals, raised by backward as torch raises them."""
+    if mode == "r":
+        raise RuntimeError("The derivative of linalg.qr depends on Q, which is not computed "
+                           "when mode='r'. Please use linalg.qr(A, mode='reduced') if you "
+                           "are going to differentiate through linalg.qr.")
+    if mode == "complete" and m > n:
+        raise RuntimeError("The QR decomposition is not differentiable when mode='complete' "
+                           "and nrows > ncols.")
+    if m < n:
+        raise NotImplementedError("linalg.qr: the gradient for wide matrices (nrows < ncols) "
+                                  "is not supported yet.")
 
 
 def qr(A: Tensor, mode: str = "reduced") -> QRResult:
     """(Q, R) with A = Q R; mode 'reduced', 'complete' or 'r' (Q empty), as torch."""
-    check_matrix(A, "linalg.qr")
-    _refuse_complex_grad(A, "linalg.qr")
+    arr = check_matrix(A, "linalg.qr")
     if mode not in ("reduced", "complete", "r"):
         raise RuntimeError(f"qr received unrecognized mode '{mode}' but expected one of "
                            "'reduced' (default), 'r', or 'complete'")
-    return QRResult(*_QR.apply(A, mode))
+    q, r = lapack(arr).qr(arr, mode="complete" if mode == "complete" else "reduced")
+    m, n = arr.shape[-2], arr.shape[-1]
+
+    def back_q(g: Any) -> tuple:
+        _qr_check(mode, m, n)
+        return (_qr_grad(q, r, g, None),)
+
+    def back_r(g: Any) -> tuple:
+        _qr_check(mode, m, n)
+        return (_qr_grad(q, r, None, g),)
+
+    q_out = xp_of(arr).zeros((0,), dtype=arr.dtype) if mode == "r" else q
+    return QRResult(result(q_out, "LinalgQrBackward", back_q, (A,)),
+                    result(r, "LinalgQrBackward", back_r, (A,)))
 
 
 class EighResult(NamedTuple):
@@ -138,21 +128,9 @@ def _check_uplo(uplo: str) -> None:
         raise RuntimeError(f"Expected UPLO argument to be 'L' or 'U', but got {uplo}")
 
 
-class _Eigh(Function):
-    @staticmethod
-    def forward(ctx: Any, A: Tensor, uplo: str) -> tuple:
-        w, v = lapack(A.array).eigh(A.array, UPLO=uplo)
-        ctx.w, ctx.v = w, v
-        return wrap(w), wrap(v)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx: Any, gw: Tensor, gv: Tensor) -> Any:
-        return wrap(_eigh_grad(ctx.w, ctx.v, gw.array, gv.array)), None
-
-
-def _eigh_grad(w: Any, v: Any, gw: Any, gv: Any) -> Any:
-    """torch's Hermitian case: gA = V (skew(V^H gV) / E + diag(gL)) V^H, E_ij = L_j - L_i."""
+def _eigh_vector_grad(w: Any, v: Any, gv: Any) -> Any:
+    """torch's Hermitian case for V's gradient: V (skew(V^H gV) / E) V^H, E_ij = L_j - L_i
+    (the eigenvalues' part, V diag(gL) V^H, is their own node's)."""
     xp = xp_of(v)
     vhgv = mh(v) @ gv
     vhgv = 0.5 * (vhgv - mh(vhgv))
@@ -160,16 +138,24 @@ def _eigh_grad(w: Any, v: Any, gw: Any, gv: Any) -> Any:
     idx = xp.arange(w.shape[-1])
     e[..., idx, idx] = 1
     inner = vhgv / e
-    inner[..., idx, idx] = gw
+    inner[..., idx, idx] = 0
     return v @ inner @ mh(v)
 
 
 def eigh(A: Tensor, UPLO: str = "L") -> EighResult:
     """Eigenvalues (ascending) and eigenvectors of Hermitian matrices, from one triangle."""
-    check_square(A, "linalg.eigh")
-    _refuse_complex_grad(A, "linalg.eigh")
+    arr = check_square(A, "linalg.eigh")
     _check_uplo(UPLO)
-    return EighResult(*_Eigh.apply(A, UPLO))
+    w, v = lapack(arr).eigh(arr, UPLO=UPLO)
+
+    def back_w(g: Any) -> tuple:
+        return ((v * g[..., None, :]) @ mh(v),)
+
+    def back_v(g: Any) -> tuple:
+        return (_eigh_vector_grad(w, v, g),)
+
+    return EighResult(result(w, "LinalgEighBackward", back_w, (A,), exact_dtype=True),
+                      result(v, "LinalgEighBackward", back_v, (A,)))
 
 
 def eigvalsh(A: Tensor, UPLO: str = "L") -> Tensor:
@@ -192,19 +178,6 @@ class SVDResult(NamedTuple):
     U: Tensor
     S: Tensor
     Vh: Tensor
-
-
-class _SVD(Function):
-    @staticmethod
-    def forward(ctx: Any, A: Tensor, full_matrices: bool) -> tuple:
-        u, s, vh = lapack(A.array).svd(A.array, full_matrices=full_matrices)
-        ctx.usv = u, s, vh
-        return wrap(u), wrap(s), wrap(vh)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx: Any, gu: Tensor, gs: Tensor, gvh: Tensor) -> Any:
-        return wrap(svd_grad(*ctx.usv, gu.array, gs.array, gvh.array)), None
 
 
 def svd_grad(u: Any, s: Any, vh: Any, gu: Any, gs: Any, gvh: Any) -> Any:
@@ -236,12 +209,26 @@ def svd_grad(u: Any, s: Any, vh: Any, gu: Any, gs: Any, gvh: Any) -> Any:
 
 def svd(A: Tensor, full_matrices: bool = True, *, driver: str | None = None) -> SVDResult:
     """(U, S, Vh) with A = U diag(S) Vh, singular values descending (LAPACK gesdd)."""
-    check_matrix(A, "linalg.svd")
-    _refuse_complex_grad(A, "linalg.svd")
+    arr = check_matrix(A, "linalg.svd")
     if driver is not None:
         raise RuntimeError("torch.linalg.svd: keyword argument `driver=` is only supported on "
                            "CUDA inputs with cuSOLVER backend.")
-    return SVDResult(*_SVD.apply(A, full_matrices))
+    u, s, vh = lapack(arr).svd(arr, full_matrices=full_matrices)
+    zero_u, zero_s, zero_vh = (xp_of(arr).zeros_like(t) for t in (u, s, vh))
+
+    # svd_grad is linear in (gU, gS, gVh): each output's node applies it with the others at 0.
+    def back_u(g: Any) -> tuple:
+        return (svd_grad(u, s, vh, g, zero_s, zero_vh),)
+
+    def back_s(g: Any) -> tuple:
+        return (svd_grad(u, s, vh, zero_u, g, zero_vh),)
+
+    def back_vh(g: Any) -> tuple:
+        return (svd_grad(u, s, vh, zero_u, zero_s, g),)
+
+    return SVDResult(result(u, "LinalgSvdBackward", back_u, (A,)),
+                     result(s, "LinalgSvdBackward", back_s, (A,), exact_dtype=True),
+                     result(vh, "LinalgSvdBackward", back_vh, (A,)))
 
 
 def svdvals(A: Tensor, *, driver: str | None = None) -> Tensor:

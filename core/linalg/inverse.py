@@ -8,14 +8,13 @@ from typing import Any, NamedTuple
 import numpy as np
 import scipy.linalg
 
-from shoal.core.autograd_function import Function, once_differentiable
 from shoal.core.linalg._common import (
     LinAlgError, check_square, first_failure, lapack, mh, prefix, xp_of,
 )
 from shoal.core.ops import linalg as ops_linalg
 from shoal.core.ops import shape as shape_ops
 from shoal.core.ops._util import result, unbroadcast
-from shoal.core.tensor import Tensor, wrap
+from shoal.core.tensor import Tensor
 
 
 def _zero_pivot(m: Any) -> int:
@@ -89,31 +88,28 @@ class SlogdetResult(NamedTuple):
     logabsdet: Tensor
 
 
-class _Slogdet(Function):
-    @staticmethod
-    def forward(ctx: Any, A: Tensor) -> tuple:
-        sign, logabs = lapack(A.array).slogdet(A.array)
-        ctx.save_for_backward(A)
-        ctx.set_materialize_grads(False)  # sign's gradient alone gives A none, as in torch
-        # sign carries a node too (torch's does), its gradient is zero for real input
-        return wrap(xp_of(A.array).asarray(sign)), wrap(xp_of(A.array).asarray(logabs))
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx: Any, g_sign: Any, g_logabs: Tensor) -> Any:
-        (A,) = ctx.saved_tensors
-        if g_logabs is None:
-            return None
-        if A.array.dtype.kind == "c":
-            raise NotImplementedError("linalg.slogdet: gradients of complex input are not "
-                                      "supported yet.")
-        return wrap(g_logabs.array[..., None, None] * mh(_inverse(A.array, "linalg.slogdet")))
-
-
 def slogdet(A: Tensor) -> SlogdetResult:
-    """(sign, log|det|) of each square matrix; the gradient flows through logabsdet."""
-    check_square(A, "linalg.slogdet")
-    return SlogdetResult(*_Slogdet.apply(A))
+    """(sign, log|det|) of each square matrix; the gradient flows through logabsdet (and, for
+    complex input, through the sign's phase)."""
+    arr = check_square(A, "linalg.slogdet")
+    sign, logabs = lapack(arr).slogdet(arr)
+    xp = xp_of(arr)
+
+    def back_logabs(g: Any) -> tuple:
+        return (g[..., None, None] * mh(_inverse(arr, "linalg.slogdet")),)
+
+    def back_sign(g: Any) -> tuple:
+        if arr.dtype.kind != "c":
+            return (None,)  # a real sign is piecewise constant: torch gives no gradient
+        # sign = det/|det| moves with the phase of det: d(sign) = i sign Im(tr(A^-1 dA)),
+        # so the gradient is i Im(conj(sign) g) A^-H (torch's slogdet_backward).
+        phase = 1j * (xp.conj(sign) * g).imag
+        return (phase[..., None, None] * mh(_inverse(arr, "linalg.slogdet")),)
+
+    return SlogdetResult(result(xp.asarray(sign), "LinalgSlogdetBackward", back_sign, (A,),
+                                exact_dtype=True),
+                         result(xp.asarray(logabs), "LinalgSlogdetBackward", back_logabs, (A,),
+                                exact_dtype=True))
 
 
 def _as_matrix_rhs(a: Any, b: Any, op: str) -> tuple[Any, bool]:
