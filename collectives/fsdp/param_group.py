@@ -165,8 +165,11 @@ class ParamGroup:
             self.unsharded = False
 
     def resident_bytes(self) -> int:
-        """Bytes of unsharded parameters and in-flight collectives this group holds now."""
+        """Bytes of unsharded parameters, their gradients (between backward and the
+        reduce_scatter, or accumulated without sync) and in-flight collectives held now."""
         held = self._unsharded_buf.nbytes if self.unsharded else 0
+        held += sum(fp.full.grad.array.nbytes for fp in self.params
+                    if fp.full is not None and fp.full.grad is not None)
         if self._gather is not None:
             held += self._gather[1].nbytes + self._gather[2].nbytes
         if self._reduce is not None:
