@@ -17,8 +17,8 @@ def bind_methods(cls: type) -> None:
 
     more = {name: getattr(derived, name) for name in _DERIVED}
     more.update(complex_ops.METHODS)
-    for name, fn in complex_ops.PROPERTIES.items():
-        setattr(cls, name, property(fn, doc=fn.__doc__))
+    for name, prop in complex_ops.PROPERTIES.items():
+        setattr(cls, name, prop)
     # everyday's registry first: an op bound under the same name by the older tables wins
     for name, fn in {**everyday.METHODS, **_operators(), **_methods(), **inplace.OPERATORS,
                      **inplace.METHODS, **more}.items():

@@ -237,4 +237,14 @@ METHODS = {
     "conj": conj, "conj_physical": conj_physical,
     "resolve_conj": resolve_conj, "resolve_neg": resolve_neg, "angle": angle, "sgn": sgn,
 }
-PROPERTIES = {"real": real, "imag": imag}
+def _part_setter(part: Any) -> Any:
+    def setter(x: Tensor, value: Any) -> None:
+        part(x).copy_(value)  # the part is a view: the copy lands in x's storage, as in torch
+
+    return setter
+
+
+PROPERTIES = {
+    "real": property(real, _part_setter(real), doc=real.__doc__),
+    "imag": property(imag, _part_setter(imag), doc=imag.__doc__),
+}

@@ -261,3 +261,12 @@ def test_conv2d_with_complex_tensors_equals_torch(kwargs):
     out_t.abs().sum().backward()
     for mine, theirs in ((x, xt), (w, wt), (b, bt)):
         _same(mine.grad, theirs.grad)
+
+
+def test_setting_real_and_imag_writes_into_the_tensor_as_in_torch():
+    z, zt = core.tensor([1 + 2j, 3 - 1j]), torch.tensor([1 + 2j, 3 - 1j])
+    z.real, zt.real = core.tensor([9.0, 8.0]), torch.tensor([9.0, 8.0])
+    z.imag, zt.imag = core.tensor([0.5, 0.25]), torch.tensor([0.5, 0.25])
+    _same(z, zt)
+    with pytest.raises(RuntimeError, match="imag is not implemented"):
+        core.ones(2).imag = core.ones(2)
