@@ -177,7 +177,9 @@ def _complex(seed: int = 0) -> np.ndarray:
 
 
 @pytest.mark.parametrize("name", ["inv", "det", "solve", "cholesky", "eigvalsh", "svdvals",
-                                  "pinv", "vector_norm", "matrix_norm"])
+                                  "pinv", "vector_norm", "matrix_norm", "solve_triangular",
+                                  "matrix_exp", "lstsq", "matrix_power", "cross", "cond",
+                                  "vecdot", "multi_dot"])
 def test_complex_gradients_match_torch(name: str) -> None:
     """torch's convention (the conjugate Wirtinger derivative) for a real loss of complex A."""
     def spd(lib, x):
@@ -193,6 +195,15 @@ def test_complex_gradients_match_torch(name: str) -> None:
         "pinv": lambda lib, x: (lib.linalg.pinv(x).abs() ** 2).sum(),
         "vector_norm": lambda lib, x: lib.linalg.vector_norm(x, 3),
         "matrix_norm": lambda lib, x: lib.linalg.matrix_norm(x, "nuc"),
+        "solve_triangular": lambda lib, x: (lib.linalg.solve_triangular(
+            x, x[:2], upper=False, left=False).abs() ** 2).sum(),
+        "matrix_exp": lambda lib, x: (lib.linalg.matrix_exp(x * 0.5).abs() ** 2).sum(),
+        "lstsq": lambda lib, x: (lib.linalg.lstsq(x, x[:, :1]).solution.abs() ** 2).sum(),
+        "matrix_power": lambda lib, x: (lib.linalg.matrix_power(x, -2).abs() ** 2).sum(),
+        "cross": lambda lib, x: (lib.linalg.cross(x, x.conj()).abs() ** 2).sum(),
+        "cond": lambda lib, x: lib.linalg.cond(x),
+        "vecdot": lambda lib, x: (lib.linalg.vecdot(x, x * 2).abs() ** 2).sum(),
+        "multi_dot": lambda lib, x: (lib.linalg.multi_dot([x, x, x]).abs() ** 2).sum(),
     }
     a = _complex()
     x, tx = core.tensor(a, requires_grad=True), torch.tensor(a, requires_grad=True)
