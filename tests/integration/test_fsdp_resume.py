@@ -66,7 +66,9 @@ def test_a_node_joining_resumes_the_job_at_twice_the_world_size(tmp_path):
             "--rdzv-id", f"job-{uuid.uuid4().hex[:8]}",
             "--rdzv-conf", "heartbeat_interval=0.25,heartbeat_timeout=2,last_call_timeout=0.5",
             "--checkpoint-dir", ck]
-    worker = [str(WORKER), "--steps", "12", "--step-sleep", "0.3"]
+    # Slow steps while 2 ranks train (a 10 s window for node B to start and join, however
+    # loaded the machine), full speed once 4 do.
+    worker = [str(WORKER), "--steps", "12", "--step-sleep", "1.0", "--sleep-below", "4"]
     a = ShoalRun(base + ["--rdzv-endpoint", "127.0.0.1:0", "--node-rank", "0"] + worker,
                  env=env, name="node A")
     with a:

@@ -1,6 +1,6 @@
 """A fully_shard job that resumes from its sharded checkpoint (run by `shoal run`).
 
-    fsdp_resume.py --steps N [--die-after S] [--step-sleep SECONDS]
+    fsdp_resume.py --steps N [--die-after S] [--step-sleep SECONDS [--sleep-below W]]
 
 Every rank trains its share of a global batch of 12 rows per step (float64, uneven layers,
 Adam), saving a distributed checkpoint after each step into SHOAL_CHECKPOINT_DIR/step-<k>. On
@@ -9,7 +9,7 @@ wrote it. With --die-after S, rank 1 exits with status 3 right after step S's sa
 attempt (SHOAL_RESTART_COUNT=0), so the agent restarts the group. At the end rank 0 writes the
 whole parameters to SHOAL_CHECKPOINT_DIR/final.safetensors and prints `done at step N`. Rank 0
 prints `step K saved` after each save; --step-sleep slows the steps so that a test can act
-between them (a node joining).
+between them (a node joining), only while the world is smaller than --sleep-below if given.
 """
 
 from __future__ import annotations
@@ -75,6 +75,7 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--die-after", type=int, default=-1)
     parser.add_argument("--step-sleep", type=float, default=0.0)
+    parser.add_argument("--sleep-below", type=int, default=0)
     args = parser.parse_args(argv)
 
     from shoal import collectives as dist
@@ -113,7 +114,8 @@ def main(argv=None) -> int:
                  checkpoint_id=os.path.join(ckdir, f"step-{step + 1}"))
         if rank == 0:
             print(f"step {step + 1} saved at world size {world}", flush=True)
-        time.sleep(args.step_sleep)
+        if not args.sleep_below or world < args.sleep_below:
+            time.sleep(args.step_sleep)
         if (step + 1 == args.die_after and rank == 1
                 and os.environ.get("SHOAL_RESTART_COUNT") == "0"):
             print(f"rank {rank} dies after step {step + 1}", flush=True)
