@@ -21,12 +21,16 @@ from shoal.core.ops._promote import category, promote
 from shoal.core.ops._util import broadcast_error, needs_grad, result, unbroadcast, val, xp_of
 from shoal.core.ops.complex import _scalar_name
 from shoal.core.ops.unary import sigmoid as _sigmoid
-from shoal.core.tensor import Tensor
+from shoal.core.tensor import Tensor, wrap
 
 __all__ = [
     "erf", "erfc", "erfcx", "erfinv", "expit", "logit", "xlogy", "xlog1py", "i0", "i0e", "i1",
     "i1e", "gammaln", "digamma", "psi", "polygamma", "multigammaln", "ndtr", "ndtri",
     "log_ndtr", "sinc", "entr", "expm1", "exp2", "log1p", "logsumexp", "softmax", "log_softmax",
+    "bessel_j0", "bessel_j1", "bessel_y0", "bessel_y1", "modified_bessel_i0", "modified_bessel_i1",
+    "modified_bessel_k0", "modified_bessel_k1", "scaled_modified_bessel_k0",
+    "scaled_modified_bessel_k1", "spherical_bessel_j0", "airy_ai", "round", "gammainc",
+    "gammaincc", "zeta",
 ]
 
 _F32 = np.dtype(np.float32)
@@ -289,3 +293,87 @@ def softmax(input: Tensor, dim: int, *, dtype: Any = None) -> Tensor:  # noqa: A
 def log_softmax(input: Tensor, dim: int, *, dtype: Any = None) -> Tensor:  # noqa: A002
     """x - logsumexp(x) along dim, after casting to dtype when given."""
     return _reduce.log_softmax(input if dtype is None else input.to(dtype), dim)
+
+
+# -- torch.special's functions without a derivative: their results carry no graph in torch ------
+def _no_derivative(op: str, forward: Callable) -> Callable:
+    def fn(input: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        work, dt = _float_input(input, op)
+        with np.errstate(all="ignore"):
+            out = forward(_sp(work), work)
+        return wrap(narrow(out.astype(work.dtype, copy=False), dt))
+
+    fn.__name__ = fn.__qualname__ = op
+    fn.__doc__ = f"torch.special.{op}, without a gradient (torch records none for it either)."
+    return fn
+
+
+bessel_j0 = _no_derivative("bessel_j0", lambda sp, x: sp.j0(x))
+bessel_j1 = _no_derivative("bessel_j1", lambda sp, x: sp.j1(x))
+bessel_y0 = _no_derivative("bessel_y0", lambda sp, x: sp.y0(x))
+bessel_y1 = _no_derivative("bessel_y1", lambda sp, x: sp.y1(x))
+modified_bessel_i0 = _no_derivative("modified_bessel_i0", lambda sp, x: sp.i0(x))
+modified_bessel_i1 = _no_derivative("modified_bessel_i1", lambda sp, x: sp.i1(x))
+modified_bessel_k0 = _no_derivative("modified_bessel_k0", lambda sp, x: sp.k0(x))
+modified_bessel_k1 = _no_derivative("modified_bessel_k1", lambda sp, x: sp.k1(x))
+scaled_modified_bessel_k0 = _no_derivative("scaled_modified_bessel_k0", lambda sp, x: sp.k0e(x))
+scaled_modified_bessel_k1 = _no_derivative("scaled_modified_bessel_k1", lambda sp, x: sp.k1e(x))
+spherical_bessel_j0 = _no_derivative(
+    "spherical_bessel_j0", lambda sp, x: _xp(x).where(x == 0, 1.0, _xp(x).sin(x) / _nonzero(x)))
+airy_ai = _no_derivative("airy_ai", lambda sp, x: sp.airy(x)[0])
+
+
+def round(input: Tensor, *, decimals: int = 0) -> Tensor:  # noqa: A001,A002 - torch's names
+    """Round half to even (to `decimals` places); the gradient is zero, as torch's."""
+    xd = input.array
+    out = xp_of(xd).round(xd, decimals)
+
+    def backward(g: Any) -> tuple:
+        return (xp_of(g).zeros_like(g),)
+
+    return result(out, "RoundBackward", backward, (input,), exact_dtype=True)
+
+
+def _second_argument_only(op: str, sp_name: str, d_other: Callable, input_name: str) -> Callable:
+    """A two-argument function whose derivative torch has for `other` only (the first argument's
+    raises at backward, with torch's message)."""
+
+    def fn(input: Any, other: Any) -> Tensor:  # noqa: A002 - torch's names
+        if not isinstance(input, Tensor) and not isinstance(other, Tensor):
+            raise TypeError(f"special.{op}(): at least one of input and other must be a Tensor")
+        dt, ad, xd = promote(val(input), val(other))
+        if category(dt) < 2:
+            dt, ad, xd = promote(_as_float(ad), _as_float(xd))
+        aw, xw = widen(ad), widen(xd)
+        sp = _sp(aw if hasattr(aw, "shape") else xw)
+        try:
+            with np.errstate(all="ignore"):
+                out = getattr(sp, sp_name)(aw, xw)
+        except ValueError as exc:
+            raise broadcast_error(op, ad, xd, exc) from exc
+        out = narrow(out.astype(widen_dtype(dt), copy=False), dt)
+
+        def backward(g: Any) -> tuple:
+            if needs_grad(input):
+                raise RuntimeError(f"the derivative for '{input_name}' is not implemented.")
+            with np.errstate(all="ignore"):
+                gx = unbroadcast(widen(g) * d_other(sp, aw, xw), other.array.shape)
+            return None, gx.astype(other.array.dtype)
+
+        return result(out, "Special" + op.title() + "Backward", backward, (input, other),
+                      exact_dtype=True)
+
+    fn.__name__ = fn.__qualname__ = op
+    return fn
+
+
+gammainc = _second_argument_only(
+    "gammainc", "gammainc", lambda sp, a, x: _xp(x).exp((a - 1) * _xp(x).log(x) - x - sp.gammaln(a)),
+    "igamma: input")
+gammainc.__doc__ = "The regularised lower incomplete gamma function P(input, other)."
+gammaincc = _second_argument_only(
+    "gammaincc", "gammaincc",
+    lambda sp, a, x: -_xp(x).exp((a - 1) * _xp(x).log(x) - x - sp.gammaln(a)), "igammac: input")
+gammaincc.__doc__ = "The regularised upper incomplete gamma function Q(input, other)."
+zeta = _second_argument_only("zeta", "zeta", lambda sp, s, q: -s * sp.zeta(s + 1, q), "zeta")
+zeta.__doc__ = "The Hurwitz zeta function zeta(input, other) (Riemann's for other = 1)."

@@ -188,3 +188,65 @@ def test_errors_match_torch():
             lib.special.erf([1.0, 2.0])
         with pytest.raises(RuntimeError, match="greater than or equal to 1"):
             lib.special.multigammaln(lib.ones(2) * 3, 0)
+
+
+NO_DERIVATIVE = ["bessel_j0", "bessel_j1", "bessel_y0", "bessel_y1", "modified_bessel_i0",
+                 "modified_bessel_i1", "modified_bessel_k0", "modified_bessel_k1",
+                 "scaled_modified_bessel_k0", "scaled_modified_bessel_k1", "spherical_bessel_j0",
+                 "airy_ai"]
+
+
+@pytest.mark.parametrize("name", NO_DERIVATIVE)
+def test_functions_torch_records_no_gradient_for_equal_torch(name):
+    data = np.concatenate([[0.0, 1.0], DOMAINS["pos"][:50]])
+    if name.startswith("bessel_y") or "_k" in name:
+        data = data[1:]  # Y and K have a pole at 0
+    x, xt = core.tensor(data, requires_grad=True), torch.tensor(data, requires_grad=True)
+    out, out_t = getattr(core.special, name)(x), getattr(torch.special, name)(xt)
+    # float64: torch's rational approximations for J and Y lose digits between 5 and 8 (up to
+    # 6e-7 absolute measured), so there core is held to mpmath (torch's own dependency) and to
+    # torch within 1e-6; the others agree with torch to ~1e-15 relative (1e-12 leaves room for
+    # K's steep slope near 0.05).
+    bessel_jy = name.startswith("bessel_")
+    _close(out, out_t, (0, 1e-6) if bessel_jy else (1e-12, 1e-13), name)
+    if bessel_jy:
+        import mpmath
+
+        kind, order = (mpmath.besselj if "_j" in name else mpmath.bessely), int(name[-1])
+        exact = np.array([float(kind(order, v)) for v in data])
+        # scipy's Cephes J/Y: a few ulp of the function's scale (values up to 1): 1e-14.
+        np.testing.assert_allclose(out.numpy(), exact, rtol=0, atol=1e-14)
+    assert not out.requires_grad and not out_t.requires_grad
+    f32 = getattr(core.special, name)(core.tensor(data.astype(np.float32)))
+    _close(f32, getattr(torch.special, name)(torch.tensor(data.astype(np.float32))),
+           (2e-6, 1e-6) if not bessel_jy else (0, 1e-6), f"{name} in float32")
+
+
+def test_round_gammainc_gammaincc_and_zeta_equal_torch_with_their_gradients():
+    data = np.array([-2.5, -1.5, -0.4, 0.5, 1.5, 2.25])
+    x, xt = core.tensor(data, requires_grad=True), torch.tensor(data, requires_grad=True)
+    out, out_t = core.special.round(x), torch.special.round(xt)
+    _close(out, out_t, (0, 0), "round")
+    out.sum().backward()
+    out_t.sum().backward()
+    _close(x.grad, xt.grad, (0, 0), "grad of round")
+    _close(core.special.round(core.tensor(data), decimals=1),
+           torch.special.round(torch.tensor(data), decimals=1), FLOAT64_TOL, "decimals")
+    a, pts = np.array([0.5, 1.5, 2.0, 4.0]), np.array([0.25, 1.0, 2.5, 3.0])
+    for name, input_name in (("gammainc", "igamma: input"), ("gammaincc", "igammac: input"),
+                             ("zeta", "zeta")):
+        first = a + 1.5 if name == "zeta" else a  # zeta needs s > 1
+        o, ot = core.tensor(pts, requires_grad=True), torch.tensor(pts, requires_grad=True)
+        out = getattr(core.special, name)(core.tensor(first), o)
+        out_t = getattr(torch.special, name)(torch.tensor(first), ot)
+        _close(out, out_t, (1e-11, 1e-13), name)
+        out.sum().backward()
+        out_t.sum().backward()
+        _close(o.grad, ot.grad, (1e-10, 1e-13), f"grad of {name}")
+        i, it = core.tensor(first, requires_grad=True), torch.tensor(first, requires_grad=True)
+        with pytest.raises(RuntimeError, match=f"derivative for '{input_name}' is not implemented"):
+            getattr(torch.special, name)(it, torch.tensor(pts)).sum().backward()
+        with pytest.raises(RuntimeError, match=f"derivative for '{input_name}' is not implemented"):
+            getattr(core.special, name)(i, core.tensor(pts)).sum().backward()
+    _close(core.special.zeta(core.tensor([2.0, 3.0]), 1.0),
+           torch.special.zeta(torch.tensor([2.0, 3.0]), 1.0), (1e-6, 1e-7), "Riemann zeta")
