@@ -1,170 +1,54 @@
-"""shoal's compute core: tensors on numpy or cupy, autograd, nn, optim, CUDA kernels."""
+"""shoal's compute core: tensors on numpy or cupy, autograd, nn, optim, CUDA kernels.
 
+Importing `shoal.core`, or one of its leaf modules (config, settings, errors, timeouts, auth,
+channel, netaddr), costs only that: the launcher, the node agent and a standalone store read
+core's settings and secrets without loading numpy. Names load on first use (PEP 562):
+
+- a submodule (`core.nn`, `core.linalg`, `from shoal.core import fft`) is imported on its own,
+  so fft, linalg and special load scipy only when used;
+- any other name (`core.Tensor`, `core.add`, `core.float32`, `core.tensor`) builds the
+  torch-like namespace once, in core/_namespace.py.
+"""
+
+import importlib as _importlib
 import sys as _sys
+import types as _types
 
-from shoal.core import dtypes
-from shoal.core.tensor import Tensor  # first: it binds the ops as methods (core/ops/bind.py)
-from shoal.core.autograd import (
-    AutogradError,
-    RemovableHandle,
-    enable_grad,
-    is_grad_enabled,
-    no_grad,
-    set_grad_enabled,
-)
-from shoal.core.backend import Device
-from shoal.core.backend import Device as device
-from shoal.core.dtypes import DType, DTypeError, bfloat16, float16, float32, float64, int32, int64
-from shoal.core.dtypes import int8, int16, uint8
-from shoal.core.dtypes import complex64, complex128
-from shoal.core.dtypes import bool_ as bool  # noqa: A004 - torch's name
-from shoal.core.errors import DeviceError, ShapeError, ShoalError
-from shoal.core.ops.arith import add, div, mul, pow, sub  # noqa: A004 - torch's names
-from shoal.core.ops.creation import (
-    arange,
-    as_tensor,
-    empty,
-    empty_like,
-    eye,
-    from_numpy,
-    full,
-    full_like,
-    linspace,
-    ones,
-    ones_like,
-    rand,
-    randint,
-    randn,
-    randperm,
-    tensor,
-    zeros,
-    zeros_like,
-)
-from shoal.core.ops.creation import DoubleTensor, FloatTensor, IntTensor, LongTensor, Size
-from shoal.core.ops.conv import conv1d, conv2d
-from shoal.core.ops.complex import complex  # noqa: A004 - torch's name
-from shoal.core.ops.complex import (
-    angle, conj, conj_physical, imag, is_complex, polar, real, resolve_conj, resolve_neg, sgn,
-    view_as_complex, view_as_real,
-)
-from shoal.core.ops.derived import bmm, cos, mm, narrow, norm, sin, tan
-from shoal.core.ops.interop import DLPackError, from_dlpack, to_dlpack
-from shoal.core.ops.alloc import retain_freed_memory
-from shoal.core.ops.linalg import matmul
-from shoal.core.ops.logical import all, allclose, any, equal, isclose, nonzero  # noqa: A004 - torch's
-from shoal.core.ops.random import get_rng_state, initial_seed, manual_seed, set_rng_state
-from shoal.core.determinism import (
-    NondeterministicError,
-    are_deterministic_algorithms_enabled,
-    is_deterministic_algorithms_warn_only_enabled,
-    use_deterministic_algorithms,
-)
-from shoal.core.ops.reduce import (
-    amax,
-    amin,
-    argmax,
-    argmin,
-    log_softmax,
-    logsumexp,
-    max,  # noqa: A004 - torch's name
-    mean,
-    min,  # noqa: A004 - torch's name
-    prod,
-    softmax,
-    sum,  # noqa: A004 - torch's name
-)
-from shoal.core.ops.shape import (
-    cat,
-    chunk,
-    clone,
-    flatten,
-    maximum,
-    minimum,
-    permute,
-    reshape,
-    split,
-    squeeze,
-    stack,
-    transpose,
-    unsqueeze,
-    where,
-)
-from shoal.core.ops.unary import abs, clamp, exp, gelu, log, relu, sigmoid, sqrt, tanh  # noqa: A004 - torch's
+# torch.tensor (the creation function) shares its name with the module that defines Tensor.
+_NAMESPACE_OVER_SUBMODULE = frozenset({"tensor"})
 
-# Last, because nn and optim build on everything above.
-from shoal.core import nn
-from shoal.core import optim
-from shoal.core import data  # datasets and the DataLoader build on Tensor
-from shoal.core.serialization import SerializationError, load, save
-from shoal.core import multiprocessing  # torch.multiprocessing.spawn
-from shoal.core import amp
-from shoal.core.amp import autocast, get_autocast_dtype, is_autocast_enabled
-from shoal.core import profiler  # torch.profiler: wraps ops and optimizers
-from shoal.core import backends, cuda, linalg, testing  # torch.backends, .cuda, .linalg, .testing
-from shoal.core import func, jit  # torch.func's transforms, torch.jit's fork/wait
-from shoal.core import fft  # torch.fft
-from shoal.core import special  # torch.special
-from shoal.core import autograd, autograd_function, autograd_profiler, double_backward
-from shoal.core.autograd_function import Function
-from shoal.core.generator import Generator
-from shoal.core import utils  # torch.utils.checkpoint: activation checkpointing
 
-# torch's dtype aliases (core.float is float32, as torch.float), below the imports so that every
-# import stays at the top of the module.
-half, float, double, long, int = float16, float32, float64, int64, int32  # noqa: A001 - torch's
-short = int16
-cfloat, cdouble = complex64, complex128
+class _CorePackage(_types.ModuleType):
+    """The package's module type: it keeps `core.tensor` the function, never the module."""
 
-# torch.autograd.Function and the torch.autograd.function module: core.autograd (the engine) is
-# a module that the ops import, and these build on the ops, so they are bound onto it here.
-# double_backward registered the create_graph engine with autograd when it was imported.
-autograd.Function = Function
-autograd.function = autograd_function
-_sys.modules["shoal.core.autograd.function"] = autograd_function
-# torch.autograd.profiler, the legacy profiler: it builds on core.profiler, which imports
-# autograd, so it too is bound here rather than imported by autograd.
-autograd.profiler = autograd_profiler
-_sys.modules["shoal.core.autograd.profiler"] = autograd_profiler
-del double_backward
+    def __setattr__(self, name: str, value) -> None:
+        # The import system sets each loaded submodule as an attribute of its package; the
+        # module core/tensor.py often loads before the namespace (collectives imports it).
+        if name in _NAMESPACE_OVER_SUBMODULE and isinstance(value, _types.ModuleType):
+            return
+        super().__setattr__(name, value)
 
-# torch's everyday ops (sorting, indexing, scans, products, elementwise math, ...): one registry
-# in core/ops/everyday.py; a name imported above keeps its binding.
-from shoal.core.ops.everyday import FUNCTIONS as _EVERYDAY  # noqa: E402 - after the bindings above
 
-globals().update({name: fn for name, fn in _EVERYDAY.items() if name not in globals()})
+def __getattr__(name: str):
+    # Private names and probes (__path__, __wrapped__, ...) never build the namespace.
+    if name.startswith("_") and name != "__all__":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name not in _NAMESPACE_OVER_SUBMODULE and name != "__all__":
+        try:
+            return _importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise  # the submodule exists and failed to import: that is the error to see
+    _importlib.import_module(f"{__name__}._namespace")  # once: it publishes onto this package
+    try:
+        return globals()[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
 
-__all__ = [
-    # modules
-    "dtypes", "nn", "optim", "data", "multiprocessing", "amp", "profiler", "backends", "cuda",
-    "linalg", "testing", "autograd", "utils", "func", "jit",
-    "fft", "special",
-    # tensors, autograd and devices
-    "Tensor", "AutogradError", "RemovableHandle", "enable_grad", "is_grad_enabled", "no_grad",
-    "set_grad_enabled", "Device", "device",
-    # dtypes
-    "DType", "DTypeError", "bfloat16", "float16", "float32", "float64", "int8", "int16", "int32",
-    "int64", "uint8", "bool", "half", "float", "double", "long", "int", "short",
-    "complex64", "complex128", "cfloat", "cdouble",
-    # errors
-    "DeviceError", "ShapeError", "ShoalError", "DLPackError", "NondeterministicError",
-    "SerializationError",
-    # ops
-    "add", "div", "mul", "pow", "sub", "arange", "as_tensor", "empty", "empty_like", "eye",
-    "from_numpy", "full", "full_like", "linspace", "ones", "ones_like", "rand", "randint", "randn",
-    "randperm", "tensor", "zeros", "zeros_like", "from_dlpack", "to_dlpack", "retain_freed_memory",
-    "matmul", "all", "allclose", "any", "equal", "isclose", "nonzero", "amax", "amin", "argmax",
-    "argmin", "log_softmax", "logsumexp", "max", "mean", "min", "prod", "softmax", "sum",
-    "cat", "chunk",
-    "clone", "flatten", "maximum", "minimum", "permute", "reshape", "split", "squeeze", "stack",
-    "transpose", "unsqueeze", "where", "abs", "clamp", "exp", "gelu", "log", "relu", "sigmoid",
-    "sqrt", "tanh", "bmm", "cos", "mm", "narrow", "norm", "sin", "tan", "conv1d", "conv2d",
-    "Size", "FloatTensor", "DoubleTensor", "LongTensor", "IntTensor",
-    "angle", "complex", "conj", "conj_physical", "imag", "is_complex", "polar", "real",
-    "resolve_conj", "resolve_neg", "sgn", "view_as_complex", "view_as_real",
-    # random numbers, determinism, serialization, autocast
-    "Generator", "get_rng_state", "initial_seed", "manual_seed", "set_rng_state",
-    "are_deterministic_algorithms_enabled", "is_deterministic_algorithms_warn_only_enabled",
-    "use_deterministic_algorithms", "load", "save", "autocast", "get_autocast_dtype",
-    "is_autocast_enabled",
-]
-__all__ += sorted(name for name in _EVERYDAY if name not in __all__)
+
+def __dir__():
+    __getattr__("__all__")  # builds the namespace, so that dir() lists it
+    return sorted(set(globals()))
+
+
+_sys.modules[__name__].__class__ = _CorePackage

@@ -24,9 +24,9 @@ import heapq
 import itertools
 from typing import Any, Callable, Iterable, Optional
 
+from shoal.core.autograd_bindings import autograd_getattr as __getattr__, graph_engine  # noqa: F401
 from shoal.core.errors import ShoalError
 from shoal.core.grad_mode import enable_grad, grad_mode, is_grad_enabled, no_grad, set_grad_enabled
-
 
 __all__ = [
     "AutogradError", "GraphTask", "Node", "RemovableHandle", "backward", "check_root",
@@ -258,7 +258,7 @@ def backward(
     elif grads is None:
         grads = [None] * len(roots)
     if create_graph:
-        _graph_engine(list(roots), list(grads), retain_graph is not False, None)
+        (_graph_engine or graph_engine())(list(roots), list(grads), retain_graph is not False, None)
     else:
         run_backward(list(roots), [getattr(g, "array", g) for g in grads], bool(retain_graph))
 
@@ -284,7 +284,7 @@ def grad(
     capture = {id(t): None for t in ins}
     if create_graph:
         retain = True if retain_graph is None else retain_graph
-        _graph_engine(outs, gouts, retain, capture)
+        (_graph_engine or graph_engine())(outs, gouts, retain, capture)
     else:
         run_backward(outs, [getattr(g, "array", g) for g in gouts], bool(retain_graph), capture)
     cls = _tensor_cls()

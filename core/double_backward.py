@@ -22,7 +22,7 @@ from typing import Any, Callable
 from shoal.core import autograd
 from shoal.core.autograd import AutogradError, check_root, check_versions, count_dependencies
 from shoal.core.grad_mode import grad_mode
-from shoal.core.ops import arith, linalg, reduce, unary
+from shoal.core.ops import arith, derived, linalg, reduce, unary
 from shoal.core.ops import shape as shape_ops
 from shoal.core.ops._util import result
 from shoal.core.ops.creation import ones_like
@@ -124,6 +124,15 @@ def _tanh(g: Tensor, x: Tensor) -> Tensor:
 def _sigmoid(g: Tensor, x: Tensor) -> Tensor:
     s = unary.sigmoid(x)
     return arith.mul(g, arith.mul(s, arith.rsub(s, 1.0)))
+
+
+def _tan(g: Tensor, x: Tensor) -> Tensor:
+    t = derived.tan(x)
+    return arith.mul(g, arith.add(arith.mul(t, t), 1.0))
+
+
+def _abs(g: Tensor, x: Tensor) -> Tensor:
+    return arith.mul(g, arith.sub(arith.gt(x, 0).to(x.dtype), arith.lt(x, 0).to(x.dtype)))
 
 
 def _matmul(node: Any, g: Tensor) -> tuple:
@@ -257,6 +266,12 @@ FORMULAS: dict[str, Callable] = {
     "TanhBackward": _unary(_tanh),
     "SigmoidBackward": _unary(_sigmoid),
     "ReluBackward": _unary(lambda g, x: arith.mul(g, arith.gt(x, 0))),
+    # Here and not only in core/func/formulas.py, which loads with core.func (and so scipy):
+    # a second derivative through sin must not depend on whether core.func was imported.
+    "SinBackward": _unary(lambda g, x: arith.mul(g, derived.cos(x))),
+    "CosBackward": _unary(lambda g, x: arith.neg(arith.mul(g, derived.sin(x)))),
+    "TanBackward": _unary(_tan),
+    "AbsBackward": _unary(_abs),
     "MmBackward": _matmul,
     "AddmmBackward": _linear,
     "SumBackward": _sum,
