@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import socket
-import time
 from typing import Optional, Sequence
 
 import numpy as np
@@ -21,9 +20,9 @@ from shoal.collectives.backends.tcp import wire
 from shoal.collectives.backends.tcp.framing import TAG
 from shoal.collectives.constants import SMALL_MAX_BYTES
 from shoal.collectives.backends.tcp.pump import LinkDown, Plan
+from shoal.collectives.backends.tcp.spin import SpinPolicy
 
 HEADER_SIZE = wire.DATA_HEADER.size
-_DONTWAIT = socket.MSG_DONTWAIT
 _FP_LEN_AT = HEADER_SIZE - 2  # offset of the fingerprint length inside a header
 
 
@@ -148,19 +147,14 @@ def bounds(n: int, parts: int) -> list[int]:
 class Direct:
     """Small-message exchange with every peer, without the pump (the 4 KiB latency path)."""
 
-    def __init__(self, rank: int, size: int, tx: list, rx: list, spin_s: float = 0.0):
+    def __init__(self, rank: int, size: int, tx: list, rx: list,
+                 spin: Optional[SpinPolicy] = None):
         self.rank = rank
         self.size = size
         self.tx = tx
         self.rx = rx
-        self.spin_s = spin_s
-        # Polling only pays while peers answer within the window; on a busy machine it steals
-        # the CPU the peer needs. Misses switch it off for a while; the watchdog also turns it
-        # off while the machine's load exceeds its CPUs (`ProcessGroupTCP.watchdog_tick`).
-        self.spin_allowed = spin_s > 0
-        self._spin_hits = 0
-        self._spin_misses = 0
-        self._spin_pause = 0
+        # How a receive waits: a bounded poll, then a blocking receive (see `spin`).
+        self.spin = spin if spin is not None else SpinPolicy(0.0)
         self.peers = [q for q in range(size) if q != rank]
         self._bufs: dict[int, bytearray] = {}
 
@@ -210,14 +204,11 @@ class Direct:
         body_at = hl if joined else hl + TAG
         need = body_at + nb + TAG if (joined or nb) else body_at
         view = self.buffer(q, need)
-        got = 0
-        if self.spin_allowed:
-            if self._spin_pause:
-                self._spin_pause -= 1
-            else:
-                got = self._spin(q, inb.sock, view, need)
         sock = inb.sock
         try:
+            got = self.spin.poll(sock, view, need)
+            if got < 0:
+                raise LinkDown(q, None)
             # Fixed header first: with a shorter fingerprint and no payload, waiting for our
             # full header length would hang.
             got = _fill(q, sock, view, got, HEADER_SIZE, need)
@@ -234,28 +225,6 @@ class Direct:
             return view[hl:hl + nb]
         inb.verify(q, view[:hl], view[hl:body_at], "a collective header")
         return inb.accept(q, view[body_at:need]) if nb else view[hl:hl]
-
-    def _spin(self, q, sock, view, need) -> int:
-        end = time.perf_counter() + self.spin_s
-        while True:
-            try:
-                got = sock.recv_into(view, need, _DONTWAIT)
-            except BlockingIOError:
-                if time.perf_counter() < end:
-                    continue
-                self._spin_misses += 1
-                if self._spin_misses >= 8 and self._spin_misses > self._spin_hits:
-                    self._spin_pause = 500
-                    self._spin_hits = self._spin_misses = 0
-                return 0
-            except OSError as exc:
-                raise LinkDown(q, exc) from exc
-            if got == 0:
-                raise LinkDown(q, None)
-            self._spin_hits += 1
-            if self._spin_hits >= 64:
-                self._spin_hits = self._spin_misses = 0
-            return got
 
     def send_to(self, q: int, seq: int, fp: bytes, body=b"") -> None:
         """Send rank `q` this op's header, then `body`."""

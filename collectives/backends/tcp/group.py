@@ -16,7 +16,6 @@ same culprit.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Callable, Optional
 
 from shoal.collectives import env
@@ -33,6 +32,7 @@ from shoal.collectives.backends.tcp.executor import InOrderExecutor, Job
 from shoal.collectives.backends.tcp.failure import GroupFailure
 from shoal.collectives.backends.tcp.links import Links
 from shoal.collectives.backends.tcp.mesh import Mesh
+from shoal.collectives.backends.tcp.spin import SpinPolicy
 from shoal.collectives.constants import DEFAULT_COLLECTIVE_TIMEOUT_S, DEFAULT_GROUP_NAME, SPIN_S
 from shoal.collectives.store.api import Store
 from shoal.collectives.types import CollectiveError, GroupDestroyed
@@ -43,21 +43,8 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["ProcessGroupTCP"]
 
-# The watchdog ticks every WATCHDOG_TICK_S; the spin decision is revisited every this many.
-_ADAPT_EVERY_TICKS = 10
 _FIRST = (0,)
 _NONE = ()
-
-
-def _adapt_to_load(links: Links) -> None:
-    """Poll small receives only while the machine has a spare CPU (about every second)."""
-    if links.direct.spin_s:
-        try:
-            # Our own ranks count towards the load; other work beyond that means no spare CPU.
-            busy = os.getloadavg()[0] > 1.5 * negotiation.CPUS
-        except OSError:
-            busy = False
-        links.allow_spin(not busy)
 
 
 class ProcessGroupTCP(BackendGroup):
@@ -88,7 +75,6 @@ class ProcessGroupTCP(BackendGroup):
         global_ranks: Optional[list[int]] = None,
     ):
         super().__init__(store, rank, size, timeout, name, global_ranks)
-        self._ticks = 0
         self._fp_cache: dict = {}
         self._failures = failures = GroupFailure(self, rank, name)
         self._executor = InOrderExecutor(name, self._ledger, failures.run, self._describe)
@@ -103,8 +89,8 @@ class ProcessGroupTCP(BackendGroup):
                 self._mesh.host_identities(min(self._timeout, 60.0)), env.hierarchical_leaders())
             shared = (negotiation.shared_memory(self._mesh, name, self._timeout)
                       if self._topology.single_host else None)
-            direct = algos.Direct(rank, size, self._mesh.tx, self._mesh.rx,
-                                  env.spin_seconds(size, SPIN_S))
+            direct = algos.Direct(rank, size, self._mesh.tx, self._mesh.rx, SpinPolicy.for_group(
+                size, SPIN_S, negotiation.CPUS))
             self._links = Links(rank, size, self._mesh, direct, shared, name, failures.failed)
             if self._topology.hierarchical:
                 self._topology, self._links.hier = negotiation.hierarchy(
@@ -117,7 +103,6 @@ class ProcessGroupTCP(BackendGroup):
                 # failed its integrity check): say why.
                 raise type(exc)(f"{exc} (the group had failed: {reason.cause})") from exc
             raise
-        _adapt_to_load(self._links)
         self._start_watchdog()
 
     # ------------------------------------------------------------------ introspection
@@ -167,12 +152,6 @@ class ProcessGroupTCP(BackendGroup):
 
     def __repr__(self) -> str:
         return f"ProcessGroupTCP(name={self.name!r}, rank={self._rank}, size={self._size})"
-
-    def watchdog_tick(self) -> None:
-        """Revisit whether small receives may spin, about every second."""
-        self._ticks += 1
-        if self._ticks % _ADAPT_EVERY_TICKS == 0:
-            _adapt_to_load(self._links)
 
     def fail_from_watchdog(self, verdict: Verdict) -> None:
         """Called by the watchdog for an overdue operation."""

@@ -74,7 +74,7 @@ class Links:
         sub_rank = members.index(self.rank)
         tx = [self.tx[m] for m in members]
         rx = [self.rx[m] for m in members]
-        direct = algos.Direct(sub_rank, len(members), tx, rx, self.direct.spin_s)
+        direct = algos.Direct(sub_rank, len(members), tx, rx, self.direct.spin.child())
         links = Links(sub_rank, len(members), self.mesh, direct, shared,
                       f"{self._name}-{label}", self.failed, tx, rx, members)
         self._subsets.append(links)
@@ -90,12 +90,6 @@ class Links:
             if self.members is not None and 0 <= exc.peer < len(self.members):
                 exc.peer = self.members[exc.peer]
             raise
-
-    def allow_spin(self, allowed: bool) -> None:
-        """Let small receives poll (or not) on these links and every subset of them."""
-        self.direct.spin_allowed = allowed
-        for sub in self._subsets:
-            sub.allow_spin(allowed)
 
     def scratch(self, nbytes: int) -> memoryview:
         """A reusable buffer of `nbytes` (operations run one at a time)."""
