@@ -24,7 +24,6 @@ HOST:PORT (without --cacert or --cert) or an http:// URL is refused unless
 
 from __future__ import annotations
 
-import argparse
 import base64
 import curses
 import dataclasses
@@ -40,6 +39,7 @@ from typing import Optional, Sequence
 from prometheus_client.parser import text_string_to_metric_families
 
 from shoal.launcher import settings
+from shoal.launcher.flag_spec import CommandParser
 
 DEFAULT_TARGET = "127.0.0.1:9400"
 FETCH_TIMEOUT_S = 5.0
@@ -338,7 +338,8 @@ def _loop(screen, url: str, interval: float, access: Access) -> None:
 
 def main(argv: Sequence[str]) -> int:
     """`shoal top`; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="shoal top", description=__doc__.split("\n\n")[0])
+    parser = CommandParser(prog="shoal top", description=__doc__.split("\n\n")[0],
+                           short_usage="shoal top [HOST:PORT|URL] [--interval S] [--once]")
     parser.add_argument("target", nargs="?", default=DEFAULT_TARGET,
                         help=f"the agent's metrics: HOST:PORT or URL (default {DEFAULT_TARGET})")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between readings")

@@ -57,3 +57,12 @@ def test_local_addr_help_describes_the_default_in_use():
                 if f.dest == "local_addr")
     assert "FQDN" not in text
     assert "routes to the rendezvous endpoint" in text
+
+
+@pytest.mark.parametrize("argv", [["store", "--port", "x"], ["top", "--interval", "x"]],
+                         ids=["store", "top"])
+def test_the_other_commands_usage_errors_are_short_too(capsys, argv):
+    err = _usage_error(capsys, argv).splitlines()
+    assert len(err) == 2, err
+    assert err[0].startswith(f"usage: shoal {argv[0]} ")
+    assert err[1].startswith(f"shoal {argv[0]}: error: argument {argv[1]}")
