@@ -39,7 +39,7 @@ def _profiled(group, opts, submit, result, epilogue, op, asynchronous) -> Bridge
         finally:
             span.__exit__(None, None, None)
     work = BridgeWork([submit(True, cv.timeout_of(opts))], result, epilogue, group=group)
-    span._call_end_callbacks_on_future(work.get_future())  # noqa: SLF001 - torch's way
+    work.wait_also_for(span._call_end_callbacks_on_future(work.get_future()))  # noqa: SLF001
     return work
 
 

@@ -62,6 +62,12 @@ class BridgeWork(dist.Work):
         self._finished = False
         self._error: Optional[BaseException] = None
         self._future: Optional[torch.futures.Future] = None
+        self._after: Optional[torch.futures.Future] = None  # what wait() also waits for
+
+    def wait_also_for(self, future: torch.futures.Future) -> None:
+        """Make `wait()` return only once `future` completed too (a profiler span ending on
+        this op's Future, so that leaving the profiler right after wait() still records it)."""
+        self._after = future
 
     def _finish(self) -> Optional[BaseException]:
         # Idempotent: the waiting thread and the completion callback may both get here.
@@ -88,6 +94,8 @@ class BridgeWork(dist.Work):
         error = self._finish()
         if error is not None:
             raise error
+        if self._after is not None:
+            self._after.wait()
         return True
 
     def is_completed(self) -> bool:

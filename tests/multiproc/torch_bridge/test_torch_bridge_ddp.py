@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.ranks import run_ranks
 
 
 def _train(torch, dist, pg, rank, steps, hook=True):
@@ -64,8 +63,8 @@ def _ddp_vs_gloo(rank, world):
 
 
 @pytest.mark.parametrize("world", [2, 3])
-def test_ddp_on_shoal_ends_with_gloos_parameters(torch_env, world):
-    results = run_ranks(_ddp_vs_gloo, world, timeout=150, env=torch_env)
+def test_ddp_on_shoal_ends_with_gloos_parameters(torch_env, run_torch_ranks, world):
+    results = run_torch_ranks(_ddp_vs_gloo, world, timeout=150, env=torch_env)
     for rank, (worst, moved) in enumerate(results):
         assert moved > 1e-3, f"rank {rank}: training left a layer unchanged ({moved})"
         # Both backends reduce the same float16-compressed gradients; at W=3 they may add them

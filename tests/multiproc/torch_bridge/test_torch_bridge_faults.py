@@ -8,7 +8,7 @@ import os
 import re
 import signal
 
-from tests.support.ranks import Ranks, run_ranks
+from tests.support.ranks import Ranks
 
 
 def _init(rank, world, seconds):
@@ -75,9 +75,9 @@ def _one_never_arrives(rank, world):
     return result
 
 
-def test_a_rank_that_never_arrives_is_named_in_the_timeout(torch_env, tmp_path):
+def test_a_rank_that_never_arrives_is_named_in_the_timeout(torch_env, run_torch_ranks, tmp_path):
     env = dict(torch_env, SHOAL_DUMP_DIR=str(tmp_path))
-    results = run_ranks(_one_never_arrives, 3, timeout=90, env=env)
+    results = run_torch_ranks(_one_never_arrives, 3, timeout=90, env=env)
     for rank in (0, 1):
         kind, message, elapsed = results[rank]
         assert kind == "CollectiveTimeout", (rank, kind, message)
@@ -96,9 +96,9 @@ def _never_joins(rank, world):
     return _error_of(lambda: _init(rank, world, 3))
 
 
-def test_a_rank_that_never_joins_the_group_is_named(torch_env, tmp_path):
+def test_a_rank_that_never_joins_the_group_is_named(torch_env, run_torch_ranks, tmp_path):
     env = dict(torch_env, SHOAL_DUMP_DIR=str(tmp_path))
-    kind, message, elapsed = run_ranks(_never_joins, 2, timeout=60, env=env)[0]
+    kind, message, elapsed = run_torch_ranks(_never_joins, 2, timeout=60, env=env)[0]
     assert kind == "CollectiveTimeout", (kind, message)
     assert re.match(r"Rank 0 of group 'default' waited 3s for connections from rank\(s\) 1, "
                     "which never connected", message), message
@@ -115,10 +115,11 @@ def _mismatched(rank, world):
     return done, _error_of(lambda: dist.all_reduce(torch.ones(4 + rank)))
 
 
-def test_mismatched_torch_calls_are_named_and_counted_in_shoals_metrics(torch_env, tmp_path):
+def test_mismatched_torch_calls_are_named_and_counted_in_shoals_metrics(torch_env, run_torch_ranks,
+                                                                         tmp_path):
     env = dict(torch_env, SHOAL_DUMP_DIR=str(tmp_path))
     for rank, (done, (kind, message, elapsed)) in enumerate(
-            run_ranks(_mismatched, 2, timeout=60, env=env)):
+            run_torch_ranks(_mismatched, 2, timeout=60, env=env)):
         assert done == 1.0, (rank, done)  # the bridge's all_reduce is in shoal's metrics
         assert kind == "CollectiveMismatch", (rank, kind, message)
         assert "float32[4]" in message and "float32[5]" in message, message

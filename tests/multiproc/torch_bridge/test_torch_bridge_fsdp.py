@@ -3,8 +3,6 @@ parameters as on gloo, in the same two processes (the world on "shoal", a gloo g
 
 from __future__ import annotations
 
-from tests.support.ranks import run_ranks
-
 
 def _model(torch):
     torch.manual_seed(0)
@@ -71,8 +69,8 @@ def _sharded_vs_gloo(rank, world):
         dist.destroy_process_group()
 
 
-def test_fsdp2_and_zero_on_shoal_end_with_gloos_parameters(torch_env):
-    for rank, out in enumerate(run_ranks(_sharded_vs_gloo, 2, timeout=150, env=torch_env)):
+def test_fsdp2_and_zero_on_shoal_end_with_gloos_parameters(torch_env, run_torch_ranks):
+    for rank, out in enumerate(run_torch_ranks(_sharded_vs_gloo, 2, timeout=150, env=torch_env)):
         for name, (worst, moved) in out.items():
             assert moved > 1e-3, (rank, name, moved)  # training changed every parameter
             # Two ranks: a sum of two float32 values is the same in either order, so the

@@ -4,7 +4,6 @@ async ops and their futures, p2p, object collectives, and shoal's own monitored_
 
 from __future__ import annotations
 
-from tests.support.ranks import run_ranks
 
 WORLD = 3  # odd, so that no op can pass by pairing ranks
 
@@ -192,8 +191,8 @@ def _plain(obj):
     return obj
 
 
-def test_every_bridge_op_matches_gloo(torch_env):
-    results = run_ranks(_ops_vs_gloo, WORLD, timeout=120, env=torch_env)
+def test_every_bridge_op_matches_gloo(torch_env, run_torch_ranks):
+    results = run_torch_ranks(_ops_vs_gloo, WORLD, timeout=120, env=torch_env)
     for rank, res in enumerate(results):
         shoal, gloo = res["shoal"], res["gloo"]
         assert set(shoal) == set(gloo)

@@ -3,7 +3,7 @@ bfloat16), through DLPack, without the torch bridge."""
 
 from __future__ import annotations
 
-from tests.support.ranks import agent_store, run_ranks
+from tests.support.ranks import agent_store
 
 
 def _all_reduce_torch(rank, world):
@@ -26,10 +26,10 @@ def _all_reduce_torch(rank, world):
         c.destroy_process_group()
 
 
-def test_torch_tensors_are_all_reduced_in_place_at_w2():
+def test_torch_tensors_are_all_reduced_in_place_at_w2(run_torch_ranks):
     store, env = agent_store()
     try:
-        results = run_ranks(_all_reduce_torch, 2, timeout=60, env=env)
+        results = run_torch_ranks(_all_reduce_torch, 2, timeout=60, env=env)
     finally:
         store.close()
     for f32, bf16, still_bf16, last, bridge in results:
