@@ -376,6 +376,11 @@ def test_the_trainjob_runs_shoal_on_the_variables_the_trainer_injects(rendered):
     rules = replicated["template"]["spec"]["podFailurePolicy"]["rules"]
     assert {"action": "FailJob", "onExitCodes": {"containerName": "node", "operator": "In",
                                                  "values": [2]}} in rules
+    # A lost pod: the JobSet recreates all (a fresh static rendezvous); a usage error ends it.
+    failure = runtime["spec"]["template"]["spec"]["failurePolicy"]
+    assert failure["maxRestarts"] >= 1
+    assert {"name": "usage-error", "action": "FailJobSet",
+            "onJobFailureReasons": ["PodFailurePolicy"]} in failure["rules"]
     trainer = job["spec"]["trainer"]
     assert not [e for e in trainer.get("env", []) if e["name"].startswith("PET_")]
     env = _env(container)
