@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from shoal.core.ops import (
-    arith, binary_table, graph_inplace, indexing, inplace, products, random_fill, rearrange, scans, sorting,
+    arith, binary_table, graph_inplace, predicates, indexing, inplace, products, random_fill, rearrange, scans, sorting,
     unary_table,
 )
 from shoal.core.ops._util import UnsupportedOperand
@@ -89,11 +89,14 @@ _MODULE_FUNCTIONS = {
     binary_table: ("logical_not", "bitwise_not", "float_power", "lerp", "addcmul", "addcdiv"),
     random_fill: ("bernoulli", "multinomial", "normal", "rand_like", "randn_like",
                   "randint_like"),
+    predicates: ("isnan", "isinf", "isfinite", "isposinf", "isneginf", "signbit", "isreal",
+                 "nan_to_num", "cross"),
 }
 
 FUNCTIONS: dict[str, Callable] = {
     name: getattr(module, name) for module, names in _MODULE_FUNCTIONS.items() for name in names
 }
+FUNCTIONS.update(predicates.FORWARDED)
 FUNCTIONS.update(unary_table.OPS)
 FUNCTIONS.update(binary_table.OPS)
 FUNCTIONS["round"] = unary_table.round
@@ -106,7 +109,8 @@ _NOT_METHODS = ("tril_indices", "triu_indices", "broadcast_shapes", "broadcast_t
                 "meshgrid", "atleast_1d", "atleast_2d", "atleast_3d", "hstack", "vstack",
                 "row_stack", "dstack", "column_stack", "block_diag", "cartesian_prod", "normal",
                 "rand_like", "randn_like", "randint_like", "bucketize", "searchsorted", "cdist",
-                "einsum", "histc_", "std_mean", "var_mean", "take_along_dim_")
+                "einsum", "histc_", "std_mean", "var_mean", "take_along_dim_",
+                "polygamma")  # torch's method is polygamma(n), self second
 
 METHODS: dict[str, Callable] = {k: v for k, v in FUNCTIONS.items() if k not in _NOT_METHODS}
 METHODS.update({name + "_": _inplace_unary(fn) for name, fn in unary_table.OPS.items()})

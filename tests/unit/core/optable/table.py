@@ -57,7 +57,7 @@ NUMPY_ERROR = "core lets numpy's ValueError through where torch raises RuntimeEr
 class A:
     """A tensor argument: its shape, the range its values come from, and a dtype when it is
     fixed rather than the dtype under test ("real", "pos" > 0.5, "unit" in (-0.9, 0.9),
-    "index" an int64 in [0, 3), "mask" a bool)."""
+    "index" an int64 in [0, 3), "mask" a bool, "special" NaN, infinities and -0.0)."""
 
     shape: tuple
     domain: str = "real"
@@ -183,6 +183,8 @@ class Lib:
         elif dt in INTS or dt in ("int16", "int8"):
             low = 1 if a.domain == "pos" else 0 if dt == "uint8" else -5
             raw = self.rng.integers(low, 6, size)
+        elif a.domain == "special":  # the values predicates and nan_to_num exist for
+            raw = np.resize(np.array([np.nan, np.inf, -np.inf, -0.0, 1.5]), size)
         elif a.domain == "pos":
             raw = self.rng.random(size) * 2 + 0.5
         elif a.domain == "unit":
