@@ -1,14 +1,14 @@
 """Stores, process groups (tcp, nccl), the watchdog and DistributedDataParallel.
 
 Names are imported lazily so that importing `collectives` for a store does not pay for the
-backends, and a backend's optional dependency (cupy for nccl) is only needed when used.
+backends, numpy or core's tensors, and a backend's optional dependency (cupy for nccl) is only
+needed when used.
 """
 
 from __future__ import annotations
 
 import importlib
 
-from shoal.collectives.api import ProcessGroup, Work
 from shoal.collectives.store.api import Store
 from shoal.collectives.types import (
     ASYNC_ERROR_EXIT_CODE,
@@ -40,7 +40,6 @@ from shoal.collectives.types import (
     StoreUnreachable,
     make_premul_sum,
 )
-from shoal.collectives.futures import Future  # torch.futures.Future
 
 __all__ = [
     "ProcessGroup", "Work", "Store", "Future", "ASYNC_ERROR_EXIT_CODE", "AllgatherOptions",
@@ -54,6 +53,11 @@ __all__ = [
 
 # public name -> module that defines it
 _LAZY = {
+    # api and futures import numpy and core's arrays; a process that needs only a store (the
+    # launcher's agent, `shoal store`) never loads them.
+    "ProcessGroup": "shoal.collectives.api",
+    "Work": "shoal.collectives.api",
+    "Future": "shoal.collectives.futures",  # torch.futures.Future
     "HashStore": "shoal.collectives.store.hash",
     "PrefixStore": "shoal.collectives.store.prefix",
     "TCPStore": "shoal.collectives.store.tcp",
@@ -98,7 +102,7 @@ _LAZY.update({name: "shoal.collectives.debug" for name in (
     "DebugLevel", "get_debug_level", "set_debug_level", "set_debug_level_from_env",
 )})
 # The lazy names are public too; `from shoal.collectives import *` imports their modules.
-__all__ += sorted(name for name in _LAZY if not name.startswith("_"))
+__all__ += sorted(name for name in _LAZY if not name.startswith("_") and name not in __all__)
 
 
 def __getattr__(name: str):

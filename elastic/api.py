@@ -51,12 +51,13 @@ import abc
 import dataclasses
 import math
 import time
-from typing import Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
-from shoal.collectives.store.api import Store
-from shoal.collectives.types import StoreTimeout
 from shoal.core.errors import ShoalError
 from shoal.core.timeouts import TimeoutLike, to_seconds
+
+if TYPE_CHECKING:  # annotations only: the launcher reads the settings here without collectives
+    from shoal.collectives.store.api import Store
 
 # Defaults, in seconds, of every rendezvous setting (one table for the package).
 DEFAULT_LAST_CALL_TIMEOUT_S = 2.0
@@ -333,6 +334,10 @@ class RendezvousInfo:
         Raises:
             RendezvousTimeoutError: nothing was published within `timeout`.
         """
+        # Late: this module holds the settings the launcher parses its flags into, and that
+        # parsing loads no collectives; a round's store has loaded them by the time it is read.
+        from shoal.collectives.types import StoreTimeout  # noqa: PLC0415
+
         seconds = to_seconds(timeout, DEFAULT_MASTER_TIMEOUT_S)
         try:
             raw = self.store.get(MASTER_KEY, seconds).decode()

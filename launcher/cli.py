@@ -14,7 +14,7 @@ import sys
 from typing import Optional, Sequence
 
 from shoal import __version__
-from shoal.launcher import flags, secret, settings
+from shoal.launcher import flags, settings
 from shoal.launcher.console import configure_logging
 
 USAGE = """usage: shoal {run,store,trace,top,--version} ...
@@ -83,6 +83,8 @@ def store(argv: Sequence[str]) -> int:
     os.environ.pop(_MULTIPROC_ENV, None)
     settings.check_or_exit(flags.store_parser())
     configure_logging()
+    from shoal.launcher import secret  # noqa: PLC0415  (core.auth loads cryptography)
+
     token = secret.store_token(store_settings)
     from shoal.collectives.store.tcp import serve_forever  # noqa: PLC0415  (import cost)
 

@@ -29,6 +29,15 @@ SLOW_FOLDERS = ("multiproc", "integration", "security", "gpu", "torch_ports")
 # the behaviour they check. Each value says why it is slow. A test that runs ranks and takes
 # seconds belongs in tests/multiproc instead.
 SLOW_TESTS = {
+    # import graph: each runs a fresh interpreter that loads numpy and core's ops (scipy too)
+    "unit/test_import_graph.py::test_a_process_group_loads_no_scipy_grpc_or_rpc_agent":
+        "a fresh interpreter imports numpy, core's ops and the tcp backend",
+    "unit/test_import_graph.py::test_the_agent_of_shoal_run_loads_no_numpy_scipy_grpc_or_rpc_agent":
+        "a fresh interpreter imports the agent, prometheus_client and cryptography",
+    "unit/test_import_graph.py::test_cores_namespace_loads_no_scipy":
+        "a fresh interpreter builds core's namespace",
+    "unit/test_import_graph.py::test_core_submodules_load_on_first_use":
+        "a fresh interpreter imports scipy's fft, linalg and special",
     # collectives
     "unit/collectives/backends/test_watchdog.py::test_monitored_barrier_passes_when_everyone_arrives":
         "ranks arrive one after another, seconds apart",

@@ -7,14 +7,14 @@ import dataclasses
 import signal
 from typing import Mapping, Optional
 
-from shoal.collectives import api as _collectives_api
+from shoal.collectives.types import ASYNC_ERROR_EXIT_CODE
 from shoal.elastic.agent.logs import StreamRoute
 
 DEFAULT_EXIT_BARRIER_TIMEOUT_S = 300.0
 DEFAULT_MASTER_TIMEOUT_S = 60.0
 # The exit statuses a worker ends with when a *peer* failed (its collective watchdog aborted):
 # such a failure is a consequence, so the agent waits briefly for the node that caused it.
-PEER_FAILURE_EXIT_CODES = frozenset({getattr(_collectives_api, "ASYNC_ERROR_EXIT_CODE", 75)})
+PEER_FAILURE_EXIT_CODES = frozenset({ASYNC_ERROR_EXIT_CODE})
 # Once the job is over (or the agent was told to stop), each rendezvous/store call may take this
 # long at most, and finishing (closing the rendezvous, goodbyes, leaving) this long in all: a
 # dead etcd must not hold a finished agent for minutes (its calls would wait 30 s each).

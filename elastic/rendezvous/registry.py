@@ -11,9 +11,8 @@ neither is imported until asked for.
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Mapping, Optional, Sequence, Union
 
-from shoal.collectives.store.api import Store
 from shoal.core.timeouts import TimeoutLike, to_seconds
 from shoal.elastic.api import (
     DEFAULT_BACKEND_TIMEOUT_S,
@@ -21,7 +20,10 @@ from shoal.elastic.api import (
     RendezvousSettings,
     check_lease_ttl,
 )
-from shoal.elastic.rendezvous.handler import RendezvousHandler
+
+if TYPE_CHECKING:  # annotations only: the launcher's flags import this module for its rules
+    from shoal.collectives.store.api import Store
+    from shoal.elastic.rendezvous.handler import RendezvousHandler
 
 __all__ = ["BACKENDS", "DEFAULT_ETCD_PREFIX", "ETCD_SECURITY_KEYS", "ETCD_TORCH_ALIASES",
            "BackendKind", "backend_options", "check_backend", "check_endpoints",
@@ -268,6 +270,9 @@ def create_handler(
     **kwargs,
 ) -> RendezvousHandler:
     """`create_backend` plus a handler that owns (and on shutdown closes) backend and store."""
+    # Imported when a handler is built, as each backend is (see create_backend).
+    from shoal.elastic.rendezvous.handler import RendezvousHandler  # noqa: PLC0415
+
     backend, store = create_backend(name, endpoints, settings.run_id, **kwargs)
     timeout = kwargs.get("timeout", DEFAULT_BACKEND_TIMEOUT_S)
     return RendezvousHandler(backend, settings, node_id, store, owns=True,
