@@ -466,3 +466,21 @@ def test_kueue_can_admit_the_job_through_its_queues(rendered):
     plain["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = queue_name
     plain["spec"]["suspend"] = True
     assert plain == job
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_the_training_pods_take_only_each_other_and_the_metrics_port(rendered, variant):
+    policy = rendered[variant][("NetworkPolicy", "shoal-train")]
+    pods = [pod for obj in rendered[variant].values() if obj["kind"] in TRAINING_KINDS
+            for pod in _pod_templates(obj)]
+    assert pods
+    for pod in pods:
+        labels = pod["metadata"]["labels"]
+        assert _selects(policy["spec"]["podSelector"], labels)
+        ingress = policy["spec"]["ingress"]
+        # Any port from the job's own pods (stores, collectives, RPC bind port 0) ...
+        assert any(set(rule) == {"from"} and _selects(rule["from"][0]["podSelector"], labels)
+                   for rule in ingress)
+        # ... and from anywhere else only the metrics port.
+        others = [rule for rule in ingress if "ports" in rule]
+        assert [p["port"] for rule in others for p in rule["ports"]] == [9400]
