@@ -3,7 +3,8 @@
 otherwise as shipped):
 
 - a clean run fires nothing, neither while it runs nor after its agent exits (ShoalAgentDown
-  used to page for every finished local job), and the dashboard names no straggler;
+  used to page for every finished local job), and the dashboard names no straggler; an agent
+  killed mid-run does fire ShoalAgentDown;
 - a one-rank hang fires ShoalNoProgress for the hung rank only, naming the rank that waits for
   it; the dashboard's "Which rank do the others wait for?" and `shoal top` name it too; the
   group's timeout then fires ShoalCollectiveTimeouts and ShoalCollectiveErrors for the rank
@@ -148,6 +149,10 @@ def test_a_one_rank_hang_is_named_by_the_alert_the_dashboard_and_top(tmp_path):
                 assert {(a["labels"]["op"], a["labels"]["kind"]) for a in errors} == {
                     ("all_reduce", "timeout")}, errors
                 run.wait_for(r"Started ranks \[0, 1\] as pids", 60, start=run.last_index + 1)
+                # That restart was the only one --max-restarts 1 allows: the next failure ends
+                # the job.
+                (left,) = prom.wait_for_alert("ShoalRestartsNearlyExhausted", 15)
+                assert left["labels"]["run_id"] == run_id, left
                 prom.wait_for_series(
                     f'shoal_collectives_waiting_for_rank_since_timestamp_seconds'
                     f'{{run_id="{run_id}"}} == 0 or absent(shoal_collectives_waiting_for_rank_'
@@ -155,3 +160,19 @@ def test_a_one_rank_hang_is_named_by_the_alert_the_dashboard_and_top(tmp_path):
             finally:
                 stop.touch()
             assert run.wait(60) == 0, run.tail()
+
+
+def test_an_agent_killed_mid_run_fires_agent_down(tmp_path):
+    """The fault ShoalAgentDown is for: an agent that vanished while its workers ran (its
+    process group SIGKILLed, workers with it)."""
+    require_prometheus()
+    run, _ = _job(tmp_path, "killed")
+    with run:
+        port = int(run.wait_for(METRICS_LINE, 30).group(1))
+        target = f"127.0.0.1:{port}"
+        with PrometheusServer([target], rules=_rules(tmp_path, 600)) as prom:
+            prom.wait_for_series('shoal_training_last_step{run_id="killed"} > 3', 60)
+            assert prom.alerts(state=None) == []
+            run.kill()
+            (down,) = prom.wait_for_alert("ShoalAgentDown", 15)
+            assert down["labels"]["instance"] == target, down
