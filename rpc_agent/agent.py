@@ -65,7 +65,7 @@ class _Call:
     """A call this worker issued and is waiting on."""
 
     __slots__ = ("future", "dst", "function", "kind", "start", "stream", "timeout", "timed",
-                 "context_id", "accepts")
+                 "context_id", "accepts", "confirms")
 
     def __init__(self, future, dst, function, kind, stream, timeout, timed, context_id):
         self.future = future
@@ -73,6 +73,8 @@ class _Call:
         self.context_id = context_id
         # RRef forks sent to their owner in this call, accepted by its outcome (rref.py).
         self.accepts = None
+        # The fork a remote() call creates, confirmed by its outcome (rref.py), or None.
+        self.confirms = None
         self.dst = dst
         self.function = function
         self.kind = kind
@@ -329,15 +331,16 @@ class RpcAgent:
             return rref
         rref_id = self.rrefs.new_id()
         rref = self.rrefs.new_user(dst, rref_id, rref_id)
-        fut = self._send_call(dst, func, args, kwargs, timeout, "remote", rref_id)
-        # Any outcome confirms the fork: the owner registered it on arrival, or never saw it
-        # (then the delete it gets is ignored).
-        fut.add_done_callback(lambda f: self.rrefs.confirm(rref_id))
+        # Any outcome confirms the fork (`_complete` does, in the thread that reads the reply,
+        # rather than a callback, which would hand the completion to a pool thread): the owner
+        # registered it on arrival, or never saw it (then the delete it gets is ignored).
+        fut = self._send_call(dst, func, args, kwargs, timeout, "remote", rref_id,
+                              confirms=rref_id)
         rref.set_creation_future(fut)
         return rref
 
     def _send_call(self, to, func, args, kwargs, timeout, kind, rref_id,
-                   sync_deadline: Optional[list] = None) -> Future:
+                   sync_deadline: Optional[list] = None, confirms=None) -> Future:
         """Send one call. With `sync_deadline` (a list), the caller waits and enforces the
         timeout itself: no timer is set, and (request id, seconds) are appended to it."""
         if self._closed:
@@ -366,6 +369,7 @@ class RpcAgent:
         call = _Call(future, dst, fname, kind, stream, seconds, timed, cid)
         if accepts:
             call.accepts = accepts
+        call.confirms = confirms
         if cid is not None:
             autograd_contexts.note_peer(cid, dst.id)
         self._pending[rid] = call
@@ -414,6 +418,8 @@ class RpcAgent:
         if call.accepts is not None:
             for fork_id in call.accepts:
                 self.rrefs.accept_child(fork_id)
+        if call.confirms is not None:
+            self.rrefs.confirm(call.confirms)
         if call.timed:
             self._deadlines.remove(rid, call.timeout)
         metrics.INFLIGHT.dec()

@@ -13,7 +13,8 @@ Protocol (each arrow is an RPC, so the shutdown barrier also waits for these):
   owner accepts the child. U sends `_on_fork_request(parent=A)`; the owner adds the fork, then
   tells A `_on_child_accept` before it answers U. If U is the owner itself, it tells A at once.
 - A user fork that is garbage-collected sends `_on_delete` to the owner, but only once it is
-  confirmed (a delete never overtakes the registration of its own fork).
+  confirmed (a delete never overtakes the registration of its own fork); the drops of a
+  couple of milliseconds leave together, one `_on_delete` per owner.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import itertools
 import logging
 import queue
 import threading
+import time
 import weakref
 from typing import Any, Callable, Optional
 
@@ -39,6 +41,11 @@ from shoal.rpc_agent.futures import Future
 logger = logging.getLogger(__name__)
 
 GUID = tuple  # (created_on worker id, local counter)
+
+# How long the delete thread gathers dropped forks before it sends their deletes, one message
+# per owner: an owner frees a dropped value this much later, and a loop that drops an RRef
+# per iteration sends one delete per few iterations instead of a call per RRef.
+DELETE_LINGER_S = 0.002
 
 # How a proxy call is made while a profiler records: rpc_agent/profiling.py sets this when it
 # is imported (rpc.py imports it, so it is set whenever RPC is usable). A hook rather than an
@@ -367,46 +374,61 @@ class RRefContext:
             return state is None or state.confirmed
 
     def confirm(self, fork_id: GUID) -> None:
-        """The owner knows about `fork_id`; send a delete deferred until now."""
+        """The owner knows about `fork_id`; a delete deferred until now goes to the delete
+        thread. Never blocks and sends nothing itself, so the agent calls it from the thread
+        that reads the reply, with no hand-off to a pool thread."""
         with self._lock:
             state = self._users.get(fork_id)
             if state is None:
                 return
             state.confirmed = True
-            send_delete = state.deleted
-            if send_delete:
-                del self._users[fork_id]
-        if send_delete:
-            self._send_delete(state, fork_id)
+            deferred = state.deleted
+        if deferred:
+            self._dropped.put(fork_id)
 
     def user_dropped(self, fork_id: GUID) -> None:
         """Called from RRef.__del__ (any thread, any lock held): queue the delete."""
         self._dropped.put(fork_id)
 
     def _drop_loop(self) -> None:
-        while True:
+        stop = False
+        while not stop:
             fork_id = self._dropped.get()
             if fork_id is None:
                 return
-            with self._lock:
+            time.sleep(DELETE_LINGER_S)  # gather a burst of drops into one message per owner
+            batch = [fork_id]
+            while not self._dropped.empty():
+                batch.append(self._dropped.get_nowait())
+            stop = None in batch
+            for owner_id, pairs in self._take_deletes(batch).items():
+                self._send_deletes(owner_id, pairs)
+
+    def _take_deletes(self, batch: list) -> dict[int, list]:
+        """owner id -> [(rref id, fork id)] of the confirmed forks in `batch`, taken out of the
+        users (whoever takes one out sends its delete); unconfirmed ones wait for confirm()."""
+        by_owner: dict[int, list] = {}
+        with self._lock:
+            for fork_id in batch:
                 state = self._users.get(fork_id)
-                if state is None:
+                if state is None:  # (None: the close marker)
                     continue
                 if not state.confirmed:
                     state.deleted = True
                     continue
                 del self._users[fork_id]
-            self._send_delete(state, fork_id)
+                by_owner.setdefault(state.owner_id, []).append((state.rref_id, fork_id))
+        return by_owner
 
-    def _send_delete(self, state: _UserState, fork_id: GUID) -> None:
+    def _send_deletes(self, owner_id: int, pairs: list) -> None:
         if self._closed:
             return
         try:
-            fut = self._agent.internal_call(state.owner_id, _on_delete, (state.rref_id, fork_id))
+            fut = self._agent.internal_call(owner_id, _on_delete, (pairs,))
         except RpcError as exc:
-            logger.debug("Delete of RRef fork %s not sent: %s", fork_id, exc)
+            logger.debug("Delete of %d RRef fork(s) not sent: %s", len(pairs), exc)
             return
-        fut.add_done_callback(_log_failure("delete of RRef fork", fork_id))
+        fut.add_done_callback(_log_failure("delete of RRef forks", [f for _, f in pairs]))
 
     # -- pickling
 
@@ -481,14 +503,16 @@ class RRefContext:
             confirmed = [(fid, s) for fid, s in self._users.items() if s.confirmed]
             for fork_id, _ in confirmed:
                 del self._users[fork_id]
-        futures = []
+        by_owner: dict[int, list] = {}
         for fork_id, state in confirmed:
+            by_owner.setdefault(state.owner_id, []).append((state.rref_id, fork_id))
+        futures = []
+        for owner_id, pairs in by_owner.items():
             try:
-                futures.append(
-                    self._agent.internal_call(state.owner_id, _on_delete, (state.rref_id, fork_id))
-                )
+                futures.append(self._agent.internal_call(owner_id, _on_delete, (pairs,)))
             except RpcError as exc:
-                logger.debug("Delete of RRef fork %s at shutdown not sent: %s", fork_id, exc)
+                logger.debug("Delete of %d RRef fork(s) at shutdown not sent: %s", len(pairs),
+                             exc)
         return futures
 
     def close(self) -> None:
@@ -530,8 +554,10 @@ def _on_child_accept(fork_id: GUID) -> None:
     _current.get().rrefs.accept_child(fork_id)
 
 
-def _on_delete(rref_id: GUID, fork_id: GUID) -> None:
-    _current.get().rrefs.delete_fork(rref_id, fork_id)
+def _on_delete(pairs: list) -> None:
+    rrefs = _current.get().rrefs
+    for rref_id, fork_id in pairs:
+        rrefs.delete_fork(rref_id, fork_id)
 
 
 @async_execution

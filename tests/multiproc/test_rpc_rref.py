@@ -332,3 +332,36 @@ def test_rrefs_cannot_be_pickled_outside_an_rpc(workers):
     assert workers.run(0, pickle_rref_outside_rpc) == (
         "An RRef can only be pickled as an argument or result of an RPC; it cannot be saved or "
         "sent any other way.")
+
+
+def drop_a_burst(tags):
+    """w0 makes one RRef per tag on w1, fetches each, then drops them all at once; returns how
+    many delete messages it sent for them."""
+    from shoal import rpc_agent
+    from shoal.rpc_agent import metrics
+
+    deletes = metrics.REQUEST_CHILDREN[("rref", "ok")]
+    rrefs = [rpc_agent.remote("w1", make_tracked, (tag,)) for tag in tags]
+    assert [r.to_here().tag for r in rrefs] == tags
+    sent_before = deletes._value.get()
+    del rrefs
+    deadline = time.monotonic() + 10.0
+    while rpc_agent.rpc_sync("w1", any_alive, (tags,)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return deletes._value.get() - sent_before
+
+
+def any_alive(tags):
+    return any(is_alive(tag) for tag in tags)
+
+
+def test_a_burst_of_drops_frees_every_value_in_a_few_messages(workers):
+    tags = [f"burst{i}" for i in range(40)]
+    before = workers.run(1, owned_count)
+    delete_messages = workers.run(0, drop_a_burst, tags)
+    assert workers.run(1, any_alive, tags) is False
+    assert workers.run(1, owned_count) <= before
+    # Drops within DELETE_LINGER_S (2 ms) share one message per owner; these 40 come in one
+    # `del` of a list (microseconds), so one or two messages, unless the OS stops w0 for more
+    # than 2 ms several times inside it. One message per drop would be 40.
+    assert 1 <= delete_messages <= 10
