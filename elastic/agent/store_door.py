@@ -33,6 +33,7 @@ import time
 from typing import Optional
 
 from shoal.collectives.store.server import TCPStoreServer
+from shoal.core import auth
 from shoal.elastic.agent.logs import RepeatLimiter
 from shoal.elastic.agent.torch_store import (
     ProtocolError,
@@ -58,7 +59,7 @@ _RELAY_HIGH_WATER = 4 * 1024 * 1024
 MAX_UNPROVEN_PER_SOURCE = 128
 # Server-to-client bytes of shoal's handshake (greeting, then the verdict): once they have
 # passed, the client proved the secret or was turned away and closed.
-_SHOAL_HANDSHAKE_BYTES = 37 + 32
+_SHOAL_HANDSHAKE_BYTES = auth.GREETING_BYTES + auth.DIGEST_BYTES
 _RECV = 256 * 1024
 _SELECT_S = 0.05
 
