@@ -38,8 +38,9 @@ def _submit(slurm: SlurmCluster, tmp_path: Path, steps: int, sleep: float) -> tu
     out = tmp_path / "job.out"
     job = slurm.sbatch(
         SBATCH, options=[f"--output={out}", f"--chdir={tmp_path}",
+                         # TMPDIR: what a killed node's agent leaves stays in tmp_path.
                          "--export=ALL,NPROC_PER_NODE=1,OMP_NUM_THREADS=1,PYTHONUNBUFFERED=1,"
-                         f"SHOAL_CHECKPOINT_DIR={tmp_path / 'ckpt'}"],
+                         f"SHOAL_CHECKPOINT_DIR={tmp_path / 'ckpt'},TMPDIR={tmp_path}"],
         args=["--rdzv-conf", RDZV_CONF, "-m", "shoal.examples.train_ddp", f"--steps={steps}",
               "--checkpoint-every=10", f"--step-sleep={sleep}"])
     return job, out
