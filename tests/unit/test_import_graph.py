@@ -7,7 +7,7 @@ imports again, so these bounds are what keeps launch and death-to-resumed short 
   timeouts, netaddr) and the rendezvous rules, and nothing of collectives, rpc_agent,
   numpy, scipy or grpc; its agent then loads the store and the rendezvous, still no numpy;
 - `import shoal.collectives` loads no numpy, tensor, scipy, grpc or rpc_agent (a store's user
-  needs none of them; a process group loads numpy and core's tensors when first named);
+  needs none of them); a process group then loads numpy, but not core's tensors or ops;
 - `import shoal.core` loads nothing: the torch-like namespace builds on first use, and
   fft, linalg and special (scipy) load only when named.
 """
@@ -74,6 +74,10 @@ def test_a_process_group_loads_no_scipy_grpc_or_rpc_agent() -> None:
     assert not _loaded(modules, ("scipy", "grpc", "shoal.rpc_agent", "shoal.elastic",
                                  "shoal.core.linalg", "shoal.core.fft", "shoal.core.special",
                                  "shoal.core.func"))
+    # numpy arrays need none of core's tensors, nor the profiler's op instrumentation (the
+    # ledger records into core.profiler.state; `profile` loads when a profiler is made).
+    assert not _loaded(modules, ("shoal.core.tensor", "shoal.core.ops", "shoal.core.nn",
+                                 "shoal.core.profiler.profile", "shoal.core.profiler.instrument"))
 
 
 def test_importing_core_loads_nothing() -> None:
