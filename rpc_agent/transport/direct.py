@@ -281,7 +281,11 @@ class Pump:
                     self._on_end_of_messages()
                 elif tag == _SEND:
                     self._holding = not self._released
-                    wake_writer = bool(event.success and self._outbox and not self._holding)
+                    if event.success and self._outbox and not self._holding:
+                        # What queued during the send leaves now, as one message, from this
+                        # thread: waking the writer for it cost a thread switch on the path
+                        # of a call sent right after another (remote() then to_here()).
+                        self._send_outbox()
                     self._on_send_done()
                 else:
                     self._on_event(tag, event)
