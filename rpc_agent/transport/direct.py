@@ -31,7 +31,9 @@ Rules the code keeps (gRPC core's and cygrpc's):
   C part of the write runs beside the callers' Python. Written one by one by their callers,
   each frame would cost a whole gRPC write (about 40 us here) on the caller's thread, and
   async throughput fell to a third (bench/rpc.py async_64B_x64);
-- the reader only reads: when a send completes with frames waiting, it wakes the writer;
+- when a send completes with frames waiting, the reader that saw it sends them at once (as one
+  message): waking the writer for them cost a thread switch on the path of a frame sent just
+  behind another;
 - a completion queue is polled only while an operation on it is outstanding (cygrpc
   destroys a segregated call's queue with its last one; a server call's queue, once dropped,
   is pumped to its end with the GIL held). `_outstanding` counts them; it changes under
