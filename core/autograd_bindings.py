@@ -10,8 +10,8 @@ core/autograd.py asks this module for them on their first use. Imports nothing o
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import sys
+import types
 from typing import Any, Callable
 
 _AUTOGRAD = "shoal.core.autograd"
@@ -34,19 +34,29 @@ def graph_engine() -> Callable:
     return importlib.import_module("shoal.core.double_backward").run_graph_backward
 
 
-def _alias_on_first_use(alias: str, target: str) -> None:
-    # `import shoal.core.autograd.function` resolves only through sys.modules (core/autograd.py
-    # is not a package). The target is registered there now and executes on its first
-    # attribute use (LazyLoader), so the alias is the very module `target` names.
-    module = sys.modules.get(target)
-    if module is None:
-        spec = importlib.util.find_spec(target)
-        spec.loader = importlib.util.LazyLoader(spec.loader)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[target] = module
-        spec.loader.exec_module(module)
-    sys.modules.setdefault(alias, module)
+class _Alias(types.ModuleType):
+    """sys.modules' entry for `shoal.core.autograd.function` (or `.profiler`) until first use.
+
+    `import shoal.core.autograd.function` resolves only through sys.modules (core/autograd.py is
+    not a package), and the module it names builds on the ops, so this stands in for it: the
+    first attribute asked for imports the module, puts it in this entry's place and answers from
+    it. Dunder probes load nothing (inspect.getmodule asks every module in sys.modules for its
+    __file__, possibly while core is half imported).
+    """
+
+    def __init__(self, alias: str, target: str) -> None:
+        super().__init__(alias)
+        self._target = target
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") and name != "__all__":
+            raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
+        module = importlib.import_module(self._target)
+        if sys.modules.get(self.__name__) is self:
+            sys.modules[self.__name__] = module
+        return getattr(module, name)
 
 
-_alias_on_first_use(f"{_AUTOGRAD}.function", "shoal.core.autograd_function")
-_alias_on_first_use(f"{_AUTOGRAD}.profiler", "shoal.core.autograd_profiler")
+for _alias, _target in ((f"{_AUTOGRAD}.function", "shoal.core.autograd_function"),
+                        (f"{_AUTOGRAD}.profiler", "shoal.core.autograd_profiler")):
+    sys.modules.setdefault(_alias, _Alias(_alias, _target))
