@@ -64,8 +64,12 @@ PIPELINE_PIECE_BYTES = 8 * 1024 * 1024
 
 # Small-message receives poll this long before sleeping in the kernel: waking a sleeping
 # receiver costs the sender an inter-processor interrupt, which on a VM costs more than the
-# whole exchange. Only when every rank of the group can have its own core.
-SPIN_S = 50e-6
+# whole exchange. Only when every rank of the group can have its own core. The window must
+# outlast a sleeping peer's wake-up and reply (about 60 us on these VMs), or one miss makes
+# the peer miss in turn and both stay in the slow mode (50 us: 0.054 ms for a 4 KiB
+# all_reduce in about half the runs; 100 or 200 us: 0.017 ms in every run). A poll that
+# hits costs nothing more for a long window (see backends/tcp/spin.py).
+SPIN_S = 200e-6
 
 # Flight recorder: how many recent collectives a dump shows.
 HISTORY_LENGTH = 64

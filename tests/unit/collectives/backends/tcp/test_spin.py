@@ -102,3 +102,9 @@ def test_the_group_does_not_consult_the_load_average():
         tree = ast.parse(inspect.getsource(module))
         names = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
         assert "getloadavg" not in names, module.__name__
+
+
+def test_a_pause_ends_before_a_peer_could_pause_again():
+    # A paused rank answers late, so its peers miss; were the pause as long as the run of
+    # misses that starts one, two ranks could take turns pausing and never poll together.
+    assert spin.PAUSE_RECEIVES < spin.MISSES_TO_PAUSE
