@@ -90,7 +90,7 @@ class ProcessGroupTCP(BackendGroup):
             shared = (negotiation.shared_memory(self._mesh, name, self._timeout)
                       if self._topology.single_host else None)
             direct = algos.Direct(rank, size, self._mesh.tx, self._mesh.rx, SpinPolicy.for_group(
-                size, SPIN_S, negotiation.CPUS))
+                size, SPIN_S))
             self._links = Links(rank, size, self._mesh, direct, shared, name, failures.failed)
             if self._topology.hierarchical:
                 self._topology, self._links.hier = negotiation.hierarchy(

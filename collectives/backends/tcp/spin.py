@@ -24,7 +24,7 @@ from __future__ import annotations
 import socket
 import time
 
-from shoal.collectives import settings
+from shoal.collectives import env
 
 _DONTWAIT = socket.MSG_DONTWAIT
 
@@ -62,18 +62,15 @@ class SpinPolicy:
         self._pause = 0
 
     @classmethod
-    def for_group(cls, group_size: int, default_s: float, cpus: int) -> "SpinPolicy":
-        """The policy of a rank of a group of `group_size` ranks on `cpus` usable cores: a
-        window of SHOAL_SPIN_US if set, else `default_s` when every rank can have a core, else
-        none.
+    def for_group(cls, group_size: int, default_s: float) -> "SpinPolicy":
+        """The policy of a rank of a group of `group_size` ranks: a window of SHOAL_SPIN_US if
+        set, else `default_s` when this process may use a core per rank, else none
+        (`collectives.env.spin_seconds`).
 
         Raises:
             SettingError: SHOAL_SPIN_US is not a number of microseconds of at least 0.
         """
-        spin_us = settings.SPIN_US.get()
-        if spin_us is not None:
-            return cls(spin_us * 1e-6)
-        return cls(default_s if cpus >= group_size else 0.0)
+        return cls(env.spin_seconds(group_size, default_s))
 
     def child(self) -> "SpinPolicy":
         """A fresh policy with the same settings (for a subset of the group's links)."""
