@@ -31,7 +31,7 @@ SLOW_FOLDERS = ("multiproc", "integration", "security", "gpu", "torch_ports")
 SLOW_TESTS = {
     # data: each case runs whole epochs twice (interrupted and not) through the loader
     "unit/core/data/test_data_resume_seeds.py":
-        "58 cases, each replaying two loaders' epochs to compare resumed and uninterrupted runs",
+        "46 cases, each replaying two loaders' epochs to compare resumed and uninterrupted runs",
     # import graph: each runs a fresh interpreter that loads numpy and core's ops (scipy too)
     "unit/test_import_graph.py::test_a_process_group_loads_no_scipy_grpc_or_rpc_agent":
         "a fresh interpreter imports numpy, core's ops and the tcp backend",
