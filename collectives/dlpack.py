@@ -74,29 +74,46 @@ class _Holder:
         self._capsule = capsule
 
 
-def _bfloat16_from_capsule(obj: Any, what: str) -> np.ndarray:
-    """A bfloat16 numpy array over the memory of a CPU DLPack producer (legacy capsule)."""
+# DLDataTypeCode -> numpy's kind letter: int, uint, float, bfloat (read as uint16 and viewed),
+# complex, bool.
+_KINDS = {0: "i", 1: "u", 2: "f", _KDL_BFLOAT: "u", 5: "c", 6: "b"}
+
+
+def _array_from_capsule(obj: Any, what: str) -> np.ndarray:
+    """A numpy array over the memory of a CPU DLPack producer (legacy capsule), writable.
+
+    Used for bfloat16, which numpy's DLPack import refuses, and for a torch tensor that a numpy
+    older than 2.2 imports read-only (it cannot tell a legacy capsule's writable memory from a
+    read-only one; torch's CPU memory is writable, as `Tensor.numpy()` shows)."""
     capsule = obj.__dlpack__()
     managed = _DLManagedTensor.from_address(_capsule_pointer(capsule, b"dltensor"))
     tensor = managed.dl_tensor
     dtype = tensor.dtype
-    if (dtype.code, dtype.bits, dtype.lanes) != (_KDL_BFLOAT, 16, 1):
+    kind = _KINDS.get(dtype.code)
+    if kind is None or dtype.lanes != 1 or dtype.bits % 8:
         raise ForeignArrayError(
             f"{what} is a {type(obj).__name__} whose DLPack dtype (code {dtype.code}, "
             f"{dtype.bits} bits, {dtype.lanes} lanes) numpy cannot import; collectives take "
             "bool, integer, floating, complex and bfloat16 arrays."
         )
+    itemsize = dtype.bits // 8
     shape = tuple(tensor.shape[i] for i in range(tensor.ndim))
     strides = (None if not tensor.strides
-               else tuple(2 * tensor.strides[i] for i in range(tensor.ndim)))
+               else tuple(itemsize * tensor.strides[i] for i in range(tensor.ndim)))
     interface = {
         "version": 3,
         "shape": shape,
-        "typestr": "<u2",
+        "typestr": f"<{kind}{itemsize}" if kind != "b" else "|b1",
         "data": ((tensor.data or 0) + tensor.byte_offset, False),
         "strides": strides,
     }
-    return np.asarray(_Holder(interface, obj, capsule)).view(ml_dtypes.bfloat16)
+    array = np.asarray(_Holder(interface, obj, capsule))
+    return array.view(ml_dtypes.bfloat16) if dtype.code == _KDL_BFLOAT else array
+
+
+def _is_torch_tensor(obj: Any) -> bool:
+    """Whether obj is a torch tensor, judged by its type's module (torch is never imported)."""
+    return type(obj).__module__.split(".")[0] == "torch"
 
 
 def _from_dlpack(obj: Any, what: str):
@@ -112,7 +129,10 @@ def _from_dlpack(obj: Any, what: str):
             f"{device_id}), which is neither the host nor CUDA; move it to the CPU first."
         )
     try:
-        return np.from_dlpack(obj)
+        array = np.from_dlpack(obj)
+        if not array.flags.writeable and _is_torch_tensor(obj):
+            return _array_from_capsule(obj, what)
+        return array
     except BufferError as exc:
         # torch: "Can't export tensors that require gradient, use tensor.detach()"; a read-only
         # or non-strided producer says so here too.
@@ -126,7 +146,7 @@ def _from_dlpack(obj: Any, what: str):
                 f"{what} is a {type(obj).__name__} that numpy could not import through DLPack: "
                 f"{exc}"
             ) from exc
-        return _bfloat16_from_capsule(obj, what)
+        return _array_from_capsule(obj, what)
 
 
 def _cupy(obj: Any, what: str):
