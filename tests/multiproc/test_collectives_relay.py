@@ -230,4 +230,10 @@ def test_a_relay_cannot_alter_or_inject_frames_between_ranks(transport, mode):
         assert status == "ok", results[rank]
         outcome, kind, message = value
         assert outcome == "error", f"rank {rank}: {outcome} ({mode} over {transport})"
+        if rank == 1 and mode == "control" and "integrity" not in message:
+            # The forged abort reaches rank 0 while rank 1 may still be setting up shared memory
+            # with it: rank 0 drops the link at once, and rank 1 can fail on that broken link
+            # before rank 0's verdict reaches it. It must still fail, naming its peer.
+            assert kind == "CollectiveError" and "rank 0" in message, (rank, kind, message)
+            continue
         assert "rank 1" in message and "integrity" in message, (rank, kind, message)
