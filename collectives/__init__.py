@@ -48,7 +48,7 @@ __all__ = [
     "BackendUnavailable", "CollectiveError", "CollectiveMismatch", "CollectiveTimeout",
     "DistBackendError", "DistError", "DistNetworkError", "DistStoreError", "GroupDestroyed",
     "PeerLost", "PremulSum", "ReduceOp", "StoreError", "StoreBindError", "StoreTimeout",
-    "StoreUnreachable", "make_premul_sum",
+    "StoreUnreachable", "make_premul_sum", "collect_all", "wait_all",
 ]
 
 # public name -> module that defines it
@@ -58,6 +58,8 @@ _LAZY = {
     "ProcessGroup": "shoal.collectives.api",
     "Work": "shoal.collectives.api",
     "Future": "shoal.collectives.futures",  # torch.futures.Future
+    "collect_all": "shoal.collectives.futures",  # torch.futures.collect_all
+    "wait_all": "shoal.collectives.futures",  # torch.futures.wait_all
     "HashStore": "shoal.collectives.store.hash",
     "PrefixStore": "shoal.collectives.store.prefix",
     "TCPStore": "shoal.collectives.store.tcp",
