@@ -59,17 +59,7 @@ def _operator(fn: Callable, reflected: bool = False) -> Callable:
     return op
 
 
-def _inplace_operator(fn: Callable) -> Callable:
-    def op(self: Any, other: Any) -> Any:
-        try:
-            return inplace.update(self, fn, other)
-        except UnsupportedOperand:
-            return NotImplemented
-
-    op.__name__ = "i" + fn.__name__
-    return op
-
-
+# The in-place dunders (//=, %=, &=, ...) reuse inplace.augmented, the one behind +=, -=, ...
 _MODULE_FUNCTIONS = {
     indexing: ("gather", "scatter", "scatter_add", "index_select", "index_add", "index_copy",
                "index_fill", "masked_fill", "masked_select", "take", "take_along_dim", "select"),
@@ -141,18 +131,18 @@ METHODS.update({name: getattr(random_fill, name) for name in (
 METHODS.update({
     "__floordiv__": _operator(binary_table.OPS["floor_divide"]),
     "__rfloordiv__": _operator(binary_table.OPS["floor_divide"], reflected=True),
-    "__ifloordiv__": _inplace_operator(binary_table.OPS["floor_divide"]),
+    "__ifloordiv__": inplace.augmented(binary_table.OPS["floor_divide"]),
     "__mod__": _operator(binary_table.OPS["remainder"]),
     "__rmod__": _operator(binary_table.OPS["remainder"], reflected=True),
-    "__imod__": _inplace_operator(binary_table.OPS["remainder"]),
+    "__imod__": inplace.augmented(binary_table.OPS["remainder"]),
     "__and__": _operator(binary_table.OPS["bitwise_and"]),
     "__rand__": _operator(binary_table.OPS["bitwise_and"], reflected=True),
-    "__iand__": _inplace_operator(binary_table.OPS["bitwise_and"]),
+    "__iand__": inplace.augmented(binary_table.OPS["bitwise_and"]),
     "__or__": _operator(binary_table.OPS["bitwise_or"]),
     "__ror__": _operator(binary_table.OPS["bitwise_or"], reflected=True),
-    "__ior__": _inplace_operator(binary_table.OPS["bitwise_or"]),
+    "__ior__": inplace.augmented(binary_table.OPS["bitwise_or"]),
     "__xor__": _operator(binary_table.OPS["bitwise_xor"]),
     "__rxor__": _operator(binary_table.OPS["bitwise_xor"], reflected=True),
-    "__ixor__": _inplace_operator(binary_table.OPS["bitwise_xor"]),
+    "__ixor__": inplace.augmented(binary_table.OPS["bitwise_xor"]),
     "__invert__": binary_table.bitwise_not,
 })

@@ -88,7 +88,7 @@ def pow_(self: Tensor, exponent: Any) -> Tensor:
     return update(self, arith.pow, exponent)
 
 
-def _operator(fn: Callable) -> Callable:
+def augmented(fn: Callable) -> Callable:
     """Python's augmented assignment: NotImplemented for an operand no op takes."""
 
     def inplace(self: Tensor, other: Any) -> Any:
@@ -102,10 +102,10 @@ def _operator(fn: Callable) -> Callable:
 
 
 OPERATORS = {
-    "__iadd__": _operator(arith.add),
-    "__isub__": _operator(arith.sub),
-    "__imul__": _operator(arith.mul),
-    "__itruediv__": _operator(arith.div),
-    "__ipow__": _operator(arith.pow),
+    "__iadd__": augmented(arith.add),
+    "__isub__": augmented(arith.sub),
+    "__imul__": augmented(arith.mul),
+    "__itruediv__": augmented(arith.div),
+    "__ipow__": augmented(arith.pow),
 }  # no __imatmul__: torch has none, so `a @= b` rebinds a to a new tensor there too
 METHODS = {"add_": add_, "sub_": sub_, "mul_": mul_, "div_": div_, "pow_": pow_}
