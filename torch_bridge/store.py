@@ -67,7 +67,13 @@ class TorchStore(Store):
             raise StoreError(f"torch's store failed in {what} of {key!r}: {exc}") from exc
 
     def _set(self, key: str, value: bytes) -> None:
-        self._call("set", key, lambda: self._client().set(key, value))
+        client = self._client()
+        self._call("set", key, lambda: client.set(key, value))
+        # torch's TCPStore sends a set without waiting for an answer, so a peer's check right
+        # after it could miss the key (17 times in 20,000 here). The server answers one
+        # connection's requests in order: a check on the same connection returns only once the
+        # set is applied, which gives shoal's contract (a returned set is visible to everyone).
+        self._call("set", key, lambda: client.check([key]))
 
     def _get(self, key: str, timeout: float) -> bytes:
         self._wait([key], timeout)
