@@ -61,9 +61,14 @@ def _cfft(lib: Any, a: Any, dims: tuple, norm: str, forward: bool) -> Any:
         return lib.fftn(a, axes=dims, norm=norm)
     if lib is not _sfft:
         return lib.ifftn(a, axes=dims, norm=norm)
-    out = lib.fftn(a.conj() if a.dtype.kind == "c" else a, axes=dims, norm=_DUAL[norm])
-    np.conjugate(out, out=out)
-    out += 0  # conjugating made exact zeros -0.0 (printed "-0.j"); -0.0 + 0 is +0.0
+    if a.dtype.kind == "c":
+        # the conjugate is a fresh copy, so pocketfft may transform it in place
+        out = lib.fftn(a.conj(), axes=dims, norm=_DUAL[norm], overwrite_x=True)
+    else:
+        out = lib.fftn(a, axes=dims, norm=_DUAL[norm])
+    # conj in one pass over the imaginary half; 0 - x rather than -x so that exact zeros come
+    # out +0.0 (negation would print them "-0.j")
+    np.subtract(0, out.imag, out=out.imag)
     return out
 
 
