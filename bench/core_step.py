@@ -1,11 +1,13 @@
-"""Training-step time of an MLP 784-1024-1024-10 (batch 256, float32, SGD momentum), one thread.
+"""Training-step time of an MLP 784-1024-1024-10 (batch 256, SGD momentum), one thread.
 
 Times shoal's step (forward, cross-entropy, backward, optimizer step) next to torch's CPU step
 on the same model and weights in the same run, alternating A/B, and prints a table plus one
-JSON line per row with medians, spread and the ratio. Target: shoal <= 1.1x torch.
+JSON line per row with medians, spread and the ratio. Targets: shoal <= 1.1x torch in float32,
+<= 1.2x in float64 (`--dtype float64`: weights, batch and optimizer state in double).
 
     python bench/core_step.py --iters 40            # torch peer runs when installed
     python bench/core_step.py --breakdown           # per-phase medians for both
+    python bench/core_step.py --dtype float64       # the same step in double precision
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ from shoal.core.nn import functional as F  # noqa: E402
 SIZES = (784, 1024, 1024, 10)
 
 
-def build_shoal(seed: int):
-    """The shoal model and its SGD-momentum optimizer."""
+def build_shoal(seed: int, dtype: str = "float32"):
+    """The shoal model (its parameters in `dtype`) and its SGD-momentum optimizer."""
     core.manual_seed(seed)
     layers = []
     for i, (a, b) in enumerate(zip(SIZES[:-1], SIZES[1:])):
@@ -40,12 +42,14 @@ def build_shoal(seed: int):
         if i < len(SIZES) - 2:
             layers.append(nn.ReLU())
     model = nn.Sequential(*layers)
+    if dtype == "float64":
+        model.double()
     return model, optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
 
-def build_torch(shoal_model, seed: int = 0):
-    """The same model in torch, with shoal's initial weights copied in (torch's own, from
-    `seed`, when `shoal_model` is None)."""
+def build_torch(shoal_model, seed: int = 0, dtype: str = "float32"):
+    """The same model in torch, in `dtype`, with shoal's initial weights copied in (torch's own,
+    from `seed`, when `shoal_model` is None)."""
     import torch
 
     torch.set_num_threads(1)
@@ -56,6 +60,8 @@ def build_torch(shoal_model, seed: int = 0):
         if i < len(SIZES) - 2:
             layers.append(torch.nn.ReLU())
     model = torch.nn.Sequential(*layers)
+    if dtype == "float64":
+        model.double()
     if shoal_model is not None:
         model.load_state_dict({k: torch.from_numpy(v.array.copy())
                                for k, v in shoal_model.state_dict().items()})
@@ -110,18 +116,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-compare", "--no_compare", action="store_true",
                         help="skip the torch peer even when it is installed")
     parser.add_argument("--breakdown", action="store_true", help="per-phase medians too")
+    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32",
+                        help="the parameters', batch's and optimizer state's dtype")
     args = parser.parse_args(argv)
 
-    model, opt = build_shoal(args.seed)
+    model, opt = build_shoal(args.seed, args.dtype)
     rng = np.random.default_rng(args.seed)
-    x_np = rng.standard_normal((args.batch, SIZES[0])).astype(np.float32)
+    x_np = rng.standard_normal((args.batch, SIZES[0])).astype(args.dtype)
     y_np = rng.integers(0, SIZES[-1], size=args.batch).astype(np.int64)
     x, y = core.tensor(x_np), core.tensor(y_np)
 
     peer = None
     if not args.no_compare:
         try:
-            torch, tmodel, topt = build_torch(model)
+            torch, tmodel, topt = build_torch(model, dtype=args.dtype)
             peer = (torch, tmodel, topt, torch.from_numpy(x_np), torch.from_numpy(y_np))
         except ImportError:
             if args.compare:
@@ -145,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     phases = ("forward", "loss", "backward", "optimizer")
     rows = []
     base = {"bench": "core_step", "model": "mlp-784-1024-1024-10", "batch": args.batch,
-            "dtype": "float32", "optimizer": "sgd-momentum", "threads": 1, "iters": args.iters}
+            "dtype": args.dtype, "optimizer": "sgd-momentum", "threads": 1, "iters": args.iters}
     for name, times in (("shoal", shoal_times), ("torch", torch_times)):
         if not times:
             continue
