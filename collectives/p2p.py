@@ -90,6 +90,13 @@ def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list:
         raise ValueError("batch_isend_irecv needs a non-empty list of P2POp.")
     if len({id(member_group(p.group)) for p in ops}) != 1:
         raise ValueError("All P2POps of one batch_isend_irecv must use the same group.")
+    pg = member_group(ops[0].group)
+    batch = getattr(pg, "batch_p2p", None)
+    if batch is not None:
+        # One operation for the whole batch (the tcp backend): one hand-off to its worker
+        # instead of one per op.
+        return batch([(p.op is isend, p.tensor, group_peer(pg, p.peer, None, "peer"), p.tag)
+                      for p in ops])
     works = []
     for p in ops:
         work = p.op(p.tensor, p.peer, p.group, p.tag)

@@ -25,7 +25,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from shoal.collectives import arrays
-from shoal.collectives.backends.tcp import hierarchical, over_sockets, shm, shm_streams
+from shoal.collectives.backends.tcp import hierarchical, over_sockets, shm, shm_p2p, shm_streams
 from shoal.collectives.backends.tcp.links import GroupFailed, Links, P2PMismatch
 from shoal.collectives.backends.tcp.pump import LinkDown
 from shoal.collectives.backends.tcp.reasons import FailureReason
@@ -301,29 +301,55 @@ def _await_headers(links: Links, seq: int, fp: bytes, timeout: float) -> list[in
 
 # ----------------------------------------------------------------------------- point to point
 
-def send(links: Links, fp: bytes, arr: np.ndarray, dst: int, tag: int) -> None:
-    """Send `arr` to rank `dst` on the control channel."""
+def send(links: Links, fp: bytes, arr: np.ndarray, dst: int, tag: int,
+         mail: Optional[shm_p2p.ShmMail] = None) -> None:
+    """Send `arr` to rank `dst`: above the small-message size through the ring for `dst` in
+    shared memory when `mail` is given and it fits (a descriptor on the control channel),
+    else whole on the control channel."""
+    raw = arrays.as_bytes(arr)
     try:
-        links.control.send_p2p(dst, tag, fp, arrays.as_bytes(arr))
+        if mail is not None and len(raw) > SMALL_MAX_BYTES:
+            descriptor = mail.post(dst, np.frombuffer(raw, np.uint8))
+            if descriptor is not None:
+                links.control.send_p2p(dst, tag, shm_p2p.MARK + fp, descriptor)
+                return
+        links.control.send_p2p(dst, tag, fp, raw)
     except OSError as exc:
         raise LinkDown(dst, exc) from exc
 
 
-def recv(links: Links, expected: bytes, arr: np.ndarray, src: Optional[int], tag: int) -> int:
+def recv(links: Links, expected: bytes, arr: np.ndarray, src: Optional[int], tag: int,
+         mail: Optional[shm_p2p.ShmMail] = None) -> int:
     """Receive into `arr` from rank `src` (None: any); returns the sender's rank.
 
     Raises:
         P2PMismatch: the message does not fit `arr` (dropped; the group survives).
-        GroupFailed: the group failed while waiting.
+        GroupFailed: the group failed while waiting, or a peer sent a bad descriptor.
     """
     got = links.control.take_p2p(src, tag, links.failed)
     if got is None:
         raise GroupFailed()
     q, fp, payload = got
-    if fp != expected or len(payload) != arr.nbytes:
+    shared = fp[:1] == shm_p2p.MARK
+    if shared:
+        fp = fp[1:]
+        if mail is None:
+            raise GroupFailed(FailureReason(
+                "error", f"rank {q} sent a shared-memory message to rank {links.rank}, which "
+                         "shares no memory with it", links.rank, (q,)))
+    nbytes = mail.length(payload) if shared else len(payload)
+    fits = fp == expected and nbytes == arr.nbytes
+    if shared:
+        try:
+            mail.take(q, payload, np.frombuffer(arrays.as_bytes(arr), np.uint8) if fits else None)
+        except shm_p2p.BadDescriptor as exc:
+            raise GroupFailed(FailureReason(
+                "error", f"rank {q} sent {exc} to rank {links.rank}", links.rank, (q,))) from exc
+    if not fits:
         raise P2PMismatch(
             f"Rank {links.rank} posted recv of {expected.decode()} with tag {tag} but rank "
             f"{q} sent {fp.decode(errors='replace')}; the message was dropped."
         )
-    arrays.as_bytes(arr)[:] = payload
+    if not shared:
+        arrays.as_bytes(arr)[:] = payload
     return q

@@ -18,7 +18,7 @@ from shoal.collectives.backends.ledger import OpLedger, OpRecord
 from shoal.collectives.types import CollectiveTimeout, GroupDestroyed
 from shoal.core.timeouts import TimeoutLike, to_seconds
 
-__all__ = ["InOrderExecutor", "OpWork", "DoneWork", "Job"]
+__all__ = ["InOrderExecutor", "OpWork", "DoneWork", "PartWork", "Job"]
 
 # An operation's body: job(record, arrays) -> the Work's result list.
 Job = Callable[[OpRecord, Any], list]
@@ -104,6 +104,57 @@ class DoneWork(CompletedWork):
     def __init__(self, record: OpRecord, result: list):
         super().__init__(result, record.source)
         self.seq = record.seq
+
+
+class PartWork(Work):
+    """The handle of one operation of a batch that ran as one job (batch_isend_irecv): it
+    completes with the batch; the batch's result holds, at `index`, this operation's outcome
+    (its source rank, or the exception that failed only this operation)."""
+
+    __slots__ = ("_batch", "_index", "_result")
+
+    def __init__(self, batch: Work, index: int, result: list):
+        self._batch = batch
+        self._index = index
+        self._result = result
+
+    def _outcome(self):
+        return self._batch.result()[self._index]
+
+    @property
+    def source_rank(self) -> Optional[int]:
+        """For a recv: the rank the message came from."""
+        if not self._batch.is_completed() or self._batch.exception() is not None:
+            return None
+        got = self._outcome()
+        return got if isinstance(got, int) else None
+
+    def wait(self, timeout: TimeoutLike = None) -> bool:
+        self._batch.wait(timeout)
+        got = self._outcome()
+        if isinstance(got, BaseException):
+            raise got
+        return True
+
+    def is_completed(self) -> bool:
+        return self._batch.is_completed()
+
+    def is_success(self) -> bool:
+        return self._batch.is_success() and not isinstance(self._outcome(), BaseException)
+
+    def exception(self) -> Optional[BaseException]:
+        exc = self._batch.exception()
+        if exc is None and self._batch.is_completed():
+            got = self._outcome()
+            return got if isinstance(got, BaseException) else None
+        return exc
+
+    def result(self) -> list:
+        self.wait()
+        return self._result
+
+    def add_done_callback(self, fn: Callable[[Work], Any]) -> None:
+        self._batch.add_done_callback(lambda _batch: fn(self))
 
 
 class InOrderExecutor:

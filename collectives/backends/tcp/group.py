@@ -21,16 +21,17 @@ from typing import Callable, Optional
 from shoal.collectives import env
 from shoal.collectives.api import Work
 from shoal.collectives.arrays import describe
+from shoal.collectives.arrays import unwrap as arrays_unwrap
 from shoal.collectives.backends.api import Verdict
 from shoal.collectives.backends.base import BackendGroup
 from shoal.collectives.backends.ledger import OpRecord
 from shoal.collectives.backends.tcp import algorithms as algos
 from shoal.collectives.backends.tcp import collectives as ops
-from shoal.collectives.backends.tcp import negotiation, staging
+from shoal.collectives.backends.tcp import negotiation, shm_p2p, staging
 from shoal.collectives.backends.tcp import topology as topo
-from shoal.collectives.backends.tcp.executor import InOrderExecutor, Job
+from shoal.collectives.backends.tcp.executor import InOrderExecutor, Job, PartWork
 from shoal.collectives.backends.tcp.failure import GroupFailure
-from shoal.collectives.backends.tcp.links import Links
+from shoal.collectives.backends.tcp.links import Links, P2PMismatch
 from shoal.collectives.backends.tcp.mesh import Mesh
 from shoal.collectives.backends.tcp.spin import SpinPolicy
 from shoal.collectives.constants import DEFAULT_COLLECTIVE_TIMEOUT_S, DEFAULT_GROUP_NAME, SPIN_S
@@ -92,6 +93,8 @@ class ProcessGroupTCP(BackendGroup):
             direct = algos.Direct(rank, size, self._mesh.tx, self._mesh.rx, SpinPolicy.for_group(
                 size, SPIN_S))
             self._links = Links(rank, size, self._mesh, direct, shared, name, failures.failed)
+            # Large point-to-point payloads go through the rings of shared memory too.
+            self._mail = shm_p2p.ShmMail(shared) if shared is not None else None
             if self._topology.hierarchical:
                 self._topology, self._links.hier = negotiation.hierarchy(
                     self._topology, self._links, name, self._timeout)
@@ -324,10 +327,10 @@ class ProcessGroupTCP(BackendGroup):
 
     def _send(self, arr, dst, tag, async_op, timeout):
         fp = f"p2p({describe(arr)})".encode()
-        links = self._links
+        links, mail = self._links, self._mail
 
         def job(rec, a):
-            ops.send(links, fp, a[0], dst, tag)
+            ops.send(links, fp, a[0], dst, tag, mail)
             return [arr]
 
         return self._submit("send", f"send({describe(arr)}, dst={dst}, tag={tag})", job, (arr,),
@@ -335,16 +338,55 @@ class ProcessGroupTCP(BackendGroup):
 
     def _recv(self, tensor, arr, src, tag, async_op, timeout):
         expected = f"p2p({describe(arr)})".encode()
-        links = self._links
+        links, mail = self._links, self._mail
 
         def job(rec, a):
-            rec.source = ops.recv(links, expected, a[0], src, tag)
+            rec.source = ops.recv(links, expected, a[0], src, tag, mail)
             return [tensor]
 
         where = "any rank" if src is None else f"src={src}"
         return self._submit("recv", f"recv({describe(arr)}, {where}, tag={tag})", job, (arr,),
                             arr.nbytes, timeout, async_op, copy_in=_NONE, copy_out=_FIRST,
                             p2p=True)
+
+    def batch_p2p(self, p2p_ops, timeout: TimeoutLike = None) -> list[Work]:
+        """Run point-to-point operations, each `(is_send, tensor, group peer, tag)`, as one
+        operation: every send (they never wait for their receive), then every receive in
+        order. One Work per operation; a receive whose message does not fit fails alone."""
+        entries = []
+        for is_send, tensor, peer, tag in p2p_ops:
+            what = "send" if is_send else "recv"
+            arr = arrays_unwrap(tensor, f"batch_isend_irecv {what} tensor")
+            if isinstance(peer, bool) or not isinstance(peer, int) or not 0 <= peer < self._size:
+                raise ValueError(f"batch_isend_irecv {what} peer must be a rank in "
+                                 f"0..{self._size - 1} of this group, got {peer!r}.")
+            if peer == self._rank:
+                raise ValueError(f"Rank {self._rank} cannot {what} to itself.")
+            entries.append((is_send, arr, peer, self._tag(tag), f"p2p({describe(arr)})".encode()))
+        seconds = self._t(timeout)
+        links, mail = self._links, self._mail
+        sends = [i for i, e in enumerate(entries) if e[0]]
+        recvs = [i for i, e in enumerate(entries) if not e[0]]
+
+        def job(rec, a):
+            outcomes: list = [None] * len(entries)
+            for i in sends:
+                ops.send(links, entries[i][4], a[i], entries[i][2], entries[i][3], mail)
+            for i in recvs:
+                try:
+                    outcomes[i] = ops.recv(links, entries[i][4], a[i], entries[i][2],
+                                           entries[i][3], mail)
+                except P2PMismatch as exc:
+                    outcomes[i] = exc
+            return outcomes
+
+        desc = "batch_isend_irecv(" + ", ".join(
+            f"{'send' if s else 'recv'}({describe(a)}, {'dst' if s else 'src'}={p}, tag={t})"
+            for s, a, p, t, _fp in entries) + ")"
+        batch = self._submit("batch_isend_irecv", desc, job, tuple(e[1] for e in entries),
+                             sum(e[1].nbytes for e in entries), seconds, True,
+                             copy_in=sends, copy_out=recvs, p2p=True)
+        return [PartWork(batch, i, [p2p_ops[i][1]]) for i in range(len(entries))]
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -59,6 +59,24 @@ _OFFER_MAGIC = b"SHM3"
 _VERDICT = struct.Struct("!4sB")  # magic, usable (0/1)
 _VERDICT_MAGIC = b"SHM2"
 BUFFERS = 3  # per region, used in turn (see the module docstring)
+# Point-to-point rings (`shm_p2p`): one per destination after the buffers and a page of
+# counters. A ring holds one message of up to 64 MiB whole (larger ones take the sockets), and
+# the rings of a region stay within 512 MiB of address space; pages cost memory only once a
+# message of that size has been written into them.
+P2P_RING_MAX_BYTES = 64 * 1024 * 1024 + 4096
+P2P_REGION_BUDGET_BYTES = 512 * 1024 * 1024
+_PAGE = 4096
+
+
+def p2p_ring_bytes(size: int) -> int:
+    """Bytes of each point-to-point ring in a region of a group of `size` local ranks."""
+    share = P2P_REGION_BUDGET_BYTES // max(1, size - 1)
+    return max(_PAGE, min(P2P_RING_MAX_BYTES, share) // _PAGE * _PAGE)
+
+
+def _counters_bytes(size: int) -> int:
+    """The page(s) of point-to-point counters: one uint64 per peer, whole pages."""
+    return -(-8 * size // _PAGE) * _PAGE
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL if hasattr(fcntl, "F_SEAL_SHRINK") else 0
 
 
@@ -236,6 +254,10 @@ class SharedSlots:
         self.regions = regions
         self.slot_bytes = slot_bytes
         self._maps = maps
+        # After the collectives' buffers: point-to-point counters, then one ring per peer.
+        self.p2p_ring = p2p_ring_bytes(self.size)
+        self._counters_at = BUFFERS * slot_bytes
+        self._rings_at = self._counters_at + _counters_bytes(self.size)
         # Which buffer the next chunk uses. It carries over from one collective to the next
         # (every rank runs the same chunks, so all agree): restarting at 0 could overwrite the
         # buffer a slow peer is still reading from the previous collective's last chunk.
@@ -253,7 +275,7 @@ class SharedSlots:
         Raises:
             ShmSetupError: a peer closed its link, sent something else, or did not answer in time.
         """
-        region_bytes = BUFFERS * slot_bytes
+        region_bytes = BUFFERS * slot_bytes + _counters_bytes(size) + size * p2p_ring_bytes(size)
         peers = [q for q in range(size) if q != rank]
         maps: list[Optional[mmap.mmap]] = [None] * size
         own_fd = _own_region(rank, region_bytes, maps) if offer else None
@@ -286,6 +308,17 @@ class SharedSlots:
         """`count` elements of `dtype` at the start of `owner`'s buffer `buf`."""
         base = buf * self.slot_bytes
         return self.regions[owner][base:base + count * np.dtype(dtype).itemsize].view(dtype)
+
+    def ring(self, owner: int, dst: int) -> np.ndarray:
+        """The point-to-point ring `owner` writes messages for `dst` into (uint8)."""
+        base = self._rings_at + dst * self.p2p_ring
+        return self.regions[owner][base:base + self.p2p_ring]
+
+    def counters(self, owner: int) -> np.ndarray:
+        """`owner`'s point-to-point counters (uint64 by peer): how many bytes of each peer's
+        ring for `owner` it has finished reading; only `owner` writes them."""
+        at = self._counters_at
+        return self.regions[owner][at:at + 8 * self.size].view(np.uint64)
 
 
 def all_reduce(flat: np.ndarray, uf, slots: SharedSlots, barrier: Callable[[], None],
