@@ -24,7 +24,7 @@ from typing import Callable, Optional, Union
 from shoal.collectives import settings as collectives_settings
 from shoal.collectives.types import StoreError, StoreTimeout
 from shoal.elastic import metrics
-from shoal.elastic.agent import failures, ledger
+from shoal.elastic.agent import failures, ledger, noticing
 from shoal.elastic.agent.env import default_node_id, python_argv, summary_text
 from shoal.elastic.agent.logs import RepeatLimiter
 from shoal.elastic.agent.monitor import EventKind, RoundWatch
@@ -305,6 +305,7 @@ class Agent:
         found = self._settle_failures(info)
         if self._host_lost is not None:
             return self._host_lost_result()  # the lost store host is the cause, not a worker
+        self._let_peers_count(found)
         first = found[0]
         record = failures.failure_record(info.round, self.node_id, first)
         plan = self._plan
@@ -347,6 +348,18 @@ class Agent:
         self._stop_workers("restarting after a worker failure")
         logger.warning("Restarting the job (restart %d of %d)", used, self.spec.max_restarts)
         return "worker_failure"
+
+    def _let_peers_count(self, found) -> None:
+        """A worker killed by a signal said no goodbye: its running peers count the lost peer
+        (shoal_collectives_errors_total) before they are stopped (see agent.noticing)."""
+        group = self._group
+        if group is None or not any(f.exitcode is not None and f.exitcode < 0 for f in found):
+            return
+        late = noticing.wait_until_counted(group, self.spec.multiproc_dir)
+        if late:
+            logger.warning("Ranks %s counted no failure within %gs of their peer's death (their "
+                           "group may be gone already); stopping them anyway", late,
+                           noticing.NOTICE_WAIT_S)
 
     def _fail_for_good(self, record: dict, used: int) -> AgentResult:
         """Restarts are exhausted: publish the failure and close the rendezvous."""

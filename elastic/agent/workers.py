@@ -171,6 +171,11 @@ class WorkerGroup:
         """The workers' process ids, by local rank."""
         return [w.proc.pid for w in self._workers]
 
+    def running(self) -> list[tuple[int, int]]:
+        """(global rank, pid) of every worker still running."""
+        with self._lock:
+            return [(w.rank, w.proc.pid) for w in self._workers if w.exitcode is None]
+
     def counts(self) -> dict[str, int]:
         """How many workers are running, succeeded, failed, or were stopped by the agent."""
         result = {state: 0 for state in metrics.WORKER_STATES}

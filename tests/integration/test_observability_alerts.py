@@ -8,8 +8,8 @@ otherwise as shipped):
 - a one-rank hang fires ShoalNoProgress for the hung rank only, naming the rank that waits for
   it; the dashboard's "Which rank do the others wait for?" and `shoal top` name it too; the
   group's timeout then fires ShoalCollectiveTimeouts and ShoalCollectiveErrors for the rank
-  that waited. (A peer SIGKILLed between collectives is counted as tests/multiproc/
-  test_collectives_wait_metrics.py shows, without an agent that may stop the survivor first.)
+  that waited. (A peer SIGKILLed between collectives is counted too, under an agent that
+  stops the survivor right after: test_observability_peer_loss.py.)
 """
 
 from __future__ import annotations
