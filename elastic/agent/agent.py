@@ -29,7 +29,14 @@ from shoal.elastic.agent.env import default_node_id, python_argv, summary_text
 from shoal.elastic.agent.logs import RepeatLimiter
 from shoal.elastic.agent.monitor import EventKind, RoundWatch
 from shoal.elastic.agent.round_poll import RoundPoller
-from shoal.elastic.agent.round_setup import RoundPlan, log_path, open_master_store, plan_round
+from shoal.elastic.agent.round_setup import (
+    RoundPlan,
+    log_path,
+    next_sniff,
+    open_master_store,
+    plan_round,
+)
+from shoal.elastic.agent.store_door import SNIFF_S
 from shoal.elastic.agent.signals import SignalGate
 from shoal.elastic.agent.spec import (
     DEFAULT_EXIT_BARRIER_TIMEOUT_S,
@@ -85,6 +92,7 @@ class Agent:
         self._console_err = console_err
         self._group: Optional[WorkerGroup] = None
         self._master_store = None
+        self._door_sniff = SNIFF_S  # the next door's sniff window (round_setup.next_sniff)
         self._rounds = 0
         self._last_info: Optional[RendezvousInfo] = None
         self._host_lost: Optional[StoreHostLostError] = None
@@ -247,7 +255,7 @@ class Agent:
         ledger.publish_nproc(info.store, info.group_rank, self.spec.nproc_per_node)
         if info.group_rank == 0:
             self._close_master_store()
-            self._master_store = open_master_store(self.spec)
+            self._master_store = open_master_store(self.spec, self._door_sniff)
             info.publish_master(self.spec.local_addr, self._master_store.port)
             master_addr, master_port = self.spec.local_addr, self._master_store.port
         else:
@@ -533,6 +541,7 @@ class Agent:
     def _close_master_store(self) -> None:
         store, self._master_store = self._master_store, None
         if store is not None:
+            self._door_sniff = next_sniff(store.met_torch, store.relayed, self._door_sniff)
             try:
                 store.close()
             except Exception as exc:  # noqa: BLE001  (closing must not mask the real outcome)

@@ -10,7 +10,7 @@ import os
 from typing import Optional, Sequence
 
 from shoal.elastic.agent.env import WorkerPlace, worker_env
-from shoal.elastic.agent.store_door import WorkerStoreDoor
+from shoal.elastic.agent.store_door import RESTART_SNIFF_S, SNIFF_S, WorkerStoreDoor
 from shoal.elastic.agent.spec import WorkerSpec
 from shoal.elastic.api import RendezvousInfo
 
@@ -30,11 +30,21 @@ class RoundPlan:
     error_files: dict[int, str]
 
 
-def open_master_store(spec: WorkerSpec) -> WorkerStoreDoor:
+def open_master_store(spec: WorkerSpec, sniff_s: float = SNIFF_S) -> WorkerStoreDoor:
     """The workers' store, hosted by node rank 0's agent: shoal's authenticated store and
     torch's protocol on one port (see store_door); a fresh one per round, so restarted workers
     never see the dead attempt's keys."""
-    return WorkerStoreDoor(spec.local_addr, spec.auth_token)
+    return WorkerStoreDoor(spec.local_addr, spec.auth_token, sniff_s)
+
+
+def next_sniff(met_torch: bool, relayed: int, current: float) -> float:
+    """The sniff window of the next round's door, from what this round's door met (a torch
+    client; `relayed` shoal clients): a job whose workers were all shoal clients restarts the
+    same script (RESTART_SNIFF_S), one that met a torch client keeps SNIFF_S, and a door that
+    met nobody teaches nothing."""
+    if met_torch:
+        return SNIFF_S
+    return RESTART_SNIFF_S if relayed else current
 
 
 def plan_round(spec: WorkerSpec, info: RendezvousInfo, counts: Sequence[int], *,

@@ -16,10 +16,13 @@ address it is given) and tells the two apart by who speaks first:
   neither needs nor learns anything it could forge;
 - anything else (a first byte that is not VALIDATE, a wrong magic number) is dropped.
 
-A shoal client pays `SNIFF_S` once per connection it opens (one or two per worker). A torch
-client that the scheduler stalls for longer than that between its connect and its first send
-is greeted as a shoal client, fails torch's ping check and reconnects: torch's client retries
-its connection until its timeout, so the cost is one retry, never a failure.
+A shoal client pays the sniff window once per connection it opens (one or two per worker). A
+torch client that the scheduler stalls for longer than that between its connect and its first
+send is greeted as a shoal client, fails torch's ping check and reconnects: torch's client
+retries its connection until its timeout (after about 0.6 s), so the cost is one retry, never a
+failure. The window is `SNIFF_S` for a job's first round; a round after one whose door relayed
+shoal clients and met no torch client (`met_torch`) is the same script restarted, and the agent
+opens its door with `RESTART_SNIFF_S`, which a restarted shoal worker pays instead.
 """
 
 from __future__ import annotations
@@ -44,11 +47,14 @@ from shoal.elastic.agent.torch_store import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SNIFF_S", "WorkerStoreDoor"]
+__all__ = ["RESTART_SNIFF_S", "SNIFF_S", "WorkerStoreDoor"]
 
 # How long a new connection may stay silent and still be taken for a torch client; torch's
 # client sends its 10-byte VALIDATE+PING in the same call that connects.
 SNIFF_S = 0.1
+# The window after a round of shoal clients only: a torch client still speaks within it unless
+# the scheduler stalls it between two calls of its connect routine (and it then retries).
+RESTART_SNIFF_S = 0.01
 # A relay stops reading from one side while this much waits to go to the other; a torch client
 # is not read while this much of its replies waits to go out.
 _RELAY_HIGH_WATER = 4 * 1024 * 1024
@@ -62,6 +68,7 @@ MAX_UNPROVEN_PER_SOURCE = 128
 _SHOAL_HANDSHAKE_BYTES = auth.GREETING_BYTES + auth.DIGEST_BYTES
 _RECV = 256 * 1024
 _SELECT_S = 0.05
+_WAKE = object()  # the selector key of the door's wake-up socket
 
 
 class _Peer:
@@ -86,9 +93,14 @@ class _Peer:
 
 class WorkerStoreDoor:
     """The workers' store for one round: listen on `host:0`, serve torch clients, relay shoal
-    clients to a shoal `TCPStoreServer` (authenticated with `token`)."""
+    clients to a shoal `TCPStoreServer` (authenticated with `token`); a client silent for
+    `sniff_s` seconds is taken for a shoal client."""
 
-    def __init__(self, host: str, token: str):
+    def __init__(self, host: str, token: str, sniff_s: float = SNIFF_S):
+        self._sniff_s = sniff_s
+        # What the door met: torch clients (any), shoal clients (relayed); the agent reads them.
+        self.met_torch = False
+        self.relayed = 0
         self._server = TCPStoreServer(host, 0, token=token).start()
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._lsock = socket.socket(family, socket.SOCK_STREAM)
@@ -107,6 +119,10 @@ class WorkerStoreDoor:
         self._torch = TorchStoreState()
         self._sel = selectors.DefaultSelector()
         self._sel.register(self._lsock, selectors.EVENT_READ, None)
+        # close() wakes the loop at once instead of after its next select timeout.
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._sel.register(self._wake_r, selectors.EVENT_READ, _WAKE)
         self._peers: dict[socket.socket, _Peer] = {}
         # Whoever reaches the port can send garbage: one line per few seconds says so.
         self._quiet = RepeatLimiter(logger)
@@ -128,6 +144,10 @@ class WorkerStoreDoor:
     def close(self, timeout: float = 5.0) -> None:
         """Stop serving; close every connection and the shoal server (idempotent)."""
         self._stop.set()
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass  # the loop is gone already
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout)
         self._server.stop()
@@ -137,7 +157,9 @@ class WorkerStoreDoor:
     def _loop(self) -> None:
         try:
             while not self._stop.is_set():
-                for key, mask in self._sel.select(_SELECT_S):
+                for key, mask in self._sel.select(self._select_timeout()):
+                    if key.data is _WAKE:
+                        continue  # close() set _stop
                     if key.data is None:
                         self._accept()
                         continue
@@ -155,6 +177,17 @@ class WorkerStoreDoor:
                 self._drop(peer, None)
             self._sel.close()
             self._lsock.close()
+            self._wake_r.close()
+            self._wake_w.close()
+
+    def _select_timeout(self) -> float:
+        """Until the earliest sniff ends (a silent client is relayed on time), at most
+        _SELECT_S."""
+        deadlines = [p.deadline for p in self._peers.values()
+                     if p.torch is None and p.partner is None and not p.closing]
+        if not deadlines:
+            return _SELECT_S
+        return min(_SELECT_S, max(0.0, min(deadlines) - time.monotonic()))
 
     def _accept(self) -> None:
         for _ in range(64):  # a burst of connections, without starving the others
@@ -173,7 +206,7 @@ class WorkerStoreDoor:
                 continue
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            peer = _Peer(sock, f"{addr[0]}:{addr[1]}", time.monotonic() + SNIFF_S)
+            peer = _Peer(sock, f"{addr[0]}:{addr[1]}", time.monotonic() + self._sniff_s)
             self._peers[sock] = peer
             self._sel.register(sock, selectors.EVENT_READ, peer)
 
@@ -227,6 +260,7 @@ class WorkerStoreDoor:
                                  "torch's VALIDATE nor a shoal client's silence")
                 return
             peer.torch = TorchConnection(self._torch, peer.send)
+            self.met_torch = True
         try:
             peer.torch.feed(data)
         except ProtocolError as exc:
@@ -244,6 +278,7 @@ class WorkerStoreDoor:
         upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         other = _Peer(upstream, f"shoal store for {peer.name}")
         other.upstream = True
+        self.relayed += 1
         peer.partner, other.partner = other, peer
         self._peers[upstream] = other
         self._sel.register(upstream, selectors.EVENT_READ, other)
