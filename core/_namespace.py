@@ -49,6 +49,11 @@ from shoal.core.ops.creation import (
 )
 from shoal.core.ops.creation import DoubleTensor, FloatTensor, IntTensor, LongTensor, Size
 from shoal.core.ops.conv import conv1d, conv2d
+from shoal.core.ops.arith import eq, ge, gt, le, lt, ne, neg
+from shoal.core.ops.aten_losses import (
+    binary_cross_entropy_with_logits, cosine_embedding_loss, hinge_embedding_loss,
+    margin_ranking_loss, poisson_nll_loss, prelu, triplet_margin_loss,
+)
 from shoal.core.ops.complex import complex  # noqa: A004 - torch's name
 from shoal.core.ops.complex import (
     angle, conj, conj_physical, imag, is_complex, polar, real, resolve_conj, resolve_neg, sgn,
@@ -160,6 +165,9 @@ __all__ = [
     "clone", "flatten", "maximum", "minimum", "permute", "reshape", "split", "squeeze", "stack",
     "transpose", "unsqueeze", "where", "abs", "clamp", "exp", "gelu", "log", "relu", "sigmoid",
     "sqrt", "tanh", "bmm", "cos", "mm", "narrow", "norm", "sin", "tan", "conv1d", "conv2d",
+    "eq", "ne", "lt", "le", "gt", "ge", "neg", "prelu", "binary_cross_entropy_with_logits",
+    "cosine_embedding_loss", "hinge_embedding_loss", "margin_ranking_loss", "poisson_nll_loss",
+    "triplet_margin_loss",
     "Size", "FloatTensor", "DoubleTensor", "LongTensor", "IntTensor",
     "angle", "complex", "conj", "conj_physical", "imag", "is_complex", "polar", "real",
     "resolve_conj", "resolve_neg", "sgn", "view_as_complex", "view_as_real",

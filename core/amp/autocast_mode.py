@@ -6,9 +6,11 @@ apply the policy on entry (core/ops/_autocast.py); this module holds the state a
 
 The lists are torch's for the ops core has (torch 2.x, aten/src/ATen/autocast_mode.cpp):
 
-- lower precision on both devices: matmul, linear, conv1d, conv2d, scaled_dot_product_attention.
+- lower precision on both devices: matmul, linear, conv1d, conv2d, scaled_dot_product_attention,
+  prelu.
   Every floating input but float64 is cast down (float64 stays, as torch leaves it).
-- float32 on both devices: the losses (mse_loss, cross_entropy, nll_loss).
+- float32 on both devices: the losses (mse_loss, cross_entropy, nll_loss, l1_loss, huber_loss,
+  kl_div, the margin and embedding losses, ...; binary_cross_entropy on the cpu only).
 - float32 on cuda only: exp, log, pow, sum, softmax, log_softmax, logsumexp, layer_norm. torch's
   CPU lists leave these in their input's dtype, and the CPU table test holds shoal to torch.
 - every other op runs in its inputs' dtype, mixed inputs promoted as outside autocast (bfloat16
@@ -34,13 +36,21 @@ import numpy as np
 
 from shoal.core import dtypes
 
-LOWER = frozenset({"matmul", "linear", "conv1d", "conv2d", "scaled_dot_product_attention"})
+LOWER = frozenset({
+    "matmul", "linear", "conv1d", "conv2d", "scaled_dot_product_attention", "prelu",
+})
+# The losses torch runs in float32 under autocast on both devices (binary_cross_entropy only on
+# the cpu: torch refuses it under cuda autocast, as unsafe in float16).
+_FP32_LOSSES = frozenset({
+    "mse_loss", "cross_entropy", "nll_loss", "l1_loss", "smooth_l1_loss", "huber_loss",
+    "binary_cross_entropy_with_logits", "kl_div", "soft_margin_loss", "margin_ranking_loss",
+    "hinge_embedding_loss", "cosine_embedding_loss", "poisson_nll_loss", "triplet_margin_loss",
+})
 FP32 = {
-    "cpu": frozenset({"mse_loss", "cross_entropy", "nll_loss", "prod"}),
-    "cuda": frozenset({
-        "mse_loss", "cross_entropy", "nll_loss", "exp", "log", "pow", "sum", "softmax",
-        "log_softmax", "logsumexp", "layer_norm", "prod",
-    }),
+    "cpu": _FP32_LOSSES | {"binary_cross_entropy", "prod"},
+    "cuda": _FP32_LOSSES | {
+        "exp", "log", "pow", "sum", "softmax", "log_softmax", "logsumexp", "layer_norm", "prod",
+    },
 }
 _DEVICE_TYPES = ("cpu", "cuda")
 _DEFAULT_DTYPE = {"cpu": dtypes.bfloat16, "cuda": dtypes.float16}

@@ -18,6 +18,7 @@ import numpy as np
 from shoal.core.ops import arith, reduce, shape, unary
 from shoal.core.ops import binary_table as _binary
 from shoal.core.ops import unary_table as _unary_table
+from shoal.core.ops._autocast import autocast_op
 from shoal.core.ops._util import wrap
 from shoal.core.tensor import Tensor
 
@@ -138,6 +139,7 @@ def glu(input: Tensor, dim: int = -1) -> Tensor:  # noqa: A002
     return arith.mul(a, unary.sigmoid(b))
 
 
+@autocast_op("prelu")
 def prelu(input: Tensor, weight: Tensor) -> Tensor:  # noqa: A002
     """x where x > 0, weight * x elsewhere (weight per channel, dim 1, or one for all)."""
     w = weight

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from shoal.core.errors import ShapeError
+from shoal.core.ops._autocast import autocast_op
 from shoal.core.ops._opmath import narrow, widen
 from shoal.core.ops._promote import result_dtype
 from shoal.core.ops._util import broadcast_error, needs_grad, result, unbroadcast, val, xp_of
@@ -49,6 +50,7 @@ def _elementwise_loss(name: str, x: Any, target: Any, reduction: str, value_and_
     return result(out, node, backward, (x, target))
 
 
+@autocast_op("l1_loss")
 def l1_loss(input: Tensor, target: Any, size_average: Any = None, reduce: Any = None,  # noqa: A002
             reduction: str = "mean") -> Tensor:
     """Mean (or sum, or elementwise) absolute error; the gradient at 0 is 0, as torch's."""
@@ -59,6 +61,7 @@ def l1_loss(input: Tensor, target: Any, size_average: Any = None, reduce: Any = 
     )
 
 
+@autocast_op("smooth_l1_loss")
 def smooth_l1_loss(input: Tensor, target: Any, size_average: Any = None, reduce: Any = None,  # noqa: A002
                    reduction: str = "mean", beta: float = 1.0) -> Tensor:
     """Huber-like loss: 0.5 d^2 / beta where |d| < beta, else |d| - 0.5 beta (L1 at beta 0)."""

@@ -14,6 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from shoal.core.ops import arith, reduce, shape, unary
+from shoal.core.ops._autocast import autocast_op
 from shoal.core.ops import binary_table as _binary
 from shoal.core.tensor import Tensor
 from shoal.core.nn.activations_functional import _p_norm, cosine_similarity, pad
@@ -36,6 +37,7 @@ def _same_size(name: str, input: Tensor, target: Tensor) -> None:  # noqa: A002
                          f"have the same size.")
 
 
+@autocast_op("binary_cross_entropy")
 def binary_cross_entropy(input: Tensor, target: Tensor, weight: Any = None,  # noqa: A002
                          size_average: Any = None, reduce: Any = None,
                          reduction: str = "mean") -> Tensor:
@@ -63,6 +65,14 @@ def binary_cross_entropy_with_logits(input: Tensor, target: Tensor, weight: Any 
                                      reduction: str = "mean", pos_weight: Any = None) -> Tensor:
     """BCE of sigmoid(x), in the stable form (1 - t) x + (1 + (w - 1) t) softplus(-x)."""
     _same_size("binary_cross_entropy_with_logits", input, target)
+    return bce_with_logits_broadcast(input, target, weight, reduction, pos_weight)
+
+
+@autocast_op("binary_cross_entropy_with_logits")
+def bce_with_logits_broadcast(input: Tensor, target: Tensor, weight: Any, reduction: str,  # noqa: A002
+                              pos_weight: Any) -> Tensor:
+    """binary_cross_entropy_with_logits without the functional form's equal-size check: aten's
+    top-level op broadcasts input and target (a mismatch is the broadcast's RuntimeError)."""
     softplus_neg = _binary.OPS["logaddexp"](arith.neg(input), 0.0)  # log(1 + exp(-x))
     scale = 1.0 if pos_weight is None else arith.add(
         arith.mul(arith.sub(pos_weight, 1.0), target), 1.0)
@@ -72,6 +82,7 @@ def binary_cross_entropy_with_logits(input: Tensor, target: Tensor, weight: Any 
     return _reduce(loss, reduction)
 
 
+@autocast_op("kl_div")
 def kl_div(input: Tensor, target: Tensor, size_average: Any = None, reduce: Any = None,  # noqa: A002
            reduction: str = "mean", log_target: bool = False) -> Tensor:
     """target * (log target - input) with input in log space (target too when log_target)."""
@@ -91,6 +102,7 @@ def _binary_xlogy(t: Tensor) -> Tensor:
     return shape.where(t > 0, arith.mul(t, unary.log(safe)), arith.mul(t, 0.0))
 
 
+@autocast_op("huber_loss")
 def huber_loss(input: Tensor, target: Tensor, reduction: str = "mean", delta: float = 1.0,  # noqa: A002
                weight: Any = None) -> Tensor:
     """0.5 d^2 where |d| < delta, delta (|d| - 0.5 delta) elsewhere; d = input - target."""
@@ -103,12 +115,14 @@ def huber_loss(input: Tensor, target: Tensor, reduction: str = "mean", delta: fl
     return _reduce(loss, reduction)
 
 
+@autocast_op("soft_margin_loss")
 def soft_margin_loss(input: Tensor, target: Tensor, size_average: Any = None,  # noqa: A002
                      reduce: Any = None, reduction: str = "mean") -> Tensor:
     """log(1 + exp(-y x))."""
     return _reduce(_binary.OPS["logaddexp"](arith.neg(arith.mul(target, input)), 0.0), reduction)
 
 
+@autocast_op("margin_ranking_loss")
 def margin_ranking_loss(input1: Tensor, input2: Tensor, target: Tensor, margin: float = 0.0,
                         size_average: Any = None, reduce: Any = None,
                         reduction: str = "mean") -> Tensor:
@@ -117,6 +131,7 @@ def margin_ranking_loss(input1: Tensor, input2: Tensor, target: Tensor, margin: 
     return _reduce(unary.clamp(raw, 0.0, None), reduction)
 
 
+@autocast_op("hinge_embedding_loss")
 def hinge_embedding_loss(input: Tensor, target: Tensor, margin: float = 1.0,  # noqa: A002
                          size_average: Any = None, reduce: Any = None,
                          reduction: str = "mean") -> Tensor:
@@ -128,6 +143,7 @@ def hinge_embedding_loss(input: Tensor, target: Tensor, margin: float = 1.0,  # 
     return _reduce(loss, reduction)
 
 
+@autocast_op("cosine_embedding_loss")
 def cosine_embedding_loss(input1: Tensor, input2: Tensor, target: Tensor, margin: float = 0.0,
                           size_average: Any = None, reduce: Any = None,
                           reduction: str = "mean") -> Tensor:
@@ -160,6 +176,7 @@ def _clamp_keep_grad(v: Tensor, eps: float) -> Tensor:
     return arith.add(v, arith.sub(unary.clamp(v.detach(), eps, None), v.detach()))
 
 
+@autocast_op("poisson_nll_loss")
 def poisson_nll_loss(input: Tensor, target: Tensor, log_input: bool = True, full: bool = False,  # noqa: A002
                      size_average: Any = None, eps: float = 1e-8, reduce: Any = None,
                      reduction: str = "mean") -> Tensor:
@@ -176,6 +193,7 @@ def poisson_nll_loss(input: Tensor, target: Tensor, log_input: bool = True, full
     return _reduce(loss, reduction)
 
 
+@autocast_op("triplet_margin_loss")
 def triplet_margin_loss(anchor: Tensor, positive: Tensor, negative: Tensor, margin: float = 1.0,
                         p: float = 2.0, eps: float = 1e-6, swap: bool = False,
                         size_average: Any = None, reduce: Any = None,

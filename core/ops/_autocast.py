@@ -6,6 +6,7 @@ off); the casts go through shape.to, so backward returns each gradient in its in
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -60,3 +61,19 @@ def cast(op: str, *inputs: Any) -> tuple:
     if op in FP32[device_type]:
         return tuple(_to(t, _F32) for t in inputs)
     return inputs
+
+
+def autocast_op(name: str) -> Any:
+    """Decorator for an op on one of autocast's lists (most losses, prelu): inside a region its
+    floating tensor arguments, positional or keyword, are cast as the list says on entry; outside,
+    one attribute read."""
+    def wrap(fn: Any) -> Any:
+        @functools.wraps(fn)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            if STATE.active:
+                args = cast(name, *args)
+                kwargs = {k: cast(name, v)[0] if isinstance(v, Tensor) else v
+                          for k, v in kwargs.items()}
+            return fn(*args, **kwargs)
+        return run
+    return wrap

@@ -62,6 +62,9 @@ def _operators() -> dict[str, Callable]:
         "__rmul__": swap(arith.mul),
         "__truediv__": r_or_not(arith.div),
         "__rtruediv__": swap(arith.div),
+        # Python 2's names, which torch.Tensor still carries (old code calls them directly)
+        "__div__": r_or_not(arith.div),
+        "__rdiv__": swap(arith.div),
         "__pow__": r_or_not(arith.pow),
         "__rpow__": swap(arith.pow),
         "__matmul__": r_or_not(linalg.matmul),

@@ -49,6 +49,7 @@ PORTED = {
         "tensorpipe_rpc_agent_test_fixture",
     _INTERNAL + "distributed.rpc.rpc_test": "rpc_test",
     _INTERNAL + "distributed.rpc.dist_autograd_test": "dist_autograd_test",
+    _INTERNAL + "autocast_test_lists": "autocast_test_lists",
 }
 PACKAGE = "tests.torch_ports.ported"
 _TORCH_DIR = Path(torch.__file__).resolve().parent

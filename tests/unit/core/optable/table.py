@@ -57,7 +57,7 @@ NUMPY_ERROR = "core lets numpy's ValueError through where torch raises RuntimeEr
 class A:
     """A tensor argument: its shape, the range its values come from, and a dtype when it is
     fixed rather than the dtype under test ("real", "pos" > 0.5, "unit" in (-0.9, 0.9),
-    "index" an int64 in [0, 3), "mask" a bool, "special" NaN, infinities and -0.0)."""
+    "index" an int64 in [0, 3), "mask" a bool, "special" NaN, infinities and -0.0, "sign" +1 or -1)."""
 
     shape: tuple
     domain: str = "real"
@@ -189,6 +189,8 @@ class Lib:
             raw = self.rng.random(size) * 2 + 0.5
         elif a.domain == "unit":
             raw = self.rng.random(size) * 1.8 - 0.9
+        elif a.domain == "sign":  # the +1/-1 targets of the embedding and ranking losses
+            raw = np.where(self.rng.random(size) > 0.5, 1.0, -1.0)
         else:
             raw = self.rng.standard_normal(size) * 2
         return np.asarray(raw).astype(_NP[dt]).reshape(a.shape)
