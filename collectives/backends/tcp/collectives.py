@@ -27,6 +27,7 @@ import numpy as np
 from shoal.collectives import arrays
 from shoal.collectives.backends.tcp import hierarchical, over_sockets, shm, shm_p2p, shm_streams
 from shoal.collectives.backends.tcp.links import GroupFailed, Links, P2PMismatch
+from shoal.collectives.backends.tcp.algorithms import ProtocolError
 from shoal.collectives.backends.tcp.pump import LinkDown
 from shoal.collectives.backends.tcp.reasons import FailureReason
 from shoal.collectives.constants import SHM_SLOT_BYTES, SMALL_MAX_BYTES
@@ -203,7 +204,7 @@ def all_to_all(links: Links, seq: int, fps_out: dict, fps_in: dict,
     """`outs[q]` := rank q's `ins[rank]`."""
     me, size = links.rank, links.size
     if size > 1 and links.shm is not None:
-        _all_to_all_shared(links, seq, outs, ins)
+        _all_to_all_shared(links, seq, fps_out, fps_in, outs, ins)
     elif size > 1:
         over_sockets.all_to_all(links, seq, fps_out, fps_in, outs, ins)
     if outs[me].shape != ins[me].shape:
@@ -216,18 +217,57 @@ def all_to_all(links: Links, seq: int, fps_out: dict, fps_in: dict,
     np.copyto(outs[me], ins[me])
 
 
-def _all_to_all_shared(links: Links, seq: int, outs, ins) -> None:
-    """all_to_all on one host: the ranks first swap how many bytes each sends to and expects
-    from every other (the blocks' sizes differ from rank to rank, and every rank must run the
-    same relay steps), check that every pair agrees, then each publishes its outgoing blocks
-    in rank order and copies its incoming ones out of their senders' regions."""
+_A2A_FP = b"all_to_all(sizes)"
+
+
+def _all_to_all_shared(links: Links, seq: int, fps_out: dict, fps_in: dict, outs, ins) -> None:
+    """all_to_all on one host. The ranks swap how many bytes each sends to and expects from
+    every other (the blocks' sizes differ from rank to rank, and every rank must run the same
+    relay steps) and check that every pair agrees; with its table each rank sends every peer
+    its block when that is at most the small-message size, so small blocks take one round
+    trip. Then, only when some block anywhere is larger, each rank publishes its large
+    blocks in rank order in shared memory and copies its incoming ones out of their senders'
+    regions."""
     me, size = links.rank, links.size
     table = np.zeros((2, size), dtype="<u8")
     table[0] = [0 if q == me else ins[q].nbytes for q in range(size)]
     table[1] = [0 if q == me else outs[q].nbytes for q in range(size)]
-    got = links.direct.exchange(seq, b"all_to_all(sizes)", table.tobytes())
+    raw_table = table.tobytes()
+    tl = len(raw_table)
+    d = links.direct
+    for q in d.peers:
+        small = ins[q].nbytes <= SMALL_MAX_BYTES
+        d.send_to(q, seq, _A2A_FP, raw_table + arrays.as_bytes(ins[q]) if small else raw_table)
     tables = {me: table}
-    tables.update({q: np.frombuffer(raw, dtype="<u8").reshape(2, size) for q, raw in got.items()})
+    for q in d.peers:
+        inline = outs[q].nbytes if outs[q].nbytes <= SMALL_MAX_BYTES else 0
+        try:
+            got = d.recv_from(q, seq, _A2A_FP, tl + inline)
+        except ProtocolError as exc:
+            # Checked, but not the length we expect: rank q's block for us has another size.
+            raise GroupFailed(FailureReason(
+                "mismatch",
+                f"rank {q}'s all_to_all input_list[{me}] does not have the {outs[q].nbytes} "
+                f"bytes of rank {me}'s output_list[{q}]; every block must match the "
+                "receiver's output block", me, tuple(sorted((q, me))),
+            )) from exc
+        tables[q] = np.frombuffer(got[:tl], dtype="<u8").reshape(2, size).copy()
+        if inline:
+            _u8(outs[q])[:] = np.frombuffer(got[tl:], np.uint8)
+    _check_all_to_all_tables(tables, size, me)
+    big = [[int(n) if n > SMALL_MAX_BYTES else 0 for n in tables[p][0]] for p in range(size)]
+    lengths = [sum(row) for row in big]
+    if not any(lengths):
+        return
+    wants = {p: [(sum(big[p][:me]), _u8(outs[p]))] for p in range(size) if p != me and big[p][me]}
+    publish = [_u8(ins[q]) for q in range(size) if q != me and big[me][q]]
+    shm_streams.relay(links.shm, links.shm_barrier(seq, b"all_to_all"), lengths, publish, wants,
+                      shm_streams.step_bytes(max(lengths)))
+
+
+def _check_all_to_all_tables(tables: dict, size: int, me: int) -> None:
+    """Raise GroupFailed unless every rank's block for every other has the size that one
+    expects (every rank checks every pair, so all fail alike)."""
     for p in range(size):
         for q in range(size):
             if p != q and tables[p][0][q] != tables[q][1][p]:
@@ -239,16 +279,6 @@ def _all_to_all_shared(links: Links, seq: int, outs, ins) -> None:
                     "match the receiver's output block",
                     me, (lo, hi),
                 ))
-    lengths = [int(tables[p][0].sum()) for p in range(size)]
-    wants = {}
-    for p in range(size):
-        if p != me:
-            offset = int(tables[p][0][:me].sum())
-            wants[p] = [(offset, _u8(outs[p]))]
-    publish = [_u8(ins[q]) for q in range(size) if q != me]
-    longest = max(lengths)
-    shm_streams.relay(links.shm, links.shm_barrier(seq, b"all_to_all"), lengths, publish, wants,
-                      shm_streams.step_bytes(longest))
 
 
 # ----------------------------------------------------------------------------- barriers
@@ -319,15 +349,22 @@ def send(links: Links, fp: bytes, arr: np.ndarray, dst: int, tag: int,
 
 
 def recv(links: Links, expected: bytes, arr: np.ndarray, src: Optional[int], tag: int,
-         mail: Optional[shm_p2p.ShmMail] = None) -> int:
-    """Receive into `arr` from rank `src` (None: any); returns the sender's rank.
+         mail: Optional[shm_p2p.ShmMail] = None, until: Optional[float] = None) -> Optional[int]:
+    """Receive into `arr` from rank `src` (None: any); returns the sender's rank, or None when
+    no message came by the `time.monotonic()` deadline `until` (None: wait for it).
 
     Raises:
         P2PMismatch: the message does not fit `arr` (dropped; the group survives).
         GroupFailed: the group failed while waiting, or a peer sent a bad descriptor.
     """
-    got = links.control.take_p2p(src, tag, links.failed)
+    if until is None:
+        got = links.control.take_p2p(src, tag, links.failed)
+    else:
+        got = links.control.take_p2p(src, tag, lambda: links.failed() or time.monotonic() >= until,
+                                     max(0.0, until - time.monotonic()))
     if got is None:
+        if until is not None and not links.failed():
+            return None
         raise GroupFailed()
     q, fp, payload = got
     shared = fp[:1] == shm_p2p.MARK

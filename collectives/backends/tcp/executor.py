@@ -18,7 +18,7 @@ from shoal.collectives.backends.ledger import OpLedger, OpRecord
 from shoal.collectives.types import CollectiveTimeout, GroupDestroyed
 from shoal.core.timeouts import TimeoutLike, to_seconds
 
-__all__ = ["InOrderExecutor", "OpWork", "DoneWork", "PartWork", "Job"]
+__all__ = ["InOrderExecutor", "OpWork", "DoneWork", "PartWork", "Handoff", "Job"]
 
 # An operation's body: job(record, arrays) -> the Work's result list.
 Job = Callable[[OpRecord, Any], list]
@@ -93,6 +93,16 @@ class OpWork(Work):
                 self._callbacks.append(fn)
                 return
         fn(self)
+
+
+class Handoff:
+    """What an eager job returns to finish in the group's worker thread: `job`, the rest of it
+    (run with the same record and arrays)."""
+
+    __slots__ = ("job",)
+
+    def __init__(self, job: Job):
+        self.job = job
 
 
 class DoneWork(CompletedWork):
@@ -171,17 +181,22 @@ class InOrderExecutor:
         self._busy = False
         self._stopped = False
         self._worker: Optional[threading.Thread] = None
+        self._handed: set[int] = set()  # ids of queued OpWorks whose job started inline
 
     def submit(self, op: str, desc: str, nbytes: int, timeout: float, async_op: bool, p2p: bool,
-               job: Job, arrays: Any) -> Work:
-        """Number, record and run (inline or queued) `job(record, arrays)`; returns its Work."""
+               job: Job, arrays: Any, eager: bool = False) -> Work:
+        """Number, record and run (inline or queued) `job(record, arrays)`; returns its Work.
+
+        `eager`: run inline when the group is idle even for an async op; such a job may
+        return a `Handoff` to finish in the worker thread, ahead of anything queued since.
+        """
         ledger = self._ledger
         with self._lock:
             if self._stopped:
                 raise GroupDestroyed(
                     f"{op} was called on process group '{self.name}' after it was destroyed."
                 )
-            inline = not async_op and not self._busy and not self._queue
+            inline = (eager or not async_op) and not self._busy and not self._queue
             if inline:
                 self._busy = True
                 rec = ledger.open(op, desc, nbytes, timeout, p2p)
@@ -189,36 +204,53 @@ class InOrderExecutor:
                 rec = ledger.record(op, desc, nbytes, timeout, p2p)
                 work = OpWork(rec, self._describe)
                 self._queue.append((rec, job, arrays, work))
-                if self._worker is None:
-                    self._worker = threading.Thread(
-                        target=self._loop, name=f"shoal-pg-{self.name}-worker", daemon=True
-                    )
-                    self._worker.start()
+                self._start_worker()
                 self._lock.notify_all()
         if inline:
             # The synchronous fast path, all in this frame (a call costs a tenth of the whole
             # overhead of a small all_reduce): no Work object exists until the op has finished.
+            handoff = None
             try:
                 try:
                     result = self._runner(rec, job, arrays)
                 except BaseException as exc:
                     ledger.finish(rec, exc)
                     raise
+                if isinstance(result, Handoff):
+                    handoff = OpWork(rec, self._describe)
+                    return handoff
                 ledger.finish(rec)
                 return DoneWork(rec, result)
             finally:
                 with self._lock:
                     self._busy = False
+                    if handoff is not None:
+                        # Still running: first in line, before whatever was queued meanwhile.
+                        self._queue.appendleft((rec, result.job, arrays, handoff))
+                        self._handed.add(id(handoff))
+                        self._start_worker()
                     if self._queue:
                         self._lock.notify_all()
         if not async_op:
             work.wait()
         return work
 
+    def _start_worker(self) -> None:
+        """Start the worker thread on first use (under the lock)."""
+        if self._worker is None:
+            self._worker = threading.Thread(
+                target=self._loop, name=f"shoal-pg-{self.name}-worker", daemon=True
+            )
+            self._worker.start()
+
     def _run_queued(self, rec: OpRecord, job: Job, arrays: Any, work: OpWork) -> None:
         # The ledger's record is what the watchdog, the dump and the progress other ranks read.
         ledger = self._ledger
-        ledger.start(rec)
+        with self._lock:
+            handed = id(work) in self._handed
+            self._handed.discard(id(work))
+        if not handed:  # a handed-off job started inline and is running already
+            ledger.start(rec)
         try:
             result = self._runner(rec, job, arrays)
         except BaseException as exc:  # noqa: BLE001 - the caller's Work raises it, in its thread

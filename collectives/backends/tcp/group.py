@@ -15,7 +15,9 @@ same culprit.
 
 from __future__ import annotations
 
+import collections
 import logging
+import time
 from typing import Callable, Optional
 
 from shoal.collectives import env
@@ -29,7 +31,7 @@ from shoal.collectives.backends.tcp import algorithms as algos
 from shoal.collectives.backends.tcp import collectives as ops
 from shoal.collectives.backends.tcp import negotiation, shm_p2p, staging
 from shoal.collectives.backends.tcp import topology as topo
-from shoal.collectives.backends.tcp.executor import InOrderExecutor, Job, PartWork
+from shoal.collectives.backends.tcp.executor import Handoff, InOrderExecutor, Job, PartWork
 from shoal.collectives.backends.tcp.failure import GroupFailure
 from shoal.collectives.backends.tcp.links import Links, P2PMismatch
 from shoal.collectives.backends.tcp.mesh import Mesh
@@ -46,6 +48,10 @@ __all__ = ["ProcessGroupTCP"]
 
 _FIRST = (0,)
 _NONE = ()
+# How long an eager batch_isend_irecv waits in the caller's thread for its receives before the
+# worker thread takes them over: a few of a small exchange's round trips on a busy machine, and
+# short enough that a caller overlapping compute with its receives hardly notices it.
+_INLINE_RECV_GRACE_S = 1e-3
 
 
 class ProcessGroupTCP(BackendGroup):
@@ -177,7 +183,8 @@ class ProcessGroupTCP(BackendGroup):
         return pair
 
     def _submit(self, op: str, desc: str, job: Job, arrays: tuple, nbytes: int, timeout: float,
-                async_op: bool, copy_in=None, copy_out=_NONE, p2p: bool = False) -> Work:
+                async_op: bool, copy_in=None, copy_out=_NONE, p2p: bool = False,
+                eager: bool = False) -> Work:
         """Run `job(record, arrays)` in order; of cupy `arrays`, those in `copy_in` (None: all)
         are copied to the host before it and those in `copy_out` back to the device after it."""
         if self._destroyed:
@@ -188,8 +195,10 @@ class ProcessGroupTCP(BackendGroup):
         # stream here, in the caller's thread); numpy arrays go as they are.
         stage = staging.for_arrays(arrays)
         if stage is not None:
-            job = stage.around(job, copy_in, copy_out)
-        return self._executor.submit(op, desc, nbytes, timeout, async_op, p2p, job, arrays)
+            # Not eager: a job handed off half-way would be copied back before it finished.
+            job, eager = stage.around(job, copy_in, copy_out), False
+        return self._executor.submit(op, desc, nbytes, timeout, async_op, p2p, job, arrays,
+                                     eager)
 
     # ------------------------------------------------------------------ collectives
 
@@ -290,10 +299,16 @@ class ProcessGroupTCP(BackendGroup):
              tuple((x.dtype, x.shape) for x in ins)),
             lambda: "all_to_all(in " + ", ".join(describe(x) for x in ins)
             + "; out " + ", ".join(describe(o) for o in outs) + ")")
-        peers = [q for q in range(w) if q != self._rank]
-        # Each peer checks the header of its own block: the shapes differ from peer to peer.
-        fps_out = {q: f"all_to_all({describe(ins[q])})".encode() for q in peers}
-        fps_in = {q: f"all_to_all({describe(outs[q])})".encode() for q in peers}
+        key = ("all_to_all-blocks", tuple((o.dtype, o.shape) for o in outs),
+               tuple((x.dtype, x.shape) for x in ins))
+        blocks = self._fp_cache.get(key)
+        if blocks is None:
+            peers = [q for q in range(w) if q != self._rank]
+            # Each peer checks the header of its own block: the shapes differ from peer to peer.
+            blocks = self._fp_cache[key] = (
+                {q: f"all_to_all({describe(ins[q])})".encode() for q in peers},
+                {q: f"all_to_all({describe(outs[q])})".encode() for q in peers})
+        fps_out, fps_in = blocks
         links = self._links
 
         def job(rec, a):
@@ -362,30 +377,53 @@ class ProcessGroupTCP(BackendGroup):
                                  f"0..{self._size - 1} of this group, got {peer!r}.")
             if peer == self._rank:
                 raise ValueError(f"Rank {self._rank} cannot {what} to itself.")
-            entries.append((is_send, arr, peer, self._tag(tag), f"p2p({describe(arr)})".encode()))
+            fp = self._fingerprint(("p2p", arr.dtype, arr.shape),
+                                   lambda a=arr: f"p2p({describe(a)})")[0]
+            entries.append((is_send, arr, peer, self._tag(tag), fp))
         seconds = self._t(timeout)
         links, mail = self._links, self._mail
         sends = [i for i, e in enumerate(entries) if e[0]]
         recvs = [i for i, e in enumerate(entries) if not e[0]]
+        outcomes: list = [None] * len(entries)
+        left = collections.deque(recvs)
 
-        def job(rec, a):
-            outcomes: list = [None] * len(entries)
-            for i in sends:
-                ops.send(links, entries[i][4], a[i], entries[i][2], entries[i][3], mail)
-            for i in recvs:
+        def receive(a, until):
+            # The receives still to do, in order; False when one did not arrive by `until`.
+            while left:
+                i = left[0]
+                _s, _arr, peer, tag, fp = entries[i]
                 try:
-                    outcomes[i] = ops.recv(links, entries[i][4], a[i], entries[i][2],
-                                           entries[i][3], mail)
+                    got = ops.recv(links, fp, a[i], peer, tag, mail, until)
+                    if got is None:
+                        return False
+                    outcomes[i] = got
                 except P2PMismatch as exc:
                     outcomes[i] = exc
+                left.popleft()
+            return True
+
+        def job(rec, a):
+            for i in sends:
+                ops.send(links, entries[i][4], a[i], entries[i][2], entries[i][3], mail)
+            # Run inline (eager), the batch waits a moment for its receives in the caller's
+            # thread (a peer's reply to a small exchange takes tens of microseconds), then
+            # leaves the rest to the worker thread so the caller is free to go on.
+            if receive(a, time.monotonic() + _INLINE_RECV_GRACE_S):
+                return outcomes
+            return Handoff(finish)
+
+        def finish(rec, a):
+            receive(a, None)
             return outcomes
 
-        desc = "batch_isend_irecv(" + ", ".join(
-            f"{'send' if s else 'recv'}({describe(a)}, {'dst' if s else 'src'}={p}, tag={t})"
-            for s, a, p, t, _fp in entries) + ")"
+        desc = self._fingerprint(
+            ("batch_isend_irecv", tuple((s, a.dtype, a.shape, p, t) for s, a, p, t, _ in entries)),
+            lambda: "batch_isend_irecv(" + ", ".join(
+                f"{'send' if s else 'recv'}({describe(a)}, {'dst' if s else 'src'}={p}, tag={t})"
+                for s, a, p, t, _fp in entries) + ")")[1]
         batch = self._submit("batch_isend_irecv", desc, job, tuple(e[1] for e in entries),
                              sum(e[1].nbytes for e in entries), seconds, True,
-                             copy_in=sends, copy_out=recvs, p2p=True)
+                             copy_in=sends, copy_out=recvs, p2p=True, eager=True)
         return [PartWork(batch, i, [p2p_ops[i][1]]) for i in range(len(entries))]
 
     # ------------------------------------------------------------------ lifecycle

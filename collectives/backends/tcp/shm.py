@@ -60,10 +60,12 @@ _VERDICT = struct.Struct("!4sB")  # magic, usable (0/1)
 _VERDICT_MAGIC = b"SHM2"
 BUFFERS = 3  # per region, used in turn (see the module docstring)
 # Point-to-point rings (`shm_p2p`): one per destination after the buffers and a page of
-# counters. A ring holds one message of up to 64 MiB whole (larger ones take the sockets), and
-# the rings of a region stay within 512 MiB of address space; pages cost memory only once a
-# message of that size has been written into them.
-P2P_RING_MAX_BYTES = 64 * 1024 * 1024 + 4096
+# counters. A ring holds two messages of up to 64 MiB (one the receiver is still copying out,
+# the sender's next; larger ones take the sockets), and the rings of a region stay within
+# 512 MiB of address space; pages cost memory only once a message has been written there,
+# and a sender starts again at the ring's start whenever the receiver has freed everything,
+# so a stream of messages keeps using the same pages.
+P2P_RING_MAX_BYTES = 128 * 1024 * 1024 + 8192
 P2P_REGION_BUDGET_BYTES = 512 * 1024 * 1024
 _PAGE = 4096
 

@@ -65,9 +65,13 @@ class ShmMail:
         freed = int(slots.counters(dst)[self.rank])
         head = self._head[dst]
         pos = head % ring_bytes
-        skip = ring_bytes - pos if pos + n > ring_bytes else 0
-        if head + skip + n - freed > ring_bytes:
-            return None
+        if freed == head:
+            # Nothing pending: back to the ring's start, whose pages are mapped already.
+            skip = (ring_bytes - pos) % ring_bytes
+        else:
+            skip = ring_bytes - pos if pos + n > ring_bytes else 0
+            if head + skip + n - freed > ring_bytes:
+                return None
         start = 0 if skip else pos
         np.copyto(slots.ring(self.rank, dst)[start:start + n], payload)
         end = head + skip + n
