@@ -23,8 +23,13 @@ shoal's autocast step should not be expected to gain what torch's oneDNN bf16 ke
 (the MLP, GEMM-bound, was slower under autocast; for the GPT, read the ratio this prints). The
 autocast speed target (<= 0.6x of float32) is for GPUs and is checked by the GPU runs.
 
+Targets (issue 40): shoal's autocast step <= 1.2x torch's autocast step. `--profile N` then
+records N more steps of each row under its library's profiler and prints each op's self CPU
+time per step (where the time goes).
+
     python bench/amp.py --compare --iters 20                # the GPT
     python bench/amp.py --compare --model mlp --iters 20    # core_step's MLP
+    python bench/amp.py --compare --profile 3               # and the op breakdowns
 """
 
 from __future__ import annotations
@@ -172,7 +177,8 @@ def _peak_memory(model: str, side: str, amp: bool, method: str, iters: int) -> f
     return json.loads(out.stdout.strip().splitlines()[-1])["mib"]
 
 
-def compare(model: str, iters: int, warmup: int, mem_steps: int, torch_mod) -> None:
+def compare(model: str, iters: int, warmup: int, mem_steps: int, torch_mod,
+            profile_steps: int = 0) -> None:
     """Alternate the rows step by step; print medians, spreads, peak memory and ratios."""
     core.retain_freed_memory()
     rows: dict[str, Callable[[], float]] = {}
@@ -214,6 +220,14 @@ def compare(model: str, iters: int, warmup: int, mem_steps: int, torch_mod) -> N
         print(f"torch amp / torch f32: {med['torch amp'] / med['torch f32']:.2f}x")
         print(f"shoal f32 / torch f32: {med['shoal f32'] / med['torch f32']:.2f}x; "
               f"shoal amp / torch amp: {med['shoal amp'] / med['torch amp']:.2f}x")
+    if profile_steps:
+        profilers = {"shoal": core.profiler.profile}
+        if torch_mod is not None:
+            profilers["torch"] = torch_mod.profiler.profile
+        models.print_breakdowns(
+            {"bench": "amp", "model": model},
+            {name: models.op_breakdown(step, profilers[name.split()[0]], profile_steps)
+             for name, step in rows.items()})
 
 
 def main() -> None:
@@ -224,6 +238,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--mem-steps", "--mem_steps", type=int, default=3,
                         help="steps each memory child runs")
+    parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                        help="then profile STEPS more steps per row: each op's self time")
     parser.add_argument("--child", choices=("shoal", "torch"), help=argparse.SUPPRESS)
     parser.add_argument("--method", choices=("rss", "tracemalloc"), help=argparse.SUPPRESS)
     parser.add_argument("--amp", dest="amp", action="store_true", help=argparse.SUPPRESS)
@@ -242,7 +258,7 @@ def main() -> None:
             torch_mod = _import_torch()
         except ImportError:
             print("torch is not installed: shoal rows only")
-    compare(args.model, args.iters, args.warmup, args.mem_steps, torch_mod)
+    compare(args.model, args.iters, args.warmup, args.mem_steps, torch_mod, args.profile)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ JSON line per row with medians, spread and the ratio. Targets: shoal <= 1.1x tor
     python bench/core_step.py --iters 40            # torch peer runs when installed
     python bench/core_step.py --breakdown           # per-phase medians for both
     python bench/core_step.py --dtype float64       # the same step in double precision
+    python bench/core_step.py --profile 10          # and each side's op breakdown
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import statistics  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
+
+import models  # noqa: E402  (bench/'s op breakdown; bench/ is not a package)
 
 from shoal import core  # noqa: E402
 from shoal.core import nn  # noqa: E402
@@ -116,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-compare", "--no_compare", action="store_true",
                         help="skip the torch peer even when it is installed")
     parser.add_argument("--breakdown", action="store_true", help="per-phase medians too")
+    parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                        help="then profile STEPS more steps per side: each op's self time")
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32",
                         help="the parameters', batch's and optimizer state's dtype")
     args = parser.parse_args(argv)
@@ -171,6 +176,14 @@ def main(argv: list[str] | None = None) -> int:
         # cancels most of the drift a busy machine adds to both.
         paired = statistics.median(sum(a) / sum(b) for a, b in zip(shoal_times, torch_times))
         rows[0]["paired_ratio_median"] = paired
+
+    if args.profile:
+        breakdowns = {"shoal": models.op_breakdown(lambda: shoal_phases(model, opt, x, y),
+                                                   core.profiler.profile, args.profile)}
+        if peer:
+            breakdowns["torch"] = models.op_breakdown(lambda: torch_phases(*peer),
+                                                      peer[0].profiler.profile, args.profile)
+        models.print_breakdowns({"bench": "core_step", "dtype": args.dtype}, breakdowns)
 
     print(f"{'impl':<6} {'phase':<10} {'median ms':>10} {'p10 ms':>8} {'p90 ms':>8} {'x torch':>8}")
     for r in rows:

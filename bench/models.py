@@ -3,10 +3,13 @@
 Each step is forward, cross-entropy, backward and AdamW. torch CPU runs the same model with the
 same weights in the same run (its twins live in bench/torch_twins.py), alternating
 A/B; the script prints a table and one JSON line per row with medians, spread and the ratio.
-Targets: GPT step <= 1.2x torch, convnet step <= 1.5x torch.
+Targets (issue 40): GPT step <= 1.1x torch, convnet step <= 1.1x torch. `--profile N` then
+records N more steps of each side under its own profiler (shoal's core.profiler, torch's
+torch.profiler) and prints where the time goes: each op's self CPU time per step.
 
     python bench/models.py --compare                 # both models, torch peer required
     python bench/models.py --model gpt --breakdown   # per-phase medians too
+    python bench/models.py --compare --profile 10    # and both libraries' op breakdowns
 """
 
 from __future__ import annotations
@@ -86,6 +89,30 @@ def _phases(forward, loss_fn, opt, x, y) -> tuple:
     return t1 - t0, t2 - t1, t3 - t2, t4 - t3
 
 
+def op_breakdown(step, profiler, steps: int, top: int = 12) -> dict[str, float]:
+    """{op: self CPU ms per step} of the `top` costliest ops over `steps` calls of `step` under
+    `profiler` (core.profiler.profile or torch.profiler.profile), plus "(all ops)": the sum of
+    every op's self time, i.e. the step less the Python between ops."""
+    with profiler() as prof:
+        for _ in range(steps):
+            step()
+    avgs = sorted(prof.key_averages(), key=lambda a: a.self_cpu_time_total, reverse=True)
+    out = {a.key: a.self_cpu_time_total / 1e3 / steps for a in avgs[:top]}
+    out["(all ops)"] = sum(a.self_cpu_time_total for a in avgs) / 1e3 / steps
+    return out
+
+
+def print_breakdowns(base: dict, breakdowns: dict[str, dict[str, float]]) -> None:
+    """Each side's op breakdown as a table, then one JSON line per side."""
+    for side, ops in breakdowns.items():
+        print(f"{side}: self CPU ms per step, costliest ops first")
+        for op, ms in ops.items():
+            print(f"  {op:<44} {ms:>8.3f}")
+    for side, ops in breakdowns.items():
+        print(json.dumps({**base, "impl": side, "profile_ms_per_step":
+                          {k: round(v, 4) for k, v in ops.items()}}))
+
+
 def summarize(samples: list[float]) -> dict:
     """Median and 10th/90th percentiles in milliseconds."""
     ms = sorted(s * 1e3 for s in samples)
@@ -131,6 +158,13 @@ def run_model(name: str, args, torch_mod) -> list[dict]:
             for k, phase in enumerate(("forward", "loss", "backward", "optimizer")):
                 rows.append({**base, "impl": side, "phase": phase,
                              **summarize([t[k] for t in samples])})
+    if args.profile:
+        profilers = {"shoal": core.profiler.profile}
+        if "torch" in sides:
+            profilers["torch"] = torch_mod.profiler.profile
+        breakdowns = {side: op_breakdown(sides[side], profilers[side], args.profile)
+                      for side in profilers}
+        print_breakdowns({"bench": "models", "model": name}, breakdowns)
     if "torch" in times:
         ref = {r["phase"]: r["median_ms"] for r in rows if r["impl"] == "torch"}
         for r in rows:
@@ -149,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--compare", action="store_true", help="require and run the torch peer")
     parser.add_argument("--breakdown", action="store_true", help="per-phase medians too")
+    parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                        help="then profile STEPS more steps per side: each op's self time")
     parser.add_argument("--malloc-default", "--malloc_default", action="store_true",
                         help="leave glibc's trim/mmap thresholds alone (core.retain_freed_memory)")
     args = parser.parse_args(argv)
