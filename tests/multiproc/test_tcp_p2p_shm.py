@@ -7,6 +7,8 @@ test_shm_p2p.py."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -183,3 +185,31 @@ def test_a_batch_names_a_bad_peer(pair):
         pair[0].batch_p2p([(True, np.ones(4, np.float32), 0, 0)])
     with pytest.raises(ValueError, match="peer must be a rank in 0..1"):
         pair[0].batch_p2p([(False, np.ones(4, np.float32), 5, 0)])
+
+
+def test_a_batch_whose_message_is_late_returns_and_completes_in_the_worker(pair):
+    # Rank 1's batch must return while its receive is pending (the worker finishes it), or
+    # rank 0, which sends only once rank 1's call returned, would never send.
+    returned = threading.Event()
+
+    def fn(pg, r):
+        if r == 0:
+            assert returned.wait(10), "rank 1's batch_isend_irecv blocked on its late receive"
+            pg.send(np.full(LARGE, 5.0, np.float32), 1)
+            return None
+        out = np.empty(LARGE, np.float32)
+        (work,) = pg.batch_p2p([(False, out, 0, 0)])
+        returned.set()
+        assert work.wait(10)
+        assert work.source_rank == 0
+        pg.all_reduce(np.ones(4, np.float32))  # the group runs on after the handed-off batch
+        return out
+
+    def fn_all(pg, r):
+        got = fn(pg, r)
+        if r == 0:
+            pg.all_reduce(np.ones(4, np.float32))
+        return got
+
+    out = _ok(run_all(pair, fn_all, timeout=60))[1]
+    assert (out == 5.0).all()
