@@ -113,6 +113,42 @@ def print_breakdowns(base: dict, breakdowns: dict[str, dict[str, float]]) -> Non
                           {k: round(v, 4) for k, v in ops.items()}}))
 
 
+def conv_gemm_floor(model, x, repeats: int = 50) -> float:
+    """Milliseconds that the GEMMs of `model`'s convolutions alone take per training step (the
+    forward product, the weight gradient's and, past the first layer, the input gradient's,
+    at the shapes shoal's im2col gives them), best of `repeats`: a lower bound on shoal's step."""
+    shapes = []  # (rows, K, O, whether the input needs a gradient) per conv, from a forward
+
+    def hook(module, inputs, output):
+        w = module.weight.shape
+        n, _, ho, wo = output.shape
+        shapes.append((n * ho * wo, w[1] * w[2] * w[3], w[0], inputs[0].requires_grad))
+
+    handles = [m.register_forward_hook(hook) for m in model.modules()
+               if isinstance(m, core.nn.Conv2d)]
+    model(x)  # with autograd on, so that requires_grad tells which inputs get a gradient
+    for h in handles:
+        h.remove()
+    rng = np.random.default_rng(0)
+    total = 0.0
+    for rows, k, o, input_grad in shapes:
+        cols = rng.random((rows, k), dtype=np.float32)
+        w = rng.random((o, k), dtype=np.float32)
+        g = rng.random((rows, o), dtype=np.float32)
+        products = [lambda: cols @ w.T, lambda: cols.T @ g]
+        if input_grad:  # a stride-1 input gradient is one more GEMM of the same size
+            wt = rng.random((k, o), dtype=np.float32)
+            products.append(lambda: cols @ wt)
+        for product in products:
+            best = float("inf")
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                product()
+                best = min(best, time.perf_counter() - t0)
+            total += best
+    return total * 1e3
+
+
 def summarize(samples: list[float]) -> dict:
     """Median and 10th/90th percentiles in milliseconds."""
     ms = sorted(s * 1e3 for s in samples)
@@ -165,6 +201,12 @@ def run_model(name: str, args, torch_mod) -> list[dict]:
         breakdowns = {side: op_breakdown(sides[side], profilers[side], args.profile)
                       for side in profilers}
         print_breakdowns({"bench": "models", "model": name}, breakdowns)
+        if name == "convnet":
+            floor = conv_gemm_floor(model, x)
+            print(json.dumps({"bench": "models", "model": name,
+                              "conv_gemm_floor_ms": round(floor, 4)}))
+            print(f"convnet: its convolutions' GEMMs alone take {floor:.2f} ms per step "
+                  "(best of 50 each, this BLAS)")
     if "torch" in times:
         ref = {r["phase"]: r["median_ms"] for r in rows if r["impl"] == "torch"}
         for r in rows:
