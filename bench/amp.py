@@ -45,7 +45,6 @@ import json  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
-import time  # noqa: E402
 import tracemalloc  # noqa: E402
 from typing import Callable  # noqa: E402
 
@@ -190,10 +189,10 @@ def compare(model: str, iters: int, warmup: int, mem_steps: int, torch_mod,
     losses: dict[str, float] = {}
     for i in range(warmup + iters):
         for name, step in rows.items():
-            t0 = time.perf_counter()
+            t0 = models.clock()
             losses[name] = step()
             if i >= warmup:
-                times[name].append(time.perf_counter() - t0)
+                times[name].append(models.clock() - t0)
     med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
     print(f"{DESCRIPTIONS[model]()}, one thread; {iters} steps per row after {warmup} warm-up, "
           f"rows alternated; memory over {mem_steps} steps in a fresh process per row")
@@ -213,6 +212,7 @@ def compare(model: str, iters: int, warmup: int, mem_steps: int, torch_mod,
         print(json.dumps({"bench": "amp", "model": model, "row": name,
                           "median_ms": round(med[name], 2), "peak_rss_growth_mib": rss,
                           "tracemalloc_peak_mib": traced, "iters": iters,
+                          "clock": "cpu" if models.clock is models.CLOCKS["cpu"] else "wall",
                           "mem_steps": mem_steps}))
     print(f"shoal amp / shoal f32: {med['shoal amp'] / med['shoal f32']:.2f}x "
           "(numpy has no bf16 BLAS: ml_dtypes' loops run the bf16 work)")
@@ -240,6 +240,8 @@ def main() -> None:
                         help="steps each memory child runs")
     parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
                         help="then profile STEPS more steps per row: each op's self time")
+    parser.add_argument("--clock", choices=tuple(models.CLOCKS), default="wall",
+                        help="wall time, or the thread's CPU time (steadier on a busy machine)")
     parser.add_argument("--child", choices=("shoal", "torch"), help=argparse.SUPPRESS)
     parser.add_argument("--method", choices=("rss", "tracemalloc"), help=argparse.SUPPRESS)
     parser.add_argument("--amp", dest="amp", action="store_true", help=argparse.SUPPRESS)
@@ -252,6 +254,7 @@ def main() -> None:
     if args.child:
         child(args.model, args.child, args.amp, args.method, args.iters)
         return
+    models.use_clock(args.clock)
     torch_mod = None
     if args.compare:
         try:

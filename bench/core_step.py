@@ -22,7 +22,6 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import argparse  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
-import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -73,31 +72,31 @@ def build_torch(shoal_model, seed: int = 0, dtype: str = "float32"):
 
 def shoal_phases(model, opt, x, y):
     """One shoal step; returns the seconds spent in forward, loss, backward and step."""
-    t0 = time.perf_counter()
+    t0 = models.clock()
     opt.zero_grad()
     logits = model(x)
-    t1 = time.perf_counter()
+    t1 = models.clock()
     loss = F.cross_entropy(logits, y)
-    t2 = time.perf_counter()
+    t2 = models.clock()
     loss.backward()
-    t3 = time.perf_counter()
+    t3 = models.clock()
     opt.step()
-    t4 = time.perf_counter()
+    t4 = models.clock()
     return t1 - t0, t2 - t1, t3 - t2, t4 - t3
 
 
 def torch_phases(torch, model, opt, x, y):
     """One torch step; returns the seconds spent in forward, loss, backward and step."""
-    t0 = time.perf_counter()
+    t0 = models.clock()
     opt.zero_grad()
     logits = model(x)
-    t1 = time.perf_counter()
+    t1 = models.clock()
     loss = torch.nn.functional.cross_entropy(logits, y)
-    t2 = time.perf_counter()
+    t2 = models.clock()
     loss.backward()
-    t3 = time.perf_counter()
+    t3 = models.clock()
     opt.step()
-    t4 = time.perf_counter()
+    t4 = models.clock()
     return t1 - t0, t2 - t1, t3 - t2, t4 - t3
 
 
@@ -121,9 +120,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--breakdown", action="store_true", help="per-phase medians too")
     parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
                         help="then profile STEPS more steps per side: each op's self time")
+    parser.add_argument("--clock", choices=tuple(models.CLOCKS), default="wall",
+                        help="wall time, or the thread's CPU time (steadier on a busy machine)")
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32",
                         help="the parameters', batch's and optimizer state's dtype")
     args = parser.parse_args(argv)
+    models.use_clock(args.clock)
 
     model, opt = build_shoal(args.seed, args.dtype)
     rng = np.random.default_rng(args.seed)
@@ -158,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     phases = ("forward", "loss", "backward", "optimizer")
     rows = []
     base = {"bench": "core_step", "model": "mlp-784-1024-1024-10", "batch": args.batch,
-            "dtype": args.dtype, "optimizer": "sgd-momentum", "threads": 1, "iters": args.iters}
+            "dtype": args.dtype, "optimizer": "sgd-momentum", "threads": 1, "iters": args.iters,
+            "clock": args.clock}
     for name, times in (("shoal", shoal_times), ("torch", torch_times)):
         if not times:
             continue
