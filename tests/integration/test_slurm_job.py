@@ -22,8 +22,15 @@ ROOT = Path(__file__).resolve().parents[2]
 SBATCH = ROOT / "deploy" / "slurm" / "shoal-train.sbatch"
 JOB_TIMEOUT_S = 120
 # A short heartbeat so that the survivor's new round does not wait the default time for the
-# lost node (the k8s manifests use the same).
-RDZV_CONF = "last_call_timeout=1,heartbeat_interval=1,heartbeat_timeout=6"
+# lost node (the k8s manifests use the same). The last call bounds how far apart srun may start
+# the two agents and still have both in round 0 (with --nnodes 1:2 a round completes with one
+# node once the last call after the first is over). With 1 s, an agent started 1.5 s after the
+# other (as a loaded machine may start srun's two tasks) ran round 0 alone, the late node came
+# in by a scale-up (round 1), and the lost node would end round 2, not round 1: the likeliest
+# cause of this test's one unexplained failure. A long last call costs nothing when both come:
+# a round completes as soon as every node joined, and the survivor's round after a lost node
+# waits for no one.
+RDZV_CONF = "last_call_timeout=15,heartbeat_interval=1,heartbeat_timeout=6"
 
 
 @pytest.fixture
@@ -64,6 +71,7 @@ def test_srun_shoal_run_trains_on_two_nodes_from_slurms_variables(cluster, tmp_p
     assert slurm.wait_for_state(job, {"COMPLETED", "FAILED", "CANCELLED", "NODE_FAIL"},
                                 JOB_TIMEOUT_S) == "COMPLETED", out.read_text()[-3000:]
     text = out.read_text()
+    assert re.search(r"Round 0 of run \S+ completes with 2 nodes", text), text[-3000:]
     # Both agents joined the same rendezvous, named after the job and step, at the first node.
     assert len(re.findall(rf"joins run slurm-{job}-0\.0 \(c10d \(store\) backend, nodes 1:2",
                           text)) == 2, text[-3000:]
@@ -80,7 +88,9 @@ def test_a_node_lost_mid_run_leaves_the_other_to_finish_from_the_checkpoint(clus
     state = slurm.wait_for_state(job, {"COMPLETED", "FAILED", "CANCELLED", "NODE_FAIL"},
                                  JOB_TIMEOUT_S)
     text = out.read_text()
-    # The survivor met again alone (round 1, one node), resumed from a checkpoint and finished.
+    # Both nodes ran round 0; the survivor met again alone (round 1, one node), resumed from a
+    # checkpoint and finished.
+    assert re.search(r"Round 0 of run \S+ completes with 2 nodes", text), text[-4000:]
     assert re.search(r"Round 1 of run \S+ completes with 1 nodes", text), text[-4000:]
     assert re.search(r"\[rank 0\] resumed from step \d+", text), text[-4000:]
     assert re.search(r"\[rank 0\] final step 200 params_sha256 [0-9a-f]{64}", text), \
