@@ -34,6 +34,7 @@ from shoal.core.nn.rnn import GRU, LSTM, RNN, RNNBase
 from shoal.core.nn.rnn_cells import GRUCell, LSTMCell, RNNCell, RNNCellBase
 from shoal.core.nn.pooling import AdaptiveAvgPool2d, AvgPool2d, Flatten, MaxPool2d
 from shoal.core.nn.transformer import TransformerEncoder, TransformerEncoderLayer
+from shoal.core.nn.upsampling import Upsample, UpsamplingBilinear2d, UpsamplingNearest2d
 
 __all__ = [
     "GELU", "AdaptiveAvgPool2d", "AvgPool2d", "BatchNorm1d", "BatchNorm2d", "Conv1d", "Conv2d",
@@ -47,5 +48,6 @@ __all__ = [
     "CosineEmbeddingLoss", "GaussianNLLLoss", "HingeEmbeddingLoss", "HuberLoss", "KLDivLoss",
     "MarginRankingLoss", "PoissonNLLLoss", "SoftMarginLoss", "TripletMarginLoss", "GroupNorm",
     "InstanceNorm1d", "InstanceNorm2d", "LocalResponseNorm", "RMSNorm",
+    "Upsample", "UpsamplingBilinear2d", "UpsamplingNearest2d",
     *_activations.__all__,
 ]

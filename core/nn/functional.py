@@ -27,6 +27,9 @@ from shoal.core.nn.activations_functional import (
     logsigmoid, mish, normalize, pad, pairwise_distance, pixel_shuffle, pixel_unshuffle, prelu,
     relu6, selu, silu, softmin, softplus, softshrink, softsign, tanhshrink, threshold,
 )
+from shoal.core.nn.upsampling import (
+    interpolate, upsample, upsample_bilinear, upsample_nearest,
+)
 from shoal.core.nn.losses_more import (
     binary_cross_entropy, binary_cross_entropy_with_logits, cosine_embedding_loss,
     gaussian_nll_loss, group_norm, hinge_embedding_loss, huber_loss, instance_norm, kl_div,
@@ -67,6 +70,7 @@ __all__ = [
     "gaussian_nll_loss", "group_norm", "hinge_embedding_loss", "huber_loss", "instance_norm",
     "kl_div", "local_response_norm", "margin_ranking_loss", "poisson_nll_loss", "rms_norm",
     "soft_margin_loss", "triplet_margin_loss",
+    "interpolate", "upsample", "upsample_bilinear", "upsample_nearest",
 ]
 
 
