@@ -19,7 +19,10 @@ _NAMESPACE_BINDINGS = frozenset({"Function", "function", "profiler"})
 
 
 def autograd_getattr(name: str) -> Any:
-    """core.autograd's module `__getattr__`: Function, function and profiler, bound on demand."""
+    """core.autograd's module `__getattr__`: Function, function, profiler and Variable, bound on
+    demand."""
+    if name == "Variable":
+        return importlib.import_module("shoal.core.autograd_variable").Variable
     if name in _NAMESPACE_BINDINGS:
         importlib.import_module("shoal.core._namespace")  # binds them onto core.autograd
         return vars(sys.modules[_AUTOGRAD])[name]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import warnings
 
-__all__ = ["get_enum", "legacy_get_string", "legacy_get_enum"]
+__all__ = ["get_enum", "legacy_get_enum", "legacy_get_string", "reduction_of"]
 
 _ENUM = {"none": 0, "mean": 1, "sum": 2}
 
@@ -42,3 +42,10 @@ def legacy_get_enum(size_average: bool | None, reduce: bool | None,
                     emit_warning: bool = True) -> int:
     """get_enum of legacy_get_string."""
     return get_enum(legacy_get_string(size_average, reduce, emit_warning))
+
+
+def reduction_of(size_average: bool | None, reduce: bool | None, reduction: str) -> str:
+    """What a loss reduces by: `reduction`, unless the deprecated pair is given (torch's rule)."""
+    if size_average is None and reduce is None:
+        return reduction
+    return legacy_get_string(size_average, reduce, emit_warning=True)

@@ -8,6 +8,7 @@ from typing import Any
 from shoal.core.nn import functional as F
 from shoal.core.nn import losses_functional as _losses
 from shoal.core.nn import losses_more as _more
+from shoal.core.nn._reduction import legacy_get_string
 from shoal.core.nn.module import Module
 from shoal.core.tensor import Tensor
 
@@ -15,10 +16,17 @@ _REDUCTIONS = ("mean", "sum", "none")
 
 
 class _Loss(Module):
-    """A loss with a `reduction` ('mean', 'sum' or 'none'), checked when it is built."""
+    """A loss with a `reduction` ('mean', 'sum' or 'none'), checked when it is built.
 
-    def __init__(self, reduction: str = "mean") -> None:
+    torch's deprecated `size_average`/`reduce` pair, when either is given, decides the
+    reduction instead (with torch's warning), as in torch: reduce=False is 'none', else
+    size_average=False is 'sum'."""
+
+    def __init__(self, size_average: Any = None, reduce: Any = None,
+                 reduction: str = "mean") -> None:
         super().__init__()
+        if size_average is not None or reduce is not None:
+            reduction = legacy_get_string(size_average, reduce)
         if reduction not in _REDUCTIONS:
             raise ValueError(
                 f"{type(self).__name__}: reduction must be one of {_REDUCTIONS}, got {reduction!r}."
@@ -32,8 +40,9 @@ class _Loss(Module):
 class _WeightedLoss(_Loss):
     """A loss with optional per-class weights, kept as a buffer (in state_dict) as torch does."""
 
-    def __init__(self, weight: Tensor | None = None, reduction: str = "mean") -> None:
-        super().__init__(reduction)
+    def __init__(self, weight: Tensor | None = None, size_average: Any = None,
+                 reduce: Any = None, reduction: str = "mean") -> None:
+        super().__init__(size_average, reduce, reduction)
         self.register_buffer("weight", weight)
 
 
@@ -48,9 +57,10 @@ class NLLLoss(_WeightedLoss):
     """Negative log likelihood of log-probabilities (log_softmax output) and class indices."""
 
     def __init__(
-        self, weight: Tensor | None = None, ignore_index: int = -100, reduction: str = "mean"
+        self, weight: Tensor | None = None, size_average: Any = None, ignore_index: int = -100,
+        reduce: Any = None, reduction: str = "mean",
     ) -> None:
-        super().__init__(weight, reduction)
+        super().__init__(weight, size_average, reduce, reduction)
         self.ignore_index = ignore_index
 
     def forward(self, input: Tensor, target: Any) -> Tensor:  # noqa: A002
@@ -64,10 +74,10 @@ class CrossEntropyLoss(_WeightedLoss):
     """log_softmax then NLL over dim 1, with class indices or class probabilities as targets."""
 
     def __init__(
-        self, weight: Tensor | None = None, ignore_index: int = -100, reduction: str = "mean",
-        label_smoothing: float = 0.0,
+        self, weight: Tensor | None = None, size_average: Any = None, ignore_index: int = -100,
+        reduce: Any = None, reduction: str = "mean", label_smoothing: float = 0.0,
     ) -> None:
-        super().__init__(weight, reduction)
+        super().__init__(weight, size_average, reduce, reduction)
         if not 0.0 <= label_smoothing <= 1.0:
             raise ValueError(
                 f"CrossEntropyLoss: label_smoothing must be in [0, 1], got {label_smoothing}."
@@ -92,8 +102,9 @@ class L1Loss(_Loss):
 class SmoothL1Loss(_Loss):
     """Squared error below beta, absolute error above it (torch's SmoothL1Loss)."""
 
-    def __init__(self, reduction: str = "mean", beta: float = 1.0) -> None:
-        super().__init__(reduction)
+    def __init__(self, size_average: Any = None, reduce: Any = None, reduction: str = "mean",
+                 beta: float = 1.0) -> None:
+        super().__init__(size_average, reduce, reduction)
         self.beta = beta
 
     def forward(self, input: Tensor, target: Any) -> Tensor:  # noqa: A002
@@ -112,7 +123,7 @@ class BCEWithLogitsLoss(_WeightedLoss):
 
     def __init__(self, weight: Tensor | None = None, size_average: Any = None, reduce: Any = None,
                  reduction: str = "mean", pos_weight: Tensor | None = None) -> None:
-        super().__init__(weight, reduction)
+        super().__init__(weight, size_average, reduce, reduction)
         self.register_buffer("pos_weight", pos_weight)
 
     def forward(self, input: Tensor, target: Any) -> Tensor:  # noqa: A002
@@ -126,6 +137,8 @@ class KLDivLoss(_Loss):
     def __init__(self, size_average: Any = None, reduce: Any = None, reduction: str = "mean",
                  log_target: bool = False) -> None:
         Module.__init__(self)
+        if size_average is not None or reduce is not None:
+            reduction = legacy_get_string(size_average, reduce)
         if reduction not in _REDUCTIONS + ("batchmean",):
             raise ValueError(f"KLDivLoss: reduction must be one of "
                              f"{_REDUCTIONS + ('batchmean',)}, got {reduction!r}.")
@@ -139,7 +152,7 @@ class HuberLoss(_Loss):
     """Quadratic below delta, linear above."""
 
     def __init__(self, reduction: str = "mean", delta: float = 1.0) -> None:
-        super().__init__(reduction)
+        super().__init__(reduction=reduction)
         self.delta = delta
 
     def forward(self, input: Tensor, target: Any) -> Tensor:  # noqa: A002
@@ -156,7 +169,7 @@ class SoftMarginLoss(_Loss):
 class _MarginLoss(_Loss):
     def __init__(self, margin: float = 0.0, size_average: Any = None, reduce: Any = None,
                  reduction: str = "mean") -> None:
-        super().__init__(reduction)
+        super().__init__(size_average, reduce, reduction)
         self.margin = margin
 
 
@@ -181,7 +194,7 @@ class HingeEmbeddingLoss(_MarginLoss):
 
     def __init__(self, margin: float = 1.0, size_average: Any = None, reduce: Any = None,
                  reduction: str = "mean") -> None:
-        super().__init__(margin, reduction=reduction)
+        super().__init__(margin, size_average, reduce, reduction)
 
     def forward(self, input: Tensor, target: Any) -> Tensor:  # noqa: A002
         return _more.hinge_embedding_loss(input, target, self.margin, reduction=self.reduction)
@@ -191,7 +204,7 @@ class GaussianNLLLoss(_Loss):
     """Gaussian negative log likelihood with a predicted variance."""
 
     def __init__(self, *, full: bool = False, eps: float = 1e-6, reduction: str = "mean") -> None:
-        super().__init__(reduction)
+        super().__init__(reduction=reduction)
         self.full, self.eps = full, eps
 
     def forward(self, input: Tensor, target: Any, var: Any) -> Tensor:  # noqa: A002
@@ -203,7 +216,7 @@ class PoissonNLLLoss(_Loss):
 
     def __init__(self, log_input: bool = True, full: bool = False, size_average: Any = None,
                  eps: float = 1e-8, reduce: Any = None, reduction: str = "mean") -> None:
-        super().__init__(reduction)
+        super().__init__(size_average, reduce, reduction)
         self.log_input, self.full, self.eps = log_input, full, eps
 
     def forward(self, log_input: Tensor, target: Any) -> Tensor:
@@ -217,7 +230,7 @@ class TripletMarginLoss(_Loss):
     def __init__(self, margin: float = 1.0, p: float = 2.0, eps: float = 1e-6,
                  swap: bool = False, size_average: Any = None, reduce: Any = None,
                  reduction: str = "mean") -> None:
-        super().__init__(reduction)
+        super().__init__(size_average, reduce, reduction)
         self.margin, self.p, self.eps, self.swap = margin, p, eps, swap
 
     def forward(self, anchor: Tensor, positive: Tensor, negative: Tensor) -> Tensor:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from shoal.core.errors import ShapeError
+from shoal.core.nn._reduction import reduction_of
 from shoal.core.ops._autocast import autocast_op
 from shoal.core.ops._opmath import narrow, widen
 from shoal.core.ops._promote import result_dtype
@@ -54,7 +55,7 @@ def _elementwise_loss(name: str, x: Any, target: Any, reduction: str, value_and_
 def l1_loss(input: Tensor, target: Any, size_average: Any = None, reduce: Any = None,  # noqa: A002
             reduction: str = "mean") -> Tensor:
     """Mean (or sum, or elementwise) absolute error; the gradient at 0 is 0, as torch's."""
-    _legacy(size_average, reduce)
+    reduction = reduction_of(size_average, reduce, reduction)
     return _elementwise_loss(
         "l1_loss", input, target, reduction, lambda d, xp: (xp.abs(d), xp.sign(d)),
         "L1LossBackward",
@@ -65,7 +66,7 @@ def l1_loss(input: Tensor, target: Any, size_average: Any = None, reduce: Any = 
 def smooth_l1_loss(input: Tensor, target: Any, size_average: Any = None, reduce: Any = None,  # noqa: A002
                    reduction: str = "mean", beta: float = 1.0) -> Tensor:
     """Huber-like loss: 0.5 d^2 / beta where |d| < beta, else |d| - 0.5 beta (L1 at beta 0)."""
-    _legacy(size_average, reduce)
+    reduction = reduction_of(size_average, reduce, reduction)
     if beta < 0:
         raise RuntimeError("smooth_l1_loss does not support negative values for beta.")
 
@@ -197,14 +198,6 @@ def _scatter_extreme(xp: Any, op: str, target: Any, index: Any, values: Any) -> 
         import cupyx  # noqa: PLC0415 - cuda only
 
         getattr(cupyx, "scatter_max" if op == "maximum" else "scatter_min")(target, index, values)
-
-
-def _legacy(size_average: Any, reduce: Any) -> None:
-    if size_average is not None or reduce is not None:
-        raise ValueError(
-            "size_average and reduce are deprecated in torch and not supported by shoal; "
-            "pass reduction='mean', 'sum' or 'none'."
-        )
 
 
 __all__ = ["embedding_bag", "l1_loss", "smooth_l1_loss"]

@@ -14,6 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from shoal.core.ops import arith, reduce, shape, unary
+from shoal.core.nn._reduction import reduction_of
 from shoal.core.ops._autocast import autocast_op
 from shoal.core.ops import binary_table as _binary
 from shoal.core.tensor import Tensor
@@ -42,6 +43,7 @@ def binary_cross_entropy(input: Tensor, target: Tensor, weight: Any = None,  # n
                          size_average: Any = None, reduce: Any = None,
                          reduction: str = "mean") -> Tensor:
     """-(t log p + (1 - t) log(1 - p)), each log clamped at -100 as torch does."""
+    reduction = reduction_of(size_average, reduce, reduction)
     _same_size("binary_cross_entropy", input, target)
     if ((input.array < 0) | (input.array > 1)).any():
         raise RuntimeError("all elements of input should be between 0 and 1")
@@ -64,6 +66,7 @@ def binary_cross_entropy_with_logits(input: Tensor, target: Tensor, weight: Any 
                                      size_average: Any = None, reduce: Any = None,
                                      reduction: str = "mean", pos_weight: Any = None) -> Tensor:
     """BCE of sigmoid(x), in the stable form (1 - t) x + (1 + (w - 1) t) softplus(-x)."""
+    reduction = reduction_of(size_average, reduce, reduction)
     _same_size("binary_cross_entropy_with_logits", input, target)
     return bce_with_logits_broadcast(input, target, weight, reduction, pos_weight)
 
@@ -86,6 +89,7 @@ def bce_with_logits_broadcast(input: Tensor, target: Tensor, weight: Any, reduct
 def kl_div(input: Tensor, target: Tensor, size_average: Any = None, reduce: Any = None,  # noqa: A002
            reduction: str = "mean", log_target: bool = False) -> Tensor:
     """target * (log target - input) with input in log space (target too when log_target)."""
+    reduction = reduction_of(size_average, reduce, reduction)
     if log_target:
         loss = arith.mul(unary.exp(target), arith.sub(target, input))
     else:
@@ -119,6 +123,7 @@ def huber_loss(input: Tensor, target: Tensor, reduction: str = "mean", delta: fl
 def soft_margin_loss(input: Tensor, target: Tensor, size_average: Any = None,  # noqa: A002
                      reduce: Any = None, reduction: str = "mean") -> Tensor:
     """log(1 + exp(-y x))."""
+    reduction = reduction_of(size_average, reduce, reduction)
     return _reduce(_binary.OPS["logaddexp"](arith.neg(arith.mul(target, input)), 0.0), reduction)
 
 
@@ -127,6 +132,7 @@ def margin_ranking_loss(input1: Tensor, input2: Tensor, target: Tensor, margin: 
                         size_average: Any = None, reduce: Any = None,
                         reduction: str = "mean") -> Tensor:
     """max(0, -y (x1 - x2) + margin)."""
+    reduction = reduction_of(size_average, reduce, reduction)
     raw = arith.add(arith.neg(arith.mul(target, arith.sub(input1, input2))), margin)
     return _reduce(unary.clamp(raw, 0.0, None), reduction)
 
@@ -136,6 +142,7 @@ def hinge_embedding_loss(input: Tensor, target: Tensor, margin: float = 1.0,  # 
                          size_average: Any = None, reduce: Any = None,
                          reduction: str = "mean") -> Tensor:
     """x where y == 1, max(0, margin - x) where y == -1."""
+    reduction = reduction_of(size_average, reduce, reduction)
     neg = unary.clamp(arith.rsub(input, margin), 0.0, None)
     zero = arith.mul(input, 0.0)
     loss = arith.add(shape.where(target == 1, input, zero),
@@ -148,6 +155,7 @@ def cosine_embedding_loss(input1: Tensor, input2: Tensor, target: Tensor, margin
                           size_average: Any = None, reduce: Any = None,
                           reduction: str = "mean") -> Tensor:
     """1 - cos where y == 1, max(0, cos - margin) where y == -1."""
+    reduction = reduction_of(size_average, reduce, reduction)
     cos = cosine_similarity(input1, input2, dim=-1, eps=1e-12)
     zero = arith.mul(cos, 0.0)
     loss = arith.add(shape.where(target == 1, arith.rsub(cos, 1.0), zero),
@@ -181,6 +189,7 @@ def poisson_nll_loss(input: Tensor, target: Tensor, log_input: bool = True, full
                      size_average: Any = None, eps: float = 1e-8, reduce: Any = None,
                      reduction: str = "mean") -> Tensor:
     """exp(x) - t x (log_input) or x - t log(x + eps), plus Stirling's term when full."""
+    reduction = reduction_of(size_average, reduce, reduction)
     if log_input:
         loss = arith.sub(unary.exp(input), arith.mul(target, input))
     else:
@@ -199,6 +208,7 @@ def triplet_margin_loss(anchor: Tensor, positive: Tensor, negative: Tensor, marg
                         size_average: Any = None, reduce: Any = None,
                         reduction: str = "mean") -> Tensor:
     """max(d(a, p) - d(a, n) + margin, 0) with pairwise p-norm distances."""
+    reduction = reduction_of(size_average, reduce, reduction)
     def dist(x: Tensor, y: Tensor) -> Tensor:
         return _p_norm(arith.add(arith.sub(x, y), eps), p, -1, False)
 

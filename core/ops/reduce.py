@@ -221,7 +221,8 @@ def softmax(x: Any, dim: int = -1) -> Any:
     xd = x.array
     xp = xp_of(xd)
     (axis,) = norm_dims(dim, xd.ndim, "softmax")
-    out = xd - xd.max(axis=axis, keepdims=True)
+    # asarray: on a 0-d input numpy's subtraction gives a scalar, which cannot be written into
+    out = xp.asarray(xd - xd.max(axis=axis, keepdims=True))
     xp.exp(out, out=out)
     out /= out.sum(axis=axis, keepdims=True)
 
@@ -240,7 +241,7 @@ def log_softmax(x: Any, dim: int = -1) -> Any:
     xd = x.array
     xp = xp_of(xd)
     (axis,) = norm_dims(dim, xd.ndim, "log_softmax")
-    out = xd - xd.max(axis=axis, keepdims=True)
+    out = xp.asarray(xd - xd.max(axis=axis, keepdims=True))  # an array for 0-d input too
     out -= xp.log(xp.exp(out).sum(axis=axis, keepdims=True))
 
     def backward(g: Any) -> tuple:

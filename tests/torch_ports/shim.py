@@ -50,6 +50,7 @@ PORTED = {
     _INTERNAL + "distributed.rpc.rpc_test": "rpc_test",
     _INTERNAL + "distributed.rpc.dist_autograd_test": "dist_autograd_test",
     _INTERNAL + "autocast_test_lists": "autocast_test_lists",
+    _INTERNAL + "common_nn": "common_nn",
 }
 PACKAGE = "tests.torch_ports.ported"
 _TORCH_DIR = Path(torch.__file__).resolve().parent
@@ -118,7 +119,12 @@ def _lookup(full: str) -> Any:
     parent, _, attr = full.rpartition(".")
     ours = _shoal_module(parent)
     if ours is not None and hasattr(ours, attr):
-        return getattr(ours, attr)
+        value = getattr(ours, attr)
+        if isinstance(value, types.ModuleType) and value.__name__.startswith("shoal."):
+            # a submodule (torch.nn.functional -> core.nn.functional): renamed too, so a name
+            # it lacks is a Missing placeholder rather than an AttributeError at import
+            return Renamed(full)
+        return value
     try:  # a submodule of shoal's counterpart (torch.distributed.rpc.api -> rpc_agent.api)
         importlib.import_module(f"{ours.__name__}.{attr}")
         return Renamed(full)
@@ -141,7 +147,9 @@ def _renaming_import(name: str, module_globals: Any = None, module_locals: Any =
         return builtins.__import__(name, module_globals, module_locals, fromlist, level)
     if not fromlist:
         return Renamed("torch")
-    if name in PORTED or name.startswith(KEEP):
+    if name.startswith(KEEP):  # real torch; the real import also loads fromlist submodules
+        return builtins.__import__(name, module_globals, module_locals, fromlist, level)
+    if name in PORTED:
         return _lookup(name)
     return Renamed(name)  # `from torch.x import a`: a is looked up, or Missing
 
