@@ -187,9 +187,8 @@ class Inbound:
         if cover is None:
             return wire.recv_exact(self.sock, view)
         parts = self.landing(view) if cover is True else [view, self.trailer]
-        for part in parts:
-            if not wire.recv_exact(self.sock, part):
-                return False
+        if not wire.recv_parts(self.sock, parts):
+            return False
         if cover is True:
             self.land(peer, view)
         else:
