@@ -45,6 +45,7 @@ _FP32_LOSSES = frozenset({
     "mse_loss", "cross_entropy", "nll_loss", "l1_loss", "smooth_l1_loss", "huber_loss",
     "binary_cross_entropy_with_logits", "kl_div", "soft_margin_loss", "margin_ranking_loss",
     "hinge_embedding_loss", "cosine_embedding_loss", "poisson_nll_loss", "triplet_margin_loss",
+    "multi_margin_loss", "multilabel_margin_loss",
 })
 FP32 = {
     "cpu": _FP32_LOSSES | {"binary_cross_entropy", "prod"},

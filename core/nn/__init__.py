@@ -35,6 +35,9 @@ from shoal.core.nn.rnn_cells import GRUCell, LSTMCell, RNNCell, RNNCellBase
 from shoal.core.nn.pooling import AdaptiveAvgPool2d, AvgPool2d, Flatten, MaxPool2d
 from shoal.core.nn.transformer import TransformerEncoder, TransformerEncoderLayer
 from shoal.core.nn.upsampling import Upsample, UpsamplingBilinear2d, UpsamplingNearest2d
+from shoal.core.nn.losses_margin import (
+    MultiLabelMarginLoss, MultiLabelSoftMarginLoss, MultiMarginLoss,
+)
 
 __all__ = [
     "GELU", "AdaptiveAvgPool2d", "AvgPool2d", "BatchNorm1d", "BatchNorm2d", "Conv1d", "Conv2d",
@@ -49,5 +52,6 @@ __all__ = [
     "MarginRankingLoss", "PoissonNLLLoss", "SoftMarginLoss", "TripletMarginLoss", "GroupNorm",
     "InstanceNorm1d", "InstanceNorm2d", "LocalResponseNorm", "RMSNorm",
     "Upsample", "UpsamplingBilinear2d", "UpsamplingNearest2d",
+    "MultiLabelMarginLoss", "MultiLabelSoftMarginLoss", "MultiMarginLoss",
     *_activations.__all__,
 ]

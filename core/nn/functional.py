@@ -27,6 +27,9 @@ from shoal.core.nn.activations_functional import (
     logsigmoid, mish, normalize, pad, pairwise_distance, pixel_shuffle, pixel_unshuffle, prelu,
     relu6, selu, silu, softmin, softplus, softshrink, softsign, tanhshrink, threshold,
 )
+from shoal.core.nn.losses_margin import (
+    multi_margin_loss, multilabel_margin_loss, multilabel_soft_margin_loss,
+)
 from shoal.core.nn.upsampling import (
     interpolate, upsample, upsample_bilinear, upsample_nearest,
 )
@@ -71,6 +74,7 @@ __all__ = [
     "kl_div", "local_response_norm", "margin_ranking_loss", "poisson_nll_loss", "rms_norm",
     "soft_margin_loss", "triplet_margin_loss",
     "interpolate", "upsample", "upsample_bilinear", "upsample_nearest",
+    "multi_margin_loss", "multilabel_margin_loss", "multilabel_soft_margin_loss",
 ]
 
 
