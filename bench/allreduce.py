@@ -13,7 +13,11 @@ exceed the loopback limit; --tcp-too adds a column with every link on loopback T
 for ranks on different hosts, and --unix-too one with every link on a Unix socket and no shared
 memory. Every frame on shoal's links carries a 16-byte integrity tag (always on); --encrypt
 runs every shoal column with SHOAL_ENCRYPT=1 (payloads sealed with AES-GCM, the store's frames
-too), so its cost reads beside gloo's in the same run and beside a run without it.
+too), so its cost reads beside gloo's in the same run and beside a run without it. Each row's
+JSON also gives every side's CPU time per op (the busiest rank's, all its threads), and with
+--tcp-too or --unix-too the table is followed by what the tags cost a rank over sockets: the
+bytes a ring all_reduce tags and checks per rank over the GMAC rate measured here, beside that
+CPU time (on a machine whose cores the ranks already fill, the tags' time adds to the op's).
 
 Bandwidth as nccl-tests defines it (GB = 1e9 bytes): algbw = bytes / time; busbw = algbw x
 2(W-1)/W for allreduce, algbw for broadcast, algbw x (W-1)/W for all_gather (whose size is the
@@ -64,6 +68,8 @@ from allreduce_cases import (  # noqa: E402
 ALLREDUCE_SIZES = (4 * KiB, 256 * KiB, 4 * MiB, 64 * MiB)
 CASES = [("all_reduce", n) for n in ALLREDUCE_SIZES] + [("broadcast", 4 * MiB), ("all_gather", 4 * MiB)]
 CTX = multiprocessing.get_context("spawn")
+# From this size up a ring all_reduce's time is its bytes: the tag bound is printed for these.
+THREADED_BYTES = 4 * MiB
 
 
 # ----------------------------------------------------------------------------- workers
@@ -110,12 +116,13 @@ def _worker(side, rank, world, port, backend, commands, out):
             barrier()
             run()
             ts = []
+            cpu0 = time.process_time()  # every thread of this rank: the CPU an op costs
             for _ in range(count):
                 barrier()
                 t0 = time.perf_counter()
                 run()
                 ts.append(time.perf_counter() - t0)
-            out.put((side, rank, "times", ts))
+            out.put((side, rank, "times", (ts, (time.process_time() - cpu0) / count)))
         if side == "gloo":
             dist.destroy_process_group()
         else:
@@ -125,10 +132,11 @@ def _worker(side, rank, world, port, backend, commands, out):
         raise
 
 
-def _session(sides: list, world: int, args) -> dict:
+def _session(sides: list, world: int, args) -> tuple[dict, dict]:
     """Spawn every side's ranks; per case, alternate blocks of iterations between the sides.
 
-    Returns case -> side -> the slowest rank's time of each iteration.
+    Returns (case -> side -> the slowest rank's time of each iteration, case -> side -> the
+    busiest rank's CPU time per iteration in each block, barriers included).
     """
     from shoal.collectives.store.tcp import TCPStore
 
@@ -160,20 +168,22 @@ def _session(sides: list, world: int, args) -> dict:
                 got.append((side, rank, value))
         return got
 
-    results = {}
+    results, cpu = {}, {}
     try:
         collect("ready", world * len(sides))
         blocks = args.blocks or (2 if args.quick else 4)
         for case in args.cases:
             per_block = max(1, iterations(case[1], args.quick) // blocks)
             results[case] = {side: [] for side in sides}
+            cpu[case] = {side: [] for side in sides}
             for _ in range(blocks):
                 for side in sides:
                     for q in commands[side]:
                         q.put((case, per_block))
-                    by_rank = {rank: ts for _s, rank, ts in collect("times", world)}
-                    results[case][side] += [max(by_rank[r][i] for r in range(world))
+                    by_rank = {rank: got for _s, rank, got in collect("times", world)}
+                    results[case][side] += [max(by_rank[r][0][i] for r in range(world))
                                             for i in range(per_block)]
+                    cpu[case][side].append(max(by_rank[r][1] for r in range(world)))
         for side in sides:
             for q in commands[side]:
                 q.put(None)
@@ -186,7 +196,7 @@ def _session(sides: list, world: int, args) -> dict:
         for store in stores:
             if hasattr(store, "close"):
                 store.close()
-    return results
+    return results, cpu
 
 
 # ----------------------------------------------------------------------------- loopback limit
@@ -223,6 +233,42 @@ def loopback_limit(quick: bool) -> float:
     conn.close()
     listener.close()
     return nbytes / statistics.median(ts) / 1e9
+
+
+# ----------------------------------------------------------------------------- integrity bound
+
+def gmac_rate() -> float:
+    """GB/s of one AES-GMAC tag over 64 MiB here (the tag every socket frame carries)."""
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    aead, data = AESGCM(bytes(32)), bytearray(64 * MiB)
+    ts = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        aead.encrypt(bytes(12), b"", data)
+        ts.append(time.perf_counter() - t0)
+    return len(data) / min(ts) / 1e9
+
+
+def _print_tag_bound(rows: list[dict], sides: list, rate: float) -> None:
+    """What the tags of a ring all_reduce over sockets cost each rank at `rate`, beside the
+    busiest rank's CPU time per op: a rank sends and receives 2(W-1)/W of the array, and tags
+    what it sends and checks what it receives, so 4(W-1)/W of the bytes pass through GMAC."""
+    socket_sides = [side for side in sides if side in ("shoal_tcp", "shoal_unix")]
+    print()
+    print(f"integrity tags over sockets (AES-GMAC {rate:.1f} GB/s here, one core):")
+    for row in rows:
+        if row["op"] != "all_reduce" or row["bytes"] < THREADED_BYTES:
+            continue
+        world, nbytes = row["world"], row["bytes"]
+        tagged = 4 * (world - 1) / world * nbytes
+        row["tag_ms_per_rank"] = round(tagged / rate / 1e6, 3)
+        line = (f"  all_reduce W={world} {fmt_size(nbytes)}: {tagged / MiB:.0f} MiB tagged or "
+                f"checked per rank = {row['tag_ms_per_rank']:.2f} ms")
+        for side in socket_sides:
+            line += (f"; {side} {row[side + '_ms']:.2f} ms a call, "
+                     f"CPU {row[side + '_cpu_ms']:.2f} ms per rank")
+        print(line)
 
 
 # ----------------------------------------------------------------------------- main
@@ -293,10 +339,13 @@ def _measure(sides: list, worlds: list, rounds: int, args) -> list[dict]:
     rows = []
     for world in worlds:
         samples = {side: {} for side in sides}
+        cpu_samples = {side: {} for side in sides}
         for _ in range(rounds):
-            for case, by_side in _session(sides, world, args).items():
+            times, cpu = _session(sides, world, args)
+            for case, by_side in times.items():
                 for side, ts in by_side.items():
                     samples[side].setdefault(case, []).extend(ts)
+                    cpu_samples[side].setdefault(case, []).extend(cpu[case][side])
         for case in args.cases:
             op, nbytes = case
             row = {"bench": "allreduce", "op": op, "world": world, "bytes": nbytes,
@@ -309,6 +358,7 @@ def _measure(sides: list, worlds: list, rounds: int, args) -> list[dict]:
                 row[f"{side}_busbw_gbps"] = round(nbytes / med * bus_factor(op, world) / 1e9, 3)
                 row[f"{side}_p10_ms"] = round(q[0] * 1e3, 4)
                 row[f"{side}_p90_ms"] = round(q[-1] * 1e3, 4)
+                row[f"{side}_cpu_ms"] = round(statistics.median(cpu_samples[side][case]) * 1e3, 4)
             for side in sides:
                 if side != "gloo" and "gloo" in sides:
                     row[f"{side}_speedup_vs_gloo"] = round(row["gloo_ms"] / row[f"{side}_ms"], 2)
@@ -387,6 +437,8 @@ def main(argv=None) -> int:
     sides += ["gloo"] if args.compare else []
     rows = _measure(sides, worlds, rounds, args)
     _print_table(rows, sides)
+    if args.tcp_too or args.unix_too:
+        _print_tag_bound(rows, sides, gmac_rate())
     for row in rows:
         print(json.dumps(row))
     if "gloo" in sides:
