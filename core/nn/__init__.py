@@ -34,6 +34,7 @@ from shoal.core.nn.rnn import GRU, LSTM, RNN, RNNBase
 from shoal.core.nn.rnn_cells import GRUCell, LSTMCell, RNNCell, RNNCellBase
 from shoal.core.nn.pooling import AdaptiveAvgPool2d, AvgPool2d, Flatten, MaxPool2d
 from shoal.core.nn.transformer import TransformerEncoder, TransformerEncoderLayer
+from shoal.core.nn.fold import Fold, Unfold
 from shoal.core.nn.upsampling import Upsample, UpsamplingBilinear2d, UpsamplingNearest2d
 from shoal.core.nn.losses_margin import (
     MultiLabelMarginLoss, MultiLabelSoftMarginLoss, MultiMarginLoss,
@@ -53,5 +54,6 @@ __all__ = [
     "InstanceNorm1d", "InstanceNorm2d", "LocalResponseNorm", "RMSNorm",
     "Upsample", "UpsamplingBilinear2d", "UpsamplingNearest2d",
     "MultiLabelMarginLoss", "MultiLabelSoftMarginLoss", "MultiMarginLoss",
+    "Fold", "Unfold",
     *_activations.__all__,
 ]

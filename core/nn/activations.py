@@ -41,6 +41,28 @@ def _module(name: str, fn: Any, params: Sequence[tuple[str, Any]], doc: str) -> 
 
 LeakyReLU = _module("LeakyReLU", A.leaky_relu, [("negative_slope", 0.01)], "leaky_relu.")
 ELU = _module("ELU", A.elu, [("alpha", 1.0)], "elu.")
+
+
+class RReLU(Module):
+    """Randomized leaky ReLU: random negative slopes in [lower, upper] in training, their mean
+    in eval."""
+
+    def __init__(self, lower: float = 1.0 / 8, upper: float = 1.0 / 3,
+                 inplace: bool = False) -> None:
+        super().__init__()
+        self.lower = lower
+        self.upper = upper
+        self.inplace = inplace
+
+    def forward(self, input: Any) -> Any:  # noqa: A002
+        """rrelu(input) with this module's bounds and training flag."""
+        return A.rrelu(input, self.lower, self.upper, self.training)
+
+    def extra_repr(self) -> str:
+        """The bounds (and inplace when set), as torch prints them."""
+        return f"lower={self.lower}, upper={self.upper}" + (", inplace=True" if self.inplace
+                                                            else "")
+
 SELU = _module("SELU", A.selu, [], "selu.")
 CELU = _module("CELU", A.celu, [("alpha", 1.0)], "celu.")
 SiLU = _module("SiLU", A.silu, [], "x * sigmoid(x).")
@@ -161,7 +183,7 @@ CircularPad1d, CircularPad2d, CircularPad3d = (
     _pad_module(f"CircularPad{d}d", "circular", d) for d in (1, 2, 3))
 
 __all__ = [
-    "LeakyReLU", "ELU", "SELU", "CELU", "SiLU", "Mish", "Softplus", "Softsign", "Softshrink",
+    "LeakyReLU", "ELU", "RReLU", "SELU", "CELU", "SiLU", "Mish", "Softplus", "Softsign", "Softshrink",
     "Hardshrink", "Tanhshrink", "Hardtanh", "ReLU6", "Hardsigmoid", "Hardswish", "LogSigmoid",
     "Threshold", "GLU", "Softmin", "Softmax", "LogSoftmax", "Softmax2d", "PixelShuffle",
     "PixelUnshuffle", "CosineSimilarity", "PairwiseDistance", "PReLU", "Unflatten",

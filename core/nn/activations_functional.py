@@ -15,11 +15,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from shoal.core.ops import arith, reduce, shape, unary
+from shoal.core.ops import arith, creation, reduce, shape, unary
 from shoal.core.ops import binary_table as _binary
 from shoal.core.ops import unary_table as _unary_table
 from shoal.core.ops._autocast import autocast_op
-from shoal.core.ops._util import wrap
+from shoal.core.ops._util import wrap, xp_of
 from shoal.core.tensor import Tensor
 
 _SELU_ALPHA = 1.6732632423543772848170429916717
@@ -33,6 +33,19 @@ def _where(cond: Tensor, a: Any, b: Any) -> Tensor:
 def leaky_relu(input: Tensor, negative_slope: float = 0.01, inplace: bool = False) -> Tensor:  # noqa: A002
     """x where x > 0, negative_slope * x elsewhere."""
     return _where(input > 0, input, arith.mul(input, negative_slope))
+
+
+def rrelu(input: Tensor, lower: float = 1.0 / 8, upper: float = 1.0 / 3,  # noqa: A002
+          training: bool = False, inplace: bool = False) -> Tensor:
+    """x where x > 0, else x times a slope: in training one drawn per element uniformly from
+    [lower, upper] (core's generator; x == 0 draws too, as torch), in eval (lower + upper) / 2."""
+    if lower > upper:
+        raise RuntimeError("Lower bound should be less than or equal to the upper bound")
+    if not training:
+        return leaky_relu(input, (lower + upper) / 2)
+    u = creation.rand(*input.shape, dtype=input.dtype, device=input.device).array
+    noise = xp_of(u).where(input.array > 0, 1.0, lower + (upper - lower) * u).astype(u.dtype)
+    return arith.mul(input, wrap(noise))  # the slopes are constants: d out / d x = noise
 
 
 def elu(input: Tensor, alpha: float = 1.0, inplace: bool = False) -> Tensor:  # noqa: A002

@@ -25,11 +25,12 @@ from shoal.core.tensor import Tensor
 from shoal.core.nn.activations_functional import (
     celu, cosine_similarity, elu, glu, hardshrink, hardsigmoid, hardswish, hardtanh, leaky_relu,
     logsigmoid, mish, normalize, pad, pairwise_distance, pixel_shuffle, pixel_unshuffle, prelu,
-    relu6, selu, silu, softmin, softplus, softshrink, softsign, tanhshrink, threshold,
+    relu6, rrelu, selu, silu, softmin, softplus, softshrink, softsign, tanhshrink, threshold,
 )
 from shoal.core.nn.losses_margin import (
     multi_margin_loss, multilabel_margin_loss, multilabel_soft_margin_loss,
 )
+from shoal.core.nn.fold import fold, unfold
 from shoal.core.nn.upsampling import (
     interpolate, upsample, upsample_bilinear, upsample_nearest,
 )
@@ -75,6 +76,7 @@ __all__ = [
     "soft_margin_loss", "triplet_margin_loss",
     "interpolate", "upsample", "upsample_bilinear", "upsample_nearest",
     "multi_margin_loss", "multilabel_margin_loss", "multilabel_soft_margin_loss",
+    "fold", "unfold", "rrelu",
 ]
 
 
