@@ -35,6 +35,9 @@ from shoal.core.nn.rnn_cells import GRUCell, LSTMCell, RNNCell, RNNCellBase
 from shoal.core.nn.pooling import AdaptiveAvgPool2d, AvgPool2d, Flatten, MaxPool2d
 from shoal.core.nn.transformer import TransformerEncoder, TransformerEncoderLayer
 from shoal.core.nn.fold import Fold, Unfold
+from shoal.core.nn.transformer_decoder import (
+    Transformer, TransformerDecoder, TransformerDecoderLayer,
+)
 from shoal.core.nn.upsampling import Upsample, UpsamplingBilinear2d, UpsamplingNearest2d
 from shoal.core.nn.losses_margin import (
     MultiLabelMarginLoss, MultiLabelSoftMarginLoss, MultiMarginLoss,
@@ -55,5 +58,6 @@ __all__ = [
     "Upsample", "UpsamplingBilinear2d", "UpsamplingNearest2d",
     "MultiLabelMarginLoss", "MultiLabelSoftMarginLoss", "MultiMarginLoss",
     "Fold", "Unfold",
+    "Transformer", "TransformerDecoder", "TransformerDecoderLayer",
     *_activations.__all__,
 ]
