@@ -11,24 +11,64 @@ mismatch detection and metrics see every call.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
+import torch
 import torch.distributed as dist
 from torch.autograd import profiler
 
 from shoal.collectives.api import ProcessGroup as ShoalGroup
+from shoal.collectives.types import CollectiveError
 from shoal.torch_bridge import convert as cv
-from shoal.torch_bridge.work import BridgeWork, refuse_blocking_in_callback, timeout_seconds
+from shoal.torch_bridge.work import (BridgeWork, in_callback_of, refuse_blocking_in_callback,
+                                     timeout_seconds)
 
 __all__ = ["ShoalProcessGroup"]
 
 
-def _profiled(group, opts, submit, result, epilogue, op, asynchronous) -> BridgeWork:
+def _no_core_to_spare(group: ShoalGroup) -> bool:
+    """True when this host's ranks of `group` have at most one core each: a collective handed
+    to the group's worker thread then runs on a core that the ranks' computing threads need,
+    so it cannot overlap with backward and the hand-off (a thread wake-up, Work and Future
+    objects, a second wake-up when it completes) is pure cost."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    topology = getattr(group, "topology", None)
+    local = len(topology.local_ranks(group.rank())) if topology is not None else group.size()
+    return cores <= local
+
+
+def _in_backward() -> bool:
+    """True inside autograd's backward (DDP launches its bucket all_reduces from its hooks)."""
+    return torch._C._current_graph_task_id() != -1  # noqa: SLF001 - torch's own query
+
+
+def _inline(group, submit, timeout, result, epilogue) -> BridgeWork:
+    """Run an async op at once in the caller's thread; its failure goes to the Work (DDP then
+    raises it at the end of backward, as for an op that failed on the worker thread)."""
+    try:
+        submit(False, timeout)
+        if epilogue is not None:
+            epilogue()
+    except CollectiveError as exc:
+        return BridgeWork([], result, error=exc)
+    return BridgeWork([], result, group=group)
+
+
+def _profiled(group, opts, submit, result, epilogue, op, asynchronous, inline) -> BridgeWork:
     """`_run` inside a `shoal:<op>` span of torch.profiler: for an async op the span ends
     when its Future completes, so the trace shows the whole collective."""
     span = profiler.record_function(f"shoal:{op or 'collective'}")
     span.__enter__()
+    if inline:
+        try:
+            return _inline(group, submit, cv.timeout_of(opts), result, epilogue)
+        finally:
+            span.__exit__(None, None, None)
     if not asynchronous:
         try:
             refuse_blocking_in_callback(group, op or "a synchronous collective")
@@ -66,11 +106,17 @@ class _NamedGroup(dist.ProcessGroup):
 
 
 class ShoalProcessGroup(_NamedGroup):
-    """torch's process group over `shoal_group` (see the module's doc)."""
+    """torch's process group over `shoal_group` (see the module's doc).
+
+    `inline_in_backward`: run the async all_reduces launched inside autograd's backward (DDP's
+    buckets) in the caller's thread instead of the group's worker thread. True by default when
+    this host's ranks have no core to spare for that thread, where it cannot overlap anyway.
+    """
 
     def __init__(self, shoal_group: ShoalGroup):
         super().__init__(shoal_group.rank(), shoal_group.size())
         self.shoal_group = shoal_group
+        self.inline_in_backward = _no_core_to_spare(shoal_group)
 
     def getBackendName(self) -> str:  # noqa: N802 - torch's C++ method name
         """The backend's name as torch reports it."""
@@ -81,11 +127,19 @@ class ShoalProcessGroup(_NamedGroup):
         return f"ShoalProcessGroup(rank={g.rank()}, size={g.size()}, group={g.name!r})"
 
     def _run(self, opts: Any, submit: Callable[[bool, Optional[float]], Any], result: list,
-             epilogue: Optional[Callable[[], None]] = None, op: str = "") -> BridgeWork:
-        """Run `submit(async_op, timeout)` (one shoal collective) and wrap its Work."""
+             epilogue: Optional[Callable[[], None]] = None, op: str = "",
+             inline_ok: bool = False) -> BridgeWork:
+        """Run `submit(async_op, timeout)` (one shoal collective) and wrap its Work;
+        `inline_ok`: an async op may run inline inside backward (`inline_in_backward`)."""
         asynchronous = cv.is_async(opts)
+        # Never inline in a callback of this group's own Future: that runs on its worker thread.
+        inline = (asynchronous and inline_ok and self.inline_in_backward and _in_backward()
+                  and not in_callback_of(self.shoal_group))
         if profiler._is_profiler_enabled:  # noqa: SLF001 - torch's own flag, read per call
-            return _profiled(self.shoal_group, opts, submit, result, epilogue, op, asynchronous)
+            return _profiled(self.shoal_group, opts, submit, result, epilogue, op, asynchronous,
+                             inline)
+        if inline:
+            return _inline(self.shoal_group, submit, cv.timeout_of(opts), result, epilogue)
         if not asynchronous:
             refuse_blocking_in_callback(self.shoal_group, op or "a synchronous collective")
         work = submit(asynchronous, cv.timeout_of(opts))
@@ -104,7 +158,7 @@ class ShoalProcessGroup(_NamedGroup):
         arr = cv.host_array(tensors[0], "all_reduce tensor")
         op = cv.reduce_op(opts)
         return self._run(opts, lambda a, t: self.shoal_group.all_reduce(
-            arr, op, async_op=a, timeout=t), list(tensors), op="all_reduce")
+            arr, op, async_op=a, timeout=t), list(tensors), op="all_reduce", inline_ok=True)
 
     def allreduce_coalesced(self, tensors: Sequence, opts: Any = None) -> BridgeWork:
         """All-reduce every tensor in place through one flat buffer per dtype."""

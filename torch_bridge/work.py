@@ -15,11 +15,16 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
-__all__ = ["BridgeWork", "timeout_seconds", "refuse_blocking_in_callback"]
+__all__ = ["BridgeWork", "timeout_seconds", "refuse_blocking_in_callback", "in_callback_of"]
 
 # Set while a Future's callbacks run on a group's worker thread: that thread runs the group's
 # operations one at a time, so a callback that waited for another of them would wait forever.
 _completing = threading.local()
+
+
+def in_callback_of(group: Any) -> bool:
+    """True while a Future callback of `group` runs in this thread (on its worker thread)."""
+    return getattr(_completing, "group", None) is group
 
 
 def refuse_blocking_in_callback(group: Any, what: str) -> None:
@@ -48,10 +53,13 @@ class BridgeWork(dist.Work):
         result: what torch's Work holds for this op (the output tensors).
         epilogue: run once after every shoal Work succeeded, before anyone sees the result.
         source_rank: a callable giving the sender of a recv from any source.
+        error: the error of an op that already ran and failed (`works` then empty): wait()
+            raises it and the Future holds it, as for an op that failed on the worker thread.
     """
 
     def __init__(self, works: list, result: list, epilogue: Optional[Callable[[], None]] = None,
-                 source_rank: Optional[Callable[[], int]] = None, group: Any = None):
+                 source_rank: Optional[Callable[[], int]] = None, group: Any = None,
+                 error: Optional[BaseException] = None):
         super().__init__()
         self._group = group
         self._works = works
@@ -59,8 +67,8 @@ class BridgeWork(dist.Work):
         self._epilogue = epilogue
         self._source = source_rank
         self._lock = threading.Lock()
-        self._finished = False
-        self._error: Optional[BaseException] = None
+        self._finished = error is not None
+        self._error: Optional[BaseException] = error
         self._future: Optional[torch.futures.Future] = None
         self._after: Optional[torch.futures.Future] = None  # what wait() also waits for
 
@@ -134,11 +142,13 @@ class BridgeWork(dist.Work):
         self.wait()
 
     def get_future(self) -> torch.futures.Future:
-        """A torch Future completed with `result()` (or the error) when the op finishes."""
+        """A torch Future completed with `result()` (or the error) when the op finishes; its
+        error reads in Python as a RuntimeError quoting shoal's, as gloo's do."""
         with self._lock:
             if self._future is not None:
                 return self._future
-            future = self._future = torch.futures.Future()
+            future = torch.futures.Future()
+            self._future = future.then(_value_or_error)
         pending = [len(self._works)]
         count_lock = threading.Lock()
 
@@ -163,4 +173,12 @@ class BridgeWork(dist.Work):
             one_done(None)
         for work in self._works:
             work.add_done_callback(one_done)
-        return future
+        return self._future
+
+
+def _value_or_error(future: torch.futures.Future) -> Any:
+    """The value of `future`, or its error raised. torch's Python `set_exception` stores the
+    exception as the Future's *value* (only Python's wait() re-raises it), so C++ readers such
+    as DDP's reducer took it for the tensors and crashed; raised in a `then` callback, it
+    completes the chained Future with an error that every reader sees."""
+    return future.value()
