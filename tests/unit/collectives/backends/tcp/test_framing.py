@@ -117,6 +117,35 @@ def test_the_threaded_ring_refuses_a_flipped_payload_byte():
         sender.stop()
 
 
+def test_a_frame_trickling_into_a_blocking_socket_lands_whole_and_checked():
+    # The ring's receiver asks the kernel for a payload and its tag at once (MSG_WAITALL on a
+    # blocking socket); a sender that writes them in odd pieces must still fill both, in order.
+    out, inb = _one_way()
+    inb.sock.settimeout(None)
+    data = np.arange(50_000, dtype=np.float32)
+    wire_bytes = b"".join(bytes(part) for part in out.frame(memoryview(data).cast("B")))
+
+    def trickle():
+        for start in range(0, len(wire_bytes), 65_521):  # a prime: pieces split the tag too
+            out.sock.sendall(wire_bytes[start:start + 65_521])
+            time.sleep(0.001)
+
+    t, errors = _send_in_thread(trickle)
+    got = np.zeros_like(data)
+    assert inb.receive(1, memoryview(got).cast("B"))
+    t.join(10)
+    assert not errors and not t.is_alive()
+    np.testing.assert_array_equal(got, data)
+
+
+def test_a_peer_that_closes_mid_frame_ends_a_blocking_receive():
+    out, inb = _one_way()
+    inb.sock.settimeout(None)
+    out.sock.sendall(b"x" * 1000)  # 1000 of the 4096 + TAG bytes the receiver waits for
+    out.sock.close()
+    assert wire.recv_parts(inb.sock, [memoryview(bytearray(4096)), inb.trailer]) is False
+
+
 def test_the_direct_path_refuses_an_injected_payload():
     out, inb = _one_way()
     fp = b"all_reduce(float32[4])"
