@@ -1,9 +1,10 @@
 """torch.nn.functional.interpolate and the Upsample modules: nearest, nearest-exact, linear,
-bilinear, bicubic, trilinear and area resampling of 1-d, 2-d and 3-d inputs.
+bilinear, bicubic, trilinear and area resampling of 1-d, 2-d and 3-d inputs, and antialiased
+bilinear and bicubic.
 
 Every mode is separable, so each spatial axis is resampled on its own: a gather of K source
 positions per output position, weighted and summed (nearest: 1 tap, linear: 2, cubic: 4, area:
-the widest bin). The backward of that gather is a scatter-add of the gradient onto the same
+the widest bin, antialiased: the widened filter's span). The backward of that gather is a scatter-add of the gradient onto the same
 taps. Tap positions and weights follow aten's CPU kernels (UpSample.h): the nearest modes find
 their source in float32 whatever the input's dtype, the others in the input's compute type
 (float64 for float64, float32 otherwise); float16 and bfloat16 inputs are resampled in float32
@@ -89,6 +90,33 @@ def _cubic_taps(in_size: int, out_size: int, scale: float | None, align_corners:
     weights = np.stack([far(t + 1), near(t), near(1 - t), far(2 - t)], 1)
     idx = np.clip(i0[:, None] + np.arange(-1, 3), 0, in_size - 1)  # the border repeats
     return idx, weights
+
+
+def _antialias_taps(in_size: int, out_size: int, scale: float | None, align_corners: bool,
+                    ct: type, cubic: bool) -> tuple:
+    """aten's antialiased taps (PIL's resampling): when shrinking, the filter widens by the
+    scale so every input pixel contributes; weights normalised to sum to 1 over in-range taps.
+    The cubic filter here is Keys' with a = -0.5, as PIL's."""
+    s = _scale(in_size, out_size, align_corners, scale, ct)
+    half = ct(2.0 if cubic else 1.0)  # half the filter's width: interp_size / 2
+    support = half * s if s >= 1 else half
+    invscale = ct(1) / s if s >= 1 else ct(1)
+    center = s * (np.arange(out_size, dtype=ct) + ct(0.5))
+    xmin = np.maximum(np.trunc(center - support + ct(0.5)).astype(np.int64), 0)
+    xsize = np.minimum(np.trunc(center + support + ct(0.5)).astype(np.int64), in_size) - xmin
+    j = np.arange(int(xsize.max()))
+    x = np.abs((j + xmin[:, None] - center[:, None] + ct(0.5)) * invscale).astype(ct)
+    if cubic:
+        a = ct(-0.5)
+        near = ((a + 2) * x - (a + 3)) * x * x + 1
+        far = ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+        w = np.where(x < 1, near, np.where(x < 2, far, ct(0)))
+    else:
+        w = np.maximum(ct(1) - x, ct(0))
+    w = np.where(j < xsize[:, None], w, ct(0))
+    total = w.sum(1, keepdims=True)
+    w = np.where(total != 0, w / np.where(total != 0, total, ct(1)), w)
+    return np.minimum(xmin[:, None] + j, in_size - 1), w
 
 
 def _area_taps(in_size: int, out_size: int) -> tuple:
@@ -212,7 +240,6 @@ def _check_mode(input: Tensor, mode: str, antialias: bool) -> None:  # noqa: A00
         if not (mode in ("bilinear", "bicubic") and input.ndim == 4):
             raise ValueError("Anti-alias option is restricted to bilinear and bicubic modes and "
                              "requires a 4-D tensor as input")
-        raise NotImplementedError("interpolate: antialias=True is not supported yet.")
     if mode not in _INTERPOLATING + ("nearest", "area", "nearest-exact"):
         raise NotImplementedError(
             f"Input Error: Only 3D, 4D and 5D input Tensors supported (got {input.ndim}D) for "
@@ -252,6 +279,9 @@ def interpolate(input: Tensor, size: Any = None, scale_factor: Any = None,  # no
             x = _resample_axis(x, axis, idx, None)
         elif mode == "area":
             x = _resample_axis(x, axis, *_area_taps(n_in, n_out))
+        elif antialias:
+            x = _resample_axis(x, axis, *_antialias_taps(n_in, n_out, s, corners, ct,
+                                                          mode == "bicubic"))
         elif mode == "bicubic":
             x = _resample_axis(x, axis, *_cubic_taps(n_in, n_out, s, corners, ct))
         else:

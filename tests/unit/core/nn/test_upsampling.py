@@ -1,6 +1,6 @@
-"""F.interpolate and the Upsample modules against torch: every mode, sizes and scale factors
-(integer, fractional, per-axis, recomputed), align_corners, 1-d/2-d/3-d inputs; values and the
-input's gradient, and torch's errors for bad arguments.
+"""F.interpolate and the Upsample modules against torch: every mode (antialiased too), sizes
+and scale factors (integer, fractional, per-axis, recomputed), align_corners, 1-d/2-d/3-d inputs;
+values and the input's gradient, and torch's errors for bad arguments.
 
 Bounds: float64 cases use 1e-12 relative / 1e-12 absolute: both sides take the same taps with
 the same weights in double and differ only in summation order (core resamples axis by axis,
@@ -80,6 +80,32 @@ def test_interpolate_matches_torch_in_float64(mode, ndim, size, scale, recompute
 def test_interpolate_matches_torch_in_float32(mode, ndim, scale) -> None:
     """The float32 index arithmetic picks torch's taps (a wrong nearest tap is off by O(1))."""
     _compare(mode, ndim, None, scale, None, None, torch.float32, 1e-5)
+
+
+_AA_GEOMETRIES = [(None, 0.5, None), (None, 0.37, None), ((3, 4), None, None),
+                  (None, 1.7, None), ((20, 3), None, None), (None, 0.4, True)]
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+@pytest.mark.parametrize("size,scale,recompute", _AA_GEOMETRIES)
+@pytest.mark.parametrize("ac", [False, True])
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+def test_antialias_matches_torch(mode, size, scale, recompute, ac, dtype, tol) -> None:
+    """antialias=True (PIL's filters: shrinking widens the filter by the scale). The shapes
+    avoid an output one pixel wide from a taller one: there torch's CPU forward is not the
+    adjoint of its own backward (<F x, g> != <x, F^T g>), a torch quirk core does not copy."""
+    x = _R.standard_normal((2, 2, 9, 13)) * 3
+    kw = {"size": size, "scale_factor": scale, "mode": mode, "align_corners": ac,
+          "recompute_scale_factor": recompute, "antialias": True}
+    t_in = torch.tensor(x, dtype=dtype, requires_grad=True)
+    c_in = core.tensor(x.astype(str(dtype).rpartition(".")[2]), requires_grad=True)
+    expected, got = tf.interpolate(t_in, **kw), F.interpolate(c_in, **kw)
+    np.testing.assert_allclose(got.detach().numpy(), expected.detach().numpy(), rtol=tol,
+                               atol=tol)
+    g = _R.standard_normal(tuple(expected.shape))
+    expected.backward(torch.tensor(g, dtype=dtype))
+    got.backward(core.tensor(g.astype(c_in.detach().numpy().dtype)))
+    np.testing.assert_allclose(c_in.grad.numpy(), t_in.grad.numpy(), rtol=tol, atol=tol)
 
 
 def test_bfloat16_input_resamples_in_float32_and_keeps_its_dtype() -> None:
