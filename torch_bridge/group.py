@@ -11,7 +11,6 @@ mismatch detection and metrics see every call.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
@@ -26,20 +25,6 @@ from shoal.torch_bridge.work import (BridgeWork, in_callback_of, refuse_blocking
                                      timeout_seconds)
 
 __all__ = ["ShoalProcessGroup"]
-
-
-def _no_core_to_spare(group: ShoalGroup) -> bool:
-    """True when this host's ranks of `group` have at most one core each: a collective handed
-    to the group's worker thread then runs on a core that the ranks' computing threads need,
-    so it cannot overlap with backward and the hand-off (a thread wake-up, Work and Future
-    objects, a second wake-up when it completes) is pure cost."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    topology = getattr(group, "topology", None)
-    local = len(topology.local_ranks(group.rank())) if topology is not None else group.size()
-    return cores <= local
 
 
 def _in_backward() -> bool:
@@ -108,15 +93,16 @@ class _NamedGroup(dist.ProcessGroup):
 class ShoalProcessGroup(_NamedGroup):
     """torch's process group over `shoal_group` (see the module's doc).
 
-    `inline_in_backward`: run the async all_reduces launched inside autograd's backward (DDP's
-    buckets) in the caller's thread instead of the group's worker thread. True by default when
-    this host's ranks have no core to spare for that thread, where it cannot overlap anyway.
+    `inline_in_backward` (default False): run the async all_reduces launched inside autograd's
+    backward (DDP's buckets) in the caller's thread instead of the group's worker thread. It
+    saves the hand-off where ranks have no core to spare for that thread, but a rank then
+    waits for a late peer instead of computing on (measured slower on a shared machine).
     """
 
     def __init__(self, shoal_group: ShoalGroup):
         super().__init__(shoal_group.rank(), shoal_group.size())
         self.shoal_group = shoal_group
-        self.inline_in_backward = _no_core_to_spare(shoal_group)
+        self.inline_in_backward = False
 
     def getBackendName(self) -> str:  # noqa: N802 - torch's C++ method name
         """The backend's name as torch reports it."""

@@ -2,9 +2,9 @@
 data and optimizer trained once on each, in the same processes (the world on "shoal", a gloo
 group of the same ranks beside it): small buckets, a comm hook that chains futures (float16
 compression), no_sync accumulation, and uneven inputs under join. On "shoal" both ways a bucket
-can be reduced: handed to the group's worker thread, and inline in backward's thread
-(`inline_in_backward`, the default where ranks have no core to spare); and a rank killed in the
-middle of DDP's backward is named to the others in seconds, either way."""
+can be reduced: handed to the group's worker thread (the default), and inline in backward's
+thread (`inline_in_backward`); and a rank killed in the middle of DDP's backward is named to the
+others in seconds, either way (it used to crash them: see `torch_bridge.work`)."""
 
 from __future__ import annotations
 
