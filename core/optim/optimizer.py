@@ -129,7 +129,7 @@ class Optimizer:
         if closure is not None:
             loss = closure()
         for group in self.param_groups:
-            self._step_group(group)
+            self._step_group(_hyperparameters_as_numbers(group))
         return loss
 
     def _step_group(self, group: dict[str, Any]) -> None:
@@ -227,3 +227,20 @@ class Optimizer:
             )
         data = backend.to_device(data, p.device)
         return Tensor(data.astype(p.array.dtype, copy=True))
+
+
+def _hyperparameters_as_numbers(group: dict[str, Any]) -> dict[str, Any]:
+    """The group with one-element tensor hyperparameters (torch accepts `lr=torch.tensor(0.01)`)
+    read as numbers for this step. The updates run on raw arrays, where a tensor would not
+    combine in place: `data -= lr * step` with a tensor lr rebinds `data` and updates nothing."""
+    def number(value: Any) -> Any:
+        if isinstance(value, Tensor):
+            return value.item()
+        if isinstance(value, tuple) and any(isinstance(v, Tensor) for v in value):
+            return tuple(number(v) for v in value)
+        return value
+
+    if not any(isinstance(v, Tensor) or (isinstance(v, tuple) and number(v) is not v)
+               for k, v in group.items() if k != "params"):
+        return group
+    return {k: v if k == "params" else number(v) for k, v in group.items()}

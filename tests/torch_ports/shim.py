@@ -147,10 +147,10 @@ def _renaming_import(name: str, module_globals: Any = None, module_locals: Any =
         return builtins.__import__(name, module_globals, module_locals, fromlist, level)
     if not fromlist:
         return Renamed("torch")
-    if name.startswith(KEEP):  # real torch; the real import also loads fromlist submodules
-        return builtins.__import__(name, module_globals, module_locals, fromlist, level)
     if name in PORTED:
         return _lookup(name)
+    if name.startswith(KEEP):  # real torch; the real import also loads fromlist submodules
+        return builtins.__import__(name, module_globals, module_locals, fromlist, level)
     return Renamed(name)  # `from torch.x import a`: a is looked up, or Missing
 
 
