@@ -4,8 +4,9 @@ bilinear and bicubic.
 
 Every mode is separable, so each spatial axis is resampled on its own: a gather of K source
 positions per output position, weighted and summed (nearest: 1 tap, linear: 2, cubic: 4, area:
-the widest bin, antialiased: the widened filter's span). The backward of that gather is a scatter-add of the gradient onto the same
-taps. Tap positions and weights follow aten's CPU kernels (UpSample.h): the nearest modes find
+the widest bin, antialiased: the widened filter's span). The backward is the transposed map,
+computed as a gather too (each input position's readers and their weights), so neither pass
+scatters: deterministic on cupy as on numpy. Tap positions and weights follow aten's CPU kernels (UpSample.h): the nearest modes find
 their source in float32 whatever the input's dtype, the others in the input's compute type
 (float64 for float64, float32 otherwise); float16 and bfloat16 inputs are resampled in float32
 and rounded once at the end, as torch's opmath does.
@@ -18,7 +19,6 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from shoal.core.determinism import alert_not_deterministic
 from shoal.core.nn.module import Module
 from shoal.core.ops import shape as _shape
 from shoal.core.ops._promote import is_reduced_float
@@ -133,27 +133,38 @@ def _area_taps(in_size: int, out_size: int) -> tuple:
 
 # --- the differentiable op: resample one axis -------------------------------------------------
 
-def _scatter_plan(idx: np.ndarray) -> tuple:
-    """Sorting of the flattened taps so numpy's add.reduceat sums each source's contributions."""
+def _transpose_taps(idx: np.ndarray, weights: np.ndarray | None, n_in: int) -> tuple:
+    """The same sparse map seen from the source side: for each input position, the outputs
+    that read it and with which weight (zero-padded to the most readers), so the backward is a
+    gather too: no scatter, no atomics, the same kernel as the forward."""
+    n_out, k = idx.shape
     flat = idx.ravel()
-    order = np.argsort(flat, kind="stable")
-    ordered = flat[order]
-    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
-    return flat, order, starts, ordered[starts]
+    wf = np.ones(flat.size) if weights is None else weights.ravel()
+    rows = np.repeat(np.arange(n_out), k)
+    keep = wf != 0
+    flat, wf, rows = flat[keep], wf[keep], rows[keep]
+    order = np.argsort(flat, kind="stable")  # readers in ascending output order
+    flat, wf, rows = flat[order], wf[order], rows[order]
+    counts = np.bincount(flat, minlength=n_in)
+    rank = np.arange(flat.size) - (np.cumsum(counts) - counts)[flat]
+    width = max(int(counts.max()), 1)
+    readers = np.zeros((n_in, width), dtype=np.int64)
+    reader_w = np.zeros((n_in, width))
+    readers[flat, rank] = rows
+    reader_w[flat, rank] = wf
+    return readers, reader_w
 
 
-def _scatter_columns(xp: Any, contrib: Any, plan: tuple, n_in: int) -> Any:
-    """(R, out*K) contributions summed into (R, n_in) at the taps' source positions."""
-    flat, order, starts, targets = plan
-    out = xp.zeros((contrib.shape[0], n_in), dtype=contrib.dtype)
-    if xp is np:
-        out[:, targets] = np.add.reduceat(contrib[:, order], starts, axis=1)
-    else:
-        if contrib.dtype.kind == "f":  # atomics add floats in an unspecified order
-            alert_not_deterministic("upsampling's backward on cuda (a scatter-add)")
-        import cupyx  # noqa: PLC0415 - cuda only
-
-        cupyx.scatter_add(out, (slice(None), xp.asarray(flat)), contrib)
+def _gather_sum(xp: Any, data: Any, axis: int, idx: Any, weights: Any) -> Any:
+    """sum over k of weights[:, k] * take(data, idx[:, k], axis): one strided gather per tap
+    (a take along the axis copies whole trailing rows), no small-axis reduction."""
+    per_position = (-1,) + (1,) * (data.ndim - axis - 1)
+    out = None
+    for k in range(idx.shape[1]):
+        part = xp.take(data, idx[:, k], axis=axis)
+        if weights is not None:
+            part *= weights[:, k].reshape(per_position)
+        out = part if out is None else xp.add(out, part, out=out)
     return out
 
 
@@ -162,23 +173,13 @@ def _resample_axis(x: Tensor, axis: int, idx: np.ndarray, weights: np.ndarray | 
     xd = x.array
     xp = xp_of(xd)
     n_in = xd.shape[axis]
-    n_out, k = idx.shape
-    idx_d = xp.asarray(idx)
     w_d = None if weights is None else xp.asarray(weights.astype(xd.dtype))
-    moved = xp.moveaxis(xd, axis, -1)
-    if w_d is None:
-        out = moved[..., idx_d[:, 0]]
-    else:
-        out = (moved[..., idx_d] * w_d).sum(-1)
-    out = xp.moveaxis(out, -1, axis)
-    plan = _scatter_plan(idx)
+    out = _gather_sum(xp, xd, axis, xp.asarray(idx), w_d)
 
     def backward(g: Any) -> tuple:
-        gm = xp.moveaxis(g, axis, -1)
-        lead = gm.shape[:-1]
-        contrib = gm[..., None] if w_d is None else gm[..., None] * w_d
-        gx = _scatter_columns(xp, contrib.reshape(-1, n_out * k), plan, n_in)
-        return (xp.moveaxis(gx.reshape(lead + (n_in,)), -1, axis),)
+        readers, reader_w = _transpose_taps(idx, weights, n_in)
+        return (_gather_sum(xp, g, axis, xp.asarray(readers),
+                            xp.asarray(reader_w.astype(g.dtype))),)
 
     return result(out, "UpsampleBackward", backward, (x,))
 
