@@ -111,8 +111,11 @@ def multilabel_margin_loss(input: Tensor, target: Any, size_average: Any = None,
     is_target = xp.zeros((n, c), dtype=bool)
     rows = xp.broadcast_to(xp.arange(n)[:, None], (n, c))
     is_target[rows[valid], slots[valid]] = True
-    picked = gather(x, 1, slots)  # x[j] for each slot j: (n, c)
-    z = arith.add(arith.rsub(picked.reshape(n, c, 1), 1.0), x.reshape(n, 1, c))
+    # only the longest row's target slots: the pair tensor is (n, slots, c), not (n, c, c)
+    width = max(int(valid.sum(1).max()) if n else 0, 1)
+    slots, valid = slots[:, :width], valid[:, :width]
+    picked = gather(x, 1, slots)  # x[j] for each slot j: (n, width)
+    z = arith.add(arith.rsub(picked.reshape(n, width, 1), 1.0), x.reshape(n, 1, c))
     pairs = (valid[:, :, None] & ~is_target[:, None, :]).astype(x.array.dtype)
     loss = arith.div(_red.sum(arith.mul(unary.relu(z), wrap(pairs)), (1, 2)), c)
     if input.ndim < 2:
