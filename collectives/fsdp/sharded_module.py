@@ -162,6 +162,10 @@ class _State:
 
     def grads_ready(self, group: ParamGroup) -> None:
         if self.sync_grads:
+            # One reduce_scatter in flight at a time (torch FSDP2's rule): the one before,
+            # issued while this layer's backward ran, is finished first, so that its W x S send
+            # buffer is freed now instead of every layer's living to the end of backward.
+            _finish_reductions(self.root)
             group.start_reduce()
             self.root.pending.append(group)
         else:
