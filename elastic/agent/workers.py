@@ -41,19 +41,22 @@ def _child_setup(agent_pid: int) -> None:
 # the child: 6-18 ms per worker on a loaded 2-core machine, on every restart's critical path.
 # util-linux's setpriv sets the parent-death signal and execs on, so Popen can use vfork
 # (under 1 ms); a shell in between then checks, as _child_setup does, that the agent did not die
-# before the signal was set (its $PPID is then no longer the agent), and execs the worker.
+# before the signal was set (its $PPID is then no longer the agent), and execs the worker with
+# the environment it was given (the shell's own PWD dropped unless the worker's had one).
 _SETPRIV = shutil.which("setpriv")
-_CHECK_PARENT = 'test "$PPID" = "$0" || exit 1; exec "$@"'
+_CHECK_PARENT = 'test "$PPID" = "$0" || exit 1; [ "$1" = 1 ] || unset PWD; shift; exec "$@"'
 
 
-def _spawn_argv(argv: Sequence[str], agent_pid: int) -> tuple[list[str], Optional[object]]:
+def _spawn_argv(argv: Sequence[str], env: Mapping[str, str],
+                agent_pid: int) -> tuple[list[str], Optional[object]]:
     """The command line and preexec_fn that start `argv` as a worker dying with the agent."""
     if _SETPRIV is None:
         return list(argv), lambda: _child_setup(agent_pid)
-    if shutil.which(argv[0]) is None:  # what Popen would raise, before the shell starts
-        raise FileNotFoundError(errno.ENOENT, f"No such file or directory: {argv[0]!r}")
+    if shutil.which(argv[0], path=env.get("PATH", os.defpath)) is None:
+        # What Popen would raise for it, before the shell starts.
+        raise FileNotFoundError(errno.ENOENT, f"No executable {argv[0]!r} on the worker's PATH")
     return [_SETPRIV, "--pdeathsig", "KILL", "--", "/bin/sh", "-c", _CHECK_PARENT,
-            str(agent_pid), *argv], None
+            str(agent_pid), "1" if "PWD" in env else "0", *argv], None
 
 
 def describe_exit(code: Optional[int]) -> str:
@@ -142,7 +145,7 @@ class WorkerGroup:
         agent_pid = os.getpid()
         for local_rank, (rank, env) in enumerate(zip(self._ranks, self._envs)):
             try:
-                argv, preexec = _spawn_argv(self._argv, agent_pid)
+                argv, preexec = _spawn_argv(self._argv, env, agent_pid)
                 proc = subprocess.Popen(
                     argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE, start_new_session=True, preexec_fn=preexec,
