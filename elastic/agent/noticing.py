@@ -74,4 +74,7 @@ def wait_until_counted(group: WorkerGroup, multiproc_dir: Optional[str],
                    and not tally.errors]
         if not waiting or time.monotonic() >= deadline:
             return waiting
-        group.changed.wait(_POLL_S)  # an exit wakes this at once
+        # An exit wakes this at once. The round is ending: nothing else waits on `changed` now,
+        # and clearing it keeps a second exit from turning this poll into a spin.
+        if group.changed.wait(_POLL_S):
+            group.changed.clear()
