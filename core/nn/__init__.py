@@ -39,7 +39,7 @@ from shoal.core.nn.transformer_decoder import (
     Transformer, TransformerDecoder, TransformerDecoderLayer,
 )
 from shoal.core.nn.upsampling import Upsample, UpsamplingBilinear2d, UpsamplingNearest2d
-from shoal.core.nn.losses_margin import (
+from shoal.core.nn.loss_margin_modules import (
     MultiLabelMarginLoss, MultiLabelSoftMarginLoss, MultiMarginLoss,
 )
 

@@ -1,6 +1,5 @@
-"""torch.nn's multi-class margin losses: multi_margin_loss, multilabel_margin_loss and
-multilabel_soft_margin_loss, and their modules MultiMarginLoss, MultiLabelMarginLoss and
-MultiLabelSoftMarginLoss.
+"""torch.nn.functional's multi-class margin losses: multi_margin_loss, multilabel_margin_loss
+and multilabel_soft_margin_loss (their modules are in loss_margin_modules.py).
 
 Each composes core's differentiable ops with aten's formula, so gradients are those ops'. The
 targets (class indices) only select and mask: they are read as arrays, never differentiated.
@@ -15,7 +14,6 @@ import numpy as np
 
 from shoal.core.nn.activations_functional import logsigmoid
 from shoal.core.nn._reduction import legacy_get_string
-from shoal.core.nn.loss import _Loss, _WeightedLoss
 from shoal.core.ops import arith, unary
 from shoal.core.ops import reduce as _red
 from shoal.core.ops._autocast import autocast_op
@@ -23,8 +21,7 @@ from shoal.core.ops._util import xp_of
 from shoal.core.ops.indexing import gather
 from shoal.core.tensor import Tensor, wrap
 
-__all__ = ["multi_margin_loss", "multilabel_margin_loss", "multilabel_soft_margin_loss",
-           "MultiMarginLoss", "MultiLabelMarginLoss", "MultiLabelSoftMarginLoss"]
+__all__ = ["multi_margin_loss", "multilabel_margin_loss", "multilabel_soft_margin_loss"]
 
 _REDUCTIONS = ("mean", "sum", "none")
 
@@ -138,41 +135,3 @@ def multilabel_soft_margin_loss(input: Tensor, target: Any, weight: Any = None, 
     if reduction not in _REDUCTIONS:  # torch's wording for this composite loss
         raise ValueError(f"{reduction} is not valid")
     return _reduce(loss, reduction)
-
-
-class MultiMarginLoss(_WeightedLoss):
-    """Multi-class hinge loss over class scores and one target class per sample."""
-
-    def __init__(self, p: int = 1, margin: float = 1.0, weight: Tensor | None = None,
-                 size_average: Any = None, reduce: Any = None, reduction: str = "mean") -> None:
-        super().__init__(weight, size_average, reduce, reduction)
-        if p not in (1, 2):
-            raise ValueError("only p == 1 and p == 2 supported")
-        if weight is not None and weight.ndim != 1:
-            raise ValueError(
-                f"MultiMarginLoss: expected weight to be None or 1D tensor, got {weight.ndim}D "
-                f"instead")
-        self.p = p
-        self.margin = margin
-
-    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002
-        """multi_margin_loss with this module's settings."""
-        return multi_margin_loss(input, target, p=self.p, margin=self.margin,
-                                 weight=self.weight, reduction=self.reduction)
-
-
-class MultiLabelMarginLoss(_Loss):
-    """Multi-label hinge loss; each row of the target lists classes up to the first -1."""
-
-    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002
-        """multilabel_margin_loss with this module's reduction."""
-        return multilabel_margin_loss(input, target, reduction=self.reduction)
-
-
-class MultiLabelSoftMarginLoss(_WeightedLoss):
-    """Multi-label one-versus-all logistic loss over a 0/1 target per class."""
-
-    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002
-        """multilabel_soft_margin_loss with this module's weight and reduction."""
-        return multilabel_soft_margin_loss(input, target, weight=self.weight,
-                                           reduction=self.reduction)
