@@ -31,6 +31,7 @@ from shoal.core.nn.losses_margin import (
     multi_margin_loss, multilabel_margin_loss, multilabel_soft_margin_loss,
 )
 from shoal.core.nn.fold import fold, unfold
+from shoal.core.nn.grid_sample import affine_grid, grid_sample
 from shoal.core.nn.upsampling import (
     interpolate, upsample, upsample_bilinear, upsample_nearest,
 )
@@ -76,7 +77,7 @@ __all__ = [
     "soft_margin_loss", "triplet_margin_loss",
     "interpolate", "upsample", "upsample_bilinear", "upsample_nearest",
     "multi_margin_loss", "multilabel_margin_loss", "multilabel_soft_margin_loss",
-    "fold", "unfold", "rrelu",
+    "fold", "unfold", "rrelu", "grid_sample", "affine_grid",
 ]
 
 
