@@ -1,8 +1,10 @@
-"""torch.nn.functional.grid_sample (2-D: bilinear, nearest and bicubic; zeros, border and
-reflection padding) and affine_grid (2-D and 3-D), with gradients for the input and the grid.
+"""torch.nn.functional.grid_sample (2-D: bilinear, nearest and bicubic; 3-D: trilinear and
+nearest; zeros, border and reflection padding) and affine_grid (2-D and 3-D), with gradients
+for the input and the grid.
 
-grid_sample reads each output pixel from the input at a point of the grid ((x, y) in [-1, 1]),
-as a weighted sum of a few taps (bilinear 4, bicubic 16, nearest 1). The taps and their
+grid_sample reads each output pixel from the input at a point of the grid ((x, y[, z]) in
+[-1, 1]), as a weighted sum of a few taps, the product of each axis's (linear 2 per axis,
+cubic 4, nearest 1). The taps and their
 weights follow aten's GridSampler.h: the point is unnormalised (align_corners decides whether
 -1 and 1 are the corner pixels' centres or their outer edges), border and reflection padding
 move it into the image (bicubic moves each tap instead), and a tap outside the image reads 0.
@@ -81,32 +83,33 @@ def _cubic_weights(xp: Any, t: Any) -> tuple:
     return [w0, w1, w2, w3], [d0, d1, -d2, -d3]
 
 
-def _taps(xp: Any, ix: Any, iy: Any, mode: str, size: tuple, padding: str,
-          align_corners: bool) -> list:
-    """(column, row, weight, d weight / d ix, d weight / d iy) per tap; ix, iy unnormalised."""
-    h, w = size
+def _axis_choices(xp: Any, coord: Any, size: int, mode: str, padding: str,
+                  align_corners: bool) -> list:
+    """(position, weight, d weight / d coord) for each tap along one axis."""
     if mode == "nearest":
-        one, zero = xp.ones_like(ix), xp.zeros_like(ix)
-        return [(xp.rint(ix).astype(np.int64), xp.rint(iy).astype(np.int64), one, zero, zero)]
+        return [(xp.rint(coord).astype(np.int64), xp.ones_like(coord), xp.zeros_like(coord))]
+    low = xp.floor(coord)
     if mode == "bilinear":
-        x0, y0 = xp.floor(ix), xp.floor(iy)
-        wx = (x0 + 1 - ix, ix - x0)
-        wy = (y0 + 1 - iy, iy - y0)
-        sgn = (-1.0, 1.0)
-        return [((x0 + j).astype(np.int64), (y0 + i).astype(np.int64), wy[i] * wx[j],
-                 sgn[j] * wy[i], sgn[i] * wx[j]) for i in (0, 1) for j in (0, 1)]
-    x0, y0 = xp.floor(ix), xp.floor(iy)
-    wx, dwx = _cubic_weights(xp, ix - x0)
-    wy, dwy = _cubic_weights(xp, iy - y0)
-    out = []
-    for i in range(4):
-        for j in range(4):
-            # bicubic pads each tap's integer position, not the point (aten's get_value_bounded)
-            col = _pad_coordinate(xp, x0 - 1 + j, w, padding, align_corners)[0]
-            row = _pad_coordinate(xp, y0 - 1 + i, h, padding, align_corners)[0]
-            out.append((col.astype(np.int64), row.astype(np.int64), wy[i] * wx[j],
-                        wy[i] * dwx[j], dwy[i] * wx[j]))
-    return out
+        return [(low.astype(np.int64), low + 1 - coord, -xp.ones_like(coord)),
+                ((low + 1).astype(np.int64), coord - low, xp.ones_like(coord))]
+    weights, derivs = _cubic_weights(xp, coord - low)
+    # bicubic pads each tap's integer position, not the point (aten's get_value_bounded)
+    return [(_pad_coordinate(xp, low - 1 + k, size, padding, align_corners)[0].astype(np.int64),
+             weights[k], derivs[k]) for k in range(4)]
+
+
+def _taps(per_axis: list) -> list:
+    """Every combination of the axes' taps: (positions, weight, d weight / d coord per axis),
+    the weight the product of the axes' weights."""
+    taps = [((), 1.0, ())]
+    for choices in per_axis:
+        grown = []
+        for positions, weight, derivs in taps:
+            for pos, w_axis, d_axis in choices:
+                grown.append((positions + (pos,), weight * w_axis,
+                              tuple(d * w_axis for d in derivs) + (weight * d_axis,)))
+        taps = grown
+    return taps
 
 
 def _check(input: Tensor, grid: Tensor, mode: str, padding_mode: str) -> None:  # noqa: A002
@@ -116,64 +119,73 @@ def _check(input: Tensor, grid: Tensor, mode: str, padding_mode: str) -> None:  
     if padding_mode not in _PADDINGS:
         raise ValueError(f"nn.functional.grid_sample(): expected padding_mode to be 'zeros', "
                          f"'border', or 'reflection', but got: '{padding_mode}'")
-    if input.ndim == 5:
-        raise NotImplementedError("grid_sample: 5-D (volumetric) inputs are not supported yet.")
-    if input.ndim != 4 or grid.ndim != 4:
-        raise RuntimeError(f"grid_sampler(): expected 4D input and grid with same number of "
-                           f"dimensions, but got input with sizes {list(input.shape)} and grid "
-                           f"with sizes {list(grid.shape)}")
     if input.shape[0] != grid.shape[0]:
         raise RuntimeError(f"grid_sampler(): expected grid and input to have same batch size, "
                            f"but got input with sizes {list(input.shape)} and grid with sizes "
                            f"{list(grid.shape)}")
-    if grid.shape[-1] != 2:
-        raise RuntimeError(f"grid_sampler(): expected grid to have size 2 in last dimension, "
-                           f"but got grid with sizes {list(grid.shape)}")
+    if grid.shape[-1] != input.ndim - 2:
+        raise RuntimeError(f"grid_sampler(): expected grid to have size {input.ndim - 2} in "
+                           f"last dimension, but got grid with sizes {list(grid.shape)}")
+    if input.ndim not in (4, 5) or grid.ndim != input.ndim:
+        raise RuntimeError(f"grid_sampler(): expected 4D or 5D input and grid with same number "
+                           f"of dimensions, but got input with sizes {list(input.shape)} and "
+                           f"grid with sizes {list(grid.shape)}")
     if input.dtype != grid.dtype:
         raise RuntimeError(f"grid_sampler(): expected input and grid to have the same dtype, "
                            f"got {input.dtype} and {grid.dtype}")
+    if mode == "bicubic" and input.ndim != 4:
+        raise RuntimeError("grid_sampler(): bicubic interpolation only supports 4D input")
 
 
 def grid_sample(input: Tensor, grid: Tensor, mode: str = "bilinear",  # noqa: A002
                 padding_mode: str = "zeros", align_corners: bool | None = None) -> Tensor:
-    """Sample (N, C, H, W) input at the (N, Ho, Wo, 2) grid's points into (N, C, Ho, Wo)."""
+    """Sample (N, C, H, W) input at the (N, Ho, Wo, 2) grid's (x, y) points into
+    (N, C, Ho, Wo), or (N, C, D, H, W) at (N, Do, Ho, Wo, 3) (x, y, z) points; 'bilinear' is
+    trilinear for 5-D inputs."""
     _check(input, grid, mode, padding_mode)
     xd, gd = input.array, grid.array
     xp = xp_of(xd)
-    n, c, h, w = xd.shape
+    n, c = xd.shape[:2]
+    sizes = xd.shape[:1:-1]  # (W, H[, D]): the grid's last dimension lists x first
     corners = bool(align_corners)
-    ix, dix = _unnormalise(gd[..., 0], w, corners)
-    iy, diy = _unnormalise(gd[..., 1], h, corners)
-    if mode != "bicubic":  # bicubic pads its taps instead
-        ix, px = _pad_coordinate(xp, ix, w, padding_mode, corners)
-        iy, py = _pad_coordinate(xp, iy, h, padding_mode, corners)
-        dix, diy = dix * px, diy * py
-    taps = _taps(xp, ix, iy, mode, (h, w), padding_mode, corners)
-    flat = xd.reshape(n, c, h * w)
-    points = gd.shape[1] * gd.shape[2]
+    coords, scales = [], []
+    for a, size in enumerate(sizes):
+        coord, scale = _unnormalise(gd[..., a], size, corners)
+        if mode != "bicubic":  # bicubic pads its taps instead
+            coord, d_pad = _pad_coordinate(xp, coord, size, padding_mode, corners)
+            scale = scale * d_pad
+        coords.append(coord)
+        scales.append(scale)
+    taps = _taps([_axis_choices(xp, coord, size, mode, padding_mode, corners)
+                  for coord, size in zip(coords, sizes)])
+    flat = xd.reshape(n, c, -1)
+    points = int(np.prod(gd.shape[1:-1]))
+    strides = np.cumprod((1,) + tuple(sizes[:-1]))
     reads = []  # (linear index, weight with out-of-image taps zeroed, value) per tap
-    for col, row, weight, _, _ in taps:
-        inside = (col >= 0) & (col < w) & (row >= 0) & (row < h)
-        lin = xp.where(inside, row * w + col, 0).reshape(n, 1, points)
+    for positions, weight, _ in taps:
+        inside = xp.ones(positions[0].shape, dtype=bool)
+        for pos, size in zip(positions, sizes):
+            inside &= (pos >= 0) & (pos < size)
+        lin = sum(pos * int(st) for pos, st in zip(positions, strides))
+        lin = xp.where(inside, lin, 0).reshape(n, 1, points)
         inside = inside.reshape(n, 1, points)
         value = xp.take_along_axis(flat, lin, axis=2) * inside
         reads.append((lin, weight.reshape(n, 1, points) * inside, value))
-    out = sum(wt * value for _, wt, value in reads).reshape(n, c, *gd.shape[1:3])
+    out = sum(wt * value for _, wt, value in reads).reshape((n, c) + gd.shape[1:-1])
 
     def backward(g: Any) -> tuple:
         g3 = g.reshape(n, c, points)
-        gx = _scatter_input(xp, g3, reads, (n, c, h * w)).reshape(xd.shape) \
+        gx = _scatter_input(xp, g3, reads, flat.shape).reshape(xd.shape) \
             if input.requires_grad else None
         gg = None
         if grid.requires_grad:
-            gx_pt = sum((g3 * v).sum(1) * t[3].reshape(n, points) for (_, _, v), t in
-                        zip(reads, taps))
-            gy_pt = sum((g3 * v).sum(1) * t[4].reshape(n, points) for (_, _, v), t in
-                        zip(reads, taps))
-            gg = xp.stack([gx_pt.reshape(ix.shape) * dix, gy_pt.reshape(iy.shape) * diy], -1)
+            along = [(g3 * value).sum(1) for _, _, value in reads]  # d loss / d tap weight
+            gg = xp.stack([
+                sum(a_t * tap[2][a].reshape(n, points) for a_t, tap in zip(along, taps))
+                .reshape(gd.shape[:-1]) * scales[a] for a in range(len(sizes))], -1)
         return gx, gg
 
-    return result(out, "GridSampler2DBackward", backward, (input, grid))
+    return result(out, "GridSamplerBackward", backward, (input, grid))
 
 
 def _scatter_input(xp: Any, g3: Any, reads: list, shape: tuple) -> Any:

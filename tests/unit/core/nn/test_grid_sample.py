@@ -1,5 +1,5 @@
-"""F.grid_sample and F.affine_grid against torch: every mode, padding mode and align_corners,
-values and the gradients of both the input and the grid; torch's errors.
+"""F.grid_sample (2-D and 3-D) and F.affine_grid against torch: every mode, padding mode and
+align_corners, values and the gradients of both the input and the grid; torch's errors.
 
 Bounds: float64 1e-12 (each output is a sum of at most 16 taps of order 1 with the same
 weights; only rounding order differs, a few ulps, and the grid's gradient sums those over 3
@@ -59,6 +59,25 @@ def test_grid_sample_matches_torch_in_float32(mode, padding, ac) -> None:
     _compare({"mode": mode, "padding_mode": padding, "align_corners": ac}, torch.float32, 1e-4)
 
 
+@pytest.mark.parametrize("mode,padding,ac", list(itertools.product(
+    ["bilinear", "nearest"], ["zeros", "border", "reflection"], [False, True])))
+def test_volumetric_grid_sample_matches_torch(mode, padding, ac) -> None:
+    """5-D input, (x, y, z) grid: trilinear ('bilinear') and nearest, both gradients."""
+    x = _R.standard_normal((2, 3, 4, 5, 6))
+    grid = _R.uniform(-2.5, 2.5, (2, 3, 4, 5, 3))
+    kw = {"mode": mode, "padding_mode": padding, "align_corners": ac}
+    tx, tg = (torch.tensor(a, requires_grad=True) for a in (x, grid))
+    cx, cg = (core.tensor(a, requires_grad=True) for a in (x, grid))
+    expected, got = tf.grid_sample(tx, tg, **kw), F.grid_sample(cx, cg, **kw)
+    np.testing.assert_allclose(got.detach().numpy(), expected.detach().numpy(), rtol=1e-12,
+                               atol=1e-12)
+    g = _R.standard_normal(tuple(expected.shape))
+    expected.backward(torch.tensor(g))
+    got.backward(core.tensor(g))
+    np.testing.assert_allclose(cx.grad.numpy(), tx.grad.numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(cg.grad.numpy(), tg.grad.numpy(), rtol=1e-12, atol=1e-12)
+
+
 def test_only_the_input_or_only_the_grid_may_require_grad() -> None:
     """A fixed grid (a resampling) and a fixed image (a learned warp) both backpropagate."""
     grid = core.tensor(GRID, requires_grad=True)
@@ -105,6 +124,10 @@ def test_an_identity_warp_returns_the_image() -> None:
                                 mode="area"), ValueError, "expected mode to be"),
     (lambda m, t: m.grid_sample(t(np.zeros((1, 1, 3, 3))), t(np.zeros((1, 2, 2, 2))),
                                 padding_mode="wrap"), ValueError, "expected padding_mode"),
+    (lambda m, t: m.grid_sample(t(np.zeros((1, 1, 3, 3, 3))), t(np.zeros((1, 2, 2, 2, 3))),
+                                mode="bicubic"), RuntimeError, "bicubic interpolation only"),
+    (lambda m, t: m.grid_sample(t(np.zeros((1, 1, 3, 3, 3))), t(np.zeros((1, 2, 2, 2))),
+                                align_corners=False), RuntimeError, "size 3 in last dimension"),
     (lambda m, t: m.affine_grid(t(np.zeros((1, 2, 2))), (1, 1, 3, 3)), ValueError,
      "Expected a batch of 2D affine matrices"),
     (lambda m, t: m.affine_grid(t(np.zeros((1, 2, 3))), (1, 1, 3)), NotImplementedError,
