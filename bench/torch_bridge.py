@@ -15,11 +15,12 @@ it, and the shoal group under the bridge reached through `shoal.torch_bridge.sho
               Where it goes, in the same rotation: "floor", the same DDP with a comm hook that
               communicates nothing (DDP's own bucket copies and hooks, which no backend removes);
               "comm", shoal's own API all_reducing arrays of DDP's bucket sizes one after
-              another. With every core busy computing (W ranks on W cores) nothing hides the
-              communication, so floor + comm bounds the bridge's overhead from below; the
-              bridge's excess over that bound is its own cost (calls, Work/Future objects, the
-              hand-off to the group's worker thread). CPU time over the local step, summed over
-              every thread of every rank, is printed beside (less sensitive to other jobs).
+              another. floor + comm is what the step would add if nothing overlapped the
+              communication (W ranks on W cores leave no idle core for it): the bridge's
+              overhead below it means the worker thread's all_reduce overlapped backward, above
+              it shows the bridge's own costs (calls, Work/Future objects, the hand-off to the
+              group's worker thread). CPU time over the local step, summed over every thread of
+              every rank, is printed beside (less sensitive to other jobs).
 
 The kinds run in rotating blocks (A B C A B C ...) after a barrier each, so machine noise hits
 each alike; a block's time is its slowest rank's; medians over blocks. One thread per rank.
@@ -163,8 +164,7 @@ def _ddp_rows(dist, torch, bridge, gloo, rank, world, blocks, quick):
         step(kind)
         step(kind)  # the second iteration runs on the rebuilt buckets
     # The communication alone: shoal's own API all_reducing arrays of the buckets' sizes, one
-    # after another, outside DDP: with every core busy computing there is nothing to hide it
-    # behind, so floor + comm is what the bridge's DDP step can at best add to the local step.
+    # after another, outside DDP; floor + comm is what a step adds when nothing overlaps it.
     buffers = [np.zeros(n // 4, np.float32) for n in _bucket_bytes(models["shoal"])]
 
     def comm():
@@ -206,7 +206,7 @@ def _ddp_row(times, cpu, world, buffers) -> dict:
 
     wall = {k: over(k) for k in ("shoal", "gloo", "floor")}
     cpu_over = {k: over(k, cpu) for k in ("shoal", "gloo", "floor")}
-    bound = wall["floor"] + med["comm"]
+    serial = wall["floor"] + med["comm"]
     gloo_over = wall["gloo"] if wall["gloo"] > 0 else float("nan")
     return {"figure": "ddp", "world": world, "local_ms": med["local"] * 1e3,
             "shoal_step_ms": med["shoal"] * 1e3, "gloo_step_ms": med["gloo"] * 1e3,
@@ -214,8 +214,8 @@ def _ddp_row(times, cpu, world, buffers) -> dict:
             "overhead_vs_gloo": wall["shoal"] / gloo_over,
             "floor_ms": wall["floor"] * 1e3, "comm_ms": med["comm"] * 1e3,
             "bucket_bytes": [b.nbytes for b in buffers],
-            "bound_ms": bound * 1e3, "bound_vs_gloo": bound / gloo_over,
-            "bridge_excess_ms": (wall["shoal"] - bound) * 1e3,
+            "no_overlap_ms": serial * 1e3, "no_overlap_vs_gloo": serial / gloo_over,
+            "shoal_minus_no_overlap_ms": (wall["shoal"] - serial) * 1e3,
             "cpu_overhead_ms": {k: v * 1e3 for k, v in cpu_over.items()},
             "samples_per_s_shoal": 128 * world / med["shoal"],
             "samples_per_s_gloo": 128 * world / med["gloo"]}
@@ -318,9 +318,10 @@ def _print(rows) -> None:
                   f"({row['overhead_vs_gloo']:.2f}x); samples/s shoal "
                   f"{row['samples_per_s_shoal']:.0f}, gloo {row['samples_per_s_gloo']:.0f}")
             print(f"  where it goes: DDP itself (no-comm hook) {row['floor_ms']:.2f} ms + shoal API "
-                  f"all_reduce of the buckets {row['comm_ms']:.2f} ms = bound "
-                  f"{row['bound_ms']:.2f} ms ({row['bound_vs_gloo']:.2f}x gloo's); bridge above "
-                  f"the bound {row['bridge_excess_ms']:+.2f} ms; CPU over local, all ranks: "
+                  f"all_reduce of the buckets {row['comm_ms']:.2f} ms = "
+                  f"{row['no_overlap_ms']:.2f} ms without overlap "
+                  f"({row['no_overlap_vs_gloo']:.2f}x gloo's); shoal minus that "
+                  f"{row['shoal_minus_no_overlap_ms']:+.2f} ms; CPU over local, all ranks: "
                   + ", ".join(f"{k} {v:.2f} ms" for k, v in row["cpu_overhead_ms"].items()))
     for row in rows:
         print(json.dumps(row))
