@@ -28,9 +28,26 @@ LAYER_TABLES = ("shoal.core.settings", "shoal.collectives.settings", "shoal.rpc_
                 "shoal.elastic.settings", "shoal.launcher.settings")
 
 
+# Tables whose package is costly to import (rpc_agent's __init__ loads its API: grpc, protobuf,
+# numpy; 0.1-0.2 s on `shoal run`'s way to its workers). `shoal run` reads them only when a
+# SHOAL_* variable that no other table declares is set, which theirs would be.
+COSTLY_TABLES = ("shoal.rpc_agent.settings",)
+
+
 def layer_tables() -> list[SettingsTable]:
     """Every layer's settings table, bottom layer first."""
     return [importlib.import_module(name).TABLE for name in LAYER_TABLES]
+
+
+def _tables_to_check(env: Mapping[str, str]) -> list[SettingsTable]:
+    """The tables a set variable may belong to, bottom layer first: every cheap one, and the
+    costly ones only if some SHOAL_* variable is set that no cheap one declares."""
+    cheap = {name: importlib.import_module(name).TABLE for name in LAYER_TABLES
+             if name not in COSTLY_TABLES}
+    declared = set().union(*(table.names() for table in cheap.values()))
+    others = any(key.startswith("SHOAL_") and key not in declared for key in env)
+    return [cheap[name] if name in cheap else importlib.import_module(name).TABLE
+            for name in LAYER_TABLES if name in cheap or others]
 
 
 def check_every_layer(environ: Optional[Mapping[str, str]] = None) -> None:
@@ -45,7 +62,7 @@ def check_every_layer(environ: Optional[Mapping[str, str]] = None) -> None:
     """
     env = dict(os.environ if environ is None else environ)
     env.pop(core_settings.LOG_LEVEL.name, None)
-    check_all(layer_tables(), env)
+    check_all(_tables_to_check(env), env)
 
 
 def check_or_exit(parser: argparse.ArgumentParser) -> None:

@@ -41,6 +41,8 @@ SLOW_TESTS = {
         "a fresh interpreter builds core's namespace",
     "unit/test_import_graph.py::test_core_submodules_load_on_first_use":
         "a fresh interpreter imports scipy's fft, linalg and special",
+    "unit/launcher/test_settings_check.py::test_shoal_run_imports_the_rpc_layer_only_to_check_its_variables":
+        "a fresh interpreter checks the settings, then imports the rpc layer (grpc, numpy)",
     # collectives
     "unit/collectives/backends/test_watchdog.py::test_monitored_barrier_passes_when_everyone_arrives":
         "ranks arrive one after another, seconds apart",

@@ -1,6 +1,8 @@
 """`shoal run` and `shoal store` check every layer's settings table before anything starts: a
 bad SHOAL_* value is a usage error (exit status 2) naming the variable."""
 
+import importlib
+import json
 import os
 import subprocess
 import sys
@@ -9,7 +11,7 @@ import pytest
 
 from shoal.core.config import SettingError
 from shoal.launcher import cli
-from shoal.launcher.settings import check_every_layer, layer_tables
+from shoal.launcher.settings import COSTLY_TABLES, check_every_layer, layer_tables
 
 
 def test_every_layer_with_a_table_is_checked():
@@ -49,3 +51,32 @@ def test_shoal_store_with_a_bad_variable_exits_2(monkeypatch, capsys):
         cli.main(["store", "--port", "0"])
     assert info.value.code == 2
     assert "SHOAL_METRICS_LINGER_S must be at least 0" in capsys.readouterr().err
+
+
+def test_a_bad_rpc_variable_is_refused_by_name():
+    with pytest.raises(SettingError, match=r"^SHOAL_RPC_GRPC "):
+        check_every_layer({"SHOAL_RPC_GRPC": "sideways"})
+
+
+def test_the_costly_tables_read_only_shoal_variables():
+    # Their check is triggered by a set SHOAL_* variable that no cheaper table declares.
+    for name in COSTLY_TABLES:
+        table = importlib.import_module(name).TABLE
+        assert all(n.startswith("SHOAL_") for n in table.names()), table.names()
+
+
+CHECK_THEN_LIST = """
+import json, sys
+from shoal.launcher.settings import check_every_layer
+check_every_layer({"SHOAL_AUTH_TOKEN": "t" * 40, "SHOAL_SPIN_US": "5"})
+before = "shoal.rpc_agent" in sys.modules
+check_every_layer({"SHOAL_RPC_GRPC": "public"})
+print(json.dumps([before, "shoal.rpc_agent" in sys.modules]))
+"""
+
+
+def test_shoal_run_imports_the_rpc_layer_only_to_check_its_variables():
+    # rpc_agent's package loads grpc and numpy (0.1-0.2 s on the way to the workers).
+    out = subprocess.run([sys.executable, "-c", CHECK_THEN_LIST], capture_output=True,
+                         text=True, timeout=60, check=True)
+    assert json.loads(out.stdout.splitlines()[-1]) == [False, True]
