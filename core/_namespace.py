@@ -50,6 +50,7 @@ from shoal.core.ops.creation import (
 from shoal.core.ops.creation import DoubleTensor, FloatTensor, IntTensor, LongTensor, Size
 from shoal.core.ops.conv import conv1d, conv2d
 from shoal.core.ops.arith import eq, ge, gt, le, lt, ne, neg
+from shoal.core.dtypes import get_default_dtype, set_default_dtype
 from shoal.core.ops.aten_losses import (
     binary_cross_entropy_with_logits, cosine_embedding_loss, hinge_embedding_loss,
     margin_ranking_loss, poisson_nll_loss, prelu, triplet_margin_loss,
@@ -167,7 +168,7 @@ __all__ = [
     "sqrt", "tanh", "bmm", "cos", "mm", "narrow", "norm", "sin", "tan", "conv1d", "conv2d",
     "eq", "ne", "lt", "le", "gt", "ge", "neg", "prelu", "binary_cross_entropy_with_logits",
     "cosine_embedding_loss", "hinge_embedding_loss", "margin_ranking_loss", "poisson_nll_loss",
-    "triplet_margin_loss",
+    "triplet_margin_loss", "get_default_dtype", "set_default_dtype",
     "Size", "FloatTensor", "DoubleTensor", "LongTensor", "IntTensor",
     "angle", "complex", "conj", "conj_physical", "imag", "is_complex", "polar", "real",
     "resolve_conj", "resolve_neg", "sgn", "view_as_complex", "view_as_real",

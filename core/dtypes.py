@@ -116,3 +116,28 @@ def to_np(spec: Any, device_type: str = "cpu") -> np.dtype:
             "use float16 or float32 there."
         )
     return dt.np
+
+
+# torch's default floating dtype: what Python floats, floating creators (rand, zeros, arange of
+# floats, ...), integer division and new parameters get. One per process, as torch's.
+_DEFAULT = [float32]
+_DEFAULTABLE = (float32, float64, float16, bfloat16)
+
+
+def get_default_dtype() -> DType:
+    """The default floating dtype (float32 unless set_default_dtype changed it)."""
+    return _DEFAULT[0]
+
+
+def set_default_dtype(d: Any) -> None:
+    """Make d (float32, float64, float16 or bfloat16) the default floating dtype, as torch's;
+    Python complex numbers then become complex128 under float64, else complex64."""
+    dt = get(d)
+    if dt not in _DEFAULTABLE:
+        raise TypeError("only floating-point types are supported as the default type")
+    _DEFAULT[0] = dt
+
+
+def default_complex() -> DType:
+    """The complex dtype that goes with the default floating dtype (torch's rule)."""
+    return complex128 if _DEFAULT[0] is float64 else complex64

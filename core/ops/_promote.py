@@ -32,6 +32,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from shoal.core import dtypes
+
 _ndarray = np.ndarray
 _BOOL = np.dtype(np.bool_)
 _I64 = np.dtype(np.int64)
@@ -41,7 +43,10 @@ _F32 = np.dtype(np.float32)
 _F64 = np.dtype(np.float64)
 _C64 = np.dtype(np.complex64)
 _C128 = np.dtype(np.complex128)
-DEFAULT_FLOAT = _F32  # torch's default dtype: what a Python float and integer division give
+def default_float() -> np.dtype:
+    """torch's default dtype (core.set_default_dtype): what a Python float and integer
+    division give."""
+    return dtypes.get_default_dtype().np
 
 _DIM, _ZERO, _WRAPPED = 0, 1, 2
 
@@ -110,9 +115,9 @@ def _tier(x: Any) -> tuple[int, np.dtype] | None:
     if isinstance(x, int):
         return _WRAPPED, _I64
     if isinstance(x, float):
-        return _WRAPPED, DEFAULT_FLOAT
+        return _WRAPPED, default_float()
     if isinstance(x, complex):
-        return _WRAPPED, _C64
+        return _WRAPPED, dtypes.default_complex().np
     return None  # an absent operand (clamp's min=None)
 
 
@@ -174,3 +179,9 @@ def norm_output_dtype(input_dtype: np.dtype, *params: Any) -> np.dtype:
     for d in dts:
         out = promote_types(out, d)
     return out
+
+
+def floating(arr: Any) -> Any:
+    """An integer or bool array as the default floating dtype (what torch's floating unary ops,
+    exp, sqrt, sin, ..., give for such input); a floating or complex one as it is."""
+    return arr.astype(default_float()) if arr.dtype.kind in "iub" else arr

@@ -14,7 +14,7 @@ from typing import Any
 from shoal.core.amp.autocast_mode import STATE as _AMP
 from shoal.core.ops import _autocast
 from shoal.core.ops._opmath import rounded_number, widen, widen_bf16
-from shoal.core.ops._promote import DEFAULT_FLOAT, as_dtype, category, promote
+from shoal.core.ops._promote import default_float, as_dtype, category, promote
 from shoal.core.ops._util import (
     UnsupportedOperand,
     broadcast_error,
@@ -190,7 +190,7 @@ def _as_float(d: Any) -> Any:
     becomes a Python float, which stays weak)."""
     if isinstance(d, (bool, int)):
         return float(d)
-    return d if category(d.dtype) >= 2 else d.astype(DEFAULT_FLOAT)
+    return d if category(d.dtype) >= 2 else d.astype(default_float())
 
 
 def _xp_log(a: Any) -> Any:

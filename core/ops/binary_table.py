@@ -16,7 +16,7 @@ import numpy as np
 
 from shoal.core.ops import arith
 from shoal.core.ops._opmath import narrow, rounded_number, widen
-from shoal.core.ops._promote import DEFAULT_FLOAT, as_dtype, category, promote
+from shoal.core.ops._promote import default_float, as_dtype, category, promote
 from shoal.core.ops._util import (
     broadcast_error, needs_grad, result, unbroadcast, val, wrap, xp_of,
 )
@@ -83,7 +83,7 @@ def _operands(name: str, x: Any, y: Any, floats: bool) -> tuple:
     except TypeError as exc:
         raise TypeError(f"{name}(): {exc}") from exc
     if floats and category(dt) < 2:
-        dt = DEFAULT_FLOAT
+        dt = default_float()
         xd = float(xd) if isinstance(xd, (bool, int)) else xd.astype(dt)
         yd = float(yd) if isinstance(yd, (bool, int)) else yd.astype(dt)
     return dt, rounded_number(xd, dt), rounded_number(yd, dt)

@@ -22,16 +22,19 @@ def _finish(data: Any, requires_grad: bool) -> Tensor:
     return Tensor(data, requires_grad=requires_grad)
 
 
-def _target(dtype: Any, device: Any, default: Any = dtypes.float32) -> tuple:
+def _target(dtype: Any, device: Any, default: Any = None) -> tuple:
     dev = backend.device(device)
-    np_dtype = dtypes.to_np(default if dtype is None else dtype, dev.type)
+    if dtype is None:
+        dtype = dtypes.get_default_dtype() if default is None else default
+    np_dtype = dtypes.to_np(dtype, dev.type)
     return dev, np_dtype, backend.xp_for(dev)
 
 
 def tensor(data: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
     """A new tensor holding a copy of data (lists, numbers, numpy/cupy arrays, tensors).
 
-    Python floats become float32 and ints int64, as in torch; arrays and numpy scalars keep
+    Python floats become the default dtype (float32 unless core.set_default_dtype changed it)
+    and ints int64, as in torch; arrays and numpy scalars keep
     their dtype (np.float64 is a Python float, yet torch keeps it float64).
     """
     if isinstance(data, Tensor):
@@ -48,11 +51,11 @@ def tensor(data: Any, dtype: Any = None, device: Any = None, requires_grad: bool
     arr = np.asarray(data)
     if dtype is None:
         if arr.dtype == np.float64:
-            arr = arr.astype(np.float32)
+            arr = arr.astype(dtypes.get_default_dtype().np, copy=False)
         elif arr.dtype.kind == "i":
             arr = arr.astype(np.int64, copy=False)
-        elif arr.dtype == np.complex128:  # Python complex numbers: torch's complex64
-            arr = arr.astype(np.complex64)
+        elif arr.dtype == np.complex128:  # Python complex numbers: complex64 (float64: 128)
+            arr = arr.astype(dtypes.default_complex().np, copy=False)
         elif arr.dtype.kind not in "fbc":
             raise dtypes.DTypeError(
                 f"tensor(): cannot make a tensor from data of numpy dtype {arr.dtype}."
@@ -114,7 +117,8 @@ def full(
         dtype = (
             dtypes.bool_ if isinstance(fill_value, bool)
             else dtypes.int64 if isinstance(fill_value, int)
-            else dtypes.complex64 if isinstance(fill_value, complex) else dtypes.float32
+            else dtypes.default_complex() if isinstance(fill_value, complex)
+            else dtypes.get_default_dtype()
         )
     dev, dt, xp = _target(dtype, device)
     with backend.device_context(dev):
@@ -236,12 +240,13 @@ def arange(
     start: Any, end: Any = None, step: Any = 1, dtype: Any = None, device: Any = None,
     requires_grad: bool = False,
 ) -> Tensor:
-    """Evenly spaced values in [start, end); int64 for integer arguments, else float32."""
+    """Evenly spaced values in [start, end); int64 for integer arguments, else the default
+    dtype."""
     if end is None:
         start, end = 0, start
     if dtype is None:
         ints = all(isinstance(v, int) for v in (start, end, step))
-        dtype = dtypes.int64 if ints else dtypes.float32
+        dtype = dtypes.int64 if ints else dtypes.get_default_dtype()
     dev, dt, xp = _target(dtype, device)
     with backend.device_context(dev):
         return _finish(xp.arange(start, end, step, dtype=dt), requires_grad)

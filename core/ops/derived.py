@@ -10,6 +10,7 @@ import math
 from typing import Any, Sequence
 
 from shoal.core.ops import arith, linalg, reduce, shape, unary
+from shoal.core.ops._promote import floating
 from shoal.core.ops._opmath import narrow as _round, widen_bf16
 from shoal.core.ops._util import cj, result, xp_of
 from shoal.core.tensor import Tensor
@@ -17,7 +18,7 @@ from shoal.core.tensor import Tensor
 
 def sin(x: Tensor) -> Tensor:
     """Elementwise sine."""
-    xd = x.array
+    xd = floating(x.array)
     dt = xd.dtype
     out = _round(xp_of(xd).sin(widen_bf16(xd)), dt)
 
@@ -29,7 +30,7 @@ def sin(x: Tensor) -> Tensor:
 
 def cos(x: Tensor) -> Tensor:
     """Elementwise cosine."""
-    xd = x.array
+    xd = floating(x.array)
     dt = xd.dtype
     out = _round(xp_of(xd).cos(widen_bf16(xd)), dt)
 
@@ -41,7 +42,7 @@ def cos(x: Tensor) -> Tensor:
 
 def tan(x: Tensor) -> Tensor:
     """Elementwise tangent."""
-    xd = x.array
+    xd = floating(x.array)
     dt = xd.dtype
     out = _round(xp_of(xd).tan(widen_bf16(xd)), dt)
 

@@ -17,7 +17,7 @@ from shoal.core.amp.autocast_mode import STATE as _AMP
 from shoal.core.ops import _autocast
 from shoal.core.ops import _special
 from shoal.core.ops._opmath import narrow, widen, widen_bf16
-from shoal.core.ops._promote import as_dtype, promote
+from shoal.core.ops._promote import as_dtype, floating, promote
 from shoal.core.ops._util import cj, needs_grad, result, unbroadcast, val, xp_of
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -29,7 +29,7 @@ def exp(x: Any) -> Any:
     """e ** x."""
     if _AMP.active:
         (x,) = _autocast.cast("exp", x)
-    xd = x.array
+    xd = floating(x.array)
     dt = xd.dtype
     out = narrow(xp_of(xd).exp(widen_bf16(xd)), dt)
 
@@ -43,7 +43,7 @@ def log(x: Any) -> Any:
     """Natural logarithm."""
     if _AMP.active:
         (x,) = _autocast.cast("log", x)
-    xd = x.array
+    xd = floating(x.array)
     dt = xd.dtype
     out = narrow(xp_of(xd).log(widen_bf16(xd)), dt)
 
@@ -55,7 +55,7 @@ def log(x: Any) -> Any:
 
 def sqrt(x: Any) -> Any:
     """Square root."""
-    xd = x.array
+    xd = floating(x.array)
     dt = xd.dtype
     out = narrow(xp_of(xd).sqrt(widen_bf16(xd)), dt)
 
@@ -67,7 +67,7 @@ def sqrt(x: Any) -> Any:
 
 def tanh(x: Any) -> Any:
     """Hyperbolic tangent."""
-    xd = x.array
+    xd = floating(x.array)
     dt = xd.dtype
     out = narrow(xp_of(xd).tanh(widen_bf16(xd)), dt)
 
@@ -82,7 +82,7 @@ def tanh(x: Any) -> Any:
 def sigmoid(x: Any) -> Any:
     """1 / (1 + e ** -x), torch's formula: accurate in both tails (a far negative x gives a
     huge e ** -x, so a tiny result, and one past float32's range an inf, so 0, as torch)."""
-    xd = x.array
+    xd = floating(x.array)
     dt = xd.dtype
     xp = xp_of(xd)
     with np.errstate(over="ignore"):

@@ -14,7 +14,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from shoal.core.ops._opmath import narrow, widen
-from shoal.core.ops._promote import DEFAULT_FLOAT, category
+from shoal.core.ops._promote import default_float, category
 from shoal.core.ops._util import result, xp_of
 from shoal.core.tensor import Tensor
 
@@ -72,7 +72,7 @@ def _input_for(row: Row, x: Any) -> Any:
             return xd
         if row.keeps_integers:  # torch: sign/square of a bool is a bool/int64
             return xd.astype(np.int64) if row.derivative is not None else xd
-        return xd.astype(DEFAULT_FLOAT)
+        return xd.astype(default_float())
     return xd
 
 

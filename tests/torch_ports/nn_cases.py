@@ -73,9 +73,6 @@ def _mirror_random_draws() -> None:
     renamed = ours.torch
     for name in _RANDOM:
         setattr(renamed, name, _torch_backed(getattr(torch, name)))
-    # torch's lists are built under a float64 default (set_default_dtype); shoal has no
-    # settable default dtype (a known gap), so the ported file is told the one torch's uses
-    renamed.get_default_dtype = lambda: core.float64
 
 
 @dataclass
@@ -118,11 +115,21 @@ def _in_place_draws_from_torch() -> Any:
                 setattr(core.Tensor, name, method)
 
 
+@contextlib.contextmanager
+def _double_default() -> Any:
+    """torch's and shoal's default dtype float64 (torch's cases are written for it)."""
+    core.set_default_dtype(core.float64)
+    try:
+        with theirs.set_default_dtype(torch.double):
+            yield
+    finally:
+        core.set_default_dtype(core.float32)
+
+
 def _lists(module: Any) -> list[tuple[str, dict]]:
-    # torch's cases default to double; shoal's lists draw from torch's generator too (see
-    # _mirror_random_draws), so both are built under torch's double default
+    # shoal's lists draw from torch's generator too (see _mirror_random_draws)
     draws = _in_place_draws_from_torch() if module is ours else contextlib.nullcontext()
-    with theirs.set_default_dtype(torch.double), draws:
+    with _double_default(), draws:
         torch.manual_seed(_SEED)
         built = module.get_new_module_tests()
         torch.manual_seed(_SEED + 1)
@@ -186,7 +193,7 @@ def _module_and_args(case: Case) -> tuple:
     """(torch module, shoal module, torch input, target or None) in float64."""
     cls_t = theirs.CriterionTest if case.kind == "criterion" else theirs.NewModuleTest
     cls_o = ours.CriterionTest if case.kind == "criterion" else ours.NewModuleTest
-    with theirs.set_default_dtype(torch.double):
+    with _double_default():
         t_test = cls_t(**case.theirs)
         torch.manual_seed(_SEED + 2)
         t_module = t_test.constructor(*t_test.constructor_args)

@@ -231,6 +231,8 @@ NOT_OPS = {
     **dict.fromkeys(("Tensor", "Device", "device", "DType", "Size", "FloatTensor",
                      "DoubleTensor", "LongTensor", "IntTensor", "RemovableHandle", "Generator"),
                     "a type, tested in tests/unit/core/test_core_torch_names.py and test_tensor.py"),
+    **dict.fromkeys(("get_default_dtype", "set_default_dtype"),
+                    "process state, not an op (tests/unit/core/test_default_dtype.py)"),
     **dict.fromkeys(("enable_grad", "no_grad", "set_grad_enabled", "is_grad_enabled",
                      "autocast", "get_autocast_dtype", "is_autocast_enabled"),
                     "a mode, not an op (tests/unit/core/test_autograd.py, amp/)"),
