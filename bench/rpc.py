@@ -17,6 +17,7 @@ call behind a bulk transfer under 2 ms.
     python bench/rpc.py               # shoal only
     python bench/rpc.py --compare     # with torch.distributed.rpc beside it
     python bench/rpc.py --quick       # fewer iterations and sessions
+    python bench/rpc.py --fresh --sessions 8   # new processes per session (A/B of two trees)
 """
 
 from __future__ import annotations
@@ -299,6 +300,10 @@ def main(argv=None) -> int:
                         help="run torch.distributed.rpc (TensorPipe over TCP) beside shoal")
     parser.add_argument("--quick", action="store_true", help="fewer iterations and sessions")
     parser.add_argument("--sessions", type=int, default=None)
+    parser.add_argument("--fresh", action="store_true",
+                        help="new worker processes for every session: on a small shared machine "
+                             "a pair's placement on the cores sets its latency for as long as it "
+                             "lives, so one pair per run reads that placement, not the code")
     parser.add_argument("--rows", default="sync_latency,async_throughput,echo,remote_to_here,"
                         "behind_bulk", help="comma-separated subset of the measurements")
     args = parser.parse_args(argv)
@@ -325,14 +330,23 @@ def main(argv=None) -> int:
         parser.error(f"unknown --rows {', '.join(sorted(unknown))}; the measurements are "
                      f"{', '.join(name for name, _ in plan)}")
     plan = [(name, n) for name, n in plan if name in wanted]
-    pairs = {impl: _Pair(impl) for impl in impls}
+
+    def open_pairs() -> dict:
+        made = {impl: _Pair(impl) for impl in impls}
+        for impl in impls:  # warm-up: connections, caches, first-touch of the bulk arrays
+            for name, n in plan:
+                made[impl].run(name, max(3, n // 20))
+        return made
+
+    pairs = {} if args.fresh else open_pairs()
     raw: dict = {impl: collections.defaultdict(list) for impl in impls}
     loopback: list[float] = []
     try:
-        for impl in impls:  # warm-up: connections, caches, first-touch of the bulk arrays
-            for name, n in plan:
-                pairs[impl].run(name, max(3, n // 20))
         for _ in range(sessions):
+            if args.fresh:
+                for pair in pairs.values():
+                    pair.close()
+                pairs = open_pairs()
             for name, n in plan:
                 for impl in impls:  # A B A B within each row
                     raw[impl][name].append(pairs[impl].run(name, n))
