@@ -67,6 +67,24 @@ def merge_masks(
     return merged
 
 
+def _trainable_mask(attn_mask: Any) -> bool:
+    return (isinstance(attn_mask, Tensor) and attn_mask.requires_grad
+            and attn_mask.dtype.is_floating_point)
+
+
+def _on_device_with_extra_keys(mask: Any, q: Tensor, extra: int) -> Any:
+    """The additive mask on q's device, extended with zeros for the keys MHA added (bias_k,
+    a zero attention column): those are never masked."""
+    if mask is None:
+        return None
+    mask = backend.to_device(mask, backend.device_of(q.array))
+    if extra:
+        xp = xp_of(mask)
+        mask = xp.concatenate(
+            [mask, xp.zeros(mask.shape[:-1] + (extra,), dtype=mask.dtype)], axis=-1)
+    return mask
+
+
 class MultiheadAttention(Module):
     """Attention over num_heads heads of embed_dim // num_heads each, as torch.nn.MultiheadAttention."""
 
@@ -162,19 +180,23 @@ class MultiheadAttention(Module):
             extra += 1
         mask = merge_masks(attn_mask, key_padding_mask, batch, h, length, source,
                            q.array.dtype, is_causal)
-        if mask is not None:
-            mask = backend.to_device(mask, backend.device_of(q.array))
+        mask = _on_device_with_extra_keys(mask, q, extra)
+        if _trainable_mask(attn_mask):
+            # a float mask that requires grad stays in the graph (torch gives it a gradient):
+            # the fixed parts (key padding, added keys) join it as a constant
+            rest = _on_device_with_extra_keys(
+                merge_masks(None, key_padding_mask, batch, h, length, source, q.array.dtype),
+                q, extra)
+            m = attn_mask.reshape(batch, h, length, source) if attn_mask.ndim == 3 else attn_mask
             if extra:
-                # The added keys are never masked: extend the additive mask with zeros.
-                xp = xp_of(mask)
-                mask = xp.concatenate(
-                    [mask, xp.zeros(mask.shape[:-1] + (extra,), dtype=mask.dtype)], axis=-1)
+                m = F.pad(m, (0, extra))
+            mask = m if rest is None else m + Tensor(rest)
         p = self.dropout if self.training else 0.0
         weights = None
         if need_weights:
             scores = (q @ k.transpose(-1, -2)) * (1.0 / float(np.sqrt(d)))
             if mask is not None:
-                scores = scores + Tensor(mask)
+                scores = scores + (mask if isinstance(mask, Tensor) else Tensor(mask))
             probs = F.softmax(scores, dim=-1)
             weights = probs.mean(dim=1) if average_attn_weights else probs
             out = F.dropout(probs, p, training=p > 0) @ v

@@ -68,7 +68,8 @@ def scaled_dot_product_attention(
         gs = probs * (gp - (gp * probs).sum(axis=-1, keepdims=True))
         if mask_grad:
             gmask = as_dtype(unbroadcast(gs, md.shape), mask_dtype)
-        gs *= sc
+        # not in place: a full-shape mask's gradient may be gs itself (nothing to sum, no cast)
+        gs = gs * sc
         if needs_grad(query):
             gq = as_dtype(unbroadcast(gs @ widen(kd), qd.shape), qd.dtype)
         if needs_grad(key):
