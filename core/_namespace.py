@@ -49,6 +49,8 @@ from shoal.core.ops.creation import (
 )
 from shoal.core.ops.creation import DoubleTensor, FloatTensor, IntTensor, LongTensor, Size
 from shoal.core.ops.conv import conv1d, conv2d
+from shoal.core.ops.conv_nd import conv3d
+from shoal.core.ops.conv_transpose import conv_transpose1d, conv_transpose2d, conv_transpose3d
 from shoal.core.ops.arith import eq, ge, gt, le, lt, ne, neg
 from shoal.core.dtypes import get_default_dtype, set_default_dtype
 from shoal.core.ops.aten_losses import (
@@ -166,6 +168,7 @@ __all__ = [
     "clone", "flatten", "maximum", "minimum", "permute", "reshape", "split", "squeeze", "stack",
     "transpose", "unsqueeze", "where", "abs", "clamp", "exp", "gelu", "log", "relu", "sigmoid",
     "sqrt", "tanh", "bmm", "cos", "mm", "narrow", "norm", "sin", "tan", "conv1d", "conv2d",
+    "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
     "eq", "ne", "lt", "le", "gt", "ge", "neg", "prelu", "binary_cross_entropy_with_logits",
     "cosine_embedding_loss", "hinge_embedding_loss", "margin_ranking_loss", "poisson_nll_loss",
     "triplet_margin_loss", "get_default_dtype", "set_default_dtype",

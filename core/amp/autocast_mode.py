@@ -7,7 +7,7 @@ apply the policy on entry (core/ops/_autocast.py); this module holds the state a
 The lists are torch's for the ops core has (torch 2.x, aten/src/ATen/autocast_mode.cpp):
 
 - lower precision on both devices: matmul, linear, conv1d, conv2d, scaled_dot_product_attention,
-  prelu.
+  prelu, conv3d and conv_transpose1d/2d/3d.
   Every floating input but float64 is cast down (float64 stays, as torch leaves it).
 - float32 on both devices: the losses (mse_loss, cross_entropy, nll_loss, l1_loss, huber_loss,
   kl_div, the margin and embedding losses, ...; binary_cross_entropy on the cpu only).
@@ -38,6 +38,7 @@ from shoal.core import dtypes
 
 LOWER = frozenset({
     "matmul", "linear", "conv1d", "conv2d", "scaled_dot_product_attention", "prelu",
+    "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
 })
 # The losses torch runs in float32 under autocast on both devices (binary_cross_entropy only on
 # the cpu: torch refuses it under cuda autocast, as unsafe in float16).

@@ -5,7 +5,7 @@ from shoal.core.nn import init
 from shoal.core.nn import utils
 from shoal.core.nn.attention import MultiheadAttention
 from shoal.core.nn.containers import ModuleDict, ModuleList, ParameterDict, ParameterList, Sequential
-from shoal.core.nn.conv import Conv1d, Conv2d
+from shoal.core.nn.conv import Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d
 from shoal.core.nn.loss import (
     BCELoss, BCEWithLogitsLoss, CosineEmbeddingLoss, CrossEntropyLoss, GaussianNLLLoss,
     HingeEmbeddingLoss, HuberLoss, KLDivLoss, L1Loss, MarginRankingLoss, MSELoss, NLLLoss,
@@ -58,6 +58,7 @@ __all__ = [
     "Upsample", "UpsamplingBilinear2d", "UpsamplingNearest2d",
     "MultiLabelMarginLoss", "MultiLabelSoftMarginLoss", "MultiMarginLoss",
     "Fold", "Unfold",
+    "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
     "Transformer", "TransformerDecoder", "TransformerDecoderLayer",
     *_activations.__all__,
 ]

@@ -8,6 +8,8 @@ from shoal.core.ops import reduce as _reduce
 from shoal.core.ops.attention import scaled_dot_product_attention
 from shoal.core.nn.losses_functional import embedding_bag, l1_loss, smooth_l1_loss
 from shoal.core.ops.conv import conv1d, conv2d
+from shoal.core.ops.conv_nd import conv3d
+from shoal.core.ops.conv_transpose import conv_transpose1d, conv_transpose2d, conv_transpose3d
 from shoal.core.ops.norm import batch_norm
 from shoal.core.ops.pooling import adaptive_avg_pool2d, avg_pool2d, max_pool2d
 from shoal.core.ops import unary as _unary
@@ -62,6 +64,7 @@ __all__ = [
     "embedding",
     "conv1d",
     "conv2d",
+    "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
     "max_pool2d",
     "avg_pool2d",
     "adaptive_avg_pool2d",
