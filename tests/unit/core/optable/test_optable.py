@@ -14,6 +14,7 @@ from tests.unit.core.optable import entries_elementwise, entries_reduce, entries
 from tests.unit.core.optable import entries_complex, entries_everyday
 from tests.unit.core.optable import entries_linalg
 from tests.unit.core.optable import entries_aten, entries_fft, entries_special
+from tests.unit.core.optable import entries_conv
 from tests.unit.core.optable.table import (
     GRAD_TOLERANCE, A, Lib, OpInfo, assert_like, assert_same, materialise, tensors_of,
 )
@@ -21,7 +22,8 @@ from tests.unit.core.optable.table import (
 ENTRIES: list[OpInfo] = (
     entries_elementwise.ENTRIES + entries_reduce.ENTRIES + entries_tensor.ENTRIES
     + entries_complex.ENTRIES + entries_everyday.ENTRIES + entries_linalg.ENTRIES
-    + entries_fft.ENTRIES + entries_special.ENTRIES + entries_aten.ENTRIES)
+    + entries_fft.ENTRIES + entries_special.ENTRIES + entries_aten.ENTRIES
+    + entries_conv.ENTRIES)
 
 
 def _aliasable(entry: OpInfo) -> int | None:
