@@ -135,6 +135,29 @@ def weight_grad(cols: Any, g2: Any, groups: int, wshape: tuple) -> Any:
     return xp_of(gw).ascontiguousarray(gw)
 
 
+def scatter_products(g2: Any, w2: Any, groups: int, padded: tuple, out_sp: tuple,
+                     kernel: tuple, stride: tuple, dilation: tuple) -> Any:
+    """The zero-padded (N, *S, C) input gradient of a convolution from its (rows, O) output
+    gradient: `window_grads` then `scatter_windows`, or without groups one GEMM per kernel
+    position added straight into place, which skips the (rows, prod(K)*C) intermediate and its
+    strided reads (half the time for a 3x3x3 kernel)."""
+    taps = math.prod(kernel)
+    c = padded[-1]
+    if groups != 1:
+        gwin = window_grads(g2, w2, groups, taps).reshape(padded[:1] + out_sp + kernel + (c,))
+        return scatter_windows(gwin, padded, stride, dilation)
+    per_tap = w2.reshape(w2.shape[0], taps, c)
+    out = xp_of(g2).zeros(padded, dtype=g2.dtype)
+    everything = slice(None)
+    for i, tap in enumerate(itertools.product(*(range(k) for k in kernel))):
+        region = tuple(
+            slice(t * d, t * d + s * (o - 1) + 1, s)
+            for t, d, s, o in zip(tap, dilation, stride, out_sp))
+        out[(everything,) + region + (everything,)] += (g2 @ per_tap[:, i, :]).reshape(
+            padded[:1] + out_sp + (c,))
+    return out
+
+
 def bias_grad(g2: Any) -> Any:
     """dL/dbias: the per-channel sums of the (rows, O) output gradient."""
     return column_sums(g2) if g2.dtype.kind != "c" else g2.sum(axis=0)
@@ -249,8 +272,7 @@ def conv_nd(x: Tensor, weight: Tensor, bias: Tensor | None, stride: Any, padding
         if bias is not None and bias.requires_grad:
             gb = bias_grad(g2)
         if needs_grad(x):
-            gwin = window_grads(g2, w2, groups, taps).reshape((n,) + out_sp + kernel + (c,))
-            gpad = scatter_windows(gwin, padded, st, dil)
+            gpad = scatter_products(g2, w2, groups, padded, out_sp, kernel, st, dil)
             inner = tuple(slice(lo, lo + s) for s, (lo, _) in zip(in_sp, pads))
             gx = channels_first(gpad[(slice(None),) + inner + (slice(None),)])
             gx = gx if batched else gx[0]

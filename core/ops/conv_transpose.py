@@ -2,7 +2,7 @@
 
 A transposed convolution of x with weight (C_in, C_out/G, *K) is what a convolution from
 C_out to C_in channels with that weight sends back to its input: so its forward pass is
-conv_nd's input-gradient kernel (one GEMM to per-window values, one strided add per kernel
+conv_nd's input-gradient kernel (`scatter_products`: a GEMM and one strided add per kernel
 position), and its backward pass is a convolution forward (im2col of the output gradient and
 one GEMM) for the input and conv_nd's weight-gradient GEMM for the weight.
 """
@@ -19,7 +19,7 @@ from shoal.core.ops._util import needs_grad, result
 from shoal.core.ops.conv import _conjugated
 from shoal.core.ops.conv_nd import (
     apply_weight, bias_grad, channels_first, channels_last, check_operands, im2col, ntuple,
-    scatter_windows, strides_and_dilation, weight_grad, weight_matrix, window_grads,
+    scatter_products, strides_and_dilation, weight_grad, weight_matrix,
 )
 from shoal.core.tensor import Tensor
 
@@ -64,10 +64,9 @@ def conv_transpose_nd(x: Tensor, weight: Tensor, bias: Tensor | None, stride: An
     # channels, padded by `pads`), its output is our input, its weight is ours as it stands.
     w2 = weight_matrix(wd, groups)
     x2 = channels_last(xb).reshape(n * math.prod(in_sp), c_in)
-    gwin = window_grads(x2, w2, groups, taps).reshape((n,) + in_sp + kernel + (c_out,))
     padded = (n,) + tuple(o + 2 * p for o, p in zip(out_sp, pads)) + (c_out,)
     inner = (slice(None),) + tuple(slice(p, p + o) for o, p in zip(out_sp, pads)) + (slice(None),)
-    y = scatter_windows(gwin, padded, st, dil)[inner]
+    y = scatter_products(x2, w2, groups, padded, in_sp, kernel, st, dil)[inner]
     if bd is not None:
         y += bd  # a view into the scatter's own buffer, free to write
     out = channels_first(y)
