@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 from typing import Any
 
 from shoal.core.amp.autocast_mode import STATE as _AMP
@@ -28,13 +29,15 @@ def ntuple(value: Any, n: int, name: str, op: str) -> tuple:
 
     Bad geometry is a ShapeError throughout: torch raises RuntimeError, and ShapeError is one
     (and a ValueError, as the older conv1d/conv2d raise)."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return (value,) * n
     try:
-        out = tuple(value)
+        return (operator.index(value),) * n  # numpy ints too, as torch takes them
+    except TypeError:
+        pass
+    try:
+        out = tuple(operator.index(v) for v in value)
     except TypeError:
         out = ()
-    if len(out) != n or not all(isinstance(v, int) for v in out):
+    if len(out) != n:
         raise ShapeError(f"{op}: {name} must be an int or a tuple of {n} ints, got {value!r}.")
     return out
 
