@@ -15,6 +15,8 @@ for parameters, gradients and optimizer state after a step, counted from the arr
 distinct buffer once, views by their base; torch: tensor storages), not RSS; `ideal_ratio` is
 that over 1/W of one replica's (the same model and AdamW in one process).
 Targets (issue 39): fsdp memory within 10% of the 1/W ideal; fsdp step <= 0.8x torch FSDP2.
+`floor` is the replica's step over torch FSDP2's: the ratio fully_shard would reach if its
+communication and copies cost nothing (the step is compute-bound).
 
     python bench/sharding.py                  # W=2, torch peer when installed
     python bench/sharding.py --worlds 2,4 --blocks 8
@@ -281,14 +283,19 @@ def main(argv=None) -> int:
             for setup in ("fsdp", "zero", "replica"):
                 by[("shoal", setup)]["step_vs_torch"] = (
                     by[("shoal", setup)]["step_ms"] / by[("torch", setup)]["step_ms"])
+            # What fully_shard would reach if its communication and copies cost nothing: the
+            # replica's step (its compute) over torch FSDP2's.
+            by[("shoal", "fsdp")]["floor_vs_torch"] = (
+                by[("shoal", "replica")]["step_ms"] / by[("torch", "fsdp")]["step_ms"])
     print(f"{'impl':<6} {'setup':<7} {'W':>2} {'step ms':>8} {'spread':>7} {'overhead':>8} "
-          f"{'state MB':>9} {'x 1/W ideal':>11} {'x torch':>8}")
+          f"{'state MB':>9} {'x 1/W ideal':>11} {'x torch':>8} {'floor':>6}")
     for r in rows:
         ratio = f"{r['step_vs_torch']:.2f}" if "step_vs_torch" in r else "-"
+        floor = f"{r['floor_vs_torch']:.2f}" if "floor_vs_torch" in r else "-"
         print(f"{r['impl']:<6} {r['setup']:<7} {r['world']:>2} {r['step_ms']:>8.1f} "
               f"{r['step_spread_ms']:>7.1f} {r['overhead_ms']:>8.1f} "
               f"{r['model_state_bytes'] / 1e6:>9.3f} "
-              f"{r['ideal_ratio']:>11.3f} {ratio:>8}")
+              f"{r['ideal_ratio']:>11.3f} {ratio:>8} {floor:>6}")
     for r in rows:
         print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}))
     return 0

@@ -29,6 +29,8 @@ SLOW_FOLDERS = ("multiproc", "integration", "security", "gpu", "torch_ports")
 # the behaviour they check. Each value says why it is slow. A test that runs ranks and takes
 # seconds belongs in tests/multiproc instead.
 SLOW_TESTS = {
+    "unit/collectives/ddp/test_powersgd_hook.py::test_bfloat16_is_orthogonalised_as_torch_does_it":
+        "imports torch (about 0.8 s) to compare with its hook's orthogonalisation",
     # data: each case runs whole epochs twice (interrupted and not) through the loader
     "unit/core/data/test_data_resume_seeds.py":
         "46 cases, each replaying two loaders' epochs to compare resumed and uninterrupted runs",

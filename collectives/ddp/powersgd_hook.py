@@ -107,8 +107,8 @@ def _should_compress(rows: int, cols: int, rank: int, min_rate: float) -> tuple:
 
 def _orthogonalize(matrices: np.ndarray, epsilon: float = 0) -> None:
     """Orthonormalise the columns of each matrix of a (batch, n, r) stack in place:
-    Gram-Schmidt up to rank 2 (or in half precision), QR above."""
-    if matrices.shape[2] <= 2 or matrices.dtype == np.float16:
+    Gram-Schmidt up to rank 2 (or in float16 or bfloat16, as torch), QR above."""
+    if matrices.shape[2] <= 2 or matrices.dtype in (np.float16, dtypes.bfloat16.np):
         _gram_schmidt(matrices, epsilon)
         return
     q, _ = np.linalg.qr(matrices)
