@@ -21,10 +21,6 @@ from tests.torch_ports.ported import autocast_test_lists as _lists
 _PRIVATE = "a private aten binding (torch.{0}) that torch.nn.functional does not expose"
 _MISSING = "shoal lacks {0} (listed by tests/unit/core/test_torch_gap.py)"
 EXPECTED_FAILURES = {
-    "torch_16/conv3d": _MISSING.format("conv3d"),
-    "torch_16/conv_transpose1d": _MISSING.format("conv_transpose1d"),
-    "torch_16/conv_transpose2d": _MISSING.format("conv_transpose2d"),
-    "torch_16/conv_transpose3d": _MISSING.format("conv_transpose3d"),
     "nn_fp32/avg_pool3d": _MISSING.format("avg_pool3d"),
     "torch_16/conv_tbc": _PRIVATE.format("conv_tbc"),
     "torch_16/_addmm_activation": _PRIVATE.format("_addmm_activation"),
@@ -81,7 +77,7 @@ def test_torchs_cpu_autocast_list_entry(case) -> None:
 
 
 def test_the_pass_count_is_tracked() -> None:
-    # 110 checks (55 entries x bfloat16 and float16); 20 are expected failures, 90 pass
+    # 110 checks (55 entries x bfloat16 and float16); 12 are expected failures, 98 pass
     assert len(_CASES) == 110
     expected = sum(1 for c in _CASES if c[1] in EXPECTED_FAILURES)
-    assert (len(_CASES) - expected, expected) == (90, 20)
+    assert (len(_CASES) - expected, expected) == (98, 12)
