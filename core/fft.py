@@ -55,21 +55,57 @@ def _lib(arr: Any) -> Any:
 def _cfft(lib: Any, a: Any, dims: tuple, norm: str, forward: bool) -> Any:
     """A complex transform over dims. pocketfft's inverse is about 1.5x slower than its forward
     transform (2**20 points, complex64), so on the cpu the inverse is taken as
-    conj(fft(conj(a))) with the dual normalisation: the same values, bit for bit, but for the
-    sign of zeros (+0.0 here)."""
-    if forward:
-        return lib.fftn(a, axes=dims, norm=norm)
+    conj(fft(conj(a))) with the dual normalisation: the same values but for the sign of zeros
+    (+0.0 here)."""
     if lib is not _sfft:
-        return lib.ifftn(a, axes=dims, norm=norm)
+        return lib.fftn(a, axes=dims, norm=norm) if forward else lib.ifftn(a, axes=dims, norm=norm)
+    if forward:
+        return _forward_cpu(a, dims, norm, own=False)
     if a.dtype.kind == "c":
         # the conjugate is a fresh copy, so pocketfft may transform it in place
-        out = lib.fftn(a.conj(), axes=dims, norm=_DUAL[norm], overwrite_x=True)
+        out = _forward_cpu(a.conj(), dims, _DUAL[norm], own=True)
     else:
-        out = lib.fftn(a, axes=dims, norm=_DUAL[norm])
+        out = _forward_cpu(a, dims, _DUAL[norm], own=False)
     # conj in one pass over the imaginary half; 0 - x rather than -x so that exact zeros come
     # out +0.0 (negation would print them "-0.j")
     np.subtract(0, out.imag, out=out.imag)
     return out
+
+
+# One long complex transform is taken in two passes (below) from this length on; shorter ones,
+# and batches of transforms (which pocketfft already runs several at a time), go to it whole.
+_SPLIT = 8
+_SPLIT_FROM = 1 << 15
+_TWIDDLES: dict = {}
+
+
+def _forward_cpu(a: Any, dims: tuple, norm: str, own: bool) -> Any:
+    """pocketfft's forward transform over dims (in place when `own`: a is a scratch copy)."""
+    n = a.shape[dims[0]] if len(dims) == 1 else 0
+    if a.dtype.kind == "c" and n == a.size and n >= _SPLIT_FROM and n % _SPLIT == 0:
+        return _two_pass(a.reshape(n), norm).reshape(a.shape)
+    return _sfft.fftn(a, axes=dims, norm=norm, overwrite_x=own)
+
+
+def _two_pass(x: Any, norm: str) -> Any:
+    """One complex transform of length n = 8m as eight interleaved transforms of length m (one
+    pocketfft call, which runs them side by side in SIMD lanes: a single transform has none to
+    fill), a twiddle, then m transforms of length 8, read out transposed (the "four-step" FFT).
+    2**20 points, complex64: 5.6 ms against 9.5-12 ms for one call here, torch's MKL 7.8 ms.
+    Each pass takes the same `norm`, so the scales multiply to the whole transform's."""
+    m = x.size // _SPLIT
+    key = (x.size, x.dtype)
+    twiddle = _TWIDDLES.get(key)
+    if twiddle is None:
+        angle = np.outer(np.arange(m), np.arange(_SPLIT)) * (-2.0 * np.pi / x.size)
+        twiddle = np.exp(1j * angle).astype(x.dtype)  # computed in float64, rounded once
+        if len(_TWIDDLES) >= 4:  # a few lengths in use at a time; each table is n elements
+            _TWIDDLES.pop(next(iter(_TWIDDLES)))
+        _TWIDDLES[key] = twiddle
+    columns = _sfft.fft(x.reshape(m, _SPLIT), axis=0, norm=norm)
+    columns *= twiddle
+    rows = _sfft.fft(columns, axis=1, norm=norm, overwrite_x=True)
+    return np.ascontiguousarray(rows.T).reshape(x.size)
 
 
 def _norm(norm: str | None) -> str:
