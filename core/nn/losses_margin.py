@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 
 from shoal.core.nn.activations_functional import logsigmoid
-from shoal.core.nn._reduction import legacy_get_string
+from shoal.core.nn._reduction import reduction_of
+from shoal.core.nn.losses_more import _REDUCTIONS, _reduce
 from shoal.core.ops import arith, unary
 from shoal.core.ops import reduce as _red
 from shoal.core.ops._autocast import autocast_op
@@ -22,17 +23,6 @@ from shoal.core.ops.indexing import gather
 from shoal.core.tensor import Tensor, wrap
 
 __all__ = ["multi_margin_loss", "multilabel_margin_loss", "multilabel_soft_margin_loss"]
-
-_REDUCTIONS = ("mean", "sum", "none")
-
-
-def _reduce(loss: Tensor, reduction: str) -> Tensor:
-    if reduction not in _REDUCTIONS:
-        raise ValueError(f"{reduction} is not a valid value for reduction")
-    if reduction == "none":
-        return loss
-    return _red.sum(loss) if reduction == "sum" else _red.mean(loss)
-
 
 def _indices(target: Any, like: Any) -> Any:
     """The target's class indices as an int64 array on the input's device."""
@@ -53,8 +43,7 @@ def multi_margin_loss(input: Tensor, target: Any, p: int = 1, margin: float = 1.
                       weight: Any = None, size_average: Any = None, reduce: Any = None,
                       reduction: str = "mean") -> Tensor:
     """sum over j != y of max(0, margin - x[y] + x[j])^p (times weight[y]), over the C classes."""
-    if size_average is not None or reduce is not None:
-        reduction = legacy_get_string(size_average, reduce)
+    reduction = reduction_of(size_average, reduce, reduction)
     if p not in (1, 2):
         raise ValueError("only p == 1 and p == 2 supported")
     x = _as_matrix(input, "multi_margin_loss")
@@ -90,8 +79,7 @@ def multilabel_margin_loss(input: Tensor, target: Any, size_average: Any = None,
                            reduce: Any = None, reduction: str = "mean") -> Tensor:
     """sum over target classes j (up to the first -1) and non-target classes i of
     max(0, 1 - (x[j] - x[i])), over the C classes."""
-    if size_average is not None or reduce is not None:
-        reduction = legacy_get_string(size_average, reduce)
+    reduction = reduction_of(size_average, reduce, reduction)
     x = _as_matrix(input, "multilabel_margin_loss")
     n, c = x.shape
     raw = _indices(target, x.array)
@@ -124,8 +112,7 @@ def multilabel_soft_margin_loss(input: Tensor, target: Any, weight: Any = None, 
                                 size_average: Any = None, reduce: Any = None,
                                 reduction: str = "mean") -> Tensor:
     """-(y log sigmoid(x) + (1 - y) log sigmoid(-x)), weighted, averaged over the classes."""
-    if size_average is not None or reduce is not None:
-        reduction = legacy_get_string(size_average, reduce)
+    reduction = reduction_of(size_average, reduce, reduction)
     loss = arith.neg(arith.add(arith.mul(target, logsigmoid(input)),
                                arith.mul(arith.rsub(target, 1.0), logsigmoid(arith.neg(input)))))
     if weight is not None:
