@@ -15,6 +15,15 @@ from shoal.core.tensor import Tensor
 _ACTIVATIONS: dict[str, Callable] = {"relu": F.relu, "gelu": F.gelu}
 
 
+def resolve_activation(activation: str | Callable) -> Callable:
+    """A layer's activation: a callable as it is, or "relu"/"gelu" by name (torch's error else)."""
+    if not isinstance(activation, str):
+        return activation
+    if activation not in _ACTIVATIONS:
+        raise RuntimeError(f"activation should be relu/gelu, not {activation}")
+    return _ACTIVATIONS[activation]
+
+
 class TransformerEncoderLayer(Module):
     """Self-attention then a feed-forward block, each with a residual, post- or pre-norm."""
 
@@ -36,11 +45,7 @@ class TransformerEncoderLayer(Module):
         self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **kw)
         self.dropout1 = Dropout(dropout)
         self.dropout2 = Dropout(dropout)
-        if isinstance(activation, str):
-            if activation not in _ACTIVATIONS:
-                raise RuntimeError(f"activation should be relu/gelu, not {activation}")
-            activation = _ACTIVATIONS[activation]
-        self.activation = activation
+        self.activation = resolve_activation(activation)
 
     def forward(
         self, src: Tensor, src_mask: Any = None, src_key_padding_mask: Any = None,

@@ -16,21 +16,13 @@ from shoal.core.nn.attention import MultiheadAttention
 from shoal.core.nn.containers import ModuleList
 from shoal.core.nn.layers import Dropout, LayerNorm, Linear
 from shoal.core.nn.module import Module
-from shoal.core.nn.transformer import TransformerEncoder, TransformerEncoderLayer
+from shoal.core.nn.transformer import (
+    TransformerEncoder, TransformerEncoderLayer, resolve_activation,
+)
 from shoal.core.ops import creation
 from shoal.core.tensor import Tensor
 
 __all__ = ["TransformerDecoderLayer", "TransformerDecoder", "Transformer"]
-
-
-def _activation(activation: str | Callable) -> Callable:
-    if not isinstance(activation, str):
-        return activation
-    if activation == "relu":
-        return F.relu
-    if activation == "gelu":
-        return F.gelu
-    raise RuntimeError(f"activation should be relu/gelu, not {activation}")
 
 
 def generate_square_subsequent_mask(sz: int, device: Any = None, dtype: Any = None) -> Tensor:
@@ -76,7 +68,7 @@ class TransformerDecoderLayer(Module):
         self.dropout1 = Dropout(dropout)
         self.dropout2 = Dropout(dropout)
         self.dropout3 = Dropout(dropout)
-        self.activation = _activation(activation)
+        self.activation = resolve_activation(activation)
 
     def forward(
         self, tgt: Tensor, memory: Tensor, tgt_mask: Any = None, memory_mask: Any = None,
