@@ -19,11 +19,11 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import numpy as np
 import torch
 
 from shoal import core
 from tests.torch_ports import shim
+from tests.torch_ports.convert import to_core, to_torch
 
 shim._stub_expecttest()
 import torch.testing._internal.common_nn as theirs  # noqa: E402 - needs the expecttest stand-in
@@ -33,32 +33,6 @@ from tests.torch_ports.ported import common_nn as ours  # noqa: E402
 _SEED = 0
 _RANDOM = ("randn", "rand", "randint", "randperm", "rand_like", "randn_like", "normal",
            "bernoulli", "multinomial")
-
-
-def to_torch(value: Any) -> Any:
-    """shoal tensors and dtypes (also inside lists, tuples and dicts) as torch's."""
-    if isinstance(value, core.Tensor):
-        return torch.from_numpy(np.array(value.detach().numpy(force=True)))
-    if isinstance(value, core.dtypes.DType):
-        return getattr(torch, str(value).rpartition(".")[2])
-    if isinstance(value, (list, tuple)):
-        return type(value)(to_torch(v) for v in value)
-    if isinstance(value, dict):
-        return {k: to_torch(v) for k, v in value.items()}
-    return value
-
-
-def to_core(value: Any, requires_grad: bool = False) -> Any:
-    """torch tensors (also inside lists and tuples) as shoal's, floating ones requiring grad
-    when asked."""
-    if isinstance(value, torch.Tensor):
-        out = core.tensor(value.detach().numpy().copy())
-        if requires_grad and (value.is_floating_point() or value.is_complex()):
-            out.requires_grad_(True)
-        return out
-    if isinstance(value, (list, tuple)):
-        return type(value)(to_core(v, requires_grad) for v in value)
-    return value
 
 
 def _torch_backed(fn: Callable) -> Callable:

@@ -18,6 +18,7 @@ import torch
 
 from shoal import core
 from tests.torch_ports import shim
+from tests.torch_ports.convert import to_core
 
 shim._stub_expecttest()
 import torch.testing._internal.common_optimizers as _theirs  # noqa: E402 - after the stand-in
@@ -43,14 +44,6 @@ def _configs() -> list[tuple[str, type, dict]]:
 _CONFIGS = _configs()
 EXPECTED_FAILURES = {cid: _MISSING.format(cls.__name__)
                      for cid, cls, _ in _CONFIGS if cls.__name__ in _ABSENT}
-
-
-def _as_core(value):
-    if isinstance(value, torch.Tensor):
-        return core.tensor(value.detach().numpy().copy())
-    if isinstance(value, tuple):
-        return tuple(_as_core(v) for v in value)
-    return value
 
 
 def _problem(lib, params_np, data_np):
@@ -90,7 +83,7 @@ def test_torchs_optimizer_configuration(config) -> None:
 
     def compare() -> None:
         our_cls = getattr(core.optim, their_cls.__name__)
-        ours_kwargs = {k: _as_core(v) for k, v in kwargs.items()}
+        ours_kwargs = {k: to_core(v) for k, v in kwargs.items()}
         their_losses, theirs = _run(torch, their_cls, kwargs, params_np, data_np)
         our_losses, ours = _run(core, our_cls, ours_kwargs, params_np, data_np)
         # float64 both; six steps of elementwise updates whose order of operations differs
