@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-import numpy as np
-
+from shoal.core import backend
 from shoal.core.grad_mode import enable_grad
 from shoal.core.optim.line_search import strong_wolfe
 from shoal.core.optim.optimizer import (
@@ -49,7 +48,7 @@ class LBFGS(Optimizer):
             orig_loss = closure()
         loss, flat_grad = float(orig_loss), _flat_grad(self._params)
         state["func_evals"] += 1
-        if np.abs(flat_grad).max() <= group["tolerance_grad"]:
+        if float(abs(flat_grad).max()) <= group["tolerance_grad"]:
             return orig_loss
         run = _Run(self._params, group, state, closure)
         run.iterate(loss, flat_grad)
@@ -58,9 +57,10 @@ class LBFGS(Optimizer):
 
 def _flat_grad(params: list) -> Any:
     """Every parameter's gradient in one flat array (zeros where a parameter has none)."""
-    return np.concatenate([
-        np.zeros(p.array.size, p.array.dtype) if p.grad is None
-        else np.asarray(p.grad.array).reshape(-1) for p in params])
+    xp = backend.array_module(params[0].array)  # numpy or cupy, as the parameters
+    return xp.concatenate([
+        xp.zeros(p.array.size, p.array.dtype) if p.grad is None
+        else p.grad.array.reshape(-1) for p in params])
 
 
 def _add_step(params: list, t: float, d: Any) -> None:
@@ -137,7 +137,7 @@ class _Run:
             self._direction(flat_grad)
             self.prev_flat_grad, self.prev_loss = flat_grad.copy(), loss
             if state["n_iter"] == 1:
-                self.t = min(1.0, 1.0 / float(np.abs(flat_grad).sum())) * group["lr"]
+                self.t = min(1.0, 1.0 / float(abs(flat_grad).sum())) * group["lr"]
             else:
                 self.t = group["lr"]
             gtd = float(flat_grad @ self.d)
@@ -156,11 +156,11 @@ class _Run:
                     with enable_grad():
                         loss = float(self.closure())
                     flat_grad, evals = _flat_grad(self.params), 1
-            opt_cond = np.abs(flat_grad).max() <= group["tolerance_grad"]
+            opt_cond = float(abs(flat_grad).max()) <= group["tolerance_grad"]
             current_evals += evals
             state["func_evals"] += evals
             if (n_iter == group["max_iter"] or current_evals >= group["max_eval"] or opt_cond
-                    or np.abs(self.d * self.t).max() <= group["tolerance_change"]
+                    or float(abs(self.d * self.t).max()) <= group["tolerance_change"]
                     or abs(loss - self.prev_loss) < group["tolerance_change"]):
                 break
         state.update(d=self.d, t=self.t, old_dirs=self.old_dirs, old_stps=self.old_stps,

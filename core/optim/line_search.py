@@ -51,7 +51,7 @@ def strong_wolfe(evaluate: Callable[[float], tuple[float, Any]], t: float, d: An
                  tolerance_change: float = 1e-9, max_ls: int = 25) -> tuple[float, Any, float, int]:
     """(loss, flat gradient, step, evaluations) at a step along d meeting the strong Wolfe
     conditions; `evaluate(t)` gives the loss and flat gradient at x + t d."""
-    d_norm = float(np.abs(d).max())
+    d_norm = float(abs(d).max())  # d is numpy or cupy
     f_new, g_new = evaluate(t)
     evals, gtd_new = 1, float(g_new @ d)
     t_prev, f_prev, g_prev, gtd_prev = 0.0, f, g, gtd
