@@ -362,6 +362,8 @@ def recv(links: Links, expected: bytes, arr: np.ndarray, src: Optional[int], tag
     """
     if until is None:
         got = links.control.take_p2p(src, tag, links.failed)
+    elif src is not None:
+        got = links.control.take_p2p_reading(src, tag, links.failed, until, links.p2p_spin)
     else:
         got = links.control.take_p2p(src, tag, lambda: links.failed() or time.monotonic() >= until,
                                      max(0.0, until - time.monotonic()))

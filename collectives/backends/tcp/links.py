@@ -57,6 +57,9 @@ class Links:
         self.tx = mesh.tx if tx is None else tx
         self.rx = mesh.rx if rx is None else rx
         self.direct = direct
+        # The point-to-point receives' own poll policy (`spin`): its count of late answers is
+        # apart from the collectives', whose peers answer on another rhythm.
+        self.p2p_spin = direct.spin.child()
         self.shm = shared
         self.hier = None  # a `hierarchical.Plan` when the group spans hosts (set by the group)
         self.failed = failed  # True once the group failed (a p2p receive stops waiting then)
