@@ -20,7 +20,10 @@ it, and the shoal group under the bridge reached through `shoal.torch_bridge.sho
               overhead below it means the worker thread's all_reduce overlapped backward, above
               it shows the bridge's own costs (calls, Work/Future objects, the hand-off to the
               group's worker thread). CPU time over the local step, summed over every thread of
-              every rank, is printed beside (less sensitive to other jobs).
+              every rank, is printed beside (less sensitive to other jobs). "worker": the same
+              DDP on "shoal" with `defer_in_backward=False` (each bucket handed to the group's
+              worker thread at once), beside the default (parked until backward ends where a
+              host has no core per rank to spare, as on 2 cores at W=2).
 
 The kinds run in rotating blocks (A B C A B C ...) after a barrier each, so machine noise hits
 each alike; a block's time is its slowest rank's; medians over blocks. One thread per rank.
@@ -151,11 +154,14 @@ def _ddp_rows(dist, torch, bridge, gloo, rank, world, blocks, quick):
     x = torch.randn(128, MLP[0], generator=torch.Generator().manual_seed(rank))
     y = torch.randint(0, MLP[-1], (128,), generator=torch.Generator().manual_seed(rank))
     models = {"local": _mlp(torch), "shoal": DDP(_mlp(torch)),
-              "gloo": DDP(_mlp(torch), process_group=gloo), "floor": DDP(_mlp(torch))}
+              "gloo": DDP(_mlp(torch), process_group=gloo), "floor": DDP(_mlp(torch)),
+              "worker": DDP(_mlp(torch))}
     models["floor"].register_comm_hook(None, _no_comm_hook)
     opts = {k: torch.optim.SGD(m.parameters(), lr=0.01) for k, m in models.items()}
+    world_pg = dist.group.WORLD
 
     def step(kind):
+        world_pg.defer_in_backward = False if kind == "worker" else None
         opts[kind].zero_grad()
         torch.nn.functional.cross_entropy(models[kind](x), y).backward()
         opts[kind].step()
@@ -204,14 +210,16 @@ def _ddp_row(times, cpu, world, buffers) -> dict:
     def over(kind, of=times):
         return statistics.median(a - b for a, b in zip(of[kind], of["local"]))
 
-    wall = {k: over(k) for k in ("shoal", "gloo", "floor")}
-    cpu_over = {k: over(k, cpu) for k in ("shoal", "gloo", "floor")}
+    wall = {k: over(k) for k in ("shoal", "gloo", "floor", "worker")}
+    cpu_over = {k: over(k, cpu) for k in ("shoal", "gloo", "floor", "worker")}
     serial = wall["floor"] + med["comm"]
     gloo_over = wall["gloo"] if wall["gloo"] > 0 else float("nan")
     return {"figure": "ddp", "world": world, "local_ms": med["local"] * 1e3,
             "shoal_step_ms": med["shoal"] * 1e3, "gloo_step_ms": med["gloo"] * 1e3,
             "shoal_overhead_ms": wall["shoal"] * 1e3, "gloo_overhead_ms": wall["gloo"] * 1e3,
             "overhead_vs_gloo": wall["shoal"] / gloo_over,
+            "worker_overhead_ms": wall["worker"] * 1e3,
+            "worker_vs_gloo": wall["worker"] / gloo_over,
             "floor_ms": wall["floor"] * 1e3, "comm_ms": med["comm"] * 1e3,
             "bucket_bytes": [b.nbytes for b in buffers],
             "no_overlap_ms": serial * 1e3, "no_overlap_vs_gloo": serial / gloo_over,
@@ -316,7 +324,9 @@ def _print(rows) -> None:
             print(f"DDP MLP W={row['world']}{where}: local {row['local_ms']:.2f} ms; overhead shoal "
                   f"{row['shoal_overhead_ms']:.2f} ms, gloo {row['gloo_overhead_ms']:.2f} ms "
                   f"({row['overhead_vs_gloo']:.2f}x); samples/s shoal "
-                  f"{row['samples_per_s_shoal']:.0f}, gloo {row['samples_per_s_gloo']:.0f}")
+                  f"{row['samples_per_s_shoal']:.0f}, gloo {row['samples_per_s_gloo']:.0f}; "
+                  f"handed to the worker thread instead: {row['worker_overhead_ms']:.2f} ms "
+                  f"({row['worker_vs_gloo']:.2f}x)")
             print(f"  where it goes: DDP itself (no-comm hook) {row['floor_ms']:.2f} ms + shoal API "
                   f"all_reduce of the buckets {row['comm_ms']:.2f} ms = "
                   f"{row['no_overlap_ms']:.2f} ms without overlap "

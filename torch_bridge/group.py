@@ -21,6 +21,7 @@ from torch.autograd import profiler
 from shoal.collectives.api import ProcessGroup as ShoalGroup
 from shoal.collectives.types import CollectiveError
 from shoal.torch_bridge import convert as cv
+from shoal.torch_bridge.deferral import BackwardDeferral, in_autograd_node, spare_core_per_rank
 from shoal.torch_bridge.work import (BridgeWork, in_callback_of, refuse_blocking_in_callback,
                                      timeout_seconds)
 
@@ -44,26 +45,33 @@ def _inline(group, submit, timeout, result, epilogue) -> BridgeWork:
     return BridgeWork([], result, group=group)
 
 
-def _profiled(group, opts, submit, result, epilogue, op, asynchronous, inline) -> BridgeWork:
-    """`_run` inside a `shoal:<op>` span of torch.profiler: for an async op the span ends
+def _start(pg: "ShoalProcessGroup", opts, submit, result, epilogue, op, how) -> BridgeWork:
+    """Run or start one op as `how` says ("sync", "async", "inline" or "park")."""
+    group, timeout = pg.shoal_group, cv.timeout_of(opts)
+    if how == "inline":
+        return _inline(group, submit, timeout, result, epilogue)
+    if how == "park":
+        return BridgeWork([pg.deferral.park(submit, timeout)], result, epilogue, group=group)
+    if how == "async":
+        return BridgeWork([submit(True, timeout)], result, epilogue, group=group)
+    refuse_blocking_in_callback(group, op or "a synchronous collective")
+    submit(False, timeout)
+    if epilogue is not None:
+        epilogue()
+    return BridgeWork([], result)
+
+
+def _profiled(pg, opts, submit, result, epilogue, op, how) -> BridgeWork:
+    """`_start` inside a `shoal:<op>` span of torch.profiler: for an async op the span ends
     when its Future completes, so the trace shows the whole collective."""
     span = profiler.record_function(f"shoal:{op or 'collective'}")
     span.__enter__()
-    if inline:
+    if how in ("sync", "inline"):
         try:
-            return _inline(group, submit, cv.timeout_of(opts), result, epilogue)
+            return _start(pg, opts, submit, result, epilogue, op, how)
         finally:
             span.__exit__(None, None, None)
-    if not asynchronous:
-        try:
-            refuse_blocking_in_callback(group, op or "a synchronous collective")
-            submit(False, cv.timeout_of(opts))
-            if epilogue is not None:
-                epilogue()
-            return BridgeWork([], result)
-        finally:
-            span.__exit__(None, None, None)
-    work = BridgeWork([submit(True, cv.timeout_of(opts))], result, epilogue, group=group)
+    work = _start(pg, opts, submit, result, epilogue, op, how)
     work.wait_also_for(span._call_end_callbacks_on_future(work.get_future()))  # noqa: SLF001
     return work
 
@@ -93,16 +101,22 @@ class _NamedGroup(dist.ProcessGroup):
 class ShoalProcessGroup(_NamedGroup):
     """torch's process group over `shoal_group` (see the module's doc).
 
-    `inline_in_backward` (default False): run the async all_reduces launched inside autograd's
-    backward (DDP's buckets) in the caller's thread instead of the group's worker thread. It
-    saves the hand-off where ranks have no core to spare for that thread, but a rank then
-    waits for a late peer instead of computing on (measured slower on a shared machine).
+    Where a bucket's all_reduce runs when DDP starts it inside backward:
+    `defer_in_backward` (None, the default: True where this process has fewer than two cores
+    per rank of the group on its host) parks it until backward ends and then runs the parked
+    ones back to back in backward's thread (`torch_bridge.deferral`): without a core to spare,
+    the group's worker thread would only take turns with backward. False hands it to the
+    worker thread at once, to overlap backward. `inline_in_backward` (default False) runs it
+    at once in backward's thread: no hand-off, but a rank waits there for a late peer.
     """
 
     def __init__(self, shoal_group: ShoalGroup):
         super().__init__(shoal_group.rank(), shoal_group.size())
         self.shoal_group = shoal_group
         self.inline_in_backward = False
+        self.defer_in_backward: Optional[bool] = None
+        self.deferral = BackwardDeferral(shoal_group.name)
+        self._no_spare_core: Optional[bool] = None
 
     def getBackendName(self) -> str:  # noqa: N802 - torch's C++ method name
         """The backend's name as torch reports it."""
@@ -112,28 +126,47 @@ class ShoalProcessGroup(_NamedGroup):
         g = self.shoal_group
         return f"ShoalProcessGroup(rank={g.rank()}, size={g.size()}, group={g.name!r})"
 
+    def _defers(self) -> bool:
+        """`defer_in_backward`, or where it is None, whether the host lacks a core per rank
+        for the worker thread (decided once: the affinity and the topology do not change)."""
+        if self.defer_in_backward is not None:
+            return self.defer_in_backward
+        if self._no_spare_core is None:
+            g = self.shoal_group
+            topology = getattr(g, "topology", None)
+            local = len(topology.local_ranks(g.rank())) if topology is not None else g.size()
+            self._no_spare_core = not spare_core_per_rank(local)
+        return self._no_spare_core
+
+    def _how(self, asynchronous: bool, in_backward_ok: bool) -> str:
+        """"sync", "async" (the worker thread), "inline" or "park" (see the class's doc)."""
+        if not asynchronous:
+            return "sync"
+        # Never inline or park in a callback of this group's own Future: that runs on its
+        # worker thread, or inside a flush, whose caller may be about to wait for it.
+        if not in_backward_ok or not _in_backward() or in_callback_of(self.shoal_group):
+            return "async"
+        if self.inline_in_backward:
+            return "inline"
+        return "park" if self._defers() and in_autograd_node() else "async"
+
+    def _settle(self) -> None:
+        """Submit the parked ops before any other op, so the group sees this rank's ops in the
+        order they were issued, as on a rank that parks nothing."""
+        if self.deferral.has_pending:
+            self.deferral.flush(to_worker=in_callback_of(self.shoal_group))
+
     def _run(self, opts: Any, submit: Callable[[bool, Optional[float]], Any], result: list,
              epilogue: Optional[Callable[[], None]] = None, op: str = "",
              inline_ok: bool = False) -> BridgeWork:
         """Run `submit(async_op, timeout)` (one shoal collective) and wrap its Work;
-        `inline_ok`: an async op may run inline inside backward (`inline_in_backward`)."""
-        asynchronous = cv.is_async(opts)
-        # Never inline in a callback of this group's own Future: that runs on its worker thread.
-        inline = (asynchronous and inline_ok and self.inline_in_backward and _in_backward()
-                  and not in_callback_of(self.shoal_group))
+        `inline_ok`: an async op may run inline or be parked inside backward."""
+        how = self._how(cv.is_async(opts), inline_ok)
+        if how != "park":
+            self._settle()
         if profiler._is_profiler_enabled:  # noqa: SLF001 - torch's own flag, read per call
-            return _profiled(self.shoal_group, opts, submit, result, epilogue, op, asynchronous,
-                             inline)
-        if inline:
-            return _inline(self.shoal_group, submit, cv.timeout_of(opts), result, epilogue)
-        if not asynchronous:
-            refuse_blocking_in_callback(self.shoal_group, op or "a synchronous collective")
-        work = submit(asynchronous, cv.timeout_of(opts))
-        if asynchronous:
-            return BridgeWork([work], result, epilogue, group=self.shoal_group)
-        if epilogue is not None:
-            epilogue()
-        return BridgeWork([], result)
+            return _profiled(self, opts, submit, result, epilogue, op, how)
+        return _start(self, opts, submit, result, epilogue, op, how)
 
     # -- all_reduce
 
@@ -148,6 +181,7 @@ class ShoalProcessGroup(_NamedGroup):
 
     def allreduce_coalesced(self, tensors: Sequence, opts: Any = None) -> BridgeWork:
         """All-reduce every tensor in place through one flat buffer per dtype."""
+        self._settle()
         arrs = cv.host_arrays(tensors, "all_reduce_coalesced tensors")
         op = cv.reduce_op(opts)
         groups: dict[Any, list] = {}
@@ -224,6 +258,7 @@ class ShoalProcessGroup(_NamedGroup):
     def allgather_coalesced(self, output_lists: Sequence, inputs: Sequence,
                             opts: Any = None) -> BridgeWork:
         """`output_lists[r][i]` := rank r's `inputs[i]`."""
+        self._settle()
         self.shoal_group.all_gather_coalesced(
             [cv.host_arrays(row, "allgather_coalesced output") for row in output_lists],
             cv.host_arrays(inputs, "allgather_coalesced input"), timeout=cv.timeout_of(opts))
@@ -232,6 +267,7 @@ class ShoalProcessGroup(_NamedGroup):
     def all_gather_single_coalesced(self, outputs: Sequence, inputs: Sequence,
                                     opts: Any = None) -> BridgeWork:
         """One all_gather_into_tensor per (output, input) pair, as one handle."""
+        self._settle()
         works = [self.shoal_group.all_gather_into_tensor(
             cv.host_array(o, "output"), cv.host_array(i, "input"), async_op=True,
             timeout=cv.timeout_of(opts)) for o, i in zip(outputs, inputs)]
@@ -264,6 +300,7 @@ class ShoalProcessGroup(_NamedGroup):
     def reduce_scatter_single_coalesced(self, outputs: Sequence, inputs: Sequence,
                                         opts: Any = None) -> BridgeWork:
         """One reduce_scatter_tensor per (output, input) pair, as one handle."""
+        self._settle()
         op = cv.reduce_op(opts)
         works = [self.shoal_group.reduce_scatter_tensor(
             cv.host_array(o, "output"), cv.host_array(i, "input"), op, async_op=True,
@@ -295,18 +332,21 @@ class ShoalProcessGroup(_NamedGroup):
 
     def send(self, tensors: Sequence, dst: int, tag: int) -> BridgeWork:
         """Send `tensors[0]` to group rank `dst`."""
+        self._settle()
         arr = cv.host_array(cv.one(tensors, "send"), "send tensor")
         return BridgeWork([self.shoal_group.send(arr, dst, tag, async_op=True)], list(tensors),
                           group=self.shoal_group)
 
     def recv(self, tensors: Sequence, src: int, tag: int) -> BridgeWork:
         """Receive into `tensors[0]` from group rank `src`."""
+        self._settle()
         arr = cv.host_array(cv.one(tensors, "recv"), "recv tensor")
         return BridgeWork([self.shoal_group.recv(arr, src, tag, async_op=True)], list(tensors),
                           group=self.shoal_group)
 
     def recv_anysource(self, tensors: Sequence, tag: int) -> BridgeWork:
         """Receive into `tensors[0]` from whichever rank sends first."""
+        self._settle()
         arr = cv.host_array(cv.one(tensors, "recv"), "recv tensor")
         work = self.shoal_group.recv(arr, None, tag, async_op=True)
         return BridgeWork([work], list(tensors), source_rank=lambda: work.source_rank,
@@ -318,6 +358,7 @@ class ShoalProcessGroup(_NamedGroup):
 
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
         """A barrier whose rank 0 names the ranks that did not arrive within `timeout`."""
+        self._settle()
         self.shoal_group.monitored_barrier(timeout_seconds(timeout), wait_all_ranks)
 
     # -- lifecycle
@@ -325,7 +366,9 @@ class ShoalProcessGroup(_NamedGroup):
     def abort(self) -> None:
         """Fail every pending and later collective of this group on every rank."""
         self.shoal_group.abort()
+        self.deferral.stop()  # the parked ops fail as the group's others do
 
     def shutdown(self) -> None:
         """Leave the group: release its connections and threads."""
+        self.deferral.stop()
         self.shoal_group.shutdown()
