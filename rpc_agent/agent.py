@@ -37,7 +37,7 @@ from shoal.rpc_agent.frames import (
     needs_assembly,
 )
 from shoal.rpc_agent.futures import Future
-from shoal.rpc_agent.rref import RRef, RRefContext
+from shoal.rpc_agent.rref import TABLE_CALLS, RRef, RRefContext
 from shoal.rpc_agent.serialization import deserialize, rebuild_exception
 from shoal.rpc_agent.serving import CallServer
 from shoal.rpc_agent.transport import grpc_tuning
@@ -103,8 +103,9 @@ class _LocalStream:
         """The stream's peer, for messages: this worker itself."""
         return f"worker {self.peer_name!r} (id {self.peer_id}, this worker)"
 
-    def send(self, frame: bytes) -> None:
-        """Hand one serialized frame to this worker's own frame handler."""
+    def send(self, frame: bytes, more_coming: bool = False) -> None:
+        """Hand one serialized frame to this worker's own frame handler (at once: nothing is
+        gained by waiting for `more_coming`)."""
         inline = self._on_frames(self, [rpc_pb2.Frame.FromString(frame)])
         if inline is not None:
             self._submit(inline)
@@ -380,7 +381,9 @@ class RpcAgent:
         elif sync_deadline is not None:
             sync_deadline += (rid, seconds)
         try:
-            stream.send(frame)
+            # A remote() to a peer is mostly followed at once by its to_here() (or by more
+            # remote() calls): its frame waits for them, so that they leave in one message.
+            stream.send(frame, confirms is not None)
             if big:
                 self._data.send(dst.id, self.workers.data_addresses[dst.id], big,
                                 lambda exc, rid=rid: self._fail(rid, exc))
@@ -446,10 +449,11 @@ class RpcAgent:
     # ------------------------------------------------------------------ frames in
 
     def _on_frames(self, stream, frames) -> Optional[Callable[[], None]]:
-        """Route one batch. Returns the batch's first plain incoming call (for the stream's
-        reader to run itself after handing reading on, saving a thread hand-off) and submits
-        the rest to the pool."""
+        """Route one batch. Returns what the stream's reader runs itself (saving a thread
+        hand-off): the batch's RRef table calls (rref.TABLE_CALLS), then its first plain
+        incoming call; the other calls go to the pool."""
         inline = None
+        quick: list = []
         for frame in frames:
             kind = frame.kind
             if kind == RESPONSE or kind == ERROR:
@@ -479,6 +483,12 @@ class RpcAgent:
                         lambda f, p, b, e, s=stream, r=record: self._pool.submit(
                             self._serve, s, f, p, b, e, r),
                     )
+                elif kind == CALL and frame.function in TABLE_CALLS:
+                    # An RRef table call runs here, before the batch's first plain call: a
+                    # to_here() that came with its remote() then waits on the value before
+                    # the value is set, and is answered by the thread that sets it.
+                    quick.append(functools.partial(self._serve, stream, frame, frame.payload,
+                                                   None, None, None))
                 elif inline is None:
                     inline = functools.partial(self._serve, stream, frame, frame.payload, None,
                                                None, record)
@@ -491,6 +501,10 @@ class RpcAgent:
                 metrics.REJECTED_STREAM.inc()
                 logger.warning("Worker %r dropped a frame of unknown kind %s from %s.",
                                self.info.name, kind, stream.describe())
+        if quick:
+            if inline is not None:
+                quick.append(inline)
+            inline = quick[0] if len(quick) == 1 else functools.partial(_run_each, quick)
         return inline
 
     def _finish_reply(self, frame, payload, buffers, error: Optional[str]) -> None:
@@ -552,6 +566,11 @@ class RpcAgent:
                 f"The {call.kind} call of {call.function} on worker {call.dst.name!r} "
                 f"(id {call.dst.id}) failed: the RPC stream to it died ({stream.dead_reason})."
             ))
+
+
+def _run_each(tasks: list) -> None:
+    for task in tasks:
+        task()
 
 
 def current() -> RpcAgent:

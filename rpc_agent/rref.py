@@ -598,3 +598,13 @@ def _copy_outcome(src: Future, dst: Future) -> None:
         dst.set_exception(src.exception())
     else:
         dst.set_result(src.value())
+
+
+# The protocol calls that only read or change the RRef table and never wait (a fetch waits on
+# a Future by a callback, not by blocking), by the name their frames carry: the agent runs the
+# ones of a batch on the thread that read it, before the batch's first plain call, instead of
+# handing each to a pool thread. A fetch that comes with the remote() that makes its value
+# (remote() then to_here()) then has its callback on the value before the value is set, and
+# its reply leaves as soon as the value exists, from the thread that computed it.
+TABLE_CALLS = frozenset(f"{f.__module__}.{f.__qualname__}" for f in (
+    _fetch, _fetch_type, _on_delete, _on_child_accept))

@@ -81,18 +81,29 @@ class CallServer:
 
     def _reply(self, stream, rid: int, fname: str, value: Any,
                exc: Optional[BaseException], record, cid: Optional[int] = None) -> None:
-        if record is not None:
-            # A remote(): the owner keeps the value; the caller only learns that it is set
-            # (and, when it profiles, gets the callee's events).
-            shipped = None
+        if record is None:
+            self._send_reply(stream, rid, fname, value, exc, cid)
+            return
+        # A remote(): the owner keeps the value; the caller only learns that it is set (and,
+        # when it profiles, gets the callee's events).
+        shipped = None
+        if exc is None and type(value) is ProfiledResult:
+            value, shipped = value.value, value.without_value()
+        future = record.future
+        if not future.has_callbacks():
             # (a record may have failed already: a remote() to this worker that timed out)
-            if exc is None:
-                if type(value) is ProfiledResult:
-                    value, shipped = value.value, value.without_value()
-                record.future.try_complete(value, None)
-            else:
-                record.future.try_complete(None, exc)
-            value = shipped
+            future.try_complete(value, exc)
+            self._send_reply(stream, rid, fname, shipped, exc, cid)
+            return
+        # Something waits on the value, most often the caller's to_here() (whose fetch ran
+        # first, rref.TABLE_CALLS): this reply waits for the fetch's, which completing the
+        # value sends from this thread, and both leave in one message (Stream.send).
+        self._send_reply(stream, rid, fname, shipped, exc, cid, more_coming=True)
+        future.try_complete(value, exc)
+
+    def _send_reply(self, stream, rid: int, fname: str, value: Any,
+                    exc: Optional[BaseException], cid: Optional[int],
+                    more_coming: bool = False) -> None:
         big = []
         if exc is None:
             try:
@@ -109,7 +120,7 @@ class CallServer:
                 payload=serialize_exception(exc, self._me.name),
             ).SerializeToString()
         try:
-            stream.send(frame)
+            stream.send(frame, more_coming)
             if big:
                 self._data.send(stream.peer_id, self._workers.data_addresses[stream.peer_id],
                                 big, self._log_lost_result(fname))

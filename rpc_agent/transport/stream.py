@@ -132,8 +132,14 @@ class Stream:
         """True until the stream failed or was closed."""
         return self.state != Stream.DEAD
 
-    def send(self, frame: bytes) -> None:
-        """Queue one serialized Frame.
+    def send(self, frame: bytes, more_coming: bool = False) -> None:
+        """Queue one serialized Frame. `more_coming`: the caller is about to send another (a
+        remote() is mostly followed by its to_here(), an owner's remote() reply by the fetch
+        waiting on the value), so the frame is left to the stream's writer thread instead of
+        written now: that thread gets the GIL only when the caller pauses, and the frames that
+        came meanwhile leave with it in one gRPC message. A frame written at once would hold
+        the next one back until gRPC reports the write done, which on a dialed stream is
+        often only when the peer's answer arrives: one round trip each instead of one for both.
 
         Raises:
             RpcPeerLost: the stream is dead (the agent reconnects on the next call).
@@ -142,7 +148,7 @@ class Stream:
             raise RpcPeerLost(f"The RPC stream to {self.describe()} is down ({self.dead_reason}).")
         if self.pump is not None:
             # A caller alone on the stream starts the gRPC write itself (see direct.Pump).
-            if not self.pump.send(frame, quiet=len(self.pending_ids) <= 1):
+            if not self.pump.send(frame, quiet=not more_coming and len(self.pending_ids) <= 1):
                 self.fail("the RPC ended while writing to it")
             elif self.pump.waiting() and self.readers.inline_since is not None:
                 # Only a reader sees the write in flight end, and ours runs a call: let
@@ -163,7 +169,7 @@ class Stream:
             if self._writing:
                 return
             self._writing = True
-            burst = time.monotonic() - self._last_write < BURST_GAP_S
+            burst = more_coming or time.monotonic() - self._last_write < BURST_GAP_S
         if burst or self._write_outbox():
             self._writer.wake()
 
