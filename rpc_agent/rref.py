@@ -167,10 +167,8 @@ class RRef:
 
     def _owned_record(self, method: str, hint: str) -> OwnerRecord:
         if self._record is None:
-            raise RpcError(
-                f"{method}() called on worker {self._agent.info.name!r} for an RRef owned by "
-                f"{self._owner.name!r}; only the owner has the value{hint}."
-            )
+            raise RpcError(f"{method}() called on worker {self._agent.info.name!r} for an RRef "
+                           f"owned by {self._owner.name!r}; only the owner has the value{hint}.")
         return self._record
 
     def to_here(self, timeout: TimeoutArg = None) -> Any:
@@ -183,9 +181,8 @@ class RRef:
         """
         if self._record is not None:
             return self._record.future.wait(self._agent.timeout_or_none(timeout))
-        return self._agent.call(
-            self._owner, _fetch, (self._rref_id,), None, timeout, "rref"
-        ).wait()
+        return self._agent.call(self._owner, _fetch, (self._rref_id,), None, timeout,
+                                "rref").wait()
 
     def _get_type(self, timeout: TimeoutArg = None) -> type:
         """The type of the value (asked of the owner once, then cached), as torch's; the
@@ -231,10 +228,8 @@ class RRef:
     def __reduce__(self):
         dst = serialization.destination()
         if dst is None:
-            raise RpcError(
-                "An RRef can only be pickled as an argument or result of an RPC; it cannot be "
-                "saved or sent any other way."
-            )
+            raise RpcError("An RRef can only be pickled as an argument or result of an RPC; it "
+                           "cannot be saved or sent any other way.")
         return (_rebuild, self._agent.rrefs.fork(self, self._owner, self._rref_id, self._record,
                                                   dst))
 
@@ -295,17 +290,14 @@ class RRefContext:
         self._counter = itertools.count(1)
         # Strong references while forks exist; weak ones find records local handles still hold.
         self._owned: dict[GUID, OwnerRecord] = {}
-        self._records: "weakref.WeakValueDictionary[GUID, OwnerRecord]" = (
-            weakref.WeakValueDictionary()
-        )
+        self._records: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         self._users: dict[GUID, _UserState] = {}
         self._children: dict[GUID, RRef] = {}
         # __del__ may run anywhere (inside a lock, on the io thread): it only puts here.
         self._dropped: queue.SimpleQueue = queue.SimpleQueue()
         self._closed = False
-        self._thread = threading.Thread(
-            target=self._drop_loop, name=f"shoal-rpc-rref-{agent.info.name}", daemon=True
-        )
+        self._thread = threading.Thread(target=self._drop_loop, daemon=True,
+                                        name=f"shoal-rpc-rref-{agent.info.name}")
         self._thread.start()
 
     def new_id(self) -> GUID:
@@ -428,7 +420,8 @@ class RRefContext:
         except RpcError as exc:
             logger.debug("Delete of %d RRef fork(s) not sent: %s", len(pairs), exc)
             return
-        fut.add_done_callback(_log_failure("delete of RRef forks", [f for _, f in pairs]))
+        fut.add_done_callback(functools.partial(_log_failure, "delete of RRef forks",
+                                                 [f for _, f in pairs]))
 
     # -- pickling
 
@@ -465,7 +458,8 @@ class RRefContext:
                 self.delete_fork(rref_id, fork_id)  # the handle now keeps the record alive
             elif not reply_accepts:
                 fut = agent.internal_call(parent_id, _on_child_accept, (fork_id,))
-                fut.add_done_callback(_log_failure("child accept of RRef fork", fork_id))
+                fut.add_done_callback(functools.partial(_log_failure, "child accept of RRef fork",
+                                                         fork_id))
             return handle
         handle = self.new_user(owner, rref_id, fork_id)
         fut = agent.internal_call(owner_id, _on_fork_request, (rref_id, fork_id, parent_id))
@@ -522,11 +516,9 @@ class RRefContext:
         self._thread.join(2.0)
 
 
-def _log_failure(what: str, ident) -> Any:
-    def callback(fut: Future) -> None:
-        if fut.exception() is not None:
-            logger.debug("The %s %s failed: %s", what, ident, fut.exception())
-    return callback
+def _log_failure(what: str, ident, fut: Future) -> None:
+    if fut.exception() is not None:
+        logger.debug("The %s %s failed: %s", what, ident, fut.exception())
 
 
 # ----------------------------------------------------------------------------- wire functions
@@ -600,11 +592,7 @@ def _copy_outcome(src: Future, dst: Future) -> None:
         dst.set_result(src.value())
 
 
-# The protocol calls that only read or change the RRef table and never wait (a fetch waits on
-# a Future by a callback, not by blocking), by the name their frames carry: the agent runs the
-# ones of a batch on the thread that read it, before the batch's first plain call, instead of
-# handing each to a pool thread. A fetch that comes with the remote() that makes its value
-# (remote() then to_here()) then has its callback on the value before the value is set, and
-# its reply leaves as soon as the value exists, from the thread that computed it.
-TABLE_CALLS = frozenset(f"{f.__module__}.{f.__qualname__}" for f in (
-    _fetch, _fetch_type, _on_delete, _on_child_accept))
+
+# Calls that only touch the RRef table and never block: the agent runs them first (agent.py).
+TABLE_CALLS = frozenset(f"{f.__module__}.{f.__qualname__}"
+                        for f in (_fetch, _fetch_type, _on_delete, _on_child_accept))
