@@ -356,35 +356,43 @@ class ControlChannel:
             return self.take_p2p(src, tag, lambda: stop() or time.monotonic() >= until,
                                  max(0.0, until - time.monotonic()))
         try:
+            # What has arrived already needs no wait, nor the selector changed around it.
+            got = self._read_now(r, src, tag)
+            if got is not None or r.dropped:
+                return got
             try:
                 self._selector.unregister(r.sock)
             except (KeyError, ValueError, OSError):
                 pass
-            return self._read_until(r, src, tag, stop, until, spin)
+            try:
+                return self._read_until(r, src, tag, stop, until, spin)
+            finally:
+                if not r.dropped and not self._closing:
+                    try:
+                        # epoll's registration is thread-safe: the service thread's select()
+                        # sees the connection again at once, with whatever waits on it.
+                        self._selector.register(r.sock, selectors.EVENT_READ, r)
+                    except (KeyError, ValueError, OSError):
+                        pass
         finally:
-            if not r.dropped and not self._closing:
-                try:
-                    # epoll's registration is thread-safe: the service thread's select()
-                    # sees the connection again at once, with whatever already waits on it.
-                    self._selector.register(r.sock, selectors.EVENT_READ, r)
-                except (KeyError, ValueError, OSError):
-                    pass
             r.lock.release()
 
-    def _read_until(self, r: _ControlReader, src: int, tag: int, stop: Callable[[], bool],
-                    until: float, spin) -> Optional[tuple]:
-        while True:
-            with self._cond:
-                got = self._pop(src, tag)
-            if got is not None or r.dropped or stop():
-                return got
+    def _read_now(self, r: _ControlReader, src: int, tag: int) -> Optional[tuple]:
+        # The message if it is in the mailbox or on the connection already (never blocks).
+        with self._cond:
+            got = self._pop(src, tag)
+        if got is None and not r.dropped:
             self._read(r)
             with self._cond:
                 got = self._pop(src, tag)
-            if got is not None or r.dropped:
-                return got
+        return got
+
+    def _read_until(self, r: _ControlReader, src: int, tag: int, stop: Callable[[], bool],
+                    until: float, spin) -> Optional[tuple]:
+        # Called once `_read_now` found nothing: wait for bytes, then read what came.
+        while True:
             left = until - time.monotonic()
-            if left <= 0:
+            if left <= 0 or stop():
                 return None
             try:
                 k = spin.poll(r.sock, memoryview(r.buf)[r.got:], len(r.buf) - r.got)
@@ -401,6 +409,9 @@ class ControlChannel:
                     r.poller = select.poll()
                     r.poller.register(r.sock, select.POLLIN)
                 r.poller.poll(left * 1000.0)
+            got = self._read_now(r, src, tag)
+            if got is not None or r.dropped:
+                return got
 
     def wake_waiters(self) -> None:
         """Wake threads waiting for point-to-point messages (after a failure)."""
