@@ -135,6 +135,8 @@ SLOW_TESTS = {
         "waits out the join outage budget",
     "unit/collectives/backends/tcp/test_framing.py::test_collectives_run_sealed_with_shoal_encrypt":
         "its teardown waits for the sealed group's links to close",
+    "unit/collectives/backends/tcp/test_framing_chunks.py":
+        "all_reduces of 2-9 MiB over TCP links at W=2 and W=3 (0.1-0.3 s each)",
     "unit/torch_bridge/test_torch_store_contract.py":
         "the store contract over torch's stores: deliberate 0.2 s timeouts, 2 s together",
     "unit/collectives/test_distributed_checkpoint.py::test_the_export_is_one_safetensors_file_torch_reads":
