@@ -80,6 +80,11 @@ def main(argv=None) -> int:
         import importlib.util
 
         args.compare = importlib.util.find_spec("torch") is not None
+    # From bytecode, as an installed package starts (bench/startup_cache.py says why).
+    sys.path.append(str(Path(__file__).resolve().parent))
+    from startup_cache import compile_sources
+
+    compile_sources()
     rows = {("shoal", k): v for k, v in SHOAL_ROWS.items()}
     if args.compare:
         rows.update({("torch", k): v for k, v in TORCH_ROWS.items()})

@@ -67,6 +67,11 @@ def main(argv=None) -> int:
     if importlib.util.find_spec("torch") is None:
         print("torch is not installed: the script is a torch script (pip install torch==2.13.0)")
         return 1
+    # From bytecode, as an installed package starts (bench/startup_cache.py says why).
+    sys.path.append(str(Path(__file__).resolve().parent))
+    from startup_cache import compile_sources
+
+    compile_sources()
     peers = list(PEERS) if args.compare in (None, True) else ["shoal run"]
     print(f"cpu: {_cpu_model()}; {os.cpu_count()} cores; script: {SCRIPT} --steps 20, 2 workers")
     times: dict[str, list[float]] = {p: [] for p in peers}
