@@ -148,6 +148,9 @@ class BurstWriter:
         self._name = name
         self._lock = threading.Lock()
         self._wake: Optional[threading.Semaphore] = None
+        # True from a wake-up until the thread begins the drain it asked for: a frame queued
+        # meanwhile leaves in that drain, so its sender need not wake the thread again.
+        self._pending = False
 
     @property
     def started(self) -> bool:
@@ -163,6 +166,9 @@ class BurstWriter:
                     threading.Thread(target=self._run, args=(wake,), daemon=True,
                                      name=self._name).start()
                     self._wake = wake
+        if self._pending:
+            return
+        self._pending = True
         self._wake.release()
 
     def wake_if_started(self) -> None:
@@ -173,6 +179,7 @@ class BurstWriter:
     def _run(self, wake: threading.Semaphore) -> None:
         while True:
             wake.acquire()
+            self._pending = False
             if not self._drain():
                 return
 

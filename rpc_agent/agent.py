@@ -103,7 +103,7 @@ class _LocalStream:
         """The stream's peer, for messages: this worker itself."""
         return f"worker {self.peer_name!r} (id {self.peer_id}, this worker)"
 
-    def send(self, frame: bytes, more_coming: bool = False) -> None:
+    def send(self, frame: bytes, more_coming: bool = False, waits: bool = False) -> None:
         """Hand one serialized frame to this worker's own frame handler (at once: nothing is
         gained by waiting for `more_coming`)."""
         inline = self._on_frames(self, [rpc_pb2.Frame.FromString(frame)])
@@ -286,8 +286,10 @@ class RpcAgent:
         return self._send_call(to, func, args, kwargs, timeout, kind, None)
 
     def call_sync(self, to: WorkerRef, func: Callable, args: Optional[tuple],
-                  kwargs: Optional[dict], timeout) -> Any:
-        """`call` and wait for the result; the waiting thread enforces the timeout itself.
+                  kwargs: Optional[dict], timeout, kind: str = "sync") -> Any:
+        """`call` and wait for the result; the waiting thread enforces the timeout itself and
+        writes the frame itself (with any queued before it) rather than leave it to the
+        stream's writer thread: it blocks next, so no burst of its own follows.
 
         No deadline goes to the timer thread: registering and removing one per call costs a
         lock round trip each on the path of every reply (bench/rpc.py sync_64B).
@@ -296,7 +298,7 @@ class RpcAgent:
             RpcTimeout: no reply in time (names the callee and the function).
         """
         rid_box: list = []
-        future = self._send_call(to, func, args, kwargs, timeout, "sync", None, rid_box)
+        future = self._send_call(to, func, args, kwargs, timeout, kind, None, rid_box)
         if not future.done():
             rid, seconds = rid_box
             if not future.wait_done(seconds):
@@ -383,7 +385,7 @@ class RpcAgent:
         try:
             # A remote() to a peer is mostly followed at once by its to_here() (or by more
             # remote() calls): its frame waits for them, so that they leave in one message.
-            stream.send(frame, confirms is not None)
+            stream.send(frame, confirms is not None, sync_deadline is not None)
             if big:
                 self._data.send(dst.id, self.workers.data_addresses[dst.id], big,
                                 lambda exc, rid=rid: self._fail(rid, exc))

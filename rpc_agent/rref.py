@@ -181,8 +181,8 @@ class RRef:
         """
         if self._record is not None:
             return self._record.future.wait(self._agent.timeout_or_none(timeout))
-        return self._agent.call(self._owner, _fetch, (self._rref_id,), None, timeout,
-                                "rref").wait()
+        return self._agent.call_sync(self._owner, _fetch, (self._rref_id,), None, timeout,
+                                     "rref")
 
     def _get_type(self, timeout: TimeoutArg = None) -> type:
         """The type of the value (asked of the owner once, then cached), as torch's; the

@@ -132,7 +132,7 @@ class Stream:
         """True until the stream failed or was closed."""
         return self.state != Stream.DEAD
 
-    def send(self, frame: bytes, more_coming: bool = False) -> None:
+    def send(self, frame: bytes, more_coming: bool = False, waits: bool = False) -> None:
         """Queue one serialized Frame. `more_coming`: the caller is about to send another (a
         remote() is mostly followed by its to_here(), an owner's remote() reply by the fetch
         waiting on the value), so the frame is left to the stream's writer thread instead of
@@ -140,6 +140,8 @@ class Stream:
         came meanwhile leave with it in one gRPC message. A frame written at once would hold
         the next one back until gRPC reports the write done, which on a dialed stream is
         often only when the peer's answer arrives: one round trip each instead of one for both.
+        `waits`: the caller blocks on the answer next (no burst of its own follows), so it
+        writes the frame, and what queued before it, itself, unless a write is in flight.
 
         Raises:
             RpcPeerLost: the stream is dead (the agent reconnects on the next call).
@@ -148,7 +150,7 @@ class Stream:
             raise RpcPeerLost(f"The RPC stream to {self.describe()} is down ({self.dead_reason}).")
         if self.pump is not None:
             # A caller alone on the stream starts the gRPC write itself (see direct.Pump).
-            if not self.pump.send(frame, quiet=not more_coming and len(self.pending_ids) <= 1):
+            if not self.pump.send(frame, quiet=waits or (not more_coming and len(self.pending_ids) <= 1)):
                 self.fail("the RPC ended while writing to it")
             elif self.pump.waiting() and self.readers.inline_since is not None:
                 # Only a reader sees the write in flight end, and ours runs a call: let
