@@ -51,7 +51,8 @@ class _Root:
 
     def __init__(self, states: list["_State"]) -> None:
         self.states = states
-        self.order: list[_State] = []
+        self.order: list[_State] = []  # as their forwards begin: forward prefetches by it
+        self.post_order: list[_State] = []  # as they end: backward prefetches by it, as torch
         self.recording = True
         self.pending: list[ParamGroup] = []
         self.sentinel: Optional[Tensor] = None
@@ -59,10 +60,14 @@ class _Root:
         self.agreements: list = []  # found_inf registrations, kept as long as the root lives
 
     def next_of(self, state: "_State", step: int) -> Optional["_State"]:
-        if state not in self.order:
+        """The state after `state` in forward (step 1) or before it in backward (step -1):
+        backward runs in the reverse of the order in which forwards ended, so the root, whose
+        forward ends last, passes its backward on to the last layer."""
+        order = self.order if step > 0 else self.post_order
+        if state not in order:
             return None
-        i = self.order.index(state) + step
-        return self.order[i] if 0 <= i < len(self.order) else None
+        i = order.index(state) + step
+        return order[i] if 0 <= i < len(order) else None
 
 
 class _State:
@@ -97,10 +102,15 @@ class _State:
         if root.recording and self not in root.order:
             root.order.append(self)
         if self.group is not None:
-            self.group.wait_unshard()
-            self.group.use_full()
+            self.group.start_unshard()
+        # The next gathers queue behind this one now, before waiting for it: where this one
+        # had not been prefetched (the root's, at every step's start), the next one's
+        # hand-off to the backend overlaps it instead of following it.
         for following in self.prefetch("forward"):
             following.group.start_unshard()
+        if self.group is not None:
+            self.group.wait_unshard()
+            self.group.use_full()
         self.pre_backward_done = False
         self.forward_ran = True
         return self._cast_inputs(args)
@@ -119,6 +129,8 @@ class _State:
 
     def post_forward(self, module: Module, args: tuple, out: Any) -> Any:
         root = self.root
+        if root.recording and not root.in_backward and self not in root.post_order:
+            root.post_order.append(self)
         if self.group is not None:
             self.group.use_shards()
             # A recomputation in backward keeps the gathered weights: the ops it just recorded
