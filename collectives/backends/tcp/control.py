@@ -200,7 +200,10 @@ class ControlChannel:
         except (KeyError, ValueError, OSError):
             pass
 
-    def _read(self, r: _ControlReader) -> None:
+    def _read(self, r: _ControlReader, tag: Optional[int] = None) -> None:
+        # Reads until nothing waits; with `tag`, stops once a point-to-point message with that
+        # tag is delivered (its receiver wants no more; epoll wakes the service thread for
+        # anything still waiting once the connection is back in its selector).
         try:
             while True:
                 if r.got < len(r.buf):
@@ -215,6 +218,8 @@ class ControlChannel:
                 except IntegrityError:
                     return self._tampered(r)
                 if not self._advance(r, data):
+                    return None
+                if tag is not None and r.stage == 0 and r.kind == wire.KIND_P2P and r.aux == tag:
                     return None
         except BlockingIOError:
             return None
@@ -382,7 +387,7 @@ class ControlChannel:
         with self._cond:
             got = self._pop(src, tag)
         if got is None and not r.dropped:
-            self._read(r)
+            self._read(r, tag)
             with self._cond:
                 got = self._pop(src, tag)
         return got
