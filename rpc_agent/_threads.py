@@ -147,7 +147,11 @@ class BurstWriter:
         self._drain = drain
         self._name = name
         self._lock = threading.Lock()
-        self._wake: Optional[threading.Semaphore] = None
+        # A plain lock as a one-bit semaphore: held while the thread has nothing to do,
+        # released to wake it. Several wake-ups before the thread runs are one drain, which
+        # takes everything queued before it; a Semaphore's Python-level Condition cost a few
+        # microseconds more at both ends of every wake-up.
+        self._wake: Optional[threading.Lock] = None
         # True from a wake-up until the thread begins the drain it asked for: a frame queued
         # meanwhile leaves in that drain, so its sender need not wake the thread again.
         self._pending = False
@@ -162,21 +166,29 @@ class BurstWriter:
         if self._wake is None:
             with self._lock:
                 if self._wake is None:
-                    wake = threading.Semaphore(0)
+                    wake = threading.Lock()
+                    wake.acquire()
                     threading.Thread(target=self._run, args=(wake,), daemon=True,
                                      name=self._name).start()
                     self._wake = wake
         if self._pending:
             return
         self._pending = True
-        self._wake.release()
+        self._release(self._wake)
 
     def wake_if_started(self) -> None:
         """Let a running thread see that the stream is over; starts none."""
         if self._wake is not None:
-            self._wake.release()
+            self._release(self._wake)
 
-    def _run(self, wake: threading.Semaphore) -> None:
+    @staticmethod
+    def _release(wake: threading.Lock) -> None:
+        try:
+            wake.release()
+        except RuntimeError:  # released already and not yet taken: the thread drains anyway
+            pass
+
+    def _run(self, wake: threading.Lock) -> None:
         while True:
             wake.acquire()
             self._pending = False
