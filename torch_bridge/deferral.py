@@ -117,8 +117,9 @@ class DeferredWork(Work):
             self._holder.flush()
         if not self._event.wait(seconds):
             raise CollectiveTimeout(
-                f"A deferred all_reduce did not complete within the {seconds:g}s that wait() "
-                "allowed; it is still running and the group's watchdog still times it.")
+                f"An all_reduce of group '{self._holder.name}' parked in backward did not "
+                f"complete within the {seconds:g}s that wait() allowed; it is still running and "
+                "the group's watchdog still times it.")
         if self._exc is not None:
             raise self._exc
         return True
@@ -148,7 +149,7 @@ class BackwardDeferral:
     """The parked ops of one group, run in the order they were issued (see the module's doc)."""
 
     def __init__(self, name: str):
-        self._name = name
+        self.name = name
         self._lock = threading.Lock()
         # Held while ops leave the queue and are submitted, so they reach the group in order.
         self._submitting = threading.RLock()
@@ -167,7 +168,7 @@ class BackwardDeferral:
             self._flush_for = task
             if self._rescuer is None:
                 self._rescuer = threading.Thread(target=self._rescue_loop, daemon=True,
-                                                 name=f"shoal-torch-{self._name}-rescue")
+                                                 name=f"shoal-torch-{self.name}-rescue")
                 self._rescuer.start()
         if queue_flush:
             Variable._execution_engine.queue_callback(self.flush)  # noqa: SLF001 - torch's API
