@@ -154,6 +154,7 @@ class BackwardDeferral:
         # Held while ops leave the queue and are submitted, so they reach the group in order.
         self._submitting = threading.RLock()
         self._pending: collections.deque[DeferredWork] = collections.deque()
+        self._handing = False  # the rescue thread took parked ops and is still submitting them
         self._flush_for = -1  # the graph task whose end runs a flush already
         self._rescuer: Optional[threading.Thread] = None
         self._stopped = threading.Event()
@@ -176,9 +177,9 @@ class BackwardDeferral:
 
     @property
     def has_pending(self) -> bool:
-        """True while parked ops wait to be submitted (read without the lock: a deque's length
-        is read atomically, and only the issuing thread parks)."""
-        return bool(self._pending)
+        """True while parked ops wait to be submitted, or are being handed over (read without
+        the lock: each read is of one attribute, and only the issuing thread parks)."""
+        return bool(self._pending) or self._handing
 
     def flush(self, to_worker: bool = False) -> None:
         """Run every parked op now, in order, in this thread; `to_worker`: submit them to the
@@ -206,9 +207,13 @@ class BackwardDeferral:
             try:
                 with self._lock:
                     works, self._pending = list(self._pending), collections.deque()
+                    # Until they are all submitted, an op issued meanwhile must wait (flush
+                    # takes `_submitting`), or it could reach the group before them.
+                    self._handing = True
                 for work in works:
                     work.hand_to_worker()
             finally:
+                self._handing = False
                 self._submitting.release()
 
     def stop(self) -> None:

@@ -171,3 +171,33 @@ def test_by_default_it_parks_where_the_host_lacks_a_core_per_rank_for_the_worker
                                seen.append(pg.shoal_group.ledger.seq)))
     parks = not deferral.spare_core_per_rank(1)  # one rank of this group on this host
     assert seen == [before if parks else before + 1]
+
+
+def test_an_op_issued_while_the_rescue_hands_parked_ops_over_waits_for_them(monkeypatch):
+    from shoal.collectives.api import CompletedWork
+
+    monkeypatch.setattr(deferral, "RESCUE_AFTER_S", 0.0)
+    monkeypatch.setattr(deferral, "_RESCUE_TICK_S", 0.01)
+    holder = deferral.BackwardDeferral("handover")
+    order = []
+    handing, release = threading.Event(), threading.Event()
+
+    def slow_submit(async_op, timeout):  # the rescue's submission of the parked op, held open
+        handing.set()
+        release.wait(5)
+        order.append("parked op submitted")
+        return CompletedWork([])
+
+    def issue():
+        holder.park(slow_submit, 5.0)
+        assert handing.wait(5), "the rescue thread never took the parked op"
+        threading.Timer(0.1, release.set).start()
+        if holder.has_pending:  # what ShoalProcessGroup does before any other op
+            holder.flush()
+        order.append("next op submitted")
+
+    try:
+        _backward_running(issue)
+    finally:
+        holder.stop()
+    assert order == ["parked op submitted", "next op submitted"]
