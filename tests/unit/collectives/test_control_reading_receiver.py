@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from shoal.collectives.backends.tcp.control import ControlChannel
+from shoal.collectives.backends.tcp.control import JOIN_MAX_BYTES, ControlChannel
 from shoal.collectives.backends.tcp.spin import SpinPolicy
 from shoal.core.channel import pair
 
@@ -26,8 +26,7 @@ def _never() -> bool:
     return False
 
 
-@pytest.fixture(params=[0.0, 200e-6], ids=["blocking", "polling"])
-def channels(request):
+def _open(spin_s: float, encrypt: bool = False):
     """(sender, receiver, receiver's failures, the receiver's poll policy), rank 0 -> rank 1."""
     failures: list = []
     got_failure = threading.Event()
@@ -41,16 +40,51 @@ def channels(request):
     sender = ControlChannel(0, 2, "t", lambda reason: None)
     receiver = ControlChannel(1, 2, "t", on_failure)
     sender.socks[1], receiver.socks[0] = a, b
-    sender.links[1] = pair(secret, "control", n0, n1, server=True)
-    receiver.links[0] = pair(secret, "control", n0, n1, server=False)
+    sender.links[1] = pair(secret, "control", n0, n1, server=True, encrypt=encrypt)
+    receiver.links[0] = pair(secret, "control", n0, n1, server=False, encrypt=encrypt)
     for ch, peer in ((sender, 1), (receiver, 0)):
         ch.start()
         ch.watch(peer)
-    yield sender, receiver, (failures, got_failure), SpinPolicy(request.param)
+    return sender, receiver, (failures, got_failure), SpinPolicy(spin_s)
+
+
+def _close(sender, receiver) -> None:
     for ch in (sender, receiver):
         ch.say_goodbye()
     for ch in (sender, receiver):
         ch.close()
+
+
+@pytest.fixture(params=[0.0, 200e-6], ids=["blocking", "polling"])
+def channels(request):
+    opened = _open(request.param)
+    yield opened
+    _close(opened[0], opened[1])
+
+
+@pytest.mark.parametrize("encrypt", [False, True], ids=["tagged", "encrypted"])
+def test_every_body_size_arrives_whole_by_either_reader(encrypt):
+    # Bodies up to JOIN_MAX_BYTES are tagged (or sealed) with the fingerprint joined to the
+    # payload, longer ones as two parts: both sides must split alike at the boundary.
+    sender, receiver, (failures, _event), spin = _open(200e-6, encrypt)
+    try:
+        sizes = (0, 1, 4096, JOIN_MAX_BYTES, JOIN_MAX_BYTES + 1, 3 * JOIN_MAX_BYTES + 5)
+        for i, n in enumerate(sizes):
+            payload = os.urandom(n)
+            fp = f"p2p(uint8[{n}])".encode()
+            sender.send_p2p(1, 2 * i, fp, memoryview(payload))
+            sender.send_p2p(1, 2 * i + 1, fp, memoryview(payload))
+            by_reader = receiver.take_p2p_reading(0, 2 * i, _never,
+                                                  time.monotonic() + ARRIVAL_S, spin)
+            deadline = time.monotonic() + ARRIVAL_S
+            by_service = receiver.take_p2p(0, 2 * i + 1, lambda: time.monotonic() > deadline,
+                                           0.05)
+            for got in (by_reader, by_service):
+                assert got is not None, n
+                assert (got[0], got[1], bytes(got[2])) == (0, fp, payload), n
+        assert failures == []
+    finally:
+        _close(sender, receiver)
 
 
 def test_the_wanted_tag_is_taken_and_an_earlier_one_is_kept_for_its_receive(channels):
