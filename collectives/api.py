@@ -7,6 +7,7 @@ private `_` hooks each backend (tcp, nccl) implements.
 from __future__ import annotations
 
 import abc
+import threading
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
@@ -14,7 +15,8 @@ import numpy as np
 from shoal.collectives import arrays
 from shoal.collectives.composite import CompositeCollectives
 from shoal.collectives.futures import Future, work_future
-from shoal.collectives.types import DEFAULT_COLLECTIVE_TIMEOUT_S, PremulSum, ReduceOp
+from shoal.collectives.types import (DEFAULT_COLLECTIVE_TIMEOUT_S, CollectiveTimeout, PremulSum,
+                                     ReduceOp)
 from shoal.core.errors import ShapeError
 from shoal.core.timeouts import TimeoutLike, to_seconds
 
@@ -96,6 +98,65 @@ class CompletedWork(Work):
         return self._result
 
     def add_done_callback(self, fn: Callable[["Work"], Any]) -> None:
+        fn(self)
+
+
+class PendingWork(Work):
+    """A Work another thread finishes once (`finish`): its wait with a timeout, its state and
+    its done-callbacks. A subclass says what a wait that ran out of time was waiting for
+    (`_timeout_message`)."""
+
+    __slots__ = ("_event", "_done", "_exc", "_result", "_callbacks", "_lock")
+
+    def __init__(self):
+        self._event = threading.Event()
+        self._done = False
+        self._exc: Optional[BaseException] = None
+        self._result: list = []
+        self._callbacks: list = []
+        self._lock = threading.Lock()
+
+    def _timeout_message(self, seconds: float) -> str:
+        return (f"An operation did not complete within the {seconds:g}s that wait() allowed; "
+                "it is still running.")
+
+    def finish(self, result: Optional[list], exc: Optional[BaseException]) -> None:
+        """Complete the handle (called once) and run the callbacks, in this thread."""
+        with self._lock:
+            self._result = result if result is not None else []
+            self._exc = exc
+            self._done = True
+            self._event.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for cb in callbacks:
+            cb(self)
+
+    def wait(self, timeout: TimeoutLike = None) -> bool:
+        seconds = to_seconds(timeout)
+        if not self._done and not self._event.wait(seconds):
+            raise CollectiveTimeout(self._timeout_message(seconds))
+        if self._exc is not None:
+            raise self._exc
+        return True
+
+    def is_completed(self) -> bool:
+        return self._done
+
+    def is_success(self) -> bool:
+        return self._done and self._exc is None
+
+    def exception(self) -> Optional[BaseException]:
+        return self._exc
+
+    def result(self) -> list:
+        self.wait()
+        return self._result
+
+    def add_done_callback(self, fn: Callable[["Work"], Any]) -> None:
+        with self._lock:
+            if not self._done:
+                self._callbacks.append(fn)
+                return
         fn(self)
 
 

@@ -35,9 +35,8 @@ from typing import Any, Callable, Optional
 import torch
 from torch.autograd import Variable
 
-from shoal.collectives.api import Work
-from shoal.collectives.types import CollectiveTimeout
-from shoal.core.timeouts import TimeoutLike, to_seconds
+from shoal.collectives.api import PendingWork
+from shoal.core.timeouts import TimeoutLike
 
 __all__ = ["DeferredWork", "BackwardDeferral", "RESCUE_AFTER_S", "spare_core_per_rank"]
 
@@ -67,21 +66,17 @@ def in_autograd_node() -> bool:
     return torch._C._current_autograd_node() is not None  # noqa: SLF001 - torch's own query
 
 
-class DeferredWork(Work):
+class DeferredWork(PendingWork):
     """The shoal-side handle of a parked op; it completes once the op ran (inline or on the
     group's worker thread)."""
 
-    __slots__ = ("_holder", "_submit", "_timeout", "_event", "_exc", "_callbacks", "_lock",
-                 "parked_at")
+    __slots__ = ("_holder", "_submit", "_timeout", "parked_at")
 
     def __init__(self, holder: "BackwardDeferral", submit: Submit, timeout: Optional[float]):
+        super().__init__()
         self._holder = holder
         self._submit = submit
         self._timeout = timeout
-        self._event = threading.Event()
-        self._exc: Optional[BaseException] = None
-        self._callbacks: list = []
-        self._lock = threading.Lock()
         self.parked_at = time.monotonic()
 
     def run_inline(self) -> None:
@@ -89,60 +84,29 @@ class DeferredWork(Work):
         try:
             self._submit(False, self._timeout)
         except BaseException as exc:  # noqa: BLE001 - raised by wait() and the Future instead
-            self._complete(exc)
+            self.finish(None, exc)
             return
-        self._complete(None)
+        self.finish(None, None)
 
     def hand_to_worker(self) -> None:
         """Submit the op to the group's worker thread; the handle completes with it."""
         try:
             work = self._submit(True, self._timeout)
         except BaseException as exc:  # noqa: BLE001 - the group refused it (destroyed)
-            self._complete(exc)
+            self.finish(None, exc)
             return
-        work.add_done_callback(lambda w: self._complete(w.exception()))
-
-    def _complete(self, exc: Optional[BaseException]) -> None:
-        with self._lock:
-            self._exc = exc
-            self._event.set()
-            callbacks, self._callbacks = self._callbacks, []
-        for cb in callbacks:
-            cb(self)
+        work.add_done_callback(lambda w: self.finish(None, w.exception()))
 
     def wait(self, timeout: TimeoutLike = None) -> bool:
         """Run the parked ops up to this one (if not yet run), then wait for it."""
-        seconds = to_seconds(timeout)
-        if not self._event.is_set():
+        if not self._done:
             self._holder.flush()
-        if not self._event.wait(seconds):
-            raise CollectiveTimeout(
-                f"An all_reduce of group '{self._holder.name}' parked in backward did not "
+        return super().wait(timeout)
+
+    def _timeout_message(self, seconds: float) -> str:
+        return (f"An all_reduce of group '{self._holder.name}' parked in backward did not "
                 f"complete within the {seconds:g}s that wait() allowed; it is still running and "
                 "the group's watchdog still times it.")
-        if self._exc is not None:
-            raise self._exc
-        return True
-
-    def is_completed(self) -> bool:
-        return self._event.is_set()
-
-    def is_success(self) -> bool:
-        return self._event.is_set() and self._exc is None
-
-    def exception(self) -> Optional[BaseException]:
-        return self._exc
-
-    def result(self) -> list:
-        self.wait()
-        return []
-
-    def add_done_callback(self, fn: Callable[[Work], Any]) -> None:
-        with self._lock:
-            if not self._event.is_set():
-                self._callbacks.append(fn)
-                return
-        fn(self)
 
 
 class BackwardDeferral:

@@ -13,10 +13,10 @@ import collections
 import threading
 from typing import Any, Callable, Optional
 
-from shoal.collectives.api import CompletedWork, Work
+from shoal.collectives.api import CompletedWork, PendingWork, Work
 from shoal.collectives.backends.ledger import OpLedger, OpRecord
-from shoal.collectives.types import CollectiveTimeout, GroupDestroyed
-from shoal.core.timeouts import TimeoutLike, to_seconds
+from shoal.collectives.types import GroupDestroyed
+from shoal.core.timeouts import TimeoutLike
 
 __all__ = ["InOrderExecutor", "OpWork", "DoneWork", "PartWork", "Handoff", "Job"]
 
@@ -26,20 +26,14 @@ Job = Callable[[OpRecord, Any], list]
 Runner = Callable[[OpRecord, Job, Any], list]
 
 
-class OpWork(Work):
+class OpWork(PendingWork):
     """The handle of one queued operation."""
 
-    __slots__ = ("_record", "_event", "_done", "_exc", "_result", "_callbacks", "_lock",
-                 "_describe")
+    __slots__ = ("_record", "_describe")
 
     def __init__(self, record: OpRecord, describe: Callable[[OpRecord], str]):
+        super().__init__()
         self._record = record
-        self._event = threading.Event()
-        self._done = False
-        self._exc: Optional[BaseException] = None
-        self._result: list = []
-        self._callbacks: list = []
-        self._lock = threading.Lock()
         self._describe = describe
 
     @property
@@ -52,47 +46,9 @@ class OpWork(Work):
         """For a recv: the rank the message came from."""
         return self._record.source
 
-    def finish(self, result: Optional[list], exc: Optional[BaseException]) -> None:
-        """Complete the handle (called once, by the executor) and run the callbacks."""
-        with self._lock:
-            self._result = result if result is not None else []
-            self._exc = exc
-            self._done = True
-            self._event.set()
-            callbacks, self._callbacks = self._callbacks, []
-        for cb in callbacks:
-            cb(self)
-
-    def wait(self, timeout: TimeoutLike = None) -> bool:
-        seconds = to_seconds(timeout)
-        if not self._done and not self._event.wait(seconds):
-            raise CollectiveTimeout(
-                f"{self._describe(self._record)} did not complete within the {seconds:g}s that "
-                "wait() allowed; it is still running and the group's watchdog still times it."
-            )
-        if self._exc is not None:
-            raise self._exc
-        return True
-
-    def is_completed(self) -> bool:
-        return self._done
-
-    def is_success(self) -> bool:
-        return self._done and self._exc is None
-
-    def exception(self) -> Optional[BaseException]:
-        return self._exc
-
-    def result(self) -> list:
-        self.wait()
-        return self._result
-
-    def add_done_callback(self, fn: Callable[[Work], Any]) -> None:
-        with self._lock:
-            if not self._done:
-                self._callbacks.append(fn)
-                return
-        fn(self)
+    def _timeout_message(self, seconds: float) -> str:
+        return (f"{self._describe(self._record)} did not complete within the {seconds:g}s that "
+                "wait() allowed; it is still running and the group's watchdog still times it.")
 
 
 class Handoff:
