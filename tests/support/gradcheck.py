@@ -102,6 +102,32 @@ def compare_with_torch(
         )
 
 
+def load_torch_weights(ours: Any, theirs: Any) -> None:
+    """Copy the torch module `theirs`'s state into the shoal module `ours`."""
+    ours.load_state_dict({k: core.tensor(v.detach().numpy()) for k, v in
+                          theirs.state_dict().items()})
+
+
+def compare_module_with_torch(ours: Any, theirs: Any, x: np.ndarray, *, atol: float,
+                              seed: int = 0, **kwargs: Any) -> None:
+    """Call the shoal module `ours` and the torch module `theirs` (same weights) on `x` (and
+    `kwargs`); compare the outputs, then, after one random cotangent (from `seed`) through
+    both, the gradients of the input and of every parameter."""
+    import torch  # only called from tests that importorskip torch
+
+    t_in, c_in = torch.tensor(x, requires_grad=True), core.tensor(x, requires_grad=True)
+    t_out, c_out = theirs(t_in, **kwargs), ours(c_in, **kwargs)
+    np.testing.assert_allclose(c_out.detach().numpy(), t_out.detach().numpy(), atol=atol)
+    g = np.random.default_rng(seed).standard_normal(tuple(t_out.shape))
+    t_out.backward(torch.tensor(g))
+    c_out.backward(core.tensor(g))
+    np.testing.assert_allclose(c_in.grad.numpy(), t_in.grad.numpy(), atol=atol)
+    mine = dict(ours.named_parameters())
+    for name, p in theirs.named_parameters():
+        np.testing.assert_allclose(mine[name].grad.numpy(), p.grad.numpy(), atol=atol,
+                                   err_msg=f"gradient of {name}")
+
+
 def fast_settings() -> Any:
     """Hypothesis settings for these cheap property tests: few examples, no deadline."""
     from hypothesis import HealthCheck, settings

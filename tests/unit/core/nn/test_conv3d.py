@@ -12,7 +12,8 @@ import pytest
 from shoal import core
 from shoal.core import nn
 from shoal.core.nn import functional as F
-from tests.support.gradcheck import compare_with_torch, gradcheck
+from tests.support.gradcheck import (compare_module_with_torch, compare_with_torch, gradcheck,
+                                     load_torch_weights)
 
 torch = pytest.importorskip("torch")
 TF = torch.nn.functional
@@ -73,18 +74,9 @@ def test_conv3d_module_matches_torch():
     ours = nn.Conv3d(4, 6, (2, 3, 2), stride=2, padding=1, groups=2, dtype=core.float64)
     assert repr(ours) == repr(theirs)
     assert list(ours.state_dict()) == list(theirs.state_dict())
-    ours.load_state_dict({k: core.tensor(v.detach().numpy()) for k, v in
-                          theirs.state_dict().items()})
+    load_torch_weights(ours, theirs)
     x = np.random.default_rng(1).standard_normal((2, 4, 5, 6, 5))
-    t_in, c_in = torch.tensor(x, requires_grad=True), core.tensor(x, requires_grad=True)
-    t_out, c_out = theirs(t_in), ours(c_in)
-    np.testing.assert_allclose(c_out.detach().numpy(), t_out.detach().numpy(), atol=1e-10)
-    g = np.random.default_rng(2).standard_normal(tuple(t_out.shape))
-    t_out.backward(torch.tensor(g))
-    c_out.backward(core.tensor(g))
-    np.testing.assert_allclose(c_in.grad.numpy(), t_in.grad.numpy(), atol=1e-10)
-    np.testing.assert_allclose(ours.weight.grad.numpy(), theirs.weight.grad.numpy(), atol=1e-10)
-    np.testing.assert_allclose(ours.bias.grad.numpy(), theirs.bias.grad.numpy(), atol=1e-10)
+    compare_module_with_torch(ours, theirs, x, atol=1e-10, seed=2)
 
 
 def test_conv3d_keeps_float32_and_runs_low_under_autocast():

@@ -11,6 +11,7 @@ import pytest
 
 from shoal import core
 from shoal.core import nn
+from tests.support.gradcheck import compare_module_with_torch, load_torch_weights
 
 torch = pytest.importorskip("torch")
 
@@ -30,8 +31,7 @@ def _pair(spatial, **kw):
     """The same torch and shoal module (torch's weights copied into shoal's)."""
     theirs = getattr(torch.nn, f"Conv{spatial}d")(4, 6, **kw).double()
     ours = getattr(nn, f"Conv{spatial}d")(4, 6, **kw, dtype=core.float64)
-    ours.load_state_dict({k: core.tensor(v.detach().numpy()) for k, v in
-                          theirs.state_dict().items()})
+    load_torch_weights(ours, theirs)
     return theirs, ours
 
 
@@ -43,15 +43,7 @@ def test_padding_mode_matches_torch(mode, spatial, kernel, stride, padding, dila
                          dilation=dilation, groups=groups, padding_mode=mode)
     assert repr(ours) == repr(theirs)
     x = np.random.default_rng(spatial).standard_normal((2, 4) + (6,) * spatial)
-    t_in, c_in = torch.tensor(x, requires_grad=True), core.tensor(x, requires_grad=True)
-    t_out, c_out = theirs(t_in), ours(c_in)
-    np.testing.assert_allclose(c_out.detach().numpy(), t_out.detach().numpy(), atol=1e-10)
-    g = np.random.default_rng(0).standard_normal(tuple(t_out.shape))
-    t_out.backward(torch.tensor(g))
-    c_out.backward(core.tensor(g))
-    np.testing.assert_allclose(c_in.grad.numpy(), t_in.grad.numpy(), atol=1e-10)
-    np.testing.assert_allclose(ours.weight.grad.numpy(), theirs.weight.grad.numpy(), atol=1e-10)
-    np.testing.assert_allclose(ours.bias.grad.numpy(), theirs.bias.grad.numpy(), atol=1e-10)
+    compare_module_with_torch(ours, theirs, x, atol=1e-10, seed=0)
 
 
 def test_padding_mode_on_an_unbatched_input_matches_torch():

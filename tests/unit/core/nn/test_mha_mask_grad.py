@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from shoal import core
+from tests.support.gradcheck import load_torch_weights
 
 
 @pytest.mark.parametrize("need_weights", [True, False])
@@ -19,7 +20,7 @@ def test_float_mask_gradient_matches_torch(need_weights, padded, mask_shape) -> 
     torch.manual_seed(0)
     theirs = torch.nn.MultiheadAttention(8, 2, add_bias_kv=True).double()
     ours = core.nn.MultiheadAttention(8, 2, add_bias_kv=True).double()
-    ours.load_state_dict({k: core.tensor(v.detach().numpy()) for k, v in theirs.state_dict().items()})
+    load_torch_weights(ours, theirs)
     rng = np.random.default_rng(0)
     x, m = rng.standard_normal((5, 3, 8)), rng.standard_normal(mask_shape)
     pad = np.zeros((3, 5), bool)
