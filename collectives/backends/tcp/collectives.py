@@ -365,8 +365,7 @@ def recv(links: Links, expected: bytes, arr: np.ndarray, src: Optional[int], tag
     elif src is not None:
         got = links.control.take_p2p_reading(src, tag, links.failed, until, links.p2p_spin)
     else:
-        got = links.control.take_p2p(src, tag, lambda: links.failed() or time.monotonic() >= until,
-                                     max(0.0, until - time.monotonic()))
+        got = links.control.take_p2p_until(src, tag, links.failed, until)
     if got is None:
         if until is not None and not links.failed():
             return None

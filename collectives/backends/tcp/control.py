@@ -346,6 +346,12 @@ class ControlChannel:
                     return None
                 self._cond.wait(wait_s)
 
+    def take_p2p_until(self, src: Optional[int], tag: int, stop: Callable[[], bool],
+                       until: float):
+        """`take_p2p` until the `time.monotonic()` deadline `until`; None when nothing came."""
+        return self.take_p2p(src, tag, lambda: stop() or time.monotonic() >= until,
+                             max(0.0, until - time.monotonic()))
+
     def _pop(self, src: Optional[int], tag: int):
         # The first message with `tag` from `src` (or anyone), or None; call under _cond.
         for q in ([src] if src is not None else range(self.size)):
@@ -370,8 +376,7 @@ class ControlChannel:
         """
         r = self._readers[src]
         if r is None or r.dropped or not r.lock.acquire(blocking=False):
-            return self.take_p2p(src, tag, lambda: stop() or time.monotonic() >= until,
-                                 max(0.0, until - time.monotonic()))
+            return self.take_p2p_until(src, tag, stop, until)
         try:
             # What has arrived already needs no wait, nor the selector changed around it.
             got = self._read_now(r, src, tag)

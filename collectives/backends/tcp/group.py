@@ -54,6 +54,14 @@ _NONE = ()
 _INLINE_RECV_GRACE_S = 1e-3
 
 
+def _remember(cache: dict, key, value):
+    """Cache `value` (what a call of this shape needs built once) under `key`; returns it."""
+    if len(cache) > 4096:  # the shapes are the user's: bound what they can pile up
+        cache.clear()
+    cache[key] = value
+    return value
+
+
 class ProcessGroupTCP(BackendGroup):
     """A process group over TCP; ranks meet through `store` (see `mesh` for the protocol).
 
@@ -176,10 +184,7 @@ class ProcessGroupTCP(BackendGroup):
         pair = self._fp_cache.get(key)
         if pair is None:
             desc = build()
-            pair = (desc.encode(), desc)
-            if len(self._fp_cache) > 4096:
-                self._fp_cache.clear()
-            self._fp_cache[key] = pair
+            pair = _remember(self._fp_cache, key, (desc.encode(), desc))
         return pair
 
     def _submit(self, op: str, desc: str, job: Job, arrays: tuple, nbytes: int, timeout: float,
@@ -305,9 +310,9 @@ class ProcessGroupTCP(BackendGroup):
         if blocks is None:
             peers = [q for q in range(w) if q != self._rank]
             # Each peer checks the header of its own block: the shapes differ from peer to peer.
-            blocks = self._fp_cache[key] = (
+            blocks = _remember(self._fp_cache, key, (
                 {q: f"all_to_all({describe(ins[q])})".encode() for q in peers},
-                {q: f"all_to_all({describe(outs[q])})".encode() for q in peers})
+                {q: f"all_to_all({describe(outs[q])})".encode() for q in peers}))
         fps_out, fps_in = blocks
         links = self._links
 
@@ -383,13 +388,11 @@ class ProcessGroupTCP(BackendGroup):
         key = ("batch_isend_irecv", tuple((s, a.dtype, a.shape, p, t) for s, a, p, t in entries))
         cached = self._fp_cache.get(key)
         if cached is None:
-            cached = ([f"p2p({describe(a)})".encode() for _s, a, _p, _t in entries],
-                      "batch_isend_irecv(" + ", ".join(
-                          f"{'send' if s else 'recv'}({describe(a)}, {'dst' if s else 'src'}={p}, "
-                          f"tag={t})" for s, a, p, t in entries) + ")")
-            if len(self._fp_cache) > 4096:
-                self._fp_cache.clear()
-            self._fp_cache[key] = cached
+            cached = _remember(self._fp_cache, key, (
+                [f"p2p({describe(a)})".encode() for _s, a, _p, _t in entries],
+                "batch_isend_irecv(" + ", ".join(
+                    f"{'send' if s else 'recv'}({describe(a)}, {'dst' if s else 'src'}={p}, "
+                    f"tag={t})" for s, a, p, t in entries) + ")"))
         fps, desc = cached
         entries = [(*e, fp) for e, fp in zip(entries, fps)]
         seconds = self._t(timeout)
