@@ -592,7 +592,6 @@ def _copy_outcome(src: Future, dst: Future) -> None:
         dst.set_result(src.value())
 
 
-
 # Calls that only touch the RRef table and never block: the agent runs them first (agent.py).
 TABLE_CALLS = frozenset(f"{f.__module__}.{f.__qualname__}"
                         for f in (_fetch, _fetch_type, _on_delete, _on_child_accept))
