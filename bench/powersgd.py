@@ -3,7 +3,8 @@
 examples/train_gpt.py's GPT (smaller by default, for a shared 2-core machine: d_model 96, 2
 layers, context 32, batch 16 per rank) trains on the Python help() text at W=2, once with DDP's
 plain all_reduce and once with the PowerSGD hook (rank 4, vanilla all_reduce for the first
---start steps), AdamW, the same data per rank and step for both. The figures:
+--start steps), AdamW (or SGD with momentum: --optimizer sgd), the same data per rank and step
+for both. The figures:
 
   wire bytes / step  all_reduce bytes this rank handed to the tcp backend per step after the
                      warm-up (shoal_collectives_bytes_total), and their plain / PowerSGD ratio
@@ -51,6 +52,15 @@ def _windows(ids, rng, batch, context):
     return chunk[:, :-1], chunk[:, 1:]
 
 
+def _optimizer(optim, params, cfg):
+    """AdamW, or SGD with momentum: the optimizer PowerSGD was designed and evaluated with
+    (its error feedback assumes the update is linear in the gradient, which Adam's per-coordinate
+    scaling is not)."""
+    if cfg["optimizer"] == "sgd":
+        return optim.SGD(params, lr=cfg["lr"], momentum=cfg["momentum"])
+    return optim.AdamW(params, lr=cfg["lr"])
+
+
 def _all_reduce_bytes():
     from shoal.collectives import metrics
 
@@ -78,7 +88,7 @@ def _shoal_variant(cfg, data, rank, hook):
         state = PowerSGDState(None, matrix_approximation_rank=cfg["rank"],
                               start_powerSGD_iter=cfg["start"])
         ddp.register_comm_hook(state, powerSGD_hook)
-    opt = core.optim.AdamW(ddp.parameters(), lr=cfg["lr"])
+    opt = _optimizer(core.optim, ddp.parameters(), cfg)
     rng = np.random.default_rng([cfg["seed"], rank])
     times, wire = [], 0.0
     for step in range(cfg["steps"]):
@@ -117,7 +127,7 @@ def _torch_variant(cfg, data, rank, hook, init):
         state = psgd.PowerSGDState(None, matrix_approximation_rank=cfg["rank"],
                                    start_powerSGD_iter=cfg["start"])
         ddp.register_comm_hook(state, psgd.powerSGD_hook)
-    opt = torch.optim.AdamW(ddp.parameters(), lr=cfg["lr"])
+    opt = _optimizer(torch.optim, ddp.parameters(), cfg)
     rng = np.random.default_rng([cfg["seed"], rank])
     times = []
     for _ in range(cfg["steps"]):
@@ -245,7 +255,11 @@ def main(argv=None) -> int:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--context", type=int, default=32)
     parser.add_argument("--batch", type=int, default=16, help="windows per rank and step")
-    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw",
+                        help="adamw, or sgd with --momentum (PowerSGD's own setting)")
+    parser.add_argument("--lr", type=float, default=None,
+                        help="learning rate (default 3e-3 for adamw, 0.3 for sgd)")
+    parser.add_argument("--momentum", type=float, default=0.9, help="sgd's momentum")
     parser.add_argument("--eval-windows", "--eval_windows", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--compare", action="store_true",
@@ -253,6 +267,8 @@ def main(argv=None) -> int:
     parser.add_argument("--no-compare", "--no_compare", action="store_true")
     args = parser.parse_args(argv)
     compare = not args.no_compare
+    if args.lr is None:
+        args.lr = 0.3 if args.optimizer == "sgd" else 3e-3
     if compare:
         try:
             import torch  # noqa: F401
@@ -260,17 +276,19 @@ def main(argv=None) -> int:
             print("torch is not installed: measuring shoal alone")
             compare = False
     cfg = {k: getattr(args, k) for k in ("steps", "start", "rank", "d_model", "layers", "heads",
-                                         "context", "batch", "lr", "eval_windows", "seed")}
+                                         "context", "batch", "lr", "eval_windows", "seed",
+                                         "optimizer", "momentum")}
     cfg["compare"] = compare
     print(f"cpu: {_machine()}; W={args.world}; GPT d_model "
           f"{args.d_model}, {args.layers} layers, context {args.context}, batch {args.batch}/rank, "
-          f"{args.steps} steps; shared machine: times are noisy")
+          f"{args.steps} steps, {args.optimizer} lr {args.lr}; shared machine: times are noisy")
     got = _run(args.world, cfg)
     rows = []
     for impl in ("shoal", "torch") if compare else ("shoal",):
         plain, comp = got[(impl, False)], got[(impl, True)]
         row = {"bench": "powersgd", "impl": impl, "world": args.world, "rank": args.rank,
-               "steps": args.steps, "plain_held_out": plain["held_out"],
+               "steps": args.steps, "optimizer": args.optimizer, "lr": args.lr,
+               "plain_held_out": plain["held_out"],
                "powersgd_held_out": comp["held_out"],
                "loss_vs_plain": comp["held_out"] / plain["held_out"],
                "elements_ratio": comp["elements_ratio"],
