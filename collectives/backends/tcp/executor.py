@@ -5,6 +5,10 @@ costs more than a whole 4 KiB all_reduce); anything else goes to the group's wor
 which runs operations one at a time in submission order, so several outstanding async ops
 complete correctly and in order. Every operation is numbered and recorded in the group's
 `OpLedger` (under this executor's lock, so numbers follow submission order).
+
+The worker thread's receives poll for their peers only while some thread waits for one of the
+group's operations (`Waiters`); until then nobody needs the answer early, and polling would
+take a core from the ranks' own threads (`algorithms.poll_only_while`).
 """
 
 from __future__ import annotations
@@ -15,10 +19,11 @@ from typing import Any, Callable, Optional
 
 from shoal.collectives.api import CompletedWork, PendingWork, Work
 from shoal.collectives.backends.ledger import OpLedger, OpRecord
+from shoal.collectives.backends.tcp.algorithms import poll_only_while
 from shoal.collectives.types import GroupDestroyed
 from shoal.core.timeouts import TimeoutLike
 
-__all__ = ["InOrderExecutor", "OpWork", "DoneWork", "PartWork", "Handoff", "Job"]
+__all__ = ["InOrderExecutor", "OpWork", "Waiters", "DoneWork", "PartWork", "Handoff", "Job"]
 
 # An operation's body: job(record, arrays) -> the Work's result list.
 Job = Callable[[OpRecord, Any], list]
@@ -26,15 +31,46 @@ Job = Callable[[OpRecord, Any], list]
 Runner = Callable[[OpRecord, Job, Any], list]
 
 
+class Waiters:
+    """How many threads are blocked in the wait() of a group's queued operations."""
+
+    __slots__ = ("count", "_lock")
+
+    def __init__(self):
+        self.count = 0
+        self._lock = threading.Lock()
+
+    def any(self) -> bool:
+        """True while some thread waits (read without the lock: a stale answer only costs
+        one receive its poll, or one short poll)."""
+        return self.count > 0
+
+    def add(self, delta: int) -> None:
+        """Count a thread starting (+1) or ending (-1) a wait."""
+        with self._lock:
+            self.count += delta
+
+
 class OpWork(PendingWork):
     """The handle of one queued operation."""
 
-    __slots__ = ("_record", "_describe")
+    __slots__ = ("_record", "_describe", "_waiters")
 
-    def __init__(self, record: OpRecord, describe: Callable[[OpRecord], str]):
+    def __init__(self, record: OpRecord, describe: Callable[[OpRecord], str],
+                 waiters: Optional[Waiters] = None):
         super().__init__()
         self._record = record
         self._describe = describe
+        self._waiters = waiters
+
+    def wait(self, timeout: TimeoutLike = None) -> bool:
+        if self._done or self._waiters is None:
+            return super().wait(timeout)
+        self._waiters.add(1)
+        try:
+            return super().wait(timeout)
+        finally:
+            self._waiters.add(-1)
 
     @property
     def seq(self) -> int:
@@ -138,6 +174,7 @@ class InOrderExecutor:
         self._stopped = False
         self._worker: Optional[threading.Thread] = None
         self._handed: set[int] = set()  # ids of queued OpWorks whose job started inline
+        self.waiters = Waiters()
 
     def submit(self, op: str, desc: str, nbytes: int, timeout: float, async_op: bool, p2p: bool,
                job: Job, arrays: Any, eager: bool = False) -> Work:
@@ -158,7 +195,7 @@ class InOrderExecutor:
                 rec = ledger.open(op, desc, nbytes, timeout, p2p)
             else:
                 rec = ledger.record(op, desc, nbytes, timeout, p2p)
-                work = OpWork(rec, self._describe)
+                work = OpWork(rec, self._describe, self.waiters)
                 self._queue.append((rec, job, arrays, work))
                 self._start_worker()
                 self._lock.notify_all()
@@ -173,7 +210,7 @@ class InOrderExecutor:
                     ledger.finish(rec, exc)
                     raise
                 if isinstance(result, Handoff):
-                    handoff = OpWork(rec, self._describe)
+                    handoff = OpWork(rec, self._describe, self.waiters)
                     return handoff
                 ledger.finish(rec)
                 return DoneWork(rec, result)
@@ -217,6 +254,7 @@ class InOrderExecutor:
         work.finish(result, None)
 
     def _loop(self) -> None:
+        poll_only_while(self.waiters.any)
         while True:
             with self._lock:
                 while (self._busy or not self._queue) and not self._stopped:
