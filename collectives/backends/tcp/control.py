@@ -10,7 +10,9 @@ Every message is a header frame, then (unless it has neither) its body, its fing
 its payload as one frame, each frame ending in the connection's tag (`framing`; a body is
 sealed with SHOAL_ENCRYPT). The reader checks each frame's tag before it reads on: a header
 before it sizes the body by it, a body before the message is obeyed. A frame that fails drops
-the connection and fails the group naming the peer. One body frame rather than a fingerprint
+the connection and fails the group naming the peer. A receiver of point-to-point messages
+reads its source's connection itself (`ControlChannel.take_p2p_reading`), and for a short
+while after, the service thread watches that connection only for its end (see `_QUIET`). One body frame rather than a fingerprint
 frame and a payload frame: a small message costs an AES call and a receive less at each end.
 """
 
@@ -21,7 +23,6 @@ import errno
 import logging
 import os
 import select
-import selectors
 import socket
 import threading
 import time
@@ -66,6 +67,22 @@ def _recv_some(sock: socket.socket, buf: bytearray, start: int) -> int:
 JOIN_MAX_BYTES = 64 * 1024
 
 
+# What the service thread's epoll watches on a connection. ARMED: anything that arrives.
+# QUIET: only the peer's end (a goodbye or an abort is always followed by a shutdown, and a
+# dead process's connection closes): while a receiver that reads the connection itself
+# (`take_p2p_reading`) is using it, a message for that receiver then wakes nobody but it.
+# Every wake-up of the service thread costs a trip through the scheduler and a round of GIL
+# hand-overs with the receiver, which at 4 ranks on 2 cores was most of a 4 KiB shift's cost.
+_ARMED = select.EPOLLIN | select.EPOLLRDHUP
+_QUIET = select.EPOLLRDHUP
+_OUT = 0  # not in the epoll set: a receiver is reading it, or it was dropped
+# How long a connection stays quiet after a reading receive last used it. Past this the
+# service thread watches it whole again, so a message nobody asks for (before the receive is
+# posted, or while the receiving rank is itself blocked sending) still leaves the kernel's
+# buffer within this bound; a pipeline that receives more often than this keeps it quiet.
+QUIET_GRACE_S = 5e-3
+
+
 def body_parts(body, fp_len: int) -> tuple:
     """The parts a received body's tag covers (see JOIN_MAX_BYTES)."""
     if fp_len and len(body) - fp_len > JOIN_MAX_BYTES:
@@ -78,18 +95,21 @@ class _ControlReader:
     being read, then its tag) up to `got` bytes; `stage` says which frame of a message that is
     (0 the header, 1 the body: `fp_len` bytes of fingerprint, then the payload)."""
 
-    __slots__ = ("peer", "sock", "link", "buf", "got", "stage", "kind", "aux", "fp_len",
-                 "lock", "dropped", "poller")
+    __slots__ = ("peer", "sock", "fd", "link", "buf", "got", "stage", "kind", "aux", "fp_len",
+                 "lock", "dropped", "poller", "mode", "quiet_until")
 
     def __init__(self, peer: int, sock: socket.socket, link: Link):
         self.peer = peer
         self.sock = sock
+        self.fd = sock.fileno()
         self.link = link
         # Held by whichever thread reads the connection: the service thread, or a receiver
         # reading its own source while it waits (`ControlChannel.take_p2p_reading`).
         self.lock = threading.Lock()
         self.dropped = False  # failed or closed: never watched again
         self.poller: Optional[select.poll] = None  # a receiver's wait for this connection
+        self.mode = _OUT  # what the service thread watches (_ARMED, _QUIET or _OUT)
+        self.quiet_until = 0.0  # when a _QUIET connection is armed again (time.monotonic)
         self.got = 0
         self.kind = self.aux = self.fp_len = 0
         self.next_header()
@@ -144,18 +164,24 @@ class ControlChannel:
         self._closing = False
         self._mail: dict[tuple[int, int], collections.deque] = collections.defaultdict(
             collections.deque)
-        self._selector = selectors.DefaultSelector()
+        self._epoll = select.epoll()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
-        self._pending_register: list[_ControlReader] = []
         self._readers: list[Optional[_ControlReader]] = [None] * size
+        self._by_fd: dict[int, _ControlReader] = {}
+        # Guards the readers' modes and the epoll set (`_set_mode`); `_served` counts the
+        # threads waiting for the service thread to deliver a message (no connection is quiet
+        # meanwhile).
+        self._mode_lock = threading.Lock()
+        self._served = 0
+        self._service_wakes_at = float("inf")  # when its wait times out (time.monotonic)
         self._service: Optional[threading.Thread] = None
 
     # ------------------------------------------------------------------ service
 
     def start(self) -> None:
         """Start the service thread (it reads a peer's connection once `watch` names it)."""
-        self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self._epoll.register(self._wake_r, select.EPOLLIN)
         self._service = threading.Thread(
             target=self._serve, name=f"shoal-pg-{self.name}-r{self.rank}-control", daemon=True
         )
@@ -165,9 +191,8 @@ class ControlChannel:
         """Read `peer`'s control connection from now on."""
         reader = _ControlReader(peer, self.socks[peer], self.links[peer])
         self._readers[peer] = reader
-        with self._cond:
-            self._pending_register.append(reader)
-        self._wake()
+        self._by_fd[reader.fd] = reader
+        self._set_mode(reader, _ARMED)
 
     def _wake(self) -> None:
         try:
@@ -176,47 +201,96 @@ class ControlChannel:
             pass
 
     def _serve(self) -> None:
-        sel = self._selector
         while not self._closing:
-            with self._cond:
-                pending, self._pending_register = self._pending_register, []
-            for reader in pending:
-                try:
-                    sel.register(reader.sock, selectors.EVENT_READ, reader)
-                except (ValueError, KeyError, OSError):
-                    pass
             try:
-                events = sel.select(timeout=1.0)
+                events = self._epoll.poll(self._rearm_due())
             except (OSError, ValueError):
                 return
-            for key, _ in events:
+            for fd, _mask in events:
                 if self._closing:
                     return
-                if key.data == "wake":
+                reader = self._by_fd.get(fd)
+                if reader is None:
                     try:
                         while os.read(self._wake_r, 4096):
                             pass
                     except OSError:
                         pass
-                elif key.data.lock.acquire(blocking=False):
+                elif reader.lock.acquire(blocking=False):
                     # Not acquired: a receiver reads this connection itself right now and
-                    # takes it out of the selector (`take_p2p_reading`).
+                    # takes it out of the epoll set (`take_p2p_reading`).
                     try:
-                        self._read(key.data)
+                        self._read(reader)
                     finally:
-                        key.data.lock.release()
+                        reader.lock.release()
+
+    def _set_mode(self, r: _ControlReader, mode: int) -> None:
+        """Make the service thread watch `r` as `mode` (_ARMED, _QUIET or _OUT); a quiet
+        connection starts its grace period now, and none is quiet while `_served` > 0."""
+        with self._mode_lock:
+            if r.dropped:
+                return
+            if mode == _QUIET:
+                if self._served:
+                    mode = _ARMED
+                else:
+                    r.quiet_until = time.monotonic() + QUIET_GRACE_S
+                    if r.quiet_until < self._service_wakes_at:
+                        # Its wait would outlast this grace period: shorten it.
+                        self._service_wakes_at = r.quiet_until
+                        self._wake()
+            if mode == r.mode:
+                return
+            try:
+                if r.mode == _OUT:
+                    self._epoll.register(r.fd, mode)
+                elif mode == _OUT:
+                    self._epoll.unregister(r.fd)
+                else:
+                    self._epoll.modify(r.fd, mode)
+            except (OSError, ValueError):  # closed meanwhile: its reader sees that itself
+                return
+            r.mode = mode
+
+    def _arm_quiet(self, until: float) -> float:
+        """Arm the quiet connections whose grace period ends by `until`; the seconds until the
+        next one's does (at most 1)."""
+        wait = 1.0
+        with self._mode_lock:
+            for r in self._readers:
+                if r is None or r.mode != _QUIET:
+                    continue
+                if r.quiet_until > until:
+                    wait = min(wait, r.quiet_until - until)
+                    continue
+                try:
+                    self._epoll.modify(r.fd, _ARMED)
+                    r.mode = _ARMED
+                except (OSError, ValueError):
+                    pass
+        return wait
+
+    def _rearm_due(self) -> float:
+        # The service thread's timeout: wake when the next quiet connection's grace ends.
+        now = time.monotonic()
+        wait = self._arm_quiet(now)
+        self._service_wakes_at = now + wait
+        return wait
 
     def _drop_reader(self, reader: _ControlReader) -> None:
-        reader.dropped = True
-        try:
-            self._selector.unregister(reader.sock)
-        except (KeyError, ValueError, OSError):
-            pass
+        with self._mode_lock:
+            if reader.mode != _OUT:
+                try:
+                    self._epoll.unregister(reader.fd)
+                except (OSError, ValueError):
+                    pass
+                reader.mode = _OUT
+            reader.dropped = True
 
     def _read(self, r: _ControlReader, tag: Optional[int] = None) -> None:
         # Reads until nothing waits; with `tag`, stops once a point-to-point message with that
-        # tag is delivered (its receiver wants no more; epoll wakes the service thread for
-        # anything still waiting once the connection is back in its selector).
+        # tag is delivered (its receiver wants no more; what still waits is read by the next
+        # receive, or by the service thread once the connection is armed again).
         try:
             while True:
                 if r.got < len(r.buf):
@@ -335,16 +409,24 @@ class ControlChannel:
     def take_p2p(self, src: Optional[int], tag: int, stop: Callable[[], bool], wait_s: float = 0.25):
         """Wait for a message with `tag` from `src` (or anyone); returns (src, fp, payload).
 
-        `stop()` is polled between waits so a failed group ends the wait.
+        `stop()` is polled between waits so a failed group ends the wait. The service thread
+        delivers the message: no connection is quiet meanwhile.
         """
-        with self._cond:
-            while True:
-                got = self._pop(src, tag)
-                if got is not None:
-                    return got
-                if stop():
-                    return None
-                self._cond.wait(wait_s)
+        with self._mode_lock:
+            self._served += 1
+        try:
+            self._arm_quiet(float("inf"))
+            with self._cond:
+                while True:
+                    got = self._pop(src, tag)
+                    if got is not None:
+                        return got
+                    if stop():
+                        return None
+                    self._cond.wait(wait_s)
+        finally:
+            with self._mode_lock:
+                self._served -= 1
 
     def take_p2p_until(self, src: Optional[int], tag: int, stop: Callable[[], bool],
                        until: float):
@@ -369,34 +451,28 @@ class ControlChannel:
         Through the service thread a small message costs two wake-ups (the kernel wakes the
         service thread, which wakes the receiver), each a trip through the scheduler that on a
         VM outlasts a whole 4 KiB exchange. Here the receiver takes the connection out of the
-        service thread's selector, polls it for `spin`'s window (`spin.SpinPolicy`) and then
+        service thread's epoll set, polls it for `spin`'s window (`spin.SpinPolicy`) and then
         sleeps in the kernel on it directly, processing every frame exactly as the service
-        thread would (aborts, goodbyes, other tags' messages, a closed or tampered connection);
-        the connection goes back to the service thread before this returns.
+        thread would (aborts, goodbyes, other tags' messages, a closed or tampered connection).
+        The connection goes back to the service thread quiet (`QUIET_GRACE_S`): the next
+        message, most likely this receiver's next one, wakes only whoever reads it.
         """
         r = self._readers[src]
         if r is None or r.dropped or not r.lock.acquire(blocking=False):
             return self.take_p2p_until(src, tag, stop, until)
         try:
-            # What has arrived already needs no wait, nor the selector changed around it.
+            # What has arrived already needs no wait, nor the epoll set changed around it.
             got = self._read_now(r, src, tag)
-            if got is not None or r.dropped:
-                return got
-            try:
-                self._selector.unregister(r.sock)
-            except (KeyError, ValueError, OSError):
-                pass
-            try:
-                return self._read_until(r, src, tag, stop, until, spin)
-            finally:
-                if not r.dropped and not self._closing:
-                    try:
-                        # epoll's registration is thread-safe: the service thread's select()
-                        # sees the connection again at once, with whatever waits on it.
-                        self._selector.register(r.sock, selectors.EVENT_READ, r)
-                    except (KeyError, ValueError, OSError):
-                        pass
+            if got is None and not r.dropped:
+                self._set_mode(r, _OUT)
+                got = self._read_until(r, src, tag, stop, until, spin)
+            return got
         finally:
+            if not self._closing:
+                # Quiet: the next message on it is most likely this receiver's next one, and
+                # the grace period bounds how long any other waits unread. (epoll's set is
+                # thread-safe: the service thread's wait sees the change at once.)
+                self._set_mode(r, _QUIET)
             r.lock.release()
 
     def _read_now(self, r: _ControlReader, src: int, tag: int) -> Optional[tuple]:
@@ -481,8 +557,8 @@ class ControlChannel:
                 drain(sock)
                 sock.close()
         try:
-            self._selector.close()
-        except (OSError, RuntimeError):
+            self._epoll.close()
+        except (OSError, ValueError):
             pass
         for fd in (self._wake_r, self._wake_w):
             try:
