@@ -6,14 +6,13 @@ process died, which is how a SIGKILLed rank is noticed within milliseconds even 
 collective is reading from it. The mesh (`mesh.Mesh`) makes the connections; this module reads
 and writes them once the mesh is complete.
 
-Every message is a header frame, then (unless it has neither) its body, its fingerprint and
-its payload as one frame, each frame ending in the connection's tag (`framing`; a body is
-sealed with SHOAL_ENCRYPT). The reader checks each frame's tag before it reads on: a header
-before it sizes the body by it, a body before the message is obeyed. A frame that fails drops
-the connection and fails the group naming the peer. A receiver of point-to-point messages
-reads its source's connection itself (`ControlChannel.take_p2p_reading`), and for a short
-while after, the service thread watches that connection only for its end (see `_QUIET`). One body frame rather than a fingerprint
-frame and a payload frame: a small message costs an AES call and a receive less at each end.
+A message whose payload is at most JOIN_MAX_BYTES (and not sealed) is one frame: a header,
+its fingerprint and payload, and the connection's tag (`framing`); the reader bounds the
+header's lengths before it reads the rest and checks the tag before it obeys. A longer or
+sealed (SHOAL_ENCRYPT) message is a header frame, checked before it sizes the body, then its
+body frame. A frame that fails drops the connection and fails the group naming the peer. A
+point-to-point receiver reads its source's connection itself (`take_p2p_reading`); for a
+short while after, the service thread watches that connection only for its end (`_QUIET`).
 """
 
 from __future__ import annotations
@@ -62,8 +61,8 @@ def _recv_some(sock: socket.socket, buf: bytearray, start: int) -> int:
     return sock.recv_into(view, len(view), socket.MSG_DONTWAIT)
 
 
-# A body whose payload is at most this long is tagged as one part, fingerprint and payload
-# joined (one AES call); a longer one as two parts, so its payload is not copied to be joined.
+# A message whose payload is at most this long is one frame (`wire.CONTROL_JOINED_MAGIC`: one
+# AES call); a longer body is tagged as two parts, so its payload is not copied to be joined.
 JOIN_MAX_BYTES = 64 * 1024
 
 
@@ -120,6 +119,14 @@ class _ControlReader:
         self.buf = bytearray(wire.CONTROL_HEADER.size + TAG)
         self.got = 0
 
+    def expect_joined(self, nbytes: int) -> None:
+        """Read the rest of a joined frame (`wire.CONTROL_JOINED_MAGIC`) whose header and first
+        bytes are in `buf`: `nbytes` of fingerprint and payload, then its tag."""
+        head = self.buf
+        self.stage = 2
+        self.buf = bytearray(wire.CONTROL_HEADER.size + nbytes + TAG)
+        self.buf[:len(head)] = head
+
     def expect(self, stage: int, nbytes: int) -> None:
         """Read the message's frame `stage` of `nbytes` (and its tag) next."""
         self.stage = stage
@@ -137,6 +144,9 @@ class _ControlReader:
             return memoryview(opener.open(self.buf))
         view = memoryview(self.buf)
         body = view[:-TAG]
+        if self.stage == 2:  # one part: header, fingerprint, payload
+            opener.check((body,), view[-TAG:])
+            return body[wire.CONTROL_HEADER.size:]
         opener.check(body_parts(body, self.fp_len if self.stage == 1 else 0), view[-TAG:])
         return body
 
@@ -300,6 +310,11 @@ class ControlChannel:
                     r.got += k
                     if r.got < len(r.buf):
                         continue
+                if r.stage == 0 and r.buf[:4] == wire.CONTROL_JOINED_MAGIC:
+                    if not self._size_joined(r):
+                        return None
+                    if r.got < len(r.buf):
+                        continue
                 try:
                     data = r.contents()
                 except IntegrityError:
@@ -313,12 +328,26 @@ class ControlChannel:
         except OSError as exc:
             return self._closed(r, exc)
 
+    def _size_joined(self, r: _ControlReader) -> bool:
+        """A joined frame's header is in (unchecked yet): read the rest of the frame by its
+        lengths, which must be a joined frame's. False when the connection was dropped."""
+        _magic, kind, aux, fp_len, length = wire.CONTROL_HEADER.unpack_from(r.buf)
+        if kind not in wire.KINDS or fp_len > MAX_FINGERPRINT_BYTES or length > JOIN_MAX_BYTES:
+            self._tampered(r)  # no frame its peer made: those lengths go as a split message
+            return False
+        r.kind, r.aux, r.fp_len = kind, aux, fp_len
+        if fp_len or length:
+            r.expect_joined(fp_len + length)
+        return True
+
     def _advance(self, r: _ControlReader, data) -> bool:
         """Take one checked frame of a message: size the next one, or act on a whole message.
         False when the connection was dropped."""
         if r.stage == 0:
             magic, kind, aux, fp_len, length = wire.CONTROL_HEADER.unpack(data)
-            if (magic != wire.CONTROL_MAGIC or kind not in wire.KINDS
+            if magic == wire.CONTROL_JOINED_MAGIC:  # nothing follows (`_size_joined`)
+                fp_len = length = 0
+            elif (magic != wire.CONTROL_MAGIC or kind not in wire.KINDS
                     or fp_len > MAX_FINGERPRINT_BYTES or length > MAX_CONTROL_FRAME_BYTES):
                 self._garbled(r, f"header {bytes(data)!r}")
                 return False
@@ -362,7 +391,7 @@ class ControlChannel:
 
     def _tampered(self, r: _ControlReader) -> None:
         self._drop_reader(r)
-        what = ("a control message header", "a control message")[r.stage]
+        what = "a control message header" if r.stage == 0 else "a control message"
         logger.error("Rank %d of group %r dropped its control connection from rank %d: %s "
                      "failed its integrity check", self.rank, self.name, r.peer, what)
         self._on_failure(FailureReason(
@@ -385,6 +414,10 @@ class ControlChannel:
     def _message(self, dst: int, kind: int, aux: int = 0, fp: bytes = b"", payload=b"") -> list:
         """The frames of one message to `dst`, tagged now (call under its send lock)."""
         sealer = self.links[dst].sealer
+        if not sealer.encrypt and len(payload) <= JOIN_MAX_BYTES:
+            frame = b"".join((wire.CONTROL_HEADER.pack(
+                wire.CONTROL_JOINED_MAGIC, kind, aux, len(fp), len(payload)), fp, payload))
+            return [frame, sealer.tag((frame,))]
         head = wire.CONTROL_HEADER.pack(wire.CONTROL_MAGIC, kind, aux, len(fp), len(payload))
         parts = [head, sealer.tag((head,))]
         if not fp and not len(payload):

@@ -41,6 +41,12 @@ CONTROL_MAGIC = b"SHk2"
 # message is this header as one frame, then the fingerprint (point-to-point) and the payload
 # as a frame each (`framing`): each length is known, and checked, before its frame is read.
 CONTROL_HEADER = struct.Struct("<4sBiHQ")
+# A small message (its payload at most `control.JOIN_MAX_BYTES`, not sealed) goes as one frame
+# instead: this magic's header, the fingerprint and the payload under one tag, so it costs one
+# tag each way. Its receiver reads the rest of the frame by the header's lengths before the
+# tag checks them, so it bounds them first (the joined sizes only): no unchecked length can
+# make it allocate more than that.
+CONTROL_JOINED_MAGIC = b"SHk3"
 KIND_BYE = 1
 KIND_ABORT = 2
 KIND_P2P = 3
