@@ -129,6 +129,9 @@ def _rank_body(rank, world, port, init_file, cfg):
     from shoal.collectives.store.tcp import TCPStore
     from shoal.core.nn import functional as F
 
+    # As the main job and bench/models.py do: malloc keeps freed activations for the next step
+    # instead of page-faulting them in anew. torch runs in this process too, so both gain.
+    core.retain_freed_memory()
     group = ProcessGroupTCP(TCPStore("127.0.0.1", port, timeout=60), rank, world, timeout=300)
     x_np, y_np = inputs("gpt", cfg["seed"] * 100 + rank)
     x, y = core.tensor(x_np), core.tensor(y_np)
