@@ -30,7 +30,7 @@ from shoal.collectives.backends.tcp.links import GroupFailed, Links, P2PMismatch
 from shoal.collectives.backends.tcp.algorithms import ProtocolError
 from shoal.collectives.backends.tcp.pump import LinkDown
 from shoal.collectives.backends.tcp.reasons import FailureReason
-from shoal.collectives.constants import SHM_SLOT_BYTES, SMALL_MAX_BYTES
+from shoal.collectives.constants import SHM_SLOT_BYTES, SHM_W2_MIN_CHUNK_BYTES, SMALL_MAX_BYTES
 from shoal.collectives.types import ReduceOp
 
 __all__ = [
@@ -155,11 +155,21 @@ def all_gather(links: Links, seq: int, fp: bytes, arr: np.ndarray,
         me = links.rank
         shm_streams.relay(links.shm, links.shm_barrier(seq, fp), [arr.nbytes] * links.size,
                           [_u8(arr)], {q: [(0, _u8(outs[q]))] for q in range(links.size) if q != me},
-                          shm_streams.step_bytes(arr.nbytes))
+                          _gather_step_bytes(arr.nbytes))
     elif plan is not None and arr.nbytes > SMALL_MAX_BYTES:
         hierarchical.all_gather(plan, seq, fp, [_u8(o) for o in outs])
     else:
         over_sockets.all_gather(links, seq, fp, [arrays.as_bytes(o) for o in outs])
+
+
+def _gather_step_bytes(nbytes: int) -> int:
+    """all_gather's bytes per shared-memory step: the whole block in one step up to two of
+    the smallest steps, where a second step's barrier costs more than its overlap saves (W=2
+    on 2 cores, median of 130 calls: 512 KiB 0.075 against 0.088 ms, and 15% less CPU in
+    fully_shard's gathers; at 1 MiB four steps still win, 0.153 against 0.189 ms)."""
+    if nbytes <= 2 * SHM_W2_MIN_CHUNK_BYTES:
+        return SHM_SLOT_BYTES
+    return shm_streams.step_bytes(nbytes)
 
 
 def gather(links: Links, seq: int, fp: bytes, ack: bytes, arr: np.ndarray,
