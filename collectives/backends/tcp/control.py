@@ -28,14 +28,14 @@ import time
 from typing import Callable, Optional
 
 from shoal.collectives.backends.tcp import wire
-from shoal.collectives.backends.tcp.framing import TAG
+from shoal.collectives.backends.tcp.control_reader import JOIN_MAX_BYTES, ControlReader, recv_some
 from shoal.collectives.backends.tcp.reasons import FailureReason
 from shoal.collectives.constants import MAX_CONTROL_FRAME_BYTES, MAX_FINGERPRINT_BYTES
 from shoal.core.channel import IntegrityError, Link
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ControlChannel", "drain"]
+__all__ = ["ControlChannel", "JOIN_MAX_BYTES", "drain"]
 
 
 def drain(sock: socket.socket, limit: int = 1 << 20) -> None:
@@ -51,104 +51,23 @@ def drain(sock: socket.socket, limit: int = 1 << 20) -> None:
         return
 
 
-def _recv_some(sock: socket.socket, buf: bytearray, start: int) -> int:
-    """Read what is waiting into `buf[start:]` without blocking; 0 means the peer closed.
-
-    Raises:
-        BlockingIOError: nothing is waiting.
-    """
-    view = memoryview(buf)[start:]
-    return sock.recv_into(view, len(view), socket.MSG_DONTWAIT)
-
-
-# A message whose payload is at most this long is one frame (`wire.CONTROL_JOINED_MAGIC`: one
-# AES call); a longer body is tagged as two parts, so its payload is not copied to be joined.
-JOIN_MAX_BYTES = 64 * 1024
-
-
 # What the service thread's epoll watches on a connection. ARMED: anything that arrives.
 # QUIET: only the peer's end (a goodbye or an abort is always followed by a shutdown, and a
 # dead process's connection closes): while a receiver that reads the connection itself
 # (`take_p2p_reading`) is using it, a message for that receiver then wakes nobody but it.
 # Every wake-up of the service thread costs a trip through the scheduler and a round of GIL
 # hand-overs with the receiver, which at 4 ranks on 2 cores was most of a 4 KiB shift's cost.
+# QUIET is one-shot, so the receiver can keep it while it waits on the connection (no epoll
+# change per receive): the peer's end then wakes the service thread once, and whichever of the
+# two holds the reader's lock reads it (a connection left disabled is armed at its grace's end).
 _ARMED = select.EPOLLIN | select.EPOLLRDHUP
-_QUIET = select.EPOLLRDHUP
+_QUIET = select.EPOLLRDHUP | select.EPOLLONESHOT
 _OUT = 0  # not in the epoll set: a receiver is reading it, or it was dropped
 # How long a connection stays quiet after a reading receive last used it. Past this the
 # service thread watches it whole again, so a message nobody asks for (before the receive is
 # posted, or while the receiving rank is itself blocked sending) still leaves the kernel's
 # buffer within this bound; a pipeline that receives more often than this keeps it quiet.
 QUIET_GRACE_S = 5e-3
-
-
-def body_parts(body, fp_len: int) -> tuple:
-    """The parts a received body's tag covers (see JOIN_MAX_BYTES)."""
-    if fp_len and len(body) - fp_len > JOIN_MAX_BYTES:
-        return (body[:fp_len], body[fp_len:])
-    return (body,)
-
-
-class _ControlReader:
-    """Incremental reader of one non-blocking control connection: it fills `buf` (the frame
-    being read, then its tag) up to `got` bytes; `stage` says which frame of a message that is
-    (0 the header, 1 the body: `fp_len` bytes of fingerprint, then the payload)."""
-
-    __slots__ = ("peer", "sock", "fd", "link", "buf", "got", "stage", "kind", "aux", "fp_len",
-                 "lock", "dropped", "poller", "mode", "quiet_until")
-
-    def __init__(self, peer: int, sock: socket.socket, link: Link):
-        self.peer = peer
-        self.sock = sock
-        self.fd = sock.fileno()
-        self.link = link
-        # Held by whichever thread reads the connection: the service thread, or a receiver
-        # reading its own source while it waits (`ControlChannel.take_p2p_reading`).
-        self.lock = threading.Lock()
-        self.dropped = False  # failed or closed: never watched again
-        self.poller: Optional[select.poll] = None  # a receiver's wait for this connection
-        self.mode = _OUT  # what the service thread watches (_ARMED, _QUIET or _OUT)
-        self.quiet_until = 0.0  # when a _QUIET connection is armed again (time.monotonic)
-        self.got = 0
-        self.kind = self.aux = self.fp_len = 0
-        self.next_header()
-
-    def next_header(self) -> None:
-        """Read a message's header next."""
-        self.stage = 0
-        self.buf = bytearray(wire.CONTROL_HEADER.size + TAG)
-        self.got = 0
-
-    def expect_joined(self, nbytes: int) -> None:
-        """Read the rest of a joined frame (`wire.CONTROL_JOINED_MAGIC`) whose header and first
-        bytes are in `buf`: `nbytes` of fingerprint and payload, then its tag."""
-        head = self.buf
-        self.stage = 2
-        self.buf = bytearray(wire.CONTROL_HEADER.size + nbytes + TAG)
-        self.buf[:len(head)] = head
-
-    def expect(self, stage: int, nbytes: int) -> None:
-        """Read the message's frame `stage` of `nbytes` (and its tag) next."""
-        self.stage = stage
-        self.buf = bytearray(nbytes + TAG)
-        self.got = 0
-
-    def contents(self):
-        """The frame just read, checked (decrypted if sealed).
-
-        Raises:
-            IntegrityError: its tag does not verify.
-        """
-        opener = self.link.opener
-        if self.stage == 1 and opener.encrypt:
-            return memoryview(opener.open(self.buf))
-        view = memoryview(self.buf)
-        body = view[:-TAG]
-        if self.stage == 2:  # one part: header, fingerprint, payload
-            opener.check((body,), view[-TAG:])
-            return body[wire.CONTROL_HEADER.size:]
-        opener.check(body_parts(body, self.fp_len if self.stage == 1 else 0), view[-TAG:])
-        return body
 
 
 class ControlChannel:
@@ -177,8 +96,8 @@ class ControlChannel:
         self._epoll = select.epoll()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
-        self._readers: list[Optional[_ControlReader]] = [None] * size
-        self._by_fd: dict[int, _ControlReader] = {}
+        self._readers: list[Optional[ControlReader]] = [None] * size
+        self._by_fd: dict[int, ControlReader] = {}
         # Guards the readers' modes and the epoll set (`_set_mode`); `_served` counts the
         # threads waiting for the service thread to deliver a message (no connection is quiet
         # meanwhile).
@@ -199,7 +118,7 @@ class ControlChannel:
 
     def watch(self, peer: int) -> None:
         """Read `peer`'s control connection from now on."""
-        reader = _ControlReader(peer, self.socks[peer], self.links[peer])
+        reader = ControlReader(peer, self.socks[peer], self.links[peer])
         self._readers[peer] = reader
         self._by_fd[reader.fd] = reader
         self._set_mode(reader, _ARMED)
@@ -234,15 +153,16 @@ class ControlChannel:
                     finally:
                         reader.lock.release()
 
-    def _set_mode(self, r: _ControlReader, mode: int) -> None:
+    def _set_mode(self, r: ControlReader, mode: int, reading: bool = False) -> None:
         """Make the service thread watch `r` as `mode` (_ARMED, _QUIET or _OUT); a quiet
-        connection starts its grace period now, and none is quiet while `_served` > 0."""
+        connection starts its grace period now, and none is quiet while `_served` > 0 (armed
+        then, or out of the set while a receiver is `reading` it)."""
         with self._mode_lock:
             if r.dropped:
                 return
             if mode == _QUIET:
                 if self._served:
-                    mode = _ARMED
+                    mode = _OUT if reading else _ARMED
                 else:
                     r.quiet_until = time.monotonic() + QUIET_GRACE_S
                     if r.quiet_until < self._service_wakes_at:
@@ -270,6 +190,9 @@ class ControlChannel:
             for r in self._readers:
                 if r is None or r.mode != _QUIET:
                     continue
+                if r.lock.locked():  # a receiver reads it (and arms it when done if served)
+                    wait = min(wait, QUIET_GRACE_S)
+                    continue
                 if r.quiet_until > until:
                     wait = min(wait, r.quiet_until - until)
                     continue
@@ -287,7 +210,7 @@ class ControlChannel:
         self._service_wakes_at = now + wait
         return wait
 
-    def _drop_reader(self, reader: _ControlReader) -> None:
+    def _drop_reader(self, reader: ControlReader) -> None:
         with self._mode_lock:
             if reader.mode != _OUT:
                 try:
@@ -297,14 +220,14 @@ class ControlChannel:
                 reader.mode = _OUT
             reader.dropped = True
 
-    def _read(self, r: _ControlReader, tag: Optional[int] = None) -> None:
+    def _read(self, r: ControlReader, tag: Optional[int] = None) -> None:
         # Reads until nothing waits; with `tag`, stops once a point-to-point message with that
         # tag is delivered (its receiver wants no more; what still waits is read by the next
         # receive, or by the service thread once the connection is armed again).
         try:
             while True:
                 if r.got < len(r.buf):
-                    k = _recv_some(r.sock, r.buf, r.got)
+                    k = recv_some(r.sock, r.buf, r.got)
                     if k == 0:
                         return self._closed(r, None)
                     r.got += k
@@ -328,7 +251,7 @@ class ControlChannel:
         except OSError as exc:
             return self._closed(r, exc)
 
-    def _size_joined(self, r: _ControlReader) -> bool:
+    def _size_joined(self, r: ControlReader) -> bool:
         """A joined frame's header is in (unchecked yet): read the rest of the frame by its
         lengths, which must be a joined frame's. False when the connection was dropped."""
         _magic, kind, aux, fp_len, length = wire.CONTROL_HEADER.unpack_from(r.buf)
@@ -340,7 +263,7 @@ class ControlChannel:
             r.expect_joined(fp_len + length)
         return True
 
-    def _advance(self, r: _ControlReader, data) -> bool:
+    def _advance(self, r: ControlReader, data) -> bool:
         """Take one checked frame of a message: size the next one, or act on a whole message.
         False when the connection was dropped."""
         if r.stage == 0:
@@ -360,7 +283,7 @@ class ControlChannel:
         r.next_header()
         return self._frame(r, r.kind, r.aux, bytes(data[:n]), data[n:])
 
-    def _frame(self, r: _ControlReader, kind: int, aux: int, fp: bytes, payload) -> bool:
+    def _frame(self, r: ControlReader, kind: int, aux: int, fp: bytes, payload) -> bool:
         if kind == wire.KIND_BYE:
             logger.debug("Rank %d of group %r: rank %d said goodbye", self.rank, self.name, r.peer)
             with self._cond:
@@ -375,7 +298,7 @@ class ControlChannel:
                 self._cond.notify_all()
         return True
 
-    def _closed(self, r: _ControlReader, exc: Optional[BaseException]) -> None:
+    def _closed(self, r: ControlReader, exc: Optional[BaseException]) -> None:
         self._drop_reader(r)
         with self._cond:
             clean = self.departed[r.peer] or self._closing
@@ -389,7 +312,7 @@ class ControlChannel:
             origin=self.rank, culprits=(r.peer,),
         ))
 
-    def _tampered(self, r: _ControlReader) -> None:
+    def _tampered(self, r: ControlReader) -> None:
         self._drop_reader(r)
         what = "a control message header" if r.stage == 0 else "a control message"
         logger.error("Rank %d of group %r dropped its control connection from rank %d: %s "
@@ -400,7 +323,7 @@ class ControlChannel:
             origin=self.rank, culprits=(r.peer,),
         ))
 
-    def _garbled(self, r: _ControlReader, what: str) -> None:
+    def _garbled(self, r: ControlReader, what: str) -> None:
         self._drop_reader(r)
         logger.error("Rank %d of group %r got a malformed control frame from rank %d: %s",
                      self.rank, self.name, r.peer, what)
@@ -497,7 +420,7 @@ class ControlChannel:
             # What has arrived already needs no wait, nor the epoll set changed around it.
             got = self._read_now(r, src, tag)
             if got is None and not r.dropped:
-                self._set_mode(r, _OUT)
+                self._set_mode(r, _QUIET, reading=True)
                 got = self._read_until(r, src, tag, stop, until, spin)
             return got
         finally:
@@ -508,7 +431,7 @@ class ControlChannel:
                 self._set_mode(r, _QUIET)
             r.lock.release()
 
-    def _read_now(self, r: _ControlReader, src: int, tag: int) -> Optional[tuple]:
+    def _read_now(self, r: ControlReader, src: int, tag: int) -> Optional[tuple]:
         # The message if it is in the mailbox or on the connection already (never blocks).
         with self._cond:
             got = self._pop(src, tag)
@@ -518,7 +441,7 @@ class ControlChannel:
                 got = self._pop(src, tag)
         return got
 
-    def _read_until(self, r: _ControlReader, src: int, tag: int, stop: Callable[[], bool],
+    def _read_until(self, r: ControlReader, src: int, tag: int, stop: Callable[[], bool],
                     until: float, spin) -> Optional[tuple]:
         # Called once `_read_now` found nothing: wait for bytes, then read what came.
         while True:
