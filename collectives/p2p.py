@@ -88,9 +88,12 @@ def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list:
     ops = list(p2p_op_list)
     if not ops or not all(isinstance(p, P2POp) for p in ops):
         raise ValueError("batch_isend_irecv needs a non-empty list of P2POp.")
-    if len({id(member_group(p.group)) for p in ops}) != 1:
+    group = ops[0].group
+    # The same group object for every op (the usual batch) needs no per-op lookup.
+    if (any(p.group is not group for p in ops)
+            and len({id(member_group(p.group)) for p in ops}) != 1):
         raise ValueError("All P2POps of one batch_isend_irecv must use the same group.")
-    pg = member_group(ops[0].group)
+    pg = member_group(group)
     batch = getattr(pg, "batch_p2p", None)
     if batch is not None:
         # One operation for the whole batch (the tcp backend): one hand-off to its worker

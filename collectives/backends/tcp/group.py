@@ -373,42 +373,33 @@ class ProcessGroupTCP(BackendGroup):
         """Run point-to-point operations, each `(is_send, tensor, group peer, tag)`, as one
         operation: every send (they never wait for their receive), then every receive in
         order. One Work per operation; a receive whose message does not fit fails alone."""
-        entries = []
+        arrs = []
         for is_send, tensor, peer, tag in p2p_ops:
-            what = "send" if is_send else "recv"
-            arr = arrays_unwrap(tensor, f"batch_isend_irecv {what} tensor")
-            if isinstance(peer, bool) or not isinstance(peer, int) or not 0 <= peer < self._size:
-                raise ValueError(f"batch_isend_irecv {what} peer must be a rank in "
-                                 f"0..{self._size - 1} of this group, got {peer!r}.")
-            if peer == self._rank:
-                raise ValueError(f"Rank {self._rank} cannot {what} to itself.")
-            entries.append((is_send, arr, peer, self._tag(tag)))
-        # Every message's fingerprint and the batch's description, cached by the batch's
-        # shape: one lookup per call (a small exchange's whole cost is tens of microseconds).
-        key = ("batch_isend_irecv", tuple((s, a.dtype, a.shape, p, t) for s, a, p, t in entries))
-        cached = self._fp_cache.get(key)
-        if cached is None:
-            cached = _remember(self._fp_cache, key, (
-                [f"p2p({describe(a)})".encode() for _s, a, _p, _t in entries],
-                "batch_isend_irecv(" + ", ".join(
-                    f"{'send' if s else 'recv'}({describe(a)}, {'dst' if s else 'src'}={p}, "
-                    f"tag={t})" for s, a, p, t in entries) + ")"))
-        fps, desc = cached
-        entries = [(*e, fp) for e, fp in zip(entries, fps)]
-        seconds = self._t(timeout)
+            arrs.append(arrays_unwrap(tensor, "batch_isend_irecv send tensor" if is_send
+                                      else "batch_isend_irecv recv tensor"))
+            if type(peer) is not int or not 0 <= peer < self._size or peer == self._rank:
+                self._refuse_peer(is_send, peer)
+            if type(tag) is not int or not -(2 ** 31) <= tag < 2 ** 31:
+                self._tag(tag)  # raises unless an int subclass in range
+        # What the batch's shape decides (which entries send, every message's fingerprint, the
+        # description), built once per shape: a small exchange's whole cost is tens of
+        # microseconds, so a call does one lookup instead.
+        key = ("batch_isend_irecv", tuple([(op[0], a.dtype, a.shape, op[2], op[3])
+                                           for op, a in zip(p2p_ops, arrs)]))
+        plan = self._fp_cache.get(key)
+        if plan is None:
+            plan = _remember(self._fp_cache, key, self._batch_plan(key[1], arrs))
+        sends, recvs, peers, tags, fps, desc, nbytes = plan
         links, mail = self._links, self._mail
-        sends = [i for i, e in enumerate(entries) if e[0]]
-        recvs = [i for i, e in enumerate(entries) if not e[0]]
-        outcomes: list = [None] * len(entries)
+        outcomes: list = [None] * len(arrs)
         left = collections.deque(recvs)
 
         def receive(a, until):
             # The receives still to do, in order; False when one did not arrive by `until`.
             while left:
                 i = left[0]
-                _s, _arr, peer, tag, fp = entries[i]
                 try:
-                    got = ops.recv(links, fp, a[i], peer, tag, mail, until)
+                    got = ops.recv(links, fps[i], a[i], peers[i], tags[i], mail, until)
                     if got is None:
                         return False
                     outcomes[i] = got
@@ -419,7 +410,7 @@ class ProcessGroupTCP(BackendGroup):
 
         def job(rec, a):
             for i in sends:
-                ops.send(links, entries[i][4], a[i], entries[i][2], entries[i][3], mail)
+                ops.send(links, fps[i], a[i], peers[i], tags[i], mail)
             # Run inline (eager), the batch waits a moment for its receives in the caller's
             # thread (a peer's reply to a small exchange takes tens of microseconds), then
             # leaves the rest to the worker thread so the caller is free to go on.
@@ -431,10 +422,32 @@ class ProcessGroupTCP(BackendGroup):
             receive(a, None)
             return outcomes
 
-        batch = self._submit("batch_isend_irecv", desc, job, tuple(e[1] for e in entries),
-                             sum(e[1].nbytes for e in entries), seconds, True,
+        batch = self._submit("batch_isend_irecv", desc, job, arrs, nbytes,
+                             self._timeout if timeout is None else self._t(timeout), True,
                              copy_in=sends, copy_out=recvs, p2p=True, eager=True)
-        return [PartWork(batch, i, [p2p_ops[i][1]]) for i in range(len(entries))]
+        return [PartWork(batch, i, [op[1]]) for i, op in enumerate(p2p_ops)]
+
+    def _refuse_peer(self, is_send: bool, peer) -> None:
+        what = "send" if is_send else "recv"
+        if isinstance(peer, bool) or not isinstance(peer, int) or not 0 <= peer < self._size:
+            raise ValueError(f"batch_isend_irecv {what} peer must be a rank in "
+                             f"0..{self._size - 1} of this group, got {peer!r}.")
+        if peer == self._rank:
+            raise ValueError(f"Rank {self._rank} cannot {what} to itself.")
+
+    @staticmethod
+    def _batch_plan(shape: tuple, arrs: list) -> tuple:
+        """(send indices, receive indices, peers, tags, fingerprints, description, bytes) of a
+        batch of `shape` ((is_send, dtype, shape, peer, tag) per operation) on `arrs`."""
+        described = [describe(a) for a in arrs]
+        return (tuple(i for i, e in enumerate(shape) if e[0]),
+                tuple(i for i, e in enumerate(shape) if not e[0]),
+                [e[3] for e in shape], [e[4] for e in shape],
+                [f"p2p({d})".encode() for d in described],
+                "batch_isend_irecv(" + ", ".join(
+                    f"{'send' if s else 'recv'}({d}, {'dst' if s else 'src'}={p}, tag={t})"
+                    for (s, _dt, _sh, p, t), d in zip(shape, described)) + ")",
+                sum(a.nbytes for a in arrs))
 
     # ------------------------------------------------------------------ lifecycle
 
