@@ -24,7 +24,7 @@ it then.
 from __future__ import annotations
 
 import mmap
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -213,13 +213,51 @@ class ParamGroup:
             self.grads_done = True
             self._on_grads_ready(self)
 
-    def start_reduce(self) -> None:
-        """Pack the unsharded gradients and issue their reduce_scatter (asynchronous); a
-        parameter that got no gradient contributes zeros."""
-        self.ready = 0
-        if not self.expected or self._reduce is not None:
+    def can_reduce_with(self, other: "ParamGroup") -> bool:
+        """Whether one reduce_scatter can carry both groups' gradients: the same ranks, the
+        same replicas and the same reduce dtype."""
+        return (other.pg is self.pg and other.replicate is self.replicate
+                and other.reduce_dtype == self.reduce_dtype)
+
+    def start_reduce(self, partners: Sequence["ParamGroup"] = ()) -> None:
+        """Pack the unsharded gradients and issue their reduce_scatter (asynchronous), with
+        those of `partners` (groups this one `can_reduce_with`) in the same collective; a
+        parameter that got no gradient contributes zeros.
+
+        Together, each rank's row of the send buffer holds the groups' rows side by side, so
+        the output is the groups' reduced shards end to end: one collective where there were
+        several, each of which costs the backend a hand-off, a barrier and a wake-up.
+        """
+        groups = [g for g in (self, *partners) if g.reduce_due()]
+        if not groups:
             return
-        send = np.empty((self.world, self.send_numel), dtype=self.reduce_dtype)
+        total = sum(g.send_numel for g in groups)
+        send = np.empty((self.world, total), dtype=self.reduce_dtype)
+        out = np.empty(total, dtype=self.reduce_dtype)
+        at = 0
+        for g in groups:
+            g.pack_grads(send[:, at:at + g.send_numel])
+            at += g.send_numel
+        work = self.pg.reduce_scatter_tensor(out, send.reshape(-1), ReduceOp.SUM, async_op=True)
+        at = 0
+        for g in groups:
+            g.reducing(work, out[at:at + g.send_numel], send[:, at:at + g.send_numel])
+            at += g.send_numel
+
+    def reduce_due(self) -> bool:
+        """Restart the count of ready gradients; True when the group has gradients to reduce
+        and no reduce_scatter in flight."""
+        self.ready = 0
+        return bool(self.expected) and self._reduce is None
+
+    def reducing(self, work: Any, out: np.ndarray, send: np.ndarray) -> None:
+        """Hold the in-flight reduce_scatter `work` and this group's share of its output and
+        send buffers (shares of a joint one are counted once between the groups)."""
+        self._reduce = (work, out, send)
+
+    def pack_grads(self, send: np.ndarray) -> None:
+        """Lay the unsharded gradients out as the rows of `send` (W x send_numel) and drop
+        them; zeros for a parameter without one."""
         self._no_local_grad = set()
         for index, fp in enumerate(self.params):
             block = send[:, fp.slot:fp.slot + fp.chunk]
@@ -229,9 +267,6 @@ class ParamGroup:
                 continue
             _scatter_rows(fp.full.grad.array.reshape(-1), block)
             fp.full.grad = None
-        out = np.empty(self.send_numel, dtype=self.reduce_dtype)
-        work = self.pg.reduce_scatter_tensor(out, send.reshape(-1), ReduceOp.SUM, async_op=True)
-        self._reduce = (work, out, send)
 
     def finish_reduce(self) -> None:
         """Wait for the reduce_scatter and add the averaged shard gradients to `shard.grad`."""

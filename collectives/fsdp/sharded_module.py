@@ -55,6 +55,9 @@ class _Root:
         self.post_order: list[_State] = []  # as they end: backward prefetches by it, as torch
         self.recording = True
         self.pending: list[ParamGroup] = []
+        # The last layer's gradients when they wait to leave with the root's (`grads_ready`).
+        self.deferred: list[ParamGroup] = []
+        self.top: Optional["_State"] = None  # the root module's own state
         self.sentinel: Optional[Tensor] = None
         self.in_backward = False
         self.agreements: list = []  # found_inf registrations, kept as long as the root lives
@@ -122,7 +125,9 @@ class _State:
 
     def _root_pre_forward(self) -> None:
         root = self.root
-        if root.pending:  # a backward that never reached the sentinel: finish its reductions
+        if root.deferred:  # a backward that never reached the sentinel: finish its reductions
+            _reduce_together(root, list(root.deferred))
+        if root.pending:
             _finish_reductions(root)
         root.sentinel = _sentinel(self)
         root.in_backward = False
@@ -173,28 +178,46 @@ class _State:
         return [s for s in chosen if s.group is not None]
 
     def grads_ready(self, group: ParamGroup) -> None:
-        if self.sync_grads:
+        root = self.root
+        if not self.sync_grads:
+            group.ready = 0  # accumulate: the unsharded gradients stay for the next backward
+        elif self._waits_for_root(group):
+            root.deferred.append(group)
+        else:
             # One reduce_scatter in flight at a time (torch FSDP2's rule): the one before,
             # issued while this layer's backward ran, is finished first, so that its W x S send
             # buffer is freed now instead of every layer's living to the end of backward.
-            _finish_reductions(self.root)
-            group.start_reduce()
-            self.root.pending.append(group)
-        else:
-            group.ready = 0  # accumulate: the unsharded gradients stay for the next backward
+            _finish_reductions(root)
+            _reduce_together(root, [group, *root.deferred])
         group.reshard()
+
+    def _waits_for_root(self, group: ParamGroup) -> bool:
+        """Whether this layer's gradients wait to leave in one reduce_scatter with the root's:
+        they are the last layer's to be ready and the root's are still to come, as in a
+        language model whose embedding gets its gradient last. The two would otherwise be
+        issued a few operations apart, the second only after waiting for the first."""
+        top = self.root.top
+        if self.is_root or top is None or top.group is None:
+            return False
+        tg = top.group
+        if tg.grads_done or not tg.expected or not top.sync_grads or not top.forward_ran or \
+                not tg.can_reduce_with(group):
+            return False
+        return all(s.group.grads_done for s in self.root.states
+                   if s.group is not None and s is not top and s.sync_grads and s.forward_ran)
 
     def finish_backward(self) -> None:
         """The root's sentinel: reduce what is left, wait for every reduction, reshard all."""
         root = self.root
+        late = []
         for state in reversed(root.order):
             group = state.group
             # Every group that ran forward reduces, so that all ranks issue the same
             # reduce_scatters even where some parameter got no gradient (zeros stand in).
             if group is not None and state.sync_grads and state.forward_ran and \
                     not group.grads_done and group not in root.pending:
-                group.start_reduce()
-                root.pending.append(group)
+                late.append(group)
+        _reduce_together(root, [*root.deferred, *late])
         _finish_reductions(root)
         for state in root.states:
             state.forward_ran = False
@@ -212,6 +235,18 @@ def _finish_reductions(root: _Root) -> None:
         group.finish_reduce()
 
 
+def _reduce_together(root: _Root, groups: list[ParamGroup]) -> None:
+    """Issue the reduce_scatters of `groups` (and the deferred ones, which are among them),
+    as few as their process groups and dtypes allow, in the same order on every rank."""
+    root.deferred = []
+    while groups:
+        head, rest = groups[0], groups[1:]
+        mates = [g for g in rest if head.can_reduce_with(g)]
+        groups = [g for g in rest if not head.can_reduce_with(g)]
+        head.start_reduce(mates)
+        root.pending.extend([head, *mates])
+
+
 def _lazy_init(state: _State) -> None:
     """The first forward: the module it runs on is the root of every state beneath it."""
     states = [_STATES[m] for m in state.module.modules() if m in _STATES]
@@ -222,6 +257,7 @@ def _lazy_init(state: _State) -> None:
                             "one root only.")
         s.root = root
         s.is_root = s is state
+    root.top = state
     state.reshard_after_forward = False  # the root's gather is needed again in backward at once
     _agree_found_inf(root)
 
