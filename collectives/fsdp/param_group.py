@@ -115,7 +115,7 @@ class ParamGroup:
             fp.shard.array = fp.flat_view = view
         return flat
 
-    def _send_buffer(self) -> np.ndarray:
+    def send_buffer(self) -> np.ndarray:
         """The shards as one flat array in param_dtype: the shards' own buffer where it can be."""
         if self.param_dtype != self._flat_shards.dtype:
             send = np.empty(self.send_numel, dtype=self.param_dtype)
@@ -138,24 +138,51 @@ class ParamGroup:
                                                 count=self.full_numel)
         return self._unsharded_buf
 
-    def start_unshard(self) -> None:
-        """Issue the all_gather of the group's shards (asynchronous) unless done or in flight."""
-        if self.unsharded or self._gather is not None or not self.params:
+    def gather_due(self) -> bool:
+        """True when the group has shards to gather and is neither gathered nor in flight."""
+        return bool(self.params) and not self.unsharded and self._gather is None
+
+    def can_gather_with(self, other: "ParamGroup") -> bool:
+        """Whether one all_gather can carry both groups' shards: the same ranks and dtype."""
+        return other.pg is self.pg and other.param_dtype == self.param_dtype
+
+    def start_unshard(self, partners: Sequence["ParamGroup"] = ()) -> None:
+        """Issue the all_gather of the group's shards (asynchronous) unless done or in flight,
+        with those of `partners` (groups this one `can_gather_with`) in the same collective.
+
+        Alone, the gather sends the shards' own buffer; together, each rank sends the groups'
+        shards end to end (one copy of them, cheaper than a collective's hand-off, barrier and
+        wake-up) and each group copies its columns out of the rows received.
+        """
+        groups = [g for g in (self, *partners) if g.gather_due()]
+        if not groups:
             return
-        send = self._send_buffer()
-        recv = np.empty(self.world * self.send_numel, dtype=self.param_dtype)
-        # `send` stays referenced until the gather is waited for: the backend reads it late.
-        self._gather = (self.pg.all_gather_into_tensor(recv, send, async_op=True), recv, send)
+        if len(groups) == 1:
+            send = groups[0].send_buffer()
+        else:
+            send = np.concatenate([g.send_buffer() for g in groups])
+        recv = np.empty((self.world, send.size), dtype=self.param_dtype)
+        work = self.pg.all_gather_into_tensor(recv.reshape(-1), send, async_op=True)
+        at = 0
+        for g in groups:
+            # `send` stays referenced until the gather is waited for: the backend reads it late.
+            share = send if len(groups) == 1 else send[at:at + g.send_numel]
+            g.gathering(work, recv[:, at:at + g.send_numel], share)
+            at += g.send_numel
+
+    def gathering(self, work: Any, blocks: np.ndarray, send: np.ndarray) -> None:
+        """Hold the in-flight all_gather `work`, this group's columns of the rows it receives
+        and its share of the send buffer."""
+        self._gather = (work, blocks, send)
 
     def wait_unshard(self) -> None:
         """Finish the all_gather and lay each parameter out whole in the unsharded buffer."""
         if self.unsharded or not self.params:
             return
         self.start_unshard()
-        work, recv, _send = self._gather
+        work, blocks, _send = self._gather
         self._gather = None
         work.wait()
-        blocks = recv.reshape(self.world, self.send_numel)
         buf = self._buffer()
         for fp in self.params:
             _gather_rows(blocks[:, fp.slot:fp.slot + fp.chunk], buf[fp.offset:fp.offset + fp.numel])

@@ -104,13 +104,13 @@ class _State:
             self._root_pre_forward()
         if root.recording and self not in root.order:
             root.order.append(self)
+        following = [s.group for s in self.prefetch("forward")]
         if self.group is not None:
-            self.group.start_unshard()
-        # The next gathers queue behind this one now, before waiting for it: where this one
-        # had not been prefetched (the root's, at every step's start), the next one's
-        # hand-off to the backend overlaps it instead of following it.
-        for following in self.prefetch("forward"):
-            following.group.start_unshard()
+            # Where this gather was not prefetched (the root's, at every step's start), the
+            # next ones travel in the same collective: they would be issued at once anyway.
+            self.group.start_unshard([g for g in following if self.group.can_gather_with(g)])
+        for group in following:  # the rest queue behind it, before waiting for it
+            group.start_unshard()
         if self.group is not None:
             self.group.wait_unshard()
             self.group.use_full()
