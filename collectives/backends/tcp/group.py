@@ -62,6 +62,30 @@ def _remember(cache: dict, key, value):
     return value
 
 
+def _refuse_peer(rank: int, size: int, is_send: bool, peer) -> None:
+    """Raise the error for a batch peer that is no other rank of the group."""
+    what = "send" if is_send else "recv"
+    if isinstance(peer, bool) or not isinstance(peer, int) or not 0 <= peer < size:
+        raise ValueError(f"batch_isend_irecv {what} peer must be a rank in "
+                         f"0..{size - 1} of this group, got {peer!r}.")
+    if peer == rank:
+        raise ValueError(f"Rank {rank} cannot {what} to itself.")
+
+
+def _batch_plan(shape: tuple, arrs: list) -> tuple:
+    """(send indices, receive indices, peers, tags, fingerprints, description, bytes) of a
+    batch of `shape` ((is_send, dtype, shape, peer, tag) per operation) on `arrs`."""
+    described = [describe(a) for a in arrs]
+    return (tuple(i for i, e in enumerate(shape) if e[0]),
+            tuple(i for i, e in enumerate(shape) if not e[0]),
+            [e[3] for e in shape], [e[4] for e in shape],
+            [f"p2p({d})".encode() for d in described],
+            "batch_isend_irecv(" + ", ".join(
+                f"{'send' if s else 'recv'}({d}, {'dst' if s else 'src'}={p}, tag={t})"
+                for (s, _dt, _sh, p, t), d in zip(shape, described)) + ")",
+            sum(a.nbytes for a in arrs))
+
+
 class ProcessGroupTCP(BackendGroup):
     """A process group over TCP; ranks meet through `store` (see `mesh` for the protocol).
 
@@ -378,7 +402,7 @@ class ProcessGroupTCP(BackendGroup):
             arrs.append(arrays_unwrap(tensor, "batch_isend_irecv send tensor" if is_send
                                       else "batch_isend_irecv recv tensor"))
             if type(peer) is not int or not 0 <= peer < self._size or peer == self._rank:
-                self._refuse_peer(is_send, peer)
+                _refuse_peer(self._rank, self._size, is_send, peer)
             if type(tag) is not int or not -(2 ** 31) <= tag < 2 ** 31:
                 self._tag(tag)  # raises unless an int subclass in range
         # What the batch's shape decides (which entries send, every message's fingerprint, the
@@ -388,7 +412,7 @@ class ProcessGroupTCP(BackendGroup):
                                            for op, a in zip(p2p_ops, arrs)]))
         plan = self._fp_cache.get(key)
         if plan is None:
-            plan = _remember(self._fp_cache, key, self._batch_plan(key[1], arrs))
+            plan = _remember(self._fp_cache, key, _batch_plan(key[1], arrs))
         sends, recvs, peers, tags, fps, desc, nbytes = plan
         links, mail = self._links, self._mail
         outcomes: list = [None] * len(arrs)
@@ -426,28 +450,6 @@ class ProcessGroupTCP(BackendGroup):
                              self._timeout if timeout is None else self._t(timeout), True,
                              copy_in=sends, copy_out=recvs, p2p=True, eager=True)
         return [PartWork(batch, i, [op[1]]) for i, op in enumerate(p2p_ops)]
-
-    def _refuse_peer(self, is_send: bool, peer) -> None:
-        what = "send" if is_send else "recv"
-        if isinstance(peer, bool) or not isinstance(peer, int) or not 0 <= peer < self._size:
-            raise ValueError(f"batch_isend_irecv {what} peer must be a rank in "
-                             f"0..{self._size - 1} of this group, got {peer!r}.")
-        if peer == self._rank:
-            raise ValueError(f"Rank {self._rank} cannot {what} to itself.")
-
-    @staticmethod
-    def _batch_plan(shape: tuple, arrs: list) -> tuple:
-        """(send indices, receive indices, peers, tags, fingerprints, description, bytes) of a
-        batch of `shape` ((is_send, dtype, shape, peer, tag) per operation) on `arrs`."""
-        described = [describe(a) for a in arrs]
-        return (tuple(i for i, e in enumerate(shape) if e[0]),
-                tuple(i for i, e in enumerate(shape) if not e[0]),
-                [e[3] for e in shape], [e[4] for e in shape],
-                [f"p2p({d})".encode() for d in described],
-                "batch_isend_irecv(" + ", ".join(
-                    f"{'send' if s else 'recv'}({d}, {'dst' if s else 'src'}={p}, tag={t})"
-                    for (s, _dt, _sh, p, t), d in zip(shape, described)) + ")",
-                sum(a.nbytes for a in arrs))
 
     # ------------------------------------------------------------------ lifecycle
 
