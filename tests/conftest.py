@@ -29,6 +29,8 @@ SLOW_FOLDERS = ("multiproc", "integration", "security", "gpu", "torch_ports")
 # the behaviour they check. Each value says why it is slow. A test that runs ranks and takes
 # seconds belongs in tests/multiproc instead.
 SLOW_TESTS = {
+    "unit/torch_bridge/test_bridge_deferral.py::test_a_wait_with_a_timeout_on_a_parked_op_ends_within_it":
+        "waits out a 0.5 s timeout on purpose, with two groups' meshes formed",
     "unit/collectives/ddp/test_powersgd_hook.py::test_bfloat16_is_orthogonalised_as_torch_does_it":
         "imports torch (about 0.8 s) to compare with its hook's orthogonalisation",
     # data: each case runs whole epochs twice (interrupted and not) through the loader

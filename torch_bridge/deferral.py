@@ -36,7 +36,7 @@ import torch
 from torch.autograd import Variable
 
 from shoal.collectives.api import PendingWork
-from shoal.core.timeouts import TimeoutLike
+from shoal.core.timeouts import TimeoutLike, to_seconds
 
 __all__ = ["DeferredWork", "BackwardDeferral", "RESCUE_AFTER_S", "spare_core_per_rank"]
 
@@ -98,9 +98,11 @@ class DeferredWork(PendingWork):
         work.add_done_callback(lambda w: self.finish(None, w.exception()))
 
     def wait(self, timeout: TimeoutLike = None) -> bool:
-        """Run the parked ops up to this one (if not yet run), then wait for it."""
+        """Run the parked ops up to this one (if not yet run), then wait for it. Given a
+        timeout, they go to the group's worker thread, so that the wait ends within it: run in
+        this thread, an op whose peer is late would hold it for the group's own timeout."""
         if not self._done:
-            self._holder.flush()
+            self._holder.flush(to_worker=to_seconds(timeout) is not None)
         return super().wait(timeout)
 
     def _timeout_message(self, seconds: float) -> str:

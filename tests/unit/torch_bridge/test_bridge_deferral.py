@@ -201,3 +201,50 @@ def test_an_op_issued_while_the_rescue_hands_parked_ops_over_waits_for_them(monk
     finally:
         holder.stop()
     assert order == ["parked op submitted", "next op submitted"]
+
+
+def test_a_wait_with_a_timeout_on_a_parked_op_ends_within_it():
+    """A parked all_reduce whose peer is late: wait(timeout) inside backward raises once the
+    timeout passes (the op goes to the worker thread) instead of running the op in the waiting
+    thread for the group's own timeout; the op completes once the peer joins."""
+    import datetime
+    import time
+
+    from tests.support.threaded_ranks import form_groups, run_all
+
+    store = HashStore()
+    groups = form_groups(2, lambda r: ShoalProcessGroup(ProcessGroupTCP(store, r, 2, timeout=20)))
+    waited = threading.Event()
+    seen = {}
+
+    def body(pg, rank):
+        t = torch.full((3,), float(rank + 1))
+        if rank == 1:  # joins only after rank 0's timed wait gave up
+            assert waited.wait(30), "rank 0's timed wait never returned"
+            pg.allreduce([t], dist.AllreduceOptions()).wait()
+            return t
+        pg.defer_in_backward = True
+
+        def issue_and_wait():
+            seen["work"] = pg.allreduce([t], _async())
+            start = time.monotonic()
+            try:
+                with pytest.raises(Exception, match="did not complete within"):
+                    seen["work"].wait(datetime.timedelta(seconds=0.5))
+            finally:
+                seen["waited_s"] = time.monotonic() - start
+                waited.set()
+
+        _backward_running(issue_and_wait)
+        seen["work"].wait()
+        return t
+
+    try:
+        results = run_all(groups, body, timeout=60)
+    finally:
+        run_all(groups, lambda pg, r: pg.shutdown())
+    # Well under the group's 20 s, which an op run in the waiting thread would have taken, and
+    # far above the 0.5 s asked, for a loaded machine's scheduling delays.
+    assert seen["waited_s"] < 10.0
+    for t in results:
+        assert torch.equal(t, torch.full((3,), 3.0))
