@@ -163,12 +163,10 @@ class ParamGroup:
             send = np.concatenate([g.send_buffer() for g in groups])
         recv = np.empty((self.world, send.size), dtype=self.param_dtype)
         work = self.pg.all_gather_into_tensor(recv.reshape(-1), send, async_op=True)
-        at = 0
-        for g in groups:
+        for g, cols in _columns(groups):
             # `send` stays referenced until the gather is waited for: the backend reads it late.
-            share = send if len(groups) == 1 else send[at:at + g.send_numel]
-            g.gathering(work, recv[:, at:at + g.send_numel], share)
-            at += g.send_numel
+            # Alone, the group holds the buffer itself (its memory count knows its own shards).
+            g.gathering(work, recv[:, cols], send if len(groups) == 1 else send[cols])
 
     def gathering(self, work: Any, blocks: np.ndarray, send: np.ndarray) -> None:
         """Hold the in-flight all_gather `work`, this group's columns of the rows it receives
@@ -258,18 +256,15 @@ class ParamGroup:
         groups = [g for g in (self, *partners) if g.reduce_due()]
         if not groups:
             return
-        total = sum(g.send_numel for g in groups)
+        columns = _columns(groups)
+        total = columns[-1][1].stop
         send = np.empty((self.world, total), dtype=self.reduce_dtype)
         out = np.empty(total, dtype=self.reduce_dtype)
-        at = 0
-        for g in groups:
-            g.pack_grads(send[:, at:at + g.send_numel])
-            at += g.send_numel
+        for g, cols in columns:
+            g.pack_grads(send[:, cols])
         work = self.pg.reduce_scatter_tensor(out, send.reshape(-1), ReduceOp.SUM, async_op=True)
-        at = 0
-        for g in groups:
-            g.reducing(work, out[at:at + g.send_numel], send[:, at:at + g.send_numel])
-            at += g.send_numel
+        for g, cols in columns:
+            g.reducing(work, out[cols], send[:, cols])
 
     def reduce_due(self) -> bool:
         """Restart the count of ready gradients; True when the group has gradients to reduce
@@ -333,6 +328,16 @@ def _release_pages(region: mmap.mmap) -> None:
 
 
 _FREE_ADVICE: Optional[int] = getattr(mmap, "MADV_FREE", None)
+
+
+def _columns(groups: Sequence[ParamGroup]) -> list[tuple[ParamGroup, slice]]:
+    """Each group's columns in a buffer that holds the groups' rows side by side (a joint
+    all_gather's or reduce_scatter's), in order."""
+    spans, at = [], 0
+    for g in groups:
+        spans.append((g, slice(at, at + g.send_numel)))
+        at += g.send_numel
+    return spans
 
 
 def _scatter_rows(flat: np.ndarray, block: np.ndarray) -> None:

@@ -62,8 +62,8 @@ def _remember(cache: dict, key, value):
     return value
 
 
-def _refuse_peer(rank: int, size: int, is_send: bool, peer) -> None:
-    """Raise the error for a batch peer that is no other rank of the group."""
+def _check_peer(rank: int, size: int, is_send: bool, peer) -> None:
+    """Raise unless a batch peer is another rank of the group."""
     what = "send" if is_send else "recv"
     if isinstance(peer, bool) or not isinstance(peer, int) or not 0 <= peer < size:
         raise ValueError(f"batch_isend_irecv {what} peer must be a rank in "
@@ -401,10 +401,8 @@ class ProcessGroupTCP(BackendGroup):
         for is_send, tensor, peer, tag in p2p_ops:
             arrs.append(arrays_unwrap(tensor, "batch_isend_irecv send tensor" if is_send
                                       else "batch_isend_irecv recv tensor"))
-            if type(peer) is not int or not 0 <= peer < self._size or peer == self._rank:
-                _refuse_peer(self._rank, self._size, is_send, peer)
-            if type(tag) is not int or not -(2 ** 31) <= tag < 2 ** 31:
-                self._tag(tag)  # raises unless an int subclass in range
+            _check_peer(self._rank, self._size, is_send, peer)
+            self._tag(tag)
         # What the batch's shape decides (which entries send, every message's fingerprint, the
         # description), built once per shape: a small exchange's whole cost is tens of
         # microseconds, so a call does one lookup instead.
