@@ -17,11 +17,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.multiproc.test_sharding import (
+    ATOL,
+    LR,
+    RTOL,
+    STEPS,
+    _group,
+    full_state,
+    mse,
+    reference,
+    sharded,
+)
 from tests.support.ranks import run_ranks
-
-STEPS = 3
-LR = 0.01
-RTOL, ATOL = 1e-9, 1e-10  # see the module docstring
 
 
 def make_model():
@@ -52,47 +59,41 @@ def batch(step, rank):
     return core.tensor(rng.standard_normal((4, 7))), core.tensor(rng.standard_normal((4, 3)))
 
 
-def mse(out, y, scale=1.0):
-    return ((out - y) ** 2).mean() * scale
-
-
-def reference(world):
+def train_counting_ops(model, group, rank):
+    """Train `model` (sharded over `group`) STEPS Adam steps on `rank`'s batches; the number of
+    `group`'s operations in each step (the sequence numbers of barriers around it) and the
+    whole parameters after."""
     from shoal import core
 
-    model = make_model()
     opt = core.optim.Adam(model.parameters(), lr=LR)
+    ops = []
     for step in range(STEPS):
+        before = group.barrier().seq
         opt.zero_grad()
-        for rank in range(world):
-            x, y = batch(step, rank)
-            mse(model(x), y, 1.0 / world).backward()
+        x, y = batch(step, rank)
+        mse(model(x), y).backward()
         opt.step()
-    return {k: v.numpy().copy() for k, v in model.state_dict().items()}
+        ops.append(group.barrier().seq - before - 1)
+    return ops, full_state(model)
+
+
+def check_against_one_process(results, world):
+    """Each rank issued the merged collectives and ends with one process's parameters."""
+    want = reference(world, model_fn=make_model, data=batch)
+    for rank, (ops, whole) in enumerate(results):
+        # all_gathers: the root with fc1 (the first step: apart, as the order is still being
+        # learned), fc2, then fc2 and fc1 again in backward; reduce_scatters: fc2's, and fc1's
+        # with the root's. Eight a step before, each of them apart.
+        assert ops == [7] + [6] * (STEPS - 1), (rank, ops)
+        for name, value in want.items():
+            np.testing.assert_allclose(whole[name], value, rtol=RTOL, atol=ATOL,
+                                       err_msg=f"rank {rank} {name}")
 
 
 def _train(rank, world, port):
-    from shoal import core
-    from shoal.collectives.backends.tcp.group import ProcessGroupTCP
-    from shoal.collectives.fsdp import fully_shard
-    from shoal.collectives.store.tcp import TCPStore
-
-    group = ProcessGroupTCP(TCPStore("127.0.0.1", port, timeout=30), rank, world, timeout=30)
+    group = _group(rank, world, port)
     try:
-        model = make_model()
-        fully_shard(model.fc1, mesh=group)
-        fully_shard(model.fc2, mesh=group)
-        fully_shard(model, mesh=group)
-        opt = core.optim.Adam(model.parameters(), lr=LR)
-        ops = []
-        for step in range(STEPS):
-            before = group.barrier().seq
-            opt.zero_grad()
-            x, y = batch(step, rank)
-            mse(model(x), y).backward()
-            opt.step()
-            ops.append(group.barrier().seq - before - 1)
-        whole = {k: v.full_tensor().numpy() for k, v in model.named_parameters()}
-        return ops, whole
+        return train_counting_ops(sharded(make_model(), group), group, rank)
     finally:
         group.shutdown()
 
@@ -107,12 +108,4 @@ def test_the_first_layer_travels_with_the_root_and_training_matches_one_process(
         results = run_ranks(_train, world, args=(store.port,), timeout=90)
     finally:
         store.close()
-    want = reference(world)
-    for rank, (ops, whole) in enumerate(results):
-        # all_gathers: the root with fc1 (the first step: apart, as the order is still being
-        # learned), fc2, then fc2 and fc1 again in backward; reduce_scatters: fc2's, and fc1's
-        # with the root's. Eight a step before, each of them apart.
-        assert ops == [7] + [6] * (STEPS - 1), (rank, ops)
-        for name, value in want.items():
-            np.testing.assert_allclose(whole[name], value, rtol=RTOL, atol=ATOL,
-                                       err_msg=f"rank {rank} {name}")
+    check_against_one_process(results, world)

@@ -51,15 +51,16 @@ def mse(out, y, scale=1.0):
     return (diff * diff).mean() * scale
 
 
-def reference(world, steps=STEPS):
+def reference(world, steps=STEPS, model_fn=make_model, data=batch):
+    """The parameters of one process training `model_fn()` on every rank's `data` batch."""
     from shoal import core
 
-    model = make_model()
+    model = model_fn()
     opt = core.optim.Adam(model.parameters(), lr=LR)
     for step in range(steps):
         opt.zero_grad()
         for rank in range(world):
-            x, y = batch(step, rank)
+            x, y = data(step, rank)
             mse(model(x), y, 1.0 / world).backward()
         opt.step()
     return {k: v.numpy().copy() for k, v in model.state_dict().items()}

@@ -137,14 +137,20 @@ def test_mixed_precision_gathers_and_reduces_in_float32():
            rtol=0, atol=1e-6)
 
 
+def hybrid_groups(timeout):
+    """(shard groups, replicate groups) of four ranks as threads: ranks {0,1} and {2,3} are the
+    "hosts" (shard groups); {0,2} and {1,3} replicate."""
+    store = HashStore()
+    shard = form_groups(4, lambda r: ProcessGroupTCP(
+        PrefixStore(f"shard{r // 2}", store), r % 2, 2, timeout=timeout))
+    replicate = form_groups(4, lambda r: ProcessGroupTCP(
+        PrefixStore(f"rep{r % 2}", store), r // 2, 2, timeout=timeout))
+    return shard, replicate
+
+
 def test_hybrid_sharding_shards_within_pairs_and_replicates_across():
     world = 4
-    store = HashStore()
-    # Ranks {0,1} and {2,3} are the "hosts" (shard groups); {0,2} and {1,3} replicate.
-    shard = form_groups(world, lambda r: ProcessGroupTCP(
-        PrefixStore(f"shard{r // 2}", store), r % 2, 2, timeout=10))
-    replicate = form_groups(world, lambda r: ProcessGroupTCP(
-        PrefixStore(f"rep{r % 2}", store), r // 2, 2, timeout=10))
+    shard, replicate = hybrid_groups(timeout=10)
     models = [make_model() for _ in range(world)]
 
     def body(pg, rank):
