@@ -169,18 +169,23 @@ class ControlChannel:
                         # Its wait would outlast this grace period: shorten it.
                         self._service_wakes_at = r.quiet_until
                         self._wake()
-            if mode == r.mode:
-                return
-            try:
-                if r.mode == _OUT:
-                    self._epoll.register(r.fd, mode)
-                elif mode == _OUT:
-                    self._epoll.unregister(r.fd)
-                else:
-                    self._epoll.modify(r.fd, mode)
-            except (OSError, ValueError):  # closed meanwhile: its reader sees that itself
-                return
-            r.mode = mode
+            self._switch(r, mode)
+
+    def _switch(self, r: ControlReader, mode: int) -> None:
+        """Put `r` in the epoll set as `mode` (under `_mode_lock`); left as it was when its
+        socket closed meanwhile (its reader sees that itself)."""
+        if mode == r.mode:
+            return
+        try:
+            if r.mode == _OUT:
+                self._epoll.register(r.fd, mode)
+            elif mode == _OUT:
+                self._epoll.unregister(r.fd)
+            else:
+                self._epoll.modify(r.fd, mode)
+        except (OSError, ValueError):
+            return
+        r.mode = mode
 
     def _arm_quiet(self, until: float) -> float:
         """Arm the quiet connections whose grace period ends by `until`; the seconds until the
@@ -196,11 +201,7 @@ class ControlChannel:
                 if r.quiet_until > until:
                     wait = min(wait, r.quiet_until - until)
                     continue
-                try:
-                    self._epoll.modify(r.fd, _ARMED)
-                    r.mode = _ARMED
-                except (OSError, ValueError):
-                    pass
+                self._switch(r, _ARMED)
         return wait
 
     def _rearm_due(self) -> float:
@@ -212,12 +213,8 @@ class ControlChannel:
 
     def _drop_reader(self, reader: ControlReader) -> None:
         with self._mode_lock:
-            if reader.mode != _OUT:
-                try:
-                    self._epoll.unregister(reader.fd)
-                except (OSError, ValueError):
-                    pass
-                reader.mode = _OUT
+            self._switch(reader, _OUT)
+            reader.mode = _OUT  # out of the set even if its socket closed first
             reader.dropped = True
 
     def _read(self, r: ControlReader, tag: Optional[int] = None) -> None:
