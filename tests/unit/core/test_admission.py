@@ -48,7 +48,7 @@ class Port:
                               token, PURPOSE, timeout)[0]
 
     def idle(self) -> socket.socket:
-        """A connection that reads the greeting and then says nothing."""
+        """A connection that never answers (the greeting waits unread in its receive buffer)."""
         sock = socket.create_connection(self.address, timeout=5)
         return sock
 
