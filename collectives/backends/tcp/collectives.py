@@ -25,7 +25,8 @@ from typing import Optional, Sequence
 import numpy as np
 
 from shoal.collectives import arrays
-from shoal.collectives.backends.tcp import hierarchical, over_sockets, shm, shm_p2p, shm_streams
+from shoal.collectives.backends.tcp import (hierarchical, over_sockets, shm, shm_p2p, shm_streams,
+                                           vm_p2p)
 from shoal.collectives.backends.tcp.links import GroupFailed, Links, P2PMismatch
 from shoal.collectives.backends.tcp.algorithms import ProtocolError
 from shoal.collectives.backends.tcp.pump import LinkDown
@@ -345,12 +346,22 @@ def _await_headers(links: Links, seq: int, fp: bytes, timeout: float) -> list[in
 # ----------------------------------------------------------------------------- point to point
 
 def send(links: Links, fp: bytes, arr: np.ndarray, dst: int, tag: int,
-         mail: Optional[shm_p2p.ShmMail] = None) -> None:
-    """Send `arr` to rank `dst`: above the small-message size through the ring for `dst` in
-    shared memory when `mail` is given and it fits (a descriptor on the control channel),
-    else whole on the control channel."""
+         mail: Optional[shm_p2p.ShmMail] = None, writer: Optional[vm_p2p.Writer] = None,
+         wait: bool = False) -> None:
+    """Send `arr` to rank `dst`: with a `writer`, from `vm_p2p.MIN_BYTES` up, straight into
+    the array `dst` offered for it (`wait`: give the offer a moment to come); above the
+    small-message size through the ring for `dst` in shared memory when `mail` is given and
+    it fits (a descriptor on the control channel); else whole on the control channel."""
     raw = arrays.as_bytes(arr)
     try:
+        if writer is not None and len(raw) >= vm_p2p.MIN_BYTES and writer.enabled(dst):
+            control = links.control
+            number = control.sent[(dst, tag)]
+            got = control.take_ready(dst, tag, number, time.monotonic() + (
+                vm_p2p.wait_for(len(raw)) if wait else 0.0))
+            if got is not None and writer.write(dst, fp, raw, *got):
+                control.send_p2p(dst, tag, vm_p2p.MARK + fp, vm_p2p.NOTE.pack(number))
+                return
         if mail is not None and len(raw) > SMALL_MAX_BYTES:
             descriptor = mail.post(dst, np.frombuffer(raw, np.uint8))
             if descriptor is not None:
@@ -362,9 +373,11 @@ def send(links: Links, fp: bytes, arr: np.ndarray, dst: int, tag: int,
 
 
 def recv(links: Links, expected: bytes, arr: np.ndarray, src: Optional[int], tag: int,
-         mail: Optional[shm_p2p.ShmMail] = None, until: Optional[float] = None) -> Optional[int]:
+         mail: Optional[shm_p2p.ShmMail] = None, until: Optional[float] = None,
+         offered: Optional[tuple[vm_p2p.Offers, int]] = None) -> Optional[int]:
     """Receive into `arr` from rank `src` (None: any); returns the sender's rank, or None when
     no message came by the `time.monotonic()` deadline `until` (None: wait for it).
+    `offered`: (offers, number) when `arr` was offered to `src` for message `number`.
 
     Raises:
         P2PMismatch: the message does not fit `arr` (dropped; the group survives).
@@ -381,6 +394,15 @@ def recv(links: Links, expected: bytes, arr: np.ndarray, src: Optional[int], tag
             return None
         raise GroupFailed()
     q, fp, payload = got
+    if offered is not None:
+        offered[0].release(q, tag, offered[1])
+    if fp[:1] == vm_p2p.MARK:
+        if (offered is None or fp[1:] != expected or len(payload) != vm_p2p.NOTE.size
+                or vm_p2p.NOTE.unpack(payload)[0] != offered[1]):
+            raise GroupFailed(FailureReason(
+                "error", f"rank {q} told rank {links.rank} it wrote a message into an array "
+                         "that was not offered for it", links.rank, (q,)))
+        return q  # written in place already
     shared = fp[:1] == shm_p2p.MARK
     if shared:
         fp = fp[1:]

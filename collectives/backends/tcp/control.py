@@ -30,6 +30,7 @@ from typing import Callable, Optional
 from shoal.collectives.backends.tcp import wire
 from shoal.collectives.backends.tcp.control_reader import JOIN_MAX_BYTES, ControlReader, recv_some
 from shoal.collectives.backends.tcp.reasons import FailureReason
+from shoal.collectives.backends.tcp.vm_p2p import Readies
 from shoal.collectives.constants import MAX_CONTROL_FRAME_BYTES, MAX_FINGERPRINT_BYTES
 from shoal.core.channel import IntegrityError, Link
 
@@ -93,6 +94,12 @@ class ControlChannel:
         self._closing = False
         self._mail: dict[tuple[int, int], collections.deque] = collections.defaultdict(
             collections.deque)
+        # Messages sent and taken, by (peer, tag): the k-th message one rank sends another
+        # under a tag is the k-th the other takes under it, which is how a receiver's offer
+        # (`readies`, `vm_p2p`) names the message it is for.
+        self.sent: collections.Counter = collections.Counter()
+        self.taken: collections.Counter = collections.Counter()
+        self.readies = Readies(size)  # peers' offers to be written to (under _cond)
         self._epoll = select.epoll()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -293,6 +300,10 @@ class ControlChannel:
             with self._cond:
                 self._mail[(r.peer, aux)].append((fp, payload))
                 self._cond.notify_all()
+        elif kind == wire.KIND_READY:
+            with self._cond:
+                self.readies.file(r.peer, aux, fp, bytes(payload))
+                self._cond.notify_all()
         return True
 
     def _closed(self, r: ControlReader, exc: Optional[BaseException]) -> None:
@@ -351,13 +362,17 @@ class ControlChannel:
             return parts + [body, sealer.tag((body,))]
         return parts + [fp, payload, sealer.tag((fp, payload))]  # as `body_parts` splits it
 
-    def send_p2p(self, dst: int, tag: int, fp: bytes, payload: memoryview) -> None:
-        """Send one tagged message to `dst` over the control connection (blocks on a full pipe)."""
+    def send_p2p(self, dst: int, tag: int, fp: bytes, payload: memoryview,
+                 kind: int = wire.KIND_P2P) -> None:
+        """Send one tagged message to `dst` over the control connection (blocks on a full pipe);
+        `kind` KIND_READY sends an offer instead (not counted as a message)."""
         sock = self.socks[dst]
         if sock is None:
             raise OSError(errno.ENOTCONN, "no control connection")
         with self._send_locks[dst]:
-            wire.send_all(sock, self._message(dst, wire.KIND_P2P, tag, fp, payload))
+            wire.send_all(sock, self._message(dst, kind, tag, fp, payload))
+        if kind == wire.KIND_P2P:
+            self.sent[(dst, tag)] += 1  # (one thread at a time sends a group's messages)
 
     def take_p2p(self, src: Optional[int], tag: int, stop: Callable[[], bool], wait_s: float = 0.25):
         """Wait for a message with `tag` from `src` (or anyone); returns (src, fp, payload).
@@ -365,13 +380,26 @@ class ControlChannel:
         `stop()` is polled between waits so a failed group ends the wait. The service thread
         delivers the message: no connection is quiet meanwhile.
         """
+        return self._served_wait(lambda: self._pop(src, tag), stop, wait_s)
+
+    def take_ready(self, dst: int, tag: int, number: int, until: float) -> Optional[tuple]:
+        """`dst`'s offer for message `number` under `tag` to it, waiting for it until the
+        `time.monotonic()` deadline `until`: (fp, payload), or None."""
+        return self._served_wait(lambda: self.readies.pop(dst, tag, number),
+                                 lambda: time.monotonic() >= until,
+                                 max(0.0, until - time.monotonic()))
+
+    def _served_wait(self, pop: Callable[[], Optional[tuple]], stop: Callable[[], bool],
+                     wait_s: float) -> Optional[tuple]:
+        # Wait under _cond until `pop()` finds something or `stop()`; the service thread
+        # delivers it, so no connection stays quiet meanwhile.
         with self._mode_lock:
             self._served += 1
         try:
             self._arm_quiet(float("inf"))
             with self._cond:
                 while True:
-                    got = self._pop(src, tag)
+                    got = pop()
                     if got is not None:
                         return got
                     if stop():
@@ -393,6 +421,7 @@ class ControlChannel:
             box = self._mail.get((q, tag))
             if box:
                 fp, payload = box.popleft()
+                self.taken[(q, tag)] += 1
                 return q, fp, payload
         return None
 
@@ -427,6 +456,12 @@ class ControlChannel:
                 # thread-safe: the service thread's wait sees the change at once.)
                 self._set_mode(r, _QUIET)
             r.lock.release()
+
+    def waiting(self, src: int, tag: int) -> int:
+        """How many messages from `src` under `tag` wait untaken."""
+        with self._cond:
+            box = self._mail.get((src, tag))
+            return len(box) if box else 0
 
     def _read_now(self, r: ControlReader, src: int, tag: int) -> Optional[tuple]:
         # The message if it is in the mailbox or on the connection already (never blocks).

@@ -29,7 +29,7 @@ from shoal.collectives.backends.base import BackendGroup
 from shoal.collectives.backends.ledger import OpRecord
 from shoal.collectives.backends.tcp import algorithms as algos
 from shoal.collectives.backends.tcp import collectives as ops
-from shoal.collectives.backends.tcp import negotiation, shm_p2p, staging
+from shoal.collectives.backends.tcp import negotiation, shm_p2p, staging, vm_p2p
 from shoal.collectives.backends.tcp import topology as topo
 from shoal.collectives.backends.tcp.executor import Handoff, InOrderExecutor, Job, PartWork
 from shoal.collectives.backends.tcp.failure import GroupFailure
@@ -133,6 +133,10 @@ class ProcessGroupTCP(BackendGroup):
             self._links = Links(rank, size, self._mesh, direct, shared, name, failures.failed)
             # Large point-to-point payloads go through the rings of shared memory too.
             self._mail = shm_p2p.ShmMail(shared) if shared is not None else None
+            # ...and the largest straight into the receiving array where the kernel allows.
+            usable = shared is not None and vm_p2p.here().usable
+            self._writer = vm_p2p.Writer() if usable else None
+            self._offers = vm_p2p.Offers() if usable else None
             if self._topology.hierarchical:
                 self._topology, self._links.hier = negotiation.hierarchy(
                     self._topology, self._links, name, self._timeout)
@@ -371,10 +375,10 @@ class ProcessGroupTCP(BackendGroup):
 
     def _send(self, arr, dst, tag, async_op, timeout):
         fp = f"p2p({describe(arr)})".encode()
-        links, mail = self._links, self._mail
+        links, mail, writer = self._links, self._mail, self._writer
 
         def job(rec, a):
-            ops.send(links, fp, a[0], dst, tag, mail)
+            ops.send(links, fp, a[0], dst, tag, mail, writer)
             return [arr]
 
         return self._submit("send", f"send({describe(arr)}, dst={dst}, tag={tag})", job, (arr,),
@@ -382,10 +386,14 @@ class ProcessGroupTCP(BackendGroup):
 
     def _recv(self, tensor, arr, src, tag, async_op, timeout):
         expected = f"p2p({describe(arr)})".encode()
-        links, mail = self._links, self._mail
+        links, mail, offers = self._links, self._mail, self._offers
 
         def job(rec, a):
-            rec.source = ops.recv(links, expected, a[0], src, tag, mail)
+            number = None
+            if offers is not None and src is not None:
+                number = offers.make(links.control, src, tag, expected, a[0])
+            rec.source = ops.recv(links, expected, a[0], src, tag, mail,
+                                  offered=None if number is None else (offers, number))
             return [tensor]
 
         where = "any rank" if src is None else f"src={src}"
@@ -412,16 +420,31 @@ class ProcessGroupTCP(BackendGroup):
         if plan is None:
             plan = _remember(self._fp_cache, key, _batch_plan(key[1], arrs))
         sends, recvs, peers, tags, fps, desc, nbytes = plan
-        links, mail = self._links, self._mail
+        links, mail, writer, offers = self._links, self._mail, self._writer, self._offers
         outcomes: list = [None] * len(arrs)
         left = collections.deque(recvs)
+        offered: dict[int, tuple] = {}
+
+        large = offers is not None and any(arrs[i].nbytes >= vm_p2p.MIN_BYTES for i in recvs)
+
+        def offer(a):
+            # Each large receive offers its array to its source first (`vm_p2p`); the j-th
+            # receive from one source under one tag is for the j-th message not yet taken.
+            ahead: collections.Counter = collections.Counter()
+            for i in recvs:
+                number = offers.make(links.control, peers[i], tags[i], fps[i], a[i],
+                                     ahead[(peers[i], tags[i])])
+                ahead[(peers[i], tags[i])] += 1
+                if number is not None:
+                    offered[i] = (offers, number)
 
         def receive(a, until):
             # The receives still to do, in order; False when one did not arrive by `until`.
             while left:
                 i = left[0]
                 try:
-                    got = ops.recv(links, fps[i], a[i], peers[i], tags[i], mail, until)
+                    got = ops.recv(links, fps[i], a[i], peers[i], tags[i], mail, until,
+                                   offered.get(i))
                     if got is None:
                         return False
                     outcomes[i] = got
@@ -431,8 +454,10 @@ class ProcessGroupTCP(BackendGroup):
             return True
 
         def job(rec, a):
+            if large:
+                offer(a)
             for i in sends:
-                ops.send(links, fps[i], a[i], peers[i], tags[i], mail)
+                ops.send(links, fps[i], a[i], peers[i], tags[i], mail, writer, wait=True)
             # Run inline (eager), the batch waits a moment for its receives in the caller's
             # thread (a peer's reply to a small exchange takes tens of microseconds), then
             # leaves the rest to the worker thread so the caller is free to go on.

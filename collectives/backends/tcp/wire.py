@@ -50,7 +50,10 @@ CONTROL_JOINED_MAGIC = b"SHk3"
 KIND_BYE = 1
 KIND_ABORT = 2
 KIND_P2P = 3
-KINDS = {KIND_BYE: "bye", KIND_ABORT: "abort", KIND_P2P: "p2p"}
+# A receiver's offer to have a large point-to-point message written straight into its array
+# (`vm_p2p`): aux is the message's tag, the fingerprint the receive's, the payload `vm_p2p.READY`.
+KIND_READY = 4
+KINDS = {KIND_BYE: "bye", KIND_ABORT: "abort", KIND_P2P: "p2p", KIND_READY: "ready"}
 
 
 def data_header(seq: int, fingerprint: bytes) -> bytes:
