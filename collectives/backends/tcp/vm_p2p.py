@@ -48,10 +48,13 @@ logger = logging.getLogger(__name__)
 # descriptors use 0x01).
 MARK = b"\x02"
 # Below this a message goes through the ring as before: its two copies of a few MiB stay in
-# the caches, while the kernel's write pins every page of the receiving array first (measured
-# with bench/p2p.py on a 2-core EPYC: at 4 MiB the ring was faster at W=2 and slower at W=4,
-# from 8 MiB the direct write was faster at both, 1.3-2.4x at 8-64 MiB).
+# the caches, while the kernel's write pins every page of the receiving array first. Measured
+# with bench/p2p.py (ring shifts, 2-core EPYC, the ring's tree and this one alternating): at
+# 4 MiB the ring was faster at W=2 and at W=4 (1.45-1.90 against 1.77-2.12 ms); at 8 MiB the
+# direct write was faster at both (W=4: 2.7-3.3 against 3.3-4.3 ms), and more so above.
 MIN_BYTES = 8 << 20
+
+
 # message number, array address, length, receiver's pid, its pid namespace, canary address,
 # canary
 READY = struct.Struct("<QQQIQQ16s")
