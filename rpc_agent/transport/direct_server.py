@@ -12,7 +12,9 @@ worker of an rpc_sync round trip 4.5 polls, 2.5 wake-up writes and 2.2 futex cal
 round trips), and 1.1 polls and 0.8 futex calls without it. So, once a connection's setup has had
 `_SETUP_HOLD_S`, the thread waits on the listening sockets themselves (`_QuietWait`) and drains the
 queue without blocking every `_SWEEP_S` (handshakes still under way, gRPC's timers); a connection
-arriving, or stop(), puts it back on the queue at once.
+arriving, or stop(), puts it back on the queue at once. This holds only where gRPC's own listener
+accepts connections on the thread that polls (`quiet_accept`, grpc_tuning's choice): an
+EventEngine listener accepts on threads of its own, and a call it accepts would wait for a sweep.
 """
 
 from __future__ import annotations
@@ -124,10 +126,12 @@ class StreamServer:
             its end, quickly, and bound how many it keeps. If it raises, it must not have
             started anything on the call (the server then rejects it).
         name: for the accept thread's name.
+        quiet_accept: the accept thread leaves the queue between connections (see the module
+            docstring); only where gRPC core polls with `poll` and its own listener.
     """
 
     def __init__(self, host: str, options: list, method: str,
-                 on_call: Callable[[Accepted], None], name: str):
+                 on_call: Callable[[Accepted], None], name: str, quiet_accept: bool = False):
         self._host = host
         self._method = method.encode()
         self._on_call = on_call
@@ -145,6 +149,7 @@ class StreamServer:
         # How the accept thread waits while no connection is being set up (see the module
         # docstring); None where the listening sockets were not found: it stays on the queue.
         self._quiet: Optional[_QuietWait] = None
+        self._quiet_accept = quiet_accept
 
     def start(self) -> int:
         """Bind and start; the port (0 if binding failed)."""
@@ -152,13 +157,20 @@ class StreamServer:
         if not port:
             return 0
         self._server.start()
-        self._quiet = _QuietWait.over_listeners(port)
+        if self._quiet_accept:
+            self._quiet = _QuietWait.over_listeners(port)
         self._rejections = _Rejections(self._name)
         self._request()
         self._thread = threading.Thread(target=self._accept_loop, daemon=True,
                                         name=f"shoal-rpc-accept-{self._name}")
         self._thread.start()
         return port
+
+    @property
+    def waits_quietly(self) -> bool:
+        """True when the accept thread leaves the server's queue between connections (its
+        listening sockets were found; see the module docstring)."""
+        return self._quiet is not None
 
     @property
     def running(self) -> bool:

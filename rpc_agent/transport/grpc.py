@@ -61,7 +61,7 @@ from shoal.rpc_agent.types import (
     MAX_GRPC_MESSAGE_BYTES,
     RpcError,
 )
-from shoal.rpc_agent.transport import direct, direct_server
+from shoal.rpc_agent.transport import direct, direct_server, grpc_tuning
 from shoal.rpc_agent.transport.hello import (
     HELLO_METADATA,
     NONCE_BYTES,
@@ -167,7 +167,8 @@ class GrpcTransport:
             try:
                 # Accepted calls go straight to their stream's reader (see transport/direct.py).
                 self._server = direct_server.StreamServer(
-                    host, self._options, METHOD, self._accept, name)
+                    host, self._options, METHOD, self._accept, name,
+                    quiet_accept=grpc_tuning.poll_without_listener_engine())
                 self._serves_direct = True
             except direct.PRIVATE_LAYER_ERRORS as exc:
                 direct.disable(exc)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from typing import Optional
 
 from shoal.core.config import SettingError
 from shoal.rpc_agent import settings
@@ -47,6 +48,9 @@ GRPC_CORE_MODULE = "grpc._cython.cygrpc"
 
 # gRPC core reads the settings once per process, so they are decided once: by the first agent.
 _decided = False
+# The GRPC_ENVIRONMENT variables as gRPC core reads them in this process, where the first
+# apply() ran before it loaded; None where that is not known (grpc was loaded first).
+_read_by_core: Optional[dict] = None
 
 
 def apply() -> dict[str, str]:
@@ -63,9 +67,15 @@ def apply() -> dict[str, str]:
         choice = setting.get()
     except SettingError as exc:
         raise SettingError(f"{setting.name} must be 0 or 1, got {setting.raw()!r}.") from exc
-    if _decided or choice == "0":
+    if _decided:
         return {}
     _decided = True
+    global _read_by_core
+    if GRPC_CORE_MODULE not in sys.modules:
+        # What core will read as it loads: these values, whatever apply() sets below.
+        _read_by_core = {name: os.environ.get(name) for name in GRPC_ENVIRONMENT}
+    if choice == "0":
+        return {}
     if GRPC_CORE_MODULE in sys.modules:
         logger.debug(
             "grpc was imported before init_rpc, so gRPC core has read its settings already and "
@@ -76,4 +86,16 @@ def apply() -> dict[str, str]:
         return {}
     applied = {name: value for name, value in GRPC_ENVIRONMENT.items() if name not in os.environ}
     os.environ.update(applied)
+    _read_by_core.update(applied)
     return applied
+
+
+def poll_without_listener_engine() -> bool:
+    """True when this process's gRPC core is known to run iomgr's `poll` strategy with the
+    EventEngine listener off (shoal's tuning, or the user's same choice): then the server's
+    completion queue polls every accepted connection (transport/direct_server.py)."""
+    if _read_by_core is None:
+        return False
+    experiments = (_read_by_core.get("GRPC_EXPERIMENTS") or "").replace(" ", "").split(",")
+    return (_read_by_core.get("GRPC_POLL_STRATEGY") == "poll"
+            and "-event_engine_listener" in experiments)

@@ -41,8 +41,10 @@ _SCRIPT = textwrap.dedent("""
                                                                      rpc_timeout=10))
         assert rpc_agent.rpc_sync("solo", len, ("abc",)) == 3
         rpc_agent.shutdown(timeout=10)
+    from shoal.rpc_agent.transport import grpc_tuning
     print(json.dumps({**imported, "after_init": {n: os.environ.get(n) for n in names},
-                      "records": records}))
+                      "records": records,
+                      "poll_in_effect": grpc_tuning.poll_without_listener_engine()}))
 """)
 
 
@@ -61,18 +63,21 @@ def test_importing_shoal_leaves_the_environment_alone_and_init_rpc_applies_the_t
     assert got["environ_unchanged"] and not got["grpc_loaded"]
     assert got["after_init"] == GRPC_ENVIRONMENT
     assert got["records"] == []
+    assert got["poll_in_effect"]  # the accept thread may leave its queue (direct_server.py)
 
 
 def test_the_opt_out_leaves_them_unset():
     got = _run({ENV_TUNING: "0"})
     assert got["environ_unchanged"]
     assert got["after_init"] == {name: None for name in GRPC_ENVIRONMENT}
+    assert not got["poll_in_effect"]
 
 
 def test_the_users_own_values_are_kept():
     got = _run({"GRPC_POLL_STRATEGY": "epoll1"})
     assert got["after_init"] == {"GRPC_EXPERIMENTS": GRPC_ENVIRONMENT["GRPC_EXPERIMENTS"],
                                  "GRPC_POLL_STRATEGY": "epoll1"}
+    assert not got["poll_in_effect"]
 
 
 def test_nothing_is_set_once_grpc_is_loaded_and_a_debug_message_says_so_once():
@@ -80,6 +85,7 @@ def test_nothing_is_set_once_grpc_is_loaded_and_a_debug_message_says_so_once():
     assert got["after_init"] == {name: None for name in GRPC_ENVIRONMENT}
     assert len(got["records"]) == 1
     assert "grpc was imported before init_rpc" in got["records"][0]
+    assert not got["poll_in_effect"]  # what gRPC core read is not known
 
 
 def test_a_bad_opt_out_value_is_named():
