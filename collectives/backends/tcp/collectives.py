@@ -357,7 +357,7 @@ def send(links: Links, fp: bytes, arr: np.ndarray, dst: int, tag: int,
         if writer is not None and len(raw) >= vm_p2p.MIN_BYTES and writer.enabled(dst):
             control = links.control
             number = control.sent[(dst, tag)]
-            got = control.take_ready(dst, tag, number, time.monotonic() + (
+            got = vm_p2p.take_offer(control, dst, tag, number, time.monotonic() + (
                 vm_p2p.wait_for(len(raw)) if wait else 0.0))
             if got is not None and writer.write(dst, fp, raw, *got):
                 control.send_p2p(dst, tag, vm_p2p.MARK + fp, vm_p2p.NOTE.pack(number))
@@ -388,7 +388,7 @@ def recv(links: Links, expected: bytes, arr: np.ndarray, src: Optional[int], tag
     elif src is not None:
         got = links.control.take_p2p_reading(src, tag, links.failed, until, links.p2p_spin)
     else:
-        got = links.control.take_p2p_until(src, tag, links.failed, until)
+        got = links.control.take_p2p(src, tag, links.failed, until=until)
     if got is None:
         if until is not None and not links.failed():
             return None

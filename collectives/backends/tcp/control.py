@@ -374,25 +374,24 @@ class ControlChannel:
         if kind == wire.KIND_P2P:
             self.sent[(dst, tag)] += 1  # (one thread at a time sends a group's messages)
 
-    def take_p2p(self, src: Optional[int], tag: int, stop: Callable[[], bool], wait_s: float = 0.25):
-        """Wait for a message with `tag` from `src` (or anyone); returns (src, fp, payload).
+    def take_p2p(self, src: Optional[int], tag: int, stop: Callable[[], bool],
+                 wait_s: float = 0.25, *, until: Optional[float] = None):
+        """Wait for a message with `tag` from `src` (or anyone); returns (src, fp, payload), or
+        None once `stop()` or the `time.monotonic()` deadline `until` came first.
 
-        `stop()` is polled between waits so a failed group ends the wait. The service thread
+        `stop()` is polled every `wait_s` (without `until`) so a failed group ends the wait. The service thread
         delivers the message: no connection is quiet meanwhile.
         """
-        return self._served_wait(lambda: self._pop(src, tag), stop, wait_s)
+        if until is None:
+            return self.served_wait(lambda: self._pop(src, tag), stop, wait_s)
+        return self.served_wait(lambda: self._pop(src, tag),
+                                lambda: stop() or time.monotonic() >= until,
+                                max(0.0, until - time.monotonic()))
 
-    def take_ready(self, dst: int, tag: int, number: int, until: float) -> Optional[tuple]:
-        """`dst`'s offer for message `number` under `tag` to it, waiting for it until the
-        `time.monotonic()` deadline `until`: (fp, payload), or None."""
-        return self._served_wait(lambda: self.readies.pop(dst, tag, number),
-                                 lambda: time.monotonic() >= until,
-                                 max(0.0, until - time.monotonic()))
-
-    def _served_wait(self, pop: Callable[[], Optional[tuple]], stop: Callable[[], bool],
-                     wait_s: float) -> Optional[tuple]:
-        # Wait under _cond until `pop()` finds something or `stop()`; the service thread
-        # delivers it, so no connection stays quiet meanwhile.
+    def served_wait(self, pop: Callable[[], Optional[tuple]], stop: Callable[[], bool],
+                    wait_s: float) -> Optional[tuple]:
+        """Wait until `pop()` (called under the channel's lock) finds what the service thread
+        delivers, or `stop()`; `pop()`'s answer or None. No connection stays quiet meanwhile."""
         with self._mode_lock:
             self._served += 1
         try:
@@ -408,12 +407,6 @@ class ControlChannel:
         finally:
             with self._mode_lock:
                 self._served -= 1
-
-    def take_p2p_until(self, src: Optional[int], tag: int, stop: Callable[[], bool],
-                       until: float):
-        """`take_p2p` until the `time.monotonic()` deadline `until`; None when nothing came."""
-        return self.take_p2p(src, tag, lambda: stop() or time.monotonic() >= until,
-                             max(0.0, until - time.monotonic()))
 
     def _pop(self, src: Optional[int], tag: int):
         # The first message with `tag` from `src` (or anyone), or None; call under _cond.
@@ -441,7 +434,7 @@ class ControlChannel:
         """
         r = self._readers[src]
         if r is None or r.dropped or not r.lock.acquire(blocking=False):
-            return self.take_p2p_until(src, tag, stop, until)
+            return self.take_p2p(src, tag, stop, until=until)
         try:
             # What has arrived already needs no wait, nor the epoll set changed around it.
             got = self._read_now(r, src, tag)

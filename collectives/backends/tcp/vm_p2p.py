@@ -34,6 +34,7 @@ import errno
 import logging
 import os
 import struct
+import time
 from typing import Optional
 
 import numpy as np
@@ -129,6 +130,14 @@ def offer(number: int, arr: np.ndarray) -> bytes:
 def wait_for(nbytes: int) -> float:
     """How long a sender of `nbytes` waits for its receiver's offer."""
     return min(_WAIT_MAX_S, nbytes / _COPY_BYTES_PER_S)
+
+
+def take_offer(control, dst: int, tag: int, number: int, until: float) -> Optional[tuple]:
+    """`dst`'s offer for message `number` under `tag` to it, from `control`'s offers, waiting
+    for it until the `time.monotonic()` deadline `until`: (fp, payload), or None."""
+    return control.served_wait(lambda: control.readies.pop(dst, tag, number),
+                               lambda: time.monotonic() >= until,
+                               max(0.0, until - time.monotonic()))
 
 
 class Readies:
