@@ -30,6 +30,7 @@ os.environ.setdefault("TP_SOCKET_IFNAME", "lo")
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 import secrets  # noqa: E402
 
+import shoal  # noqa: E402
 from shoal.collectives import settings as collective_settings  # noqa: E402
 from shoal.core import settings as core_settings  # noqa: E402  (after the thread limits)
 
@@ -379,6 +380,8 @@ def main(argv=None) -> int:
 
     header = (f"{'row':34} {'unit':8} {'shoal':>12} {'torch':>12} {'shoal/torch':>12}  "
               "spread (shoal; torch)")
+    # The tree measured (an A/B run of two trees sets PYTHONPATH for each).
+    print(f"shoal imported from {os.path.dirname(os.path.abspath(shoal.__file__))}")
     print(header)
     print("-" * len(header))
     lines = []

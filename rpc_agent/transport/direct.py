@@ -140,6 +140,9 @@ class Pump:
         self._holding = True
         self._released = False
         self._outstanding = 0
+        # True between a message handed to the reader and the reader asking for the next one:
+        # the next receive is started then (see `_next_message`).
+        self._receive_due = False
         # Set once the call is known to be over (then the writer exits).
         self._over = False
         # Held by the one thread polling (a reader, or drain()): two pollers could both see
@@ -265,6 +268,14 @@ class Pump:
     def _next_message(self) -> bytes:
         while True:
             with self._lock:
+                if self._receive_due:
+                    # Started here, when the reader (or the reader after it) asks for the next
+                    # message, rather than as the last one arrived: what the reader does with a
+                    # message (an inline call's reply, a caller woken) goes first; a message
+                    # that comes meanwhile waits in gRPC as it would for the busy reader.
+                    self._receive_due = False
+                    if self._operate((cygrpc.ReceiveMessageOperation(NO_FLAGS),), _RECEIVE):
+                        self._outstanding += 1
                 if self._outstanding == 0:
                     self._over = True
                     raise self._end()
@@ -276,9 +287,7 @@ class Pump:
                 if tag == _RECEIVE:
                     data = event.batch_operations[0].message() if event.success else None
                     if data is not None:
-                        if self._operate((cygrpc.ReceiveMessageOperation(NO_FLAGS),),
-                                         _RECEIVE):
-                            self._outstanding += 1
+                        self._receive_due = True
                         return data
                     self._on_end_of_messages()
                 elif tag == _SEND:
