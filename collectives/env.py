@@ -102,6 +102,12 @@ def hierarchical_pipeline() -> Optional[bool]:
     return settings.HIER_PIPELINE.get()
 
 
+def p2p_direct() -> bool:
+    """SHOAL_P2P_DIRECT (default 1): whether large point-to-point messages between ranks of one
+    host may be written straight into the receiving array (`backends.tcp.vm_p2p`)."""
+    return settings.P2P_DIRECT.get()
+
+
 def spin_seconds(group_size: int, default: float) -> float:
     """How long small receives poll before blocking: SHOAL_SPIN_US if set, else `default` when
     this process may use at least `group_size` CPUs (so ranks do not steal each other's core).

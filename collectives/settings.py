@@ -38,6 +38,12 @@ HIER_PIPELINE = Setting(
     "1 pipelines two-level all_reduces (a leader's transfer between hosts overlaps its host's "
     "shared-memory work on the next piece), 0 runs the phases one after the other; unset, the "
     "group decides by cores per rank. Every rank must agree, or none pipelines.")
+P2P_DIRECT = Setting(
+    "SHOAL_P2P_DIRECT", "bool", True,
+    "Whether point-to-point messages from 8 MiB between ranks of one host are written straight "
+    "into the receiving array (process_vm_writev, one copy); 0 keeps them in the shared-memory "
+    "rings (two copies), for hosts whose policy forbids one process writing into another's "
+    "memory. Ranks may differ: a pair writes directly only when both allow it.")
 SPIN_US = Setting(
     "SHOAL_SPIN_US", "float", None,
     "Microseconds a small receive polls before it blocks (unset: the backend's default when "
@@ -61,4 +67,5 @@ DISTRIBUTED_DEBUG = Setting(
 TABLE = SettingsTable(
     "collectives", "Stores, process groups, the watchdog and DistributedDataParallel.",
     (ASYNC_ERROR_HANDLING, DUMP_DIR, COLLECTIVE_TIMEOUT, LOCAL_TRANSPORT, HIERARCHICAL,
-     HIER_LEADERS, HIER_PIPELINE, SPIN_US, USE_AGENT_STORE, COLLECTIVES_HOST, DISTRIBUTED_DEBUG))
+     HIER_LEADERS, HIER_PIPELINE, P2P_DIRECT, SPIN_US, USE_AGENT_STORE, COLLECTIVES_HOST,
+     DISTRIBUTED_DEBUG))

@@ -7,6 +7,7 @@ array the sender sent."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -48,7 +49,9 @@ def _p2p(is_send, arr, peer, tag=0):
     return (is_send, arr, peer, tag)  # one operation of ProcessGroupTCP.batch_p2p
 
 
-def _shift(rank, world, port, rounds):
+def _shift(rank, world, port, rounds, direct_off=()):
+    if rank in direct_off:
+        os.environ["SHOAL_P2P_DIRECT"] = "0"
     group = _group(rank, world, port)
     try:
         got = []
@@ -65,6 +68,8 @@ def _shift(rank, world, port, rounds):
                 work.wait()
             got.append(out)
         group.barrier()
+        if group._writer is None:
+            return got, None, None
         return got, group._writer.written, len(group._offers._kept)
     finally:
         group.shutdown()
@@ -80,6 +85,20 @@ def test_a_ring_shift_of_large_arrays_is_written_straight_into_the_receivers(wor
         late = len(range(rank, rounds, world))
         assert written >= late, f"rank {rank} wrote {written} of its {rounds} messages directly"
         assert kept == 0  # every offered array was handed back once its message was taken
+
+
+@pytest.mark.parametrize("off", [(0, 1), (1,)], ids=["both-off", "one-off"])
+def test_shoal_p2p_direct_0_keeps_messages_in_the_rings_and_a_mixed_pair_agrees(off):
+    rounds = 2
+    results = _run(_shift, 2, rounds, off)
+    for rank, (got, written, kept) in enumerate(results):
+        for i, out in enumerate(got):
+            np.testing.assert_array_equal(out, _data(1 - rank, i))
+        if rank in off:
+            assert written is None  # no writer, no offers
+        else:
+            # Its peer offers nothing, so it writes nothing (and its own offers go unused).
+            assert written == 0 and kept == 0
 
 
 def _ordered(rank, world, port):

@@ -134,7 +134,7 @@ class ProcessGroupTCP(BackendGroup):
             # Large point-to-point payloads go through the rings of shared memory too.
             self._mail = shm_p2p.ShmMail(shared) if shared is not None else None
             # ...and the largest straight into the receiving array where the kernel allows.
-            usable = shared is not None and vm_p2p.here().usable
+            usable = shared is not None and env.p2p_direct() and vm_p2p.here().usable
             self._writer = vm_p2p.Writer() if usable else None
             self._offers = vm_p2p.Offers() if usable else None
             if self._topology.hierarchical:
