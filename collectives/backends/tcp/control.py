@@ -379,13 +379,16 @@ class ControlChannel:
         """Wait for a message with `tag` from `src` (or anyone); returns (src, fp, payload), or
         None once `stop()` or the `time.monotonic()` deadline `until` came first.
 
-        `stop()` is polled every `wait_s` (without `until`) so a failed group ends the wait. The service thread
-        delivers the message: no connection is quiet meanwhile.
+        `stop()` is polled every `wait_s` (without `until`) so a failed group ends the wait.
+        The service thread delivers the message: no connection is quiet meanwhile.
         """
         if until is None:
             return self.served_wait(lambda: self._pop(src, tag), stop, wait_s)
-        return self.served_wait(lambda: self._pop(src, tag),
-                                lambda: stop() or time.monotonic() >= until,
+
+        def done() -> bool:
+            return stop() or time.monotonic() >= until
+
+        return self.served_wait(lambda: self._pop(src, tag), done,
                                 max(0.0, until - time.monotonic()))
 
     def served_wait(self, pop: Callable[[], Optional[tuple]], stop: Callable[[], bool],

@@ -73,17 +73,19 @@ def _check_peer(rank: int, size: int, is_send: bool, peer) -> None:
 
 
 def _batch_plan(shape: tuple, arrs: list) -> tuple:
-    """(send indices, receive indices, peers, tags, fingerprints, description, bytes) of a
-    batch of `shape` ((is_send, dtype, shape, peer, tag) per operation) on `arrs`."""
+    """(send indices, receive indices, peers, tags, fingerprints, description, bytes, whether
+    a receive is large enough to offer its array, `vm_p2p`) of a batch of `shape`
+    ((is_send, dtype, shape, peer, tag) per operation) on `arrs`."""
     described = [describe(a) for a in arrs]
-    return (tuple(i for i, e in enumerate(shape) if e[0]),
-            tuple(i for i, e in enumerate(shape) if not e[0]),
+    recvs = tuple(i for i, e in enumerate(shape) if not e[0])
+    return (tuple(i for i, e in enumerate(shape) if e[0]), recvs,
             [e[3] for e in shape], [e[4] for e in shape],
             [f"p2p({d})".encode() for d in described],
             "batch_isend_irecv(" + ", ".join(
                 f"{'send' if s else 'recv'}({d}, {'dst' if s else 'src'}={p}, tag={t})"
                 for (s, _dt, _sh, p, t), d in zip(shape, described)) + ")",
-            sum(a.nbytes for a in arrs))
+            sum(a.nbytes for a in arrs),
+            any(arrs[i].nbytes >= vm_p2p.MIN_BYTES for i in recvs))
 
 
 class ProcessGroupTCP(BackendGroup):
@@ -419,13 +421,12 @@ class ProcessGroupTCP(BackendGroup):
         plan = self._fp_cache.get(key)
         if plan is None:
             plan = _remember(self._fp_cache, key, _batch_plan(key[1], arrs))
-        sends, recvs, peers, tags, fps, desc, nbytes = plan
+        sends, recvs, peers, tags, fps, desc, nbytes, large = plan
         links, mail, writer, offers = self._links, self._mail, self._writer, self._offers
         outcomes: list = [None] * len(arrs)
         left = collections.deque(recvs)
         offered: dict[int, tuple] = {}
-
-        large = offers is not None and any(arrs[i].nbytes >= vm_p2p.MIN_BYTES for i in recvs)
+        large = large and offers is not None
 
         def offer(a):
             # Each large receive offers its array to its source first (`vm_p2p`); the j-th

@@ -204,8 +204,9 @@ class Writer:
         self.written = 0  # messages written straight into a peer's array
 
     def enabled(self, peer: int) -> bool:
-        """Whether offers from `peer` are worth waiting for."""
-        return peer not in self._refused and here().usable
+        """Whether offers from `peer` are worth waiting for (a group makes a Writer only where
+        `here().usable`)."""
+        return peer not in self._refused
 
     def write(self, peer: int, expected_fp: bytes, raw, offer_fp: bytes, payload: bytes) -> bool:
         """Copy `raw` (bytes-like, contiguous) into the array `payload` offers when the offer
