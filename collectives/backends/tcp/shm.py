@@ -63,8 +63,8 @@ BUFFERS = 3  # per region, used in turn (see the module docstring)
 # counters. A ring holds two messages of up to 64 MiB (one the receiver is still copying out,
 # the sender's next; larger ones take the sockets), and the rings of a region stay within
 # 512 MiB of address space; pages cost memory only once a message has been written there,
-# and a sender starts again at the ring's start whenever the receiver has freed everything,
-# so a stream of messages keeps using the same pages.
+# and a sender puts each message at the lowest offset where it fits (`shm_p2p`), so a stream
+# of messages keeps using the same pages.
 P2P_RING_MAX_BYTES = 128 * 1024 * 1024 + 8192
 P2P_REGION_BUDGET_BYTES = 512 * 1024 * 1024
 _PAGE = 4096

@@ -10,10 +10,14 @@ its array. Two copies, no kernel buffers, no thread hand-off of the bytes.
 
 Sends stay eager (a send never waits for its receive to be posted, as over the control
 channel): a message takes the ring only when it fits in the space the receiver has already
-freed, and otherwise goes over the sockets as before. Ring space is handed out in order; the
-receiver frees a message's bytes once it has copied them (or dropped the message), publishing
-in its own region how far it has freed in each sender's ring. Messages received out of order
-(another tag first) free their space when every earlier one is freed. Only the writer of a
+freed, and otherwise goes over the sockets as before. The receiver frees a message's bytes
+once it has copied them (or dropped the message), publishing in its own region how many of
+the bytes sent to it through the ring it has freed, counting in the order they were sent.
+Messages received out of order (another tag first) free their space when every earlier one
+is freed. The sender, knowing where each message it has not seen freed lies, puts the next
+one at the lowest offset where it fits: a stream whose receiver trails by a message or two
+keeps reusing the ring's first pages, which are mapped and most likely still cached, rather
+than walking through the whole ring's cold memory. Only the writer of a
 counter or a ring ever writes it; on x86-64 an aligned 8-byte store is seen whole, and stores
 are seen in program order, so a sender that reads a freed count sees the receiver done with
 those bytes.
@@ -21,6 +25,7 @@ those bytes.
 
 from __future__ import annotations
 
+import collections
 import struct
 from typing import Optional
 
@@ -33,8 +38,12 @@ __all__ = ["MARK", "ShmMail", "BadDescriptor"]
 # A descriptor's fingerprint starts with MARK (a byte no fingerprint of the sockets' path
 # starts with); the rest is the payload's own fingerprint.
 MARK = b"\x01"
-# message number in this sender's ring, start in the ring, length, ring position after it
+# message number in this sender's ring, start in the ring, length, the bytes sent through the
+# ring up to and with it (what the receiver publishes as freed once it and those before it are)
 _DESC = struct.Struct("<QQQQ")
+# Messages of one ring not yet seen freed: a sender this far ahead of its receiver sends the
+# rest over the sockets (its receiver is not waiting for a copy), and placing one stays cheap.
+MAX_PENDING = 64
 
 
 class BadDescriptor(ValueError):
@@ -50,8 +59,11 @@ class ShmMail:
         self.slots = slots
         self.rank = slots.rank
         size = slots.size
-        self._head = [0] * size  # ring position after the last message written, by destination
+        self._head = [0] * size  # bytes written to each destination's ring, ever
         self._sent = [0] * size  # messages written, by destination
+        # By destination: (bytes written up to and with it, start, length) of each message not
+        # yet seen freed, in the order sent.
+        self._pending: list[collections.deque] = [collections.deque() for _ in range(size)]
         self._next = [0] * size  # by source: the first message not yet freed
         self._taken: list[dict[int, int]] = [{} for _ in range(size)]  # source: number -> end
 
@@ -62,20 +74,18 @@ class ShmMail:
         ring_bytes = slots.p2p_ring
         if n > ring_bytes:
             return None
-        freed = int(slots.counters(dst)[self.rank])
-        head = self._head[dst]
-        pos = head % ring_bytes
-        if freed == head:
-            # Nothing pending: back to the ring's start, whose pages are mapped already.
-            skip = (ring_bytes - pos) % ring_bytes
-        else:
-            skip = ring_bytes - pos if pos + n > ring_bytes else 0
-            if head + skip + n - freed > ring_bytes:
-                return None
-        start = 0 if skip else pos
+        pending = self._pending[dst]
+        if pending:
+            freed = int(slots.counters(dst)[self.rank])
+            while pending and pending[0][0] <= freed:
+                pending.popleft()
+        start = _lowest_gap(pending, n, ring_bytes)
+        if start is None:
+            return None
         np.copyto(slots.ring(self.rank, dst)[start:start + n], payload)
-        end = head + skip + n
+        end = self._head[dst] + n
         self._head[dst] = end
+        pending.append((end, start, n))
         number = self._sent[dst]
         self._sent[dst] = number + 1
         return _DESC.pack(number, start, n, end)
@@ -114,3 +124,23 @@ class ShmMail:
             raise BadDescriptor(f"a shared-memory descriptor naming message {number}, bytes "
                                 f"{start}..{start + n} of a ring of {self.slots.p2p_ring}")
         return number, start, n, end
+
+
+def _lowest_gap(pending, n: int, ring_bytes: int) -> Optional[int]:
+    """The lowest offset of a ring of `ring_bytes` where `n` bytes fit beside the `pending`
+    messages ((sent, start, length) each); None when they fit nowhere or too many wait."""
+    if not pending:
+        return 0
+    if len(pending) == 1:
+        _, start, length = pending[0]
+        if n <= start:
+            return 0
+        return start + length if start + length + n <= ring_bytes else None
+    if len(pending) >= MAX_PENDING:
+        return None
+    pos = 0
+    for start, length in sorted((start, length) for _, start, length in pending):
+        if start - pos >= n:
+            return pos
+        pos = max(pos, start + length)
+    return pos if ring_bytes - pos >= n else None

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shoal.collectives.backends.tcp import shm
+from shoal.collectives.backends.tcp import shm, shm_p2p
 from shoal.collectives.backends.tcp.shm_p2p import BadDescriptor, ShmMail
 
 RING = 8192  # a small ring, so that filling it is cheap
@@ -78,6 +78,59 @@ def test_a_message_wraps_to_the_start_when_the_end_is_too_short():
     receiver.take(0, b, np.zeros(1000, np.uint8))
     receiver.take(0, c, out)
     assert (out == 3).all()
+
+
+def test_after_the_ring_drained_a_second_message_fits_beside_the_first():
+    # A receiver one message behind, after a moment with nothing pending: the ring's restart
+    # at its start once counted the whole rest of the ring as taken, so the next message
+    # (and, in a stream, about a third of them) went over the sockets.
+    sender, receiver = _pair()
+    receiver.take(0, sender.post(1, _msg(3000, 1)), np.zeros(3000, np.uint8))
+    first = sender.post(1, _msg(3000, 2))  # nothing pending: at the start
+    second = sender.post(1, _msg(3000, 3))
+    assert second is not None
+    for desc, value in ((first, 2), (second, 3)):
+        out = np.zeros(3000, np.uint8)
+        receiver.take(0, desc, out)
+        assert (out == value).all()
+
+
+def test_a_stream_one_message_behind_reuses_the_first_pages():
+    sender, receiver = _pair()
+    starts, behind = [], None
+    for value in range(8):
+        desc = sender.post(1, _msg(2000, value))
+        starts.append(int.from_bytes(desc[8:16], "little"))
+        if behind is not None:
+            receiver.take(0, behind, np.zeros(2000, np.uint8))
+        behind = desc
+    assert starts == [0, 2000] * 4  # two slots in turn, not a walk through the whole ring
+
+
+def test_a_message_takes_the_gap_a_freed_one_left_between_two_that_wait():
+    sender, receiver = _pair()
+    a = sender.post(1, _msg(3000, 1))  # 0..3000
+    b = sender.post(1, _msg(3000, 2))  # 3000..6000
+    receiver.take(0, a, np.zeros(3000, np.uint8))
+    c = sender.post(1, _msg(2000, 3))  # the lowest free bytes: 0..2000
+    receiver.take(0, b, np.zeros(3000, np.uint8))
+    d = sender.post(1, _msg(1000, 4))  # 2000..3000, below nothing that waits
+    e = sender.post(1, _msg(5000, 5))  # 3000..8000, between d and the ring's end
+    assert [int.from_bytes(x[8:16], "little") for x in (c, d, e)] == [0, 2000, 3000]
+    assert sender.post(1, _msg(200, 6)) is None  # 192 bytes are left
+    for desc, n, value in ((c, 2000, 3), (d, 1000, 4), (e, 5000, 5)):
+        out = np.zeros(n, np.uint8)
+        receiver.take(0, desc, out)
+        assert (out == value).all()
+
+
+def test_a_sender_far_ahead_of_its_receiver_sends_the_rest_by_the_sockets():
+    sender, receiver = _pair()
+    descs = [sender.post(1, _msg(64, i)) for i in range(shm_p2p.MAX_PENDING)]
+    assert all(d is not None for d in descs)
+    assert sender.post(1, _msg(64, 0)) is None  # space is left, but too many wait
+    receiver.take(0, descs[0], np.zeros(64, np.uint8))
+    assert sender.post(1, _msg(64, 0)) is not None
 
 
 def test_a_message_larger_than_the_ring_is_refused():
