@@ -3,7 +3,10 @@
 Cases, at W = 2 and 4, of 4 KiB, 4 MiB and 64 MiB per rank:
 - batch_isend_irecv: every rank sends its array to the next rank and receives the previous
   rank's into another (a ring shift, the pipeline-parallel pattern), as one batch;
-- all_to_all: every rank's array cut into W equal blocks, block q to rank q.
+- all_to_all: every rank's array cut into W equal blocks, block q to rank q;
+- shift_stream: STREAM ring shifts back to back with no barrier between them (a pipeline's
+  steady stream, where a receiver may still be copying one message as the next is sent); its
+  time is per shift.
 
 Each iteration starts after a barrier and is timed as the slowest rank's time; medians over
 iterations. Both sides' ranks run at once and the parent alternates blocks of iterations
@@ -45,7 +48,8 @@ import numpy as np  # noqa: E402
 KiB = 1024
 MiB = 1024 * 1024
 SIZES = (4 * KiB, 4 * MiB, 64 * MiB)
-OPS = ("batch_isend_irecv", "all_to_all")
+OPS = ("batch_isend_irecv", "all_to_all", "shift_stream")
+STREAM = 8  # shifts per timed shift_stream iteration
 CTX = multiprocessing.get_context("spawn")
 
 
@@ -61,14 +65,16 @@ def _fmt(n: int) -> str:
 def _shoal_case(c, op: str, n: int, rank: int, world: int):
     """A callable running one iteration of `op` on shoal's default group (float32, n elements)."""
     x = np.ones(n, np.float32)
-    if op == "batch_isend_irecv":
+    if op in ("batch_isend_irecv", "shift_stream"):
         y = np.empty_like(x)
         nxt, prv = (rank + 1) % world, (rank - 1) % world
+        shifts = STREAM if op == "shift_stream" else 1
 
         def run():
-            ops = [c.P2POp(c.isend, x, nxt), c.P2POp(c.irecv, y, prv)]
-            for work in c.batch_isend_irecv(ops):
-                work.wait()
+            for _ in range(shifts):
+                ops = [c.P2POp(c.isend, x, nxt), c.P2POp(c.irecv, y, prv)]
+                for work in c.batch_isend_irecv(ops):
+                    work.wait()
         return run
     ins = list(x.reshape(world, -1))
     outs = [np.empty_like(b) for b in ins]
@@ -78,14 +84,16 @@ def _shoal_case(c, op: str, n: int, rank: int, world: int):
 def _gloo_case(dist, torch, op: str, n: int, rank: int, world: int):
     """The same iteration on torch's default (gloo) group."""
     x = torch.ones(n)
-    if op == "batch_isend_irecv":
+    if op in ("batch_isend_irecv", "shift_stream"):
         y = torch.empty_like(x)
         nxt, prv = (rank + 1) % world, (rank - 1) % world
+        shifts = STREAM if op == "shift_stream" else 1
 
         def run():
-            ops = [dist.P2POp(dist.isend, x, nxt), dist.P2POp(dist.irecv, y, prv)]
-            for work in dist.batch_isend_irecv(ops):
-                work.wait()
+            for _ in range(shifts):
+                ops = [dist.P2POp(dist.isend, x, nxt), dist.P2POp(dist.irecv, y, prv)]
+                for work in dist.batch_isend_irecv(ops):
+                    work.wait()
         return run
     ins = list(x.reshape(world, -1))
     outs = [torch.empty_like(b) for b in ins]
@@ -132,7 +140,7 @@ def _worker(side, rank, world, port, commands, out):
                 barrier()
                 t0 = time.perf_counter()
                 run()
-                ts.append(time.perf_counter() - t0)
+                ts.append((time.perf_counter() - t0) / (STREAM if op == "shift_stream" else 1))
             out.put((side, rank, "times", ts))
         finish()
     except BaseException as exc:
