@@ -41,7 +41,13 @@ def irecv(tensor, src: Optional[int] = None, group=None, tag: int = 0,
 def send(tensor, dst: Optional[int] = None, group=None, tag: int = 0,
          timeout: TimeoutLike = None, group_dst: Optional[int] = None) -> None:
     """Send `tensor` to world rank `dst` (or group rank `group_dst`)."""
-    work = isend(tensor, dst, group, tag, timeout, group_dst=group_dst)
+    pg = member_group(group)
+    if pg is None:
+        return
+    _need_peer(dst, group_dst, "dst")
+    # Synchronous, not isend + wait: a group with nothing queued runs it in this thread.
+    work = pg.send(tensor, group_peer(pg, dst, group_dst, "dst"), tag, async_op=False,
+                   timeout=timeout)
     if work is not None:
         work.wait()
 
@@ -53,7 +59,11 @@ def recv(tensor, src: Optional[int] = None, group=None, tag: int = 0,
     pg = member_group(group)
     if pg is None:
         return -1
-    work = irecv(tensor, src, pg, tag, timeout, group_src=group_src)
+    local = None if src is None and group_src is None else group_peer(pg, src, group_src, "src")
+    # Synchronous, not irecv + wait: a group with nothing queued receives in this thread,
+    # which reads the source's connection itself (one wake-up when the message comes, where
+    # the worker thread's receive cost two: its own and then this thread's).
+    work = pg.recv(tensor, local, tag, async_op=False, timeout=timeout)
     work.wait()
     return get_process_group_ranks(pg)[work.source_rank]
 

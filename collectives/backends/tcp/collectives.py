@@ -345,6 +345,11 @@ def _await_headers(links: Links, seq: int, fp: bytes, timeout: float) -> list[in
 
 # ----------------------------------------------------------------------------- point to point
 
+# How long a receive without a deadline reads its source's connection before it checks that
+# the group still stands (as `ControlChannel.take_p2p` polls its stop test).
+_READING_SLICE_S = 0.25
+
+
 def send(links: Links, fp: bytes, arr: np.ndarray, dst: int, tag: int,
          mail: Optional[shm_p2p.ShmMail] = None, writer: Optional[vm_p2p.Writer] = None,
          wait: bool = False) -> None:
@@ -383,12 +388,20 @@ def recv(links: Links, expected: bytes, arr: np.ndarray, src: Optional[int], tag
         P2PMismatch: the message does not fit `arr` (dropped; the group survives).
         GroupFailed: the group failed while waiting, or a peer sent a bad descriptor.
     """
-    if until is None:
-        got = links.control.take_p2p(src, tag, links.failed)
-    elif src is not None:
+    if src is None:
+        got = links.control.take_p2p(src, tag, links.failed, until=until)
+    elif until is not None:
         got = links.control.take_p2p_reading(src, tag, links.failed, until, links.p2p_spin)
     else:
-        got = links.control.take_p2p(src, tag, links.failed, until=until)
+        # No deadline: read the source's connection in this thread (one wake-up when the
+        # message comes, not the service thread's and then this one's), a slice at a time so
+        # a failed group ends the wait as `take_p2p`'s polling does.
+        while True:
+            got = links.control.take_p2p_reading(src, tag, links.failed,
+                                                 time.monotonic() + _READING_SLICE_S,
+                                                 links.p2p_spin)
+            if got is not None or links.failed():
+                break
     if got is None:
         if until is not None and not links.failed():
             return None
