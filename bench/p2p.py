@@ -6,7 +6,9 @@ Cases, at W = 2 and 4, of 4 KiB, 4 MiB and 64 MiB per rank:
 - all_to_all: every rank's array cut into W equal blocks, block q to rank q;
 - shift_stream: STREAM ring shifts back to back with no barrier between them (a pipeline's
   steady stream, where a receiver may still be copying one message as the next is sent); its
-  time is per shift.
+  time is per shift;
+- isend_irecv: the same shift as torch users often write it, a plain isend and irecv, then
+  wait on both (no batch).
 
 Each iteration starts after a barrier and is timed as the slowest rank's time; medians over
 iterations. Both sides' ranks run at once and the parent alternates blocks of iterations
@@ -48,7 +50,7 @@ import numpy as np  # noqa: E402
 KiB = 1024
 MiB = 1024 * 1024
 SIZES = (4 * KiB, 4 * MiB, 64 * MiB)
-OPS = ("batch_isend_irecv", "all_to_all", "shift_stream")
+OPS = ("batch_isend_irecv", "all_to_all", "shift_stream", "isend_irecv")
 STREAM = 8  # shifts per timed shift_stream iteration
 CTX = multiprocessing.get_context("spawn")
 
@@ -65,6 +67,15 @@ def _fmt(n: int) -> str:
 def _shoal_case(c, op: str, n: int, rank: int, world: int):
     """A callable running one iteration of `op` on shoal's default group (float32, n elements)."""
     x = np.ones(n, np.float32)
+    if op == "isend_irecv":
+        y = np.empty_like(x)
+        nxt, prv = (rank + 1) % world, (rank - 1) % world
+
+        def run():
+            sent, received = c.isend(x, nxt), c.irecv(y, prv)
+            sent.wait()
+            received.wait()
+        return run
     if op in ("batch_isend_irecv", "shift_stream"):
         y = np.empty_like(x)
         nxt, prv = (rank + 1) % world, (rank - 1) % world
@@ -84,6 +95,15 @@ def _shoal_case(c, op: str, n: int, rank: int, world: int):
 def _gloo_case(dist, torch, op: str, n: int, rank: int, world: int):
     """The same iteration on torch's default (gloo) group."""
     x = torch.ones(n)
+    if op == "isend_irecv":
+        y = torch.empty_like(x)
+        nxt, prv = (rank + 1) % world, (rank - 1) % world
+
+        def run():
+            sent, received = dist.isend(x, nxt), dist.irecv(y, prv)
+            sent.wait()
+            received.wait()
+        return run
     if op in ("batch_isend_irecv", "shift_stream"):
         y = torch.empty_like(x)
         nxt, prv = (rank + 1) % world, (rank - 1) % world
