@@ -57,6 +57,9 @@ _NONE = ()
 # worker thread takes them over: a few of a small exchange's round trips on a busy machine, and
 # short enough that a caller overlapping compute with its receives hardly notices it.
 _INLINE_RECV_GRACE_S = 1e-3
+# The largest isend run in the caller's thread within a host: copying it into the ring takes
+# about as long as the worker thread's wake-up it saves (50-100 us).
+EAGER_SEND_MAX_BYTES = 1 << 20
 
 
 def _remember(cache: dict, key, value):
@@ -393,12 +396,13 @@ class ProcessGroupTCP(BackendGroup):
             ops.send(links, fp, a[0], dst, tag, mail, writer)
             return [arr]
 
-        # An isend runs in the caller's thread when the group is idle, as a batch's sends do:
-        # a send never waits for its receive, and handing it to the worker thread cost a
+        # A small isend runs in the caller's thread when the group is idle, as a batch's sends
+        # do: a send never waits for its receive, and handing it to the worker thread cost a
         # thread wake-up (an isend/irecv pair of 4 KiB took 4-6x a batch's time). Only where
-        # it cannot block for long: a payload the sockets' buffers take whole, or one that
-        # goes through shared memory or straight into the receiver's array.
-        eager = mail is not None or arr.nbytes <= SMALL_MAX_BYTES
+        # it takes about as long as that hand-off and cannot block: a payload the sockets'
+        # buffers take whole, or up to EAGER_SEND_MAX_BYTES through shared memory. A larger
+        # copy stays in the worker thread, where it overlaps the caller's compute.
+        eager = arr.nbytes <= (EAGER_SEND_MAX_BYTES if mail is not None else SMALL_MAX_BYTES)
         return self._submit("send", desc, job, (arr,), arr.nbytes, timeout, async_op, p2p=True,
                             eager=eager)
 

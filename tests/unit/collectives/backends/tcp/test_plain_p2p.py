@@ -14,7 +14,7 @@ import numpy as np
 from tests.support.threaded_ranks import form_groups, run_all
 
 import shoal.collectives as c
-from shoal.collectives.backends.tcp.group import ProcessGroupTCP
+from shoal.collectives.backends.tcp.group import EAGER_SEND_MAX_BYTES, ProcessGroupTCP
 from shoal.collectives.constants import SMALL_MAX_BYTES
 from shoal.collectives.store.hash import HashStore
 from shoal.collectives.types import CollectiveError
@@ -88,6 +88,25 @@ def test_an_isend_behind_queued_work_keeps_its_place():
         out = run_all(groups, body)
         assert out[0] == 9.0
         assert out[1] == (1.0, 2.0)
+    finally:
+        _close(groups)
+
+
+def test_a_large_isend_within_a_host_still_goes_to_the_worker_thread():
+    groups = _groups()
+    try:
+        assert all(pg._mail is not None for pg in groups)
+        n = EAGER_SEND_MAX_BYTES // 4 + 1  # float32 elements: just over the bound
+
+        def body(pg, r):
+            if r == 0:
+                c.isend(np.ones(n, np.float32), 1, group=pg).wait()
+                return _worker_started(pg)
+            y = np.zeros(n, np.float32)
+            c.recv(y, 0, group=pg)
+            return float(y.sum())
+
+        assert run_all(groups, body) == [True, float(n)]
     finally:
         _close(groups)
 
