@@ -64,60 +64,32 @@ def _fmt(n: int) -> str:
     return f"{n // MiB} MiB" if n >= MiB else f"{n // KiB} KiB"
 
 
-def _shoal_case(c, op: str, n: int, rank: int, world: int):
-    """A callable running one iteration of `op` on shoal's default group (float32, n elements)."""
-    x = np.ones(n, np.float32)
+def _case(api, x, empty_like, op: str, rank: int, world: int):
+    """A callable running one iteration of `op` on `api`'s default group (shoal.collectives or
+    torch.distributed: the same names, the same calls) with the array `x` of this rank;
+    `empty_like` makes an output like an array (numpy's or torch's)."""
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
     if op == "isend_irecv":
-        y = np.empty_like(x)
-        nxt, prv = (rank + 1) % world, (rank - 1) % world
+        y = empty_like(x)
 
         def run():
-            sent, received = c.isend(x, nxt), c.irecv(y, prv)
+            sent, received = api.isend(x, nxt), api.irecv(y, prv)
             sent.wait()
             received.wait()
         return run
     if op in ("batch_isend_irecv", "shift_stream"):
-        y = np.empty_like(x)
-        nxt, prv = (rank + 1) % world, (rank - 1) % world
+        y = empty_like(x)
         shifts = STREAM if op == "shift_stream" else 1
 
         def run():
             for _ in range(shifts):
-                ops = [c.P2POp(c.isend, x, nxt), c.P2POp(c.irecv, y, prv)]
-                for work in c.batch_isend_irecv(ops):
+                ops = [api.P2POp(api.isend, x, nxt), api.P2POp(api.irecv, y, prv)]
+                for work in api.batch_isend_irecv(ops):
                     work.wait()
         return run
     ins = list(x.reshape(world, -1))
-    outs = [np.empty_like(b) for b in ins]
-    return lambda: c.all_to_all(outs, ins)
-
-
-def _gloo_case(dist, torch, op: str, n: int, rank: int, world: int):
-    """The same iteration on torch's default (gloo) group."""
-    x = torch.ones(n)
-    if op == "isend_irecv":
-        y = torch.empty_like(x)
-        nxt, prv = (rank + 1) % world, (rank - 1) % world
-
-        def run():
-            sent, received = dist.isend(x, nxt), dist.irecv(y, prv)
-            sent.wait()
-            received.wait()
-        return run
-    if op in ("batch_isend_irecv", "shift_stream"):
-        y = torch.empty_like(x)
-        nxt, prv = (rank + 1) % world, (rank - 1) % world
-        shifts = STREAM if op == "shift_stream" else 1
-
-        def run():
-            for _ in range(shifts):
-                ops = [dist.P2POp(dist.isend, x, nxt), dist.P2POp(dist.irecv, y, prv)]
-                for work in dist.batch_isend_irecv(ops):
-                    work.wait()
-        return run
-    ins = list(x.reshape(world, -1))
-    outs = [torch.empty_like(b) for b in ins]
-    return lambda: dist.all_to_all(outs, ins)
+    outs = [empty_like(b) for b in ins]
+    return lambda: api.all_to_all(outs, ins)
 
 
 def _worker(side, rank, world, port, commands, out):
@@ -130,7 +102,8 @@ def _worker(side, rank, world, port, commands, out):
             torch.set_num_threads(1)
             store = dist.TCPStore("127.0.0.1", port, world, False)
             dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
-            make = lambda op, n: _gloo_case(dist, torch, op, n, rank, world)  # noqa: E731
+            make = lambda op, n: _case(dist, torch.ones(n), torch.empty_like,  # noqa: E731
+                                       op, rank, world)
             barrier, finish = dist.barrier, dist.destroy_process_group
         else:
             os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
@@ -139,7 +112,8 @@ def _worker(side, rank, world, port, commands, out):
             import shoal.collectives as c
 
             c.init_process_group("tcp", init_method="env://", timeout=300)
-            make = lambda op, n: _shoal_case(c, op, n, rank, world)  # noqa: E731
+            make = lambda op, n: _case(c, np.ones(n, np.float32), np.empty_like,  # noqa: E731
+                                       op, rank, world)
             barrier, finish = c.barrier, c.destroy_process_group
         out.put((side, rank, "ready", None))
         runners = {}
@@ -153,6 +127,7 @@ def _worker(side, rank, world, port, commands, out):
                 for _ in range(3):
                     runners[(op, nbytes)]()
             run = runners[(op, nbytes)]
+            per_call = STREAM if op == "shift_stream" else 1  # shifts per timed call
             barrier()
             run()  # untimed: the other side's block has just evicted this side's caches
             ts = []
@@ -160,7 +135,7 @@ def _worker(side, rank, world, port, commands, out):
                 barrier()
                 t0 = time.perf_counter()
                 run()
-                ts.append((time.perf_counter() - t0) / (STREAM if op == "shift_stream" else 1))
+                ts.append((time.perf_counter() - t0) / per_call)
             out.put((side, rank, "times", ts))
         finish()
     except BaseException as exc:

@@ -14,11 +14,18 @@ from shoal.core.timeouts import TimeoutLike
 def isend(tensor, dst: Optional[int] = None, group=None, tag: int = 0,
           timeout: TimeoutLike = None, group_dst: Optional[int] = None) -> Optional[Work]:
     """Send to world rank `dst` (or group rank `group_dst`) without waiting; returns the Work."""
+    return _start_send(tensor, dst, group, tag, timeout, group_dst, async_op=True)
+
+
+def _start_send(tensor, dst, group, tag, timeout, group_dst, async_op: bool) -> Optional[Work]:
+    # isend (async_op) and send: a synchronous send is an operation of its own, not an isend
+    # and a wait, so a group with nothing queued runs it in the caller's thread.
     pg = member_group(group)
     if pg is None:
         return None
     _need_peer(dst, group_dst, "dst")
-    return pg.send(tensor, group_peer(pg, dst, group_dst, "dst"), tag, async_op=True, timeout=timeout)
+    return pg.send(tensor, group_peer(pg, dst, group_dst, "dst"), tag, async_op=async_op,
+                   timeout=timeout)
 
 
 def _need_peer(world_rank: Optional[int], group_rank: Optional[int], what: str) -> None:
@@ -34,20 +41,22 @@ def irecv(tensor, src: Optional[int] = None, group=None, tag: int = 0,
     pg = member_group(group)
     if pg is None:
         return None
+    return _start_recv(pg, tensor, src, tag, timeout, group_src, async_op=True)
+
+
+def _start_recv(pg, tensor, src, tag, timeout, group_src, async_op: bool) -> Work:
+    # irecv (async_op) and recv: a synchronous receive is an operation of its own, so a group
+    # with nothing queued receives in the caller's thread, which reads the source's connection
+    # itself (one wake-up when the message comes, where the worker thread's receive cost two:
+    # its own and then the caller's).
     local = None if src is None and group_src is None else group_peer(pg, src, group_src, "src")
-    return pg.recv(tensor, local, tag, async_op=True, timeout=timeout)
+    return pg.recv(tensor, local, tag, async_op=async_op, timeout=timeout)
 
 
 def send(tensor, dst: Optional[int] = None, group=None, tag: int = 0,
          timeout: TimeoutLike = None, group_dst: Optional[int] = None) -> None:
     """Send `tensor` to world rank `dst` (or group rank `group_dst`)."""
-    pg = member_group(group)
-    if pg is None:
-        return
-    _need_peer(dst, group_dst, "dst")
-    # Synchronous, not isend + wait: a group with nothing queued runs it in this thread.
-    work = pg.send(tensor, group_peer(pg, dst, group_dst, "dst"), tag, async_op=False,
-                   timeout=timeout)
+    work = _start_send(tensor, dst, group, tag, timeout, group_dst, async_op=False)
     if work is not None:
         work.wait()
 
@@ -59,11 +68,7 @@ def recv(tensor, src: Optional[int] = None, group=None, tag: int = 0,
     pg = member_group(group)
     if pg is None:
         return -1
-    local = None if src is None and group_src is None else group_peer(pg, src, group_src, "src")
-    # Synchronous, not irecv + wait: a group with nothing queued receives in this thread,
-    # which reads the source's connection itself (one wake-up when the message comes, where
-    # the worker thread's receive cost two: its own and then this thread's).
-    work = pg.recv(tensor, local, tag, async_op=False, timeout=timeout)
+    work = _start_recv(pg, tensor, src, tag, timeout, group_src, async_op=False)
     work.wait()
     return get_process_group_ranks(pg)[work.source_rank]
 

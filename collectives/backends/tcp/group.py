@@ -80,6 +80,19 @@ def _check_peer(rank: int, size: int, is_send: bool, peer) -> None:
         raise ValueError(f"Rank {rank} cannot {what} to itself.")
 
 
+def _p2p_names(cache: dict, op: str, arr, peer: Optional[int], tag: int) -> tuple[bytes, str]:
+    """(fingerprint, description) of a send or recv of `arr`, kept in a group's `cache` by
+    its shape; the fingerprint names only the array, which both ends must agree on."""
+    key = (op, arr.dtype, arr.shape, peer, tag)
+    pair = cache.get(key)
+    if pair is None:
+        side = "dst" if op == "send" else "src"
+        where = "any rank" if peer is None else f"{side}={peer}"
+        pair = _remember(cache, key, (f"p2p({describe(arr)})".encode(),
+                                      f"{op}({describe(arr)}, {where}, tag={tag})"))
+    return pair
+
+
 def _batch_plan(shape: tuple, arrs: list) -> tuple:
     """(send indices, receive indices, peers, tags, fingerprints, description, bytes, whether
     a receive is large enough to offer its array, `vm_p2p`) of a batch of `shape`
@@ -384,12 +397,7 @@ class ProcessGroupTCP(BackendGroup):
     # ------------------------------------------------------------------ point to point
 
     def _send(self, arr, dst, tag, async_op, timeout):
-        key = ("send", arr.dtype, arr.shape, dst, tag)
-        pair = self._fp_cache.get(key)
-        if pair is None:
-            pair = _remember(self._fp_cache, key, (f"p2p({describe(arr)})".encode(),
-                                                    f"send({describe(arr)}, dst={dst}, tag={tag})"))
-        fp, desc = pair
+        fp, desc = _p2p_names(self._fp_cache, "send", arr, dst, tag)
         links, mail, writer = self._links, self._mail, self._writer
 
         def job(rec, a):
@@ -407,7 +415,7 @@ class ProcessGroupTCP(BackendGroup):
                             eager=eager)
 
     def _recv(self, tensor, arr, src, tag, async_op, timeout):
-        expected = f"p2p({describe(arr)})".encode()
+        expected, desc = _p2p_names(self._fp_cache, "recv", arr, src, tag)
         links, mail, offers = self._links, self._mail, self._offers
 
         def job(rec, a):
@@ -418,10 +426,8 @@ class ProcessGroupTCP(BackendGroup):
                                   offered=None if number is None else (offers, number))
             return [tensor]
 
-        where = "any rank" if src is None else f"src={src}"
-        return self._submit("recv", f"recv({describe(arr)}, {where}, tag={tag})", job, (arr,),
-                            arr.nbytes, timeout, async_op, copy_in=_NONE, copy_out=_FIRST,
-                            p2p=True)
+        return self._submit("recv", desc, job, (arr,), arr.nbytes, timeout, async_op,
+                            copy_in=_NONE, copy_out=_FIRST, p2p=True)
 
     def batch_p2p(self, p2p_ops, timeout: TimeoutLike = None) -> list[Work]:
         """Run point-to-point operations, each `(is_send, tensor, group peer, tag)`, as one
