@@ -66,6 +66,13 @@ def _shoal_bucket(grads):
     return GradBucket(bucket, is_last=True)
 
 
+# torch's hook chains futures whose callbacks hold the gloo group; the callbacks run, and are
+# released, on gloo's worker threads. Were the last reference to go there, the group's
+# destructor would join the thread it runs on and abort the process ("Resource deadlock
+# avoided", seen once in CI). The rank keeps the group here so the main thread frees it at exit.
+_TORCH_GROUPS_KEPT = []
+
+
 def _compare_rank(rank, world, init_file):
     import torch
     import torch.distributed as tdist
@@ -94,6 +101,7 @@ def _compare_rank(rank, world, init_file):
         return out
     finally:
         c.destroy_process_group()
+        _TORCH_GROUPS_KEPT.append(tdist.group.WORLD)
         tdist.destroy_process_group()
 
 

@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import pickle
 import queue as queue_mod
+import select
 import signal
+import struct
 import time
 import traceback
 from typing import Any, Callable, Optional
@@ -25,7 +28,10 @@ class RankFailed(AssertionError):
     """A spawned rank raised, exited early or did not finish in time."""
 
 
-def _child(target, rank, world_size, args, env, results, events) -> None:
+_LENGTH = struct.Struct("<Q")
+
+
+def _child(target, rank, world_size, args, env, result_pipe, events) -> None:
     os.environ.update(env)
     os.environ["RANK"] = str(rank)
     os.environ["WORLD_SIZE"] = str(world_size)
@@ -33,10 +39,56 @@ def _child(target, rank, world_size, args, env, results, events) -> None:
         if events is not None:
             # EVENTS arrives as an unpickled copy, so match by type.
             args = tuple(events if isinstance(a, _EventsMarker) else a for a in args)
-        value = target(rank, world_size, *args)
-        results.put((rank, "ok", value))
+        report = ("ok", target(rank, world_size, *args))
     except BaseException as exc:  # noqa: BLE001  (the parent reports it with the rank)
-        results.put((rank, "error", (type(exc).__name__, str(exc), traceback.format_exc())))
+        report = ("error", (type(exc).__name__, str(exc), traceback.format_exc()))
+    _send_report(result_pipe, report)
+
+
+def _send_report(pipe, report) -> None:
+    """Write the whole report from this thread before returning: a queue's feeder thread would
+    still be writing while the process tears down, and a crash then (a library's thread
+    joining itself at exit, say) would leave the parent half a message."""
+    try:
+        payload = pickle.dumps(report)
+    except Exception as exc:  # noqa: BLE001  (an unpicklable result is the test's bug: say so)
+        payload = pickle.dumps(("error", (type(exc).__name__, f"result did not pickle: {exc}", "")))
+    view = memoryview(_LENGTH.pack(len(payload)) + payload)
+    fd = pipe.fileno()
+    while view:
+        view = view[os.write(fd, view):]
+    pipe.close()
+
+
+class _ReportReader:
+    """The parent's end of one rank's report pipe, read without ever blocking: bytes gather as
+    they come, so a rank that dies (or is stopped) halfway through its report leaves a partial
+    buffer and an end-of-file, never a read that waits forever."""
+
+    def __init__(self, conn):
+        self.conn = conn
+        self.buffer = bytearray()
+        self.eof = False
+        os.set_blocking(conn.fileno(), False)
+
+    def pump(self) -> None:
+        while not self.eof:
+            try:
+                chunk = os.read(self.conn.fileno(), 1 << 20)
+            except BlockingIOError:
+                return
+            if not chunk:
+                self.eof = True
+            self.buffer += chunk
+
+    def report(self):
+        """The (status, value) pair once all of it has arrived, else None."""
+        if len(self.buffer) < _LENGTH.size:
+            return None
+        (size,) = _LENGTH.unpack_from(self.buffer)
+        if len(self.buffer) < _LENGTH.size + size:
+            return None
+        return pickle.loads(bytes(self.buffer[_LENGTH.size:_LENGTH.size + size]))
 
 
 class _EventsMarker:
@@ -63,17 +115,21 @@ class Ranks:
     def __init__(self, target: Callable, world_size: int, args: tuple = (),
                  env: Optional[dict] = None, rank_env: Optional[dict] = None):
         self.world_size = world_size
-        self.results_queue = CTX.Queue()
         self.events = CTX.Queue()
         self._results: dict[int, tuple] = {}
         self.procs = []
+        self._readers: list[_ReportReader] = []
+        self._writers = []
         for rank in range(world_size):
             child_env = dict(env or {})
             child_env.update((rank_env or {}).get(rank, {}))
             uses_events = any(a is EVENTS for a in args)
+            reader, writer = CTX.Pipe(duplex=False)
+            self._readers.append(_ReportReader(reader))
+            self._writers.append(writer)
             p = CTX.Process(
                 target=_child,
-                args=(target, rank, world_size, args, child_env, self.results_queue,
+                args=(target, rank, world_size, args, child_env, writer,
                       self.events if uses_events else None),
                 name=f"rank{rank}", daemon=True,
             )
@@ -82,6 +138,11 @@ class Ranks:
     def start(self) -> "Ranks":
         for p in self.procs:
             p.start()
+        # Only the children may hold a report pipe's writing end, so that a rank's death
+        # reads as end-of-file.
+        for writer in self._writers:
+            writer.close()
+        self._writers = []
         return self
 
     def __enter__(self) -> "Ranks":
@@ -102,16 +163,39 @@ class Ranks:
                 return self.events.get(timeout=min(0.5, max(0.01, deadline - time.monotonic())))
             except queue_mod.Empty:
                 pass
-            try:
-                rank, status, value = self.results_queue.get_nowait()
-                self._results[rank] = (status, value)
+            for rank, (status, value) in self._collect(range(self.world_size), 0.0,
+                                                        strict=False).items():
                 if status != "ok":
                     raise RankFailed(f"Rank {rank} raised while the test waited for an event: {value}")
-            except queue_mod.Empty:
-                pass
             if time.monotonic() >= deadline:
                 codes = {r: p.exitcode for r, p in enumerate(self.procs)}
                 raise RankFailed(f"No event from any rank within {timeout:g}s (exit codes {codes}).")
+
+    def _collect(self, ranks, timeout: float, strict: bool = True) -> dict[int, tuple]:
+        """Reports that complete within `timeout` from `ranks` not yet heard from. With
+        `strict`, a rank whose pipe closed without a whole report fails the wait, naming it and
+        its exit code; without, it is passed over (a fault test may have killed it)."""
+        pending = {self._readers[r].conn.fileno(): r for r in ranks
+                   if r not in self._results and not (self._readers[r].eof and not strict)}
+        poller = select.poll()  # not select(): a long pytest run's descriptors may pass 1024
+        for fd in pending:
+            poller.register(fd, select.POLLIN)
+        got = {}
+        for fd, _ in (poller.poll(timeout * 1000) if pending else ()):
+            rank = pending[fd]
+            reader = self._readers[rank]
+            reader.pump()
+            report = reader.report()
+            if report is not None:
+                self._results[rank] = got[rank] = report
+            elif reader.eof and strict:
+                self.procs[rank].join(5)
+                code = self.procs[rank].exitcode
+                if not reader.buffer:
+                    raise RankFailed(f"Rank {rank} exited without a result (exit code {code}).")
+                raise RankFailed(f"Rank {rank} exited with half its result sent "
+                                 f"({len(reader.buffer)} bytes; exit code {code}).")
+        return got
 
     def results(self, timeout: float, ranks=None) -> dict[int, tuple]:
         """Collect ("ok", value) or ("error", (type, message, traceback)) from `ranks`."""
@@ -125,21 +209,7 @@ class Ranks:
                 raise RankFailed(
                     f"Ranks {missing} reported nothing within {timeout:g}s (exit codes {codes})."
                 )
-            try:
-                rank, status, value = self.results_queue.get(timeout=min(left, 0.5))
-            except queue_mod.Empty:
-                dead = [r for r in wanted - set(self._results)
-                        if self.procs[r].exitcode is not None]
-                if dead:
-                    # Give a result that was put just before exit a moment to arrive.
-                    try:
-                        rank, status, value = self.results_queue.get(timeout=1.0)
-                    except queue_mod.Empty:
-                        codes = {r: self.procs[r].exitcode for r in dead}
-                        raise RankFailed(f"Ranks {dead} exited without a result (exit codes {codes}).") from None
-                else:
-                    continue
-            self._results[rank] = (status, value)
+            self._collect(sorted(wanted), min(left, 0.5))
         return {r: self._results[r] for r in wanted}
 
     def join(self, timeout: float, ranks=None) -> dict[int, Optional[int]]:
@@ -163,7 +233,10 @@ class Ranks:
                 p.kill()
         for p in self.procs:
             p.join(5)
-        self.results_queue.close()
+        for reader in self._readers:
+            reader.conn.close()
+        for writer in self._writers:
+            writer.close()
         self.events.close()
 
 
