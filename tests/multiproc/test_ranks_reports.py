@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from tests.support import ranks as ranks_mod
+from tests.support import report_pipes
 from tests.support.ranks import EVENTS, RankFailed, Ranks, run_ranks
 
 
@@ -23,9 +24,7 @@ def _big(rank, world):
 def _dies_halfway(rank, world):
     if rank == 1:
         def half_then_die(pipe, report):
-            import pickle
-            payload = pickle.dumps(report)
-            os.write(pipe.fileno(), ranks_mod._LENGTH.pack(len(payload)) + payload[:1000])
+            os.write(pipe.fileno(), report_pipes.frame(report)[:1008])
             os._exit(6)
         # The harness sends the report after this returns; this rank sends 1,000 bytes of it.
         ranks_mod._send_report = half_then_die
@@ -70,3 +69,26 @@ def test_waiting_for_an_event_passes_over_a_killed_rank():
         assert ranks.results(30, ranks=[0]) == {0: ("ok", "done")}
         with pytest.raises(RankFailed, match="Rank 1 exited without a result"):
             ranks.results(5)
+
+
+# -- the RPC worker pool (tests/support/rpc_workers.py) reads its replies the same way
+
+def _exit_now(code):
+    os._exit(code)
+
+
+def _big_reply():
+    return np.arange(3 << 20, dtype=np.uint8)
+
+
+def test_a_worker_pools_task_on_a_dead_worker_fails_at_once_naming_it():
+    from tests.support.rpc_workers import RpcWorkers, WorkerFailed
+
+    with RpcWorkers(2, init=False) as pool:
+        assert pool.run(0, _big_reply).size == 3 << 20  # over the pipe's buffer, whole
+        task = pool.submit(1, _exit_now, 5)
+        started = time.monotonic()
+        with pytest.raises(WorkerFailed, match=r"worker w1 exited \(exit code 5\)"):
+            pool.result(task, timeout=60)
+        assert time.monotonic() - started < 30  # end-of-file, not the deadline
+        assert pool.run(0, _big_reply)[-1] == (3 << 20) - 1 & 0xFF  # w0 serves on

@@ -12,23 +12,19 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import pickle
 import queue as queue_mod
-import select
 import signal
-import struct
 import time
 import traceback
 from typing import Any, Callable, Optional
+
+from tests.support import report_pipes
 
 CTX = multiprocessing.get_context("spawn")
 
 
 class RankFailed(AssertionError):
     """A spawned rank raised, exited early or did not finish in time."""
-
-
-_LENGTH = struct.Struct("<Q")
 
 
 def _child(target, rank, world_size, args, env, result_pipe, events) -> None:
@@ -49,46 +45,8 @@ def _send_report(pipe, report) -> None:
     """Write the whole report from this thread before returning: a queue's feeder thread would
     still be writing while the process tears down, and a crash then (a library's thread
     joining itself at exit, say) would leave the parent half a message."""
-    try:
-        payload = pickle.dumps(report)
-    except Exception as exc:  # noqa: BLE001  (an unpicklable result is the test's bug: say so)
-        payload = pickle.dumps(("error", (type(exc).__name__, f"result did not pickle: {exc}", "")))
-    view = memoryview(_LENGTH.pack(len(payload)) + payload)
-    fd = pipe.fileno()
-    while view:
-        view = view[os.write(fd, view):]
+    report_pipes.write_all(pipe.fileno(), report_pipes.frame(report))
     pipe.close()
-
-
-class _ReportReader:
-    """The parent's end of one rank's report pipe, read without ever blocking: bytes gather as
-    they come, so a rank that dies (or is stopped) halfway through its report leaves a partial
-    buffer and an end-of-file, never a read that waits forever."""
-
-    def __init__(self, conn):
-        self.conn = conn
-        self.buffer = bytearray()
-        self.eof = False
-        os.set_blocking(conn.fileno(), False)
-
-    def pump(self) -> None:
-        while not self.eof:
-            try:
-                chunk = os.read(self.conn.fileno(), 1 << 20)
-            except BlockingIOError:
-                return
-            if not chunk:
-                self.eof = True
-            self.buffer += chunk
-
-    def report(self):
-        """The (status, value) pair once all of it has arrived, else None."""
-        if len(self.buffer) < _LENGTH.size:
-            return None
-        (size,) = _LENGTH.unpack_from(self.buffer)
-        if len(self.buffer) < _LENGTH.size + size:
-            return None
-        return pickle.loads(bytes(self.buffer[_LENGTH.size:_LENGTH.size + size]))
 
 
 class _EventsMarker:
@@ -118,14 +76,14 @@ class Ranks:
         self.events = CTX.Queue()
         self._results: dict[int, tuple] = {}
         self.procs = []
-        self._readers: list[_ReportReader] = []
+        self._readers: list[report_pipes.Reader] = []
         self._writers = []
         for rank in range(world_size):
             child_env = dict(env or {})
             child_env.update((rank_env or {}).get(rank, {}))
             uses_events = any(a is EVENTS for a in args)
             reader, writer = CTX.Pipe(duplex=False)
-            self._readers.append(_ReportReader(reader))
+            self._readers.append(report_pipes.Reader(reader))
             self._writers.append(writer)
             p = CTX.Process(
                 target=_child,
@@ -175,17 +133,13 @@ class Ranks:
         """Reports that complete within `timeout` from `ranks` not yet heard from. With
         `strict`, a rank whose pipe closed without a whole report fails the wait, naming it and
         its exit code; without, it is passed over (a fault test may have killed it)."""
-        pending = {self._readers[r].conn.fileno(): r for r in ranks
+        pending = {self._readers[r]: r for r in ranks
                    if r not in self._results and not (self._readers[r].eof and not strict)}
-        poller = select.poll()  # not select(): a long pytest run's descriptors may pass 1024
-        for fd in pending:
-            poller.register(fd, select.POLLIN)
         got = {}
-        for fd, _ in (poller.poll(timeout * 1000) if pending else ()):
-            rank = pending[fd]
-            reader = self._readers[rank]
+        for reader in report_pipes.ready(pending, timeout):
+            rank = pending[reader]
             reader.pump()
-            report = reader.report()
+            report = reader.take()
             if report is not None:
                 self._results[rank] = got[rank] = report
             elif reader.eof and strict:
@@ -234,7 +188,7 @@ class Ranks:
         for p in self.procs:
             p.join(5)
         for reader in self._readers:
-            reader.conn.close()
+            reader.close()
         for writer in self._writers:
             writer.close()
         self.events.close()

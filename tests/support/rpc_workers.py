@@ -16,9 +16,12 @@ import multiprocessing
 import os
 import queue as queue_mod
 import signal
+import threading
 import time
 import traceback
 from typing import Any, Callable, Optional
+
+from tests.support import report_pipes
 
 
 CTX = multiprocessing.get_context("spawn")
@@ -34,13 +37,45 @@ class _ListHandler(logging.Handler):
         LOGS.append(f"{record.levelname} {record.name}: {record.getMessage()}")
 
 
-def _worker_main(rank: int, world_size: int, env: dict, commands, results, init: bool,
+class _Replies:
+    """A worker's side of its reply pipe: replies leave from a thread of their own, so a task's
+    large result never holds the worker while the test is busy elsewhere; `close()` sends what
+    is queued before the worker exits."""
+
+    def __init__(self, pipe):
+        self._pipe = pipe
+        self._queue: queue_mod.Queue = queue_mod.Queue()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="test-replies")
+        self._thread.start()
+
+    def put(self, reply: tuple) -> None:
+        self._queue.put(report_pipes.frame(reply))
+
+    def _run(self) -> None:
+        while (data := self._queue.get()) is not None:
+            report_pipes.write_all(self._pipe.fileno(), data)
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(30)
+        self._pipe.close()
+
+
+def _worker_main(rank: int, world_size: int, env: dict, commands, reply_pipe, init: bool,
                  options: dict) -> None:
     os.environ.update(env)
     os.environ["RANK"] = str(rank)
     os.environ["WORLD_SIZE"] = str(world_size)
     logging.getLogger().addHandler(_ListHandler())
     logging.getLogger().setLevel(logging.INFO)
+    results = _Replies(reply_pipe)
+    try:
+        _serve(rank, world_size, commands, results, init, options)
+    finally:
+        results.close()
+
+
+def _serve(rank, world_size, commands, results, init, options) -> None:
     try:
         if init:
             from shoal import rpc_agent
@@ -86,52 +121,77 @@ class RpcWorkers:
         options.setdefault("rpc_timeout", 30)
         options.setdefault("init_timeout", 60)
         self._ids = itertools.count()
-        self._results = CTX.Queue()
         self._commands = [CTX.Queue() for _ in range(world_size)]
         self._done: dict[int, tuple] = {}
+        self._ready: set[int] = set()
+        self._task_rank: dict[int, int] = {}
+        pipes = [CTX.Pipe(duplex=False) for _ in range(world_size)]
+        # One reply pipe per worker, its writing end in the worker alone: a worker that dies,
+        # even halfway through a reply, reads as end-of-file (see report_pipes).
+        self._replies = [report_pipes.Reader(reader) for reader, _ in pipes]
         self.procs = [
             CTX.Process(
                 target=_worker_main,
-                args=(r, world_size, child_env, self._commands[r], self._results, init, options),
+                args=(r, world_size, child_env, self._commands[r], pipes[r][1], init, options),
                 name=f"rpc-w{r}", daemon=True,
             )
             for r in range(world_size)
         ]
         for proc in self.procs:
             proc.start()
+        for _, writer in pipes:
+            writer.close()
         try:
             self._collect_ready(ready_timeout)
         except BaseException:
             self.close()
             raise
 
+    def _gather(self, timeout: float) -> None:
+        """File the replies that arrive within `timeout`."""
+        live = [r for r in self._replies if not r.eof]
+        for reader in report_pipes.ready(live, timeout):
+            reader.pump()
+            while (reply := reader.take()) is not None:
+                tag, rank, status, value = reply
+                if tag == "ready":
+                    if status != "ok":
+                        raise WorkerFailed(f"RPC worker w{rank} failed to start: {value[0]}: "
+                                           f"{value[1]}\n{value[2]}")
+                    self._ready.add(rank)
+                else:
+                    self._done[tag] = (rank, status, value)
+
+    def _gone(self, rank: int) -> str:
+        """Why worker `rank` will send nothing more, or '' while it may."""
+        reader = self._replies[rank]
+        if not reader.eof:
+            return ""
+        self.procs[rank].join(5)
+        half = f", {len(reader.buffer)} bytes of a reply unfinished" if reader.buffer else ""
+        return f"worker w{rank} exited (exit code {self.procs[rank].exitcode}{half})"
+
     def _collect_ready(self, timeout: float) -> None:
-        ready: set[int] = set()
         end = time.monotonic() + timeout
-        while len(ready) < self.world_size:
-            try:
-                item = self._results.get(timeout=max(0.1, end - time.monotonic()))
-            except queue_mod.Empty:
-                missing = sorted(set(range(self.world_size)) - ready)
+        while len(self._ready) < self.world_size:
+            missing = sorted(set(range(self.world_size)) - self._ready)
+            gone = [self._gone(r) for r in missing if self._gone(r)]
+            if gone:
+                raise WorkerFailed(f"RPC workers did not start: {'; '.join(gone)}.")
+            if time.monotonic() >= end:
                 codes = {r: self.procs[r].exitcode for r in missing}
                 raise WorkerFailed(
                     f"RPC workers {missing} were not ready within {timeout:g}s "
                     f"(exit codes {codes})."
-                ) from None
-            tag, rank, status, value = item
-            if tag != "ready":
-                continue
-            if status != "ok":
-                raise WorkerFailed(
-                    f"RPC worker w{rank} failed to start: {value[0]}: {value[1]}\n{value[2]}"
                 )
-            ready.add(rank)
+            self._gather(min(0.5, max(0.0, end - time.monotonic())))
 
     # -- tasks
 
     def submit(self, rank: int, fn: Callable, *args, **kwargs) -> int:
         """Start `fn(*args, **kwargs)` on worker `rank`; returns a task id for `result`."""
         task_id = next(self._ids)
+        self._task_rank[task_id] = rank
         self._commands[rank].put((task_id, fn, args, kwargs))
         return task_id
 
@@ -140,17 +200,16 @@ class RpcWorkers:
         end = time.monotonic() + timeout
         while task_id not in self._done:
             remaining = end - time.monotonic()
-            try:
-                tag, rank, status, value = self._results.get(timeout=max(0.05, min(remaining, 1.0)))
-            except queue_mod.Empty:
-                if remaining <= 0:
-                    dead = {r: p.exitcode for r, p in enumerate(self.procs) if not p.is_alive()}
-                    raise WorkerFailed(
-                        f"Task {task_id} gave no result within {timeout:g}s (dead workers and "
-                        f"exit codes: {dead})."
-                    ) from None
-                continue
-            self._done[tag] = (rank, status, value)
+            gone = self._gone(self._task_rank[task_id])
+            if gone:
+                raise WorkerFailed(f"Task {task_id} gave no result: {gone}.")
+            if remaining <= 0:
+                dead = {r: p.exitcode for r, p in enumerate(self.procs) if not p.is_alive()}
+                raise WorkerFailed(
+                    f"Task {task_id} gave no result within {timeout:g}s (dead workers and "
+                    f"exit codes: {dead})."
+                )
+            self._gather(min(remaining, 1.0))
         rank, status, value = self._done.pop(task_id)
         if status != "ok":
             raise WorkerFailed(
@@ -194,6 +253,8 @@ class RpcWorkers:
             if proc.is_alive():
                 proc.kill()
                 proc.join(5)
+        for reader in self._replies:
+            reader.close()
         self.store.close()
 
     def __enter__(self) -> "RpcWorkers":
