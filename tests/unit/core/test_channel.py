@@ -1,8 +1,12 @@
 """Per-connection keys and frame tags (core.channel): what a relay or a capture can no longer do."""
 
+import hashlib
+import hmac
 import os
+import struct
 
 import pytest
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from shoal.core import channel
 from shoal.core.channel import IntegrityError
@@ -92,3 +96,60 @@ def test_seal_into_and_open_into_round_trip_without_allocating_and_refuse_a_chan
     sealed[7] ^= 1
     with pytest.raises(IntegrityError):
         s_open.open_into(sealed, out)
+
+
+# -- the two MACs: keyed BLAKE2b up to SMALL_FRAME_BYTES, AES-GMAC above
+
+def _hkdf(secret, salt, info):  # RFC 5869, one block, written out here as the reference
+    prk = hmac.new(salt, secret, hashlib.sha256).digest()
+    return hmac.new(prk, info + b"\x01", hashlib.sha256).digest()
+
+
+@pytest.mark.parametrize("size", [0, 1, channel.SMALL_FRAME_BYTES, channel.SMALL_FRAME_BYTES + 1,
+                                  1 << 20])
+def test_frames_either_side_of_the_size_boundary_verify_and_an_altered_byte_fails(size):
+    (s_seal, s_open), (c_seal, c_open) = _ends()
+    frame = bytearray(os.urandom(size))
+    s_open.check([frame], c_seal.tag([frame]))
+    s_open.check([frame[:size // 2], frame[size // 2:]],
+                 c_seal.tag([frame[:size // 2], frame[size // 2:]]))
+    if size:
+        tag = c_seal.tag([frame])
+        frame[size // 3] ^= 0x40
+        with pytest.raises(IntegrityError):
+            s_open.check([frame], tag)
+
+
+def test_a_small_frames_tag_is_blake2b_under_a_key_of_its_own_over_the_documented_layout():
+    send, _ = channel.session_keys(SECRET, "store", S_NONCE, C_NONCE, server=False)
+    (_, s_open), (c_seal, _) = _ends()
+    one, head, body = b"an rpc message", b"head", b"payload"
+    mac_key = _hkdf(send, b"", b"shoal channel 1\0small frames: BLAKE2b")
+    expect_one = hashlib.blake2b(struct.pack("<QI", 0, 1) + one, key=mac_key,
+                                 digest_size=16).digest()
+    expect_two = hashlib.blake2b(
+        struct.pack("<QIQ", 1, 2, len(head)) + head + struct.pack("<Q", len(body)) + body,
+        key=mac_key, digest_size=16).digest()
+    assert c_seal.tag([one]) == expect_one and c_seal.tag([head, body]) == expect_two
+    # Neither the direction's AES key (GMAC) nor BLAKE2b under that same key makes a tag the
+    # receiver takes for a small frame: the two algorithms never share a key.
+    gmac = AESGCM(send).encrypt(struct.pack(">QI", 0, 0xFFFFFFFF), b"", one)
+    same_key = hashlib.blake2b(struct.pack("<QI", 0, 1) + one, key=send, digest_size=16).digest()
+    for forged in (gmac, same_key):
+        with pytest.raises(IntegrityError):
+            channel.pair(SECRET, "store", S_NONCE, C_NONCE, server=True)[1].check([one], forged)
+    s_open.check([one], expect_one)
+
+
+def test_a_frame_of_one_part_and_one_of_several_with_the_same_bytes_have_different_tags():
+    (_, _), (c_seal, _) = _ends()
+    (_, _), (c_seal2, _) = _ends()
+    assert c_seal.tag([b"abcd"]) != c_seal2.tag([b"ab", b"cd"])
+
+
+def test_moving_bytes_between_the_parts_of_a_large_frame_fails():
+    (_, s_open), (c_seal, _) = _ends()
+    big = os.urandom(channel.SMALL_FRAME_BYTES * 2)
+    tag = c_seal.tag([big[:10], big[10:]])
+    with pytest.raises(IntegrityError):
+        s_open.check([big[:11], big[11:]], tag)
