@@ -175,7 +175,7 @@ class RpcWorkers:
         end = time.monotonic() + timeout
         while len(self._ready) < self.world_size:
             missing = sorted(set(range(self.world_size)) - self._ready)
-            gone = [self._gone(r) for r in missing if self._gone(r)]
+            gone = [why for why in map(self._gone, missing) if why]
             if gone:
                 raise WorkerFailed(f"RPC workers did not start: {'; '.join(gone)}.")
             if time.monotonic() >= end:
@@ -210,6 +210,7 @@ class RpcWorkers:
                     f"exit codes: {dead})."
                 )
             self._gather(min(remaining, 1.0))
+        del self._task_rank[task_id]
         rank, status, value = self._done.pop(task_id)
         if status != "ok":
             raise WorkerFailed(
